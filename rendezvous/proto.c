@@ -1,0 +1,225 @@
+/*
+ * Incremental parser for c10d TCPStore requests, both generations.
+ *
+ * Every request is an opcode followed by fields laid out according to a small per-operation
+ * "layout" string. The parser validates a frame field by field and keeps its position in
+ * rdzv__parser, so bytes that arrive one at a time are each looked at once: a frame split at
+ * any byte costs the same as a whole one, and a 128 Ki-key WAIT that trickles in does not turn
+ * quadratic. Limits are checked as soon as a length prefix is read, before its bytes arrive.
+ *
+ * This file does no I/O and allocates nothing; extracted fields point into the caller's buffer.
+ */
+#include "proto.h"
+
+#include <string.h>
+
+/*
+ * Layouts: 'k' key string, 'v' value vector, 'q' int64, 'u' uint32, 'n' a uint64 count after
+ * which the remaining fields repeat that many times. The repeated group is always last.
+ */
+static const char *const layouts[RDZV_OP_COUNT] = {
+    [RDZV_OP_VALIDATE] = "u",   [RDZV_OP_SET] = "kv",        [RDZV_OP_COMPARE_SET] = "kvv",
+    [RDZV_OP_GET] = "k",        [RDZV_OP_ADD] = "kq",        [RDZV_OP_CHECK] = "nk",
+    [RDZV_OP_WAIT] = "nk",      [RDZV_OP_GETNUMKEYS] = "",   [RDZV_OP_DELETE_KEY] = "k",
+    [RDZV_OP_APPEND] = "kv",    [RDZV_OP_MULTI_GET] = "nk",  [RDZV_OP_MULTI_SET] = "nkv",
+    [RDZV_OP_CANCEL_WAIT] = "", [RDZV_OP_PING] = "u",        [RDZV_OP_QUEUE_PUSH] = "kv",
+    [RDZV_OP_QUEUE_POP] = "k",  [RDZV_OP_QUEUE_LEN] = "k",   [RDZV_OP_LIST_KEYS] = "",
+    [RDZV_OP_BARRIER] = "kq",   [RDZV_OP_WATCH_KEY] = "k",   [RDZV_OP_STATUS] = "",
+};
+
+static const char *const op_names[RDZV_OP_COUNT] = {
+    "validate",   "set",        "compare_set", "get",       "add",         "check",     "wait",
+    "getnumkeys", "delete_key", "append",      "multi_get", "multi_set",   "cancel_wait", "ping",
+    "queue_push", "queue_pop",  "queue_len",   "list_keys", "barrier",     "watch_key",
+    "status",
+};
+
+const char *rdzv__op_name(enum rdzv_op op)
+{
+    return (unsigned)op < RDZV_OP_COUNT ? op_names[op] : "unknown";
+}
+
+const char *rdzv__parse_strerror(int rc)
+{
+    switch (rc) {
+    case RDZV_PARSE_BAD_OP: return "unknown opcode";
+    case RDZV_PARSE_BAD_MAGIC: return "VALIDATE with a wrong magic number";
+    case RDZV_PARSE_KEY_LIMIT: return "key longer than the limit";
+    case RDZV_PARSE_VALUE_LIMIT: return "value longer than the limit";
+    case RDZV_PARSE_COUNT_LIMIT: return "more keys in one request than the limit";
+    case RDZV_PARSE_FRAME_LIMIT: return "request larger than the limit";
+    default: return "malformed request";
+    }
+}
+
+/* Maps a wire opcode of generation `gen` onto an operation; -1 if unknown. */
+static int map_opcode(enum rdzv_gen gen, uint8_t code)
+{
+    static const int8_t legacy[] = {
+        RDZV_OP_SET,   RDZV_OP_COMPARE_SET, RDZV_OP_GET,       RDZV_OP_ADD,        RDZV_OP_CHECK,
+        RDZV_OP_WAIT,  RDZV_OP_GETNUMKEYS,  RDZV_OP_WATCH_KEY, RDZV_OP_DELETE_KEY,
+    };
+    if (gen == RDZV_GEN_LEGACY)
+        return code < sizeof(legacy) ? legacy[code] : -1;
+    /* The modern numbering is the rdzv_op order up to BARRIER. */
+    if (code <= RDZV_M_BARRIER)
+        return code;
+    if (code == RDZV_M_STATUS)
+        return RDZV_OP_STATUS;
+    return -1;
+}
+
+void rdzv__parser_init(rdzv__parser *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->gen = RDZV_GEN_UNKNOWN;
+}
+
+static void parser_next_frame(rdzv__parser *p)
+{
+    p->pos = 0;
+    p->field = 0;
+    p->count = 0;
+    p->item = 0;
+}
+
+/* Fills *req from a frame that has been validated in full. */
+static void extract(enum rdzv_op op, const uint8_t *buf, size_t frame_len, rdzv__request *req)
+{
+    const uint8_t *cur = buf + 1;
+    int nstr = 0;
+
+    memset(req, 0, sizeof(*req));
+    req->op = op;
+    req->frame_len = frame_len;
+    for (const char *f = layouts[op]; *f; f++) {
+        const uint8_t *s;
+        size_t n;
+        switch (*f) {
+        case 'u':
+            req->u32 = rdzv__ld32(cur);
+            cur += 4;
+            break;
+        case 'q':
+            req->i64 = (int64_t)rdzv__ld64(cur);
+            cur += 8;
+            break;
+        case 'n':
+            req->count = rdzv__ld64(cur);
+            req->items = cur + 8;
+            return; /* the repeated group is walked by the caller */
+        default: /* 'k' or 'v' */
+            rdzv__next_str(&cur, &s, &n);
+            if (nstr == 0) {
+                req->key = s;
+                req->key_len = n;
+            } else if (nstr == 1) {
+                req->val = s;
+                req->val_len = n;
+            } else {
+                req->val2 = s;
+                req->val2_len = n;
+            }
+            nstr++;
+            break;
+        }
+    }
+}
+
+int rdzv__parse(rdzv__parser *p, const rdzv__limits *lim, const uint8_t *buf, size_t len,
+                rdzv__request *req)
+{
+    if (p->pos == 0) {
+        if (len < 1)
+            return 0;
+        if (p->gen == RDZV_GEN_UNKNOWN) {
+            /* A modern client's first frame is VALIDATE: opcode 0 and the magic. A legacy
+             * client's opcode 0 is SET, whose key length would have to be about 968 MiB to
+             * look like the magic, far beyond the highest key limit (RDZV_MAX_KEY_LIMIT). */
+            if (buf[0] == 0) {
+                if (len < 5)
+                    return 0;
+                p->gen = rdzv__ld32(buf + 1) == RDZV_VALIDATE_MAGIC ? RDZV_GEN_MODERN
+                                                                      : RDZV_GEN_LEGACY;
+            } else {
+                p->gen = RDZV_GEN_LEGACY;
+            }
+        }
+        int op = map_opcode(p->gen, buf[0]);
+        if (op < 0)
+            return RDZV_PARSE_BAD_OP;
+        p->op = (enum rdzv_op)op;
+        p->pos = 1;
+        p->field = 0;
+        p->count = 0;
+        p->item = 0;
+    }
+
+    if (len < p->pos)
+        return 0; /* the caller must pass the same frame, grown; never less */
+    const char *layout = layouts[p->op];
+    const char *group = strchr(layout, 'n');
+    int group_start = group ? (int)(group - layout) + 1 : -1;
+
+    for (;;) {
+        char f = layout[p->field];
+        size_t need;
+
+        if (f == '\0') {
+            if (group_start >= 0 && p->count > 0 && ++p->item < p->count) {
+                p->field = group_start;
+                continue;
+            }
+            break;
+        }
+        switch (f) {
+        case 'u': need = 4; break;
+        case 'q':
+        case 'n': need = 8; break;
+        default: { /* 'k' or 'v': length prefix, then the bytes */
+            if (len - p->pos < 8)
+                return 0;
+            uint64_t n = rdzv__ld64(buf + p->pos);
+            if (f == 'k' && n > lim->max_key_bytes)
+                return RDZV_PARSE_KEY_LIMIT;
+            if (f == 'v' && n > lim->max_value_bytes)
+                return RDZV_PARSE_VALUE_LIMIT;
+            need = 8 + (size_t)n;
+            break;
+        }
+        }
+        if (need > lim->max_request_bytes || p->pos + need > lim->max_request_bytes)
+            return RDZV_PARSE_FRAME_LIMIT;
+        if (len - p->pos < need)
+            return 0;
+        if (f == 'n') {
+            uint64_t n = rdzv__ld64(buf + p->pos);
+            if (n > lim->max_keys_per_request)
+                return RDZV_PARSE_COUNT_LIMIT;
+            p->count = n;
+            p->item = 0;
+            if (n == 0) {
+                p->pos += need;
+                p->field = (int)strlen(layout);
+                continue;
+            }
+        } else if (f == 'u' && p->op == RDZV_OP_VALIDATE &&
+                   rdzv__ld32(buf + p->pos) != RDZV_VALIDATE_MAGIC) {
+            return RDZV_PARSE_BAD_MAGIC;
+        }
+        p->pos += need;
+        p->field++;
+    }
+
+    size_t frame_len = p->pos;
+    extract(p->op, buf, frame_len, req);
+    parser_next_frame(p);
+    return (int)frame_len;
+}
+
+void rdzv__next_str(const uint8_t **cursor, const uint8_t **s, size_t *n)
+{
+    *n = (size_t)rdzv__ld64(*cursor);
+    *s = *cursor + 8;
+    *cursor += 8 + *n;
+}

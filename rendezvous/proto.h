@@ -1,0 +1,192 @@
+/*
+ * The c10d TCPStore wire protocol: opcodes, reply codes and the incremental request parser.
+ * Internal to librendezvous (and its tests, fuzzer and benchmark); no I/O happens here.
+ *
+ * Framing (both generations): one uint8 opcode, then the request's fields. Strings (keys) and
+ * byte vectors (values) are a uint64 length followed by that many bytes; counts are uint64,
+ * ADD deltas int64, VALIDATE magic and PING nonce uint32. All integers are in the host's byte
+ * order (little-endian everywhere PyTorch runs). See rdzv-protocol(7).
+ */
+#ifndef RDZV_PROTO_H
+#define RDZV_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RDZV_VALIDATE_MAGIC 0x3C85F7CEu
+
+/* Highest allowed key limit. A legacy SET whose key length had the magic in its low 32 bits
+ * would be about 968 MiB long; keeping keys far below that keeps generation detection exact. */
+#define RDZV_MAX_KEY_LIMIT ((size_t)16 << 20)
+
+/* Protocol generation of a connection. */
+enum rdzv_gen {
+    RDZV_GEN_UNKNOWN = 0, /* nothing decided yet (too few bytes seen) */
+    RDZV_GEN_LEGACY = 1,  /* PyTorch < 2.2: no VALIDATE, WATCH_KEY, 9 opcodes */
+    RDZV_GEN_MODERN = 2,  /* PyTorch >= 2.2: opens with VALIDATE + magic */
+};
+
+/* Wire opcodes of PyTorch >= 2.2, in its order. */
+enum rdzv_modern_op {
+    RDZV_M_VALIDATE = 0,
+    RDZV_M_SET = 1,
+    RDZV_M_COMPARE_SET = 2,
+    RDZV_M_GET = 3,
+    RDZV_M_ADD = 4,
+    RDZV_M_CHECK = 5,
+    RDZV_M_WAIT = 6,
+    RDZV_M_GETNUMKEYS = 7,
+    RDZV_M_DELETE_KEY = 8,
+    RDZV_M_APPEND = 9,
+    RDZV_M_MULTI_GET = 10,
+    RDZV_M_MULTI_SET = 11,
+    RDZV_M_CANCEL_WAIT = 12,
+    RDZV_M_PING = 13,
+    RDZV_M_QUEUE_PUSH = 14,
+    RDZV_M_QUEUE_POP = 15,
+    RDZV_M_QUEUE_LEN = 16,
+    RDZV_M_LIST_KEYS = 17,
+    RDZV_M_BARRIER = 18,
+    /* librendezvous extension, far from PyTorch's range */
+    RDZV_M_STATUS = 0xE0,
+};
+
+/* Wire opcodes of PyTorch 1.x. */
+enum rdzv_legacy_op {
+    RDZV_L_SET = 0,
+    RDZV_L_COMPARE_SET = 1,
+    RDZV_L_GET = 2,
+    RDZV_L_ADD = 3,
+    RDZV_L_CHECK = 4,
+    RDZV_L_WAIT = 5,
+    RDZV_L_GETNUMKEYS = 6,
+    RDZV_L_WATCH_KEY = 7,
+    RDZV_L_DELETE_KEY = 8,
+};
+
+/* One-byte replies. */
+enum { RDZV_CHECK_READY = 0, RDZV_CHECK_NOT_READY = 1 };
+enum { RDZV_WAIT_STOP_WAITING = 0, RDZV_WAIT_CANCELED = 1 };
+/* Legacy WATCH_KEY notifications. */
+enum {
+    RDZV_WATCH_KEY_UPDATED = 0,
+    RDZV_WATCH_KEY_CREATED = 1,
+    RDZV_WATCH_KEY_DELETED = 2,
+    RDZV_WATCH_CALLBACK_REGISTERED = 3,
+};
+
+/*
+ * Operations, independent of generation: the parser maps each generation's opcode onto one
+ * of these. The order is also the order of the per-operation counters in the status JSON.
+ */
+enum rdzv_op {
+    RDZV_OP_VALIDATE,
+    RDZV_OP_SET,
+    RDZV_OP_COMPARE_SET,
+    RDZV_OP_GET,
+    RDZV_OP_ADD,
+    RDZV_OP_CHECK,
+    RDZV_OP_WAIT,
+    RDZV_OP_GETNUMKEYS,
+    RDZV_OP_DELETE_KEY,
+    RDZV_OP_APPEND,
+    RDZV_OP_MULTI_GET,
+    RDZV_OP_MULTI_SET,
+    RDZV_OP_CANCEL_WAIT,
+    RDZV_OP_PING,
+    RDZV_OP_QUEUE_PUSH,
+    RDZV_OP_QUEUE_POP,
+    RDZV_OP_QUEUE_LEN,
+    RDZV_OP_LIST_KEYS,
+    RDZV_OP_BARRIER,
+    RDZV_OP_WATCH_KEY,
+    RDZV_OP_STATUS,
+    RDZV_OP_COUNT
+};
+
+/* Lower-case name of an operation ("set", "compare_set", ...). */
+const char *rdzv__op_name(enum rdzv_op op);
+
+/* Limits the parser enforces. */
+typedef struct rdzv__limits {
+    size_t max_key_bytes;
+    size_t max_value_bytes;
+    size_t max_keys_per_request;
+    size_t max_request_bytes;
+} rdzv__limits;
+
+/*
+ * Resumable parser state for one connection. The parser validates a frame field by field and
+ * remembers how far it got, so a frame that arrives one byte at a time costs linear work.
+ */
+typedef struct rdzv__parser {
+    enum rdzv_gen gen;
+    enum rdzv_op op; /* of the frame under way */
+    size_t pos;      /* bytes of that frame validated so far (0: at its opcode) */
+    int field;       /* index of the next field in the op's layout */
+    uint64_t count;  /* item count of the frame's repeated group */
+    uint64_t item;   /* items validated */
+} rdzv__parser;
+
+/* A complete, validated request. Pointers point into the caller's buffer. */
+typedef struct rdzv__request {
+    enum rdzv_op op;
+    const uint8_t *key; /* first string field, if any */
+    size_t key_len;
+    const uint8_t *val; /* second field: value, or expected value for COMPARE_SET */
+    size_t val_len;
+    const uint8_t *val2; /* COMPARE_SET desired value */
+    size_t val2_len;
+    int64_t i64;      /* ADD delta, BARRIER world size */
+    uint32_t u32;     /* VALIDATE magic, PING nonce */
+    uint64_t count;   /* CHECK/WAIT/MULTI_GET key count, MULTI_SET pair count */
+    const uint8_t *items; /* first byte of the repeated group; walk with rdzv__next_str() */
+    size_t frame_len;
+} rdzv__request;
+
+/* Parser results besides "complete" (> 0, the frame length) and "need more" (0). */
+#define RDZV_PARSE_BAD_OP (-1001)    /* unknown opcode */
+#define RDZV_PARSE_BAD_MAGIC (-1002) /* VALIDATE with a wrong magic */
+#define RDZV_PARSE_KEY_LIMIT (-1003)
+#define RDZV_PARSE_VALUE_LIMIT (-1004)
+#define RDZV_PARSE_COUNT_LIMIT (-1005)
+#define RDZV_PARSE_FRAME_LIMIT (-1006)
+
+/* A description of a parser result code, for log lines. */
+const char *rdzv__parse_strerror(int rc);
+
+/* Resets `p` to the start of a connection (generation unknown). */
+void rdzv__parser_init(rdzv__parser *p);
+
+/*
+ * Parses the frame at the start of buf[0..len). Returns the frame length (> 0) and fills *req
+ * when a whole frame is there; 0 when more bytes are needed (state is kept in *p, so call again
+ * with the same buffer grown); a negative RDZV_PARSE_* code when the input is invalid (the
+ * connection must be closed). On the first frame of a connection the generation is decided: a
+ * first byte 0 followed by the VALIDATE magic marks a modern client, anything else a legacy one.
+ * After a complete frame the state is ready for the next frame, which starts at buf + result.
+ */
+int rdzv__parse(rdzv__parser *p, const rdzv__limits *lim, const uint8_t *buf, size_t len,
+                rdzv__request *req);
+
+/*
+ * Reads one length-prefixed string from a validated frame at *cursor, sets *s and *n and advances
+ * *cursor. Only for frames rdzv__parse() accepted.
+ */
+void rdzv__next_str(const uint8_t **cursor, const uint8_t **s, size_t *n);
+
+/* Host-order integer access without alignment assumptions. */
+static inline uint64_t rdzv__ld64(const uint8_t *p)
+{
+    uint64_t v;
+    __builtin_memcpy(&v, p, 8);
+    return v;
+}
+static inline uint32_t rdzv__ld32(const uint8_t *p)
+{
+    uint32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+}
+
+#endif /* RDZV_PROTO_H */

@@ -1,0 +1,268 @@
+/*
+ * librendezvous: a key-value store that speaks PyTorch's c10d TCPStore wire protocol.
+ *
+ * Two halves share this header:
+ *
+ *  - the server (rdzv_server_*), a libuv TCP server that can run on the caller's uv_loop_t or
+ *    on a thread of its own. It accepts PyTorch 1.x ("legacy") and PyTorch 2.2+ ("modern")
+ *    clients on the same port, detecting the generation per connection.
+ *  - the client (rdzv_client_*), a blocking client for C programs: the launcher, workers
+ *    and job schedulers. It speaks the modern generation.
+ *
+ * Conventions: functions that can fail return an int, >= 0 on success and a negative errno
+ * value on failure (-ETIMEDOUT, -ECONNRESET, -EPROTO, -EINVAL, -ENOMEM, ...);
+ * rdzv_strerror() names any of them. Out-parameters are written only on success. Memory that
+ * the library allocates for the caller is released with rdzv_free(). Strings and buffers passed
+ * in are borrowed for the duration of the call; the store copies what it keeps.
+ *
+ * The header compiles as C99 and C++.
+ */
+#ifndef RDZV_H
+#define RDZV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors, logging, memory                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Returns a static, human-readable description of a return code of this library (a negative
+ * errno value). Never returns NULL. Thread-safe.
+ */
+const char *rdzv_strerror(int err);
+
+/* Releases memory that a function of this library allocated for the caller. NULL is a no-op. */
+void rdzv_free(void *p);
+
+enum rdzv_log_level { RDZV_LOG_ERROR = 0, RDZV_LOG_WARN = 1, RDZV_LOG_INFO = 2, RDZV_LOG_DEBUG = 3 };
+
+/*
+ * Log hook. The library never prints; it calls this with one line of text (no trailing newline)
+ * when one was set. `msg` is borrowed for the call. The server calls it from its loop thread,
+ * except for the "listening on" line, which comes from the thread creating the server. For a
+ * threaded server the hook runs with the server's lock held: it must not call rdzv_server_*.
+ */
+typedef void (*rdzv_log_fn)(void *arg, int level, const char *msg);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Server                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct rdzv_server rdzv_server;
+
+/* Server settings. Fill with rdzv_server_options_init(), then change what you need. */
+typedef struct rdzv_server_options {
+    const char *host;  /* bind address, IPv4 or IPv6 literal or name ("127.0.0.1") */
+    int port;          /* 0 picks a free port; read it back with rdzv_server_port() */
+    int listen_fd;     /* >= 0: an already bound (and possibly listening) TCP socket to serve
+                          on instead of binding host:port; the server owns it from the call
+                          on, and closes it also when the call fails (-1) */
+    int backlog;       /* listen(2) backlog (SOMAXCONN) */
+    int keepalive_s;   /* TCP keepalive idle time for accepted connections, in seconds;
+                          0 turns it off (60) */
+
+    size_t max_key_bytes;        /* longest key (8 KiB; at most 16 MiB) */
+    size_t max_value_bytes;      /* longest value in one request (8 MiB) */
+    size_t max_keys_per_request; /* keys in one CHECK/WAIT/MULTI_GET/MULTI_SET (128 Ki) */
+    size_t max_request_bytes;    /* largest single request frame (64 MiB) */
+    size_t max_total_bytes;      /* keys + values + queued items stored (1 GiB) */
+    size_t max_connections;      /* simultaneous client connections (65536) */
+    size_t max_pending_output;   /* unsent reply bytes per connection past which the server
+                                    runs none of its requests and stops reading from it until
+                                    the peer has taken half of them (64 MiB) */
+
+    rdzv_log_fn log; /* optional log hook; NULL: silent */
+    void *log_arg;
+} rdzv_server_options;
+
+/* Fills `opts` with the defaults given in brackets above. */
+void rdzv_server_options_init(rdzv_server_options *opts);
+
+/*
+ * Creates a server on the caller's libuv loop (`loop` is a uv_loop_t *, typed void * so that
+ * this header does not pull in uv.h). The server binds and listens before returning; it serves
+ * while the caller runs the loop. `opts` is copied (its strings too).
+ *
+ * Returns 0 and sets *out, or -EINVAL (bad option), -EADDRINUSE, -EADDRNOTAVAIL, -EACCES,
+ * -ENOMEM or another negative errno from socket setup. Not thread-safe: call on the loop thread.
+ */
+int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server **out);
+
+/*
+ * Starts closing a server made by rdzv_server_create(): stops listening, closes every client
+ * connection and frees the server once libuv has closed its handles (run the loop until then).
+ * NULL is a no-op. Call on the loop thread.
+ */
+void rdzv_server_close(rdzv_server *srv);
+
+/*
+ * Creates a server that runs on a loop and thread of its own. Binding happens before this
+ * returns, so errors are reported here (same codes as rdzv_server_create(), plus errors from
+ * thread creation). Stop and free it with rdzv_server_stop().
+ */
+int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out);
+
+/*
+ * Stops a server made by rdzv_server_start(): closes all connections, joins the thread and
+ * frees everything. NULL is a no-op. Call from any thread but the server's own.
+ */
+void rdzv_server_stop(rdzv_server *srv);
+
+/* The port the server listens on (useful after port 0). Thread-safe. */
+int rdzv_server_port(const rdzv_server *srv);
+
+/*
+ * Writes a JSON object describing the server into *json (NUL-terminated, free with
+ * rdzv_free()): keys, bytes, connections, waiters, watchers, entries, output_queued_bytes, ops
+ * (a count per operation), uptime_s, port, connections_total (accepted, rejected,
+ * closed_bad_input), protocol (connections per generation) and the limits in force. Thread-safe
+ * for threaded servers; for embedded servers call on the loop thread. Returns 0, -EINVAL (NULL
+ * argument) or -ENOMEM.
+ */
+int rdzv_server_status(rdzv_server *srv, char **json);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Client                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct rdzv_client rdzv_client;
+
+/* Client settings. Fill with rdzv_client_options_init(), then change what you need. */
+typedef struct rdzv_client_options {
+    int connect_timeout_ms; /* give up connecting (with retries) after this long (60000) */
+    int timeout_ms;         /* bound on every call, waits included (300000); < 0: no bound */
+    int backoff_initial_ms; /* first retry delay after a refused connection (10) */
+    int backoff_max_ms;     /* retry delays double with jitter up to this (1000) */
+    const char *prefix;     /* prepended to every key (like PyTorch's PrefixStore); copied;
+                               NULL or "" for none */
+} rdzv_client_options;
+
+/* Fills `opts` with the defaults given in brackets above. */
+void rdzv_client_options_init(rdzv_client_options *opts);
+
+/*
+ * Connects to a store at host:port (IPv4, IPv6 or a name), retrying refused or unreachable
+ * connections with exponential backoff and jitter until opts->connect_timeout_ms passes (< 0:
+ * forever), then opens the modern protocol (VALIDATE, then a PING the peer must echo). `opts`
+ * may be NULL for the defaults; its prefix is copied. Returns 0 and sets *out, or -ETIMEDOUT
+ * (deadline passed), -EINVAL, -ENOMEM, -EPROTO (the peer is not a store), or a negative errno
+ * for an error that retrying cannot fix (such as EAI_NONAME, mapped to -EHOSTUNREACH). On
+ * failure rdzv_client_last_error(NULL) describes it, with the last connection error and the
+ * number of attempts. Name resolution itself (getaddrinfo) is not bounded by the deadline.
+ *
+ * A client is not thread-safe: use one per thread, or serialise calls.
+ */
+int rdzv_client_connect(const char *host, int port, const rdzv_client_options *opts,
+                        rdzv_client **out);
+
+/* Closes the connection and frees the client. NULL is a no-op. */
+void rdzv_client_close(rdzv_client *c);
+
+/*
+ * A human-readable account of the client's last failure, or "" if none. Owned by the client,
+ * valid until its next call. With c == NULL: the calling thread's last rdzv_client_connect()
+ * failure (thread-local storage, valid until that thread's next connect).
+ */
+const char *rdzv_client_last_error(const rdzv_client *c);
+
+/*
+ * Every call below is bounded by the client's timeout_ms (wait() by its own timeout) and returns
+ * -ETIMEDOUT rather than blocking longer; a wait, get or barrier that times out then spends up to
+ * timeout_ms more cancelling its wait on the server. A call that times out after sending its
+ * request (other than a wait), or that sees a malformed reply (-EPROTO) or a closed connection
+ * (-ECONNRESET), leaves the client unusable: later calls return -ENOTCONN. A wait that times out
+ * is cancelled on the server and leaves the client usable.
+ *
+ * SET, APPEND and MULTI_SET have no reply: another client is sure to see the change once this
+ * client has completed any later call that has one (rdzv_ping(), say).
+ *
+ * Keys are NUL-terminated strings; the client's prefix is prepended. Values are byte buffers.
+ */
+
+/* Stores `value` (`nbytes`, may be 0) under `key`. Returns 0 or a negative errno. */
+int rdzv_set(rdzv_client *c, const char *key, const void *value, size_t nbytes);
+
+/*
+ * Waits (up to the client's timeout) until `key` exists, then returns its value in *value
+ * (allocated, NUL-terminated for convenience, free with rdzv_free()) and its length in *nbytes.
+ * Returns 0, -ETIMEDOUT if the key did not appear in time, or another negative errno.
+ */
+int rdzv_get(rdzv_client *c, const char *key, void **value, size_t *nbytes);
+
+/*
+ * Adds `delta` to the decimal integer stored under `key` (a missing key counts as 0) and
+ * returns the new value in *result. Returns 0 or a negative errno; -ECONNRESET if the stored
+ * value is not a decimal integer (the server drops the connection, as PyTorch's does).
+ */
+int rdzv_add(rdzv_client *c, const char *key, int64_t delta, int64_t *result);
+
+/*
+ * Atomically replaces the value of `key` with `desired` if it currently equals `expected`
+ * (a missing key matches an empty `expected`). *value receives what the store answered, with
+ * PyTorch's semantics: the new value on success, the current value on mismatch, and `expected`
+ * itself when the key is missing and `expected` is not empty. Free *value with rdzv_free().
+ */
+int rdzv_compare_set(rdzv_client *c, const char *key, const void *expected, size_t expected_nbytes,
+                     const void *desired, size_t desired_nbytes, void **value, size_t *nbytes);
+
+/* Returns 1 if every one of the `nkeys` keys exists, 0 if not, or a negative errno. */
+int rdzv_check(rdzv_client *c, const char *const *keys, size_t nkeys);
+
+/*
+ * Waits until every one of the `nkeys` keys exists. timeout_ms < 0 uses the client's timeout.
+ * Returns 0, -ETIMEDOUT (the client stays usable), or another negative errno.
+ */
+int rdzv_wait(rdzv_client *c, const char *const *keys, size_t nkeys, int timeout_ms);
+
+/* Deletes `key`. Returns 1 if it existed, 0 if not, or a negative errno. */
+int rdzv_delete(rdzv_client *c, const char *key);
+
+/* Sets *count to the number of keys in the store (all prefixes). Returns 0 or a negative errno. */
+int rdzv_num_keys(rdzv_client *c, int64_t *count);
+
+/* Appends `value` to the value of `key` (creating it). Returns 0 or a negative errno. */
+int rdzv_append(rdzv_client *c, const char *key, const void *value, size_t nbytes);
+
+/*
+ * Fetches `nkeys` keys in one round trip, without waiting; a missing key yields an empty value.
+ * values[i] (allocated, free each with rdzv_free()) and nbytes[i] receive the answers; both arrays
+ * are the caller's, with room for nkeys entries. Returns 0 or a negative errno (then nothing
+ * is allocated).
+ */
+int rdzv_multi_get(rdzv_client *c, const char *const *keys, size_t nkeys, void **values,
+                   size_t *nbytes);
+
+/* Stores `nkeys` key/value pairs in one request. Returns 0 or a negative errno. */
+int rdzv_multi_set(rdzv_client *c, const char *const *keys, const void *const *values,
+                   const size_t *nbytes, size_t nkeys);
+
+/* Round trip with the server (PING). Returns 0 or a negative errno. */
+int rdzv_ping(rdzv_client *c);
+
+/*
+ * Fetches the server's status (see rdzv_server_status()) into *json (free with rdzv_free()).
+ * This is a librendezvous extension; PyTorch's server does not answer it (-ECONNRESET or
+ * -ETIMEDOUT). Returns 0 or a negative errno.
+ */
+int rdzv_status(rdzv_client *c, char **json);
+
+/*
+ * A reusable barrier: returns once `world_size` callers (all using the same `name` and
+ * `world_size`) have entered it, or after timeout_ms (< 0: the client's timeout) with
+ * -ETIMEDOUT. Each use of a name is a new generation, so a barrier name can be reused
+ * without stale keys from an earlier round releasing anyone early; keys of finished generations
+ * are deleted. Call on all participating ranks. Returns 0 or a negative errno.
+ */
+int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RDZV_H */

@@ -1,0 +1,925 @@
+/*
+ * The store: a hash table of names, each holding any of a value, a queue, the WAITs that are
+ * blocked on it and legacy watchers; and the execution of parsed requests against it with
+ * PyTorch's TCPStore semantics (see rdzv-protocol(7)).
+ *
+ * Invariants:
+ *  - an entry exists while it has a value, queued items, waiters or watchers, and is freed as
+ *    soon as it has none of them;
+ *  - each pending WAIT is one rdzv__wait holding one node per key that was missing; a node
+ *    sits on its entry's waiter list until the key appears (the node "fires") or the WAIT is
+ *    cancelled; the WAIT is answered when its last node fires. A closing connection drops its
+ *    own WAITs by walking its own list, never the whole table;
+ *  - `bytes` counts every entry's key plus values and queued items, and never exceeds
+ *    max_total_bytes after a request that was accepted.
+ *
+ * No I/O here: replies are appended to the connections' output buffers.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+typedef struct rdzv__wnode {
+    rdzv__entry *e; /* NULL once fired */
+    struct rdzv__wnode *eprev, *enext;
+    rdzv__wait *w;
+} rdzv__wnode;
+
+struct rdzv__wait {
+    rdzv__conn *conn;
+    rdzv__wait *prev, *next; /* in the connection's list */
+    int64_t threshold;       /* BARRIER: released once the key's counter reaches this; 0: a WAIT */
+    size_t remaining;        /* nodes not fired yet */
+    size_t n;
+    rdzv__wnode nodes[];
+};
+
+struct rdzv__watch {
+    rdzv__conn *conn;
+    rdzv__entry *e;
+    rdzv__watch *eprev, *enext; /* in the entry's list */
+    rdzv__watch *cnext;         /* in the connection's list */
+};
+
+typedef struct rdzv__qitem {
+    struct rdzv__qitem *next;
+    size_t n;
+    uint8_t data[];
+} rdzv__qitem;
+
+struct rdzv__entry {
+    rdzv__entry *hnext;
+    uint64_t hash;
+    uint8_t *val;
+    size_t vlen;
+    bool present;
+    rdzv__wnode *waiters, *waiters_tail;
+    rdzv__qitem *qhead, *qtail;
+    size_t qlen;
+    rdzv__watch *watchers;
+    size_t klen;
+    uint8_t key[];
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Buffers                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+int rdzv__buf_reserve(rdzv__buf *b, size_t extra)
+{
+    if (b->cap - b->len >= extra)
+        return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap - b->len < extra) {
+        if (cap > SIZE_MAX / 2)
+            return -ENOMEM;
+        cap *= 2;
+    }
+    uint8_t *d = realloc(b->data, cap);
+    if (!d)
+        return -ENOMEM;
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
+
+int rdzv__buf_append(rdzv__buf *b, const void *p, size_t n)
+{
+    int rc = rdzv__buf_reserve(b, n);
+    if (rc < 0)
+        return rc;
+    if (n)
+        memcpy(b->data + b->len, p, n);
+    b->len += n;
+    return 0;
+}
+
+void rdzv__buf_free(rdzv__buf *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Replies                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static void mark_dirty(rdzv__store *s, rdzv__conn *c)
+{
+    if (c->dirty)
+        return;
+    c->dirty = true;
+    c->dirty_prev = NULL;
+    c->dirty_next = s->dirty;
+    if (s->dirty)
+        s->dirty->dirty_prev = c;
+    s->dirty = c;
+}
+
+rdzv__conn *rdzv__store_pop_dirty(rdzv__store *s)
+{
+    rdzv__conn *c = s->dirty;
+    if (!c)
+        return NULL;
+    s->dirty = c->dirty_next;
+    if (s->dirty)
+        s->dirty->dirty_prev = NULL;
+    c->dirty = false;
+    c->dirty_next = c->dirty_prev = NULL;
+    return c;
+}
+
+/* Appends raw bytes for `c`. A failure is recorded on `c` (it will be closed) and returned. */
+static int reply(rdzv__store *s, rdzv__conn *c, const void *p, size_t n)
+{
+    mark_dirty(s, c);
+    if (c->error)
+        return c->error;
+    int rc = rdzv__buf_append(&c->out, p, n);
+    if (rc < 0)
+        c->error = rc;
+    return rc;
+}
+
+static int reply_u8(rdzv__store *s, rdzv__conn *c, uint8_t v)
+{
+    return reply(s, c, &v, 1);
+}
+
+static int reply_i64(rdzv__store *s, rdzv__conn *c, int64_t v)
+{
+    return reply(s, c, &v, 8);
+}
+
+int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n)
+{
+    uint64_t len = n;
+    int rc = rdzv__buf_reserve(&c->out, 8 + n);
+    if (rc < 0) {
+        c->error = rc;
+        mark_dirty(s, c);
+        return rc;
+    }
+    reply(s, c, &len, 8);
+    return reply(s, c, p, n);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Hash table                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+/* SipHash-1-3 with a per-store random key, so that clients cannot aim keys at one bucket. */
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                   \
+    do {                                                                                           \
+        v0 += v1;                                                                                  \
+        v1 = ROTL(v1, 13);                                                                         \
+        v1 ^= v0;                                                                                  \
+        v0 = ROTL(v0, 32);                                                                         \
+        v2 += v3;                                                                                  \
+        v3 = ROTL(v3, 16);                                                                         \
+        v3 ^= v2;                                                                                  \
+        v0 += v3;                                                                                  \
+        v3 = ROTL(v3, 21);                                                                         \
+        v3 ^= v0;                                                                                  \
+        v2 += v1;                                                                                  \
+        v1 = ROTL(v1, 17);                                                                         \
+        v1 ^= v2;                                                                                  \
+        v2 = ROTL(v2, 32);                                                                         \
+    } while (0)
+
+static uint64_t siphash13(const uint64_t k[2], const uint8_t *in, size_t len)
+{
+    uint64_t v0 = 0x736f6d6570736575ULL ^ k[0], v1 = 0x646f72616e646f6dULL ^ k[1];
+    uint64_t v2 = 0x6c7967656e657261ULL ^ k[0], v3 = 0x7465646279746573ULL ^ k[1];
+    uint64_t b = (uint64_t)len << 56, m;
+    const uint8_t *end = in + (len & ~(size_t)7);
+
+    for (; in != end; in += 8) {
+        memcpy(&m, in, 8);
+        v3 ^= m;
+        SIPROUND;
+        v0 ^= m;
+    }
+    for (size_t i = 0; i < (len & 7); i++)
+        b |= (uint64_t)in[i] << (8 * i);
+    v3 ^= b;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static rdzv__entry *find(rdzv__store *s, const uint8_t *key, size_t klen, uint64_t h)
+{
+    for (rdzv__entry *e = s->buckets[h & (s->nbuckets - 1)]; e; e = e->hnext)
+        if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0)
+            return e;
+    return NULL;
+}
+
+static rdzv__entry *lookup(rdzv__store *s, const uint8_t *key, size_t klen)
+{
+    return find(s, key, klen, siphash13(s->seed, key, klen));
+}
+
+static void grow(rdzv__store *s)
+{
+    size_t n = s->nbuckets * 2;
+    rdzv__entry **b = calloc(n, sizeof(*b));
+    if (!b)
+        return; /* longer chains, still correct */
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        rdzv__entry *e = s->buckets[i], *next;
+        for (; e; e = next) {
+            next = e->hnext;
+            e->hnext = b[e->hash & (n - 1)];
+            b[e->hash & (n - 1)] = e;
+        }
+    }
+    free(s->buckets);
+    s->buckets = b;
+    s->nbuckets = n;
+}
+
+/* Finds or creates the entry for a key. Returns NULL with *err set (-ENOSPC, -ENOMEM). */
+static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t klen, int *err)
+{
+    uint64_t h = siphash13(s->seed, key, klen);
+    rdzv__entry *e = find(s, key, klen, h);
+    if (e)
+        return e;
+    if (s->bytes + klen > s->max_total_bytes) {
+        *err = -ENOSPC;
+        return NULL;
+    }
+    e = calloc(1, sizeof(*e) + klen);
+    if (!e) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    e->hash = h;
+    e->klen = klen;
+    memcpy(e->key, key, klen);
+    e->hnext = s->buckets[h & (s->nbuckets - 1)];
+    s->buckets[h & (s->nbuckets - 1)] = e;
+    s->nentries++;
+    s->bytes += klen;
+    if (s->nentries > s->nbuckets)
+        grow(s);
+    return e;
+}
+
+/* Frees `e` if nothing refers to it any more. */
+static void maybe_free(rdzv__store *s, rdzv__entry *e)
+{
+    if (e->present || e->qlen || e->waiters || e->watchers)
+        return;
+    rdzv__entry **pp = &s->buckets[e->hash & (s->nbuckets - 1)];
+    while (*pp != e)
+        pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    s->nentries--;
+    s->bytes -= e->klen;
+    free(e);
+}
+
+static bool satisfied(const rdzv__entry *e)
+{
+    return e && (e->present || e->qlen > 0);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Waits and watches                                                                        */
+/* ---------------------------------------------------------------------------------------- */
+
+static void unlink_node(rdzv__wnode *n)
+{
+    rdzv__entry *e = n->e;
+    if (n->eprev)
+        n->eprev->enext = n->enext;
+    else
+        e->waiters = n->enext;
+    if (n->enext)
+        n->enext->eprev = n->eprev;
+    else
+        e->waiters_tail = n->eprev;
+    n->e = NULL;
+}
+
+static void unlink_wait(rdzv__wait *w)
+{
+    rdzv__conn *c = w->conn;
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        c->waits = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+}
+
+/* Fires one waiter node whose key has appeared; answers its WAIT when it was the last. */
+static void fire(rdzv__store *s, rdzv__wnode *n)
+{
+    rdzv__wait *w = n->w;
+    unlink_node(n);
+    s->nwaiters--;
+    if (--w->remaining == 0) {
+        reply_u8(s, w->conn, RDZV_WAIT_STOP_WAITING);
+        unlink_wait(w);
+        free(w);
+    }
+}
+
+static int parse_i64(const uint8_t *p, size_t n, int64_t *out);
+
+/* True if a parked BARRIER on `e` may go: the key's counter has reached its threshold. */
+static bool barrier_reached(const rdzv__entry *e, const rdzv__wait *w)
+{
+    int64_t cur;
+    return e->present && parse_i64(e->val, e->vlen, &cur) == 0 && cur >= w->threshold;
+}
+
+/* Called whenever e's value changes: fires its WAITs, and the BARRIERs whose count is met. */
+static void wake_all(rdzv__store *s, rdzv__entry *e)
+{
+    rdzv__wnode *n = e->waiters, *next;
+    for (; n; n = next) {
+        next = n->enext; /* a fired node's WAIT may be freed, but never `next`'s */
+        if (n->w->threshold == 0 || barrier_reached(e, n->w))
+            fire(s, n);
+    }
+}
+
+/*
+ * A queue push releases one WAIT on that name: the longest-waiting one that needs nothing else,
+ * or else the longest-waiting one (which then waits for its other keys).
+ */
+static void wake_one(rdzv__store *s, rdzv__entry *e)
+{
+    rdzv__wnode *first = NULL;
+    for (rdzv__wnode *n = e->waiters; n; n = n->enext) {
+        if (n->w->threshold)
+            continue; /* a BARRIER counts, it does not consume queue items */
+        if (n->w->remaining == 1) {
+            fire(s, n);
+            return;
+        }
+        if (!first)
+            first = n;
+    }
+    if (first)
+        fire(s, first);
+}
+
+static void cancel_waits(rdzv__store *s, rdzv__conn *c)
+{
+    rdzv__wait *w, *next;
+    for (w = c->waits; w; w = next) {
+        next = w->next;
+        for (size_t i = 0; i < w->n; i++) {
+            rdzv__entry *e = w->nodes[i].e;
+            if (!e)
+                continue;
+            unlink_node(&w->nodes[i]);
+            s->nwaiters--;
+            maybe_free(s, e);
+        }
+        free(w);
+    }
+    c->waits = NULL;
+}
+
+/* Sends a legacy watch notification about `e` to every connection watching it. */
+static void notify(rdzv__store *s, rdzv__entry *e, uint8_t type, const uint8_t *old, size_t oldlen,
+                   const uint8_t *new, size_t newlen)
+{
+    for (rdzv__watch *w = e->watchers; w; w = w->enext) {
+        reply_u8(s, w->conn, type);
+        rdzv__reply_vec(s, w->conn, e->key, e->klen);
+        rdzv__reply_vec(s, w->conn, old, oldlen);
+        rdzv__reply_vec(s, w->conn, new, newlen);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Values                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * Makes `buf` (malloc'd, n bytes; ownership passes to the store, also on failure) e's value,
+ * accounting for the size cap, notifying legacy watchers, and waking every WAIT on the key.
+ * Returns 0, -ENOSPC or -ENOMEM.
+ */
+static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
+{
+    size_t old = e->present ? e->vlen : 0;
+    if (s->bytes - old + n > s->max_total_bytes) {
+        free(buf);
+        return -ENOSPC;
+    }
+    if (e->watchers)
+        notify(s, e, e->present ? RDZV_WATCH_KEY_UPDATED : RDZV_WATCH_KEY_CREATED,
+               e->present ? e->val : NULL, old, buf, n);
+    free(e->val);
+    if (!e->present)
+        s->nkeys++;
+    s->bytes = s->bytes - old + n;
+    e->val = buf;
+    e->vlen = n;
+    e->present = true;
+    wake_all(s, e);
+    return 0;
+}
+
+/* Like store_owned() with a copy of val[0..n). */
+static int store_value(rdzv__store *s, rdzv__entry *e, const uint8_t *val, size_t n)
+{
+    uint8_t *copy = malloc(n ? n : 1);
+    if (!copy)
+        return -ENOMEM;
+    if (n)
+        memcpy(copy, val, n);
+    return store_owned(s, e, copy, n);
+}
+
+static int set_key(rdzv__store *s, const uint8_t *key, size_t klen, const uint8_t *val, size_t n)
+{
+    int err = 0;
+    rdzv__entry *e = get_or_create(s, key, klen, &err);
+    if (!e)
+        return err;
+    err = store_value(s, e, val, n);
+    maybe_free(s, e);
+    return err;
+}
+
+/*
+ * Parses a stored value as PyTorch's server does (std::stoll): optional leading white space,
+ * an optional sign, then at least one digit; parsing stops at the first non-digit. Returns 0
+ * or -EINVAL (no digits, or out of range).
+ */
+static int parse_i64(const uint8_t *p, size_t n, int64_t *out)
+{
+    size_t i = 0;
+    bool neg = false;
+    uint64_t v = 0, limit;
+
+    while (i < n && (p[i] == ' ' || (p[i] >= '\t' && p[i] <= '\r')))
+        i++;
+    if (i < n && (p[i] == '+' || p[i] == '-'))
+        neg = p[i++] == '-';
+    limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    size_t start = i;
+    for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) {
+        unsigned d = p[i] - '0';
+        if (v > (limit - d) / 10)
+            return -EINVAL;
+        v = v * 10 + d;
+    }
+    if (i == start)
+        return -EINVAL;
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return 0;
+}
+
+static int do_add(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    int err = 0;
+    int64_t cur = 0;
+    rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
+    if (!e)
+        return err;
+    if (e->present && (err = parse_i64(e->val, e->vlen, &cur)) < 0) {
+        maybe_free(s, e);
+        return err;
+    }
+    /* Two's-complement wrap-around instead of undefined overflow. */
+    int64_t result = (int64_t)((uint64_t)cur + (uint64_t)r->i64);
+    char text[24];
+    int n = snprintf(text, sizeof(text), "%" PRId64, result);
+    err = store_value(s, e, (const uint8_t *)text, (size_t)n);
+    maybe_free(s, e);
+    if (err < 0)
+        return err;
+    return reply_i64(s, c, result);
+}
+
+static int do_compare_set(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    int err = 0;
+    rdzv__entry *e = lookup(s, r->key, r->key_len);
+
+    if (!e || !e->present) {
+        if (r->val_len == 0) {
+            err = set_key(s, r->key, r->key_len, r->val2, r->val2_len);
+            if (err < 0)
+                return err;
+            return rdzv__reply_vec(s, c, r->val2, r->val2_len);
+        }
+        /* PyTorch answers with the expected value when the key is missing. (Its server also
+         * wakes the key's waiters here although the key is still missing; we do not.) */
+        return rdzv__reply_vec(s, c, r->val, r->val_len);
+    }
+    if (e->vlen == r->val_len && memcmp(e->val, r->val, r->val_len) == 0) {
+        if ((err = store_value(s, e, r->val2, r->val2_len)) < 0)
+            return err;
+    }
+    return rdzv__reply_vec(s, c, e->val, e->vlen);
+}
+
+static int do_append(rdzv__store *s, const rdzv__request *r)
+{
+    int err = 0;
+    rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
+    if (!e)
+        return err;
+    size_t old = e->present ? e->vlen : 0;
+    uint8_t *v = malloc(old + r->val_len + 1);
+    if (!v) {
+        err = -ENOMEM;
+    } else {
+        if (old)
+            memcpy(v, e->val, old);
+        if (r->val_len)
+            memcpy(v + old, r->val, r->val_len);
+        err = store_owned(s, e, v, old + r->val_len);
+    }
+    maybe_free(s, e);
+    return err;
+}
+
+static int do_delete(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    rdzv__entry *e = lookup(s, r->key, r->key_len);
+    if (!e || !e->present)
+        return reply_i64(s, c, 0);
+    if (e->watchers)
+        notify(s, e, RDZV_WATCH_KEY_DELETED, e->val, e->vlen, NULL, 0);
+    s->bytes -= e->vlen;
+    s->nkeys--;
+    free(e->val);
+    e->val = NULL;
+    e->vlen = 0;
+    e->present = false;
+    maybe_free(s, e);
+    return reply_i64(s, c, 1);
+}
+
+/* CHECK: every key has a value or queued items. */
+static bool check_all(rdzv__store *s, const rdzv__request *r)
+{
+    const uint8_t *cur = r->items;
+    for (uint64_t i = 0; i < r->count; i++) {
+        const uint8_t *k;
+        size_t kl;
+        rdzv__next_str(&cur, &k, &kl);
+        if (!satisfied(lookup(s, k, kl)))
+            return false;
+    }
+    return true;
+}
+
+/* Links a new node for `w` at the tail of e's waiter list. */
+static void add_node(rdzv__store *s, rdzv__wait *w, rdzv__entry *e)
+{
+    rdzv__wnode *n = &w->nodes[w->n++];
+    n->e = e;
+    n->w = w;
+    n->enext = NULL;
+    n->eprev = e->waiters_tail;
+    if (e->waiters_tail)
+        e->waiters_tail->enext = n;
+    else
+        e->waiters = n;
+    e->waiters_tail = n;
+    s->nwaiters++;
+}
+
+static void add_wait(rdzv__conn *c, rdzv__wait *w)
+{
+    w->next = c->waits;
+    if (c->waits)
+        c->waits->prev = w;
+    c->waits = w;
+}
+
+/*
+ * BARRIER (PyTorch >= 2.15): adds one to the decimal counter under the key, like ADD; answers
+ * STOP_WAITING at once if the counter has reached the world size, and otherwise parks the
+ * request like a WAIT until a change to the key (another BARRIER, an ADD, a SET) brings the
+ * counter there. CANCEL_WAIT cancels a parked BARRIER as it does a WAIT.
+ */
+static int do_barrier(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    int err = 0;
+    int64_t cur = 0;
+    rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
+    if (!e)
+        return err;
+    if (e->present && (err = parse_i64(e->val, e->vlen, &cur)) < 0) {
+        maybe_free(s, e);
+        return err;
+    }
+    int64_t count = (int64_t)((uint64_t)cur + 1);
+    char text[24];
+    int n = snprintf(text, sizeof(text), "%" PRId64, count);
+    if ((err = store_value(s, e, (const uint8_t *)text, (size_t)n)) < 0) {
+        maybe_free(s, e);
+        return err;
+    }
+    if (count >= r->i64)
+        return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
+    rdzv__wait *w = calloc(1, sizeof(*w) + sizeof(rdzv__wnode));
+    if (!w)
+        return -ENOMEM;
+    w->conn = c;
+    w->threshold = r->i64;
+    w->remaining = 1;
+    add_node(s, w, e);
+    add_wait(c, w);
+    return 0;
+}
+
+static int do_wait(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    const uint8_t *cur = r->items, *k;
+    size_t kl, missing = 0;
+
+    for (uint64_t i = 0; i < r->count; i++) {
+        rdzv__next_str(&cur, &k, &kl);
+        if (!satisfied(lookup(s, k, kl)))
+            missing++;
+    }
+    if (missing == 0)
+        return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
+
+    rdzv__wait *w = calloc(1, sizeof(*w) + missing * sizeof(rdzv__wnode));
+    if (!w)
+        return -ENOMEM;
+    w->conn = c;
+    w->remaining = missing;
+    w->n = 0;
+    cur = r->items;
+    for (uint64_t i = 0; i < r->count; i++) {
+        int err = 0;
+        rdzv__next_str(&cur, &k, &kl);
+        rdzv__entry *e = get_or_create(s, k, kl, &err);
+        if (!e) {
+            /* Undo the nodes linked so far. */
+            for (size_t j = 0; j < w->n; j++) {
+                rdzv__entry *ej = w->nodes[j].e;
+                unlink_node(&w->nodes[j]);
+                s->nwaiters--;
+                maybe_free(s, ej);
+            }
+            free(w);
+            return err;
+        }
+        if (!satisfied(e))
+            add_node(s, w, e);
+    }
+    add_wait(c, w);
+    return 0;
+}
+
+static int do_watch(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    int err = 0;
+    rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
+    if (!e)
+        return err;
+    rdzv__watch *w = calloc(1, sizeof(*w));
+    if (!w) {
+        maybe_free(s, e);
+        return -ENOMEM;
+    }
+    w->conn = c;
+    w->e = e;
+    w->enext = e->watchers;
+    if (e->watchers)
+        e->watchers->eprev = w;
+    e->watchers = w;
+    w->cnext = c->watches;
+    c->watches = w;
+    s->nwatches++;
+    return reply_u8(s, c, RDZV_WATCH_CALLBACK_REGISTERED);
+}
+
+static int do_queue_push(rdzv__store *s, const rdzv__request *r)
+{
+    int err = 0;
+    rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
+    if (!e)
+        return err;
+    rdzv__qitem *q = NULL;
+    if (s->bytes + r->val_len > s->max_total_bytes)
+        err = -ENOSPC;
+    else if (!(q = malloc(sizeof(*q) + r->val_len)))
+        err = -ENOMEM;
+    if (err < 0) {
+        maybe_free(s, e);
+        return err;
+    }
+    q->next = NULL;
+    q->n = r->val_len;
+    if (r->val_len)
+        memcpy(q->data, r->val, r->val_len);
+    if (e->qtail)
+        e->qtail->next = q;
+    else
+        e->qhead = q;
+    e->qtail = q;
+    e->qlen++;
+    s->bytes += q->n;
+    wake_one(s, e);
+    return 0;
+}
+
+static int do_queue_pop(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    rdzv__entry *e = lookup(s, r->key, r->key_len);
+    size_t len = e ? e->qlen : 0;
+    int rc = reply_i64(s, c, (int64_t)len);
+    if (rc < 0 || len == 0)
+        return rc;
+    rdzv__qitem *q = e->qhead;
+    e->qhead = q->next;
+    if (!e->qhead)
+        e->qtail = NULL;
+    e->qlen--;
+    s->bytes -= q->n;
+    rc = rdzv__reply_vec(s, c, q->data, q->n);
+    free(q);
+    maybe_free(s, e);
+    return rc;
+}
+
+static int do_list_keys(rdzv__store *s, rdzv__conn *c)
+{
+    int rc = reply_i64(s, c, (int64_t)s->nkeys);
+    for (size_t i = 0; i < s->nbuckets && rc == 0; i++)
+        for (rdzv__entry *e = s->buckets[i]; e && rc == 0; e = e->hnext)
+            if (e->present)
+                rc = rdzv__reply_vec(s, c, e->key, e->klen);
+    return rc;
+}
+
+int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    const uint8_t *cur, *k, *v;
+    size_t kl, vl;
+    int rc = 0;
+
+    s->ops[r->op]++;
+    switch (r->op) {
+    case RDZV_OP_VALIDATE:
+        return 0;
+    case RDZV_OP_SET:
+        return set_key(s, r->key, r->key_len, r->val, r->val_len);
+    case RDZV_OP_COMPARE_SET:
+        return do_compare_set(s, c, r);
+    case RDZV_OP_GET: {
+        rdzv__entry *e = lookup(s, r->key, r->key_len);
+        bool have = e && e->present;
+        return rdzv__reply_vec(s, c, have ? e->val : NULL, have ? e->vlen : 0);
+    }
+    case RDZV_OP_ADD:
+        return do_add(s, c, r);
+    case RDZV_OP_CHECK:
+        return reply_u8(s, c, check_all(s, r) ? RDZV_CHECK_READY : RDZV_CHECK_NOT_READY);
+    case RDZV_OP_WAIT:
+        return do_wait(s, c, r);
+    case RDZV_OP_GETNUMKEYS:
+        return reply_i64(s, c, (int64_t)s->nkeys);
+    case RDZV_OP_DELETE_KEY:
+        return do_delete(s, c, r);
+    case RDZV_OP_APPEND:
+        return do_append(s, r);
+    case RDZV_OP_MULTI_GET:
+        cur = r->items;
+        for (uint64_t i = 0; i < r->count && rc == 0; i++) {
+            rdzv__next_str(&cur, &k, &kl);
+            rdzv__entry *e = lookup(s, k, kl);
+            bool have = e && e->present;
+            rc = rdzv__reply_vec(s, c, have ? e->val : NULL, have ? e->vlen : 0);
+        }
+        return rc;
+    case RDZV_OP_MULTI_SET:
+        cur = r->items;
+        for (uint64_t i = 0; i < r->count && rc == 0; i++) {
+            rdzv__next_str(&cur, &k, &kl);
+            rdzv__next_str(&cur, &v, &vl);
+            rc = set_key(s, k, kl, v, vl);
+        }
+        return rc;
+    case RDZV_OP_CANCEL_WAIT:
+        cancel_waits(s, c);
+        return reply_u8(s, c, RDZV_WAIT_CANCELED);
+    case RDZV_OP_PING:
+        return reply(s, c, &r->u32, 4);
+    case RDZV_OP_QUEUE_PUSH:
+        return do_queue_push(s, r);
+    case RDZV_OP_QUEUE_POP:
+        return do_queue_pop(s, c, r);
+    case RDZV_OP_QUEUE_LEN: {
+        rdzv__entry *e = lookup(s, r->key, r->key_len);
+        return reply_i64(s, c, e ? (int64_t)e->qlen : 0);
+    }
+    case RDZV_OP_LIST_KEYS:
+        return do_list_keys(s, c);
+    case RDZV_OP_BARRIER:
+        return do_barrier(s, c, r);
+    case RDZV_OP_WATCH_KEY:
+        return do_watch(s, c, r);
+    case RDZV_OP_STATUS:
+        return RDZV__EXEC_STATUS;
+    case RDZV_OP_COUNT:
+        break;
+    }
+    return -EINVAL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Life cycle                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+int rdzv__store_init(rdzv__store *s, size_t max_total_bytes)
+{
+    memset(s, 0, sizeof(*s));
+    s->nbuckets = 1024;
+    s->buckets = calloc(s->nbuckets, sizeof(*s->buckets));
+    if (!s->buckets)
+        return -ENOMEM;
+    s->max_total_bytes = max_total_bytes;
+    if (getrandom(s->seed, sizeof(s->seed), GRND_NONBLOCK) != (ssize_t)sizeof(s->seed)) {
+        /* No entropy yet (early boot): fall back to something that still differs per run. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s->seed[0] = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ULL ^ (uintptr_t)s;
+        s->seed[1] = (uint64_t)ts.tv_sec * 0xC2B2AE3D27D4EB4FULL;
+    }
+    return 0;
+}
+
+void rdzv__store_destroy(rdzv__store *s)
+{
+    for (size_t i = 0; s->buckets && i < s->nbuckets; i++) {
+        rdzv__entry *e = s->buckets[i], *next;
+        for (; e; e = next) {
+            next = e->hnext;
+            for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
+                qn = q->next;
+                free(q);
+            }
+            free(e->val);
+            free(e);
+        }
+    }
+    free(s->buckets);
+    s->buckets = NULL;
+}
+
+void rdzv__conn_init(rdzv__conn *c)
+{
+    memset(c, 0, sizeof(*c));
+}
+
+void rdzv__conn_release(rdzv__store *s, rdzv__conn *c)
+{
+    cancel_waits(s, c);
+    for (rdzv__watch *w = c->watches, *next; w; w = next) {
+        next = w->cnext;
+        rdzv__entry *e = w->e;
+        if (w->eprev)
+            w->eprev->enext = w->enext;
+        else
+            e->watchers = w->enext;
+        if (w->enext)
+            w->enext->eprev = w->eprev;
+        s->nwatches--;
+        free(w);
+        maybe_free(s, e);
+    }
+    c->watches = NULL;
+    if (c->dirty) {
+        if (c->dirty_prev)
+            c->dirty_prev->dirty_next = c->dirty_next;
+        else
+            s->dirty = c->dirty_next;
+        if (c->dirty_next)
+            c->dirty_next->dirty_prev = c->dirty_prev;
+        c->dirty = false;
+    }
+    rdzv__buf_free(&c->out);
+}

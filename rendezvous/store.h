@@ -1,0 +1,88 @@
+/*
+ * The store's logic, apart from any socket: keys and values, queues, wait lists and legacy
+ * watches, and the replies each request produces. Internal to librendezvous; the server feeds
+ * it parsed requests and sends what it appends to each connection's output buffer. The unit
+ * tests and the fuzzer drive it directly with fake connections.
+ */
+#ifndef RDZV_STORE_H
+#define RDZV_STORE_H
+
+#include "proto.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A growable byte buffer. */
+typedef struct rdzv__buf {
+    uint8_t *data;
+    size_t len, cap;
+} rdzv__buf;
+
+int rdzv__buf_reserve(rdzv__buf *b, size_t extra);
+int rdzv__buf_append(rdzv__buf *b, const void *p, size_t n);
+void rdzv__buf_free(rdzv__buf *b);
+
+typedef struct rdzv__entry rdzv__entry;
+typedef struct rdzv__wait rdzv__wait;
+typedef struct rdzv__watch rdzv__watch;
+
+/*
+ * A client connection as the store sees it. The server embeds one per socket. Replies are
+ * appended to `out`; a connection with new output is put on the store's dirty list, which
+ * the server drains after each batch of requests.
+ */
+typedef struct rdzv__conn {
+    rdzv__buf out;
+    rdzv__wait *waits;     /* this connection's pending WAITs */
+    rdzv__watch *watches;  /* legacy WATCH_KEY registrations */
+    struct rdzv__conn *dirty_prev, *dirty_next;
+    bool dirty;
+    int error;             /* set when a reply could not be queued: close this connection */
+} rdzv__conn;
+
+typedef struct rdzv__store {
+    rdzv__entry **buckets;
+    size_t nbuckets;     /* power of two */
+    size_t nentries;     /* hash entries (keys, queues, or names with waiters) */
+    size_t nkeys;        /* keys holding a value */
+    size_t bytes;        /* key + value bytes of stored keys, plus queued items */
+    size_t nwaiters;     /* keys awaited by pending WAITs, over all connections */
+    size_t nwatches;
+    size_t max_total_bytes;
+    uint64_t seed[2];    /* SipHash key, random per store */
+    uint64_t ops[RDZV_OP_COUNT];
+    rdzv__conn *dirty;   /* connections with output to send */
+} rdzv__store;
+
+/* Initialises an empty store. Returns 0 or -ENOMEM. */
+int rdzv__store_init(rdzv__store *s, size_t max_total_bytes);
+
+/* Frees every key, queue and wait. Connections must have been released first. */
+void rdzv__store_destroy(rdzv__store *s);
+
+void rdzv__conn_init(rdzv__conn *c);
+
+/* Drops a closing connection's waits and watches (O(its own waits)), takes it off the dirty
+ * list and frees its output buffer. */
+void rdzv__conn_release(rdzv__store *s, rdzv__conn *c);
+
+/* Returned by rdzv__store_exec for a STATUS request: the server builds and appends the reply. */
+#define RDZV__EXEC_STATUS 1
+
+/*
+ * Executes one request from connection `c`. Replies (to `c`, and STOP_WAITING or watch
+ * notifications to other connections) are appended to output buffers. Returns 0, or
+ * RDZV__EXEC_STATUS, or a negative errno meaning that `c` must be closed: -ENOSPC (the total
+ * size cap would be exceeded), -EINVAL (ADD on a value that is not a decimal integer),
+ * -ENOMEM.
+ */
+int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *req);
+
+/* Appends a length-prefixed byte vector to a connection's output and marks it dirty. */
+int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);
+
+/* Takes the first connection off the dirty list; NULL when it is empty. */
+rdzv__conn *rdzv__store_pop_dirty(rdzv__store *s);
+
+#endif /* RDZV_STORE_H */
