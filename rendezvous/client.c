@@ -1,0 +1,1372 @@
+/*
+ * The blocking client of librendezvous: one TCP connection to a store that speaks the modern
+ * (PyTorch >= 2.2) generation of the c10d TCPStore wire protocol, for C programs such as the
+ * launcher, workers and job schedulers.
+ *
+ * Each call encodes its whole request into one growable buffer and hands it to the kernel with
+ * as few send() calls as the socket buffer allows, then reads the reply through a small receive
+ * buffer so that a short reply costs one recv(). The socket is non-blocking; every wait for the
+ * socket is a poll() against a deadline taken from the monotonic clock, so no call blocks longer
+ * than the client's timeout (or wait()'s own).
+ *
+ * Invariant: the byte stream is either in step with the server (no reply outstanding, no
+ * request half sent) or the client is marked broken, its socket closed, and every later call
+ * answers -ENOTCONN. A wait that times out is the one failure that restores the invariant
+ * instead of breaking it, by cancelling the wait on the server and reading the acknowledgement.
+ *
+ * Non-goals: no legacy (PyTorch 1.x) generation, no queue or list-keys operations, no
+ * reconnection after a failure, no thread safety (one client per thread). Nothing here prints,
+ * exits or aborts; failures are negative errno values plus a sentence in the client's last error.
+ */
+#include "rdzv.h"
+#include "proto.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Receive buffer size: larger replies are read straight into their destination. */
+#define RBUF_BYTES 16384
+/* A vector reply longer than this cannot be genuine and is treated as a protocol error. */
+#define MAX_REPLY_BYTES ((uint64_t)1 << 40)
+/* A send buffer that grew past this is released after the call instead of being kept. */
+#define SBUF_KEEP_BYTES (1u << 20)
+#define ERR_BYTES 512
+#define WHAT_BYTES 160
+/* Room for the detail after "<what>: ", so that messages fit ERR_BYTES untruncated. */
+#define DETAIL_BYTES 300
+/* Longest piece of a key quoted in an error message. */
+#define KEY_QUOTE_BYTES 64
+
+/* "No deadline": far enough in the future never to pass. */
+#define NO_DEADLINE INT64_MAX
+
+struct rdzv_client {
+    int fd;      /* -1 once broken */
+    bool broken; /* the stream is out of step with the server; see the file comment */
+    int timeout_ms;
+    char *prefix; /* owned, NULL when empty */
+    size_t prefix_len;
+
+    uint8_t *sbuf; /* request under construction */
+    size_t slen, scap;
+
+    size_t rpos, rlen; /* unread reply bytes are rbuf[rpos..rlen) */
+    bool just_sent;    /* a request just left: its reply is not there yet, so poll first */
+    uint64_t rng;      /* xorshift state for PING nonces */
+
+    char what[WHAT_BYTES]; /* the operation under way, for error messages */
+    char err[ERR_BYTES];   /* last failure, "" if none */
+    char broken_why[ERR_BYTES];
+    uint8_t rbuf[RBUF_BYTES];
+};
+
+/*
+ * Connection failures happen before there is a client to hold them, so rdzv_client_connect()
+ * keeps its account per thread; rdzv_client_last_error(NULL) returns it.
+ */
+static _Thread_local char connect_err[ERR_BYTES];
+
+/* ------------------------------------------------------------------------------------------ */
+/* Time and randomness                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The deadline `ms` milliseconds from now; a negative `ms` means none. */
+static int64_t deadline_after(int ms)
+{
+    if (ms < 0)
+        return NO_DEADLINE;
+    return now_ns() + (int64_t)ms * 1000000;
+}
+
+/* Milliseconds left until `deadline`, rounded up, for poll(); -1 for no deadline. */
+static int poll_ms_left(int64_t deadline)
+{
+    if (deadline == NO_DEADLINE)
+        return -1;
+    int64_t left = deadline - now_ns();
+    if (left <= 0)
+        return 0;
+    int64_t ms = (left + 999999) / 1000000;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *s = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static uint64_t rng_seed(const void *salt)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 40) ^
+                 (uint64_t)(uintptr_t)salt ^ (uint64_t)now_ns();
+    return s ? s : 0x9E3779B97F4A7C15ULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Error bookkeeping                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Records a failure of the operation under way and returns `err`. */
+static int fail(rdzv_client *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(rdzv_client *c, int err, const char *fmt, ...)
+{
+    char detail[DETAIL_BYTES];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    snprintf(c->err, sizeof c->err, "%s: %s", c->what, detail);
+    return err;
+}
+
+/*
+ * Marks the client broken after a failure that left the stream out of step with the server,
+ * closes the socket (which also ends anything the server still holds for this connection),
+ * records the failure and returns `err`.
+ */
+static int fail_broken(rdzv_client *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail_broken(rdzv_client *c, int err, const char *fmt, ...)
+{
+    char detail[DETAIL_BYTES];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    snprintf(c->err, sizeof c->err, "%s: %s (connection dropped)", c->what, detail);
+    memcpy(c->broken_why, c->err, sizeof c->err);
+    c->broken = true;
+    if (c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+    c->rpos = c->rlen = 0;
+    return err;
+}
+
+/* A phrase for an I/O error code, as it appears in error messages. */
+static const char *io_reason(int err)
+{
+    switch (err) {
+    case -ECONNRESET:
+        return "the connection was closed or reset by the server";
+    case -ETIMEDOUT:
+        return "timed out";
+    case -EPROTO:
+        return "malformed reply";
+    default:
+        return rdzv_strerror(err);
+    }
+}
+
+/* Appends `s` to `dst` (of `cap` bytes, NUL-terminated), quoting at most KEY_QUOTE_BYTES. */
+static void append_quoted(char *dst, size_t cap, const char *pfx, size_t pfx_len, const char *s)
+{
+    size_t len = strlen(dst);
+    size_t slen = strlen(s);
+    size_t total = pfx_len + slen;
+    if (len >= cap)
+        return;
+    int ipl = pfx_len > KEY_QUOTE_BYTES ? KEY_QUOTE_BYTES : (int)pfx_len;
+    int isl = total > KEY_QUOTE_BYTES ? KEY_QUOTE_BYTES - ipl : (int)slen;
+    snprintf(dst + len, cap - len, "'%.*s%.*s%s'", ipl, pfx ? pfx : "", isl, s,
+             total > KEY_QUOTE_BYTES ? "..." : "");
+}
+
+/*
+ * Starts a public operation: names it for error messages (`op`, and the first of `nkeys` keys
+ * when there are any) and refuses with -ENOTCONN when the client is broken.
+ */
+static int op_begin(rdzv_client *c, const char *op, const char *const *keys, size_t nkeys)
+{
+    snprintf(c->what, sizeof c->what, "%s", op);
+    if (nkeys > 0) {
+        size_t len = strlen(c->what);
+        snprintf(c->what + len, sizeof c->what - len, " ");
+        append_quoted(c->what, sizeof c->what, c->prefix, c->prefix_len, keys[0]);
+        if (nkeys > 1) {
+            len = strlen(c->what);
+            snprintf(c->what + len, sizeof c->what - len, " and %zu more key%s", nkeys - 1,
+                     nkeys > 2 ? "s" : "");
+        }
+    }
+    c->slen = 0;
+    if (c->broken) {
+        snprintf(c->err, sizeof c->err, "%s: client unusable after an earlier failure: %.280s",
+                 c->what, c->broken_why);
+        return -ENOTCONN;
+    }
+    return 0;
+}
+
+/*
+ * Answers a call with an invalid argument: -EINVAL, with a note in the client's last error when
+ * there is a client to hold it. The connection is untouched.
+ */
+static int invalid(rdzv_client *c, const char *op)
+{
+    if (c)
+        snprintf(c->err, sizeof c->err, "%s: invalid argument", op);
+    return -EINVAL;
+}
+
+/* Releases a send buffer that one big request grew, so that it is not kept for the lifetime. */
+static void op_end(rdzv_client *c)
+{
+    if (c->scap > SBUF_KEEP_BYTES) {
+        free(c->sbuf);
+        c->sbuf = NULL;
+        c->scap = 0;
+    }
+    c->slen = 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Request encoding                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* *acc += n, or false on overflow. */
+static bool size_add(size_t *acc, size_t n)
+{
+    if (*acc > SIZE_MAX - n)
+        return false;
+    *acc += n;
+    return true;
+}
+
+/* Wire size of a key with the client's prefix: the uint64 length and the bytes. */
+static bool size_add_key(const rdzv_client *c, size_t *acc, const char *key)
+{
+    return size_add(acc, 8) && size_add(acc, c->prefix_len) && size_add(acc, strlen(key));
+}
+
+/* Makes room for `need` more bytes in the request buffer. Returns 0 or -ENOMEM. */
+static int reserve(rdzv_client *c, size_t need)
+{
+    if (need <= c->scap - c->slen)
+        return 0;
+    if (need > SIZE_MAX / 2 - c->slen)
+        return fail(c, -ENOMEM, "request of %zu bytes is too large", need);
+    size_t cap = c->scap ? c->scap : 256;
+    while (cap < c->slen + need)
+        cap *= 2;
+    uint8_t *p = realloc(c->sbuf, cap);
+    if (!p)
+        return fail(c, -ENOMEM, "cannot allocate %zu bytes for the request", cap);
+    c->sbuf = p;
+    c->scap = cap;
+    return 0;
+}
+
+/* The put_* helpers write into space that reserve() made. */
+static void put_bytes(rdzv_client *c, const void *p, size_t n)
+{
+    assert(n <= c->scap - c->slen);
+    if (n)
+        memcpy(c->sbuf + c->slen, p, n);
+    c->slen += n;
+}
+
+static void put_u8(rdzv_client *c, uint8_t v)
+{
+    put_bytes(c, &v, 1);
+}
+
+static void put_u32(rdzv_client *c, uint32_t v)
+{
+    put_bytes(c, &v, 4);
+}
+
+static void put_u64(rdzv_client *c, uint64_t v)
+{
+    put_bytes(c, &v, 8);
+}
+
+static void put_vec(rdzv_client *c, const void *p, size_t n)
+{
+    put_u64(c, n);
+    put_bytes(c, p, n);
+}
+
+/* A key as the wire carries it: one string, the client's prefix followed by `key`. */
+static void put_key(rdzv_client *c, const char *key)
+{
+    size_t n = strlen(key);
+    put_u64(c, (uint64_t)c->prefix_len + n);
+    put_bytes(c, c->prefix, c->prefix_len);
+    put_bytes(c, key, n);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Socket I/O                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Waits until `fd` is ready for `events` or `deadline` passes. Returns 0, -ETIMEDOUT, or a
+ * negative errno from poll(). POLLERR and POLLHUP count as ready: the next send() or recv()
+ * reports what happened.
+ */
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = events};
+        int ms = poll_ms_left(deadline);
+        int n = poll(&pfd, 1, ms);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -errno;
+        if (n == 0 && deadline != NO_DEADLINE && now_ns() >= deadline)
+            return -ETIMEDOUT;
+    }
+}
+
+/*
+ * Sends sbuf[0..slen). A failure after part of the request left, or a dead connection, breaks
+ * the client; a timeout before any byte left leaves it usable. Returns 0 or a negative errno.
+ */
+static int send_request(rdzv_client *c, int64_t deadline)
+{
+    size_t off = 0;
+    int rc = 0;
+    while (off < c->slen) {
+        ssize_t n = send(c->fd, c->sbuf + off, c->slen - off, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            rc = wait_fd(c->fd, POLLOUT, deadline);
+            if (rc < 0)
+                break;
+            continue;
+        }
+        rc = (n < 0 && errno != EPIPE) ? -errno : -ECONNRESET;
+        break;
+    }
+    if (rc == 0) {
+        c->just_sent = true;
+        return 0;
+    }
+    if (rc == -ETIMEDOUT && off == 0)
+        return fail(c, rc, "sending the request timed out");
+    return fail_broken(c, rc, "sending the request: %s", io_reason(rc));
+}
+
+/*
+ * Reads exactly `n` reply bytes into `dst` (NULL: discard them). Returns 0, -ETIMEDOUT,
+ * -ECONNRESET (the peer closed), or another negative errno. Records nothing and breaks nothing:
+ * the caller decides, since only a wait may survive a timeout.
+ */
+static int recv_raw(rdzv_client *c, void *dst, size_t n, int64_t deadline)
+{
+    uint8_t *out = dst;
+    while (n > 0) {
+        if (c->rpos < c->rlen) {
+            size_t take = c->rlen - c->rpos < n ? c->rlen - c->rpos : n;
+            if (out) {
+                memcpy(out, c->rbuf + c->rpos, take);
+                out += take;
+            }
+            c->rpos += take;
+            n -= take;
+            continue;
+        }
+        /*
+         * Right after a request the reply has almost never arrived yet, so poll() comes first
+         * and saves a recv() that would only say EAGAIN.
+         */
+        if (c->just_sent) {
+            c->just_sent = false;
+            int rc = wait_fd(c->fd, POLLIN, deadline);
+            if (rc < 0)
+                return rc;
+        }
+        /* Large remainders bypass the buffer; everything else reads as much as is there. */
+        bool direct = out && n >= RBUF_BYTES;
+        ssize_t r = direct ? recv(c->fd, out, n, 0) : recv(c->fd, c->rbuf, RBUF_BYTES, 0);
+        if (r > 0) {
+            if (direct) {
+                out += r;
+                n -= (size_t)r;
+            } else {
+                c->rpos = 0;
+                c->rlen = (size_t)r;
+            }
+            continue;
+        }
+        if (r == 0)
+            return -ECONNRESET;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(c->fd, POLLIN, deadline);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        return errno == EPIPE ? -ECONNRESET : -errno;
+    }
+    return 0;
+}
+
+/* Reads a reply of `n` bytes; any failure breaks the client. */
+static int recv_exact(rdzv_client *c, void *dst, size_t n, int64_t deadline)
+{
+    int rc = recv_raw(c, dst, n, deadline);
+    if (rc < 0)
+        return fail_broken(c, rc, "reading the reply: %s", io_reason(rc));
+    return 0;
+}
+
+static int recv_u8(rdzv_client *c, uint8_t *v, int64_t deadline)
+{
+    return recv_exact(c, v, 1, deadline);
+}
+
+static int recv_i64(rdzv_client *c, int64_t *v, int64_t deadline)
+{
+    uint8_t b[8];
+    int rc = recv_exact(c, b, 8, deadline);
+    if (rc == 0)
+        memcpy(v, b, 8);
+    return rc;
+}
+
+/*
+ * Reads a vector reply into a new buffer with one extra NUL byte (NULL: read and discard it).
+ * Returns 0 and sets *out and *len, or a negative errno (the client is then broken).
+ */
+static int recv_vec(rdzv_client *c, void **out, size_t *len, int64_t deadline)
+{
+    uint8_t b[8];
+    uint64_t n;
+    int rc = recv_exact(c, b, 8, deadline);
+    if (rc < 0)
+        return rc;
+    memcpy(&n, b, 8);
+    if (n > MAX_REPLY_BYTES || n > SIZE_MAX - 1)
+        return fail_broken(c, -EPROTO, "reply announces a value of %" PRIu64 " bytes", n);
+    if (!out)
+        return recv_exact(c, NULL, (size_t)n, deadline);
+    uint8_t *p = malloc((size_t)n + 1);
+    if (!p)
+        return fail_broken(c, -ENOMEM, "cannot allocate %" PRIu64 " bytes for the reply", n);
+    rc = recv_exact(c, p, (size_t)n, deadline);
+    if (rc < 0) {
+        free(p);
+        return rc;
+    }
+    p[n] = 0;
+    *out = p;
+    *len = (size_t)n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Connecting                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+void rdzv_client_options_init(rdzv_client_options *opts)
+{
+    if (!opts)
+        return;
+    memset(opts, 0, sizeof *opts);
+    opts->connect_timeout_ms = 60000;
+    opts->timeout_ms = 300000;
+    opts->backoff_initial_ms = 10;
+    opts->backoff_max_ms = 1000;
+    opts->prefix = NULL;
+}
+
+/* Connection errors worth another attempt: the server may not be up or reachable yet. */
+static bool retryable(int err)
+{
+    switch (err) {
+    case ECONNREFUSED:
+    case ETIMEDOUT:
+    case ENETUNREACH:
+    case EHOSTUNREACH:
+    case ENETDOWN:
+    case EHOSTDOWN:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case EPIPE:
+    case EAGAIN:
+    case EADDRNOTAVAIL:
+    case ENOBUFS:
+    case EINTR:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/*
+ * Tries each address once, in getaddrinfo()'s order, giving each an equal share of the time left
+ * before `deadline` (so one silent address cannot eat the whole budget). Returns a connected,
+ * non-blocking socket, or a negative errno from the last address tried.
+ */
+static int connect_addrs(const struct addrinfo *list, int64_t deadline)
+{
+    int naddr = 0;
+    for (const struct addrinfo *ai = list; ai; ai = ai->ai_next)
+        naddr++;
+    int err = -EHOSTUNREACH;
+    for (const struct addrinfo *ai = list; ai; ai = ai->ai_next, naddr--) {
+        int fd =
+            socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            err = -errno;
+            continue;
+        }
+        int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc < 0 && errno == EINPROGRESS) {
+            int64_t share = deadline;
+            if (deadline != NO_DEADLINE && naddr > 1)
+                share = now_ns() + (deadline - now_ns()) / naddr;
+            rc = wait_fd(fd, POLLOUT, share);
+            if (rc == 0) {
+                int soerr = 0;
+                socklen_t sl = sizeof soerr;
+                if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0)
+                    soerr = errno;
+                rc = soerr ? -soerr : 0;
+            }
+        } else if (rc < 0) {
+            rc = -errno;
+        }
+        if (rc == 0)
+            return fd;
+        close(fd);
+        err = rc;
+    }
+    return err;
+}
+
+/* Maps a getaddrinfo() failure to a negative errno; *retry tells whether it may pass. */
+static int gai_errno(int gai, bool *retry)
+{
+    *retry = false;
+    switch (gai) {
+    case EAI_AGAIN:
+        *retry = true;
+        return -EAGAIN;
+    case EAI_MEMORY:
+        return -ENOMEM;
+    case EAI_SYSTEM:
+        return errno ? -errno : -EIO;
+    case EAI_FAMILY:
+    case EAI_SERVICE:
+    case EAI_SOCKTYPE:
+    case EAI_BADFLAGS:
+        return -EINVAL;
+    default: /* EAI_NONAME, EAI_FAIL, EAI_NODATA, ... */
+        return -EHOSTUNREACH;
+    }
+}
+
+/*
+ * Opens the modern protocol on a fresh connection: VALIDATE with the magic, then a PING whose
+ * nonce must come back, both in one segment. Returns 0, -EPROTO (the peer answered something
+ * else), -ETIMEDOUT, or an I/O error such as -ECONNRESET. Leaves the client unbroken either
+ * way; the caller closes the socket on failure.
+ */
+static int handshake(rdzv_client *c, int64_t deadline)
+{
+    uint32_t nonce = (uint32_t)rng_next(&c->rng);
+    uint8_t req[10];
+    uint32_t magic = RDZV_VALIDATE_MAGIC;
+    req[0] = RDZV_M_VALIDATE;
+    memcpy(req + 1, &magic, 4);
+    req[5] = RDZV_M_PING;
+    memcpy(req + 6, &nonce, 4);
+
+    size_t off = 0;
+    while (off < sizeof req) {
+        ssize_t n = send(c->fd, req + off, sizeof req - off, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = wait_fd(c->fd, POLLOUT, deadline);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        return (n < 0 && errno != EPIPE) ? -errno : -ECONNRESET;
+    }
+    c->just_sent = true;
+    uint8_t b[4];
+    int rc = recv_raw(c, b, 4, deadline);
+    if (rc < 0)
+        return rc;
+    uint32_t echo;
+    memcpy(&echo, b, 4);
+    if (echo != nonce)
+        return -EPROTO;
+    return 0;
+}
+
+/* Sleeps until `until` (monotonic nanoseconds). */
+static void sleep_until(int64_t until)
+{
+    struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+/* Writes "host:port", bracketing IPv6 literals, for messages. */
+static void format_endpoint(char *dst, size_t cap, const char *host, int port)
+{
+    if (strchr(host, ':'))
+        snprintf(dst, cap, "[%s]:%d", host, port);
+    else
+        snprintf(dst, cap, "%s:%d", host, port);
+}
+
+int rdzv_client_connect(const char *host, int port, const rdzv_client_options *opts,
+                        rdzv_client **out)
+{
+    rdzv_client_options defaults;
+    rdzv_client *c = NULL;
+    struct addrinfo *list = NULL;
+    char endpoint[300];
+    char why[160] = "";
+    const char *stage = "connect to";
+    int rc = 0;
+    int attempts = 0;
+
+    connect_err[0] = 0;
+    if (!opts) {
+        rdzv_client_options_init(&defaults);
+        opts = &defaults;
+    }
+    if (!host || !out || port <= 0 || port > 65535 || opts->backoff_initial_ms < 0 ||
+        opts->backoff_max_ms < opts->backoff_initial_ms) {
+        snprintf(connect_err, sizeof connect_err,
+                 "rdzv_client_connect: invalid argument (host %s, port %d, backoff %d..%d ms)",
+                 host ? host : "NULL", port, opts->backoff_initial_ms, opts->backoff_max_ms);
+        return -EINVAL;
+    }
+    format_endpoint(endpoint, sizeof endpoint, host, port);
+    int64_t deadline = deadline_after(opts->connect_timeout_ms);
+
+    c = calloc(1, sizeof *c);
+    if (!c) {
+        rc = -ENOMEM;
+        snprintf(why, sizeof why, "out of memory");
+        goto out;
+    }
+    c->fd = -1;
+    c->timeout_ms = opts->timeout_ms;
+    c->rng = rng_seed(c);
+    if (opts->prefix && opts->prefix[0]) {
+        c->prefix = strdup(opts->prefix);
+        if (!c->prefix) {
+            rc = -ENOMEM;
+            snprintf(why, sizeof why, "out of memory");
+            goto out;
+        }
+        c->prefix_len = strlen(c->prefix);
+    }
+
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_protocol = IPPROTO_TCP,
+                             .ai_flags = AI_NUMERICSERV};
+    int64_t backoff_ms = opts->backoff_initial_ms;
+    for (;;) {
+        /* One attempt: resolve (names may appear late), connect, then the handshake. */
+        attempts++;
+        bool retry;
+        errno = 0;
+        int gai = getaddrinfo(host, portstr, &hints, &list);
+        if (gai != 0) {
+            list = NULL;
+            stage = "resolve";
+            rc = gai_errno(gai, &retry);
+            snprintf(why, sizeof why, "%s",
+                     gai == EAI_SYSTEM ? rdzv_strerror(rc) : gai_strerror(gai));
+        } else {
+            stage = "connect to";
+            rc = connect_addrs(list, deadline);
+            freeaddrinfo(list);
+            list = NULL;
+            if (rc >= 0) {
+                c->fd = rc;
+                c->rpos = c->rlen = 0;
+                int one = 1;
+                setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                stage = "handshake with";
+                rc = handshake(c, deadline);
+                if (rc == 0)
+                    break;
+                close(c->fd);
+                c->fd = -1;
+            }
+            if (rc == -EPROTO)
+                snprintf(why, sizeof why, "the peer does not answer like a rendezvous store");
+            else if (rc == -ETIMEDOUT && strcmp(stage, "handshake with") == 0)
+                snprintf(why, sizeof why, "no answer to the handshake");
+            else
+                snprintf(why, sizeof why, "%s", rdzv_strerror(rc));
+            retry = retryable(-rc);
+        }
+        if (!retry)
+            goto out;
+        if (deadline != NO_DEADLINE && now_ns() >= deadline) {
+            rc = -ETIMEDOUT;
+            goto out;
+        }
+        /*
+         * Back off by a uniform draw from [backoff/2, backoff], never past the deadline (one
+         * last attempt happens there), then double the backoff up to its ceiling.
+         */
+        int64_t half = backoff_ms / 2;
+        int64_t delay_ms = backoff_ms - (half > 0 ? (int64_t)(rng_next(&c->rng) % (half + 1)) : 0);
+        int64_t wake = now_ns() + delay_ms * 1000000;
+        sleep_until(wake < deadline ? wake : deadline);
+        backoff_ms *= 2;
+        if (backoff_ms < 1)
+            backoff_ms = 1;
+        if (backoff_ms > opts->backoff_max_ms)
+            backoff_ms = opts->backoff_max_ms;
+    }
+    *out = c;
+    return 0;
+
+out:
+    snprintf(connect_err, sizeof connect_err, "%s %.250s: %s (after %d attempt%s)%s", stage,
+             strcmp(stage, "resolve") == 0 ? host : endpoint, why, attempts,
+             attempts == 1 ? "" : "s",
+             rc == -ETIMEDOUT && deadline != NO_DEADLINE ? "; connect timeout passed" : "");
+    if (c) {
+        free(c->prefix);
+        free(c);
+    }
+    return rc;
+}
+
+void rdzv_client_close(rdzv_client *c)
+{
+    if (!c)
+        return;
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->prefix);
+    free(c->sbuf);
+    free(c);
+}
+
+const char *rdzv_client_last_error(const rdzv_client *c)
+{
+    return c ? c->err : connect_err;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Operations                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The deadline of an ordinary call: the client's timeout from now. */
+static int64_t call_deadline(const rdzv_client *c)
+{
+    return deadline_after(c->timeout_ms);
+}
+
+/* Validates a key array: non-NULL entries, and a non-NULL array when there are keys. */
+static bool keys_ok(const char *const *keys, size_t nkeys)
+{
+    if (nkeys > 0 && !keys)
+        return false;
+    for (size_t i = 0; i < nkeys; i++)
+        if (!keys[i])
+            return false;
+    return true;
+}
+
+/* Encodes an opcode followed by a count and `nkeys` keys (CHECK, WAIT, MULTI_GET). */
+static int put_key_list(rdzv_client *c, uint8_t op, const char *const *keys, size_t nkeys)
+{
+    size_t need = 9;
+    for (size_t i = 0; i < nkeys; i++)
+        if (!size_add_key(c, &need, keys[i]))
+            return fail(c, -EINVAL, "request too large");
+    int rc = reserve(c, need);
+    if (rc < 0)
+        return rc;
+    put_u8(c, op);
+    put_u64(c, nkeys);
+    for (size_t i = 0; i < nkeys; i++)
+        put_key(c, keys[i]);
+    return 0;
+}
+
+/* Encodes an opcode followed by one key and one value (SET, APPEND). */
+static int put_key_value(rdzv_client *c, uint8_t op, const char *key, const void *value,
+                         size_t nbytes)
+{
+    size_t need = 1 + 8;
+    if (!size_add_key(c, &need, key) || !size_add(&need, nbytes))
+        return fail(c, -EINVAL, "request too large");
+    int rc = reserve(c, need);
+    if (rc < 0)
+        return rc;
+    put_u8(c, op);
+    put_key(c, key);
+    put_vec(c, value, nbytes);
+    return 0;
+}
+
+/* Encodes an opcode followed by one key (GET, DELETE_KEY). */
+static int put_op_key(rdzv_client *c, uint8_t op, const char *key)
+{
+    size_t need = 1;
+    if (!size_add_key(c, &need, key))
+        return fail(c, -EINVAL, "request too large");
+    int rc = reserve(c, need);
+    if (rc < 0)
+        return rc;
+    put_u8(c, op);
+    put_key(c, key);
+    return 0;
+}
+
+/*
+ * Waits on the server until all keys exist or `deadline` passes. On a timeout it sends
+ * CANCEL_WAIT and reads until WAIT_CANCELED (a STOP_WAITING may come first, when the keys
+ * appeared meanwhile), bounded by the client's timeout, so the stream stays in step; it then
+ * returns -ETIMEDOUT with the client usable. `timeout_ms` is only for the message.
+ */
+static int do_wait(rdzv_client *c, const char *const *keys, size_t nkeys, int64_t deadline,
+                   int timeout_ms)
+{
+    c->slen = 0;
+    int rc = put_key_list(c, RDZV_M_WAIT, keys, nkeys);
+    if (rc < 0)
+        return rc;
+    rc = send_request(c, deadline);
+    if (rc < 0)
+        return rc;
+    uint8_t r;
+    rc = recv_raw(c, &r, 1, deadline);
+    if (rc == 0) {
+        if (r != RDZV_WAIT_STOP_WAITING)
+            return fail_broken(c, -EPROTO, "unexpected wait reply %u", r);
+        return 0;
+    }
+    if (rc != -ETIMEDOUT)
+        return fail_broken(c, rc, "reading the reply: %s", io_reason(rc));
+
+    int64_t cancel_deadline = call_deadline(c);
+    c->slen = 0;
+    rc = reserve(c, 1);
+    if (rc < 0)
+        return fail_broken(c, rc, "cannot cancel the wait");
+    put_u8(c, RDZV_M_CANCEL_WAIT);
+    rc = send_request(c, cancel_deadline);
+    if (rc < 0)
+        return c->broken ? rc : fail_broken(c, rc, "cancelling the wait: %s", io_reason(rc));
+    rc = recv_raw(c, &r, 1, cancel_deadline);
+    if (rc == 0 && r == RDZV_WAIT_STOP_WAITING)
+        rc = recv_raw(c, &r, 1, cancel_deadline);
+    if (rc < 0)
+        return fail_broken(c, rc, "cancelling the wait: %s", io_reason(rc));
+    if (r != RDZV_WAIT_CANCELED)
+        return fail_broken(c, -EPROTO, "unexpected reply %u to the wait cancellation", r);
+    if (nkeys == 1)
+        return fail(c, -ETIMEDOUT, "the key did not appear within %d ms", timeout_ms);
+    return fail(c, -ETIMEDOUT, "not all %zu keys appeared within %d ms", nkeys, timeout_ms);
+}
+
+/* SET without the public checks; used by rdzv_set() and the barrier. */
+static int do_set(rdzv_client *c, const char *key, const void *value, size_t nbytes,
+                  int64_t deadline)
+{
+    c->slen = 0;
+    int rc = put_key_value(c, RDZV_M_SET, key, value, nbytes);
+    if (rc < 0)
+        return rc;
+    return send_request(c, deadline);
+}
+
+static int do_add(rdzv_client *c, const char *key, int64_t delta, int64_t *result, int64_t deadline)
+{
+    c->slen = 0;
+    size_t need = 1 + 8;
+    if (!size_add_key(c, &need, key))
+        return fail(c, -EINVAL, "request too large");
+    int rc = reserve(c, need);
+    if (rc < 0)
+        return rc;
+    put_u8(c, RDZV_M_ADD);
+    put_key(c, key);
+    put_u64(c, (uint64_t)delta);
+    rc = send_request(c, deadline);
+    if (rc < 0)
+        return rc;
+    return recv_i64(c, result, deadline);
+}
+
+static int do_delete(rdzv_client *c, const char *key, int64_t deadline)
+{
+    c->slen = 0;
+    int rc = put_op_key(c, RDZV_M_DELETE_KEY, key);
+    if (rc < 0)
+        return rc;
+    rc = send_request(c, deadline);
+    if (rc < 0)
+        return rc;
+    int64_t n = 0;
+    rc = recv_i64(c, &n, deadline);
+    if (rc < 0)
+        return rc;
+    return n != 0;
+}
+
+int rdzv_set(rdzv_client *c, const char *key, const void *value, size_t nbytes)
+{
+    if (!c || !key || (!value && nbytes))
+        return invalid(c, "set");
+    int rc = op_begin(c, "set", &key, 1);
+    if (rc == 0)
+        rc = do_set(c, key, value, nbytes, call_deadline(c));
+    op_end(c);
+    return rc;
+}
+
+/*
+ * GET waits for the key first, as PyTorch's client does. The common case, a key that already
+ * exists, takes one round trip: CHECK and GET go out together and the GET answer is kept when
+ * CHECK says READY. Otherwise the (empty) GET answer is dropped and the slow path runs: WAIT,
+ * then GET. Both paths return a value only once the key existed.
+ */
+int rdzv_get(rdzv_client *c, const char *key, void **value, size_t *nbytes)
+{
+    if (!c || !key || !value || !nbytes)
+        return invalid(c, "get");
+    void *p = NULL;
+    size_t n = 0;
+    uint8_t ready = RDZV_CHECK_NOT_READY;
+    int rc = op_begin(c, "get", &key, 1);
+    if (rc < 0)
+        goto out;
+    int64_t deadline = call_deadline(c);
+
+    size_t need = 1 + 8 + 1;
+    if (!size_add_key(c, &need, key) || !size_add_key(c, &need, key)) {
+        rc = fail(c, -EINVAL, "request too large");
+        goto out;
+    }
+    rc = reserve(c, need);
+    if (rc < 0)
+        goto out;
+    put_u8(c, RDZV_M_CHECK);
+    put_u64(c, 1);
+    put_key(c, key);
+    put_u8(c, RDZV_M_GET);
+    put_key(c, key);
+    rc = send_request(c, deadline);
+    if (rc == 0)
+        rc = recv_u8(c, &ready, deadline);
+    if (rc == 0 && ready != RDZV_CHECK_READY && ready != RDZV_CHECK_NOT_READY)
+        rc = fail_broken(c, -EPROTO, "unexpected check reply %u", ready);
+    if (rc == 0)
+        rc = recv_vec(c, ready == RDZV_CHECK_READY ? &p : NULL, &n, deadline);
+    if (rc < 0 || ready == RDZV_CHECK_READY)
+        goto out;
+
+    /* Slow path: the key is missing, so wait for it on the server, then fetch it. */
+    rc = do_wait(c, &key, 1, deadline, c->timeout_ms);
+    if (rc < 0)
+        goto out;
+    c->slen = 0;
+    rc = put_op_key(c, RDZV_M_GET, key);
+    if (rc == 0)
+        rc = send_request(c, deadline);
+    if (rc == 0)
+        rc = recv_vec(c, &p, &n, deadline);
+out:
+    if (rc == 0) {
+        *value = p;
+        *nbytes = n;
+    }
+    op_end(c);
+    return rc;
+}
+
+int rdzv_add(rdzv_client *c, const char *key, int64_t delta, int64_t *result)
+{
+    if (!c || !key || !result)
+        return invalid(c, "add");
+    int rc = op_begin(c, "add", &key, 1);
+    if (rc == 0)
+        rc = do_add(c, key, delta, result, call_deadline(c));
+    op_end(c);
+    return rc;
+}
+
+int rdzv_compare_set(rdzv_client *c, const char *key, const void *expected, size_t expected_nbytes,
+                     const void *desired, size_t desired_nbytes, void **value, size_t *nbytes)
+{
+    if (!c || !key || (!expected && expected_nbytes) || (!desired && desired_nbytes) || !value ||
+        !nbytes)
+        return invalid(c, "compare_set");
+    int rc = op_begin(c, "compare_set", &key, 1);
+    if (rc < 0)
+        goto out;
+    int64_t deadline = call_deadline(c);
+    size_t need = 1 + 8 + 8;
+    if (!size_add_key(c, &need, key) || !size_add(&need, expected_nbytes) ||
+        !size_add(&need, desired_nbytes)) {
+        rc = fail(c, -EINVAL, "request too large");
+        goto out;
+    }
+    rc = reserve(c, need);
+    if (rc < 0)
+        goto out;
+    put_u8(c, RDZV_M_COMPARE_SET);
+    put_key(c, key);
+    put_vec(c, expected, expected_nbytes);
+    put_vec(c, desired, desired_nbytes);
+    rc = send_request(c, deadline);
+    if (rc == 0)
+        rc = recv_vec(c, value, nbytes, deadline);
+out:
+    op_end(c);
+    return rc;
+}
+
+int rdzv_check(rdzv_client *c, const char *const *keys, size_t nkeys)
+{
+    if (!c || !keys_ok(keys, nkeys))
+        return invalid(c, "check");
+    int rc = op_begin(c, "check", keys, nkeys);
+    if (rc < 0 || nkeys == 0) {
+        rc = rc < 0 ? rc : 1;
+        goto out;
+    }
+    int64_t deadline = call_deadline(c);
+    rc = put_key_list(c, RDZV_M_CHECK, keys, nkeys);
+    if (rc == 0)
+        rc = send_request(c, deadline);
+    uint8_t r;
+    if (rc == 0)
+        rc = recv_u8(c, &r, deadline);
+    if (rc < 0)
+        goto out;
+    if (r == RDZV_CHECK_READY)
+        rc = 1;
+    else if (r == RDZV_CHECK_NOT_READY)
+        rc = 0;
+    else
+        rc = fail_broken(c, -EPROTO, "unexpected check reply %u", r);
+out:
+    op_end(c);
+    return rc;
+}
+
+int rdzv_wait(rdzv_client *c, const char *const *keys, size_t nkeys, int timeout_ms)
+{
+    if (!c || !keys_ok(keys, nkeys))
+        return invalid(c, "wait");
+    int rc = op_begin(c, "wait", keys, nkeys);
+    if (rc == 0 && nkeys > 0) {
+        int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
+        rc = do_wait(c, keys, nkeys, deadline_after(ms), ms);
+    }
+    op_end(c);
+    return rc;
+}
+
+int rdzv_delete(rdzv_client *c, const char *key)
+{
+    if (!c || !key)
+        return invalid(c, "delete");
+    int rc = op_begin(c, "delete", &key, 1);
+    if (rc == 0)
+        rc = do_delete(c, key, call_deadline(c));
+    op_end(c);
+    return rc;
+}
+
+int rdzv_num_keys(rdzv_client *c, int64_t *count)
+{
+    if (!c || !count)
+        return invalid(c, "num_keys");
+    int rc = op_begin(c, "num_keys", NULL, 0);
+    if (rc < 0)
+        goto out;
+    int64_t deadline = call_deadline(c);
+    rc = reserve(c, 1);
+    if (rc < 0)
+        goto out;
+    put_u8(c, RDZV_M_GETNUMKEYS);
+    rc = send_request(c, deadline);
+    if (rc == 0)
+        rc = recv_i64(c, count, deadline);
+out:
+    op_end(c);
+    return rc;
+}
+
+int rdzv_append(rdzv_client *c, const char *key, const void *value, size_t nbytes)
+{
+    if (!c || !key || (!value && nbytes))
+        return invalid(c, "append");
+    int rc = op_begin(c, "append", &key, 1);
+    if (rc == 0)
+        rc = put_key_value(c, RDZV_M_APPEND, key, value, nbytes);
+    if (rc == 0)
+        rc = send_request(c, call_deadline(c));
+    op_end(c);
+    return rc;
+}
+
+int rdzv_multi_get(rdzv_client *c, const char *const *keys, size_t nkeys, void **values,
+                   size_t *nbytes)
+{
+    if (!c || !keys_ok(keys, nkeys) || (nkeys && (!values || !nbytes)))
+        return invalid(c, "multi_get");
+    void **got = NULL;
+    size_t *lens = NULL;
+    size_t have = 0;
+    int rc = op_begin(c, "multi_get", keys, nkeys);
+    if (rc < 0 || nkeys == 0)
+        goto out;
+    int64_t deadline = call_deadline(c);
+    if (nkeys > SIZE_MAX / sizeof *got) {
+        rc = fail(c, -EINVAL, "too many keys");
+        goto out;
+    }
+    /* Answers land in scratch arrays first, so the caller's are written only on success. */
+    got = malloc(nkeys * sizeof *got);
+    lens = malloc(nkeys * sizeof *lens);
+    if (!got || !lens) {
+        rc = fail(c, -ENOMEM, "cannot allocate the reply table");
+        goto out;
+    }
+    rc = put_key_list(c, RDZV_M_MULTI_GET, keys, nkeys);
+    if (rc == 0)
+        rc = send_request(c, deadline);
+    for (; rc == 0 && have < nkeys; have++) {
+        rc = recv_vec(c, &got[have], &lens[have], deadline);
+        if (rc < 0)
+            break;
+    }
+    if (rc < 0)
+        goto out;
+    memcpy(values, got, nkeys * sizeof *got);
+    memcpy(nbytes, lens, nkeys * sizeof *lens);
+    have = 0;
+out:
+    for (size_t i = 0; i < have; i++)
+        free(got[i]);
+    free(got);
+    free(lens);
+    op_end(c);
+    return rc;
+}
+
+int rdzv_multi_set(rdzv_client *c, const char *const *keys, const void *const *values,
+                   const size_t *nbytes, size_t nkeys)
+{
+    if (!c || !keys_ok(keys, nkeys) || (nkeys && (!values || !nbytes)))
+        return invalid(c, "multi_set");
+    for (size_t i = 0; i < nkeys; i++)
+        if (!values[i] && nbytes[i])
+            return invalid(c, "multi_set");
+    int rc = op_begin(c, "multi_set", keys, nkeys);
+    if (rc < 0 || nkeys == 0)
+        goto out;
+    size_t need = 9;
+    for (size_t i = 0; i < nkeys; i++) {
+        if (!size_add_key(c, &need, keys[i]) || !size_add(&need, 8) ||
+            !size_add(&need, nbytes[i])) {
+            rc = fail(c, -EINVAL, "request too large");
+            goto out;
+        }
+    }
+    rc = reserve(c, need);
+    if (rc < 0)
+        goto out;
+    put_u8(c, RDZV_M_MULTI_SET);
+    put_u64(c, nkeys);
+    for (size_t i = 0; i < nkeys; i++) {
+        put_key(c, keys[i]);
+        put_vec(c, values[i], nbytes[i]);
+    }
+    rc = send_request(c, call_deadline(c));
+out:
+    op_end(c);
+    return rc;
+}
+
+int rdzv_ping(rdzv_client *c)
+{
+    if (!c)
+        return invalid(c, "ping");
+    int rc = op_begin(c, "ping", NULL, 0);
+    if (rc < 0)
+        goto out;
+    int64_t deadline = call_deadline(c);
+    uint32_t nonce = (uint32_t)rng_next(&c->rng);
+    rc = reserve(c, 5);
+    if (rc < 0)
+        goto out;
+    put_u8(c, RDZV_M_PING);
+    put_u32(c, nonce);
+    rc = send_request(c, deadline);
+    uint8_t b[4];
+    if (rc == 0)
+        rc = recv_exact(c, b, 4, deadline);
+    if (rc < 0)
+        goto out;
+    uint32_t echo;
+    memcpy(&echo, b, 4);
+    if (echo != nonce)
+        rc = fail_broken(c, -EPROTO, "ping answered with the wrong nonce");
+out:
+    op_end(c);
+    return rc;
+}
+
+int rdzv_status(rdzv_client *c, char **json)
+{
+    if (!c || !json)
+        return invalid(c, "status");
+    int rc = op_begin(c, "status", NULL, 0);
+    if (rc < 0)
+        goto out;
+    int64_t deadline = call_deadline(c);
+    rc = reserve(c, 1);
+    if (rc < 0)
+        goto out;
+    put_u8(c, RDZV_M_STATUS);
+    rc = send_request(c, deadline);
+    void *p;
+    size_t n;
+    if (rc == 0)
+        rc = recv_vec(c, &p, &n, deadline);
+    if (rc == 0)
+        *json = p;
+out:
+    op_end(c);
+    return rc;
+}
+
+/* A key built like printf(), in a new buffer; NULL when out of memory. */
+static char *key_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *key_printf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return NULL;
+    char *s = malloc((size_t)n + 1);
+    if (!s)
+        return NULL;
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/*
+ * The barrier's keys, all under the client's prefix:
+ *   <name>/arrived    an ADD counter; arrival n belongs to generation (n - 1) / world_size
+ *   <name>/gen/<g>    set by the last arrival of generation g; everyone waits on it
+ * The last arrival of generation g also deletes <name>/gen/<g-1>. That is safe: all members
+ * of g - 1 have left it, since each arrived at g after returning from g - 1.
+ */
+int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms)
+{
+    if (!c || !name || world_size < 1)
+        return invalid(c, "barrier");
+    char *arrived = NULL, *gen_key = NULL, *old_key = NULL;
+    int rc = op_begin(c, "barrier", &name, 1);
+    if (rc < 0)
+        goto out;
+    int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
+    int64_t deadline = deadline_after(ms);
+
+    arrived = key_printf("%s/arrived", name);
+    if (!arrived) {
+        rc = fail(c, -ENOMEM, "out of memory");
+        goto out;
+    }
+    int64_t n;
+    rc = do_add(c, arrived, 1, &n, deadline);
+    if (rc < 0)
+        goto out;
+    if (n < 1) {
+        rc = fail(c, -EPROTO, "arrival counter '%s' holds %" PRId64 "; was it changed by hand?",
+                  arrived, n);
+        goto out;
+    }
+    int64_t gen = (n - 1) / world_size;
+    gen_key = key_printf("%s/gen/%" PRId64, name, gen);
+    old_key = gen > 0 ? key_printf("%s/gen/%" PRId64, name, gen - 1) : NULL;
+    if (!gen_key || (gen > 0 && !old_key)) {
+        rc = fail(c, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if (n % world_size == 0) {
+        rc = do_set(c, gen_key, "1", 1, deadline);
+        if (rc == 0 && old_key)
+            rc = do_delete(c, old_key, deadline);
+        if (rc < 0)
+            goto out;
+    }
+    const char *keys[1] = {gen_key};
+    rc = do_wait(c, keys, 1, deadline, ms);
+    if (rc == -ETIMEDOUT)
+        fail(c, rc,
+             "generation %" PRId64 " not complete within %d ms (this caller arrived %" PRId64
+             " of %d)",
+             gen, ms, n - gen * world_size, world_size);
+out:
+    free(arrived);
+    free(gen_key);
+    free(old_key);
+    op_end(c);
+    return rc;
+}

@@ -1,0 +1,1114 @@
+/*
+ * Tests of the blocking client (rendezvous/client.c) against the real server, started in-process
+ * on 127.0.0.1 port 0 for every case, and against tiny scripted fake servers for the failures a
+ * real server does not produce on demand: a peer that closes or stalls mid-reply, a malformed
+ * reply, a peer that is not a store, and the STOP_WAITING/WAIT_CANCELED race of a cancelled wait.
+ *
+ * Every case runs in its own forked process (Check's fork mode) under a timeout. Multi-process
+ * cases fork further children that report through their exit status. Nothing waits on a sleep
+ * for synchronisation: where one side must be parked before the other acts, the test polls the
+ * server's status for the waiter count.
+ */
+#include <check.h>
+#include <jansson.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "rdzv.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fixtures and helpers                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static rdzv_server *srv;
+static int port;
+
+static void server_setup(void)
+{
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.host = "127.0.0.1";
+    o.port = 0;
+    ck_assert_int_eq(rdzv_server_start(&o, &srv), 0);
+    port = rdzv_server_port(srv);
+    ck_assert_int_gt(port, 0);
+}
+
+static void server_teardown(void)
+{
+    rdzv_server_stop(srv);
+    srv = NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A client of the fixture's server with the given prefix (NULL: none) and timeout. */
+static rdzv_client *client_with(const char *prefix, int timeout_ms)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.prefix = prefix;
+    o.timeout_ms = timeout_ms;
+    o.connect_timeout_ms = 5000;
+    rdzv_client *c = NULL;
+    int rc = rdzv_client_connect("127.0.0.1", port, &o, &c);
+    ck_assert_msg(rc == 0, "connect: %d %s", rc, rdzv_client_last_error(NULL));
+    return c;
+}
+
+static rdzv_client *client(void)
+{
+    return client_with(NULL, 10000);
+}
+
+static void set_str(rdzv_client *c, const char *key, const char *value)
+{
+    int rc = rdzv_set(c, key, value, strlen(value));
+    ck_assert_msg(rc == 0, "set %s: %d %s", key, rc, rdzv_client_last_error(c));
+}
+
+/* Gets `key` and checks that it holds exactly `expect`. */
+static void expect_value(rdzv_client *c, const char *key, const char *expect)
+{
+    void *v = NULL;
+    size_t n = 0;
+    int rc = rdzv_get(c, key, &v, &n);
+    ck_assert_msg(rc == 0, "get %s: %d %s", key, rc, rdzv_client_last_error(c));
+    ck_assert_uint_eq(n, strlen(expect));
+    ck_assert_mem_eq(v, expect, n);
+    ck_assert_int_eq(((char *)v)[n], 0);
+    rdzv_free(v);
+}
+
+/* Polls the fixture's server until `n` waiters are parked on it. */
+static void await_waiters(int64_t n)
+{
+    for (;;) {
+        char *js = NULL;
+        ck_assert_int_eq(rdzv_server_status(srv, &js), 0);
+        json_t *o = json_loads(js, 0, NULL);
+        ck_assert_ptr_nonnull(o);
+        json_int_t w = json_integer_value(json_object_get(o, "waiters"));
+        json_decref(o);
+        rdzv_free(js);
+        if (w >= n)
+            return;
+        sched_yield();
+    }
+}
+
+/* A TCP socket bound to 127.0.0.1 on a free port, not listening: connections are refused. */
+static int refusing_socket(int *port_out)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, len), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *port_out = ntohs(a.sin_port);
+    return fd;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fake servers                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * A one-connection server on a thread: it accepts one client and runs a script on the socket.
+ * Scripts return 0 when the client behaved as expected; the test checks that after the join,
+ * since assertions belong on the test's own thread.
+ */
+typedef int (*fake_script)(int fd);
+
+struct fake {
+    int lfd;
+    int port;
+    fake_script script;
+    int result;
+    pthread_t thread;
+};
+
+static void *fake_main(void *arg)
+{
+    struct fake *f = arg;
+    int fd = accept(f->lfd, NULL, NULL);
+    f->result = fd < 0 ? -1 : f->script(fd);
+    if (fd >= 0)
+        close(fd);
+    return NULL;
+}
+
+static void fake_start(struct fake *f, fake_script script)
+{
+    f->lfd = refusing_socket(&f->port);
+    ck_assert_int_eq(listen(f->lfd, 4), 0);
+    f->script = script;
+    f->result = -1;
+    ck_assert_int_eq(pthread_create(&f->thread, NULL, fake_main, f), 0);
+}
+
+static int fake_join(struct fake *f)
+{
+    pthread_join(f->thread, NULL);
+    close(f->lfd);
+    return f->result;
+}
+
+static int read_full(int fd, void *buf, size_t n)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n)
+{
+    return send(fd, buf, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
+}
+
+/* Reads until the client closes, so that the client sees no reset it did not cause. */
+static void drain_until_eof(int fd)
+{
+    uint8_t b[256];
+    while (recv(fd, b, sizeof b, 0) > 0)
+        ;
+}
+
+/* Plays the server side of the opening: VALIDATE with the magic, then PING echoed back. */
+static int fake_handshake(int fd)
+{
+    uint8_t b[10];
+    if (read_full(fd, b, sizeof b) < 0)
+        return -1;
+    if (b[0] != RDZV_M_VALIDATE || rdzv__ld32(b + 1) != RDZV_VALIDATE_MAGIC || b[5] != RDZV_M_PING)
+        return -2;
+    return write_full(fd, b + 6, 4);
+}
+
+static rdzv_client *fake_client(const struct fake *f, int timeout_ms)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = timeout_ms;
+    o.connect_timeout_ms = 5000;
+    rdzv_client *c = NULL;
+    int rc = rdzv_client_connect("127.0.0.1", f->port, &o, &c);
+    ck_assert_msg(rc == 0, "connect: %d %s", rc, rdzv_client_last_error(NULL));
+    return c;
+}
+
+/* GETNUMKEYS, answered with 3 of the 8 reply bytes, then the connection closes. */
+static int script_close_mid_reply(int fd)
+{
+    uint8_t op;
+    if (fake_handshake(fd) < 0 || read_full(fd, &op, 1) < 0 || op != RDZV_M_GETNUMKEYS)
+        return -1;
+    return write_full(fd, "\x05\x00\x00", 3);
+}
+
+/* GETNUMKEYS, answered with 3 of the 8 reply bytes, then silence until the client leaves. */
+static int script_stall_mid_reply(int fd)
+{
+    uint8_t op;
+    if (fake_handshake(fd) < 0 || read_full(fd, &op, 1) < 0 || op != RDZV_M_GETNUMKEYS)
+        return -1;
+    if (write_full(fd, "\x05\x00\x00", 3) < 0)
+        return -1;
+    drain_until_eof(fd);
+    return 0;
+}
+
+/* CHECK for one key, answered with a reply code that does not exist. */
+static int script_bad_check_reply(int fd)
+{
+    uint8_t b[9];
+    if (fake_handshake(fd) < 0 || read_full(fd, b, 9) < 0 || b[0] != RDZV_M_CHECK)
+        return -1;
+    uint64_t n = rdzv__ld64(b + 1), klen;
+    for (uint64_t i = 0; i < n; i++) {
+        char key[256];
+        if (read_full(fd, &klen, 8) < 0 || klen > sizeof key || read_full(fd, key, klen) < 0)
+            return -1;
+    }
+    if (write_full(fd, "\x07", 1) < 0)
+        return -1;
+    drain_until_eof(fd);
+    return 0;
+}
+
+/* MULTI_GET, answered with a vector length no store could hold. */
+static int script_absurd_length(int fd)
+{
+    uint8_t b[9];
+    if (fake_handshake(fd) < 0 || read_full(fd, b, 9) < 0 || b[0] != RDZV_M_MULTI_GET)
+        return -1;
+    uint64_t huge = (uint64_t)1 << 62;
+    if (write_full(fd, &huge, 8) < 0)
+        return -1;
+    drain_until_eof(fd);
+    return 0;
+}
+
+/* Answers the handshake's PING with the wrong nonce. */
+static int script_wrong_nonce(int fd)
+{
+    uint8_t b[10];
+    if (read_full(fd, b, sizeof b) < 0)
+        return -1;
+    b[6] ^= 0xFF;
+    if (write_full(fd, b + 6, 4) < 0)
+        return -1;
+    drain_until_eof(fd);
+    return 0;
+}
+
+/* Accepts and never answers. */
+static int script_silent(int fd)
+{
+    drain_until_eof(fd);
+    return 0;
+}
+
+/* Reads one frame header of `op` with a key list and skips the keys. */
+static int read_key_list(int fd, uint8_t op)
+{
+    uint8_t b[9];
+    if (read_full(fd, b, 9) < 0 || b[0] != op)
+        return -1;
+    uint64_t n = rdzv__ld64(b + 1), klen;
+    for (uint64_t i = 0; i < n; i++) {
+        char key[256];
+        if (read_full(fd, &klen, 8) < 0 || klen > sizeof key || read_full(fd, key, klen) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/*
+ * A WAIT that is never satisfied; on CANCEL_WAIT the store answers STOP_WAITING and then
+ * WAIT_CANCELED, as it does when the keys appear just before the cancellation. A PING follows.
+ */
+static int script_cancel_race(int fd)
+{
+    uint8_t op;
+    uint8_t ping[5];
+    if (fake_handshake(fd) < 0 || read_key_list(fd, RDZV_M_WAIT) < 0)
+        return -1;
+    if (read_full(fd, &op, 1) < 0 || op != RDZV_M_CANCEL_WAIT)
+        return -2;
+    if (write_full(fd, "\x00\x01", 2) < 0)
+        return -1;
+    if (read_full(fd, ping, 5) < 0 || ping[0] != RDZV_M_PING || write_full(fd, ping + 1, 4) < 0)
+        return -3;
+    drain_until_eof(fd);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Options and arguments                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_options_defaults)
+{
+    rdzv_client_options o;
+    memset(&o, 0x5A, sizeof o);
+    rdzv_client_options_init(&o);
+    ck_assert_int_eq(o.connect_timeout_ms, 60000);
+    ck_assert_int_eq(o.timeout_ms, 300000);
+    ck_assert_int_eq(o.backoff_initial_ms, 10);
+    ck_assert_int_eq(o.backoff_max_ms, 1000);
+    ck_assert_ptr_null(o.prefix);
+}
+END_TEST
+
+START_TEST(test_invalid_arguments)
+{
+    rdzv_client *c = client();
+    ck_assert_str_eq(rdzv_client_last_error(c), "");
+    rdzv_client *none = NULL;
+    void *v = (void *)0x1;
+    size_t n = 7;
+    int64_t i = 7;
+    const char *keys[2] = {"a", NULL};
+    const void *vals[2] = {"x", "y"};
+    size_t lens[2] = {1, 1};
+    char *js = (char *)0x1;
+
+    ck_assert_int_eq(rdzv_client_connect(NULL, port, NULL, &none), -EINVAL);
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", 0, NULL, &none), -EINVAL);
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", 70000, NULL, &none), -EINVAL);
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", port, NULL, NULL), -EINVAL);
+    ck_assert_str_ne(rdzv_client_last_error(NULL), "");
+    ck_assert_ptr_null(none);
+
+    ck_assert_int_eq(rdzv_set(NULL, "k", "v", 1), -EINVAL);
+    ck_assert_int_eq(rdzv_set(c, NULL, "v", 1), -EINVAL);
+    ck_assert_int_eq(rdzv_set(c, "k", NULL, 1), -EINVAL);
+    ck_assert_int_eq(rdzv_get(NULL, "k", &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_get(c, NULL, &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_get(c, "k", NULL, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_get(c, "k", &v, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_add(NULL, "k", 1, &i), -EINVAL);
+    ck_assert_int_eq(rdzv_add(c, NULL, 1, &i), -EINVAL);
+    ck_assert_int_eq(rdzv_add(c, "k", 1, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_compare_set(NULL, "k", "", 0, "d", 1, &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_compare_set(c, NULL, "", 0, "d", 1, &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_compare_set(c, "k", NULL, 1, "d", 1, &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_compare_set(c, "k", "", 0, NULL, 1, &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_compare_set(c, "k", "", 0, "d", 1, NULL, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_check(NULL, keys, 1), -EINVAL);
+    ck_assert_int_eq(rdzv_check(c, NULL, 1), -EINVAL);
+    ck_assert_int_eq(rdzv_check(c, keys, 2), -EINVAL);
+    ck_assert_int_eq(rdzv_wait(NULL, keys, 1, 10), -EINVAL);
+    ck_assert_int_eq(rdzv_wait(c, keys, 2, 10), -EINVAL);
+    ck_assert_int_eq(rdzv_delete(NULL, "k"), -EINVAL);
+    ck_assert_int_eq(rdzv_delete(c, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_num_keys(NULL, &i), -EINVAL);
+    ck_assert_int_eq(rdzv_num_keys(c, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_append(NULL, "k", "v", 1), -EINVAL);
+    ck_assert_int_eq(rdzv_append(c, NULL, "v", 1), -EINVAL);
+    ck_assert_int_eq(rdzv_multi_get(NULL, keys, 1, &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_multi_get(c, keys, 2, &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_multi_get(c, keys, 1, NULL, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_multi_set(NULL, keys, vals, lens, 1), -EINVAL);
+    ck_assert_int_eq(rdzv_multi_set(c, keys, vals, lens, 2), -EINVAL);
+    ck_assert_int_eq(rdzv_multi_set(c, keys, NULL, lens, 1), -EINVAL);
+    ck_assert_int_eq(rdzv_ping(NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_status(NULL, &js), -EINVAL);
+    ck_assert_int_eq(rdzv_status(c, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_barrier(NULL, "b", 1, 10), -EINVAL);
+    ck_assert_int_eq(rdzv_barrier(c, NULL, 1, 10), -EINVAL);
+    ck_assert_int_eq(rdzv_barrier(c, "b", 0, 10), -EINVAL);
+    ck_assert_int_eq(rdzv_barrier(c, "b", -3, 10), -EINVAL);
+
+    /* Out-parameters are untouched by failures, and the client is still fine. */
+    ck_assert_ptr_eq(v, (void *)0x1);
+    ck_assert_uint_eq(n, 7);
+    ck_assert_int_eq(i, 7);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "barrier: invalid argument"));
+    ck_assert_int_eq(rdzv_ping(c), 0);
+
+    rdzv_client_close(NULL);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Operations against the real server                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_set_get)
+{
+    rdzv_client *c = client();
+    set_str(c, "k", "hello");
+    expect_value(c, "k", "hello");
+    set_str(c, "k", "again");
+    expect_value(c, "k", "again");
+
+    /* Binary values with NUL bytes, and the empty value. */
+    const uint8_t bin[5] = {0, 1, 0, 255, 0};
+    ck_assert_int_eq(rdzv_set(c, "bin", bin, sizeof bin), 0);
+    void *v = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(rdzv_get(c, "bin", &v, &n), 0);
+    ck_assert_uint_eq(n, sizeof bin);
+    ck_assert_mem_eq(v, bin, n);
+    rdzv_free(v);
+    ck_assert_int_eq(rdzv_set(c, "empty", NULL, 0), 0);
+    expect_value(c, "empty", "");
+
+    /* A value larger than every internal buffer. */
+    size_t big = 4u << 20;
+    uint8_t *src = malloc(big);
+    ck_assert_ptr_nonnull(src);
+    for (size_t j = 0; j < big; j++)
+        src[j] = (uint8_t)(j * 131 + 7);
+    ck_assert_int_eq(rdzv_set(c, "big", src, big), 0);
+    ck_assert_int_eq(rdzv_get(c, "big", &v, &n), 0);
+    ck_assert_uint_eq(n, big);
+    ck_assert_int_eq(memcmp(v, src, big), 0);
+    rdzv_free(v);
+    free(src);
+
+    /* A second client sees what the first stored. */
+    rdzv_client *d = client();
+    expect_value(d, "k", "again");
+    rdzv_client_close(d);
+    rdzv_client_close(c);
+}
+END_TEST
+
+struct setter_arg {
+    const char *key;
+    const char *value;
+    int rc;
+};
+
+/* Waits until the test's client is parked on the server, then sets the key it waits for. */
+static void *setter_main(void *p)
+{
+    struct setter_arg *a = p;
+    await_waiters(1);
+    rdzv_client *c = NULL;
+    a->rc = rdzv_client_connect("127.0.0.1", port, NULL, &c);
+    if (a->rc == 0)
+        a->rc = rdzv_set(c, a->key, a->value, strlen(a->value));
+    rdzv_client_close(c);
+    return NULL;
+}
+
+START_TEST(test_get_waits_for_key)
+{
+    rdzv_client *c = client();
+    struct setter_arg a = {.key = "late", .value = "arrived", .rc = -1};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, setter_main, &a), 0);
+    expect_value(c, "late", "arrived");
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.rc, 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_get_timeout_keeps_client)
+{
+    rdzv_client *c = client_with(NULL, 200);
+    void *v = (void *)0x1;
+    size_t n = 9;
+    double t0 = now_s();
+    ck_assert_int_eq(rdzv_get(c, "missing", &v, &n), -ETIMEDOUT);
+    double dt = now_s() - t0;
+    ck_assert_msg(dt >= 0.19 && dt < 3.0, "get took %.3f s", dt);
+    ck_assert_ptr_eq(v, (void *)0x1);
+    ck_assert_uint_eq(n, 9);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "missing"));
+
+    /* The wait was cancelled on the server; the connection is in step and usable. */
+    await_waiters(0);
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    set_str(c, "missing", "now here");
+    expect_value(c, "missing", "now here");
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_wait)
+{
+    rdzv_client *c = client();
+    const char *keys[3] = {"w1", "w2", "w3"};
+    set_str(c, "w1", "1");
+    set_str(c, "w2", "2");
+    set_str(c, "w3", "3");
+    ck_assert_int_eq(rdzv_wait(c, keys, 3, 1000), 0);
+    ck_assert_int_eq(rdzv_wait(c, keys, 0, 1000), 0);
+
+    /* One missing key: time out, then the client is still usable, repeatedly. */
+    const char *more[2] = {"w1", "w4"};
+    for (int round = 0; round < 3; round++) {
+        double t0 = now_s();
+        ck_assert_int_eq(rdzv_wait(c, more, 2, 100), -ETIMEDOUT);
+        ck_assert(now_s() - t0 >= 0.09);
+        ck_assert_int_eq(rdzv_ping(c), 0);
+    }
+    /* A negative timeout takes the client's. */
+    rdzv_client *short_c = client_with(NULL, 100);
+    ck_assert_int_eq(rdzv_wait(short_c, more, 2, -1), -ETIMEDOUT);
+    ck_assert_int_eq(rdzv_ping(short_c), 0);
+    rdzv_client_close(short_c);
+
+    /* Released by another client. */
+    struct setter_arg a = {.key = "w4", .value = "4", .rc = -1};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, setter_main, &a), 0);
+    ck_assert_int_eq(rdzv_wait(c, more, 2, 10000), 0);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.rc, 0);
+    ck_assert_int_eq(rdzv_check(c, more, 2), 1);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_add)
+{
+    rdzv_client *c = client();
+    int64_t r = 0;
+    ck_assert_int_eq(rdzv_add(c, "n", 5, &r), 0);
+    ck_assert_int_eq(r, 5);
+    ck_assert_int_eq(rdzv_add(c, "n", -12, &r), 0);
+    ck_assert_int_eq(r, -7);
+    ck_assert_int_eq(rdzv_add(c, "n", 0, &r), 0);
+    ck_assert_int_eq(r, -7);
+    expect_value(c, "n", "-7");
+    ck_assert_int_eq(rdzv_add(c, "big", INT64_MAX - 1, &r), 0);
+    ck_assert_int_eq(rdzv_add(c, "big", 1, &r), 0);
+    ck_assert(r == INT64_MAX);
+
+    /* ADD on a value that is not a number: the server drops the connection. */
+    set_str(c, "word", "abc");
+    r = 42;
+    ck_assert_int_eq(rdzv_add(c, "word", 1, &r), -ECONNRESET);
+    ck_assert_int_eq(r, 42);
+    ck_assert_int_eq(rdzv_ping(c), -ENOTCONN);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "unusable"));
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* Compare-and-set with a string expected and desired value; checks the answer. */
+static void cas(rdzv_client *c, const char *key, const char *expected, const char *desired,
+                const char *answer)
+{
+    void *v = NULL;
+    size_t n = 0;
+    int rc = rdzv_compare_set(c, key, expected, strlen(expected), desired, strlen(desired), &v, &n);
+    ck_assert_msg(rc == 0, "compare_set: %d %s", rc, rdzv_client_last_error(c));
+    ck_assert_uint_eq(n, strlen(answer));
+    ck_assert_mem_eq(v, answer, n);
+    ck_assert_int_eq(((char *)v)[n], 0);
+    rdzv_free(v);
+}
+
+START_TEST(test_compare_set)
+{
+    rdzv_client *c = client();
+    const char *key[1] = {"cas"};
+
+    /* Missing key, non-empty expected: answers `expected`, stores nothing. */
+    cas(c, "cas", "old", "new", "old");
+    ck_assert_int_eq(rdzv_check(c, key, 1), 0);
+    /* Missing key, empty expected: stores `desired`. */
+    cas(c, "cas", "", "first", "first");
+    expect_value(c, "cas", "first");
+    /* Match: stores and answers the new value. */
+    cas(c, "cas", "first", "second", "second");
+    expect_value(c, "cas", "second");
+    /* Mismatch: answers the current value, stores nothing. */
+    cas(c, "cas", "first", "third", "second");
+    expect_value(c, "cas", "second");
+    /* Present key, empty expected: a mismatch like any other. */
+    cas(c, "cas", "", "fourth", "second");
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_check_delete_num_keys)
+{
+    rdzv_client *c = client();
+    const char *keys[2] = {"c1", "c2"};
+    int64_t count = -1;
+    ck_assert_int_eq(rdzv_num_keys(c, &count), 0);
+    ck_assert_int_eq(count, 0);
+    ck_assert_int_eq(rdzv_check(c, keys, 2), 0);
+    ck_assert_int_eq(rdzv_check(c, keys, 0), 1);
+    set_str(c, "c1", "x");
+    ck_assert_int_eq(rdzv_check(c, keys, 1), 1);
+    ck_assert_int_eq(rdzv_check(c, keys, 2), 0);
+    set_str(c, "c2", "y");
+    ck_assert_int_eq(rdzv_check(c, keys, 2), 1);
+    ck_assert_int_eq(rdzv_num_keys(c, &count), 0);
+    ck_assert_int_eq(count, 2);
+
+    ck_assert_int_eq(rdzv_delete(c, "c1"), 1);
+    ck_assert_int_eq(rdzv_delete(c, "c1"), 0);
+    ck_assert_int_eq(rdzv_check(c, keys, 2), 0);
+    ck_assert_int_eq(rdzv_num_keys(c, &count), 0);
+    ck_assert_int_eq(count, 1);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_append)
+{
+    rdzv_client *c = client();
+    ck_assert_int_eq(rdzv_append(c, "log", "ab", 2), 0);
+    ck_assert_int_eq(rdzv_append(c, "log", "", 0), 0);
+    ck_assert_int_eq(rdzv_append(c, "log", "cd", 2), 0);
+    expect_value(c, "log", "abcd");
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_multi)
+{
+    rdzv_client *c = client();
+    const char *keys[3] = {"m1", "m2", "m3"};
+    const void *vals[3] = {"one", "", "three"};
+    size_t lens[3] = {3, 0, 5};
+    ck_assert_int_eq(rdzv_multi_set(c, keys, vals, lens, 3), 0);
+    ck_assert_int_eq(rdzv_multi_set(c, keys, vals, lens, 0), 0);
+    expect_value(c, "m3", "three");
+
+    const char *get[4] = {"m3", "absent", "m1", "m2"};
+    void *out[4] = {0};
+    size_t n[4] = {0};
+    ck_assert_int_eq(rdzv_multi_get(c, get, 4, out, n), 0);
+    ck_assert_uint_eq(n[0], 5);
+    ck_assert_str_eq(out[0], "three");
+    ck_assert_uint_eq(n[1], 0);
+    ck_assert_str_eq(out[1], "");
+    ck_assert_uint_eq(n[2], 3);
+    ck_assert_str_eq(out[2], "one");
+    ck_assert_uint_eq(n[3], 0);
+    for (int i = 0; i < 4; i++)
+        rdzv_free(out[i]);
+    ck_assert_int_eq(rdzv_multi_get(c, get, 0, NULL, NULL), 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_ping_status)
+{
+    rdzv_client *c = client();
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    set_str(c, "s1", "v");
+    set_str(c, "s2", "v");
+    char *js = NULL;
+    ck_assert_int_eq(rdzv_status(c, &js), 0);
+    ck_assert_ptr_nonnull(js);
+    json_error_t e;
+    json_t *o = json_loads(js, 0, &e);
+    ck_assert_msg(o != NULL, "status is not JSON (%s): %s", e.text, js);
+    ck_assert(json_is_object(o));
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "keys")), 2);
+    ck_assert_int_ge(json_integer_value(json_object_get(o, "connections")), 1);
+    ck_assert(json_is_object(json_object_get(o, "ops")));
+    ck_assert_int_ge(json_integer_value(json_object_get(json_object_get(o, "ops"), "set")), 2);
+    json_decref(o);
+    rdzv_free(js);
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_prefix_isolation)
+{
+    rdzv_client *a = client_with("jobA/", 2000);
+    rdzv_client *b = client_with("jobB/", 2000);
+    rdzv_client *plain = client_with("", 2000);
+    int64_t r;
+
+    /*
+     * SET, APPEND and MULTI_SET have no reply, so another connection sees them only once the
+     * writer has made a round trip; the reads through `a` and `b` here are that round trip.
+     */
+    set_str(a, "k", "from a");
+    set_str(b, "k", "from b");
+    expect_value(a, "k", "from a");
+    expect_value(b, "k", "from b");
+    expect_value(plain, "jobA/k", "from a");
+    expect_value(plain, "jobB/k", "from b");
+    const char *bare[1] = {"k"};
+    ck_assert_int_eq(rdzv_check(plain, bare, 1), 0);
+
+    /* Every keyed operation goes through the prefix. */
+    ck_assert_int_eq(rdzv_add(a, "n", 3, &r), 0);
+    expect_value(plain, "jobA/n", "3");
+    ck_assert_int_eq(rdzv_append(a, "k", "!", 1), 0);
+    ck_assert_int_eq(rdzv_ping(a), 0); /* SET-like requests have no reply: make sure it landed */
+    expect_value(plain, "jobA/k", "from a!");
+    void *v;
+    size_t n;
+    ck_assert_int_eq(rdzv_compare_set(a, "cas", "", 0, "c", 1, &v, &n), 0);
+    rdzv_free(v);
+    expect_value(plain, "jobA/cas", "c");
+    const char *mk[2] = {"m1", "m2"};
+    const void *mv[2] = {"1", "2"};
+    size_t ml[2] = {1, 1};
+    ck_assert_int_eq(rdzv_multi_set(b, mk, mv, ml, 2), 0);
+    ck_assert_int_eq(rdzv_ping(b), 0);
+    expect_value(plain, "jobB/m2", "2");
+    const char *full[2] = {"jobB/m1", "jobB/m2"};
+    ck_assert_int_eq(rdzv_check(plain, full, 2), 1);
+    ck_assert_int_eq(rdzv_check(b, mk, 2), 1);
+    ck_assert_int_eq(rdzv_check(a, mk, 2), 0);
+    ck_assert_int_eq(rdzv_wait(b, mk, 2, 1000), 0);
+    ck_assert_int_eq(rdzv_wait(a, mk, 2, 50), -ETIMEDOUT);
+    void *out[2];
+    size_t len[2];
+    ck_assert_int_eq(rdzv_multi_get(b, mk, 2, out, len), 0);
+    ck_assert_str_eq(out[0], "1");
+    ck_assert_str_eq(out[1], "2");
+    rdzv_free(out[0]);
+    rdzv_free(out[1]);
+    ck_assert_int_eq(rdzv_multi_get(a, mk, 2, out, len), 0);
+    ck_assert_uint_eq(len[0] + len[1], 0);
+    rdzv_free(out[0]);
+    rdzv_free(out[1]);
+    ck_assert_int_eq(rdzv_delete(a, "m1"), 0);
+    ck_assert_int_eq(rdzv_delete(b, "m1"), 1);
+
+    /* Barrier keys live under the prefix too. */
+    ck_assert_int_eq(rdzv_barrier(a, "bar", 1, 1000), 0);
+    const char *bk[2] = {"jobA/bar/arrived", "jobA/bar/gen/0"};
+    ck_assert_int_eq(rdzv_check(plain, bk, 2), 1);
+
+    rdzv_client_close(a);
+    rdzv_client_close(b);
+    rdzv_client_close(plain);
+}
+END_TEST
+
+/* One rank of the multi-process barrier test; returns its exit status. */
+static int barrier_rank(int rounds, int world)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.prefix = "job/";
+    o.timeout_ms = 20000;
+    rdzv_client *c = NULL;
+    if (rdzv_client_connect("127.0.0.1", port, &o, &c) != 0)
+        return 10;
+    for (int r = 0; r < rounds; r++) {
+        char key[32];
+        int64_t v;
+        snprintf(key, sizeof key, "round/%d", r);
+        if (rdzv_add(c, key, 1, &v) != 0)
+            return 11;
+        if (rdzv_barrier(c, "bar", world, 20000) != 0)
+            return 12;
+        /* Nobody leaves a round before everyone has entered it. */
+        if (rdzv_add(c, key, 0, &v) != 0)
+            return 13;
+        if (v != world)
+            return 14;
+    }
+    rdzv_client_close(c);
+    return 0;
+}
+
+START_TEST(test_barrier_reuse_multiprocess)
+{
+    enum { WORLD = 4, ROUNDS = 3 };
+    pid_t pids[WORLD];
+    for (int i = 0; i < WORLD; i++) {
+        pids[i] = fork();
+        ck_assert_int_ge(pids[i], 0);
+        if (pids[i] == 0)
+            _exit(barrier_rank(ROUNDS, WORLD));
+    }
+    for (int i = 0; i < WORLD; i++) {
+        int st = 0;
+        ck_assert_int_eq(waitpid(pids[i], &st, 0), pids[i]);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status %d", i, st);
+    }
+
+    /* Finished generations were cleaned up; the last one remains for late readers. */
+    rdzv_client *c = client_with("job/", 2000);
+    int64_t arrived;
+    ck_assert_int_eq(rdzv_add(c, "bar/arrived", 0, &arrived), 0);
+    ck_assert_int_eq(arrived, WORLD * ROUNDS);
+    const char *g0[1] = {"bar/gen/0"}, *g1[1] = {"bar/gen/1"}, *g2[1] = {"bar/gen/2"};
+    ck_assert_int_eq(rdzv_check(c, g0, 1), 0);
+    ck_assert_int_eq(rdzv_check(c, g1, 1), 0);
+    ck_assert_int_eq(rdzv_check(c, g2, 1), 1);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_barrier_single_and_timeout)
+{
+    rdzv_client *c = client_with(NULL, 5000);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(rdzv_barrier(c, "solo", 1, 1000), 0);
+    const char *g[2] = {"solo/gen/1", "solo/gen/2"};
+    ck_assert_int_eq(rdzv_check(c, g, 1), 0);
+    ck_assert_int_eq(rdzv_check(c, g + 1, 1), 1);
+
+    /* Alone in a barrier for two: times out and stays usable. */
+    double t0 = now_s();
+    ck_assert_int_eq(rdzv_barrier(c, "pair", 2, 150), -ETIMEDOUT);
+    ck_assert(now_s() - t0 >= 0.14);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "pair"));
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_server_gone)
+{
+    rdzv_client *c = client();
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_server_stop(srv);
+    srv = NULL;
+    ck_assert_int_eq(rdzv_ping(c), -ECONNRESET);
+    ck_assert_int_eq(rdzv_ping(c), -ENOTCONN);
+    ck_assert_int_eq(rdzv_set(c, "k", "v", 1), -ENOTCONN);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Connecting                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_connect_refused_deadline)
+{
+    int p;
+    int fd = refusing_socket(&p);
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.connect_timeout_ms = 300;
+    o.backoff_initial_ms = 5;
+    o.backoff_max_ms = 40;
+    rdzv_client *c = NULL;
+    double t0 = now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", p, &o, &c), -ETIMEDOUT);
+    double dt = now_s() - t0;
+    ck_assert_msg(dt >= 0.29 && dt < 3.0, "connect gave up after %.3f s", dt);
+    ck_assert_ptr_null(c);
+    const char *e = rdzv_client_last_error(NULL);
+    ck_assert_msg(strstr(e, "refused") && strstr(e, "attempts"), "last error: %s", e);
+    close(fd);
+}
+END_TEST
+
+struct connector_arg {
+    int port;
+    int rc;
+};
+
+static void *connector_main(void *p)
+{
+    struct connector_arg *a = p;
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.connect_timeout_ms = 20000;
+    rdzv_client *c = NULL;
+    a->rc = rdzv_client_connect("127.0.0.1", a->port, &o, &c);
+    if (a->rc == 0)
+        a->rc = rdzv_ping(c);
+    rdzv_client_close(c);
+    return NULL;
+}
+
+START_TEST(test_connect_retries_until_server_listens)
+{
+    struct connector_arg a = {.rc = 1};
+    int fd = refusing_socket(&a.port);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, connector_main, &a), 0);
+    /* Let the connector meet a few refusals before the server appears (not synchronisation). */
+    struct timespec delay = {.tv_nsec = 150 * 1000000};
+    nanosleep(&delay, NULL);
+    rdzv_server_options so;
+    rdzv_server_options_init(&so);
+    so.listen_fd = fd;
+    rdzv_server *s = NULL;
+    ck_assert_int_eq(rdzv_server_start(&so, &s), 0);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.rc, 0);
+    rdzv_server_stop(s);
+}
+END_TEST
+
+START_TEST(test_connect_names_and_ipv6)
+{
+    /* "localhost" may list ::1 first, where nothing listens: the next address must be tried. */
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect("localhost", port, NULL, &c), 0);
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_client_close(c);
+
+    rdzv_server_options so;
+    rdzv_server_options_init(&so);
+    so.host = "::1";
+    rdzv_server *s6 = NULL;
+    if (rdzv_server_start(&so, &s6) != 0)
+        return; /* no IPv6 loopback here */
+    ck_assert_int_eq(rdzv_client_connect("::1", rdzv_server_port(s6), NULL, &c), 0);
+    set_str(c, "v6", "yes");
+    expect_value(c, "v6", "yes");
+    rdzv_client_close(c);
+    rdzv_server_stop(s6);
+}
+END_TEST
+
+START_TEST(test_connect_unknown_host)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.connect_timeout_ms = 500;
+    rdzv_client *c = NULL;
+    /* Unresolvable, or a resolver that cannot be reached (then retried until the deadline). */
+    int rc = rdzv_client_connect("no-such-host.invalid", 1234, &o, &c);
+    ck_assert_msg(rc == -EHOSTUNREACH || rc == -ETIMEDOUT, "rc %d", rc);
+    ck_assert_ptr_null(c);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "no-such-host.invalid"));
+}
+END_TEST
+
+START_TEST(test_connect_not_a_store)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.connect_timeout_ms = 300;
+    rdzv_client *c = NULL;
+
+    struct fake f;
+    fake_start(&f, script_wrong_nonce);
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", f.port, &o, &c), -EPROTO);
+    ck_assert_int_eq(fake_join(&f), 0);
+    ck_assert_ptr_null(c);
+
+    fake_start(&f, script_silent);
+    double t0 = now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", f.port, &o, &c), -ETIMEDOUT);
+    ck_assert(now_s() - t0 >= 0.29);
+    ck_assert_int_eq(fake_join(&f), 0);
+    ck_assert_ptr_null(c);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "handshake"));
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Broken peers                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_peer_closes_mid_reply)
+{
+    struct fake f;
+    fake_start(&f, script_close_mid_reply);
+    rdzv_client *c = fake_client(&f, 5000);
+    int64_t n = 99;
+    ck_assert_int_eq(rdzv_num_keys(c, &n), -ECONNRESET);
+    ck_assert_int_eq(n, 99);
+    ck_assert_int_eq(fake_join(&f), 0);
+    ck_assert_int_eq(rdzv_num_keys(c, &n), -ENOTCONN);
+    ck_assert_int_eq(rdzv_ping(c), -ENOTCONN);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "closed"));
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_timeout_mid_reply)
+{
+    struct fake f;
+    fake_start(&f, script_stall_mid_reply);
+    rdzv_client *c = fake_client(&f, 150);
+    int64_t n = 99;
+    double t0 = now_s();
+    ck_assert_int_eq(rdzv_num_keys(c, &n), -ETIMEDOUT);
+    ck_assert(now_s() - t0 >= 0.14);
+    ck_assert_int_eq(rdzv_ping(c), -ENOTCONN);
+    rdzv_client_close(c); /* ends the fake's drain */
+    ck_assert_int_eq(fake_join(&f), 0);
+}
+END_TEST
+
+START_TEST(test_malformed_replies)
+{
+    struct fake f;
+    const char *keys[1] = {"k"};
+    fake_start(&f, script_bad_check_reply);
+    rdzv_client *c = fake_client(&f, 5000);
+    ck_assert_int_eq(rdzv_check(c, keys, 1), -EPROTO);
+    ck_assert_int_eq(rdzv_check(c, keys, 1), -ENOTCONN);
+    rdzv_client_close(c);
+    ck_assert_int_eq(fake_join(&f), 0);
+
+    fake_start(&f, script_absurd_length);
+    c = fake_client(&f, 5000);
+    void *v[1] = {(void *)0x1};
+    size_t n[1] = {5};
+    ck_assert_int_eq(rdzv_multi_get(c, keys, 1, v, n), -EPROTO);
+    ck_assert_ptr_eq(v[0], (void *)0x1);
+    ck_assert_int_eq(rdzv_ping(c), -ENOTCONN);
+    rdzv_client_close(c);
+    ck_assert_int_eq(fake_join(&f), 0);
+}
+END_TEST
+
+START_TEST(test_wait_cancel_race)
+{
+    struct fake f;
+    const char *keys[1] = {"never"};
+    fake_start(&f, script_cancel_race);
+    rdzv_client *c = fake_client(&f, 5000);
+    ck_assert_int_eq(rdzv_wait(c, keys, 1, 100), -ETIMEDOUT);
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_client_close(c);
+    ck_assert_int_eq(fake_join(&f), 0);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+
+static Suite *client_suite(void)
+{
+    Suite *s = suite_create("client");
+
+    TCase *tc = tcase_create("store");
+    tcase_add_checked_fixture(tc, server_setup, server_teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_invalid_arguments);
+    tcase_add_test(tc, test_set_get);
+    tcase_add_test(tc, test_get_waits_for_key);
+    tcase_add_test(tc, test_get_timeout_keeps_client);
+    tcase_add_test(tc, test_wait);
+    tcase_add_test(tc, test_add);
+    tcase_add_test(tc, test_compare_set);
+    tcase_add_test(tc, test_check_delete_num_keys);
+    tcase_add_test(tc, test_append);
+    tcase_add_test(tc, test_multi);
+    tcase_add_test(tc, test_ping_status);
+    tcase_add_test(tc, test_prefix_isolation);
+    tcase_add_test(tc, test_barrier_reuse_multiprocess);
+    tcase_add_test(tc, test_barrier_single_and_timeout);
+    tcase_add_test(tc, test_server_gone);
+    tcase_add_test(tc, test_connect_names_and_ipv6);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("connect");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_options_defaults);
+    tcase_add_test(tc, test_connect_refused_deadline);
+    tcase_add_test(tc, test_connect_retries_until_server_listens);
+    tcase_add_test(tc, test_connect_unknown_host);
+    tcase_add_test(tc, test_connect_not_a_store);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("broken_peers");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_peer_closes_mid_reply);
+    tcase_add_test(tc, test_timeout_mid_reply);
+    tcase_add_test(tc, test_malformed_replies);
+    tcase_add_test(tc, test_wait_cancel_race);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(client_suite());
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
