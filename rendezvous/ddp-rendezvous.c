@@ -1,0 +1,872 @@
+/*
+ * ddp-rendezvous: the librendezvous store as a program. `serve` runs a TCPStore-compatible
+ * server in the foreground; the other commands (set, get, add, wait, barrier, del, keys, status)
+ * are one-shot clients for job schedulers' shell scripts.
+ *
+ * One table, `options[]`, describes every option: its name, argument, help text, the commands it
+ * applies to, how its value is checked and where it is stored. Parsing, applicability checks and
+ * --help are all driven by it, and tests/test_cli.sh checks that every option --help prints is
+ * in ddp-rendezvous(1), so the three cannot drift apart.
+ *
+ * Exit codes (documented in the man page; keep the two in step): 0 success, 1 usage error,
+ * 2 operation failed, 3 timed out.
+ *
+ * Not here: daemonising, pid files, log files (the scheduler or service manager owns those), and
+ * environment variables (scripts pass --host "$MASTER_ADDR" --port "$MASTER_PORT" explicitly).
+ * Arguments that start with '-' are options unless they are exactly "-" or look like a negative
+ * number; "--" ends the options, so `set KEY -- -value` stores "-value".
+ */
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <uv.h>
+
+#include "rdzv.h"
+
+#ifndef DDPRUN_VERSION
+#define DDPRUN_VERSION "0.1.0"
+#endif
+
+#define PROG "ddp-rendezvous"
+
+enum exit_code { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAILED = 2, EXIT_TIMEOUT = 3 };
+
+#define DEFAULT_HOST "127.0.0.1"
+#define DEFAULT_PORT 29500 /* torchrun's */
+#define DEFAULT_TIMEOUT_S 300.0
+
+/* ------------------------------------------------------------------------------------------ */
+/* Commands                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+enum cmd {
+    CMD_SERVE,
+    CMD_SET,
+    CMD_GET,
+    CMD_ADD,
+    CMD_WAIT,
+    CMD_BARRIER,
+    CMD_DEL,
+    CMD_KEYS,
+    CMD_STATUS,
+    CMD_COUNT
+};
+
+#define ON(c) (1u << (c))
+#define ON_SERVE ON(CMD_SERVE)
+#define ON_CLIENT                                                                                  \
+    (ON(CMD_SET) | ON(CMD_GET) | ON(CMD_ADD) | ON(CMD_WAIT) | ON(CMD_BARRIER) | ON(CMD_DEL) |      \
+     ON(CMD_KEYS) | ON(CMD_STATUS))
+#define ON_ALL (ON_SERVE | ON_CLIENT)
+
+struct command {
+    const char *name;
+    const char *args; /* positional arguments, for usage lines */
+    int min_args;
+    int max_args; /* -1: no upper bound */
+    const char *help;
+};
+
+static const struct command commands[CMD_COUNT] = {
+    [CMD_SERVE] = {"serve", "", 0, 0, "run a store server in the foreground"},
+    [CMD_SET] = {"set", "KEY VALUE", 2, 2, "store VALUE under KEY ('-' reads it from stdin)"},
+    [CMD_GET] = {"get", "KEY", 1, 1, "wait for KEY, write its value to stdout"},
+    [CMD_ADD] = {"add", "KEY DELTA", 2, 2, "add DELTA to the integer under KEY, print the sum"},
+    [CMD_WAIT] = {"wait", "KEY...", 1, -1, "wait until every KEY exists"},
+    [CMD_BARRIER] = {"barrier", "NAME WORLD_SIZE", 2, 2,
+                     "wait until WORLD_SIZE processes entered barrier NAME"},
+    [CMD_DEL] = {"del", "KEY", 1, 1, "delete KEY, print 1 if it existed, 0 if not"},
+    [CMD_KEYS] = {"keys", "", 0, 0, "print the number of keys in the store"},
+    [CMD_STATUS] = {"status", "", 0, 0, "print the server's status as JSON"},
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Options                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Everything the command line can set; options[] stores into it by offset. */
+struct config {
+    int cmd;                 /* enum cmd, or -1 before the command word is seen */
+    rdzv_server_options srv; /* serve: bind address, limits (port is copied in later) */
+    int port;                /* both: --port */
+    const char *host;        /* clients */
+    double timeout_s;        /* clients */
+    const char *prefix;      /* clients */
+    int quiet, verbose, help, version;
+};
+
+enum kind {
+    KIND_FLAG,    /* no argument; increments an int */
+    KIND_STRING,  /* stores the argument (borrowed from argv) */
+    KIND_INT,     /* int within [min, max] */
+    KIND_SIZE,    /* size_t >= 1, optional K/M/G suffix (powers of 1024) */
+    KIND_SECONDS, /* double in (0, max] */
+};
+
+struct option_spec {
+    const char *name; /* without the leading "--" */
+    const char *arg;  /* argument name for --help, NULL for flags */
+    unsigned on;      /* ON() mask of the commands it applies to */
+    enum kind kind;
+    size_t offset; /* into struct config */
+    long long min, max;
+    const char *help;
+};
+
+#define AT(field) offsetof(struct config, field)
+
+/*
+ * The option table. Keep ddp-rendezvous(1) in step: tests/test_cli.sh fails when an option
+ * printed by --help is missing from the man page or vice versa.
+ */
+static const struct option_spec options[] = {
+    /* serve */
+    {"bind", "ADDR", ON_SERVE, KIND_STRING, AT(srv.host), 0, 0,
+     "address to listen on (" DEFAULT_HOST "; 0.0.0.0 or :: for all)"},
+    {"listen-fd", "FD", ON_SERVE, KIND_INT, AT(srv.listen_fd), 0, INT_MAX,
+     "serve on an inherited, bound TCP socket instead of --bind/--port"},
+    {"backlog", "N", ON_SERVE, KIND_INT, AT(srv.backlog), 1, INT_MAX, "listen(2) backlog"},
+    {"keepalive", "SECONDS", ON_SERVE, KIND_INT, AT(srv.keepalive_s), 0, INT_MAX,
+     "TCP keepalive idle time for clients; 0 turns it off"},
+    {"max-key-bytes", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_key_bytes), 0, 0, "longest key"},
+    {"max-value-bytes", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_value_bytes), 0, 0,
+     "longest value in one request"},
+    {"max-keys-per-request", "N", ON_SERVE, KIND_SIZE, AT(srv.max_keys_per_request), 0, 0,
+     "keys in one wait, check, multi-get or multi-set"},
+    {"max-request-bytes", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_request_bytes), 0, 0,
+     "largest request"},
+    {"max-total-bytes", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_total_bytes), 0, 0,
+     "keys and values stored, all together"},
+    {"max-connections", "N", ON_SERVE, KIND_SIZE, AT(srv.max_connections), 0, 0,
+     "simultaneous client connections"},
+    {"max-pending-output", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_pending_output), 0, 0,
+     "unsent reply bytes per client before reading pauses"},
+    {"quiet", NULL, ON_SERVE, KIND_FLAG, AT(quiet), 0, 0, "log warnings and errors only"},
+    {"verbose", NULL, ON_SERVE, KIND_FLAG, AT(verbose), 0, 0, "log debugging detail too"},
+    /* clients */
+    {"host", "HOST", ON_CLIENT, KIND_STRING, AT(host), 0, 0,
+     "server to talk to (" DEFAULT_HOST ")"},
+    {"timeout", "SECONDS", ON_CLIENT, KIND_SECONDS, AT(timeout_s), 0, INT_MAX / 1000,
+     "give up after this long, connecting included (300)"},
+    {"prefix", "P", ON_CLIENT, KIND_STRING, AT(prefix), 0, 0, "prepend P to every key"},
+    /* both */
+    {"port", "PORT", ON_ALL, KIND_INT, AT(port), 0, 65535,
+     "TCP port (29500); serve --port 0 picks a free one"},
+    {"help", NULL, ON_ALL, KIND_FLAG, AT(help), 0, 0, "print this help and exit"},
+    {"version", NULL, ON_ALL, KIND_FLAG, AT(version), 0, 0, "print the version and exit"},
+};
+
+#define NOPTIONS (sizeof(options) / sizeof(options[0]))
+
+/* ------------------------------------------------------------------------------------------ */
+/* Messages                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Prints "ddp-rendezvous: <message>" to stderr and returns `code`, for `return complain(...)`. */
+static int complain(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int complain(int code, const char *fmt, ...)
+{
+    va_list ap;
+
+    fputs(PROG ": ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return code;
+}
+
+static const char *level_name(int level)
+{
+    switch (level) {
+    case RDZV_LOG_ERROR:
+        return "error";
+    case RDZV_LOG_WARN:
+        return "warning";
+    case RDZV_LOG_INFO:
+        return "info";
+    default:
+        return "debug";
+    }
+}
+
+/* The server's log hook; `arg` points at the highest level to print. */
+static void log_line(void *arg, int level, const char *msg)
+{
+    if (level <= *(const int *)arg)
+        fprintf(stderr, PROG ": %s: %s\n", level_name(level), msg);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Help                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Formats a size the way --max-*-bytes accepts it: "8K", "64M", "1G", or plain bytes. */
+static void format_size(char *buf, size_t len, size_t n)
+{
+    static const char suffix[] = "GMK";
+    for (int i = 0; i < 3; i++) {
+        size_t unit = (size_t)1 << (10 * (3 - i));
+        if (n >= unit && n % unit == 0) {
+            snprintf(buf, len, "%zu%c", n / unit, suffix[i]);
+            return;
+        }
+    }
+    snprintf(buf, len, "%zu", n);
+}
+
+/* The default of a server option: its field in `defs`, a struct filled by options_init. */
+static const void *server_default(const rdzv_server_options *defs, const struct option_spec *o)
+{
+    assert(o->on == ON_SERVE && o->offset >= offsetof(struct config, srv));
+    return (const char *)defs + (o->offset - offsetof(struct config, srv));
+}
+
+static void print_option(FILE *f, const struct option_spec *o, const rdzv_server_options *defs)
+{
+    char left[64], def[48] = "";
+
+    if (o->kind == KIND_FLAG && strcmp(o->name, "help") == 0)
+        snprintf(left, sizeof(left), "-h, --help");
+    else
+        snprintf(left, sizeof(left), "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+    /* Server limits show the library's own defaults, so they cannot go stale here. */
+    if (o->on == ON_SERVE && o->kind == KIND_SIZE) {
+        char n[32];
+        format_size(n, sizeof(n), *(const size_t *)server_default(defs, o));
+        snprintf(def, sizeof(def), " (%s)", n);
+    } else if (o->on == ON_SERVE && o->kind == KIND_INT && strcmp(o->name, "listen-fd") != 0) {
+        snprintf(def, sizeof(def), " (%d)", *(const int *)server_default(defs, o));
+    }
+    fprintf(f, "  %-30s %s%s\n", left, o->help, def);
+}
+
+static void print_options(FILE *f, unsigned mask, const rdzv_server_options *defs)
+{
+    for (size_t i = 0; i < NOPTIONS; i++)
+        if (options[i].on == mask)
+            print_option(f, &options[i], defs);
+}
+
+static void print_help(FILE *f, int cmd)
+{
+    rdzv_server_options defs;
+
+    rdzv_server_options_init(&defs);
+    if (cmd >= 0) {
+        const struct command *c = &commands[cmd];
+        fprintf(f, "Usage: " PROG " %s%s%s [OPTIONS]\n%c%s.\n\nOptions:\n", c->name,
+                *c->args ? " " : "", c->args, toupper((unsigned char)c->help[0]), c->help + 1);
+        for (size_t i = 0; i < NOPTIONS; i++)
+            if (options[i].on & ON(cmd))
+                print_option(f, &options[i], &defs);
+    } else {
+        fputs("Usage: " PROG " COMMAND [OPTIONS] [ARGS]\n"
+              "A key-value store compatible with PyTorch's TCPStore, and a client for scripts.\n"
+              "\nCommands:\n",
+              f);
+        for (int i = 0; i < CMD_COUNT; i++) {
+            char left[64];
+            snprintf(left, sizeof(left), "%s%s%s", commands[i].name, *commands[i].args ? " " : "",
+                     commands[i].args);
+            fprintf(f, "  %-30s %s\n", left, commands[i].help);
+        }
+        fputs("\nServer options (serve):\n", f);
+        print_options(f, ON_SERVE, &defs);
+        fputs("\nClient options (all other commands):\n", f);
+        print_options(f, ON_CLIENT, &defs);
+        fputs("\nOptions for all commands:\n", f);
+        print_options(f, ON_ALL, &defs);
+        fputs("\nSIZE and N take a K, M or G suffix (powers of 1024). SECONDS of --timeout may\n"
+              "be fractional. Options may come before or after the command; \"--\" ends them.\n",
+              f);
+    }
+    fputs("\nExit status: 0 success, 1 usage error, 2 operation failed, 3 timed out.\n"
+          "See ddp-rendezvous(1).\n",
+          f);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Parsing                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Parses a size: decimal digits with an optional K, M or G (either case) suffix, at least 1.
+ * Returns 0 and sets *out, or -1.
+ */
+static int parse_size(const char *s, size_t *out)
+{
+    static const char units[] = "KMG";
+    const char *u;
+    char *end;
+    unsigned long long v, mult = 1;
+
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno != 0 || end == s)
+        return -1;
+    if (*end != '\0' && (u = strchr(units, toupper((unsigned char)*end))) != NULL) {
+        mult = 1ull << (10 * (u - units + 1));
+        end++;
+    }
+    if (*end != '\0' || v == 0 || v > SIZE_MAX / mult)
+        return -1;
+    *out = (size_t)(v * mult);
+    return 0;
+}
+
+/* Parses a whole decimal integer in [min, max]. Returns 0 and sets *out, or -1. */
+static int parse_int(const char *s, long long min, long long max, long long *out)
+{
+    char *end;
+    long long v;
+
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Checks and stores the value of option `o`; prints the usage error and returns -1 if bad. */
+static int set_option(struct config *cfg, const struct option_spec *o, const char *val)
+{
+    void *field = (char *)cfg + o->offset;
+
+    switch (o->kind) {
+    case KIND_FLAG:
+        (*(int *)field)++;
+        return 0;
+    case KIND_STRING:
+        *(const char **)field = val;
+        return 0;
+    case KIND_INT: {
+        long long v;
+        if (parse_int(val, o->min, o->max, &v) < 0) {
+            complain(EXIT_USAGE, "--%s: expected an integer %lld..%lld, got '%s'", o->name, o->min,
+                     o->max, val);
+            return -1;
+        }
+        *(int *)field = (int)v;
+        return 0;
+    }
+    case KIND_SIZE:
+        if (parse_size(val, (size_t *)field) < 0) {
+            complain(EXIT_USAGE,
+                     "--%s: expected a positive integer with optional K/M/G suffix, "
+                     "got '%s'",
+                     o->name, val);
+            return -1;
+        }
+        return 0;
+    case KIND_SECONDS: {
+        char *end;
+        double v;
+        errno = 0;
+        v = strtod(val, &end);
+        if (errno != 0 || end == val || *end != '\0' || !(v > 0) || v > (double)o->max) {
+            complain(EXIT_USAGE, "--%s: expected a number of seconds > 0 and <= %lld, got '%s'",
+                     o->name, o->max, val);
+            return -1;
+        }
+        *(double *)field = v;
+        return 0;
+    }
+    }
+    return -1;
+}
+
+static const struct option_spec *find_option(const char *name, size_t len)
+{
+    for (size_t i = 0; i < NOPTIONS; i++)
+        if (strlen(options[i].name) == len && strncmp(options[i].name, name, len) == 0)
+            return &options[i];
+    return NULL;
+}
+
+/* The index in options[] of an option that exists. */
+static size_t option_index(const char *name)
+{
+    const struct option_spec *o = find_option(name, strlen(name));
+    assert(o);
+    return (size_t)(o - options);
+}
+
+/* An argument is an option if it starts with '-', unless it is "-" or a negative number. */
+static bool looks_like_option(const char *a)
+{
+    return a[0] == '-' && a[1] != '\0' && !(a[1] >= '0' && a[1] <= '9');
+}
+
+/*
+ * Parses argv into *cfg and the positional arguments into pos[] (the command name excluded),
+ * in place. Returns -1 for "exit now with EXIT_USAGE" (the message is printed), or the number
+ * of positional arguments. cfg->cmd is -1 when no command was named.
+ */
+static int parse_args(int argc, char **argv, struct config *cfg, char **pos)
+{
+    bool seen[NOPTIONS] = {0};
+    int npos = 0, have_cmd = 0;
+    bool options_done = false;
+
+    cfg->cmd = -1;
+    for (int i = 1; i < argc; i++) {
+        char *a = argv[i];
+        const struct option_spec *o;
+        const char *val = NULL, *eq;
+
+        if (options_done || !looks_like_option(a)) {
+            if (!have_cmd) {
+                int c;
+                for (c = 0; c < CMD_COUNT; c++)
+                    if (strcmp(a, commands[c].name) == 0)
+                        break;
+                if (c == CMD_COUNT) {
+                    if (strcmp(a, "help") == 0) {
+                        cfg->help++;
+                        continue;
+                    }
+                    complain(EXIT_USAGE, "unknown command '%s' (try '" PROG " --help')", a);
+                    return -1;
+                }
+                cfg->cmd = c;
+                have_cmd = 1;
+            } else {
+                pos[npos++] = a;
+            }
+            continue;
+        }
+        if (strcmp(a, "--") == 0) {
+            options_done = true;
+            continue;
+        }
+        if (strcmp(a, "-h") == 0) {
+            cfg->help++;
+            continue;
+        }
+        if (a[1] != '-') {
+            complain(EXIT_USAGE, "unknown option '%s'", a);
+            return -1;
+        }
+        eq = strchr(a + 2, '=');
+        o = find_option(a + 2, eq ? (size_t)(eq - (a + 2)) : strlen(a + 2));
+        if (!o) {
+            complain(EXIT_USAGE, "unknown option '%.*s'", eq ? (int)(eq - a) : (int)strlen(a), a);
+            return -1;
+        }
+        if (o->kind == KIND_FLAG) {
+            if (eq) {
+                complain(EXIT_USAGE, "--%s: takes no argument", o->name);
+                return -1;
+            }
+        } else if (eq) {
+            val = eq + 1;
+        } else if (i + 1 < argc) {
+            val = argv[++i];
+        } else {
+            complain(EXIT_USAGE, "--%s: missing argument %s", o->name, o->arg);
+            return -1;
+        }
+        if (set_option(cfg, o, val) < 0)
+            return -1;
+        seen[o - options] = true;
+    }
+
+    if (cfg->help || cfg->version || !have_cmd)
+        return npos;
+
+    for (size_t k = 0; k < NOPTIONS; k++) {
+        if (seen[k] && !(options[k].on & ON(cfg->cmd))) {
+            complain(EXIT_USAGE, "--%s: does not apply to '%s'", options[k].name,
+                     commands[cfg->cmd].name);
+            return -1;
+        }
+    }
+    {
+        const struct command *c = &commands[cfg->cmd];
+        if (npos < c->min_args || (c->max_args >= 0 && npos > c->max_args)) {
+            complain(EXIT_USAGE, "%s: expected %s, got %d argument%s", c->name,
+                     *c->args ? c->args : "no arguments", npos, npos == 1 ? "" : "s");
+            fprintf(stderr, "Usage: " PROG " %s%s%s [OPTIONS]\n", c->name, *c->args ? " " : "",
+                    c->args);
+            return -1;
+        }
+    }
+    if (cfg->cmd == CMD_SERVE) {
+        if (seen[option_index("listen-fd")] &&
+            (seen[option_index("bind")] || seen[option_index("port")])) {
+            complain(EXIT_USAGE, "--listen-fd: cannot be combined with --bind or --port");
+            return -1;
+        }
+    } else if (cfg->port == 0) {
+        complain(EXIT_USAGE, "--port: expected an integer 1..65535, got '0'");
+        return -1;
+    }
+    return npos;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* serve                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static const int stop_signals[] = {SIGINT, SIGTERM};
+#define NSTOP_SIGNALS (sizeof(stop_signals) / sizeof(stop_signals[0]))
+
+struct serve_state {
+    rdzv_server *srv;
+    uv_signal_t sig[NSTOP_SIGNALS]; /* watchers of stop_signals[] */
+    size_t nsig;                    /* how many of them are initialised */
+    int log_level;
+};
+
+/*
+ * Closes the server and the signal watchers; the loop then runs out of handles and uv_run()
+ * returns. The watchers live in `st`, which outlives the loop, so they need no close callback.
+ * With them closed, a second signal has its default effect, so a stuck shutdown can still be
+ * interrupted.
+ */
+static void stop_serving(struct serve_state *st)
+{
+    rdzv_server_close(st->srv);
+    st->srv = NULL;
+    for (size_t i = 0; i < st->nsig; i++)
+        uv_close((uv_handle_t *)&st->sig[i], NULL);
+    st->nsig = 0;
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct serve_state *st = h->data;
+    char msg[64];
+
+    snprintf(msg, sizeof(msg), "received %s, shutting down",
+             signum == SIGINT ? "SIGINT" : "SIGTERM");
+    log_line(&st->log_level, RDZV_LOG_INFO, msg);
+    stop_serving(st);
+}
+
+static int cmd_serve(struct config *cfg)
+{
+    struct serve_state st = {0};
+    uv_loop_t loop;
+    int rc, code = EXIT_FAILED;
+
+    st.log_level = RDZV_LOG_INFO - cfg->quiet + cfg->verbose;
+    if (st.log_level < RDZV_LOG_ERROR)
+        st.log_level = RDZV_LOG_ERROR;
+    cfg->srv.port = cfg->port;
+    cfg->srv.log = log_line;
+    cfg->srv.log_arg = &st.log_level;
+
+    /* A client that vanishes must cost an EPIPE on write, not the whole server. */
+    signal(SIGPIPE, SIG_IGN);
+    rc = uv_loop_init(&loop);
+    if (rc < 0)
+        return complain(EXIT_FAILED, "serve: cannot create event loop: %s", uv_strerror(rc));
+    rc = rdzv_server_create(&loop, &cfg->srv, &st.srv);
+    if (rc < 0) {
+        if (cfg->srv.listen_fd >= 0)
+            complain(EXIT_FAILED, "serve: cannot serve on fd %d: %s", cfg->srv.listen_fd,
+                     rdzv_strerror(rc));
+        else
+            complain(EXIT_FAILED, "serve: cannot listen on %s%s%s:%d: %s",
+                     strchr(cfg->srv.host, ':') ? "[" : "", cfg->srv.host,
+                     strchr(cfg->srv.host, ':') ? "]" : "", cfg->port, rdzv_strerror(rc));
+        goto out;
+    }
+    for (size_t i = 0; i < NSTOP_SIGNALS; i++) {
+        rc = uv_signal_init(&loop, &st.sig[i]);
+        if (rc < 0)
+            break;
+        st.nsig++;
+        st.sig[i].data = &st;
+        rc = uv_signal_start(&st.sig[i], on_signal, stop_signals[i]);
+        if (rc < 0)
+            break;
+    }
+    if (rc < 0) {
+        complain(EXIT_FAILED, "serve: cannot watch signals: %s", uv_strerror(rc));
+        stop_serving(&st);
+        goto out;
+    }
+
+    /*
+     * The first line of stdout is the port and nothing else: scripts and tests read it. The
+     * library has already logged "listening on HOST:PORT" through our hook while creating the
+     * server, so a reader that has the port also finds that line in the log.
+     */
+    if (printf("%d\n", rdzv_server_port(st.srv)) < 0 || fflush(stdout) != 0)
+        log_line(&st.log_level, RDZV_LOG_WARN, "cannot write the port to stdout");
+    code = EXIT_OK;
+
+out:
+    uv_run(&loop, UV_RUN_DEFAULT);
+    /* EBUSY would mean a handle the server forgot to close: say so rather than hide it. */
+    if (uv_loop_close(&loop) == UV_EBUSY)
+        log_line(&st.log_level, RDZV_LOG_WARN, "event loop still has handles at exit");
+    return code;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Client commands                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Milliseconds left until `deadline` (monotonic seconds), at least 1. */
+static int ms_left(double deadline)
+{
+    double left = (deadline - now_s()) * 1000.0;
+    return left < 1 ? 1 : left >= INT_MAX ? INT_MAX : (int)left + 1;
+}
+
+/*
+ * Reports a failed call and maps it to an exit code: -ETIMEDOUT is EXIT_TIMEOUT, anything else
+ * EXIT_FAILED. `c` may be NULL (connect failed).
+ */
+static int op_failed(const struct config *cfg, const rdzv_client *c, int rc, const char *what)
+{
+    /* With c == NULL this is the thread's last connect failure. */
+    const char *detail = rdzv_client_last_error(c);
+
+    if (rc == -ETIMEDOUT)
+        return complain(EXIT_TIMEOUT, "%s: timed out after %g s%s%s%s", what, cfg->timeout_s,
+                        detail && *detail ? " (" : "", detail ? detail : "",
+                        detail && *detail ? ")" : "");
+    if (detail && *detail)
+        return complain(EXIT_FAILED, "%s: %s (%s)", what, rdzv_strerror(rc), detail);
+    return complain(EXIT_FAILED, "%s: %s", what, rdzv_strerror(rc));
+}
+
+/* Reads all of stdin into *buf (malloc'd) and *len. Returns 0 or -1 (message printed). */
+static int read_stdin(char **buf, size_t *len)
+{
+    size_t cap = 0, n = 0;
+    char *p = NULL;
+
+    for (;;) {
+        if (n == cap) {
+            char *q = cap <= SIZE_MAX / 2 ? realloc(p, cap ? cap * 2 : 65536) : NULL;
+            if (!q) {
+                free(p);
+                complain(EXIT_FAILED, "set: value on stdin: out of memory");
+                return -1;
+            }
+            p = q;
+            cap = cap ? cap * 2 : 65536;
+        }
+        n += fread(p + n, 1, cap - n, stdin);
+        if (ferror(stdin)) {
+            free(p);
+            complain(EXIT_FAILED, "set: cannot read the value from stdin: %s", strerror(errno));
+            return -1;
+        }
+        if (feof(stdin))
+            break;
+    }
+    *buf = p;
+    *len = n;
+    return 0;
+}
+
+/* Writes to stdout and flushes; a full disk or closed pipe is an operation failure. */
+static int finish_stdout(void)
+{
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return complain(EXIT_FAILED, "cannot write to stdout: %s", strerror(errno));
+    return EXIT_OK;
+}
+
+static int cmd_client(const struct config *cfg, int npos, char **pos)
+{
+    rdzv_client_options copts;
+    rdzv_client *c = NULL;
+    double deadline = now_s() + cfg->timeout_s;
+    char what[96];
+    int rc, code = EXIT_OK;
+    int64_t n;
+
+    /* Arguments first: a bad DELTA or WORLD_SIZE is a usage error, found before connecting. */
+    long long delta = 0, world = 0;
+    if (cfg->cmd == CMD_ADD && parse_int(pos[1], INT64_MIN, INT64_MAX, &delta) < 0)
+        return complain(EXIT_USAGE, "add: DELTA: expected an integer, got '%s'", pos[1]);
+    if (cfg->cmd == CMD_BARRIER && parse_int(pos[1], 1, INT_MAX, &world) < 0)
+        return complain(EXIT_USAGE, "barrier: WORLD_SIZE: expected an integer 1..%d, got '%s'",
+                        INT_MAX, pos[1]);
+
+    signal(SIGPIPE, SIG_IGN);
+    rdzv_client_options_init(&copts);
+    copts.connect_timeout_ms = ms_left(deadline);
+    copts.timeout_ms = copts.connect_timeout_ms;
+    copts.prefix = cfg->prefix;
+    rc = rdzv_client_connect(cfg->host, cfg->port, &copts, &c);
+    if (rc < 0) {
+        snprintf(what, sizeof(what), "cannot connect to %s:%d", cfg->host, cfg->port);
+        return op_failed(cfg, NULL, rc, what);
+    }
+
+    snprintf(what, sizeof(what), "%s", commands[cfg->cmd].name);
+    switch (cfg->cmd) {
+    case CMD_SET: {
+        char *buf = NULL;
+        size_t len;
+        if (strcmp(pos[1], "-") == 0) {
+            if (read_stdin(&buf, &len) < 0) {
+                code = EXIT_FAILED;
+                break;
+            }
+            rc = rdzv_set(c, pos[0], buf, len);
+            free(buf);
+        } else {
+            rc = rdzv_set(c, pos[0], pos[1], strlen(pos[1]));
+        }
+        if (rc < 0)
+            code = op_failed(cfg, c, rc, what);
+        break;
+    }
+    case CMD_GET: {
+        const char *key = pos[0];
+        void *val = NULL;
+        size_t len = 0;
+        /* Wait with the rest of the deadline, so that connect + get keep to --timeout. */
+        rc = rdzv_wait(c, &key, 1, ms_left(deadline));
+        if (rc >= 0)
+            rc = rdzv_get(c, key, &val, &len);
+        if (rc < 0) {
+            code = op_failed(cfg, c, rc, what);
+            break;
+        }
+        if (len > 0 && fwrite(val, 1, len, stdout) != len)
+            code = complain(EXIT_FAILED, "cannot write to stdout: %s", strerror(errno));
+        rdzv_free(val);
+        break;
+    }
+    case CMD_ADD:
+        rc = rdzv_add(c, pos[0], (int64_t)delta, &n);
+        if (rc < 0)
+            code = op_failed(cfg, c, rc, what);
+        else
+            printf("%" PRId64 "\n", n);
+        break;
+    case CMD_WAIT:
+        rc = rdzv_wait(c, (const char *const *)pos, (size_t)npos, ms_left(deadline));
+        if (rc < 0)
+            code = op_failed(cfg, c, rc, what);
+        break;
+    case CMD_BARRIER:
+        rc = rdzv_barrier(c, pos[0], (int)world, ms_left(deadline));
+        if (rc < 0)
+            code = op_failed(cfg, c, rc, what);
+        break;
+    case CMD_DEL:
+        rc = rdzv_delete(c, pos[0]);
+        if (rc < 0)
+            code = op_failed(cfg, c, rc, what);
+        else
+            printf("%d\n", rc ? 1 : 0);
+        break;
+    case CMD_KEYS:
+        rc = rdzv_num_keys(c, &n);
+        if (rc < 0)
+            code = op_failed(cfg, c, rc, what);
+        else
+            printf("%" PRId64 "\n", n);
+        break;
+    case CMD_STATUS: {
+        char *json = NULL;
+        json_t *root;
+        json_error_t err;
+        rc = rdzv_status(c, &json);
+        if (rc < 0) {
+            code = op_failed(cfg, c, rc, what);
+            break;
+        }
+        root = json_loads(json, 0, &err);
+        if (!root) {
+            code = complain(EXIT_FAILED, "status: the server sent malformed JSON: %s", err.text);
+        } else {
+            if (json_dumpf(root, stdout, JSON_INDENT(2)) < 0)
+                code = complain(EXIT_FAILED, "cannot write to stdout: %s", strerror(errno));
+            else
+                putchar('\n');
+            json_decref(root);
+        }
+        rdzv_free(json);
+        break;
+    }
+    case CMD_SERVE:
+    case CMD_COUNT:
+        break;
+    }
+    rdzv_client_close(c);
+    if (code == EXIT_OK)
+        code = finish_stdout();
+    return code;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+    struct config cfg = {0};
+    char **pos;
+    int npos;
+
+    rdzv_server_options_init(&cfg.srv);
+    cfg.srv.host = DEFAULT_HOST;
+    cfg.srv.listen_fd = -1;
+    cfg.port = DEFAULT_PORT;
+    cfg.host = DEFAULT_HOST;
+    cfg.timeout_s = DEFAULT_TIMEOUT_S;
+    cfg.prefix = NULL;
+
+    pos = calloc((size_t)argc + 1, sizeof(*pos));
+    if (!pos)
+        return complain(EXIT_FAILED, "out of memory");
+    npos = parse_args(argc, argv, &cfg, pos);
+    if (npos < 0) {
+        free(pos);
+        return EXIT_USAGE;
+    }
+    if (cfg.help) {
+        print_help(stdout, cfg.cmd);
+        free(pos);
+        return finish_stdout();
+    }
+    if (cfg.version) {
+        printf(PROG " " DDPRUN_VERSION "\n");
+        free(pos);
+        return finish_stdout();
+    }
+    if (cfg.cmd < 0) {
+        free(pos);
+        return complain(EXIT_USAGE, "missing command (try '" PROG " --help')");
+    }
+
+    int code = cfg.cmd == CMD_SERVE ? cmd_serve(&cfg) : cmd_client(&cfg, npos, pos);
+    free(pos);
+    return code;
+}

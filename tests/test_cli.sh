@@ -1,0 +1,328 @@
+#!/usr/bin/env bash
+# End-to-end test of the ddp-rendezvous program: a real `serve --port 0` in the background,
+# every client command and exit status against it, the option table against the man page,
+# and a clean shutdown on SIGTERM and SIGINT.
+#
+# Usage: test_cli.sh DDP_RENDEZVOUS_BINARY MAN_PAGE
+# Exit: 0 pass, 1 fail, 77 skip (python3 or coreutils' timeout missing).
+#
+# Synchronisation is by events, never by sleeping: the port is read from the server's first
+# stdout line (read -t), the server's exit is seen as EOF on that pipe, and a waiter is known to
+# be blocked once the server's status counts it. Every client runs under timeout(1), so a hang
+# fails the test instead of stalling it; the whole test takes a few seconds.
+set -euo pipefail
+
+BIN=${1:?usage: test_cli.sh DDP_RENDEZVOUS_BINARY MAN_PAGE}
+MAN=${2:?usage: test_cli.sh DDP_RENDEZVOUS_BINARY MAN_PAGE}
+
+for tool in python3 timeout; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "SKIP: $tool not found"
+        exit 77
+    fi
+done
+[[ -x $BIN ]] || { echo "FAIL: $BIN is not an executable" >&2; exit 1; }
+[[ -r $MAN ]] || { echo "FAIL: cannot read $MAN" >&2; exit 1; }
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    local p
+    # TERM, not KILL: timeout(1) passes it on to the command it runs, and serve exits on it.
+    for p in ${pids[@]+"${pids[@]}"}; do
+        kill -TERM "$p" 2>/dev/null || true
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+fail() {
+    echo "FAIL: $*" >&2
+    if [[ -s $tmp/srv.err ]]; then
+        echo "--- server log:" >&2
+        cat "$tmp/srv.err" >&2
+    fi
+    exit 1
+}
+ok() { echo "ok: $*"; }
+
+# A watchdog, in case something escapes the per-command timeouts. Its sleep must not hold the
+# test's stdout or stderr open, or a harness reading them would wait for it after the test ends.
+(sleep 28 >/dev/null 2>&1 && echo "FAIL: watchdog: test ran for 28 s" >&2 &&
+    kill -TERM $$) &
+pids+=($!)
+
+now_ms() { date +%s%3N; }
+
+# Runs a command and checks its exit status: expect STATUS CMD...; stderr goes to $tmp/err.
+expect() {
+    local want=$1 rc=0
+    shift
+    "$@" 2>"$tmp/err" || rc=$?
+    [[ $rc == "$want" ]] || fail "exit $rc, expected $want: $* (stderr: $(cat "$tmp/err"))"
+}
+# Checks that the last expect's stderr contains a fixed string.
+stderr_has() {
+    grep -qF -- "$1" "$tmp/err" || fail "stderr lacks '$1': $(cat "$tmp/err")"
+}
+
+# The program's version and help need no server.
+expect 0 "$BIN" --version >"$tmp/out"
+grep -qE '^ddp-rendezvous [0-9]+\.[0-9]+' "$tmp/out" || fail "--version printed: $(cat "$tmp/out")"
+expect 0 "$BIN" --help >"$tmp/help"
+grep -q '^Usage: ddp-rendezvous' "$tmp/help" || fail "--help lacks a usage line"
+ok "--version, --help"
+
+# ---------------------------------------------------------------------------------------------
+# The option table against the man page, both ways. Documented options are the ones the man page
+# lists as .TP items (.B/.BI/.BR lines right after .TP); examples may show other tools' flags.
+grep -oE -- '--[a-z][a-z0-9-]*' "$tmp/help" | sort -u >"$tmp/help-opts"
+awk 'prev == ".TP" && /^\.B[IR]? / && /\\-\\-/ { print } { prev = $1 }' "$MAN" |
+    sed 's/\\-/-/g' | grep -oE -- '--[a-z][a-z0-9-]*' | sort -u >"$tmp/man-opts"
+[[ $(wc -l <"$tmp/help-opts") -ge 15 ]] || fail "--help shows too few options"
+missing=$(comm -23 "$tmp/help-opts" "$tmp/man-opts" | tr '\n' ' ')
+[[ -z $missing ]] || fail "options in --help but not documented in $MAN: $missing"
+extra=$(comm -13 "$tmp/help-opts" "$tmp/man-opts" | tr '\n' ' ')
+[[ -z $extra ]] || fail "options documented in $MAN but not in --help: $extra"
+for section in NAME SYNOPSIS DESCRIPTION OPTIONS 'EXIT STATUS' ENVIRONMENT EXAMPLES 'SEE ALSO'; do
+    grep -qxE "\.SH \"?$section\"?" "$MAN" || fail "$MAN lacks section $section"
+done
+if command -v groff >/dev/null 2>&1; then
+    warnings=$(groff -man -Tutf8 -ww -z "$MAN" 2>&1) || fail "groff failed on $MAN"
+    [[ -z $warnings ]] || fail "groff warns about $MAN: $warnings"
+fi
+expect 0 "$BIN" get --help >"$tmp/out"
+grep -qF -- '--host' "$tmp/out" || fail "get --help lacks --host"
+! grep -qF -- '--bind' "$tmp/out" || fail "get --help shows --bind, which is serve's"
+ok "$(wc -l <"$tmp/help-opts") options in --help all documented in the man page, and no others"
+
+# ---------------------------------------------------------------------------------------------
+# Usage errors: exit 1 with the culprit named, before any connection is tried.
+expect 1 "$BIN" keys --bogus
+stderr_has "ddp-rendezvous: unknown option '--bogus'"
+expect 1 "$BIN" keys --bogus=3
+stderr_has "unknown option '--bogus'"
+expect 1 "$BIN" keys --port abc
+stderr_has "ddp-rendezvous: --port: expected an integer 0..65535, got 'abc'"
+expect 1 "$BIN" keys --port=70000
+stderr_has "--port"
+expect 1 "$BIN" keys --timeout -1
+stderr_has "--timeout"
+expect 1 "$BIN" serve --max-key-bytes 12Q
+stderr_has "--max-key-bytes"
+expect 1 "$BIN" serve --max-value-bytes 0
+stderr_has "--max-value-bytes"
+expect 1 "$BIN" get k --bind 0.0.0.0
+stderr_has "--bind"
+expect 1 "$BIN" serve --listen-fd 3 --port 1
+stderr_has "--listen-fd"
+expect 1 "$BIN" keys --port
+stderr_has "--port: missing argument"
+expect 1 "$BIN" keys --quiet
+expect 1 "$BIN" get
+expect 1 "$BIN" set onlykey
+expect 1 "$BIN" add k notanumber
+stderr_has "DELTA"
+expect 1 "$BIN" barrier b 0
+stderr_has "WORLD_SIZE"
+expect 1 "$BIN" frobnicate
+stderr_has "frobnicate"
+expect 1 "$BIN"
+expect 1 "$BIN" -x
+stderr_has "'-x'"
+ok "usage errors exit 1 and name the flag"
+
+# ---------------------------------------------------------------------------------------------
+# The server. Its stdout is a FIFO held open on fd 3: the first line is the port, and EOF later
+# means the server has exited.
+mkfifo "$tmp/srv.out"
+"$BIN" serve --port 0 --max-value-bytes 4M >"$tmp/srv.out" 2>"$tmp/srv.err" &
+SRV=$!
+pids+=("$SRV")
+exec 3<"$tmp/srv.out"
+PORT=
+read -r -t 5 PORT <&3 || fail "the server printed no port within 5 s"
+if ! [[ $PORT =~ ^[0-9]+$ ]] || ((PORT == 0 || PORT > 65535)); then
+    fail "bad port line '$PORT'"
+fi
+grep -qF "ddp-rendezvous: info: listening on 127.0.0.1:$PORT" "$tmp/srv.err" ||
+    fail "no 'listening on 127.0.0.1:$PORT' in the server log"
+ok "serve --port 0 listens on $PORT"
+
+# Every client gets the server's port and a bounded run time; options before the command.
+rdzv() { timeout 10 "$BIN" --port "$PORT" --timeout 5 "$@"; }
+
+# A second server on the same port cannot bind: operation failed.
+expect 2 timeout 5 "$BIN" serve --port "$PORT" --quiet >/dev/null
+stderr_has "$PORT"
+ok "serve on a busy port exits 2"
+
+# set/get round trips: text, the empty value, a value that starts with '-', binary on stdin.
+expect 0 rdzv set greeting hello
+expect 0 rdzv get greeting >"$tmp/out"
+printf hello | cmp -s - "$tmp/out" || fail "get greeting returned '$(cat "$tmp/out")'"
+expect 0 rdzv set empty ''
+expect 0 rdzv get empty >"$tmp/out"
+[[ ! -s $tmp/out ]] || fail "get empty returned bytes"
+expect 0 rdzv set dash -- -x
+expect 0 rdzv get dash >"$tmp/out"
+printf -- -x | cmp -s - "$tmp/out" || fail "get dash returned '$(cat "$tmp/out")'"
+printf 'a\0b\n\377\000end\n\n' >"$tmp/bin.in"
+expect 0 rdzv set blob - <"$tmp/bin.in"
+expect 0 rdzv get blob >"$tmp/bin.out"
+cmp -s "$tmp/bin.in" "$tmp/bin.out" || fail "binary value changed in a set/get round trip"
+head -c 300000 /dev/urandom >"$tmp/big.in"
+expect 0 rdzv set big - <"$tmp/big.in"
+expect 0 rdzv get big >"$tmp/big.out"
+cmp -s "$tmp/big.in" "$tmp/big.out" || fail "300 kB binary value changed in a set/get round trip"
+# Options after the command work as well as before it.
+expect 0 timeout 10 "$BIN" get greeting --timeout 5 --port="$PORT" >"$tmp/out"
+printf hello | cmp -s - "$tmp/out" || fail "get with trailing options returned '$(cat "$tmp/out")'"
+ok "set/get round trips (text, empty, '-x', binary via stdin, 300 kB)"
+
+# --prefix is prepended to every key.
+expect 0 rdzv --prefix job1/ set a 1
+expect 0 rdzv get job1/a >"$tmp/out"
+[[ $(cat "$tmp/out") == 1 ]] || fail "--prefix set did not land under job1/a"
+expect 0 rdzv get a --prefix job1/ >"$tmp/out"
+[[ $(cat "$tmp/out") == 1 ]] || fail "--prefix get did not read job1/a"
+ok "--prefix"
+
+# add prints the new value; negative deltas are arguments, not options.
+expect 0 rdzv add counter 5 >"$tmp/out"
+[[ $(cat "$tmp/out") == 5 ]] || fail "add counter 5 printed '$(cat "$tmp/out")'"
+expect 0 rdzv add counter -2 >"$tmp/out"
+[[ $(cat "$tmp/out") == 3 ]] || fail "add counter -2 printed '$(cat "$tmp/out")'"
+expect 0 rdzv get counter >"$tmp/out"
+[[ $(cat "$tmp/out") == 3 ]] || fail "counter holds '$(cat "$tmp/out")'"
+# Adding to a value that is not an integer: the server drops the connection -> exit 2.
+expect 2 rdzv add greeting 1
+ok "add, and add on a non-integer exits 2"
+
+# status is JSON with at least keys, connections and waiters.
+json_field() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+expect 0 rdzv status >"$tmp/status.json"
+python3 - "$tmp/status.json" <<'EOF' || fail "status JSON: $(cat "$tmp/status.json")"
+import json, sys
+with open(sys.argv[1]) as f:
+    d = json.load(f)
+for field in ("keys", "connections"):
+    assert field in d, "no field " + field
+    assert isinstance(d[field], int) and d[field] >= 0, field
+assert d["keys"] >= 6, "keys %d after six sets" % d["keys"]
+EOF
+ok "status prints JSON with keys and connections"
+
+# wait that succeeds because a set arrives while it blocks. The waiter is known to be blocked
+# once the server counts it (polling the status, not sleeping a guessed time).
+timeout 10 "$BIN" --port "$PORT" --timeout 8 wait late1 late2 2>"$tmp/wait.err" &
+waiter=$!
+pids+=("$waiter")
+deadline=$(($(now_ms) + 5000))
+while :; do
+    rdzv status >"$tmp/status.json" 2>/dev/null || fail "status failed while a wait was pending"
+    [[ $(json_field waiters <"$tmp/status.json") -ge 1 ]] && break
+    (($(now_ms) < deadline)) || fail "the server never counted the blocked waiter"
+    sleep 0.02 # poll interval, not synchronisation
+done
+kill -0 "$waiter" 2>/dev/null || fail "wait returned before its keys existed"
+expect 0 rdzv set late1 x
+expect 0 rdzv set late2 y
+rc=0
+wait "$waiter" || rc=$?
+((rc == 0)) || fail "wait exited $rc after its keys arrived: $(cat "$tmp/wait.err")"
+ok "wait returns once a later set supplies the keys"
+
+# wait, get and barrier that time out: exit 3, within bounds.
+t0=$(now_ms)
+expect 3 timeout 10 "$BIN" --port "$PORT" --timeout 0.5 wait never
+t=$(($(now_ms) - t0))
+((t >= 400 && t < 3000)) || fail "wait --timeout 0.5 took $t ms"
+stderr_has "timed out"
+expect 3 timeout 10 "$BIN" --port "$PORT" --timeout 0.3 get never >/dev/null
+expect 3 timeout 10 "$BIN" --port "$PORT" --timeout 0.3 barrier lonely 2
+ok "wait/get/barrier time out with exit 3 (wait: $t ms for 0.5 s)"
+
+# A barrier of three concurrent processes, twice under the same name (reuse).
+for round in 1 2; do
+    bpids=()
+    for i in 1 2 3; do
+        timeout 10 "$BIN" --port "$PORT" --timeout 8 barrier b3 3 2>"$tmp/b$i.err" &
+        bpids+=($!)
+        pids+=($!)
+    done
+    for i in 0 1 2; do
+        rc=0
+        wait "${bpids[$i]}" || rc=$?
+        ((rc == 0)) || fail "barrier round $round, process $i exited $rc: $(cat "$tmp/b$((i + 1)).err")"
+    done
+done
+ok "barrier with 3 processes, two rounds"
+
+# del prints 1 then 0, exit 0 both times; keys counts.
+expect 0 rdzv del greeting >"$tmp/out"
+[[ $(cat "$tmp/out") == 1 ]] || fail "del of an existing key printed '$(cat "$tmp/out")'"
+expect 0 rdzv del greeting >"$tmp/out"
+[[ $(cat "$tmp/out") == 0 ]] || fail "del of a missing key printed '$(cat "$tmp/out")'"
+expect 0 rdzv keys >"$tmp/out"
+n1=$(cat "$tmp/out")
+[[ $n1 =~ ^[0-9]+$ ]] || fail "keys printed '$n1'"
+expect 0 rdzv set one-more 1
+expect 0 rdzv keys >"$tmp/out"
+n2=$(cat "$tmp/out")
+((n2 == n1 + 1)) || fail "keys went from $n1 to $n2 after one set"
+ok "del (1, then 0), keys ($n1 -> $n2)"
+
+# SIGTERM: the server exits 0 within 2 s; its exit closes the FIFO (EOF on fd 3).
+t0=$(now_ms)
+kill -TERM "$SRV"
+rc=0
+read -r -t 2 _ <&3 || rc=$?
+((rc == 1)) || fail "server still running 2 s after SIGTERM (read status $rc)"
+rc=0
+wait "$SRV" || rc=$?
+((rc == 0)) || fail "server exited $rc after SIGTERM"
+exec 3<&-
+ok "SIGTERM: server exited 0 in $(($(now_ms) - t0)) ms"
+
+# Nobody listens any more: connecting runs into the deadline -> exit 3.
+expect 3 timeout 10 "$BIN" --port "$PORT" --timeout 0.3 keys
+ok "connect deadline exits 3"
+
+# SIGINT, --quiet (no info lines), and --listen-fd with an inherited socket, in one server that
+# python3 starts on a socket it bound itself.
+python3 - "$BIN" "$tmp/q.err" <<'EOF' || fail "--listen-fd / SIGINT / --quiet: see above"
+import select, signal, socket, subprocess, sys
+binary, errpath = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.bind(("127.0.0.1", 0))
+port = s.getsockname()[1]
+with open(errpath, "wb") as err:
+    p = subprocess.Popen([binary, "serve", "--quiet", "--listen-fd", str(s.fileno())],
+                         stdout=subprocess.PIPE, stderr=err, pass_fds=[s.fileno()])
+s.close()
+try:
+    if not select.select([p.stdout], [], [], 5)[0]:
+        sys.exit("no port line within 5 s")
+    line = p.stdout.readline().decode()
+    if line != "%d\n" % port:
+        sys.exit("--listen-fd: port line %r, socket bound to %d" % (line, port))
+    got = subprocess.run([binary, "--port", str(port), "--timeout", "5", "keys"],
+                         capture_output=True, timeout=10)
+    if got.returncode != 0 or got.stdout != b"0\n":
+        sys.exit("keys on the --listen-fd server: %r" % (got,))
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=2)
+    if rc != 0:
+        sys.exit("exit %d after SIGINT" % rc)
+finally:
+    if p.poll() is None:
+        p.kill()
+log = open(errpath).read()
+if "info:" in log:
+    sys.exit("--quiet still logged info lines: %r" % log)
+EOF
+ok "--listen-fd, --quiet, SIGINT -> exit 0"
+
+echo "PASS"
