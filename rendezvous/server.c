@@ -140,6 +140,27 @@ static void client_closed(uv_handle_t *h)
     handle_closed((uv_handle_t *)&srv->listener);
 }
 
+/* Formats the peer's address into c->peer; only needed for log lines, so done only then. */
+static const char *peer_name(client *c)
+{
+    struct sockaddr_storage ss = {0};
+    int sl = sizeof(ss);
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        }
+    }
+    snprintf(c->peer, sizeof(c->peer), ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", ip, port);
+    return c->peer;
+}
+
 /* Closes a client: its waits are dropped now, its memory once libuv lets go of the handle. */
 static void client_close(client *c, const char *why)
 {
@@ -148,7 +169,7 @@ static void client_close(client *c, const char *why)
         return;
     c->closing = true;
     if (why)
-        logf_(srv, RDZV_LOG_WARN, "closing connection from %s: %s", c->peer, why);
+        logf_(srv, RDZV_LOG_WARN, "closing connection from %s: %s", peer_name(c), why);
     rdzv__conn_release(&srv->store, &c->conn);
     if (c->prev)
         c->prev->next = c->next;
@@ -417,20 +438,6 @@ static void accept_one(rdzv_server *srv, uv_stream_t *listener, int status)
         client_close(c, NULL);
         return;
     }
-    struct sockaddr_storage ss;
-    int sl = sizeof(ss);
-    char ip[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
-        if (ss.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof(ip));
-            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-        } else {
-            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
-            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        }
-    }
-    snprintf(c->peer, sizeof(c->peer), ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", ip, port);
     if (srv->nconns > srv->opts.max_connections) {
         srv->rejected++;
         client_close(c, "connection limit reached");
