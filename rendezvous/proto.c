@@ -18,20 +18,19 @@
  * which the remaining fields repeat that many times. The repeated group is always last.
  */
 static const char *const layouts[RDZV_OP_COUNT] = {
-    [RDZV_OP_VALIDATE] = "u",   [RDZV_OP_SET] = "kv",        [RDZV_OP_COMPARE_SET] = "kvv",
-    [RDZV_OP_GET] = "k",        [RDZV_OP_ADD] = "kq",        [RDZV_OP_CHECK] = "nk",
-    [RDZV_OP_WAIT] = "nk",      [RDZV_OP_GETNUMKEYS] = "",   [RDZV_OP_DELETE_KEY] = "k",
-    [RDZV_OP_APPEND] = "kv",    [RDZV_OP_MULTI_GET] = "nk",  [RDZV_OP_MULTI_SET] = "nkv",
-    [RDZV_OP_CANCEL_WAIT] = "", [RDZV_OP_PING] = "u",        [RDZV_OP_QUEUE_PUSH] = "kv",
-    [RDZV_OP_QUEUE_POP] = "k",  [RDZV_OP_QUEUE_LEN] = "k",   [RDZV_OP_LIST_KEYS] = "",
-    [RDZV_OP_BARRIER] = "kq",   [RDZV_OP_WATCH_KEY] = "k",   [RDZV_OP_STATUS] = "",
+    [RDZV_OP_VALIDATE] = "u",   [RDZV_OP_SET] = "kv",       [RDZV_OP_COMPARE_SET] = "kvv",
+    [RDZV_OP_GET] = "k",        [RDZV_OP_ADD] = "kq",       [RDZV_OP_CHECK] = "nk",
+    [RDZV_OP_WAIT] = "nk",      [RDZV_OP_GETNUMKEYS] = "",  [RDZV_OP_DELETE_KEY] = "k",
+    [RDZV_OP_APPEND] = "kv",    [RDZV_OP_MULTI_GET] = "nk", [RDZV_OP_MULTI_SET] = "nkv",
+    [RDZV_OP_CANCEL_WAIT] = "", [RDZV_OP_PING] = "u",       [RDZV_OP_QUEUE_PUSH] = "kv",
+    [RDZV_OP_QUEUE_POP] = "k",  [RDZV_OP_QUEUE_LEN] = "k",  [RDZV_OP_LIST_KEYS] = "",
+    [RDZV_OP_BARRIER] = "kq",   [RDZV_OP_WATCH_KEY] = "k",  [RDZV_OP_STATUS] = "",
 };
 
 static const char *const op_names[RDZV_OP_COUNT] = {
-    "validate",   "set",        "compare_set", "get",       "add",         "check",     "wait",
-    "getnumkeys", "delete_key", "append",      "multi_get", "multi_set",   "cancel_wait", "ping",
-    "queue_push", "queue_pop",  "queue_len",   "list_keys", "barrier",     "watch_key",
-    "status",
+    "validate",   "set",        "compare_set", "get",       "add",       "check",       "wait",
+    "getnumkeys", "delete_key", "append",      "multi_get", "multi_set", "cancel_wait", "ping",
+    "queue_push", "queue_pop",  "queue_len",   "list_keys", "barrier",   "watch_key",   "status",
 };
 
 const char *rdzv__op_name(enum rdzv_op op)
@@ -42,13 +41,20 @@ const char *rdzv__op_name(enum rdzv_op op)
 const char *rdzv__parse_strerror(int rc)
 {
     switch (rc) {
-    case RDZV_PARSE_BAD_OP: return "unknown opcode";
-    case RDZV_PARSE_BAD_MAGIC: return "VALIDATE with a wrong magic number";
-    case RDZV_PARSE_KEY_LIMIT: return "key longer than the limit";
-    case RDZV_PARSE_VALUE_LIMIT: return "value longer than the limit";
-    case RDZV_PARSE_COUNT_LIMIT: return "more keys in one request than the limit";
-    case RDZV_PARSE_FRAME_LIMIT: return "request larger than the limit";
-    default: return "malformed request";
+    case RDZV_PARSE_BAD_OP:
+        return "unknown opcode";
+    case RDZV_PARSE_BAD_MAGIC:
+        return "VALIDATE with a wrong magic number";
+    case RDZV_PARSE_KEY_LIMIT:
+        return "key longer than the limit";
+    case RDZV_PARSE_VALUE_LIMIT:
+        return "value longer than the limit";
+    case RDZV_PARSE_COUNT_LIMIT:
+        return "more keys in one request than the limit";
+    case RDZV_PARSE_FRAME_LIMIT:
+        return "request larger than the limit";
+    default:
+        return "malformed request";
     }
 }
 
@@ -56,8 +62,8 @@ const char *rdzv__parse_strerror(int rc)
 static int map_opcode(enum rdzv_gen gen, uint8_t code)
 {
     static const int8_t legacy[] = {
-        RDZV_OP_SET,   RDZV_OP_COMPARE_SET, RDZV_OP_GET,       RDZV_OP_ADD,        RDZV_OP_CHECK,
-        RDZV_OP_WAIT,  RDZV_OP_GETNUMKEYS,  RDZV_OP_WATCH_KEY, RDZV_OP_DELETE_KEY,
+        RDZV_OP_SET,  RDZV_OP_COMPARE_SET, RDZV_OP_GET,       RDZV_OP_ADD,        RDZV_OP_CHECK,
+        RDZV_OP_WAIT, RDZV_OP_GETNUMKEYS,  RDZV_OP_WATCH_KEY, RDZV_OP_DELETE_KEY,
     };
     if (gen == RDZV_GEN_LEGACY)
         return code < sizeof(legacy) ? legacy[code] : -1;
@@ -108,7 +114,7 @@ static void extract(enum rdzv_op op, const uint8_t *buf, size_t frame_len, rdzv_
             req->count = rdzv__ld64(cur);
             req->items = cur + 8;
             return; /* the repeated group is walked by the caller */
-        default: /* 'k' or 'v' */
+        default:    /* 'k' or 'v' */
             rdzv__next_str(&cur, &s, &n);
             if (nstr == 0) {
                 req->key = s;
@@ -139,8 +145,8 @@ int rdzv__parse(rdzv__parser *p, const rdzv__limits *lim, const uint8_t *buf, si
             if (buf[0] == 0) {
                 if (len < 5)
                     return 0;
-                p->gen = rdzv__ld32(buf + 1) == RDZV_VALIDATE_MAGIC ? RDZV_GEN_MODERN
-                                                                      : RDZV_GEN_LEGACY;
+                p->gen =
+                    rdzv__ld32(buf + 1) == RDZV_VALIDATE_MAGIC ? RDZV_GEN_MODERN : RDZV_GEN_LEGACY;
             } else {
                 p->gen = RDZV_GEN_LEGACY;
             }
@@ -173,9 +179,13 @@ int rdzv__parse(rdzv__parser *p, const rdzv__limits *lim, const uint8_t *buf, si
             break;
         }
         switch (f) {
-        case 'u': need = 4; break;
+        case 'u':
+            need = 4;
+            break;
         case 'q':
-        case 'n': need = 8; break;
+        case 'n':
+            need = 8;
+            break;
         default: { /* 'k' or 'v': length prefix, then the bytes */
             if (len - p->pos < 8)
                 return 0;

@@ -137,9 +137,9 @@ typedef struct rdzv__request {
     size_t val_len;
     const uint8_t *val2; /* COMPARE_SET desired value */
     size_t val2_len;
-    int64_t i64;      /* ADD delta, BARRIER world size */
-    uint32_t u32;     /* VALIDATE magic, PING nonce */
-    uint64_t count;   /* CHECK/WAIT/MULTI_GET key count, MULTI_SET pair count */
+    int64_t i64;          /* ADD delta, BARRIER world size */
+    uint32_t u32;         /* VALIDATE magic, PING nonce */
+    uint64_t count;       /* CHECK/WAIT/MULTI_GET key count, MULTI_SET pair count */
     const uint8_t *items; /* first byte of the repeated group; walk with rdzv__next_str() */
     size_t frame_len;
 } rdzv__request;

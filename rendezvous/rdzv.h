@@ -40,7 +40,12 @@ const char *rdzv_strerror(int err);
 /* Releases memory that a function of this library allocated for the caller. NULL is a no-op. */
 void rdzv_free(void *p);
 
-enum rdzv_log_level { RDZV_LOG_ERROR = 0, RDZV_LOG_WARN = 1, RDZV_LOG_INFO = 2, RDZV_LOG_DEBUG = 3 };
+enum rdzv_log_level {
+    RDZV_LOG_ERROR = 0,
+    RDZV_LOG_WARN = 1,
+    RDZV_LOG_INFO = 2,
+    RDZV_LOG_DEBUG = 3
+};
 
 /*
  * Log hook. The library never prints; it calls this with one line of text (no trailing newline)
@@ -58,14 +63,14 @@ typedef struct rdzv_server rdzv_server;
 
 /* Server settings. Fill with rdzv_server_options_init(), then change what you need. */
 typedef struct rdzv_server_options {
-    const char *host;  /* bind address, IPv4 or IPv6 literal or name ("127.0.0.1") */
-    int port;          /* 0 picks a free port; read it back with rdzv_server_port() */
-    int listen_fd;     /* >= 0: an already bound (and possibly listening) TCP socket to serve
-                          on instead of binding host:port; the server owns it from the call
-                          on, and closes it also when the call fails (-1) */
-    int backlog;       /* listen(2) backlog (SOMAXCONN) */
-    int keepalive_s;   /* TCP keepalive idle time for accepted connections, in seconds;
-                          0 turns it off (60) */
+    const char *host; /* bind address, IPv4 or IPv6 literal or name ("127.0.0.1") */
+    int port;         /* 0 picks a free port; read it back with rdzv_server_port() */
+    int listen_fd;    /* >= 0: an already bound (and possibly listening) TCP socket to serve
+                         on instead of binding host:port; the server owns it from the call
+                         on, and closes it also when the call fails (-1) */
+    int backlog;      /* listen(2) backlog (SOMAXCONN) */
+    int keepalive_s;  /* TCP keepalive idle time for accepted connections, in seconds;
+                         0 turns it off (60) */
 
     size_t max_key_bytes;        /* longest key (8 KiB; at most 16 MiB) */
     size_t max_value_bytes;      /* longest value in one request (8 MiB) */

@@ -325,7 +325,7 @@ static ssize_t process(client *c, const uint8_t *buf, size_t len)
         if (rc < 0) {
             char why[128];
             snprintf(why, sizeof(why), "%s request refused: %s", rdzv__op_name(req.op),
-                     rc == -ENOSPC ? "the store's size limit would be exceeded"
+                     rc == -ENOSPC   ? "the store's size limit would be exceeded"
                      : rc == -EINVAL ? "ADD on a value that is not a decimal integer"
                                      : rdzv_strerror(rc));
             srv->closed_bad_input++;
@@ -463,24 +463,25 @@ static char *status_json(rdzv_server *srv)
     rdzv__store *st = &srv->store;
     json_t *ops = json_object();
     for (int i = 0; i < RDZV_OP_COUNT; i++)
-        json_object_set_new(ops, rdzv__op_name((enum rdzv_op)i), json_integer((json_int_t)st->ops[i]));
-    json_t *limits = json_pack(
-        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "max_key_bytes",
-        (json_int_t)srv->opts.max_key_bytes, "max_value_bytes", (json_int_t)srv->opts.max_value_bytes,
-        "max_keys_per_request", (json_int_t)srv->opts.max_keys_per_request, "max_request_bytes",
-        (json_int_t)srv->opts.max_request_bytes, "max_total_bytes",
-        (json_int_t)srv->opts.max_total_bytes, "max_connections",
-        (json_int_t)srv->opts.max_connections, "max_pending_output",
-        (json_int_t)srv->opts.max_pending_output);
-    json_t *o = json_pack(
-        "{s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:f, s:I, s:{s:I, s:I, s:I}, s:o}",
-        "keys", (json_int_t)st->nkeys, "bytes", (json_int_t)st->bytes, "connections",
-        (json_int_t)srv->nconns, "waiters", (json_int_t)st->nwaiters, "watchers",
-        (json_int_t)st->nwatches, "entries", (json_int_t)st->nentries, "ops", ops, "uptime_s",
-        (double)(uv_hrtime() / 1000000 - srv->start_ms) / 1000.0, "port", (json_int_t)srv->port,
-        "connections_total", "accepted", (json_int_t)srv->accepted, "rejected",
-        (json_int_t)srv->rejected, "closed_bad_input", (json_int_t)srv->closed_bad_input,
-        "limits", limits);
+        json_object_set_new(ops, rdzv__op_name((enum rdzv_op)i),
+                            json_integer((json_int_t)st->ops[i]));
+    json_t *limits = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "max_key_bytes",
+                               (json_int_t)srv->opts.max_key_bytes, "max_value_bytes",
+                               (json_int_t)srv->opts.max_value_bytes, "max_keys_per_request",
+                               (json_int_t)srv->opts.max_keys_per_request, "max_request_bytes",
+                               (json_int_t)srv->opts.max_request_bytes, "max_total_bytes",
+                               (json_int_t)srv->opts.max_total_bytes, "max_connections",
+                               (json_int_t)srv->opts.max_connections, "max_pending_output",
+                               (json_int_t)srv->opts.max_pending_output);
+    json_t *o =
+        json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:f, s:I, s:{s:I, s:I, s:I}, s:o}", "keys",
+                  (json_int_t)st->nkeys, "bytes", (json_int_t)st->bytes, "connections",
+                  (json_int_t)srv->nconns, "waiters", (json_int_t)st->nwaiters, "watchers",
+                  (json_int_t)st->nwatches, "entries", (json_int_t)st->nentries, "ops", ops,
+                  "uptime_s", (double)(uv_hrtime() / 1000000 - srv->start_ms) / 1000.0, "port",
+                  (json_int_t)srv->port, "connections_total", "accepted", (json_int_t)srv->accepted,
+                  "rejected", (json_int_t)srv->rejected, "closed_bad_input",
+                  (json_int_t)srv->closed_bad_input, "limits", limits);
     if (!o)
         return NULL;
     size_t queued = 0; /* reply bytes not yet taken by the kernel, over all connections */
@@ -554,9 +555,9 @@ static int check_options(const rdzv_server_options *o)
 {
     if (!o || (!o->host && o->listen_fd < 0) || o->port < 0 || o->port > 65535 || o->backlog < 1 ||
         o->keepalive_s < 0 || o->max_key_bytes < 1 || o->max_key_bytes > RDZV_MAX_KEY_LIMIT ||
-        o->max_value_bytes < 1 ||
-        o->max_keys_per_request < 1 || o->max_connections < 1 || o->max_pending_output < 1 ||
-        o->max_request_bytes < 16 || o->max_request_bytes > ((size_t)1 << 30))
+        o->max_value_bytes < 1 || o->max_keys_per_request < 1 || o->max_connections < 1 ||
+        o->max_pending_output < 1 || o->max_request_bytes < 16 ||
+        o->max_request_bytes > ((size_t)1 << 30))
         return -EINVAL;
     return 0;
 }
@@ -569,8 +570,10 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss)
         return 0;
     if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0)
         return 0;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE}, *res;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE},
+                    *res;
     if (getaddrinfo(host, NULL, &hints, &res) != 0)
         return -EADDRNOTAVAIL;
     memcpy(ss, res->ai_addr, res->ai_addrlen);
@@ -658,8 +661,9 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     if (opts->listen_fd >= 0)
         logf_(srv, RDZV_LOG_INFO, "listening on fd %d, port %d", opts->listen_fd, srv->port);
     else
-        logf_(srv, RDZV_LOG_INFO, strchr(opts->host, ':') ? "listening on [%s]:%d" : "listening on %s:%d",
-              opts->host, srv->port);
+        logf_(srv, RDZV_LOG_INFO,
+              strchr(opts->host, ':') ? "listening on [%s]:%d" : "listening on %s:%d", opts->host,
+              srv->port);
     *out = srv;
     return 0;
 }

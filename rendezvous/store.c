@@ -493,26 +493,40 @@ static int parse_i64(const uint8_t *p, size_t n, int64_t *out)
     return 0;
 }
 
-static int do_add(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+/*
+ * Adds `delta` to the decimal counter stored under a key (a missing key counts as 0), stores the
+ * result as ASCII decimal (waking waiters) and returns it in *result and the entry in *ep.
+ * Returns 0, -EINVAL (the value is not a decimal integer), -ENOSPC or -ENOMEM.
+ */
+static int bump_counter(rdzv__store *s, const uint8_t *key, size_t klen, int64_t delta,
+                        int64_t *result, rdzv__entry **ep)
 {
     int err = 0;
     int64_t cur = 0;
-    rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
+    rdzv__entry *e = get_or_create(s, key, klen, &err);
     if (!e)
         return err;
-    if (e->present && (err = parse_i64(e->val, e->vlen, &cur)) < 0) {
-        maybe_free(s, e);
-        return err;
+    if (!e->present || (err = parse_i64(e->val, e->vlen, &cur)) == 0) {
+        /* Two's-complement wrap-around instead of undefined overflow. */
+        int64_t v = (int64_t)((uint64_t)cur + (uint64_t)delta);
+        char text[24];
+        int n = snprintf(text, sizeof(text), "%" PRId64, v);
+        if ((err = store_value(s, e, (const uint8_t *)text, (size_t)n)) == 0) {
+            *result = v;
+            *ep = e;
+            return 0;
+        }
     }
-    /* Two's-complement wrap-around instead of undefined overflow. */
-    int64_t result = (int64_t)((uint64_t)cur + (uint64_t)r->i64);
-    char text[24];
-    int n = snprintf(text, sizeof(text), "%" PRId64, result);
-    err = store_value(s, e, (const uint8_t *)text, (size_t)n);
     maybe_free(s, e);
-    if (err < 0)
-        return err;
-    return reply_i64(s, c, result);
+    return err;
+}
+
+static int do_add(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    int64_t v;
+    rdzv__entry *e;
+    int err = bump_counter(s, r->key, r->key_len, r->i64, &v, &e);
+    return err < 0 ? err : reply_i64(s, c, v);
 }
 
 static int do_compare_set(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
@@ -622,22 +636,11 @@ static void add_wait(rdzv__conn *c, rdzv__wait *w)
  */
 static int do_barrier(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
 {
-    int err = 0;
-    int64_t cur = 0;
-    rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
-    if (!e)
+    int64_t count;
+    rdzv__entry *e;
+    int err = bump_counter(s, r->key, r->key_len, 1, &count, &e);
+    if (err < 0)
         return err;
-    if (e->present && (err = parse_i64(e->val, e->vlen, &cur)) < 0) {
-        maybe_free(s, e);
-        return err;
-    }
-    int64_t count = (int64_t)((uint64_t)cur + 1);
-    char text[24];
-    int n = snprintf(text, sizeof(text), "%" PRId64, count);
-    if ((err = store_value(s, e, (const uint8_t *)text, (size_t)n)) < 0) {
-        maybe_free(s, e);
-        return err;
-    }
     if (count >= r->i64)
         return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
     rdzv__wait *w = calloc(1, sizeof(*w) + sizeof(rdzv__wnode));

@@ -34,25 +34,25 @@ typedef struct rdzv__watch rdzv__watch;
  */
 typedef struct rdzv__conn {
     rdzv__buf out;
-    rdzv__wait *waits;     /* this connection's pending WAITs */
-    rdzv__watch *watches;  /* legacy WATCH_KEY registrations */
+    rdzv__wait *waits;    /* this connection's pending WAITs */
+    rdzv__watch *watches; /* legacy WATCH_KEY registrations */
     struct rdzv__conn *dirty_prev, *dirty_next;
     bool dirty;
-    int error;             /* set when a reply could not be queued: close this connection */
+    int error; /* set when a reply could not be queued: close this connection */
 } rdzv__conn;
 
 typedef struct rdzv__store {
     rdzv__entry **buckets;
-    size_t nbuckets;     /* power of two */
-    size_t nentries;     /* hash entries (keys, queues, or names with waiters) */
-    size_t nkeys;        /* keys holding a value */
-    size_t bytes;        /* key + value bytes of stored keys, plus queued items */
-    size_t nwaiters;     /* keys awaited by pending WAITs, over all connections */
+    size_t nbuckets; /* power of two */
+    size_t nentries; /* hash entries (keys, queues, or names with waiters) */
+    size_t nkeys;    /* keys holding a value */
+    size_t bytes;    /* key + value bytes of stored keys, plus queued items */
+    size_t nwaiters; /* keys awaited by pending WAITs, over all connections */
     size_t nwatches;
     size_t max_total_bytes;
-    uint64_t seed[2];    /* SipHash key, random per store */
+    uint64_t seed[2]; /* SipHash key, random per store */
     uint64_t ops[RDZV_OP_COUNT];
-    rdzv__conn *dirty;   /* connections with output to send */
+    rdzv__conn *dirty; /* connections with output to send */
 } rdzv__store;
 
 /* Initialises an empty store. Returns 0 or -ENOMEM. */

@@ -7,9 +7,10 @@
 
 #include <check.h>
 
-static const rdzv__limits lim = {
-    .max_key_bytes = 64, .max_value_bytes = 1024, .max_keys_per_request = 16,
-    .max_request_bytes = 4096};
+static const rdzv__limits lim = {.max_key_bytes = 64,
+                                 .max_value_bytes = 1024,
+                                 .max_keys_per_request = 16,
+                                 .max_request_bytes = 4096};
 
 /* Parses one complete frame from a fresh (or given) parser; returns the parse result. */
 static int parse_all(rdzv__parser *p, const frame *f, rdzv__request *req)
@@ -80,37 +81,66 @@ END_TEST
 /* Builds a valid request for operation `op` in generation `gen` into f. */
 static void build(frame *f, enum rdzv_gen gen, enum rdzv_op op)
 {
-    static const int legacy_code[RDZV_OP_COUNT] = {
-        [RDZV_OP_SET] = RDZV_L_SET + 1,        [RDZV_OP_COMPARE_SET] = RDZV_L_COMPARE_SET + 1,
-        [RDZV_OP_GET] = RDZV_L_GET + 1,        [RDZV_OP_ADD] = RDZV_L_ADD + 1,
-        [RDZV_OP_CHECK] = RDZV_L_CHECK + 1,    [RDZV_OP_WAIT] = RDZV_L_WAIT + 1,
-        [RDZV_OP_GETNUMKEYS] = RDZV_L_GETNUMKEYS + 1, [RDZV_OP_WATCH_KEY] = RDZV_L_WATCH_KEY + 1,
-        [RDZV_OP_DELETE_KEY] = RDZV_L_DELETE_KEY + 1};
+    static const int legacy_code[RDZV_OP_COUNT] = {[RDZV_OP_SET] = RDZV_L_SET + 1,
+                                                   [RDZV_OP_COMPARE_SET] = RDZV_L_COMPARE_SET + 1,
+                                                   [RDZV_OP_GET] = RDZV_L_GET + 1,
+                                                   [RDZV_OP_ADD] = RDZV_L_ADD + 1,
+                                                   [RDZV_OP_CHECK] = RDZV_L_CHECK + 1,
+                                                   [RDZV_OP_WAIT] = RDZV_L_WAIT + 1,
+                                                   [RDZV_OP_GETNUMKEYS] = RDZV_L_GETNUMKEYS + 1,
+                                                   [RDZV_OP_WATCH_KEY] = RDZV_L_WATCH_KEY + 1,
+                                                   [RDZV_OP_DELETE_KEY] = RDZV_L_DELETE_KEY + 1};
     int code = gen == RDZV_GEN_LEGACY ? legacy_code[op] - 1
                : op == RDZV_OP_STATUS ? RDZV_M_STATUS
                                       : (int)op;
     fr_u8(f, (uint8_t)code);
     switch (op) {
-    case RDZV_OP_VALIDATE: fr_u32(f, RDZV_VALIDATE_MAGIC); break;
-    case RDZV_OP_PING: fr_u32(f, 0x1234); break;
+    case RDZV_OP_VALIDATE:
+        fr_u32(f, RDZV_VALIDATE_MAGIC);
+        break;
+    case RDZV_OP_PING:
+        fr_u32(f, 0x1234);
+        break;
     case RDZV_OP_SET:
     case RDZV_OP_APPEND:
-    case RDZV_OP_QUEUE_PUSH: fr_str(f, "key"); fr_str(f, "value"); break;
-    case RDZV_OP_COMPARE_SET: fr_str(f, "key"); fr_str(f, "old"); fr_str(f, "new"); break;
+    case RDZV_OP_QUEUE_PUSH:
+        fr_str(f, "key");
+        fr_str(f, "value");
+        break;
+    case RDZV_OP_COMPARE_SET:
+        fr_str(f, "key");
+        fr_str(f, "old");
+        fr_str(f, "new");
+        break;
     case RDZV_OP_GET:
     case RDZV_OP_DELETE_KEY:
     case RDZV_OP_QUEUE_POP:
     case RDZV_OP_QUEUE_LEN:
-    case RDZV_OP_WATCH_KEY: fr_str(f, "key"); break;
+    case RDZV_OP_WATCH_KEY:
+        fr_str(f, "key");
+        break;
     case RDZV_OP_ADD:
-    case RDZV_OP_BARRIER: fr_str(f, "key"); fr_u64(f, 7); break;
+    case RDZV_OP_BARRIER:
+        fr_str(f, "key");
+        fr_u64(f, 7);
+        break;
     case RDZV_OP_CHECK:
     case RDZV_OP_WAIT:
-    case RDZV_OP_MULTI_GET: fr_u64(f, 3); fr_str(f, "a"); fr_str(f, "bb"); fr_str(f, ""); break;
-    case RDZV_OP_MULTI_SET:
-        fr_u64(f, 2); fr_str(f, "a"); fr_str(f, "1"); fr_str(f, "bb"); fr_str(f, "22");
+    case RDZV_OP_MULTI_GET:
+        fr_u64(f, 3);
+        fr_str(f, "a");
+        fr_str(f, "bb");
+        fr_str(f, "");
         break;
-    default: break; /* no fields */
+    case RDZV_OP_MULTI_SET:
+        fr_u64(f, 2);
+        fr_str(f, "a");
+        fr_str(f, "1");
+        fr_str(f, "bb");
+        fr_str(f, "22");
+        break;
+    default:
+        break; /* no fields */
     }
 }
 

@@ -62,16 +62,28 @@ static void expect(fake *f, const void *want, size_t n)
     memmove(f->conn.out.data, f->conn.out.data + n, f->conn.out.len - n);
     f->conn.out.len -= n;
 }
-static void expect_u8(fake *f, uint8_t v) { expect(f, &v, 1); }
-static void expect_i64(fake *f, int64_t v) { expect(f, &v, 8); }
+static void expect_u8(fake *f, uint8_t v)
+{
+    expect(f, &v, 1);
+}
+static void expect_i64(fake *f, int64_t v)
+{
+    expect(f, &v, 8);
+}
 static void expect_vec(fake *f, const char *s, size_t n)
 {
     uint64_t len = n;
     expect(f, &len, 8);
     expect(f, s, n);
 }
-static void expect_str(fake *f, const char *s) { expect_vec(f, s, strlen(s)); }
-static void expect_empty(fake *f) { ck_assert_uint_eq(f->conn.out.len, 0); }
+static void expect_str(fake *f, const char *s)
+{
+    expect_vec(f, s, strlen(s));
+}
+static void expect_empty(fake *f)
+{
+    ck_assert_uint_eq(f->conn.out.len, 0);
+}
 
 static void op_set(frame *fr, const char *k, const char *v)
 {
@@ -230,7 +242,7 @@ START_TEST(check_and_wait)
 
     op_set(&fr, "x", "1");
     run(&b, &fr);
-    expect_empty(&a); /* one of two keys */
+    expect_empty(&a);    /* one of two keys */
     op_add(&fr, "y", 1); /* ADD also releases waiters */
     run(&b, &fr);
     expect_i64(&b, 1);
