@@ -444,9 +444,8 @@ static void accept_one(rdzv_server *srv, uv_stream_t *listener, int status)
         return;
     }
     srv->accepted++;
-    uv_tcp_nodelay(&c->tcp, 1);
-    if (srv->opts.keepalive_s > 0)
-        uv_tcp_keepalive(&c->tcp, 1, (unsigned)srv->opts.keepalive_s);
+    /* TCP_NODELAY and keepalive come from the listening socket: Linux copies them to every
+     * accepted socket, which saves three system calls per connection. */
     if ((rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb)) < 0) {
         client_close(c, uv_strerror(rc));
         return;
@@ -636,6 +635,12 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
         if (rc == 0)
             rc = uv_tcp_bind(&srv->listener, (const struct sockaddr *)&ss, 0);
     }
+    /* Set on the listener, inherited by each accepted socket (see accept_one()). */
+    if (rc == 0)
+        rc = uv_tcp_nodelay(&srv->listener, 1);
+    if (rc == 0)
+        rc = uv_tcp_keepalive(&srv->listener, opts->keepalive_s > 0,
+                              (unsigned)(opts->keepalive_s > 0 ? opts->keepalive_s : 1));
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&srv->listener, opts->backlog, on_connection);
     if (rc == 0) {

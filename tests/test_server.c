@@ -543,6 +543,16 @@ START_TEST(ipv6_and_listen_fd)
     o.listen_fd = lfd;
     srv = start(&o);
     ck_assert_int_eq(rdzv_server_port(srv), ntohs(a.sin_port));
+    /* The server sets TCP_NODELAY and keepalive on the listener; accepted sockets inherit
+     * them. The fd is the server's now, but it is still this process's fd to look at. */
+    int on = 0, idle = 0;
+    socklen_t ol = sizeof(on);
+    ck_assert_int_eq(getsockopt(lfd, IPPROTO_TCP, TCP_NODELAY, &on, &ol), 0);
+    ck_assert_int_eq(on, 1);
+    ck_assert_int_eq(getsockopt(lfd, SOL_SOCKET, SO_KEEPALIVE, &on, &ol), 0);
+    ck_assert_int_eq(on, 1);
+    ck_assert_int_eq(getsockopt(lfd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, &ol), 0);
+    ck_assert_int_eq(idle, 60);
     int fd = modern_client(rdzv_server_port(srv));
     roundtrip(fd, "fd", "handed-in");
     close(fd);
