@@ -1,0 +1,97 @@
+/*
+ * ddprun's configuration: what the command line, PET_* environment defaults and Slurm variables
+ * resolve to. Filled by ddprun_config_parse() (options.c); read by the agent. Internal to the
+ * launcher.
+ */
+#ifndef DDPRUN_CONFIG_H
+#define DDPRUN_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define DDPRUN_MAX_LOCAL 1024 /* most workers per node */
+
+/* What -r/--redirects and -t/--tee select, as torchrun's Std: bit 1 stdout, bit 2 stderr. */
+enum { DDPRUN_STD_NONE = 0, DDPRUN_STD_OUT = 1, DDPRUN_STD_ERR = 2, DDPRUN_STD_ALL = 3 };
+
+typedef struct ddprun_config {
+    /* Nodes and workers. */
+    int nnodes_min, nnodes_max; /* --nnodes N (N:N) or MIN:MAX; default 1:1 */
+    int nproc_per_node;         /* resolved count (auto/cpu/gpu resolved at parse time) */
+    int node_rank;              /* --node-rank, default 0 (static rendezvous) */
+    char *master_addr;          /* --master-addr, default "127.0.0.1" */
+    int master_port;            /* --master-port, default 29500 */
+    char *local_addr;           /* --local-addr, NULL: this host's name */
+
+    /* Rendezvous. */
+    char *rdzv_backend;         /* "static" (default) or "c10d" */
+    char *rdzv_endpoint;        /* --rdzv-endpoint host[:port], "" if unset */
+    char *rdzv_host;            /* host part of the endpoint (or master_addr) */
+    int rdzv_port;              /* port of the endpoint (default 29400 for c10d, as torchrun);
+                                 * 0: this agent hosts the store on a free port and publishes it
+                                 * (--standalone, or one node without --master-port or endpoint) */
+    char *rdzv_id;              /* --rdzv-id, default "none" */
+    double join_timeout_s;      /* --rdzv-conf join_timeout, default 600 */
+    double last_call_timeout_s; /* last_call_timeout, default 30 */
+    double close_timeout_s;     /* close_timeout, default 30 */
+    double read_timeout_s;      /* read_timeout, default 60 */
+    double timeout_s;           /* timeout (store operations), default 900 */
+    bool is_host;               /* rdzv_conf is_host, if given; true for a local store (port 0) */
+    int is_host_given;          /* 0: derive from the endpoint's host, as torchrun */
+    bool standalone;            /* --standalone: 1 node, 127.0.0.1 port 0 */
+
+    /* Restarts and monitoring. */
+    int max_restarts;          /* --max-restarts, default 0 */
+    double monitor_interval_s; /* --monitor-interval, accepted (ddprun reacts to events) */
+    double shutdown_timeout_s; /* --shutdown-timeout: SIGTERM to SIGKILL grace, default 30 */
+    char *role;                /* --role, default "default" */
+    char *start_method;        /* --start-method, accepted: spawn, fork, forkserver */
+
+    /* What to run. */
+    bool module;    /* -m/--module */
+    bool no_python; /* --no-python */
+    bool run_path;  /* --run-path */
+    char **argv;    /* training script and its arguments (borrowed from main's argv) */
+    int argc;
+
+    /* Output. */
+    char *log_dir;                    /* --log-dir, NULL: none */
+    int redirects[DDPRUN_MAX_LOCAL];  /* per local rank, DDPRUN_STD_* */
+    int tee[DDPRUN_MAX_LOCAL];        /* per local rank, DDPRUN_STD_* */
+    bool local_ranks_filter_set;      /* --local-ranks-filter given */
+    bool show_rank[DDPRUN_MAX_LOCAL]; /* which local ranks reach the console */
+    bool prefix_output;               /* prefix lines with [rank]: (default on) */
+    char *log_line_prefix_template;   /* --log-line-prefix-template, NULL: "[${rank}]:" */
+
+    /* Slurm: set when the values above came from SLURM_* variables. */
+    bool from_slurm;
+
+    /* Added by options.c (extensions at the end, per house rules). */
+    double keep_alive_interval_s;   /* rdzv_conf keep_alive_interval, default 5 */
+    int keep_alive_max_attempt;     /* rdzv_conf keep_alive_max_attempt, default 3 */
+    bool virtual_local_rank;        /* --virtual-local-rank: accepted, ignored */
+    char *logs_specs;               /* --logs-specs: accepted, ignored; NULL if unset */
+    char *numa_binding;             /* --numa-binding: checked, ignored; NULL if unset */
+    char *signals_to_handle;        /* --signals-to-handle: checked; default torchrun's list */
+    char *event_log_handler;        /* --event-log-handler: accepted, ignored; default "null" */
+    char *duplicate_stdout_filters; /* --duplicate-stdout-filters: accepted, ignored */
+    char *duplicate_stderr_filters; /* --duplicate-stderr-filters: accepted, ignored */
+} ddprun_config;
+
+/*
+ * Parses argv (argv[0] is the program name) with PET_<NAME> environment defaults and, when the
+ * user did not pass them, Slurm's SLURM_JOB_ID/SLURM_NNODES/SLURM_NODEID/SLURM_JOB_NODELIST.
+ * Returns 0 and fills *cfg; 1 when --help, --version or --print-completion printed its text
+ * (exit 0); -EINVAL with a message naming the offending flag in err (exit 2, as argparse); or
+ * -ENOMEM. *cfg is written only when 0 is returned. Strings in *cfg are owned by it: free with
+ * ddprun_config_free(); cfg->argv points into argv. Reads the environment; not thread-safe
+ * against setenv().
+ */
+int ddprun_config_parse(int argc, char **argv, ddprun_config *cfg, char *err, size_t errlen);
+
+void ddprun_config_free(ddprun_config *cfg);
+
+/* Writes --help to stdout, from the same option table the parser uses. */
+void ddprun_print_help(void);
+
+#endif /* DDPRUN_CONFIG_H */

@@ -1,0 +1,801 @@
+/*
+ * Node-level rendezvous protocols of ddprun's agents, run through the store: static (node ranks
+ * given), dynamic (c10d-style elastic: ranks in join order, closed at max_nodes or after a last
+ * call), heartbeats and the first-failure report of a round. The key layout is documented in
+ * noderdzv.h.
+ *
+ * Deliberately not here: sockets, threads, sleeps, spawning, printing. The only I/O is calls on
+ * the caller's rdzv_client, so every wait is the store's WAIT (bounded by a timeout) and nothing
+ * polls: the last-call timer is a WAIT on the closing key with the last-call timeout.
+ *
+ * Invariants: every key of a round sits under "<prefix>/round_<n>/", so rounds never mix. Values
+ * that decide membership are written once and never changed (compare_set with an empty expected
+ * value, or ADD counters whose results order the nodes), so every node that reads them derives
+ * the same answer. Out-parameters are written only on success.
+ */
+#include "noderdzv.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Writes a formatted sentence into the caller's buffer, if any, and returns `rc`. */
+static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+/* A failed store call: the client's own account of it follows what we were doing. */
+static int store_err(rdzv_client *c, char *err, size_t errlen, int rc, const char *what, int round)
+{
+    return set_err(err, errlen, rc, "rendezvous round %d: %s: %s (%s)", round, what,
+                   rdzv_strerror(rc), rdzv_client_last_error(c));
+}
+
+/*
+ * Returns "<prefix>/round_<round>/<rest>" with `rest` formatted from fmt, allocated (free()),
+ * or NULL when out of memory.
+ */
+static char *round_key(const char *prefix, int round, const char *fmt, ...)
+{
+    char rest[64];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(rest, sizeof rest, fmt, ap);
+    va_end(ap);
+    assert(n >= 0 && (size_t)n < sizeof rest);
+    (void)n;
+    size_t len = strlen(prefix) + strlen(rest) + 32;
+    char *k = malloc(len);
+    if (k)
+        snprintf(k, len, "%s/round_%d/%s", prefix, round, rest);
+    return k;
+}
+
+static void free_keys(char **keys, int n)
+{
+    if (!keys)
+        return;
+    for (int i = 0; i < n; i++)
+        free(keys[i]);
+    free(keys);
+}
+
+/* An array of n keys "<prefix>/round_<round>/<dir>/<i>", or NULL when out of memory. */
+static char **key_array(const char *prefix, int round, const char *dir, int n)
+{
+    char **keys = calloc((size_t)n, sizeof *keys);
+    if (!keys)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        keys[i] = round_key(prefix, round, "%s/%d", dir, i);
+        if (!keys[i]) {
+            free_keys(keys, i);
+            return NULL;
+        }
+    }
+    return keys;
+}
+
+static void free_values(void **values, int n)
+{
+    if (!values)
+        return;
+    for (int i = 0; i < n; i++)
+        rdzv_free(values[i]);
+    free(values);
+}
+
+/*
+ * Parses a decimal integer in [min, max] from the start of a value of `nbytes` bytes; *end (may
+ * be NULL) receives the number of bytes it took. Returns false on anything else (an empty value
+ * included); a value with trailing bytes is accepted only when `end` is given.
+ */
+static bool parse_int(const void *value, size_t nbytes, int64_t min, int64_t max, int64_t *out,
+                      size_t *end)
+{
+    char buf[32];
+    size_t n = nbytes < sizeof buf - 1 ? nbytes : sizeof buf - 1;
+    memcpy(buf, value, n);
+    buf[n] = '\0';
+    if (n == 0 || !((buf[0] >= '0' && buf[0] <= '9') || buf[0] == '-'))
+        return false;
+    char *e = NULL;
+    errno = 0;
+    long long v = strtoll(buf, &e, 10);
+    if (errno || e == buf || v < min || v > max)
+        return false;
+    if (end)
+        *end = (size_t)(e - buf);
+    else if ((size_t)(e - buf) != nbytes)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* A timeout in seconds as rdzv_wait()'s milliseconds: < 0 stays -1 (the client's timeout). */
+static int to_ms(double s)
+{
+    if (s < 0)
+        return -1;
+    double ms = s * 1000.0;
+    return ms >= (double)INT_MAX ? INT_MAX : (int)(ms + 0.999);
+}
+
+static bool bad_prefix(const char *prefix)
+{
+    return !prefix || strlen(prefix) > 4096;
+}
+
+/*
+ * Sets `key` to `desired` unless it exists (first writer wins); *same receives whether the value
+ * now stored equals `desired`. Returns 0 or a negative errno from the store.
+ */
+static int set_once(rdzv_client *c, const char *key, const char *desired, bool *same)
+{
+    void *v = NULL;
+    size_t n = 0;
+    size_t dn = strlen(desired);
+    int rc = rdzv_compare_set(c, key, "", 0, desired, dn, &v, &n);
+    if (rc < 0)
+        return rc;
+    *same = n == dn && memcmp(v, desired, dn) == 0;
+    rdzv_free(v);
+    return 0;
+}
+
+/*
+ * Prefix sums over nproc values in node-rank order: rank_offset of node `me` and world size.
+ * Returns false when the world size would pass INT_MAX.
+ */
+static bool prefix_sums(const int64_t *nproc, int nnodes, int me, int *offset, int *world)
+{
+    int64_t sum = 0, off = 0;
+    for (int i = 0; i < nnodes; i++) {
+        if (i == me)
+            off = sum;
+        sum += nproc[i];
+        if (sum > INT_MAX)
+            return false;
+    }
+    *offset = (int)off;
+    *world = (int)sum;
+    return true;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Static rendezvous                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * After a timed-out wait for the nproc keys: one MULTI_GET tells which are missing (a published
+ * nproc is never empty), and err lists them, as many as fit.
+ */
+static int static_missing(rdzv_client *c, char **keys, int nnodes, int round, double timeout_s,
+                          char *err, size_t errlen)
+{
+    void **values = calloc((size_t)nnodes, sizeof *values);
+    size_t *lens = calloc((size_t)nnodes, sizeof *lens);
+    int rc = -ENOMEM;
+    if (!values || !lens) {
+        set_err(err, errlen, rc, "static rendezvous round %d: out of memory", round);
+        goto out;
+    }
+    rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)nnodes, values, lens);
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "reading the published nodes", round);
+        goto out;
+    }
+    char list[256] = "";
+    size_t used = 0;
+    int missing = 0;
+    bool cut = false;
+    for (int i = 0; i < nnodes; i++) {
+        if (lens[i] > 0)
+            continue;
+        missing++;
+        if (cut)
+            continue;
+        int w = snprintf(list + used, sizeof list - used, "%s%d", missing > 1 ? ", " : "", i);
+        if (w < 0 || (size_t)w >= sizeof list - used - 8) {
+            list[used] = '\0';
+            snprintf(list + used, sizeof list - used, ", ...");
+            cut = true;
+        } else {
+            used += (size_t)w;
+        }
+    }
+    rc = -ETIMEDOUT;
+    set_err(err, errlen, rc,
+            "static rendezvous round %d: node rank%s %s did not show up within %g s (%d of %d "
+            "present)",
+            round, missing == 1 ? "" : "s", list, timeout_s, nnodes - missing, nnodes);
+out:
+    free_values(values, nnodes);
+    free(lens);
+    return rc;
+}
+
+int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes, int node_rank,
+                       int nproc, double timeout_s, ddprun_assignment *out, char *err,
+                       size_t errlen)
+{
+    if (err && errlen > 0)
+        err[0] = '\0';
+    if (!c || bad_prefix(prefix) || !out || round < 0 || nnodes < 1 ||
+        nnodes > DDPRUN_RDZV_MAX_NODES || node_rank < 0 || node_rank >= nnodes || nproc < 1)
+        return set_err(err, errlen, -EINVAL,
+                       "static rendezvous: invalid argument (round %d, nnodes %d, node rank %d, "
+                       "nproc %d)",
+                       round, nnodes, node_rank, nproc);
+
+    char *key = NULL;
+    char **keys = NULL;
+    void **values = NULL;
+    size_t *lens = NULL;
+    int64_t *nprocs = NULL;
+    char num[32];
+    bool same = false;
+    int64_t claims = 0;
+    int rc = -ENOMEM;
+
+    /* Every node must agree on the node count, or the prefix sums would differ. */
+    key = round_key(prefix, round, "static/nnodes");
+    if (!key)
+        goto oom;
+    snprintf(num, sizeof num, "%d", nnodes);
+    rc = set_once(c, key, num, &same);
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "opening the round", round);
+        goto out;
+    }
+    if (!same) {
+        void *v = NULL;
+        size_t n = 0;
+        rc = rdzv_get(c, key, &v, &n);
+        if (rc < 0) {
+            store_err(c, err, errlen, rc, "reading the round's node count", round);
+            goto out;
+        }
+        rc = set_err(err, errlen, -EINVAL,
+                     "static rendezvous round %d: this node (rank %d) says nnodes=%d but the "
+                     "round was opened with nnodes=%.*s",
+                     round, node_rank, nnodes, (int)(n > 16 ? 16 : n), (const char *)v);
+        rdzv_free(v);
+        goto out;
+    }
+
+    /* Claim the node rank: two nodes with one --node-rank would silently corrupt the sums. */
+    free(key);
+    key = round_key(prefix, round, "static/claim/%d", node_rank);
+    if (!key)
+        goto oom;
+    rc = rdzv_add(c, key, 1, &claims);
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "claiming the node rank", round);
+        goto out;
+    }
+    if (claims != 1) {
+        rc = set_err(err, errlen, -EEXIST,
+                     "static rendezvous round %d: node rank %d was claimed by another node "
+                     "(check --node-rank on every node)",
+                     round, node_rank);
+        goto out;
+    }
+
+    keys = key_array(prefix, round, "static/nproc", nnodes);
+    values = calloc((size_t)nnodes, sizeof *values);
+    lens = calloc((size_t)nnodes, sizeof *lens);
+    nprocs = calloc((size_t)nnodes, sizeof *nprocs);
+    if (!keys || !values || !lens || !nprocs)
+        goto oom;
+    snprintf(num, sizeof num, "%d", nproc);
+    rc = rdzv_set(c, keys[node_rank], num, strlen(num));
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "publishing this node", round);
+        goto out;
+    }
+
+    rc = rdzv_wait(c, (const char *const *)keys, (size_t)nnodes, to_ms(timeout_s));
+    if (rc == -ETIMEDOUT) {
+        rc = static_missing(c, keys, nnodes, round, timeout_s, err, errlen);
+        goto out;
+    }
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "waiting for the other nodes", round);
+        goto out;
+    }
+    rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)nnodes, values, lens);
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "reading the nodes", round);
+        goto out;
+    }
+    for (int i = 0; i < nnodes; i++) {
+        if (!parse_int(values[i], lens[i], 1, INT_MAX, &nprocs[i], NULL)) {
+            rc = set_err(err, errlen, -EPROTO,
+                         "static rendezvous round %d: node rank %d published a malformed nproc",
+                         round, i);
+            goto out;
+        }
+    }
+    int offset = 0, world = 0;
+    if (!prefix_sums(nprocs, nnodes, node_rank, &offset, &world)) {
+        rc = set_err(err, errlen, -EPROTO, "static rendezvous round %d: the world size exceeds %d",
+                     round, INT_MAX);
+        goto out;
+    }
+    out->round = round;
+    out->node_rank = node_rank;
+    out->nnodes = nnodes;
+    out->rank_offset = offset;
+    out->world_size = world;
+    rc = 0;
+    goto out;
+oom:
+    rc = set_err(err, errlen, -ENOMEM, "static rendezvous round %d: out of memory", round);
+out:
+    free(key);
+    free_keys(keys, nnodes);
+    free_values(values, nnodes);
+    free(lens);
+    free(nprocs);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dynamic rendezvous                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The keys of one dynamic round that are not per node. */
+typedef struct dyn_keys {
+    char *config, *count, *quorum, *closed, *waiting;
+} dyn_keys;
+
+static void dyn_keys_free(dyn_keys *k)
+{
+    free(k->config);
+    free(k->count);
+    free(k->quorum);
+    free(k->closed);
+    free(k->waiting);
+}
+
+/*
+ * Closes the round unless it is closed: stores "<n>" (or "aborted <n>") in dyn/closed, n being
+ * `joined`, or the join count now when `joined` < 0, capped at max_nodes. Whoever's compare_set
+ * lands first decides; the others' calls change nothing. Returns 0 or a negative errno from the
+ * store.
+ */
+static int dyn_close(rdzv_client *c, const dyn_keys *k, int max_nodes, int64_t joined, bool abort)
+{
+    if (joined < 0) {
+        int rc = rdzv_add(c, k->count, 0, &joined);
+        if (rc < 0)
+            return rc;
+    }
+    if (joined > max_nodes)
+        joined = max_nodes;
+    char v[48];
+    snprintf(v, sizeof v, "%s%" PRId64, abort ? "aborted " : "", joined);
+    bool same = false;
+    return set_once(c, k->closed, v, &same);
+}
+
+/* Reads dyn/closed (which exists): the participant count and whether the round was aborted. */
+static int dyn_read_closed(rdzv_client *c, const dyn_keys *k, int max_nodes, int64_t *n,
+                           bool *aborted)
+{
+    void *v = NULL;
+    size_t len = 0;
+    int rc = rdzv_get(c, k->closed, &v, &len);
+    if (rc < 0)
+        return rc;
+    const char *s = v;
+    static const char ab[] = "aborted ";
+    *aborted = len > sizeof ab - 1 && memcmp(s, ab, sizeof ab - 1) == 0;
+    size_t skip = *aborted ? sizeof ab - 1 : 0;
+    if (!parse_int(s + skip, len - skip, 0, max_nodes, n, NULL))
+        rc = -EPROTO;
+    rdzv_free(v);
+    return rc;
+}
+
+/* A node that came too late: counted in dyn/waiting so that the members can restart. */
+static int dyn_late(rdzv_client *c, const dyn_keys *k, int round, const char *why, char *err,
+                    size_t errlen)
+{
+    int64_t waiting = 0;
+    int rc = rdzv_add(c, k->waiting, 1, &waiting);
+    if (rc < 0)
+        return store_err(c, err, errlen, rc, "registering as a waiting node", round);
+    return set_err(err, errlen, -EAGAIN,
+                   "dynamic rendezvous round %d: %s; this node is waiting (%" PRId64
+                   " waiting): retry with round %d once the members restart",
+                   round, why, waiting, round + 1);
+}
+
+/*
+ * Reads the records of slots 0..n-1 ("<nproc> <node_id>"), waiting up to join_ms for them, and
+ * fills *out for slot `slot`.
+ */
+static int dyn_assign(rdzv_client *c, const char *prefix, int round, int n, int slot, int join_ms,
+                      ddprun_assignment *out, char *err, size_t errlen)
+{
+    char **keys = key_array(prefix, round, "dyn/node", n);
+    void **values = calloc((size_t)n, sizeof *values);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    int64_t *nprocs = calloc((size_t)n, sizeof *nprocs);
+    int rc = -ENOMEM;
+    if (!keys || !values || !lens || !nprocs) {
+        set_err(err, errlen, rc, "dynamic rendezvous round %d: out of memory", round);
+        goto out;
+    }
+    rc = rdzv_wait(c, (const char *const *)keys, (size_t)n, join_ms);
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "waiting for the members' records", round);
+        goto out;
+    }
+    rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)n, values, lens);
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "reading the members' records", round);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        size_t end = 0;
+        if (!parse_int(values[i], lens[i], 1, INT_MAX, &nprocs[i], &end) || end >= lens[i] ||
+            ((const char *)values[i])[end] != ' ') {
+            rc =
+                set_err(err, errlen, -EPROTO,
+                        "dynamic rendezvous round %d: malformed record for node rank %d", round, i);
+            goto out;
+        }
+    }
+    int offset = 0, world = 0;
+    if (!prefix_sums(nprocs, n, slot, &offset, &world)) {
+        rc = set_err(err, errlen, -EPROTO, "dynamic rendezvous round %d: the world size exceeds %d",
+                     round, INT_MAX);
+        goto out;
+    }
+    out->round = round;
+    out->node_rank = slot;
+    out->nnodes = n;
+    out->rank_offset = offset;
+    out->world_size = world;
+    rc = 0;
+out:
+    free_keys(keys, n);
+    free_values(values, n);
+    free(lens);
+    free(nprocs);
+    return rc;
+}
+
+/*
+ * The protocol, per node:
+ *  1. compare_set dyn/config "<min>:<max>": every node must open the round alike.
+ *  2. ADD dyn/count: the result r is the join order; slot = r - 1. A slot >= max_nodes is late.
+ *  3. SET dyn/node/<slot>; the node that took slot min-1 sets dyn/quorum; the node that took
+ *     slot max-1 closes the round at max_nodes.
+ *  4. WAIT dyn/quorum (join timeout). On timeout, if the count is still below min_nodes, abort
+ *     the round (close it as "aborted <count>") and wake the others through dyn/quorum.
+ *  5. WAIT dyn/closed (last-call timeout). On timeout, close it with the count now (capped).
+ *  6. Read dyn/closed: n. slot >= n: late. Aborted: timed out. Otherwise read slots 0..n-1.
+ * The close always happens after the quorum key is set by whoever closes, and dyn/closed is
+ * written once, so steps 5 and 6 cannot block past the round's close.
+ */
+int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_nodes, int max_nodes,
+                        const char *node_id, int nproc, double join_timeout_s,
+                        double last_call_timeout_s, ddprun_assignment *out, char *err,
+                        size_t errlen)
+{
+    if (err && errlen > 0)
+        err[0] = '\0';
+    if (!c || bad_prefix(prefix) || !out || !node_id || !node_id[0] || strlen(node_id) > 4096 ||
+        round < 0 || min_nodes < 1 || max_nodes < min_nodes || max_nodes > DDPRUN_RDZV_MAX_NODES ||
+        nproc < 1 || !(last_call_timeout_s >= 0))
+        return set_err(err, errlen, -EINVAL,
+                       "dynamic rendezvous: invalid argument (round %d, nnodes %d:%d, nproc %d)",
+                       round, min_nodes, max_nodes, nproc);
+
+    dyn_keys k = {0};
+    char *node_key = NULL, *record = NULL;
+    char num[48];
+    bool same = false;
+    int64_t joined = 0, n = 0;
+    bool aborted = false;
+    int join_ms = to_ms(join_timeout_s);
+    int rc = -ENOMEM;
+
+    k.config = round_key(prefix, round, "dyn/config");
+    k.count = round_key(prefix, round, "dyn/count");
+    k.quorum = round_key(prefix, round, "dyn/quorum");
+    k.closed = round_key(prefix, round, "dyn/closed");
+    k.waiting = round_key(prefix, round, "dyn/waiting");
+    if (!k.config || !k.count || !k.quorum || !k.closed || !k.waiting)
+        goto oom;
+
+    snprintf(num, sizeof num, "%d:%d", min_nodes, max_nodes);
+    rc = set_once(c, k.config, num, &same);
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "opening the round", round);
+        goto out;
+    }
+    if (!same) {
+        rc = set_err(err, errlen, -EINVAL,
+                     "dynamic rendezvous round %d: this node asks for nnodes %s but the round "
+                     "was opened with other bounds",
+                     round, num);
+        goto out;
+    }
+
+    rc = rdzv_add(c, k.count, 1, &joined);
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "joining", round);
+        goto out;
+    }
+    if (joined < 1) {
+        rc = set_err(err, errlen, -EPROTO, "dynamic rendezvous round %d: bad join count", round);
+        goto out;
+    }
+    int64_t slot = joined - 1;
+    if (slot >= max_nodes) {
+        char why[96];
+        snprintf(why, sizeof why, "the round is full (max_nodes=%d)", max_nodes);
+        rc = dyn_late(c, &k, round, why, err, errlen);
+        goto out;
+    }
+
+    node_key = round_key(prefix, round, "dyn/node/%d", (int)slot);
+    size_t rlen = strlen(node_id) + 16;
+    record = malloc(rlen);
+    if (!node_key || !record)
+        goto oom;
+    snprintf(record, rlen, "%d %s", nproc, node_id);
+    rc = rdzv_set(c, node_key, record, strlen(record));
+    if (rc == 0 && joined == min_nodes)
+        rc = rdzv_set(c, k.quorum, "1", 1);
+    if (rc == 0 && joined == max_nodes)
+        rc = dyn_close(c, &k, max_nodes, -1, false);
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "publishing this node", round);
+        goto out;
+    }
+
+    rc = rdzv_wait(c, (const char *const *)&k.quorum, 1, join_ms);
+    if (rc == -ETIMEDOUT) {
+        int64_t now_joined = 0;
+        rc = rdzv_add(c, k.count, 0, &now_joined);
+        if (rc == 0 && now_joined < min_nodes) {
+            rc = dyn_close(c, &k, max_nodes, now_joined, true);
+            if (rc == 0)
+                rc = rdzv_set(c, k.quorum, "aborted", 7);
+        }
+    }
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "waiting for min_nodes", round);
+        goto out;
+    }
+
+    /* The last call: whoever's timer fires first closes the round. */
+    rc = rdzv_wait(c, (const char *const *)&k.closed, 1, to_ms(last_call_timeout_s));
+    if (rc == -ETIMEDOUT)
+        rc = dyn_close(c, &k, max_nodes, -1, false);
+    if (rc == 0)
+        rc = dyn_read_closed(c, &k, max_nodes, &n, &aborted);
+    if (rc == -EPROTO) {
+        set_err(err, errlen, rc, "dynamic rendezvous round %d: malformed close record", round);
+        goto out;
+    }
+    if (rc < 0) {
+        store_err(c, err, errlen, rc, "closing the round", round);
+        goto out;
+    }
+
+    if (slot >= n) {
+        char why[96];
+        snprintf(why, sizeof why, "the round %s with %" PRId64 " node%s before this node joined",
+                 aborted ? "was aborted" : "closed", n, n == 1 ? "" : "s");
+        rc = dyn_late(c, &k, round, why, err, errlen);
+        goto out;
+    }
+    if (aborted) {
+        rc = set_err(err, errlen, -ETIMEDOUT,
+                     "dynamic rendezvous round %d: only %" PRId64
+                     " of min_nodes=%d nodes joined within %g s; round aborted",
+                     round, n, min_nodes, join_timeout_s);
+        goto out;
+    }
+    rc = dyn_assign(c, prefix, round, (int)n, (int)slot, join_ms, out, err, errlen);
+    goto out;
+oom:
+    rc = set_err(err, errlen, -ENOMEM, "dynamic rendezvous round %d: out of memory", round);
+out:
+    dyn_keys_free(&k);
+    free(node_key);
+    free(record);
+    return rc;
+}
+
+int ddprun_rdzv_num_waiting(rdzv_client *c, const char *prefix, int round, int64_t *count)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || !count)
+        return -EINVAL;
+    char *key = round_key(prefix, round, "dyn/waiting");
+    if (!key)
+        return -ENOMEM;
+    int64_t v = 0;
+    int rc = rdzv_add(c, key, 0, &v);
+    free(key);
+    if (rc == 0)
+        *count = v;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Heartbeats                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+int ddprun_hb_init(ddprun_hb_state *st, const char *prefix, int round, int nnodes,
+                   double dead_after_s)
+{
+    if (!st)
+        return -EINVAL;
+    memset(st, 0, sizeof *st);
+    if (bad_prefix(prefix) || round < 0 || nnodes < 1 || nnodes > DDPRUN_RDZV_MAX_NODES ||
+        !(dead_after_s > 0))
+        return -EINVAL;
+    ddprun_hb_state s = {round, nnodes, dead_after_s, NULL, NULL, NULL};
+    s.keys = key_array(prefix, round, "hb", nnodes);
+    s.value = malloc((size_t)nnodes * sizeof *s.value);
+    s.changed_s = malloc((size_t)nnodes * sizeof *s.changed_s);
+    if (!s.keys || !s.value || !s.changed_s) {
+        ddprun_hb_free(&s);
+        return -ENOMEM;
+    }
+    double now = mono_s();
+    for (int i = 0; i < nnodes; i++) {
+        s.value[i] = -1;
+        s.changed_s[i] = now;
+    }
+    *st = s;
+    return 0;
+}
+
+void ddprun_hb_free(ddprun_hb_state *st)
+{
+    if (!st)
+        return;
+    free_keys(st->keys, st->keys ? st->nnodes : 0);
+    free(st->value);
+    free(st->changed_s);
+    memset(st, 0, sizeof *st);
+}
+
+int ddprun_heartbeat(rdzv_client *c, const char *prefix, int round, int node_rank)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || node_rank < 0)
+        return -EINVAL;
+    char *key = round_key(prefix, round, "hb/%d", node_rank);
+    if (!key)
+        return -ENOMEM;
+    int64_t v = 0;
+    int rc = rdzv_add(c, key, 1, &v);
+    free(key);
+    return rc;
+}
+
+int ddprun_dead_nodes(rdzv_client *c, ddprun_hb_state *st, int *dead, int dead_cap)
+{
+    if (!c || !st || !st->keys || dead_cap < 0 || (dead_cap > 0 && !dead))
+        return -EINVAL;
+    int nn = st->nnodes;
+    void **values = calloc((size_t)nn, sizeof *values);
+    size_t *lens = calloc((size_t)nn, sizeof *lens);
+    int64_t *seen = calloc((size_t)nn, sizeof *seen);
+    int rc = -ENOMEM;
+    if (!values || !lens || !seen)
+        goto out;
+    rc = rdzv_multi_get(c, (const char *const *)st->keys, (size_t)nn, values, lens);
+    if (rc < 0) {
+        goto out;
+    }
+    /* Parse everything first, so that a bad value leaves the state as it was. */
+    for (int i = 0; i < nn; i++) {
+        seen[i] = -1;
+        if (lens[i] > 0 && !parse_int(values[i], lens[i], 0, INT64_MAX, &seen[i], NULL)) {
+            rc = -EPROTO;
+            goto out;
+        }
+    }
+    double now = mono_s();
+    int ndead = 0;
+    for (int i = 0; i < nn; i++) {
+        if (seen[i] != st->value[i]) {
+            st->value[i] = seen[i];
+            st->changed_s[i] = now;
+        } else if (now - st->changed_s[i] > st->dead_after_s) {
+            if (ndead < dead_cap)
+                dead[ndead] = i;
+            ndead++;
+        }
+    }
+    rc = ndead;
+out:
+    free_values(values, nn);
+    free(lens);
+    free(seen);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Failure reports                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+int ddprun_rdzv_failure_key(const char *prefix, int round, char *buf, size_t buflen)
+{
+    if (!prefix || round < 0 || !buf)
+        return -EINVAL;
+    int n = snprintf(buf, buflen, "%s/round_%d/failed", prefix, round);
+    if (n < 0 || (size_t)n >= buflen) {
+        if (buflen > 0)
+            buf[0] = '\0';
+        return n < 0 ? -EINVAL : -ENAMETOOLONG;
+    }
+    return n;
+}
+
+int ddprun_rdzv_publish_failure(rdzv_client *c, const char *prefix, int round, const char *json)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || !json || !json[0])
+        return -EINVAL;
+    char *key = round_key(prefix, round, "failed");
+    if (!key)
+        return -ENOMEM;
+    bool same = false;
+    int rc = set_once(c, key, json, &same);
+    free(key);
+    return rc < 0 ? rc : same;
+}
+
+int ddprun_rdzv_wait_failure(rdzv_client *c, const char *prefix, int round, int timeout_ms,
+                             char **json)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || !json)
+        return -EINVAL;
+    char *key = round_key(prefix, round, "failed");
+    if (!key)
+        return -ENOMEM;
+    void *v = NULL;
+    size_t n = 0;
+    int rc = rdzv_wait(c, (const char *const *)&key, 1, timeout_ms);
+    if (rc == 0)
+        rc = rdzv_get(c, key, &v, &n);
+    free(key);
+    if (rc == 0)
+        *json = v;
+    return rc;
+}

@@ -1,0 +1,1369 @@
+/*
+ * ddprun's command line: torchrun's options (PyTorch 1.13 and current, in both the dash and the
+ * underscore spelling), their PET_<NAME> environment defaults, Slurm defaults, and --help.
+ *
+ * One table, `options` below, lists every option with its spellings, argument, default, help
+ * text and whether PET_<NAME> may supply it; the parser and ddprun_print_help() both walk it, so
+ * the help (and through tests/test_ddprun_help.sh the man page) cannot drift from the parser.
+ *
+ * Parsing happens in three steps, as torchrun's argparse does: every option starts from its
+ * default, replaced by PET_<NAME> when that is set, replaced by the command line (the last
+ * occurrence wins); only then is each final value converted and checked, so an environment
+ * value the command line overrides is never looked at. Options end at the first argument that
+ * is not one (the training script) or at `--`; the rest belongs to the script. Long options may
+ * be abbreviated to an unambiguous prefix, as argparse allows.
+ *
+ * Not done here: anything with side effects beyond reading the environment, /dev and the CPU
+ * affinity mask. Nothing is printed except by --help, --version and --print-completion; errors go
+ * to the caller's buffer. *cfg is written only on success.
+ */
+#include "config.h"
+#include "slurm.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef DDPRUN_VERSION
+#define DDPRUN_VERSION "0.1.0"
+#endif
+
+#define C10D_DEFAULT_PORT 29400 /* torchrun's c10d rendezvous default */
+#define STATIC_DEFAULT_PORT 29500
+
+/*
+ * Where GPUs are counted: the directory holding nvidia0, nvidia1, ... Internal to the launcher;
+ * tests point it at a directory of their own.
+ */
+const char *ddprun__dev_dir = "/dev";
+
+enum opt_id {
+    O_NNODES,
+    O_NPROC_PER_NODE,
+    O_RDZV_BACKEND,
+    O_RDZV_ENDPOINT,
+    O_RDZV_ID,
+    O_RDZV_CONF,
+    O_STANDALONE,
+    O_MAX_RESTARTS,
+    O_MONITOR_INTERVAL,
+    O_START_METHOD,
+    O_EVENT_LOG_HANDLER,
+    O_ROLE,
+    O_MODULE,
+    O_NO_PYTHON,
+    O_RUN_PATH,
+    O_LOG_DIR,
+    O_REDIRECTS,
+    O_TEE,
+    O_LOG_LINE_PREFIX_TEMPLATE,
+    O_LOCAL_RANKS_FILTER,
+    O_DUPLICATE_STDOUT_FILTERS,
+    O_DUPLICATE_STDERR_FILTERS,
+    O_NODE_RANK,
+    O_MASTER_ADDR,
+    O_MASTER_PORT,
+    O_LOCAL_ADDR,
+    O_LOGS_SPECS,
+    O_NUMA_BINDING,
+    O_SIGNALS_TO_HANDLE,
+    O_SHUTDOWN_TIMEOUT,
+    O_VIRTUAL_LOCAL_RANK,
+    O_PRINT_COMPLETION,
+    O_NO_PREFIX,
+    O_HELP,
+    O_VERSION,
+    O_COUNT
+};
+
+struct option_def {
+    enum opt_id id;
+    const char *names[3]; /* spellings; the first one starting with "--" names PET_<NAME> */
+    const char *arg;      /* the argument's name in --help, NULL for a flag */
+    const char *def;      /* the default, as --help shows it and as parsing starts; NULL: none */
+    bool pet;             /* PET_<NAME> supplies the default, as torchrun's env/check_env */
+    const char *help;
+};
+
+/* The order is torchrun's --help order, then ddprun's own options. */
+static const struct option_def options[] = {
+    {O_NNODES,
+     {"--nnodes"},
+     "N|MIN:MAX",
+     "1:1",
+     true,
+     "Number of nodes, or the range MIN:MAX of an elastic job."},
+    {O_NPROC_PER_NODE,
+     {"--nproc-per-node", "--nproc_per_node"},
+     "N|auto|cpu|gpu",
+     "1",
+     true,
+     "Workers per node: a positive integer; 'gpu' for one per visible GPU; 'cpu' for one per "
+     "usable CPU; 'auto' for 'gpu' when there are GPUs, else 'cpu'."},
+    {O_RDZV_BACKEND,
+     {"--rdzv-backend", "--rdzv_backend"},
+     "static|c10d",
+     "static",
+     true,
+     "Rendezvous backend."},
+    {O_RDZV_ENDPOINT,
+     {"--rdzv-endpoint", "--rdzv_endpoint"},
+     "HOST[:PORT]",
+     "",
+     true,
+     "Rendezvous endpoint. The c10d backend's port defaults to 29400; with the static backend it "
+     "replaces --master-addr and --master-port."},
+    {O_RDZV_ID,
+     {"--rdzv-id", "--rdzv_id"},
+     "ID",
+     "none",
+     true,
+     "Job id, the same on every node of a job."},
+    {O_RDZV_CONF,
+     {"--rdzv-conf", "--rdzv_conf"},
+     "KEY=VALUE,...",
+     "",
+     true,
+     "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, read_timeout, "
+     "timeout, heartbeat_timeout (seconds), is_host (true/false), keep_alive_interval, "
+     "keep_alive_max_attempt, cas_backoff_max_seconds, store_type (tcp)."},
+    {O_STANDALONE,
+     {"--standalone"},
+     NULL,
+     NULL,
+     true,
+     "Single node: the c10d backend on a free local port with a random --rdzv-id; "
+     "--rdzv-backend, --rdzv-endpoint, --rdzv-id and --nnodes are ignored."},
+    {O_MAX_RESTARTS,
+     {"--max-restarts", "--max_restarts"},
+     "N",
+     "0",
+     true,
+     "Restarts of the worker group before the job fails."},
+    {O_MONITOR_INTERVAL,
+     {"--monitor-interval", "--monitor_interval"},
+     "SECONDS",
+     "0.1",
+     true,
+     "Accepted for torchrun compatibility; ddprun reacts to worker exits at once."},
+    {O_START_METHOD,
+     {"--start-method", "--start_method"},
+     "spawn|fork|forkserver",
+     "spawn",
+     true,
+     "Accepted for torchrun compatibility; every worker is a fresh exec."},
+    {O_EVENT_LOG_HANDLER,
+     {"--event-log-handler", "--event_log_handler"},
+     "NAME",
+     "null",
+     true,
+     "Accepted for torchrun compatibility and ignored."},
+    {O_ROLE, {"--role"}, "ROLE", "default", true, "Role name of the workers (ROLE_NAME)."},
+    {O_MODULE,
+     {"-m", "--module"},
+     NULL,
+     NULL,
+     true,
+     "Run the training script as a Python module, like 'python -m'."},
+    {O_NO_PYTHON,
+     {"--no-python", "--no_python"},
+     NULL,
+     NULL,
+     true,
+     "Run the training script as a program, without 'python -u' in front."},
+    {O_RUN_PATH,
+     {"--run-path", "--run_path"},
+     NULL,
+     NULL,
+     true,
+     "Run the training script as runpy.run_path would; it must be an absolute path. Takes "
+     "precedence over --no-python."},
+    {O_LOG_DIR,
+     {"--log-dir", "--log_dir"},
+     "DIR",
+     NULL,
+     true,
+     "Directory for the workers' log files (see --redirects and --tee)."},
+    {O_REDIRECTS,
+     {"-r", "--redirects"},
+     "STD|MAP",
+     "0",
+     true,
+     "Redirect workers' streams to files under --log-dir: 0 none, 1 stdout, 2 stderr, 3 both; "
+     "or per local rank, e.g. 0:1,1:2."},
+    {O_TEE,
+     {"-t", "--tee"},
+     "STD|MAP",
+     "0",
+     true,
+     "Like --redirects, but also keep the streams on the console."},
+    {O_LOG_LINE_PREFIX_TEMPLATE,
+     {"--log-line-prefix-template", "--log_line_prefix_template"},
+     "TEMPLATE",
+     "[${rank}]:",
+     true,
+     "Prefix of console lines; ${role_name}, ${local_rank}, ${rank} and ${hostname} are "
+     "replaced. TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is also read."},
+    {O_LOCAL_RANKS_FILTER,
+     {"--local-ranks-filter", "--local_ranks_filter"},
+     "RANK,...",
+     "",
+     true,
+     "Only these local ranks reach the console; log files keep everything."},
+    {O_DUPLICATE_STDOUT_FILTERS,
+     {"--duplicate-stdout-filters", "--duplicate_stdout_filters"},
+     "TEXT,...",
+     "",
+     true,
+     "Accepted for torchrun compatibility and ignored."},
+    {O_DUPLICATE_STDERR_FILTERS,
+     {"--duplicate-stderr-filters", "--duplicate_stderr_filters"},
+     "TEXT,...",
+     "",
+     true,
+     "Accepted for torchrun compatibility and ignored."},
+    {O_NODE_RANK,
+     {"--node-rank", "--node_rank"},
+     "N",
+     "0",
+     true,
+     "Rank of this node (static backend)."},
+    {O_MASTER_ADDR,
+     {"--master-addr", "--master_addr"},
+     "ADDR",
+     "127.0.0.1",
+     true,
+     "Address of node 0 (static backend)."},
+    {O_MASTER_PORT,
+     {"--master-port", "--master_port"},
+     "PORT",
+     "29500",
+     true,
+     "Port on node 0 (static backend). A one-node job without it uses a free port, as "
+     "torchrun does."},
+    {O_LOCAL_ADDR,
+     {"--local-addr", "--local_addr"},
+     "ADDR",
+     NULL,
+     true,
+     "Address other nodes reach this one by; default: this host's name."},
+    {O_LOGS_SPECS,
+     {"--logs-specs", "--logs_specs"},
+     "NAME",
+     NULL,
+     false,
+     "Accepted for torchrun compatibility and ignored (ddprun has no plug-ins)."},
+    {O_NUMA_BINDING,
+     {"--numa-binding", "--numa_binding"},
+     "node|socket|exclusive|core-complex",
+     NULL,
+     false,
+     "Accepted for torchrun compatibility and ignored (no NUMA binding)."},
+    {O_SIGNALS_TO_HANDLE,
+     {"--signals-to-handle", "--signals_to_handle"},
+     "SIG,...",
+     "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+     true,
+     "Accepted and checked; ddprun forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and "
+     "SIGUSR2 to the workers whatever this says."},
+    {O_SHUTDOWN_TIMEOUT,
+     {"--shutdown-timeout", "--shutdown_timeout"},
+     "SECONDS",
+     "30",
+     true,
+     "Grace between SIGTERM and SIGKILL when workers are stopped. "
+     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT, when set, replaces the default."},
+    {O_VIRTUAL_LOCAL_RANK,
+     {"--virtual-local-rank", "--virtual_local_rank"},
+     NULL,
+     NULL,
+     true,
+     "Accepted for torchrun compatibility and ignored."},
+    {O_PRINT_COMPLETION,
+     {"--print-completion", "--print_completion"},
+     "bash|zsh|tcsh",
+     NULL,
+     false,
+     "Print a shell completion script for ddprun and exit."},
+    {O_NO_PREFIX,
+     {"--no-prefix"},
+     NULL,
+     NULL,
+     false,
+     "Do not prefix console lines with the worker's rank."},
+    {O_HELP, {"-h", "--help"}, NULL, NULL, false, "Show this help and exit."},
+    {O_VERSION, {"--version"}, NULL, NULL, false, "Show ddprun's version and exit."},
+};
+
+#define NOPTIONS (sizeof options / sizeof options[0])
+
+/* Where an option's value came from, in rising precedence. */
+enum source { SRC_DEFAULT, SRC_SLURM, SRC_ENV, SRC_CLI };
+
+struct raw {
+    const char *value[O_COUNT]; /* borrowed: table, environment or argv */
+    enum source src[O_COUNT];
+    char label[O_COUNT][96]; /* how errors name the option: "--nnodes (from PET_NNODES)" */
+};
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = snprintf(err, errlen, "ddprun: ");
+        if (k >= 0 && (size_t)k < errlen)
+            vsnprintf(err + k, errlen - (size_t)k, fmt, ap);
+        va_end(ap);
+    }
+    return -EINVAL;
+}
+
+static const char *long_name(const struct option_def *o)
+{
+    for (int k = 0; k < 3 && o->names[k]; k++)
+        if (o->names[k][1] == '-')
+            return o->names[k];
+    return o->names[0];
+}
+
+/* PET_ + the first long spelling, upper-cased, '-' as '_' (argparse's dest). */
+static void pet_name(const struct option_def *o, char *buf, size_t len)
+{
+    const char *n = long_name(o) + 2;
+    size_t k = (size_t)snprintf(buf, len, "PET_");
+    for (; *n && k + 1 < len; n++)
+        buf[k++] = *n == '-' ? '_' : (char)toupper((unsigned char)*n);
+    buf[k] = '\0';
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Value conversions. Each names the option through `label` on failure.                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static bool to_long(const char *s, long *out)
+{
+    char *end;
+    if (!s || !*s || isspace((unsigned char)*s))
+        return false;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool to_double(const char *s, double *out)
+{
+    char *end;
+    if (!s || !*s || isspace((unsigned char)*s))
+        return false;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v))
+        return false;
+    *out = v;
+    return true;
+}
+
+static int get_int(const struct raw *r, enum opt_id id, long lo, long hi, int *out, char *err,
+                   size_t errlen)
+{
+    long v;
+    if (!to_long(r->value[id], &v) || v < lo || v > hi) {
+        if (hi == INT32_MAX)
+            return fail(err, errlen, "%s: expected an integer of at least %ld, got '%s'",
+                        r->label[id], lo, r->value[id] ? r->value[id] : "");
+        return fail(err, errlen, "%s: expected an integer from %ld to %ld, got '%s'", r->label[id],
+                    lo, hi, r->value[id] ? r->value[id] : "");
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int get_seconds(const char *label, const char *s, bool allow_zero, double *out, char *err,
+                       size_t errlen)
+{
+    double v;
+    if (!to_double(s, &v) || v < 0 || (!allow_zero && v == 0))
+        return fail(err, errlen, "%s: expected a %s number of seconds, got '%s'", label,
+                    allow_zero ? "non-negative" : "positive", s ? s : "");
+    *out = v;
+    return 0;
+}
+
+/* check_env's rule for flags: PET_<NAME> is an integer, non-zero meaning set. */
+static int get_flag(const struct raw *r, enum opt_id id, bool *out, char *err, size_t errlen)
+{
+    long v;
+    if (!r->value[id]) {
+        *out = false;
+        return 0;
+    }
+    if (!to_long(r->value[id], &v))
+        return fail(err, errlen, "%s: expected 0 or 1, got '%s'", r->label[id], r->value[id]);
+    *out = v != 0;
+    return 0;
+}
+
+static int dup_str(const char *s, char **out)
+{
+    if (!s) {
+        *out = NULL;
+        return 0;
+    }
+    *out = strdup(s);
+    return *out ? 0 : -ENOMEM;
+}
+
+/* Usable CPUs, as torch._utils.cpu_count(): the affinity mask, else the online count. */
+static int count_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/*
+ * GPUs CUDA would show this process, without linking CUDA: the /dev/nvidiaN nodes, narrowed by
+ * CUDA_VISIBLE_DEVICES when it is set. Like CUDA, the visible list ends at its first entry that is
+ * empty or not a valid index or GPU-/MIG- UUID.
+ */
+static int count_gpus(void)
+{
+    int ndev = 0;
+    DIR *d = opendir(ddprun__dev_dir);
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *p = e->d_name;
+        if (strncmp(p, "nvidia", 6) != 0 || !p[6])
+            continue;
+        for (p += 6; *p >= '0' && *p <= '9'; p++)
+            ;
+        ndev += *p == '\0';
+    }
+    closedir(d);
+
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd || ndev == 0)
+        return ndev;
+    int visible = 0;
+    for (const char *p = cvd;;) {
+        size_t len = strcspn(p, ",");
+        char tok[128];
+        if (len == 0 || len >= sizeof tok)
+            break;
+        memcpy(tok, p, len);
+        tok[len] = '\0';
+        long idx;
+        if (to_long(tok, &idx)) {
+            if (idx < 0 || idx >= ndev)
+                break;
+        } else if (strncmp(tok, "GPU-", 4) != 0 && strncmp(tok, "MIG-", 4) != 0) {
+            break;
+        }
+        visible++;
+        if (p[len] == '\0')
+            break;
+        p += len + 1;
+    }
+    return visible < ndev ? visible : ndev;
+}
+
+static int get_nproc(const struct raw *r, int *out, char *err, size_t errlen)
+{
+    const char *s = r->value[O_NPROC_PER_NODE];
+    long v;
+    if (to_long(s, &v) && v > 0 && v <= DDPRUN_MAX_LOCAL) {
+        *out = (int)v;
+        return 0;
+    }
+    if (to_long(s, &v) && v > DDPRUN_MAX_LOCAL)
+        return fail(err, errlen, "%s: at most %d workers per node, got '%s'",
+                    r->label[O_NPROC_PER_NODE], DDPRUN_MAX_LOCAL, s);
+    int n;
+    if (strcmp(s, "cpu") == 0) {
+        n = count_cpus();
+    } else if (strcmp(s, "gpu") == 0) {
+        n = count_gpus();
+        if (n == 0)
+            return fail(err, errlen, "%s: 'gpu' given, but no GPU is visible",
+                        r->label[O_NPROC_PER_NODE]);
+    } else if (strcmp(s, "auto") == 0) {
+        n = count_gpus();
+        if (n == 0)
+            n = count_cpus();
+    } else {
+        return fail(err, errlen,
+                    "%s: expected a positive integer, 'auto', 'cpu' or 'gpu', got '%s'",
+                    r->label[O_NPROC_PER_NODE], s);
+    }
+    *out = n < DDPRUN_MAX_LOCAL ? n : DDPRUN_MAX_LOCAL;
+    return 0;
+}
+
+static int get_nnodes(const struct raw *r, int *min, int *max, char *err, size_t errlen)
+{
+    const char *s = r->value[O_NNODES];
+    const char *colon = strchr(s, ':');
+    char lo[32];
+    long a, b;
+    bool ok;
+    if (!colon) {
+        ok = to_long(s, &a);
+        b = a;
+    } else {
+        size_t len = (size_t)(colon - s);
+        ok = len < sizeof lo;
+        if (ok) {
+            memcpy(lo, s, len);
+            lo[len] = '\0';
+            ok = to_long(lo, &a) && to_long(colon + 1, &b);
+        }
+    }
+    if (!ok || a < 1 || a > b || b > INT32_MAX)
+        return fail(err, errlen, "%s: expected N or MIN:MAX with 0 < MIN <= MAX, got '%s'",
+                    r->label[O_NNODES], s);
+    *min = (int)a;
+    *max = (int)b;
+    return 0;
+}
+
+/*
+ * torchrun's Std.from_str: one value 0-3 for every local rank, or LOCAL_RANK:VALUE pairs with the
+ * ranks not named getting 0. (torchrun accepts one-digit local ranks only; ddprun any below
+ * DDPRUN_MAX_LOCAL.)
+ */
+static int get_std(const struct raw *r, enum opt_id id, int *out, char *err, size_t errlen)
+{
+    const char *s = r->value[id];
+    long v;
+    if (!strchr(s, ':')) {
+        if (!to_long(s, &v) || v < 0 || v > 3)
+            goto bad;
+        for (int i = 0; i < DDPRUN_MAX_LOCAL; i++)
+            out[i] = (int)v;
+        return 0;
+    }
+    int tmp[DDPRUN_MAX_LOCAL] = {0};
+    for (const char *p = s;;) {
+        size_t len = strcspn(p, ",");
+        char pair[32], *colon;
+        long rank;
+        if (len == 0 || len >= sizeof pair)
+            goto bad;
+        memcpy(pair, p, len);
+        pair[len] = '\0';
+        colon = strchr(pair, ':');
+        if (!colon)
+            goto bad;
+        *colon = '\0';
+        if (!to_long(pair, &rank) || rank < 0 || rank >= DDPRUN_MAX_LOCAL)
+            goto bad;
+        if (!to_long(colon + 1, &v) || v < 0 || v > 3)
+            goto bad;
+        tmp[rank] = (int)v;
+        if (p[len] == '\0')
+            break;
+        p += len + 1;
+    }
+    memcpy(out, tmp, sizeof tmp);
+    return 0;
+bad:
+    return fail(err, errlen,
+                "%s: expected 0, 1, 2 or 3, or LOCAL_RANK:VALUE pairs like 0:1,1:2, got '%s'",
+                r->label[id], s);
+}
+
+static int get_ranks_filter(const struct raw *r, ddprun_config *c, char *err, size_t errlen)
+{
+    const char *s = r->value[O_LOCAL_RANKS_FILTER];
+    for (int i = 0; i < DDPRUN_MAX_LOCAL; i++)
+        c->show_rank[i] = true;
+    c->local_ranks_filter_set = false;
+    if (!s || !*s)
+        return 0;
+    bool show[DDPRUN_MAX_LOCAL] = {false};
+    for (const char *p = s;;) {
+        size_t len = strcspn(p, ",");
+        char tok[32];
+        long v;
+        if (len == 0 || len >= sizeof tok)
+            goto bad;
+        memcpy(tok, p, len);
+        tok[len] = '\0';
+        if (!to_long(tok, &v) || v < 0 || v >= DDPRUN_MAX_LOCAL)
+            goto bad;
+        show[v] = true;
+        if (p[len] == '\0')
+            break;
+        p += len + 1;
+    }
+    memcpy(c->show_rank, show, sizeof show);
+    c->local_ranks_filter_set = true;
+    return 0;
+bad:
+    return fail(err, errlen,
+                "%s: expected a comma-separated list of local ranks like 0,1,2, got "
+                "'%s'",
+                r->label[O_LOCAL_RANKS_FILTER], s);
+}
+
+/*
+ * torchrun's parse_rendezvous_endpoint(): HOST[:PORT], where a bracketed HOST is an IPv6 address;
+ * port -1 when absent. The host keeps torchrun's character set.
+ */
+static int split_endpoint(const char *label, const char *ep, char **host, int *port, char *err,
+                          size_t errlen)
+{
+    size_t len = strlen(ep);
+    const char *colon = NULL;
+    long p = -1;
+
+    while (len && isspace((unsigned char)ep[len - 1]))
+        len--;
+    while (len && isspace((unsigned char)*ep))
+        ep++, len--;
+    if (!(len >= 2 && ep[0] == '[' && ep[len - 1] == ']')) {
+        colon = memrchr(ep, ':', len);
+    }
+    size_t hlen = colon ? (size_t)(colon - ep) : len;
+    if (colon) {
+        const char *ps = colon + 1;
+        size_t plen = len - hlen - 1;
+        char buf[8];
+        if (plen < 1 || plen > 5 || strspn(ps, "0123456789") < plen)
+            goto badport;
+        memcpy(buf, ps, plen);
+        buf[plen] = '\0';
+        p = strtol(buf, NULL, 10);
+        if (p > 65535)
+            goto badport;
+    }
+    const char *h = ep;
+    if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']')
+        h++, hlen -= 2;
+    if (hlen == 0)
+        return fail(err, errlen, "%s: expected HOST[:PORT], got '%s'", label, ep);
+    for (size_t i = 0; i < hlen; i++)
+        if (!isalnum((unsigned char)h[i]) && !strchr("_.:-", h[i]))
+            return fail(err, errlen,
+                        "%s: the host of '%s' must be a host name, an IPv4 or an IPv6 "
+                        "address",
+                        label, ep);
+    *host = strndup(h, hlen);
+    if (!*host)
+        return -ENOMEM;
+    *port = (int)p;
+    return 0;
+badport:
+    return fail(err, errlen, "%s: the port of '%s' must be an integer from 0 to 65535", label, ep);
+}
+
+static int conf_bool(const char *label, const char *key, const char *v, bool *out, char *err,
+                     size_t errlen)
+{
+    static const char *yes[] = {"1", "true", "t", "yes", "y"},
+                      *no[] = {"0", "false", "f", "no", "n"};
+    for (size_t i = 0; i < 5; i++) {
+        if (strcasecmp(v, yes[i]) == 0) {
+            *out = true;
+            return 0;
+        }
+        if (strcasecmp(v, no[i]) == 0) {
+            *out = false;
+            return 0;
+        }
+    }
+    return fail(err, errlen, "%s: %s: expected a boolean (true/false, 1/0, yes/no), got '%s'",
+                label, key, v);
+}
+
+/* torchrun's _parse_rendezvous_config(), then the keys its rendezvous backends read. */
+static int get_rdzv_conf(const struct raw *r, ddprun_config *c, char *err, size_t errlen)
+{
+    const char *label = r->label[O_RDZV_CONF];
+    const char *s = r->value[O_RDZV_CONF];
+    char *copy = strdup(s);
+    int rc = 0;
+    if (!copy)
+        return -ENOMEM;
+    char *p = copy;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (!*p)
+        goto out;
+    for (char *kv = p, *next; kv; kv = next) {
+        next = strchr(kv, ',');
+        if (next)
+            *next++ = '\0';
+        char *eq = strchr(kv, '=');
+        char *key = kv, *val = eq ? eq + 1 : NULL;
+        if (eq)
+            *eq = '\0';
+        while (isspace((unsigned char)*key))
+            key++;
+        for (char *e = key + strlen(key); e > key && isspace((unsigned char)e[-1]);)
+            *--e = '\0';
+        if (val) {
+            while (isspace((unsigned char)*val))
+                val++;
+            for (char *e = val + strlen(val); e > val && isspace((unsigned char)e[-1]);)
+                *--e = '\0';
+        }
+        if (!*key) {
+            rc = fail(err, errlen, "%s: expected KEY=VALUE,..., got '%s'", label, s);
+            goto out;
+        }
+        if (!val || !*val) {
+            rc = fail(err, errlen, "%s: %s: a value is required", label, key);
+            goto out;
+        }
+        char what[160];
+        snprintf(what, sizeof what, "%s: %s", label, key);
+        double d;
+        long n;
+        if (strcmp(key, "join_timeout") == 0)
+            rc = get_seconds(what, val, false, &c->join_timeout_s, err, errlen);
+        else if (strcmp(key, "last_call_timeout") == 0)
+            rc = get_seconds(what, val, false, &c->last_call_timeout_s, err, errlen);
+        else if (strcmp(key, "close_timeout") == 0)
+            rc = get_seconds(what, val, false, &c->close_timeout_s, err, errlen);
+        else if (strcmp(key, "read_timeout") == 0)
+            rc = get_seconds(what, val, false, &c->read_timeout_s, err, errlen);
+        else if (strcmp(key, "timeout") == 0)
+            rc = get_seconds(what, val, false, &c->timeout_s, err, errlen);
+        else if (strcmp(key, "heartbeat_timeout") == 0)
+            rc = get_seconds(what, val, false, &d, err, errlen);
+        else if (strcmp(key, "keep_alive_interval") == 0)
+            rc = get_seconds(what, val, false, &c->keep_alive_interval_s, err, errlen);
+        else if (strcmp(key, "cas_backoff_max_seconds") == 0)
+            rc = get_seconds(what, val, true, &d, err, errlen);
+        else if (strcmp(key, "keep_alive_max_attempt") == 0) {
+            if (!to_long(val, &n) || n < 1 || n > INT32_MAX)
+                rc = fail(err, errlen, "%s: expected a positive integer, got '%s'", what, val);
+            else
+                c->keep_alive_max_attempt = (int)n;
+        } else if (strcmp(key, "is_host") == 0) {
+            rc = conf_bool(label, key, val, &c->is_host, err, errlen);
+            c->is_host_given = 1;
+        } else if (strcmp(key, "store_type") == 0) {
+            if (strcasecmp(val, "tcp") != 0)
+                rc = fail(err, errlen, "%s: only 'tcp' is supported, got '%s'", what, val);
+        } else {
+            rc = fail(err, errlen,
+                      "%s: unknown key '%s' (known: join_timeout, last_call_timeout, "
+                      "close_timeout, read_timeout, timeout, heartbeat_timeout, is_host, "
+                      "keep_alive_interval, keep_alive_max_attempt, cas_backoff_max_seconds, "
+                      "store_type)",
+                      label, key);
+        }
+        if (rc < 0)
+            goto out;
+    }
+out:
+    free(copy);
+    return rc;
+}
+
+static int check_choice(const struct raw *r, enum opt_id id, const char *const *choices, char *err,
+                        size_t errlen)
+{
+    const char *v = r->value[id];
+    if (!v)
+        return 0;
+    for (const char *const *c = choices; *c; c++)
+        if (strcmp(v, *c) == 0)
+            return 0;
+    char list[160] = "";
+    for (const char *const *c = choices; *c; c++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s'%s'",
+                 c == choices ? "" : (c[1] ? ", " : " or "), *c);
+    return fail(err, errlen, "%s: expected %s, got '%s'", r->label[id], list, v);
+}
+
+static int check_signals(const struct raw *r, char *err, size_t errlen)
+{
+    static const char *known[] = {
+        "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
+        "SIGFPE",  "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
+        "SIGCHLD", "SIGCONT",   "SIGTSTP", "SIGTTIN",  "SIGTTOU", "SIGURG",  "SIGXCPU",
+        "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
+    const char *s = r->value[O_SIGNALS_TO_HANDLE];
+    for (const char *p = s;;) {
+        size_t len = strcspn(p, ",");
+        while (len && isspace((unsigned char)*p))
+            p++, len--;
+        size_t tl = len;
+        while (tl && isspace((unsigned char)p[tl - 1]))
+            tl--;
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++)
+            ok = strlen(known[i]) == tl && strncmp(known[i], p, tl) == 0;
+        if (!ok)
+            return fail(err, errlen, "%s: unknown signal '%.*s' in '%s'",
+                        r->label[O_SIGNALS_TO_HANDLE], (int)tl, p, s);
+        if (p[len] == '\0')
+            break;
+        p += len + 1;
+    }
+    return 0;
+}
+
+/* A random version 4 UUID, as torchrun's str(uuid.uuid4()) for --standalone. */
+static int make_uuid(char **out)
+{
+    unsigned char b[16];
+    size_t got = 0;
+    while (got < sizeof b) {
+        ssize_t k = getrandom(b + got, sizeof b - got, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    if (got < sizeof b) {
+        /* No getrandom(): time and pid are unique enough for a job id. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x =
+            (uint64_t)ts.tv_sec * 1000000007u ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+        for (size_t i = 0; i < sizeof b; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            b[i] = (unsigned char)x;
+        }
+    }
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    char s[37];
+    size_t k = 0;
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            s[k++] = '-';
+        k += (size_t)snprintf(s + k, sizeof s - k, "%02x", b[i]);
+    }
+    return dup_str(s, out);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Help and shell completion.                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Writes text word-wrapped at `width` columns, each line indented by `indent`. */
+static void wrap(const char *text, int indent, int width)
+{
+    int col = 0;
+    const char *p = text;
+    while (*p) {
+        size_t w = strcspn(p, " ");
+        if (col > indent && col + 1 + (int)w > width) {
+            putchar('\n');
+            col = 0;
+        }
+        if (col == 0) {
+            printf("%*s", indent, "");
+            col = indent;
+        } else {
+            putchar(' ');
+            col++;
+        }
+        printf("%.*s", (int)w, p);
+        col += (int)w;
+        p += w;
+        while (*p == ' ')
+            p++;
+    }
+    putchar('\n');
+}
+
+void ddprun_print_help(void)
+{
+    printf("usage: ddprun [OPTIONS] TRAINING_SCRIPT [SCRIPT_ARGS ...]\n\n");
+    wrap("Starts --nproc-per-node workers of TRAINING_SCRIPT on this node (with 'python -u' in "
+         "front unless --no-python) as torchrun does, with the same options and environment. "
+         "Options end at the training script or at '--'. A value may also follow an '=', as in "
+         "--nnodes=2.",
+         0, 80);
+    printf("\noptions:\n");
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const struct option_def *o = &options[i];
+        char line[256];
+        size_t k = 0;
+        line[0] = '\0';
+        for (int n = 0; n < 3 && o->names[n]; n++)
+            k += (size_t)snprintf(line + k, sizeof line - k, "%s%s", n ? ", " : "  ", o->names[n]);
+        if (o->arg)
+            snprintf(line + k, sizeof line - k, " %s", o->arg);
+        printf("%s\n", line);
+
+        char text[768];
+        k = (size_t)snprintf(text, sizeof text, "%s", o->help);
+        char pet[64];
+        pet_name(o, pet, sizeof pet);
+        if (o->def && *o->def && o->pet)
+            snprintf(text + k, sizeof text - k, " (default: %s; env: %s)", o->def, pet);
+        else if (o->def && *o->def)
+            snprintf(text + k, sizeof text - k, " (default: %s)", o->def);
+        else if (o->pet)
+            snprintf(text + k, sizeof text - k, " (env: %s)", pet);
+        wrap(text, 8, 80);
+    }
+    printf("\n");
+    wrap("Slurm: under srun, when SLURM_JOB_ID, SLURM_NNODES, SLURM_NODEID and SLURM_JOB_NODELIST "
+         "are set, --nnodes, --node-rank and --master-addr default to the job's node count, this "
+         "node's index and the first host of the node list. See ddprun(1).",
+         0, 80);
+}
+
+static void print_completion(const char *shell)
+{
+    char words[2048] = "";
+    size_t k = 0;
+    for (size_t i = 0; i < NOPTIONS; i++)
+        for (int n = 0; n < 3 && options[i].names[n]; n++)
+            k += (size_t)snprintf(words + k, sizeof words - k, "%s%s", k ? " " : "",
+                                  options[i].names[n]);
+    if (strcmp(shell, "bash") == 0) {
+        printf("# bash completion for ddprun\ncomplete -o default -W '%s' ddprun\n", words);
+    } else if (strcmp(shell, "zsh") == 0) {
+        printf("#compdef ddprun\n_arguments '*:file:_files' \\\n");
+        for (char *w = words; *w;) {
+            size_t len = strcspn(w, " ");
+            printf("  '%.*s' \\\n", (int)len, w);
+            w += len + (w[len] == ' ');
+        }
+        printf("  && return 0\n");
+    } else {
+        printf("complete ddprun 'c/-/(");
+        for (char *w = words; *w;) {
+            size_t len = strcspn(w, " ");
+            printf("%s%.*s", w == words ? "" : " ", (int)len - 1, w + 1);
+            w += len + (w[len] == ' ');
+        }
+        printf(")/' 'p/*/f/'\n");
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The parser.                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Finds the option `name` (without "=VALUE") names: an exact spelling, else the one option all of
+ * whose spellings that start with `name` belong to (argparse's abbreviations).
+ */
+static const struct option_def *lookup(const char *name, size_t len, char *err, size_t errlen,
+                                       int *rc)
+{
+    const struct option_def *hit = NULL;
+    *rc = 0;
+    for (size_t i = 0; i < NOPTIONS; i++)
+        for (int n = 0; n < 3 && options[i].names[n]; n++)
+            if (strlen(options[i].names[n]) == len && strncmp(options[i].names[n], name, len) == 0)
+                return &options[i];
+    if (len < 3 || name[1] != '-')
+        goto unknown;
+    for (size_t i = 0; i < NOPTIONS; i++)
+        for (int n = 0; n < 3 && options[i].names[n]; n++) {
+            if (strncmp(options[i].names[n], name, len) != 0)
+                continue;
+            if (hit && hit != &options[i]) {
+                *rc = fail(err, errlen, "ambiguous option '%.*s' could be %s or %s", (int)len, name,
+                           long_name(hit), long_name(&options[i]));
+                return NULL;
+            }
+            hit = &options[i];
+        }
+    if (hit)
+        return hit;
+unknown:
+    *rc = fail(err, errlen, "unknown option '%.*s'", (int)len, name);
+    return NULL;
+}
+
+/* An argument that argparse would take for an option rather than a value. */
+static bool looks_like_option(const char *s)
+{
+    double d;
+    return s[0] == '-' && s[1] != '\0' && !to_double(s, &d);
+}
+
+/* Step 1 and 2: defaults, then PET_<NAME>. */
+static void read_defaults(struct raw *r)
+{
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const struct option_def *o = &options[i];
+        r->value[o->id] = o->def;
+        r->src[o->id] = SRC_DEFAULT;
+        snprintf(r->label[o->id], sizeof r->label[o->id], "%s", long_name(o));
+        if (!o->pet)
+            continue;
+        char pet[64];
+        pet_name(o, pet, sizeof pet);
+        const char *v = getenv(pet);
+        if (!v)
+            continue;
+        r->value[o->id] = v;
+        r->src[o->id] = SRC_ENV;
+        snprintf(r->label[o->id], sizeof r->label[o->id], "%s (from %s)", long_name(o), pet);
+    }
+    /* The pieces torchrun fills in after argparse. */
+    if (r->src[O_MASTER_PORT] == SRC_DEFAULT)
+        r->value[O_MASTER_PORT] = NULL;
+    if (r->src[O_SHUTDOWN_TIMEOUT] == SRC_DEFAULT) {
+        const char *v = getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+        if (v) {
+            r->value[O_SHUTDOWN_TIMEOUT] = v;
+            snprintf(r->label[O_SHUTDOWN_TIMEOUT], sizeof r->label[0],
+                     "--shutdown-timeout (from TORCH_ELASTIC_SHUTDOWN_TIMEOUT)");
+        }
+    }
+    if (r->src[O_LOG_LINE_PREFIX_TEMPLATE] == SRC_DEFAULT) {
+        const char *v = getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+        r->value[O_LOG_LINE_PREFIX_TEMPLATE] = v;
+    }
+}
+
+/*
+ * Step 3: the command line. Returns the index of the training script, 0 after --help and the
+ * like, or a negative errno.
+ */
+static int read_argv(int argc, char **argv, struct raw *r, char *err, size_t errlen)
+{
+    int i = 1;
+    while (i < argc) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0)
+            return i + 1;
+        if (a[0] != '-' || a[1] == '\0')
+            return i;
+        size_t nlen = strcspn(a, "=");
+        const char *inline_val = a[nlen] == '=' ? a + nlen + 1 : NULL;
+        int rc;
+        const struct option_def *o = lookup(a, nlen, err, errlen, &rc);
+        if (!o && a[1] != '-' && nlen > 2) {
+            /* -r3: a short option with its value attached. */
+            o = lookup(a, 2, err, errlen, &rc);
+            if (o && o->arg) {
+                nlen = 2;
+                inline_val = a + 2;
+            } else {
+                o = NULL;
+                rc = fail(err, errlen, "unknown option '%s'", a);
+            }
+        }
+        if (!o)
+            return rc;
+        char typed[64];
+        snprintf(typed, sizeof typed, "%.*s", (int)nlen, a);
+        i++;
+        const char *val;
+        if (!o->arg) {
+            if (inline_val)
+                return fail(err, errlen, "%s: takes no value, got '%s'", typed, inline_val);
+            val = "1";
+        } else if (inline_val) {
+            val = inline_val;
+        } else {
+            if (i >= argc || looks_like_option(argv[i]))
+                return fail(err, errlen, "%s: expected a value (%s)", typed, o->arg);
+            val = argv[i++];
+        }
+        switch (o->id) {
+        case O_HELP:
+            ddprun_print_help();
+            return 0;
+        case O_VERSION:
+            printf("ddprun %s\n", DDPRUN_VERSION);
+            return 0;
+        case O_PRINT_COMPLETION: {
+            static const char *shells[] = {"bash", "zsh", "tcsh", NULL};
+            r->value[o->id] = val;
+            snprintf(r->label[o->id], sizeof r->label[0], "%s", typed);
+            rc = check_choice(r, o->id, shells, err, errlen);
+            if (rc < 0)
+                return rc;
+            print_completion(val);
+            return 0;
+        }
+        default:
+            break;
+        }
+        r->value[o->id] = val;
+        r->src[o->id] = SRC_CLI;
+        snprintf(r->label[o->id], sizeof r->label[0], "%s", typed);
+    }
+    return fail(err, errlen,
+                "missing the training script (usage: ddprun [OPTIONS] "
+                "TRAINING_SCRIPT [SCRIPT_ARGS ...])");
+}
+
+/*
+ * Slurm defaults: only when all four variables are set, and for each option only where neither
+ * the command line nor PET_<NAME> gave one. Returns 1 when anything was taken from Slurm.
+ */
+static int read_slurm(struct raw *r, char **first_host, char *err, size_t errlen)
+{
+    const char *job = getenv("SLURM_JOB_ID"), *nn = getenv("SLURM_NNODES");
+    const char *id = getenv("SLURM_NODEID"), *list = getenv("SLURM_JOB_NODELIST");
+    int used = 0;
+    if (!job || !nn || !id || !list)
+        return 0;
+    if (r->src[O_NNODES] == SRC_DEFAULT) {
+        r->value[O_NNODES] = nn;
+        r->src[O_NNODES] = SRC_SLURM;
+        snprintf(r->label[O_NNODES], sizeof r->label[0], "--nnodes (from SLURM_NNODES)");
+        used = 1;
+    }
+    if (r->src[O_NODE_RANK] == SRC_DEFAULT) {
+        r->value[O_NODE_RANK] = id;
+        r->src[O_NODE_RANK] = SRC_SLURM;
+        snprintf(r->label[O_NODE_RANK], sizeof r->label[0], "--node-rank (from SLURM_NODEID)");
+        used = 1;
+    }
+    if (r->src[O_MASTER_ADDR] == SRC_DEFAULT) {
+        char **hosts;
+        size_t n;
+        int rc = ddprun_slurm_expand(list, &hosts, &n);
+        if (rc == -ENOMEM)
+            return rc;
+        if (rc < 0)
+            return fail(err, errlen,
+                        "--master-addr (from SLURM_JOB_NODELIST): malformed host list "
+                        "'%s'",
+                        list);
+        *first_host = hosts[0];
+        hosts[0] = NULL;
+        ddprun_slurm_free(hosts, n);
+        r->src[O_MASTER_ADDR] = SRC_SLURM;
+        used = 1;
+    }
+    return used;
+}
+
+void ddprun_config_free(ddprun_config *c)
+{
+    if (!c)
+        return;
+    free(c->master_addr);
+    free(c->local_addr);
+    free(c->rdzv_backend);
+    free(c->rdzv_endpoint);
+    free(c->rdzv_host);
+    free(c->rdzv_id);
+    free(c->role);
+    free(c->start_method);
+    free(c->log_dir);
+    free(c->log_line_prefix_template);
+    free(c->logs_specs);
+    free(c->numa_binding);
+    free(c->signals_to_handle);
+    free(c->event_log_handler);
+    free(c->duplicate_stdout_filters);
+    free(c->duplicate_stderr_filters);
+    memset(c, 0, sizeof *c);
+}
+
+/* Step 4: converts and checks the final values into c, then applies torchrun's run() rules. */
+static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err, size_t errlen)
+{
+    static const char *backends[] = {"static", "c10d", NULL};
+    static const char *methods[] = {"spawn", "fork", "forkserver", NULL};
+    static const char *numa[] = {"node", "socket", "exclusive", "core-complex", NULL};
+    int rc;
+
+#define TRY(x)                                                                                     \
+    do {                                                                                           \
+        if ((rc = (x)) < 0)                                                                        \
+            return rc;                                                                             \
+    } while (0)
+
+    TRY(get_nnodes(r, &c->nnodes_min, &c->nnodes_max, err, errlen));
+    TRY(get_nproc(r, &c->nproc_per_node, err, errlen));
+    TRY(get_int(r, O_NODE_RANK, 0, INT32_MAX, &c->node_rank, err, errlen));
+    TRY(check_choice(r, O_RDZV_BACKEND, backends, err, errlen));
+    TRY(get_flag(r, O_STANDALONE, &c->standalone, err, errlen));
+    TRY(get_int(r, O_MAX_RESTARTS, 0, INT32_MAX, &c->max_restarts, err, errlen));
+    TRY(get_seconds(r->label[O_MONITOR_INTERVAL], r->value[O_MONITOR_INTERVAL], true,
+                    &c->monitor_interval_s, err, errlen));
+    TRY(check_choice(r, O_START_METHOD, methods, err, errlen));
+    TRY(get_flag(r, O_MODULE, &c->module, err, errlen));
+    TRY(get_flag(r, O_NO_PYTHON, &c->no_python, err, errlen));
+    TRY(get_flag(r, O_RUN_PATH, &c->run_path, err, errlen));
+    TRY(get_std(r, O_REDIRECTS, c->redirects, err, errlen));
+    TRY(get_std(r, O_TEE, c->tee, err, errlen));
+    TRY(get_ranks_filter(r, c, err, errlen));
+    TRY(check_choice(r, O_NUMA_BINDING, numa, err, errlen));
+    TRY(check_signals(r, err, errlen));
+    TRY(get_seconds(r->label[O_SHUTDOWN_TIMEOUT], r->value[O_SHUTDOWN_TIMEOUT], true,
+                    &c->shutdown_timeout_s, err, errlen));
+    TRY(get_flag(r, O_VIRTUAL_LOCAL_RANK, &c->virtual_local_rank, err, errlen));
+    c->prefix_output = r->value[O_NO_PREFIX] == NULL;
+    if (r->value[O_MASTER_PORT])
+        TRY(get_int(r, O_MASTER_PORT, 0, 65535, &c->master_port, err, errlen));
+    else
+        c->master_port = STATIC_DEFAULT_PORT;
+
+    c->join_timeout_s = 600;
+    c->last_call_timeout_s = 30;
+    c->close_timeout_s = 30;
+    c->read_timeout_s = 60;
+    c->timeout_s = 900;
+    c->keep_alive_interval_s = 5;
+    c->keep_alive_max_attempt = 3;
+    TRY(get_rdzv_conf(r, c, err, errlen));
+
+    if (c->no_python && c->module && !c->run_path)
+        return fail(err, errlen, "%s: cannot be combined with %s", r->label[O_NO_PYTHON],
+                    r->label[O_MODULE]);
+
+    const char *log_dir = r->value[O_LOG_DIR];
+    const char *tmpl = r->value[O_LOG_LINE_PREFIX_TEMPLATE];
+    TRY(dup_str(slurm_host ? slurm_host : r->value[O_MASTER_ADDR], &c->master_addr));
+    TRY(dup_str(r->value[O_LOCAL_ADDR], &c->local_addr));
+    TRY(dup_str(r->value[O_ROLE], &c->role));
+    TRY(dup_str(r->value[O_START_METHOD], &c->start_method));
+    TRY(dup_str(log_dir && *log_dir ? log_dir : NULL, &c->log_dir));
+    TRY(dup_str(tmpl && *tmpl ? tmpl : NULL, &c->log_line_prefix_template));
+    TRY(dup_str(r->value[O_LOGS_SPECS], &c->logs_specs));
+    TRY(dup_str(r->value[O_NUMA_BINDING], &c->numa_binding));
+    TRY(dup_str(r->value[O_SIGNALS_TO_HANDLE], &c->signals_to_handle));
+    TRY(dup_str(r->value[O_EVENT_LOG_HANDLER], &c->event_log_handler));
+    TRY(dup_str(r->value[O_DUPLICATE_STDOUT_FILTERS], &c->duplicate_stdout_filters));
+    TRY(dup_str(r->value[O_DUPLICATE_STDERR_FILTERS], &c->duplicate_stderr_filters));
+
+    /*
+     * torchrun's run(): --standalone, and a one-node static job given neither an endpoint nor a
+     * master port, both become c10d on a free local port with a random id. Port 0 tells the
+     * agent to host the store itself and publish the port it got.
+     */
+    const char *endpoint = r->value[O_RDZV_ENDPOINT];
+    bool local = c->standalone || (strcmp(r->value[O_RDZV_BACKEND], "static") == 0 && !*endpoint &&
+                                   !r->value[O_MASTER_PORT] && c->nnodes_max == 1);
+    if (local) {
+        TRY(dup_str("c10d", &c->rdzv_backend));
+        TRY(dup_str("127.0.0.1:0", &c->rdzv_endpoint));
+        TRY(dup_str("127.0.0.1", &c->rdzv_host));
+        c->rdzv_port = 0;
+        TRY(make_uuid(&c->rdzv_id));
+        c->is_host = true;
+        c->is_host_given = 1;
+        if (c->standalone) {
+            c->nnodes_min = c->nnodes_max = 1;
+            c->node_rank = 0;
+        }
+        return 0;
+    }
+
+    TRY(dup_str(r->value[O_RDZV_BACKEND], &c->rdzv_backend));
+    TRY(dup_str(endpoint, &c->rdzv_endpoint));
+    TRY(dup_str(r->value[O_RDZV_ID], &c->rdzv_id));
+    if (strcmp(c->rdzv_backend, "c10d") == 0) {
+        if (!*endpoint) {
+            /* torchrun's parse_rendezvous_endpoint() of an empty endpoint. */
+            TRY(dup_str("localhost", &c->rdzv_host));
+            c->rdzv_port = C10D_DEFAULT_PORT;
+        } else {
+            TRY(split_endpoint(r->label[O_RDZV_ENDPOINT], endpoint, &c->rdzv_host, &c->rdzv_port,
+                               err, errlen));
+            if (c->rdzv_port < 0)
+                c->rdzv_port = C10D_DEFAULT_PORT;
+        }
+        return 0;
+    }
+
+    /* Static: the endpoint, when given, is node 0's store and so replaces the master's. */
+    if (*endpoint) {
+        TRY(split_endpoint(r->label[O_RDZV_ENDPOINT], endpoint, &c->rdzv_host, &c->rdzv_port, err,
+                           errlen));
+        if (c->rdzv_port < 0)
+            return fail(err, errlen, "%s: the static backend needs a port, got '%s'",
+                        r->label[O_RDZV_ENDPOINT], endpoint);
+        free(c->master_addr);
+        TRY(dup_str(c->rdzv_host, &c->master_addr));
+        c->master_port = c->rdzv_port;
+    } else {
+        TRY(dup_str(c->master_addr, &c->rdzv_host));
+        c->rdzv_port = c->master_port;
+    }
+    if (c->node_rank >= c->nnodes_max)
+        return fail(err, errlen, "%s: %d is not below the node count %d of %s",
+                    r->label[O_NODE_RANK], c->node_rank, c->nnodes_max, r->label[O_NNODES]);
+    return 0;
+#undef TRY
+}
+
+int ddprun_config_parse(int argc, char **argv, ddprun_config *cfg, char *err, size_t errlen)
+{
+    struct raw *r = NULL;
+    ddprun_config *c = NULL;
+    char *slurm_host = NULL;
+    int rc;
+
+    if (err && errlen)
+        err[0] = '\0';
+    if (argc < 1 || !argv || !cfg)
+        return fail(err, errlen, "no arguments");
+    r = calloc(1, sizeof *r);
+    c = calloc(1, sizeof *c);
+    if (!r || !c) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    read_defaults(r);
+    int script = read_argv(argc, argv, r, err, errlen);
+    if (script <= 0) {
+        rc = script < 0 ? script : 1;
+        goto out;
+    }
+    if (script >= argc) {
+        rc = fail(err, errlen, "missing the training script after '--'");
+        goto out;
+    }
+    long standalone = 0;
+    if (r->value[O_STANDALONE] && !to_long(r->value[O_STANDALONE], &standalone))
+        standalone = 0; /* resolve() reports it */
+    if (!standalone) {
+        rc = read_slurm(r, &slurm_host, err, errlen);
+        if (rc < 0)
+            goto out;
+        c->from_slurm = rc > 0;
+    }
+    rc = resolve(r, slurm_host, c, err, errlen);
+    if (rc < 0) {
+        ddprun_config_free(c);
+        goto out;
+    }
+    c->argv = argv + script;
+    c->argc = argc - script;
+    *cfg = *c;
+    rc = 0;
+out:
+    if (rc == -ENOMEM && err && errlen && !err[0])
+        fail(err, errlen, "out of memory");
+    free(slurm_host);
+    free(r);
+    free(c);
+    return rc;
+}

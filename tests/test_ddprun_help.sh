@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Checks that ddprun's --help and its man page document the same long options: every long
+# option --help prints appears in the man page, and every long option the man page mentions is
+# one --help prints, in both spellings (--nproc-per-node and --nproc_per_node). --help comes
+# from the option table in launcher/options.c, so this keeps the man page in step with the
+# parser.
+#
+# Usage: test_ddprun_help.sh DDPRUN_BINARY MAN_PAGE
+# Exit: 0 pass, 1 fail.
+set -euo pipefail
+
+BIN=${1:?usage: test_ddprun_help.sh DDPRUN_BINARY MAN_PAGE}
+MAN=${2:?usage: test_ddprun_help.sh DDPRUN_BINARY MAN_PAGE}
+
+[[ -x $BIN ]] || { echo "FAIL: $BIN is not an executable" >&2; exit 1; }
+[[ -r $MAN ]] || { echo "FAIL: cannot read $MAN" >&2; exit 1; }
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Long options: two dashes, then a letter, then letters, digits, '-' and '_'.
+extract() {
+    grep -oE -- '--[A-Za-z][A-Za-z0-9_-]*' | sed 's/-*$//' | LC_ALL=C sort -u
+}
+
+status=0
+"$BIN" --help >"$tmp/help.txt" || status=$?
+if [[ $status -ne 0 ]]; then
+    echo "FAIL: $BIN --help exited with $status" >&2
+    exit 1
+fi
+extract <"$tmp/help.txt" >"$tmp/help"
+
+# The man page's source, with roff's escaped minus (\-) read as '-' and font changes dropped.
+# Example blocks (.EX to .EE) are left out: they hold srun's and training scripts' options too.
+sed -e '/^\.EX/,/^\.EE/d' -e 's/\\-/-/g' -e 's/\\f[BIRP]//g' -e 's/\\f(..//g' "$MAN" |
+    extract >"$tmp/man"
+
+n_help=$(wc -l <"$tmp/help")
+if [[ $n_help -lt 10 ]]; then
+    echo "FAIL: only $n_help long options in --help; is it the right binary?" >&2
+    exit 1
+fi
+for spelling in --nproc-per-node --nproc_per_node; do
+    if ! grep -qx -- "$spelling" "$tmp/help"; then
+        echo "FAIL: --help lacks $spelling" >&2
+        exit 1
+    fi
+done
+
+fails=0
+missing=$(LC_ALL=C comm -23 "$tmp/help" "$tmp/man")
+extra=$(LC_ALL=C comm -13 "$tmp/help" "$tmp/man")
+if [[ -n $missing ]]; then
+    echo "FAIL: in --help but not in $MAN:" >&2
+    printf '  %s\n' $missing >&2
+    fails=1
+fi
+if [[ -n $extra ]]; then
+    echo "FAIL: in $MAN but not in --help:" >&2
+    printf '  %s\n' $extra >&2
+    fails=1
+fi
+if [[ $fails -ne 0 ]]; then
+    exit 1
+fi
+echo "PASS: $n_help long options, the same in --help and $MAN"

@@ -1,0 +1,686 @@
+/*
+ * Tests of the node-level rendezvous protocols (launcher/noderdzv.c) against the real store,
+ * started in-process on 127.0.0.1 port 0 for every case. Nodes are forked processes with a client
+ * each; they report their result (return code, assignment, error text, timings) through a pipe,
+ * and the test process checks them together: prefix sums, agreement on the participant list,
+ * closing at max_nodes or after the last call, late nodes, timeouts naming the missing nodes,
+ * round isolation, heartbeat detection within its bound, and first-writer-wins failure reports.
+ *
+ * Every case runs in its own forked process (Check's fork mode) under a timeout of a few seconds.
+ * Nothing waits on a sleep for synchronisation: ordering between nodes comes from store keys.
+ * The one paced loop is the heartbeat watcher, which checks every 50 ms as an agent would.
+ */
+#include <check.h>
+#include <jansson.h>
+
+#include <errno.h>
+#include <sched.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "noderdzv.h"
+#include "rdzv.h"
+
+#define PREFIX "/ddprun/test"
+#define MAXN 8
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fixtures and helpers                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static rdzv_server *srv;
+static int port;
+
+static void server_setup(void)
+{
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.host = "127.0.0.1";
+    o.port = 0;
+    ck_assert_int_eq(rdzv_server_start(&o, &srv), 0);
+    port = rdzv_server_port(srv);
+    ck_assert_int_gt(port, 0);
+}
+
+static void server_teardown(void)
+{
+    rdzv_server_stop(srv);
+    srv = NULL;
+}
+
+/* Polls the fixture's server until `n` waiters are parked on it. */
+static void await_waiters(int64_t n)
+{
+    for (;;) {
+        char *js = NULL;
+        ck_assert_int_eq(rdzv_server_status(srv, &js), 0);
+        json_t *o = json_loads(js, 0, NULL);
+        ck_assert_ptr_nonnull(o);
+        json_int_t w = json_integer_value(json_object_get(o, "waiters"));
+        json_decref(o);
+        rdzv_free(js);
+        if (w >= n)
+            return;
+        sched_yield();
+    }
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void pause_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* A client of the fixture's server; NULL on failure (children report rather than assert). */
+static rdzv_client *client_or_null(void)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = 10000;
+    o.connect_timeout_ms = 5000;
+    rdzv_client *c = NULL;
+    return rdzv_client_connect("127.0.0.1", port, &o, &c) == 0 ? c : NULL;
+}
+
+static rdzv_client *client(void)
+{
+    rdzv_client *c = client_or_null();
+    ck_assert_msg(c, "connect: %s", rdzv_client_last_error(NULL));
+    return c;
+}
+
+/* What a forked node reports. */
+typedef struct node_result {
+    int rc;
+    int nproc;           /* what the node published */
+    ddprun_assignment a; /* valid when rc == 0 */
+    double elapsed_s;    /* time the node spent in the call under test */
+    int64_t extra;       /* case-specific */
+    char err[512];
+} node_result;
+
+/* Runs in node `i` (a child process) with its own client; fills *r. */
+typedef void (*node_fn)(int i, rdzv_client *c, void *arg, node_result *r);
+
+typedef struct nodes {
+    int n;
+    pid_t pid[MAXN];
+    int fd[MAXN];
+} nodes;
+
+/* Forks n nodes running fn; collect their results with nodes_join(). */
+static void nodes_start(nodes *ns, int n, node_fn fn, void *arg)
+{
+    ck_assert_int_le(n, MAXN);
+    ns->n = n;
+    for (int i = 0; i < n; i++) {
+        int p[2];
+        ck_assert_int_eq(pipe(p), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            close(p[0]);
+            node_result r;
+            memset(&r, 0, sizeof r);
+            rdzv_client *c = client_or_null();
+            if (!c) {
+                r.rc = -ECONNREFUSED;
+                snprintf(r.err, sizeof r.err, "connect: %s", rdzv_client_last_error(NULL));
+            } else {
+                fn(i, c, arg, &r);
+                rdzv_client_close(c);
+            }
+            ssize_t w = write(p[1], &r, sizeof r);
+            _exit(w == (ssize_t)sizeof r ? 0 : 1);
+        }
+        close(p[1]);
+        ns->pid[i] = pid;
+        ns->fd[i] = p[0];
+    }
+}
+
+static void nodes_join(nodes *ns, node_result *res)
+{
+    for (int i = 0; i < ns->n; i++) {
+        size_t got = 0;
+        char *buf = (char *)&res[i];
+        while (got < sizeof res[i]) {
+            ssize_t r = read(ns->fd[i], buf + got, sizeof res[i] - got);
+            ck_assert_msg(r > 0, "node %d exited without a result", i);
+            got += (size_t)r;
+        }
+        close(ns->fd[i]);
+        int status = 0;
+        ck_assert_int_eq(waitpid(ns->pid[i], &status, 0), ns->pid[i]);
+        ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+}
+
+static void run_nodes(int n, node_fn fn, void *arg, node_result *res)
+{
+    nodes ns;
+    nodes_start(&ns, n, fn, arg);
+    nodes_join(&ns, res);
+}
+
+/*
+ * Checks that the successful results form one consistent assignment of `nnodes` nodes: node
+ * ranks 0..nnodes-1 each once, offsets the prefix sums of nproc in node-rank order, one world
+ * size.
+ */
+static void check_consistent(const node_result *res, int n, int nnodes, int round)
+{
+    int by_rank[MAXN];
+    for (int r = 0; r < MAXN; r++)
+        by_rank[r] = -1;
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        if (res[i].rc != 0)
+            continue;
+        ok++;
+        const ddprun_assignment *a = &res[i].a;
+        ck_assert_int_eq(a->round, round);
+        ck_assert_int_eq(a->nnodes, nnodes);
+        ck_assert_int_ge(a->node_rank, 0);
+        ck_assert_int_lt(a->node_rank, nnodes);
+        ck_assert_msg(by_rank[a->node_rank] < 0, "node rank %d given twice", a->node_rank);
+        by_rank[a->node_rank] = i;
+    }
+    ck_assert_int_eq(ok, nnodes);
+    int sum = 0;
+    for (int r = 0; r < nnodes; r++) {
+        const node_result *x = &res[by_rank[r]];
+        ck_assert_int_eq(x->a.rank_offset, sum);
+        sum += x->nproc;
+    }
+    for (int r = 0; r < nnodes; r++)
+        ck_assert_int_eq(res[by_rank[r]].a.world_size, sum);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Static                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct static_args {
+    int round, nnodes;
+    const int *ranks; /* node i's node rank */
+    const int *nproc; /* node i's nproc */
+    double timeout_s;
+} static_args;
+
+static void static_node(int i, rdzv_client *c, void *arg, node_result *r)
+{
+    const static_args *s = arg;
+    r->nproc = s->nproc[i];
+    double t0 = now_s();
+    r->rc = ddprun_rdzv_static(c, PREFIX, s->round, s->nnodes, s->ranks[i], s->nproc[i],
+                               s->timeout_s, &r->a, r->err, sizeof r->err);
+    r->elapsed_s = now_s() - t0;
+}
+
+START_TEST(test_static_prefix_sums)
+{
+    /* Nodes start in an order unrelated to their ranks, with different nproc. */
+    const int ranks[] = {2, 0, 3, 1};
+    const int nproc[] = {4, 2, 3, 1};
+    static_args s = {0, 4, ranks, nproc, 5.0};
+    node_result res[4];
+    run_nodes(4, static_node, &s, res);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(res[i].rc == 0, "node %d: %d %s", i, res[i].rc, res[i].err);
+        ck_assert_int_eq(res[i].a.node_rank, ranks[i]);
+        ck_assert_str_eq(res[i].err, "");
+    }
+    /* Ranks 0..3 have nproc 2, 1, 4, 3: offsets 0, 2, 3, 7; world 10. */
+    const int offset_by_rank[] = {0, 2, 3, 7};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(res[i].a.rank_offset, offset_by_rank[ranks[i]]);
+        ck_assert_int_eq(res[i].a.world_size, 10);
+    }
+    check_consistent(res, 4, 4, 0);
+}
+END_TEST
+
+START_TEST(test_static_single_node)
+{
+    rdzv_client *c = client();
+    ddprun_assignment a;
+    char err[256];
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 1, 0, 8, 1.0, &a, err, sizeof err), 0);
+    ck_assert_int_eq(a.node_rank, 0);
+    ck_assert_int_eq(a.nnodes, 1);
+    ck_assert_int_eq(a.rank_offset, 0);
+    ck_assert_int_eq(a.world_size, 8);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_static_timeout_names_missing)
+{
+    /* Four nodes expected, ranks 1 and 3 never come. */
+    const int ranks[] = {0, 2};
+    const int nproc[] = {1, 1};
+    static_args s = {0, 4, ranks, nproc, 0.5};
+    node_result res[2];
+    run_nodes(2, static_node, &s, res);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(res[i].rc, -ETIMEDOUT);
+        ck_assert_msg(strstr(res[i].err, "node ranks 1, 3 did not show up"), "%s", res[i].err);
+        ck_assert_msg(strstr(res[i].err, "2 of 4 present"), "%s", res[i].err);
+        ck_assert_double_ge(res[i].elapsed_s, 0.45);
+        ck_assert_double_lt(res[i].elapsed_s, 3.0);
+    }
+}
+END_TEST
+
+START_TEST(test_static_conflicts)
+{
+    rdzv_client *c = client();
+    ddprun_assignment a;
+    memset(&a, 0x5a, sizeof a);
+    char err[256];
+    /* Rank 0 of 2 publishes and times out waiting for rank 1. */
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 2, 0, 1, 0.1, &a, err, sizeof err),
+                     -ETIMEDOUT);
+    ck_assert_msg(strstr(err, "node rank 1 did not show up"), "%s", err);
+    ck_assert_int_eq(a.world_size, 0x5a5a5a5a); /* untouched on failure */
+    /* A second node claiming rank 0 is refused at once. */
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 2, 0, 1, 5.0, &a, err, sizeof err), -EEXIST);
+    ck_assert_msg(strstr(err, "node rank 0 was claimed"), "%s", err);
+    /* A node that disagrees on nnodes is refused at once. */
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 3, 1, 1, 5.0, &a, err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "nnodes=3") && strstr(err, "nnodes=2"), "%s", err);
+    /* Rank 1 completes the round; the rank-0 record published earlier still counts. */
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 2, 1, 5, 5.0, &a, err, sizeof err), 0);
+    ck_assert_int_eq(a.rank_offset, 1);
+    ck_assert_int_eq(a.world_size, 6);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dynamic                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct dyn_args {
+    int round, min_nodes, max_nodes;
+    double join_s, last_call_s;
+    int nproc_base; /* node i publishes nproc_base + i */
+} dyn_args;
+
+static int dyn_call(rdzv_client *c, const dyn_args *d, int i, node_result *r)
+{
+    char id[64];
+    snprintf(id, sizeof id, "host%d:%d", i, (int)getpid());
+    r->nproc = d->nproc_base + i;
+    double t0 = now_s();
+    r->rc = ddprun_rdzv_dynamic(c, PREFIX, d->round, d->min_nodes, d->max_nodes, id, r->nproc,
+                                d->join_s, d->last_call_s, &r->a, r->err, sizeof r->err);
+    r->elapsed_s = now_s() - t0;
+    return r->rc;
+}
+
+static void dyn_node(int i, rdzv_client *c, void *arg, node_result *r)
+{
+    dyn_call(c, arg, i, r);
+}
+
+START_TEST(test_dynamic_closes_at_max)
+{
+    /* The last call is far longer than the case's timeout: only reaching max can close it. */
+    dyn_args d = {0, 2, 3, 5.0, 60.0, 1};
+    node_result res[3];
+    double t0 = now_s();
+    run_nodes(3, dyn_node, &d, res);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(res[i].rc == 0, "node %d: %d %s", i, res[i].rc, res[i].err);
+    check_consistent(res, 3, 3, 0);
+    ck_assert_int_eq(res[0].a.world_size, 1 + 2 + 3);
+    ck_assert_double_lt(now_s() - t0, 3.0);
+}
+END_TEST
+
+START_TEST(test_dynamic_closes_after_last_call)
+{
+    dyn_args d = {0, 2, 4, 5.0, 0.5, 2};
+    node_result res[2];
+    run_nodes(2, dyn_node, &d, res);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(res[i].rc == 0, "node %d: %d %s", i, res[i].rc, res[i].err);
+        ck_assert_double_ge(res[i].elapsed_s, 0.45);
+        ck_assert_double_lt(res[i].elapsed_s, 3.0);
+    }
+    check_consistent(res, 2, 2, 0);
+    ck_assert_int_eq(res[0].a.world_size, 2 + 3);
+}
+END_TEST
+
+START_TEST(test_dynamic_late_node)
+{
+    rdzv_client *c = client();
+    node_result r;
+    char err[512];
+    int64_t waiting = -1;
+
+    /* Round 0: min 2 max 2 closes at once when full; a third node is late. */
+    dyn_args full = {0, 2, 2, 5.0, 60.0, 1};
+    node_result res[2];
+    run_nodes(2, dyn_node, &full, res);
+    check_consistent(res, 2, 2, 0);
+    memset(&r, 0, sizeof r);
+    ck_assert_int_eq(dyn_call(c, &full, 2, &r), -EAGAIN);
+    ck_assert_msg(strstr(r.err, "round 0") && strstr(r.err, "full") &&
+                      strstr(r.err, "retry with round 1"),
+                  "%s", r.err);
+    ck_assert_int_eq(ddprun_rdzv_num_waiting(c, PREFIX, 0, &waiting), 0);
+    ck_assert_int_eq(waiting, 1);
+
+    /* Round 1: min 2 max 4 closes after the last call with 2; a third node (slot 2 < max) is
+       late too, and learns it at once. */
+    dyn_args open = {1, 2, 4, 5.0, 0.2, 1};
+    run_nodes(2, dyn_node, &open, res);
+    check_consistent(res, 2, 2, 1);
+    memset(&r, 0, sizeof r);
+    ck_assert_int_eq(dyn_call(c, &open, 2, &r), -EAGAIN);
+    ck_assert_msg(strstr(r.err, "closed with 2 nodes before this node joined"), "%s", r.err);
+    ck_assert_double_lt(r.elapsed_s, 1.0);
+    ck_assert_int_eq(ddprun_rdzv_num_waiting(c, PREFIX, 1, &waiting), 0);
+    ck_assert_int_eq(waiting, 1);
+
+    /* A node asking for other bounds than the round's is refused. */
+    ddprun_assignment a;
+    ck_assert_int_eq(
+        ddprun_rdzv_dynamic(c, PREFIX, 1, 1, 4, "x:1", 1, 1.0, 0.1, &a, err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "other bounds"), "%s", err);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_dynamic_join_timeout_aborts)
+{
+    /* min 3, only 2 come: both time out, and a node arriving after that is late. */
+    dyn_args d = {0, 3, 4, 0.5, 0.1, 1};
+    node_result res[2];
+    run_nodes(2, dyn_node, &d, res);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(res[i].rc, -ETIMEDOUT);
+        ck_assert_msg(strstr(res[i].err, "only 2 of min_nodes=3") && strstr(res[i].err, "aborted"),
+                      "%s", res[i].err);
+        ck_assert_double_lt(res[i].elapsed_s, 3.0);
+    }
+    rdzv_client *c = client();
+    node_result r;
+    memset(&r, 0, sizeof r);
+    ck_assert_int_eq(dyn_call(c, &d, 2, &r), -EAGAIN);
+    ck_assert_msg(strstr(r.err, "was aborted"), "%s", r.err);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_rounds_do_not_mix)
+{
+    /* Static: round 0 with 2 nodes, round 1 with 3 nodes and other nproc. */
+    const int ranks0[] = {0, 1}, nproc0[] = {1, 2};
+    static_args s0 = {0, 2, ranks0, nproc0, 5.0};
+    node_result res[3];
+    run_nodes(2, static_node, &s0, res);
+    check_consistent(res, 2, 2, 0);
+    ck_assert_int_eq(res[0].a.world_size, 3);
+    const int ranks1[] = {0, 1, 2}, nproc1[] = {3, 1, 1};
+    static_args s1 = {1, 3, ranks1, nproc1, 5.0};
+    run_nodes(3, static_node, &s1, res);
+    check_consistent(res, 3, 3, 1);
+    ck_assert_int_eq(res[0].a.world_size, 5);
+
+    /* Dynamic: round 0 full at 3; round 1 with 2 nodes closes after its own last call, with
+       join slots counted afresh. */
+    dyn_args d0 = {0, 2, 3, 5.0, 60.0, 1};
+    run_nodes(3, dyn_node, &d0, res);
+    check_consistent(res, 3, 3, 0);
+    dyn_args d1 = {1, 2, 3, 5.0, 0.3, 4};
+    run_nodes(2, dyn_node, &d1, res);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(res[i].rc == 0, "node %d: %d %s", i, res[i].rc, res[i].err);
+    check_consistent(res, 2, 2, 1);
+    ck_assert_int_eq(res[0].a.world_size, 4 + 5);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Heartbeats                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+#define HB_INTERVAL_S 0.05
+#define HB_DEAD_AFTER_S 0.3
+
+/* Node 0 beats until the key "hbtest/stop" exists; node 1 beats 4 times, then says so. */
+static void hb_node(int i, rdzv_client *c, void *arg, node_result *r)
+{
+    (void)arg;
+    const char *stop = "hbtest/stop";
+    for (int n = 0;; n++) {
+        r->rc = ddprun_heartbeat(c, PREFIX, 0, i);
+        if (r->rc < 0)
+            return;
+        if (i == 1 && n == 3) {
+            r->rc = rdzv_set(c, "hbtest/node1_stopped", "1", 1);
+            if (r->rc == 0)
+                r->rc = rdzv_ping(c);
+            return;
+        }
+        int stopped = rdzv_check(c, &stop, 1);
+        if (stopped != 0) {
+            r->rc = stopped < 0 ? stopped : 0;
+            return;
+        }
+        pause_s(HB_INTERVAL_S);
+    }
+}
+
+START_TEST(test_heartbeat_detects_silent_node)
+{
+    rdzv_client *c = client();
+    ddprun_hb_state st;
+    /* Three ranks: 0 beats throughout, 1 stops early, 2 never beats. */
+    ck_assert_int_eq(ddprun_hb_init(&st, PREFIX, 0, 3, HB_DEAD_AFTER_S), 0);
+    double t_init = now_s();
+    nodes ns;
+    nodes_start(&ns, 2, hb_node, NULL);
+
+    const char *stopped_key = "hbtest/node1_stopped";
+    double t_stopped = -1, t_dead1 = -1, t_dead2 = -1;
+    while (t_dead1 < 0) {
+        ck_assert_msg(now_s() - t_init < 5.0, "node 1 never reported dead");
+        if (t_stopped < 0 && rdzv_check(c, &stopped_key, 1) == 1)
+            t_stopped = now_s();
+        int dead[3] = {-1, -1, -1};
+        int n = ddprun_dead_nodes(c, &st, dead, 3);
+        ck_assert_int_ge(n, 0);
+        ck_assert_int_le(n, 2);
+        double t = now_s();
+        for (int k = 0; k < n; k++) {
+            ck_assert_msg(dead[k] != 0, "node 0 reported dead while beating");
+            if (dead[k] == 1 && t_dead1 < 0)
+                t_dead1 = t;
+            if (dead[k] == 2 && t_dead2 < 0)
+                t_dead2 = t;
+        }
+        if (t_dead1 < 0)
+            pause_s(HB_INTERVAL_S); /* the watcher's check interval, as an agent's */
+    }
+    /* Node 1 is reported only after it stopped, within dead_after + a check interval + slack. */
+    ck_assert_msg(t_stopped >= 0, "node 1 reported dead before it stopped beating");
+    ck_assert_double_ge(t_dead1 - t_stopped, HB_DEAD_AFTER_S - 2 * HB_INTERVAL_S);
+    ck_assert_double_le(t_dead1 - t_stopped, HB_DEAD_AFTER_S + 4 * HB_INTERVAL_S + 0.3);
+    /* Node 2, which never beat, counts from init. */
+    ck_assert_double_ge(t_dead2 - t_init, HB_DEAD_AFTER_S);
+    ck_assert_double_le(t_dead2 - t_init, HB_DEAD_AFTER_S + 2 * HB_INTERVAL_S + 0.3);
+    ck_assert_int_eq(st.value[1], 4);
+
+    rdzv_set(c, "hbtest/stop", "1", 1);
+    node_result res[2];
+    nodes_join(&ns, res);
+    ck_assert_int_eq(res[0].rc, 0);
+    ck_assert_int_eq(res[1].rc, 0);
+    /* dead_cap smaller than the count: the count is still returned. */
+    ck_assert_int_eq(ddprun_dead_nodes(c, &st, NULL, 0), 2);
+    ddprun_hb_free(&st);
+    ddprun_hb_free(&st); /* zeroed: harmless */
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Failure reports                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+static void fail_publisher(int i, rdzv_client *c, void *arg, node_result *r)
+{
+    (void)arg;
+    snprintf(r->err, sizeof r->err, "{\"node_rank\": %d, \"exitcode\": 1}", i);
+    r->rc = ddprun_rdzv_publish_failure(c, PREFIX, 0, r->err);
+}
+
+static void fail_monitor(int i, rdzv_client *c, void *arg, node_result *r)
+{
+    (void)i;
+    (void)arg;
+    char *json = NULL;
+    r->rc = ddprun_rdzv_wait_failure(c, PREFIX, 0, 5000, &json);
+    if (r->rc == 0) {
+        snprintf(r->err, sizeof r->err, "%s", json);
+        rdzv_free(json);
+    }
+}
+
+START_TEST(test_failure_first_writer_wins)
+{
+    nodes mon, pubs;
+    nodes_start(&mon, 1, fail_monitor, NULL);
+    await_waiters(1); /* the monitor is parked on the failure key before anyone publishes */
+    nodes_start(&pubs, 4, fail_publisher, NULL);
+    node_result m, res[4];
+    nodes_join(&pubs, res);
+    nodes_join(&mon, &m);
+    int winners = 0, winner = -1;
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(res[i].rc == 0 || res[i].rc == 1, "node %d: %d", i, res[i].rc);
+        if (res[i].rc == 1) {
+            winners++;
+            winner = i;
+        }
+    }
+    ck_assert_int_eq(winners, 1);
+    ck_assert_int_eq(m.rc, 0);
+    ck_assert_str_eq(m.err, res[winner].err);
+
+    /* The kept report is the winner's; a later one changes nothing. */
+    rdzv_client *c = client();
+    ck_assert_int_eq(ddprun_rdzv_publish_failure(c, PREFIX, 0, "{\"late\": true}"), 0);
+    char *json = NULL;
+    ck_assert_int_eq(ddprun_rdzv_wait_failure(c, PREFIX, 0, 1000, &json), 0);
+    ck_assert_str_eq(json, res[winner].err);
+    rdzv_free(json);
+    /* Re-publishing the kept text counts as kept. */
+    ck_assert_int_eq(ddprun_rdzv_publish_failure(c, PREFIX, 0, res[winner].err), 1);
+
+    /* Round 1 has no failure: the wait times out and the client stays usable. */
+    json = NULL;
+    ck_assert_int_eq(ddprun_rdzv_wait_failure(c, PREFIX, 1, 100, &json), -ETIMEDOUT);
+    ck_assert_ptr_null(json);
+    ck_assert_int_eq(ddprun_rdzv_publish_failure(c, PREFIX, 1, "{}"), 1);
+
+    /* The key a monitor waits on, as a string. */
+    char key[64];
+    ck_assert_int_eq(ddprun_rdzv_failure_key(PREFIX, 3, key, sizeof key),
+                     (int)strlen(PREFIX "/round_3/failed"));
+    ck_assert_str_eq(key, PREFIX "/round_3/failed");
+    ck_assert_int_eq(ddprun_rdzv_failure_key(PREFIX, 3, key, 8), -ENAMETOOLONG);
+    ck_assert_str_eq(key, "");
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Arguments                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_invalid_arguments)
+{
+    rdzv_client *c = client();
+    ddprun_assignment a;
+    char err[256];
+    ck_assert_int_eq(ddprun_rdzv_static(NULL, PREFIX, 0, 1, 0, 1, 1, &a, err, sizeof err), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 2, 2, 1, 1, &a, err, sizeof err), -EINVAL);
+    ck_assert_msg(strstr(err, "invalid argument"), "%s", err);
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 1, 0, 0, 1, &a, NULL, 0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, -1, 1, 0, 1, 1, &a, NULL, 0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_dynamic(c, PREFIX, 0, 3, 2, "a", 1, 1, 1, &a, NULL, 0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_dynamic(c, PREFIX, 0, 0, 2, "a", 1, 1, 1, &a, NULL, 0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_dynamic(c, PREFIX, 0, 1, 2, "", 1, 1, 1, &a, NULL, 0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_dynamic(c, PREFIX, 0, 1, 2, NULL, 1, 1, 1, &a, NULL, 0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_dynamic(c, PREFIX, 0, 1, 2, "a", 1, 1, -1, &a, NULL, 0), -EINVAL);
+    ddprun_hb_state st;
+    ck_assert_int_eq(ddprun_hb_init(&st, PREFIX, 0, 0, 1.0), -EINVAL);
+    ck_assert_int_eq(ddprun_hb_init(&st, PREFIX, 0, 2, 0.0), -EINVAL);
+    ddprun_hb_free(&st);
+    ddprun_hb_free(NULL);
+    ck_assert_int_eq(ddprun_heartbeat(c, PREFIX, 0, -1), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_publish_failure(c, PREFIX, 0, ""), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_publish_failure(c, PREFIX, 0, NULL), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_failure_key(NULL, 0, err, sizeof err), -EINVAL);
+    /* The single-node dynamic rendezvous closes at once (min = max = 1). */
+    ck_assert_int_eq(
+        ddprun_rdzv_dynamic(c, PREFIX, 0, 1, 1, "solo:1", 4, 1, 60, &a, err, sizeof err), 0);
+    ck_assert_int_eq(a.node_rank, 0);
+    ck_assert_int_eq(a.nnodes, 1);
+    ck_assert_int_eq(a.world_size, 4);
+    rdzv_client_close(c);
+}
+END_TEST
+
+static Suite *noderdzv_suite(void)
+{
+    Suite *s = suite_create("noderdzv");
+    TCase *tc = tcase_create("noderdzv");
+    tcase_add_checked_fixture(tc, server_setup, server_teardown);
+    tcase_set_timeout(tc, 15);
+    tcase_add_test(tc, test_static_prefix_sums);
+    tcase_add_test(tc, test_static_single_node);
+    tcase_add_test(tc, test_static_timeout_names_missing);
+    tcase_add_test(tc, test_static_conflicts);
+    tcase_add_test(tc, test_dynamic_closes_at_max);
+    tcase_add_test(tc, test_dynamic_closes_after_last_call);
+    tcase_add_test(tc, test_dynamic_late_node);
+    tcase_add_test(tc, test_dynamic_join_timeout_aborts);
+    tcase_add_test(tc, test_rounds_do_not_mix);
+    tcase_add_test(tc, test_heartbeat_detects_silent_node);
+    tcase_add_test(tc, test_failure_first_writer_wins);
+    tcase_add_test(tc, test_invalid_arguments);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(noderdzv_suite());
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
