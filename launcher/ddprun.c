@@ -93,10 +93,7 @@ typedef struct worker {
     uv_process_t proc;
     stream out, err;
     pid_t pid;
-    bool running, handle_open;
-    int64_t exit_status;
-    int term_signal;
-    double start_time, end_time;
+    bool running;
     char error_file[PATH_MAX];
 } worker;
 
@@ -126,7 +123,7 @@ typedef struct agent {
     int restart_count;       /* TORCHELASTIC_RESTART_COUNT: failures restarted so far */
     int round;               /* rendezvous round: restarts and membership changes */
     bool membership_change;  /* this round ends to admit nodes waiting to join */
-    char tmpdir[PATH_MAX];   /* error files when there is no --log-dir */
+    char tmpdir[PATH_MAX];   /* per-run directory of the workers' error files */
 
     worker *workers;
     int nworkers, nrunning;
@@ -279,6 +276,8 @@ static envb worker_env(agent *a, worker *w)
     env_set(&e, "TORCH_NCCL_ASYNC_ERROR_HANDLING", v ? v : "1");
     v = getenv("NCCL_ASYNC_ERROR_HANDLING");
     env_set(&e, "NCCL_ASYNC_ERROR_HANDLING", v ? v : "1");
+    env_set(&e, "TORCHELASTIC_SIGNALS_TO_HANDLE",
+            cfg->signals_to_handle ? cfg->signals_to_handle : "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
     if (!getenv("OMP_NUM_THREADS") && cfg->nproc_per_node > 1)
         env_set(&e, "OMP_NUM_THREADS", "1");
     return e;
@@ -675,10 +674,10 @@ static int spawn_worker(agent *a, worker *w)
     for (int i = 0; i < argc; i++)
         args[3 + i] = cmd[i];
 
-    const char *base = a->cfg->log_dir ? a->cfg->log_dir : a->tmpdir;
+    /* torchrun's layout: <tmp>/<run id>/attempt_<k>/<local rank>/error.json. */
     char dir[PATH_MAX];
-    if (snprintf(dir, sizeof(dir), "%s/attempt_%d/rank_%d", base, a->restart_count, w->rank) >=
-            (int)sizeof(dir) ||
+    if (snprintf(dir, sizeof(dir), "%s/%s/attempt_%d/%d", a->tmpdir, a->run_id, a->restart_count,
+                 w->local_rank) >= (int)sizeof(dir) ||
         snprintf(w->error_file, sizeof(w->error_file), "%s/error.json", dir) >=
             (int)sizeof(w->error_file))
         w->error_file[0] = '\0'; /* path too long: no error file */
@@ -717,11 +716,9 @@ static int spawn_worker(agent *a, worker *w)
         stream_close(&w->err);
         return rc;
     }
-    w->handle_open = true;
     a->nprocs++;
     w->pid = w->proc.pid;
     w->running = true;
-    w->start_time = now_s();
     a->nrunning++;
     if (w->out.open)
         uv_read_start((uv_stream_t *)&w->out.pipe, stream_alloc, stream_read);
@@ -854,17 +851,13 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal)
     worker *w = p->data;
     agent *a = w->a;
     w->running = false;
-    w->exit_status = status;
-    w->term_signal = term_signal;
-    w->end_time = now_s();
     a->nrunning--;
     uv_close((uv_handle_t *)p, proc_closed);
-    w->handle_open = false;
 
     /* A worker we did not stop that exits non-zero or by a signal fails the job. */
     if ((status != 0 || term_signal != 0) && a->state == ST_RUNNING) {
         failure f = {0};
-        f.time = w->end_time;
+        f.time = now_s();
         snprintf(f.node, sizeof(f.node), "%s", a->hostname);
         f.rank = w->rank;
         f.local_rank = w->local_rank;
@@ -1017,6 +1010,12 @@ static int rendezvous(agent *a)
     ddprun_config *cfg = a->cfg;
     char err[512] = "";
     int rc;
+    if (cfg->nnodes_max == 1) {
+        /* A single-node job: nobody else can join, so there is nothing to agree on. */
+        a->asg = (ddprun_assignment){.round = a->round, .node_rank = 0, .nnodes = 1,
+                                     .rank_offset = 0, .world_size = cfg->nproc_per_node};
+        return 0;
+    }
     if (!strcmp(cfg->rdzv_backend, "static")) {
         rc = ddprun_rdzv_static(a->client, a->prefix, a->round, cfg->nnodes_max,
                                 cfg->node_rank, cfg->nproc_per_node, cfg->join_timeout_s,
@@ -1242,12 +1241,10 @@ int main(int argc, char **argv)
     gethostname(a.hostname, sizeof(a.hostname) - 1);
     snprintf(a.run_id, sizeof(a.run_id), "%s", cfg.rdzv_id);
     snprintf(a.prefix, sizeof(a.prefix), "/ddprun/%s", cfg.rdzv_id);
-    if (!cfg.log_dir) {
-        snprintf(a.tmpdir, sizeof(a.tmpdir), "%s/ddprun-XXXXXX",
-                 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-        if (!mkdtemp(a.tmpdir))
-            a.tmpdir[0] = '\0';
-    }
+    snprintf(a.tmpdir, sizeof(a.tmpdir), "%s/ddprun-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(a.tmpdir))
+        a.tmpdir[0] = '\0';
 
     uv_timer_init(a.loop, &a.kill_timer);
     a.kill_timer.data = &a;
