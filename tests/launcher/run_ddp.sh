@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# DDP under a launcher: ddp_gloo.py on 4 ranks must print "DDP OK rank R" for R = 0..3.
+#
+# Usage: run_ddp.sh DDPRUN|torchrun PYTHON [NPROC]
+#
+# DDPRUN runs the script with PYTHON (PYTHON_EXEC, which ddprun and torchrun both honour);
+# "torchrun" runs PYTHON's own torchrun instead (torchrun113.py for torch 1.x) as a reference.
+# Bounded by `timeout`. Exit status: 0 pass, 1 fail, 77 skip (PYTHON missing or without torch).
+set -uo pipefail
+
+if [[ $# -lt 2 ]]; then
+    echo "usage: $0 DDPRUN|torchrun PYTHON [NPROC]" >&2
+    exit 1
+fi
+launcher=$1
+py=$2
+nproc=${3:-4}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+if ! command -v "$py" >/dev/null 2>&1; then
+    echo "SKIP: $py not found"
+    exit 77
+fi
+if ! info=$("$py" -c 'import sys, torch, torch.distributed as d
+assert d.is_available() and d.is_gloo_available(); print(sys.executable, torch.__version__)' 2>/dev/null); then
+    echo "SKIP: $py has no torch.distributed with gloo"
+    exit 77
+fi
+if [[ $info != *" "* ]]; then
+    echo "SKIP: $py did not report its torch"
+    exit 77
+fi
+pyexe=${info% *}
+version=${info#* }
+if [[ $launcher == torchrun ]]; then
+    if [[ $version == 1.* ]]; then
+        cmd=("$pyexe" "$here/torchrun113.py" --monitor-interval 0.1)
+    else
+        cmd=("$pyexe" -m torch.distributed.run --monitor-interval 0.1)
+    fi
+elif [[ -x $launcher ]]; then
+    cmd=("$launcher")
+else
+    echo "FAIL: $launcher is not an executable" >&2
+    exit 1
+fi
+
+out=$(mktemp "${TMPDIR:-/tmp}/run_ddp.XXXXXX")
+trap 'rm -f "$out"' EXIT
+echo "torch $version: ${cmd[*]} --nproc-per-node $nproc ddp_gloo.py"
+PYTHON_EXEC=$pyexe timeout -k 5 120 "${cmd[@]}" --nproc-per-node "$nproc" "$here/ddp_gloo.py" >"$out" 2>&1
+rc=$?
+grep -a "DDP" "$out" || true
+# Distinct ranks that reported; lines may carry a "[R]:" prefix (ddprun's default, torchrun's
+# with --tee) and, unprefixed, two ranks' lines can run together.
+ok=$(grep -aoE "DDP OK rank [0-9]+" "$out" | sort -u | wc -l)
+if ((rc != 0 || ok != nproc)); then
+    echo "FAIL: exit status $rc, $ok of $nproc ranks reported DDP OK"
+    tail -n 30 "$out" | sed 's/^/    | /'
+    exit 1
+fi
+echo "PASS"
