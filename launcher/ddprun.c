@@ -79,8 +79,8 @@ static int shim_main(int argc, char **argv)
 typedef struct stream {
     struct worker *w;
     uv_pipe_t pipe;
-    int which;  /* DDPRUN_STD_OUT or DDPRUN_STD_ERR */
-    int file;   /* log file fd, -1 if none */
+    int which; /* DDPRUN_STD_OUT or DDPRUN_STD_ERR */
+    int file;  /* log file fd, -1 if none */
     bool console;
     char *line; /* bytes of an unfinished line */
     size_t len, cap;
@@ -114,31 +114,31 @@ typedef struct agent {
     uv_loop_t *loop;
     char hostname[256];
     char run_id[128];
-    char prefix[256];        /* store key prefix of this job: /ddprun/<run_id> */
-    rdzv_server *store;      /* hosted here (node 0 / c10d host), else NULL */
-    char store_host[256];    /* where agents and workers reach the store */
+    char prefix[256];     /* store key prefix of this job: /ddprun/<run_id> */
+    rdzv_server *store;   /* hosted here (node 0 / c10d host), else NULL */
+    char store_host[256]; /* where agents and workers reach the store */
     int store_port;
-    rdzv_client *client;     /* the agent's own connection */
+    rdzv_client *client; /* the agent's own connection */
     ddprun_assignment asg;
-    int restart_count;       /* TORCHELASTIC_RESTART_COUNT: failures restarted so far */
-    int round;               /* rendezvous round: restarts and membership changes */
-    bool membership_change;  /* this round ends to admit nodes waiting to join */
-    char tmpdir[PATH_MAX];   /* per-run directory of the workers' error files */
+    int restart_count;      /* TORCHELASTIC_RESTART_COUNT: failures restarted so far */
+    int round;              /* rendezvous round: restarts and membership changes */
+    bool membership_change; /* this round ends to admit nodes waiting to join */
+    char tmpdir[PATH_MAX];  /* per-run directory of the workers' error files */
 
     worker *workers;
     int nworkers, nrunning;
-    int nstreams;            /* worker output pipes still open */
-    int nprocs;              /* worker process handles not closed yet */
+    int nstreams;             /* worker output pipes still open */
+    int nprocs;               /* worker process handles not closed yet */
     uv_timer_t restart_timer; /* starts the next round from a fresh loop iteration */
-    bool round_done;         /* round_over() ran for this round */
-    uv_timer_t drain_timer;  /* closes pipes that outlive every worker (setsid'd grandchildren) */
+    bool round_done;          /* round_over() ran for this round */
+    uv_timer_t drain_timer;   /* closes pipes that outlive every worker (setsid'd grandchildren) */
     agent_state state;
     bool stop_for_signal;
-    int signal_seen;         /* the terminating signal that stopped the job, if any */
+    int signal_seen; /* the terminating signal that stopped the job, if any */
     int sigint_count;
     uv_signal_t sigs[6];
     uv_timer_t kill_timer;
-    uv_async_t remote;       /* the monitor saw a failure elsewhere */
+    uv_async_t remote; /* the monitor saw a failure elsewhere */
 
     failure *failures;
     size_t nfailures;
@@ -149,8 +149,9 @@ typedef struct agent {
     bool monitor_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int monitor_round;       /* round the monitor watches; -1: stop */
+    int monitor_round; /* round the monitor watches; -1: stop */
     char remote_failure[1024];
+    int remote_round; /* the round remote_failure belongs to */
 } agent;
 
 static double now_s(void)
@@ -290,8 +291,8 @@ static envb worker_env(agent *a, worker *w)
 /* Expands the prefix template (${rank}, ${local_rank}, ${role_name}) for one worker. */
 static void line_prefix(const agent *a, const worker *w, char *out, size_t n)
 {
-    const char *t = a->cfg->log_line_prefix_template ? a->cfg->log_line_prefix_template
-                                                       : "[${rank}]:";
+    const char *t =
+        a->cfg->log_line_prefix_template ? a->cfg->log_line_prefix_template : "[${rank}]:";
     size_t o = 0;
     while (*t && o + 1 < n) {
         char val[64];
@@ -480,9 +481,9 @@ static bool failure_from_json(const char *s, failure *f)
         return false;
     memset(f, 0, sizeof(*f));
     const char *node = NULL, *msg = NULL;
-    int ok = json_unpack(o, "{s:F, s:s, s:i, s:i, s:i, s:i, s?s}", "time", &f->time, "node",
-                         &node, "rank", &f->rank, "local_rank", &f->local_rank, "exit_code",
-                         &f->exit_code, "pid", &f->pid, "message", &msg) == 0;
+    int ok = json_unpack(o, "{s:F, s:s, s:i, s:i, s:i, s:i, s?s}", "time", &f->time, "node", &node,
+                         "rank", &f->rank, "local_rank", &f->local_rank, "exit_code", &f->exit_code,
+                         "pid", &f->pid, "message", &msg) == 0;
     if (ok) {
         snprintf(f->node, sizeof(f->node), "%s", node);
         snprintf(f->message, sizeof(f->message), "%s", msg ? msg : "");
@@ -526,8 +527,8 @@ static void print_summary(agent *a)
     fprintf(stderr, "%s\n", "============================================================");
     fprintf(stderr, PROG ": job failed (attempt %d of %d)\n", a->restart_count,
             a->cfg->max_restarts + 1);
-    fprintf(stderr, "%-8s %-23s %-16s %5s %5s %-18s %8s  %s\n", "", "time", "node", "rank",
-            "local", "exit", "pid", "message");
+    fprintf(stderr, "%-8s %-23s %-16s %5s %5s %-18s %8s  %s\n", "", "time", "node", "rank", "local",
+            "exit", "pid", "message");
     for (size_t i = 0; i < a->nfailures; i++) {
         const failure *f = &a->failures[i];
         char when[32], how[48];
@@ -593,8 +594,8 @@ static char **worker_argv(agent *a, int *argc_out)
     int k = 0;
     const char *script = cfg->argv[0];
     size_t sl = strlen(script);
-    bool python = !cfg->no_python && (cfg->module || cfg->run_path ||
-                                      (sl > 3 && !strcmp(script + sl - 3, ".py")));
+    bool python = !cfg->no_python &&
+                  (cfg->module || cfg->run_path || (sl > 3 && !strcmp(script + sl - 3, ".py")));
     if (python) {
         v[k++] = (char *)py;
         v[k++] = "-u";
@@ -744,6 +745,46 @@ static void publish_failure(agent *a, const failure *f)
     free(js);
 }
 
+/*
+ * Torchrun's exit barrier, with an eye on the round's failure key: every node that finished
+ * adds itself to a counter and waits until all have; a failure published by a node still
+ * running ends the wait. Returns 0 when all nodes finished, or -1 (the failure is recorded).
+ */
+static int exit_barrier(agent *a)
+{
+    char count[320], done[320], failed[320];
+    snprintf(count, sizeof(count), "%s/round_%d/exit/count", a->prefix, a->round);
+    snprintf(done, sizeof(done), "%s/round_%d/exit/done", a->prefix, a->round);
+    ddprun_rdzv_failure_key(a->prefix, a->round, failed, sizeof(failed));
+    int64_t n = 0;
+    int rc = rdzv_add(a->client, count, 1, &n);
+    if (rc == 0 && n >= a->asg.nnodes)
+        rc = rdzv_set(a->client, done, "1", 1);
+    double deadline = now_s() + a->cfg->close_timeout_s + 300.0;
+    const char *dk[] = {done}, *fk[] = {failed};
+    while (rc == 0) {
+        rc = rdzv_wait(a->client, dk, 1, HEARTBEAT_MS);
+        if (rc == 0)
+            return 0;
+        if (rc != -ETIMEDOUT)
+            break;
+        if (now_s() > deadline)
+            break;
+        rc = rdzv_check(a->client, fk, 1);
+        if (rc == 1) {
+            void *v = NULL;
+            size_t len;
+            failure f;
+            if (rdzv_get(a->client, failed, &v, &len) == 0 && failure_from_json(v, &f))
+                add_failure(a, &f);
+            rdzv_free(v);
+            return -1;
+        }
+    }
+    say("exit barrier: %s", rc < 0 ? rdzv_strerror(rc) : "timed out");
+    return 0;
+}
+
 static void restart_cb(uv_timer_t *t)
 {
     agent *a = t->data;
@@ -769,14 +810,14 @@ static void round_over(agent *a)
     bool failed = a->nfailures > 0 || a->state == ST_STOPPING;
     if (!failed) {
         /* Success here: wait for the other nodes before leaving, since node 0's store serves
-         * them (torchrun's exit barrier). */
-        if (a->asg.nnodes > 1) {
-            char name[320];
-            snprintf(name, sizeof(name), "%s/round_%d/exit", a->prefix, a->round);
-            int rc = rdzv_barrier(a->client, name, a->asg.nnodes,
-                                  (int)(a->cfg->close_timeout_s * 1000 + 0.5) + 300000);
-            if (rc < 0)
-                say("exit barrier: %s", rdzv_strerror(rc));
+         * them (torchrun's exit barrier) -- unless one of them fails meanwhile. */
+        if (a->asg.nnodes > 1 && exit_barrier(a) < 0) {
+            a->state = ST_DONE;
+            print_summary(a);
+            qsort(a->failures, a->nfailures, sizeof(failure), cmp_failure);
+            int c = a->nfailures ? a->failures[0].exit_code : 1;
+            a->exit_code = c > 0 ? c : c < 0 ? 128 - c : 1;
+            return;
         }
         a->exit_code = 0;
         a->state = ST_DONE;
@@ -880,9 +921,11 @@ static void remote_cb(uv_async_t *h)
     char msg[1024];
     pthread_mutex_lock(&a->mu);
     snprintf(msg, sizeof(msg), "%s", a->remote_failure);
+    int round = a->remote_round;
     a->remote_failure[0] = '\0';
     pthread_mutex_unlock(&a->mu);
-    if (!msg[0] || a->state != ST_RUNNING)
+    /* A report about a round we already left (the monitor runs behind the loop) is stale. */
+    if (!msg[0] || a->state != ST_RUNNING || round != a->round)
         return;
     if (!strcmp(msg, MEMBERSHIP_CHANGE)) {
         say("%s: re-rendezvous to admit them", msg);
@@ -971,6 +1014,7 @@ static void *monitor_main(void *arg)
             reported = true;
             pthread_mutex_lock(&a->mu);
             snprintf(a->remote_failure, sizeof(a->remote_failure), "%s", report);
+            a->remote_round = round;
             pthread_mutex_unlock(&a->mu);
             uv_async_send(&a->remote);
         }
@@ -1012,14 +1056,17 @@ static int rendezvous(agent *a)
     int rc;
     if (cfg->nnodes_max == 1) {
         /* A single-node job: nobody else can join, so there is nothing to agree on. */
-        a->asg = (ddprun_assignment){.round = a->round, .node_rank = 0, .nnodes = 1,
-                                     .rank_offset = 0, .world_size = cfg->nproc_per_node};
+        a->asg = (ddprun_assignment){.round = a->round,
+                                     .node_rank = 0,
+                                     .nnodes = 1,
+                                     .rank_offset = 0,
+                                     .world_size = cfg->nproc_per_node};
         return 0;
     }
     if (!strcmp(cfg->rdzv_backend, "static")) {
-        rc = ddprun_rdzv_static(a->client, a->prefix, a->round, cfg->nnodes_max,
-                                cfg->node_rank, cfg->nproc_per_node, cfg->join_timeout_s,
-                                &a->asg, err, sizeof(err));
+        rc =
+            ddprun_rdzv_static(a->client, a->prefix, a->round, cfg->nnodes_max, cfg->node_rank,
+                               cfg->nproc_per_node, cfg->join_timeout_s, &a->asg, err, sizeof(err));
     } else {
         char node_id[320];
         snprintf(node_id, sizeof(node_id), "%s:%d", a->hostname, (int)getpid());
@@ -1036,10 +1083,32 @@ static int rendezvous(agent *a)
     return rc;
 }
 
+/*
+ * Between attempts the workers' keys go: torch 2.x workers use the agent store without an
+ * attempt prefix (torchrun gives each attempt a fresh store), so a restarted rank could otherwise
+ * read a peer's key from the failed attempt. The hosting agent clears everything outside
+ * ddprun's own namespace once every node has met for the new round (so every old worker is
+ * gone), and the other nodes wait for that before spawning.
+ */
+static int clear_worker_keys(agent *a)
+{
+    char key[320];
+    snprintf(key, sizeof(key), "%s/round_%d/cleared", a->prefix, a->round);
+    if (a->store) {
+        rdzv_server_clear(a->store, "/ddprun/");
+        return a->asg.nnodes > 1 ? rdzv_set(a->client, key, "1", 1) : 0;
+    }
+    const char *keys[] = {key};
+    int rc = rdzv_wait(a->client, keys, 1, (int)(a->cfg->join_timeout_s * 1000));
+    if (rc < 0)
+        say("waiting for the store to be cleared for round %d: %s", a->round, rdzv_strerror(rc));
+    return rc;
+}
+
 static int run_round(agent *a)
 {
     ddprun_config *cfg = a->cfg;
-    if (rendezvous(a) < 0) {
+    if (rendezvous(a) < 0 || (a->round > 0 && clear_worker_keys(a) < 0)) {
         a->exit_code = 1;
         return -1;
     }

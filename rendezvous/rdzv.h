@@ -119,6 +119,14 @@ int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out);
  */
 void rdzv_server_stop(rdzv_server *srv);
 
+/*
+ * Deletes every key (value and queue) whose name does not start with `keep_prefix` (NULL or "":
+ * all keys); pending WAITs stay pending. A launcher calls it between attempts of a job so that
+ * restarted workers never read the failed attempt's keys. Thread-safe for threaded servers;
+ * for embedded servers call on the loop thread. Returns the number of keys deleted, or -EINVAL.
+ */
+int rdzv_server_clear(rdzv_server *srv, const char *keep_prefix);
+
 /* The port the server listens on (useful after port 0). Thread-safe. */
 int rdzv_server_port(const rdzv_server *srv);
 

@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
@@ -517,6 +518,18 @@ int rdzv_server_status(rdzv_server *srv, char **json)
     /* jansson allocated with malloc (its default allocator), so rdzv_free() releases it. */
     *json = s;
     return 0;
+}
+
+int rdzv_server_clear(rdzv_server *srv, const char *keep_prefix)
+{
+    if (!srv)
+        return -EINVAL;
+    const char *keep = keep_prefix ? keep_prefix : "";
+    lock(srv);
+    size_t n = rdzv__store_clear(&srv->store, (const uint8_t *)keep, strlen(keep));
+    unlock(srv);
+    logf_(srv, RDZV_LOG_INFO, "cleared %zu keys outside '%s'", n, keep);
+    return n > INT_MAX ? INT_MAX : (int)n;
 }
 
 int rdzv_server_port(const rdzv_server *srv)

@@ -853,6 +853,39 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     return -EINVAL;
 }
 
+size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len)
+{
+    size_t cleared = 0;
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        rdzv__entry *e = s->buckets[i], *next;
+        for (; e; e = next) {
+            next = e->hnext; /* maybe_free() may unlink e */
+            if (e->klen >= keep_len && memcmp(e->key, keep, keep_len) == 0)
+                continue;
+            if (!e->present && !e->qlen)
+                continue;
+            if (e->present) {
+                s->bytes -= e->vlen;
+                s->nkeys--;
+                free(e->val);
+                e->val = NULL;
+                e->vlen = 0;
+                e->present = false;
+            }
+            for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
+                qn = q->next;
+                s->bytes -= q->n;
+                free(q);
+            }
+            e->qhead = e->qtail = NULL;
+            e->qlen = 0;
+            cleared++;
+            maybe_free(s, e);
+        }
+    }
+    return cleared;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Life cycle                                                                               */
 /* ---------------------------------------------------------------------------------------- */

@@ -82,6 +82,12 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *req);
 /* Appends a length-prefixed byte vector to a connection's output and marks it dirty. */
 int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);
 
+/*
+ * Deletes every value and queue whose key does not start with keep[0..keep_len) (names that
+ * connections wait on or watch stay, without a value). Returns the number of names cleared.
+ */
+size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len);
+
 /* Takes the first connection off the dirty list; NULL when it is empty. */
 rdzv__conn *rdzv__store_pop_dirty(rdzv__store *s);
 

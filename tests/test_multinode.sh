@@ -13,7 +13,7 @@ tag=$$
 br=ddpbr$tag
 nodes=(ddpn0-$tag ddpn1-$tag ddpn2-$tag)
 addr=(10.213.7.1 10.213.7.2 10.213.7.3) # exist only inside the test's namespaces
-tmp=$(mktemp -d)
+tmp=$(mktemp -d); [ -n "${KEEP_TMP:-}" ] && echo "tmp=$tmp"
 pids=()
 
 cleanup() {
@@ -23,7 +23,7 @@ cleanup() {
     ip netns del "$n" 2>/dev/null
   done
   ip netns del "$br" 2>/dev/null
-  rm -rf "$tmp"
+  [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
 
@@ -125,5 +125,20 @@ else
   fail "growth: rcs=$rcs files=$(ls "$tmp" | grep grow | tr '\n' ' '); $(cat "$tmp"/g0 "$tmp"/g1 "$tmp"/g2)"
 fi
 
-echo "$((4 - fails)) passed, $fails failed"
+# 5. A restart across nodes: rank 1 (node 1) fails on attempt 0; both nodes meet again, node 0
+#    clears the old attempt's keys before anyone spawns, and attempt 1 succeeds everywhere.
+for i in 0 1; do
+  run_node $i "$tmp/r$i" --nnodes 2 --node-rank $i --master-addr "${addr[0]}" --master-port $((port + 4)) \
+    --nproc-per-node 1 --max-restarts 1 \
+    sh -c '[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ] && exit 4; echo "attempt=$TORCHELASTIC_RESTART_COUNT"; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] || exec sleep 60'
+done
+rcs=""
+for i in 0 1; do timeout 60 tail --pid="${pids[$i]}" -f /dev/null; wait "${pids[$i]}"; rcs+="$? "; done
+if [ "$rcs" = "0 0 " ] && grep -q '\[0\]:attempt=1' "$tmp/r0" && grep -q '\[1\]:attempt=1' "$tmp/r1"; then
+  ok "restart across two nodes"
+else
+  fail "restart across nodes: rcs=$rcs; $(cat "$tmp"/r0 "$tmp"/r1)"
+fi
+
+echo "$((5 - fails)) passed, $fails failed"
 [ $fails = 0 ]

@@ -522,6 +522,39 @@ START_TEST(barrier_op)
 }
 END_TEST
 
+START_TEST(clear_keeps_prefix_and_waiters)
+{
+    fake a, b;
+    frame fr = {0};
+    fake_init(&a, RDZV_GEN_MODERN);
+    fake_init(&b, RDZV_GEN_MODERN);
+    op_set(&fr, "/ddprun/x", "keep");
+    op_set(&fr, "/worker/y", "drop");
+    op_set(&fr, "rank_0", "drop");
+    fr_u8(&fr, RDZV_M_QUEUE_PUSH);
+    fr_str(&fr, "q");
+    fr_str(&fr, "item");
+    run(&a, &fr);
+    const char *w[] = {"late"};
+    op_keys(&fr, RDZV_M_WAIT, 1, w);
+    run(&b, &fr);
+    ck_assert_uint_eq(rdzv__store_clear(&st, (const uint8_t *)"/ddprun/", 8), 3);
+    fr_u8(&fr, RDZV_M_GETNUMKEYS);
+    op_key(&fr, RDZV_M_QUEUE_LEN, "q");
+    run(&a, &fr);
+    expect_i64(&a, 1);
+    expect_i64(&a, 0);
+    ck_assert_uint_eq(st.bytes, strlen("/ddprun/x") + 4 + strlen("late"));
+    /* The pending WAIT survives and is released by a later SET. */
+    op_set(&fr, "late", "");
+    run(&a, &fr);
+    expect_u8(&b, RDZV_WAIT_STOP_WAITING);
+    rdzv__conn_release(&st, &a.conn);
+    rdzv__conn_release(&st, &b.conn);
+    fr_free(&fr);
+}
+END_TEST
+
 START_TEST(legacy_watch)
 {
     fake w, a;
@@ -634,6 +667,7 @@ int main(void)
     tcase_add_test(tc, append_multi_ping_list);
     tcase_add_test(tc, queues);
     tcase_add_test(tc, barrier_op);
+    tcase_add_test(tc, clear_keeps_prefix_and_waiters);
     tcase_add_test(tc, legacy_watch);
     tcase_add_test(tc, size_cap);
     tcase_add_test(tc, many_keys);

@@ -69,8 +69,8 @@ int main(int argc, char **argv)
         rc = rdzv_barrier(c, "barrier", world, -1);
     double t1 = now_ms();
     if (rc == 0 && rank == 0 && !quiet) {
-        printf("ddp-hello: %d ranks passed the barrier on %s:%d (%.2f ms at rank 0)\n", world,
-               addr, port, t1 - t0);
+        printf("ddp-hello: %d ranks passed the barrier on %s:%d (%.2f ms at rank 0)\n", world, addr,
+               port, t1 - t0);
     }
     if (rc < 0)
         fprintf(stderr, "ddp-hello: rank %d: %s (%s)\n", rank, rdzv_strerror(rc),
