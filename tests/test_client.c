@@ -34,25 +34,7 @@
 /* Fixtures and helpers                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-static rdzv_server *srv;
-static int port;
-
-static void server_setup(void)
-{
-    rdzv_server_options o;
-    rdzv_server_options_init(&o);
-    o.host = "127.0.0.1";
-    o.port = 0;
-    ck_assert_int_eq(rdzv_server_start(&o, &srv), 0);
-    port = rdzv_server_port(srv);
-    ck_assert_int_gt(port, 0);
-}
-
-static void server_teardown(void)
-{
-    rdzv_server_stop(srv);
-    srv = NULL;
-}
+#include "server_proc.h"
 
 static double now_s(void)
 {
@@ -99,22 +81,6 @@ static void expect_value(rdzv_client *c, const char *key, const char *expect)
     rdzv_free(v);
 }
 
-/* Polls the fixture's server until `n` waiters are parked on it. */
-static void await_waiters(int64_t n)
-{
-    for (;;) {
-        char *js = NULL;
-        ck_assert_int_eq(rdzv_server_status(srv, &js), 0);
-        json_t *o = json_loads(js, 0, NULL);
-        ck_assert_ptr_nonnull(o);
-        json_int_t w = json_integer_value(json_object_get(o, "waiters"));
-        json_decref(o);
-        rdzv_free(js);
-        if (w >= n)
-            return;
-        sched_yield();
-    }
-}
 
 /* A TCP socket bound to 127.0.0.1 on a free port, not listening: connections are refused. */
 static int refusing_socket(int *port_out)
@@ -854,8 +820,7 @@ START_TEST(test_server_gone)
 {
     rdzv_client *c = client();
     ck_assert_int_eq(rdzv_ping(c), 0);
-    rdzv_server_stop(srv);
-    srv = NULL;
+    server_kill();
     ck_assert_int_eq(rdzv_ping(c), -ECONNRESET);
     ck_assert_int_eq(rdzv_ping(c), -ENOTCONN);
     ck_assert_int_eq(rdzv_set(c, "k", "v", 1), -ENOTCONN);

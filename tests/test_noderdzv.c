@@ -35,42 +35,8 @@
 /* Fixtures and helpers                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-static rdzv_server *srv;
-static int port;
+#include "server_proc.h"
 
-static void server_setup(void)
-{
-    rdzv_server_options o;
-    rdzv_server_options_init(&o);
-    o.host = "127.0.0.1";
-    o.port = 0;
-    ck_assert_int_eq(rdzv_server_start(&o, &srv), 0);
-    port = rdzv_server_port(srv);
-    ck_assert_int_gt(port, 0);
-}
-
-static void server_teardown(void)
-{
-    rdzv_server_stop(srv);
-    srv = NULL;
-}
-
-/* Polls the fixture's server until `n` waiters are parked on it. */
-static void await_waiters(int64_t n)
-{
-    for (;;) {
-        char *js = NULL;
-        ck_assert_int_eq(rdzv_server_status(srv, &js), 0);
-        json_t *o = json_loads(js, 0, NULL);
-        ck_assert_ptr_nonnull(o);
-        json_int_t w = json_integer_value(json_object_get(o, "waiters"));
-        json_decref(o);
-        rdzv_free(js);
-        if (w >= n)
-            return;
-        sched_yield();
-    }
-}
 
 static double now_s(void)
 {
