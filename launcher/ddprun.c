@@ -1169,6 +1169,8 @@ static void on_signal(uv_signal_t *h, int sig)
         return;
     }
     /* Forward to every worker's process group and stop the job without restarting. */
+    say("received SIG%s: stopping the workers%s", sigabbrev_np(sig),
+        sig == SIGINT ? " (SIGINT again kills them)" : "");
     signal_workers(a, sig);
     if (a->state == ST_RUNNING) {
         a->stop_for_signal = true;

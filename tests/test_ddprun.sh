@@ -122,5 +122,21 @@ out=$("$ddprun" --nproc-per-node x /bin/true 2>&1)
 rc=$?
 if [ $rc = 2 ] && grep -q -- '--nproc-per-node' <<<"$out"; then ok "bad flag named"; else fail "bad flag (rc=$rc): $out"; fi
 
-echo "$((10 - fails)) passed, $fails failed"
+# 11. A second SIGINT kills at once: the workers ignore SIGINT and SIGTERM, the grace is long.
+"$ddprun" --standalone --nproc-per-node 2 --shutdown-timeout 60 sh -c "trap '' INT TERM; echo x > $tmp/i.\$RANK; while :; do sleep 0.05; done" >/dev/null 2>"$tmp/e11" &
+dp=$!
+wait_for 10 test -e "$tmp/i.0" -a -e "$tmp/i.1"
+start=$SECONDS
+kill -INT $dp
+wait_for 10 grep -q "SIGINT again" "$tmp/e11" # as a person would: the second after the first took
+kill -INT $dp
+wait $dp
+rc=$?
+if [ $rc = 130 ] && [ $((SECONDS - start)) -le 5 ] && grep -q "second SIGINT" "$tmp/e11"; then
+  ok "second SIGINT kills the workers"
+else
+  fail "second SIGINT: rc=$rc after $((SECONDS - start)) s; $(cat "$tmp/e11")"
+fi
+
+echo "$((11 - fails)) passed, $fails failed"
 [ $fails = 0 ]
