@@ -573,6 +573,17 @@ static int do_append(rdzv__store *s, const rdzv__request *r)
     return err;
 }
 
+/* Removes e's value (not its queue, waiters or watchers), keeping the accounting right. */
+static void drop_value(rdzv__store *s, rdzv__entry *e)
+{
+    s->bytes -= e->vlen;
+    s->nkeys--;
+    free(e->val);
+    e->val = NULL;
+    e->vlen = 0;
+    e->present = false;
+}
+
 static int do_delete(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
 {
     rdzv__entry *e = lookup(s, r->key, r->key_len);
@@ -580,12 +591,7 @@ static int do_delete(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         return reply_i64(s, c, 0);
     if (e->watchers)
         notify(s, e, RDZV_WATCH_KEY_DELETED, e->val, e->vlen, NULL, 0);
-    s->bytes -= e->vlen;
-    s->nkeys--;
-    free(e->val);
-    e->val = NULL;
-    e->vlen = 0;
-    e->present = false;
+    drop_value(s, e);
     maybe_free(s, e);
     return reply_i64(s, c, 1);
 }
@@ -864,14 +870,8 @@ size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len)
                 continue;
             if (!e->present && !e->qlen)
                 continue;
-            if (e->present) {
-                s->bytes -= e->vlen;
-                s->nkeys--;
-                free(e->val);
-                e->val = NULL;
-                e->vlen = 0;
-                e->present = false;
-            }
+            if (e->present)
+                drop_value(s, e);
             for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
                 qn = q->next;
                 s->bytes -= q->n;
