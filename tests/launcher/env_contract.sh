@@ -33,23 +33,9 @@ py=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 launch_timeout=60
 
-if ! command -v "$py" >/dev/null 2>&1; then
-    echo "SKIP: $py not found"
-    exit 77
-fi
-if ! info=$("$py" -c 'import sys, torch, torch.distributed.run as r, torch.distributed as d
-assert d.is_available(); print(sys.executable, torch.__version__)' 2>/dev/null); then
-    echo "SKIP: $py has no usable torch.distributed"
-    exit 77
-fi
-# The real interpreter, not a pyenv shim: a shim would add PYENV_* and PATH to the launcher's
-# environment and so to the workers'.
-if [[ $info != *" "* ]]; then
-    echo "SKIP: $py did not report its torch"
-    exit 77
-fi
-pyexe=${info% *}
-version=${info#* }
+# shellcheck source-path=SCRIPTDIR source=probe_torch.sh
+. "$here/probe_torch.sh"
+probe_torch "$py" 'd.is_available() and __import__("torch.distributed.run")'
 if [[ $version == 1.* ]]; then
     torchrun=("$pyexe" "$here/torchrun113.py")
 else

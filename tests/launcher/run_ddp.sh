@@ -17,21 +17,9 @@ py=$2
 nproc=${3:-4}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-if ! command -v "$py" >/dev/null 2>&1; then
-    echo "SKIP: $py not found"
-    exit 77
-fi
-if ! info=$("$py" -c 'import sys, torch, torch.distributed as d
-assert d.is_available() and d.is_gloo_available(); print(sys.executable, torch.__version__)' 2>/dev/null); then
-    echo "SKIP: $py has no torch.distributed with gloo"
-    exit 77
-fi
-if [[ $info != *" "* ]]; then
-    echo "SKIP: $py did not report its torch"
-    exit 77
-fi
-pyexe=${info% *}
-version=${info#* }
+# shellcheck source-path=SCRIPTDIR source=probe_torch.sh
+. "$here/probe_torch.sh"
+probe_torch "$py" 'd.is_available() and d.is_gloo_available()'
 if [[ $launcher == torchrun ]]; then
     if [[ $version == 1.* ]]; then
         cmd=("$pyexe" "$here/torchrun113.py" --monitor-interval 0.1)
