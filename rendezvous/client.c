@@ -784,6 +784,51 @@ out:
     return rc;
 }
 
+/* Numeric host and port of one end of the client's socket (peer or local). */
+static int socket_endpoint(const rdzv_client *c, bool peer, char *host, size_t hostlen, int *port)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char serv[16];
+    if (!c || !host || hostlen == 0)
+        return -EINVAL;
+    if (c->fd < 0)
+        return -ENOTCONN;
+    if ((peer ? getpeername(c->fd, (struct sockaddr *)&ss, &len)
+              : getsockname(c->fd, (struct sockaddr *)&ss, &len)) != 0)
+        return -errno;
+    int gai = getnameinfo((struct sockaddr *)&ss, len, host, hostlen, serv, sizeof serv,
+                          NI_NUMERICHOST | NI_NUMERICSERV);
+    if (gai != 0)
+        return gai == EAI_OVERFLOW ? -ENOSPC : -EINVAL;
+    if (port)
+        *port = atoi(serv);
+    return 0;
+}
+
+int rdzv_client_local_addr(const rdzv_client *c, char *host, size_t hostlen)
+{
+    return socket_endpoint(c, false, host, hostlen, NULL);
+}
+
+int rdzv_client_dup(const rdzv_client *c, rdzv_client **out)
+{
+    char host[INET6_ADDRSTRLEN + 8];
+    int port = 0;
+    if (!out)
+        return -EINVAL;
+    int rc = socket_endpoint(c, true, host, sizeof host, &port);
+    if (rc < 0)
+        return rc;
+    rdzv_client_options opts;
+    rdzv_client_options_init(&opts);
+    opts.timeout_ms = c->timeout_ms;
+    opts.prefix = c->prefix;
+    if (c->timeout_ms >= 0 && c->timeout_ms < opts.connect_timeout_ms)
+        opts.connect_timeout_ms = c->timeout_ms;
+    return rdzv_client_connect(host, port, &opts, out);
+}
+
 void rdzv_client_close(rdzv_client *c)
 {
     if (!c)

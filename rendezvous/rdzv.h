@@ -174,6 +174,20 @@ void rdzv_client_options_init(rdzv_client_options *opts);
 int rdzv_client_connect(const char *host, int port, const rdzv_client_options *opts,
                         rdzv_client **out);
 
+/*
+ * Opens a second connection to the same store with the same prefix and call timeout, for use
+ * by another thread. Returns 0 and sets *out, or an error of rdzv_client_connect(), -ENOTCONN
+ * (c is broken) or -EINVAL.
+ */
+int rdzv_client_dup(const rdzv_client *c, rdzv_client **out);
+
+/*
+ * Writes the numeric local address of the client's connection (the address this host uses to
+ * reach the store, which peers on the store's network can usually reach too) into host.
+ * Returns 0, -ENOTCONN, -ENOSPC (hostlen too small) or -EINVAL.
+ */
+int rdzv_client_local_addr(const rdzv_client *c, char *host, size_t hostlen);
+
 /* Closes the connection and frees the client. NULL is a no-op. */
 void rdzv_client_close(rdzv_client *c);
 
