@@ -9,37 +9,22 @@ ddprun=$(readlink -f "$1")
 [ "$(id -u)" = 0 ] || { echo "skip: needs root for network namespaces"; exit 77; }
 command -v ip >/dev/null || { echo "skip: no iproute2"; exit 77; }
 
+. "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
+
 tag=$$
-br=ddpbr$tag
-nodes=(ddpn0-$tag ddpn1-$tag ddpn2-$tag)
-addr=(10.213.7.1 10.213.7.2 10.213.7.3) # exist only inside the test's namespaces
 tmp=$(mktemp -d); [ -n "${KEEP_TMP:-}" ] && echo "tmp=$tmp"
 pids=()
 
 cleanup() {
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  for n in "${nodes[@]}"; do
-    ip netns pids "$n" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
-    ip netns del "$n" 2>/dev/null
-  done
-  ip netns del "$br" 2>/dev/null
+  netns_cleanup
   [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-ip netns add "$br" || { echo "skip: cannot create network namespaces"; exit 77; }
-ip -n "$br" link add br0 type bridge && ip -n "$br" link set br0 up || exit 1
-for i in 0 1 2; do
-  n=${nodes[$i]}
-  ip netns add "$n" || exit 1
-  ip link add "dv$i$tag" type veth peer name "db$i$tag" || exit 1
-  ip link set "dv$i$tag" netns "$n" && ip link set "db$i$tag" netns "$br" || exit 1
-  ip -n "$br" link set "db$i$tag" master br0 up || exit 1
-  ip -n "$n" addr add "${addr[$i]}/24" dev "dv$i$tag" || exit 1
-  ip -n "$n" link set "dv$i$tag" up && ip -n "$n" link set lo up || exit 1
-done
-# Reachability (bounded): node 2 can reach node 0 through the bridge.
-for _ in $(seq 100); do ip netns exec "${nodes[2]}" ping -c1 -W1 "${addr[0]}" >/dev/null 2>&1 && break; done
+netns_setup ddp "$tag" 10.213.7 3 || exit $? # exist only inside the test's namespaces
+nodes=("${NETNS_NODES[@]}")
+addr=("${NETNS_ADDRS[@]}")
 
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
