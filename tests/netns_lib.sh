@@ -16,7 +16,11 @@ NETNS_BR=
 netns_setup() {
   local name=$1 tag=$2 subnet=$3 n=$4 i ns v b
   NETNS_BR=${name}br$tag
-  ip netns add "$NETNS_BR" || { echo "skip: cannot create network namespaces"; NETNS_BR=; return 77; }
+  if ! ip netns add "$NETNS_BR"; then
+    echo "skip: cannot create network namespaces"
+    NETNS_BR=
+    return 77
+  fi
   ip -n "$NETNS_BR" link add br0 type bridge && ip -n "$NETNS_BR" link set br0 up || return 1
   for ((i = 0; i < n; i++)); do
     ns=${name}n$i-$tag
@@ -32,8 +36,9 @@ netns_setup() {
     ip -n "$ns" link set "$v" up && ip -n "$ns" link set lo up || return 1
   done
   # Reachability (bounded): the last node reaches node 0 through the bridge.
+  local last=${NETNS_NODES[$((n - 1))]}
   for _ in $(seq 100); do
-    ip netns exec "${NETNS_NODES[$((n - 1))]}" ping -c1 -W1 "${NETNS_ADDRS[0]}" >/dev/null 2>&1 && break
+    ip netns exec "$last" ping -c1 -W1 "${NETNS_ADDRS[0]}" >/dev/null 2>&1 && break
   done
   return 0
 }

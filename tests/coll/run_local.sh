@@ -51,7 +51,7 @@ job() {
   fi
   if [ -z "$bad" ]; then
     ok "$name ($((SECONDS - t0)) s)"
-    grep -E 'GB/s|max error|\[kill\]: allreduce|\[timeout\]: allreduce|\[abort\]: .*(aborted|naming)' <<<"$out" |
+    grep -E 'GB/s|max error|\[(kill|timeout)\]: allreduce|\[abort\]: .*(aborted|naming)' <<<"$out" |
       grep -E '^\[0\]|\[kill\]|\[timeout\]|\[abort\]' | sed 's/^/    /'
   else
     fail "$name ($((SECONDS - t0)) s):$bad"

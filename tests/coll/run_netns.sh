@@ -3,9 +3,10 @@
 # 2 and 3 hosts with one rank each, and a mixed layout of 2 hosts x 2 ranks (shared memory
 # within a host, TCP between host leaders). Each host is a ddprun in its own network namespace
 # and, where unshare(1) allows, its own UTS namespace with a hostname of its own, started with
-# static rendezvous (--nnodes/--node-rank/--master-addr/--master-port) and running coll-check
-# (ops in its quick form, big, split, p2p, inflight, timeout, abort; and kill with the victim on
-# another host than the store, and in the mixed layout a host's non-leader).
+# static rendezvous (--nnodes/--node-rank/--master-addr/--master-port) and running coll-check:
+# ops (also with tiny chunks), big, split, p2p, inflight, timeout, abort, and kill with the
+# victim on another host than the store; in the mixed layout the victim (and the rank that skips
+# in timeout) is a host's non-leader or the other host's leader.
 # Every ddprun is bounded by timeout(1). The namespaces are removed on exit.
 # Usage: run_netns.sh DDPRUN COLL_CHECK [FILTER]. FILTER (a grep -E pattern) picks jobs by name.
 # Exit 0 pass, 1 fail, 77 skip (not root, no ip/netns, missing programs).
@@ -62,8 +63,10 @@ job() {
   port=$((port + 1))
   local t0=$SECONDS
   for ((i = 0; i < nn; i++)); do
-    ip netns exec "${nodes[$i]}" "${uts[@]}" sh -c '[ -z "$1" ] || hostname "$1"; shift; exec "$@"' \
-      sh "$([ ${#uts[@]} -gt 0 ] && echo "collhost$i-$tag")" \
+    local host=""
+    [ ${#uts[@]} -gt 0 ] && host=collhost$i-$tag
+    ip netns exec "${nodes[$i]}" "${uts[@]}" \
+      sh -c '[ -z "$1" ] || hostname "$1"; shift; exec "$@"' sh "$host" \
       timeout -k 10 "$secs" "$ddprun" --nnodes "$nn" --node-rank "$i" --master-addr "${addr[0]}" \
       --master-port "$port" --nproc-per-node "$np" --shutdown-timeout 90 \
       "$check" --expect-hosts "$nn" "$@" >"$tmp/$name.$i" 2>&1 &
@@ -94,7 +97,7 @@ job() {
   fi
   if [ -z "$bad" ]; then
     ok "$name (${el} s)"
-    grep -E 'GB/s|\[kill\]: allreduce|\[timeout\]: allreduce|\[abort\]: .*(aborted|naming)' <<<"$out" |
+    grep -E 'GB/s|\[(kill|timeout)\]: allreduce|\[abort\]: .*(aborted|naming)' <<<"$out" |
       sed 's/^/    /'
   else
     fail "$name (${el} s):$bad"
@@ -103,16 +106,19 @@ job() {
   fi
 }
 
-job 2x1-ops  2 1 300 all ops --quick big split p2p inflight barrier args
+job 2x1-ops  2 1 300 all ops big split p2p inflight barrier args
 job 2x1-fail 2 1 120 all timeout abort
 job 2x1-kill 2 1 120 kill:1 --timeout-ms 20000 --victim 1 kill
-job 3x1-ops  3 1 300 all ops --quick big split p2p inflight
+job 3x1-ops  3 1 300 all ops big split p2p inflight
 job 3x1-fail 3 1 120 all timeout --skipper 1 abort
 job 3x1-kill 3 1 120 kill:2 --timeout-ms 20000 --victim 2 kill
-job 2x2-ops  2 2 400 all ops --quick big split p2p inflight barrier
+job 2x2-ops  2 2 400 all ops big split p2p inflight barrier
+job 2x2-chunks 2 2 300 all ops --quick --chunk-bytes 4096 --small-bytes 256
 job 2x2-fail 2 2 120 all timeout --skipper 2 abort
 job 2x2-kill 2 2 120 kill:3 --timeout-ms 20000 --victim 3 kill
 job 2x2-kill-local 2 2 120 kill:1 --timeout-ms 20000 --victim 1 kill
+job 2x2-kill-leader 2 2 120 kill:2 --timeout-ms 20000 --victim 2 kill
+job 2x2-timeout-nonleader 2 2 120 all timeout --skipper 3
 
 echo "$fails failed"
 [ $fails = 0 ]
