@@ -902,6 +902,24 @@ START_TEST(test_shutdown_wakes_both)
 }
 END_TEST
 
+/* coll__tcp_shutdown() also wakes a rank waiting on its listener for a peer to connect. */
+START_TEST(test_shutdown_wakes_accept)
+{
+    coll__tcp t;
+    int port;
+    ck_assert_int_eq(coll__tcp_init(&t, 1, 2, TAG, "127.0.0.1", &g_abort, &port), 0);
+    pthread_t th;
+    shut_t = &t;
+    ck_assert_int_eq(pthread_create(&th, NULL, shutter, NULL), 0);
+    int rc = coll__tcp_conn(&t, 0, coll__deadline(30000));
+    double dt = now_s() - abort_at;
+    pthread_join(th, NULL);
+    ck_assert_msg(rc == -ESHUTDOWN, "conn: %d", rc);
+    ck_assert_double_lt(dt, 0.2);
+    coll__tcp_close(&t);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 static Suite *tcp_suite(void)
@@ -937,6 +955,7 @@ static Suite *tcp_suite(void)
     tcase_add_test(tc, test_sender_killed_mid_transfer);
     tcase_add_test(tc, test_abort_from_thread);
     tcase_add_test(tc, test_shutdown_wakes_both);
+    tcase_add_test(tc, test_shutdown_wakes_accept);
     suite_add_tcase(s, tc);
     return s;
 }
