@@ -618,8 +618,9 @@ int coll__tcp_xfer(coll__tcp *t, int send_peer, const struct iovec *siov, int sn
             continue;
         int fd = coll__tcp_conn(t, order[i], deadline_ns);
         if (fd < 0) {
-            *culprit = fd == -ECANCELED ? -1 : order[i];
-            return fd;
+            bool cancel = fd == -ECANCELED || aborted(t);
+            *culprit = cancel ? -1 : order[i];
+            return cancel ? -ECANCELED : fd;
         }
     }
 
