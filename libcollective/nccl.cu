@@ -431,7 +431,7 @@ int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int
     n->world = world;
     n->error = ncclSuccess;
     n->timeout_ns = deadline_ns == INT64_MAX ? -1 : deadline_ns - coll__now_ns();
-    if (n->timeout_ns == 0)
+    if (deadline_ns != INT64_MAX && n->timeout_ns < 1)
         n->timeout_ns = 1;
 
     pthread_condattr_init(&cattr);
