@@ -15,7 +15,9 @@
 
 #include "coll.h"
 
+#ifndef __cplusplus
 #include <stdatomic.h>
+#endif
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -48,6 +50,12 @@ float coll__f16_to_f32(uint16_t h);
 uint16_t coll__f32_to_f16(float f);
 float coll__bf16_to_f32(uint16_t h);
 uint16_t coll__f32_to_bf16(float f);
+
+/*
+ * The shm.c and tcp.c sections use C11 _Atomic, which C++ lacks; nvcc compiles the .cu files as
+ * C++ and they need neither, so C++ translation units do not see them.
+ */
+#ifndef __cplusplus
 
 /* ------------------------------------------------------------------------------------------ */
 /* shm.c                                                                                       */
@@ -163,6 +171,8 @@ int coll__tcp_xfer(coll__tcp *t, int send_peer, const struct iovec *siov, int sn
 void coll__tcp_shutdown(coll__tcp *t);
 /* Closes everything and frees the tables. Accepts a zeroed or half-built t. */
 void coll__tcp_close(coll__tcp *t);
+
+#endif /* !__cplusplus */
 
 /* ------------------------------------------------------------------------------------------ */
 /* CUDA staging (cuda_stage.cu; stubs returning false / -ENOTSUP without CUDA)                 */
