@@ -1055,6 +1055,24 @@ static void random_case(ctx *c, uint64_t salt, int i, tcase *t)
     t->seed = mix64(h);
 }
 
+typedef struct thr_arg {
+    ctx c; /* a copy with counters of its own */
+    coll_comm *comm;
+    int id, rc;
+} thr_arg;
+
+/* 24 operations of every kind on the thread's own communicator, i-forms and blocking. */
+static void *thr_main(void *p)
+{
+    thr_arg *a = p;
+    for (int k = 0; k < 24 && a->rc == 0; k++) {
+        tcase t;
+        random_case(&a->c, 0x3f + (uint64_t)a->id * 1000, k, &t);
+        a->rc = run_case(&a->c, a->comm, &t, k % 2);
+    }
+    return NULL;
+}
+
 static int scen_inflight(ctx *c)
 {
     enum { N = 64, NPOLL = 8 };
@@ -1170,6 +1188,40 @@ static int scen_inflight(ctx *c)
             note(c, "%ld coll_test calls", polls);
     }
     free(bufs);
+
+    /* Threads: communicators split off this one, each driven by a thread of its own, all at
+     * the same time. */
+    enum { NTHR = 4 };
+    thr_arg ta[NTHR];
+    pthread_t th[NTHR];
+    int nthr = 0;
+    for (int i = 0; i < NTHR && rc == 0; i++) {
+        ta[i] = (thr_arg){.c = *c, .id = i};
+        ta[i].c.checks = ta[i].c.failures = ta[i].c.reports = 0;
+        set_where("splitting communicator %d for the threads", i);
+        rc = coll_comm_split(comm, 0, c->rank, &ta[i].comm);
+        if (rc != 0)
+            fail(c, "coll_comm_split for thread %d: %s: %s", i, coll_strerror(rc),
+                 coll_last_error(NULL));
+        else
+            nthr++;
+    }
+    set_where("%d threads with a communicator each", nthr);
+    for (int i = 0; i < nthr && rc == 0; i++)
+        pthread_create(&th[i], NULL, thr_main, &ta[i]);
+    for (int i = 0; i < nthr; i++) {
+        if (rc == 0)
+            pthread_join(th[i], NULL);
+        c->checks += ta[i].c.checks;
+        c->failures += ta[i].c.failures;
+        for (int d = 0; d < COLL_DTYPE_COUNT; d++)
+            if (ta[i].c.max_ratio[d] > c->max_ratio[d])
+                c->max_ratio[d] = ta[i].c.max_ratio[d];
+        if (ta[i].rc != 0 && rc == 0)
+            rc = ta[i].rc;
+        coll_comm_destroy(ta[i].comm);
+    }
+
     if (rc != 0)
         coll_comm_abort(comm);
     set_where("coll_comm_destroy");
@@ -1248,10 +1300,31 @@ static int scen_split(ctx *c)
     int *members = malloc((size_t)w * sizeof(int));
     int n;
 
-    /* Even and odd ranks; the new communicator is used while the parent is busy too. */
+    /* Even and odd ranks, split while an allreduce on the parent is pending (the split waits
+     * for it). */
     coll_comm *par = NULL;
-    if ((rc = do_split(c, comm, r % 2, r, &par, "even/odd")) != 0)
+    tcase pt = {.kind = K_ALLREDUCE, .dt = COLL_F32, .op = COLL_SUM, .count = 100003,
+                .cls = CLS_GEN, .seed = mix64(c->seed + 0x5b)};
+    tbuf pb;
+    tb_prepare(&pb, &pt, r, w);
+    set_where("allreduce pending across a split");
+    if ((rc = tb_issue(comm, &pb, true)) != 0) {
+        fail(c, "iallreduce before the split: %s", coll_strerror(rc));
+        tb_free(&pb);
         goto out;
+    }
+    rc = do_split(c, comm, r % 2, r, &par, "even/odd");
+    int wr = coll_wait(pb.req);
+    if (wr != 0)
+        fail(c, "allreduce pending across a split: %s: %s", coll_strerror(wr),
+             coll_last_error(comm));
+    else
+        tb_verify(c, &pb);
+    tb_free(&pb);
+    if (rc != 0 || wr != 0) {
+        rc = rc ? rc : wr;
+        goto out;
+    }
     n = 0;
     for (int q = r % 2; q < w; q += 2)
         members[n++] = q;

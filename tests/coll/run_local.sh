@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # libcollective on one host (shared memory): coll-check under ddprun --standalone.
 # World sizes 1 to 8 run ops (every operation x dtype x reduction x count x root), args and
-# barrier; 3 and 6 ranks run ops again with tiny chunks (one not a multiple of any element size)
+# barrier; 3 and 6 ranks run ops again with tiny chunks (one odd-sized)
 # and a tiny small-message threshold, so that the pipelined paths see the odd counts; 4 ranks run
 # big, inflight, split, p2p, abort, timeout and kill; 3 ranks split, p2p, timeout and kill
 # (odd sizes). Every ddprun is bounded by timeout(1).
@@ -64,7 +64,7 @@ for n in 1 2 3 4 5 6 7 8; do
   job "ops-$n" $n 300 all ops args barrier
 done
 job ops-3-chunks 3 300 all ops --chunk-bytes 4096 --small-bytes 256
-job ops-6-chunks 6 300 all ops --quick --chunk-bytes 1000 --small-bytes 0
+job ops-6-chunks 6 300 all ops --quick --chunk-bytes 1001 --small-bytes 0
 job misc-4 4 600 all big inflight split p2p
 job misc-3 3 600 all split p2p inflight
 job fail-4 4 180 all abort timeout
