@@ -1900,7 +1900,13 @@ static int scen_kill(ctx *c)
     if (r == victim) {
         coll_request *q;
         rc = coll_iallreduce(comm, buf, buf, n, COLL_F32, COLL_SUM, &q);
-        note(c, "issued the allreduce (%s), now SIGKILL", coll_strerror(rc));
+        /* Let the transfer get going (64 MiB takes longer than this), then die in its middle. */
+        struct timespec ts = {0, 30 * 1000000};
+        nanosleep(&ts, NULL);
+        bool done = false;
+        coll_test(q, &done);
+        note(c, "issued the allreduce (%s; %s after 30 ms), now SIGKILL", coll_strerror(rc),
+             done ? "done" : "running");
         raise(SIGKILL);
     }
     set_where("kill: allreduce while rank %d dies", victim);

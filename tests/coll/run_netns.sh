@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # libcollective's TCP path across "hosts" made of network namespaces (see ../netns_lib.sh):
-# 2 and 3 hosts with one rank each, and a mixed layout of 2 hosts x 2 ranks (shared memory
-# within a host, TCP between host leaders). Each host is a ddprun in its own network namespace
+# 2 and 3 hosts with one rank each, a mixed layout of 2 hosts x 2 ranks (shared memory within a
+# host, TCP between host leaders) and an uneven one of 1, 2 and 3 ranks on 3 hosts. Each host is a ddprun in its own network namespace
 # and, where unshare(1) allows, its own UTS namespace with a hostname of its own, started with
 # static rendezvous (--nnodes/--node-rank/--master-addr/--master-port) and running coll-check:
 # ops (also with tiny chunks), big, split, p2p, inflight, timeout, abort, and kill with the
@@ -53,11 +53,16 @@ ok() { echo "ok: $*"; }
 port=29600
 
 # job NAME NNODES NPROC SECONDS WANT ARGS...: coll-check ARGS on nodes 0..NNODES-1 with NPROC
-# ranks each, every ddprun bounded by SECONDS. WANT: "all" (every ddprun exits 0 and every rank
+# ranks each (or "a,b,c": a ranks on node 0, b on node 1, ...), every ddprun bounded by SECONDS. WANT: "all" (every ddprun exits 0 and every rank
 # prints PASS for each scenario in ARGS) or "kill:V" (every rank but V prints PASS for the
 # kill scenario; rank V announces its death).
 job() {
-  local name=$1 nn=$2 np=$3 secs=$4 want=$5 i rcs="" world=$(($2 * $3))
+  local name=$1 nn=$2 secs=$4 want=$5 i rcs="" world=0 np
+  IFS=, read -ra np <<<"$3"
+  for ((i = 0; i < nn; i++)); do
+    [ -n "${np[$i]:-}" ] || np[$i]=${np[0]}
+    world=$((world + np[i]))
+  done
   shift 5
   grep -Eq -- "$filter" <<<"$name" || return 0
   port=$((port + 1))
@@ -68,7 +73,7 @@ job() {
     ip netns exec "${nodes[$i]}" "${uts[@]}" \
       sh -c '[ -z "$1" ] || hostname "$1"; shift; exec "$@"' sh "$host" \
       timeout -k 10 "$secs" "$ddprun" --nnodes "$nn" --node-rank "$i" --master-addr "${addr[0]}" \
-      --master-port "$port" --nproc-per-node "$np" --shutdown-timeout 90 \
+      --master-port "$port" --nproc-per-node "${np[$i]}" --shutdown-timeout 90 \
       "$check" --expect-hosts "$nn" "$@" >"$tmp/$name.$i" 2>&1 &
     pids[$i]=$!
   done
@@ -119,6 +124,8 @@ job 2x2-kill 2 2 120 kill:3 --timeout-ms 20000 --victim 3 kill
 job 2x2-kill-local 2 2 120 kill:1 --timeout-ms 20000 --victim 1 kill
 job 2x2-kill-leader 2 2 120 kill:2 --timeout-ms 20000 --victim 2 kill
 job 2x2-timeout-nonleader 2 2 120 all timeout --skipper 3
+job 3x123-ops 3 1,2,3 400 all ops --quick big split p2p inflight
+job 3x123-kill 3 1,2,3 120 kill:4 --timeout-ms 20000 --victim 4 kill
 
 echo "$fails failed"
 [ $fails = 0 ]
