@@ -13,7 +13,8 @@
  *   barrier   a store counter shows that nobody leaves a barrier before everybody entered it
  *   abort     an abort from another thread ends a pending operation with -ECANCELED; peers
  *             waiting on the aborted rank get an error naming it
- *   timeout   one rank skips an allreduce; the others get -ETIMEDOUT naming it
+ *   timeout   one rank skips an allreduce, then a coll_comm_init; the others get -ETIMEDOUT
+ *             naming it
  *   kill      --victim dies by SIGKILL inside a large allreduce; survivors get an error naming it
  *             within --timeout-ms
  *   args      invalid arguments give -EINVAL and queue nothing
@@ -1872,6 +1873,34 @@ static int scen_timeout(ctx *c)
     store_barrier(c, "timeout", tmo * 3 + 30000);
     set_where("timeout: destroy");
     coll_comm_destroy(comm);
+
+    /* coll_comm_init without the skipper: -ETIMEDOUT, and coll_last_error(NULL) names it. */
+    if (r != sk) {
+        coll_options o;
+        coll_options_init(&o);
+        o.timeout_ms = tmo;
+        o.bind_addr = c->bind_addr;
+        char prefix[320];
+        snprintf(prefix, sizeof(prefix), "%s/init", c->prefix);
+        set_where("timeout: coll_comm_init without rank %d", sk);
+        coll_comm *m = (coll_comm *)&o;
+        int64_t t0 = now_ns();
+        int ir = coll_comm_init(c->store, prefix, r, w, c->backend, -1, &o, &m);
+        double ms = ms_since(t0);
+        const char *le = coll_last_error(NULL);
+        c->checks++;
+        if (ir != -ETIMEDOUT || m != (coll_comm *)&o || !names_rank(le, sk) ||
+            ms > tmo * 1.5 + 2000)
+            fail(c, "coll_comm_init without rank %d: expected -ETIMEDOUT naming it within %.0f "
+                    "ms; got %d (%s) after %.0f ms, last error \"%s\"",
+                 sk, tmo * 1.5 + 2000, ir, coll_strerror(ir), ms, le);
+        else
+            note(c, "coll_comm_init without rank %d: %s after %.0f ms: \"%s\"", sk,
+                 coll_strerror(ir), ms, le);
+        if (ir == 0)
+            coll_comm_destroy(m);
+    }
+    store_barrier(c, "timeout-init", tmo * 3 + 30000);
     return rc;
 }
 

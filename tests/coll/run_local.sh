@@ -3,8 +3,8 @@
 # World sizes 1 to 8 run ops (every operation x dtype x reduction x count x root), args and
 # barrier; 3 and 6 ranks run ops again with tiny chunks (one odd-sized)
 # and a tiny small-message threshold, so that the pipelined paths see the odd counts; 4 ranks run
-# big, inflight, split, p2p, abort, timeout and kill; 3 ranks split, p2p, timeout and kill
-# (odd sizes). Every ddprun is bounded by timeout(1).
+# big, inflight, split, p2p, abort, timeout and kill; 3 ranks split, p2p, inflight, abort,
+# timeout and kill (an odd size); 8 ranks timeout. Every ddprun is bounded by timeout(1).
 # Usage: run_local.sh DDPRUN COLL_CHECK [FILTER]. FILTER (a grep -E pattern) picks jobs by name.
 # Exit 0 pass, 1 fail, 77 skip (missing programs).
 set -uo pipefail
@@ -67,8 +67,11 @@ job ops-3-chunks 3 300 all ops --chunk-bytes 4096 --small-bytes 256
 job ops-6-chunks 6 300 all ops --quick --chunk-bytes 1001 --small-bytes 0
 job misc-4 4 600 all big inflight split p2p
 job misc-3 3 600 all split p2p inflight
-job fail-4 4 180 all abort timeout
-job fail-3 3 180 all timeout --skipper 1 abort
+job abort-4 4 120 all abort
+job abort-3 3 120 all abort
+job timeout-4 4 120 all timeout
+job timeout-3 3 120 all timeout --skipper 1
+job timeout-8 8 120 all timeout --skipper 0
 job kill-4 4 120 kill:2 --timeout-ms 20000 --victim 2 kill
 job kill-3 3 120 kill:0 --timeout-ms 20000 --victim 0 kill
 

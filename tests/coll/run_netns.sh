@@ -112,14 +112,17 @@ job() {
 }
 
 job 2x1-ops  2 1 300 all ops big split p2p inflight barrier args
-job 2x1-fail 2 1 120 all timeout abort
+job 2x1-abort 2 1 120 all abort
+job 2x1-timeout 2 1 120 all timeout
 job 2x1-kill 2 1 120 kill:1 --timeout-ms 20000 --victim 1 kill
 job 3x1-ops  3 1 300 all ops big split p2p inflight
-job 3x1-fail 3 1 120 all timeout --skipper 1 abort
+job 3x1-abort 3 1 120 all abort
+job 3x1-timeout 3 1 120 all timeout --skipper 1
 job 3x1-kill 3 1 120 kill:2 --timeout-ms 20000 --victim 2 kill
 job 2x2-ops  2 2 400 all ops big split p2p inflight barrier
 job 2x2-chunks 2 2 300 all ops --quick --chunk-bytes 4096 --small-bytes 256
-job 2x2-fail 2 2 120 all timeout --skipper 2 abort
+job 2x2-abort 2 2 120 all abort
+job 2x2-timeout-leader 2 2 120 all timeout --skipper 2
 job 2x2-kill 2 2 120 kill:3 --timeout-ms 20000 --victim 3 kill
 job 2x2-kill-local 2 2 120 kill:1 --timeout-ms 20000 --victim 1 kill
 job 2x2-kill-leader 2 2 120 kill:2 --timeout-ms 20000 --victim 2 kill
