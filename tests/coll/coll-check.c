@@ -24,9 +24,10 @@
  * exactly (sums and products wrap). Floats are reduced in long double; sums, averages and
  * products must lie within (world + 1) * eps * sum_r |x_r| + eps * |ref| of it (eps = 2^-24,
  * 2^-52, 2^-11 and 2^-8 for f32, f64, f16 and bf16; for averages the x_r are divided by the
- * world size first); max and min must be exact. The largest error seen, as a fraction of its
- * bound, is printed per dtype. Copies (broadcast, allgather) must be bit-exact; buffers carry
- * guard bytes that must stay untouched, and inputs of out-of-place calls must not change.
+ * world size first); max and min, and anything on one rank, must be exact. The largest error
+ * seen, as a fraction of its bound, is printed per dtype. Copies (broadcast, allgather) must
+ * be bit-exact; buffers carry guard bytes that must stay untouched, and inputs of out-of-place
+ * calls must not change.
  *
  * It does not test the nccl backend's device buffers (it passes host memory) nor performance;
  * the timings it prints are for information.
@@ -56,10 +57,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define GUARD 64          /* bytes after every buffer that no operation may touch */
-#define GUARD_BYTE 0x5a   /* their content */
-#define SENTINEL 0xa5     /* fill of output buffers before an operation */
-#define MAX_REPORTS 20    /* detailed failure lines per rank */
+#define GUARD 64        /* bytes after every buffer that no operation may touch */
+#define GUARD_BYTE 0x5a /* their content */
+#define SENTINEL 0xa5   /* fill of output buffers before an operation */
+#define MAX_REPORTS 20  /* detailed failure lines per rank */
 
 typedef struct ctx {
     /* Environment. */
@@ -431,15 +432,15 @@ static uint64_t gen_bits(coll_dtype dt, int cls, uint64_t seed, int world, int r
 /* ------------------------------------------------------------------------------------------ */
 
 enum kind { K_ALLREDUCE, K_REDUCE, K_BROADCAST, K_ALLGATHER, K_REDUCE_SCATTER, K_BARRIER };
-static const char *const kind_names[] = {"allreduce", "reduce", "broadcast", "allgather",
-                                         "reduce_scatter", "barrier"};
+static const char *const kind_names[] = {"allreduce", "reduce",         "broadcast",
+                                         "allgather", "reduce_scatter", "barrier"};
 
 typedef struct tcase {
     enum kind kind;
     coll_dtype dt;
     coll_op op; /* for reductions */
     size_t count;
-    int root;     /* reduce, broadcast */
+    int root; /* reduce, broadcast */
     bool inplace;
     bool nullbuf; /* out of place: pass NULL for the unused buffer of non-roots */
     int cls;
@@ -694,7 +695,8 @@ static void ref_reduce(const tbuf *b, size_t j, refv *out)
     }
     long double eps = dtype_eps(t->dt);
     out->v = acc;
-    out->bound = (t->op == COLL_MAX || t->op == COLL_MIN)
+    /* One rank: every reduction is the input itself, exactly. */
+    out->bound = (t->op == COLL_MAX || t->op == COLL_MIN || w == 1)
                      ? 0
                      : (long double)(w + 1) * eps * sumabs + eps * fabsl(acc);
 }
@@ -738,8 +740,8 @@ static void check_reduced(ctx *c, const tbuf *b, const unsigned char *res, size_
             snprintf(e, sizeof(e), "%.10Lg (bound %.3Lg)", ref_bad.v, ref_bad.bound);
         else
             fmt_value(t->dt, ref_bad.bits, e, sizeof(e));
-        fail(c, "%s: %zu of %zu elements wrong, first at index %zu: got %s expected %s", desc,
-             bad, n, first_bad, g, e);
+        fail(c, "%s: %zu of %zu elements wrong, first at index %zu: got %s expected %s", desc, bad,
+             n, first_bad, g, e);
     }
 }
 
@@ -764,8 +766,9 @@ static void check_copy(ctx *c, const tbuf *b, const unsigned char *res, size_t n
         char g[64], e[64];
         fmt_value(t->dt, got_bad, g, sizeof(g));
         fmt_value(t->dt, exp_bad, e, sizeof(e));
-        fail(c, "%s: block of rank %d: %zu of %zu elements wrong, first at index %zu: got %s "
-                "expected %s",
+        fail(c,
+             "%s: block of rank %d: %zu of %zu elements wrong, first at index %zu: got %s "
+             "expected %s",
              desc, q, bad, n, first_bad, g, e);
     }
 }
@@ -861,8 +864,8 @@ static int comm_create(ctx *c, const char *suffix, int timeout_ms, coll_comm **o
         fail(c, "communicator says rank %d of %d", coll_comm_rank(m), coll_comm_size(m));
     if (coll_comm_backend(m) == COLL_BACKEND_AUTO)
         fail(c, "coll_comm_backend() is auto, not the backend chosen");
-    if (c->local_world > 0 && (coll_comm_local_size(m) != c->local_world ||
-                               coll_comm_local_rank(m) != c->local_rank))
+    if (c->local_world > 0 &&
+        (coll_comm_local_size(m) != c->local_world || coll_comm_local_rank(m) != c->local_rank))
         fail(c, "communicator says local rank %d of %d; ddprun says %d of %d",
              coll_comm_local_rank(m), coll_comm_local_size(m), c->local_rank, c->local_world);
     if (c->expect_hosts > 0 && coll_comm_nhosts(m) != c->expect_hosts)
@@ -932,7 +935,9 @@ static int scen_ops(ctx *c)
     for (size_t ci = 0; ci < ncounts && rc == 0; ci++) {
         for (int dt = 0; dt < COLL_DTYPE_COUNT && rc == 0; dt++) {
             for (int op = 0; op < COLL_OP_COUNT && rc == 0; op++) {
-                tcase t = {.dt = (coll_dtype)dt, .op = (coll_op)op, .count = counts[ci],
+                tcase t = {.dt = (coll_dtype)dt,
+                           .op = (coll_op)op,
+                           .count = counts[ci],
                            .cls = value_class((coll_dtype)dt, (coll_op)op)};
                 for (int ip = 0; ip < 2 && rc == 0; ip++) {
                     t.inplace = ip;
@@ -1021,12 +1026,12 @@ static int scen_big(ctx *c)
             rc = tb_issue(comm, &b, false);
         double ms = ms_since(t0);
         if (rc != 0) {
-            fail(c, "%s: returned %d (%s): %s", desc, rc, coll_strerror(rc),
-                 coll_last_error(comm));
+            fail(c, "%s: returned %d (%s): %s", desc, rc, coll_strerror(rc), coll_last_error(comm));
         } else {
-            print_rate(c, desc, t->count * esize(t->dt) *
-                                    (t->kind == K_ALLGATHER || t->kind == K_REDUCE_SCATTER
-                                         ? (size_t)w : 1), ms);
+            print_rate(c, desc,
+                       t->count * esize(t->dt) *
+                           (t->kind == K_ALLGATHER || t->kind == K_REDUCE_SCATTER ? (size_t)w : 1),
+                       ms);
             set_where("verifying %s", desc);
             tb_verify(c, &b);
         }
@@ -1171,8 +1176,8 @@ static int scen_inflight(ctx *c)
             bool d = false;
             int again = coll_test(pb[i].req, &d);
             if (done[i] && (!d || again != trc[i]))
-                fail(c, "coll_test after completion of %d: done %d rc %d (first %d)", i, d,
-                     again, trc[i]);
+                fail(c, "coll_test after completion of %d: done %d rc %d (first %d)", i, d, again,
+                     trc[i]);
             int wr = coll_wait(pb[i].req);
             if (done[i] && wr != trc[i])
                 fail(c, "polled operation %d: coll_test said %d, coll_wait %d", i, trc[i], wr);
@@ -1180,8 +1185,7 @@ static int scen_inflight(ctx *c)
             if (wr == 0)
                 tb_verify(c, &pb[i]);
             else
-                fail(c, "polled operation %d: %s: %s", i, coll_strerror(wr),
-                     coll_last_error(comm));
+                fail(c, "polled operation %d: %s: %s", i, coll_strerror(wr), coll_last_error(comm));
         }
         for (int i = 0; i < NPOLL; i++)
             tb_free(&pb[i]);
@@ -1263,8 +1267,8 @@ static int check_sub(ctx *c, coll_comm *sub, const int *members, int n, const ch
             for (int k = 0; k < n; k++)
                 want += (int64_t)(members[k] + 1) * 1000003 + i;
             if (buf[i] != want) {
-                fail(c, "split %s: allreduce index %d: got %" PRId64 " expected %" PRId64, name,
-                     i, buf[i], want);
+                fail(c, "split %s: allreduce index %d: got %" PRId64 " expected %" PRId64, name, i,
+                     buf[i], want);
                 break;
             }
         }
@@ -1275,20 +1279,19 @@ static int check_sub(ctx *c, coll_comm *sub, const int *members, int n, const ch
     if (rc == 0 && (rc = coll_broadcast(sub, &v, &v, 1, COLL_I64, n - 1)) != 0)
         fail(c, "split %s: broadcast: %s: %s", name, coll_strerror(rc), coll_last_error(sub));
     else if (rc == 0 && v != members[n - 1])
-        fail(c, "split %s: broadcast from sub-rank %d gave %" PRId64 ", expected %d", name,
-             n - 1, v, members[n - 1]);
+        fail(c, "split %s: broadcast from sub-rank %d gave %" PRId64 ", expected %d", name, n - 1,
+             v, members[n - 1]);
     free(buf);
     return rc;
 }
 
-static int do_split(ctx *c, coll_comm *comm, int color, int key, coll_comm **out,
-                    const char *name)
+static int do_split(ctx *c, coll_comm *comm, int color, int key, coll_comm **out, const char *name)
 {
     set_where("coll_comm_split %s", name);
     int rc = coll_comm_split(comm, color, key, out);
     if (rc != 0)
-        fail(c, "coll_comm_split %s (color %d key %d): %s: %s", name, color, key,
-             coll_strerror(rc), coll_last_error(NULL));
+        fail(c, "coll_comm_split %s (color %d key %d): %s: %s", name, color, key, coll_strerror(rc),
+             coll_last_error(NULL));
     return rc;
 }
 
@@ -1304,8 +1307,12 @@ static int scen_split(ctx *c)
     /* Even and odd ranks, split while an allreduce on the parent is pending (the split waits
      * for it). */
     coll_comm *par = NULL;
-    tcase pt = {.kind = K_ALLREDUCE, .dt = COLL_F32, .op = COLL_SUM, .count = 100003,
-                .cls = CLS_GEN, .seed = mix64(c->seed + 0x5b)};
+    tcase pt = {.kind = K_ALLREDUCE,
+                .dt = COLL_F32,
+                .op = COLL_SUM,
+                .count = 100003,
+                .cls = CLS_GEN,
+                .seed = mix64(c->seed + 0x5b)};
     tbuf pb;
     tb_prepare(&pb, &pt, r, w);
     set_where("allreduce pending across a split");
@@ -1390,8 +1397,9 @@ static int scen_split(ctx *c)
         }
         if (coll_comm_size(rowc) != cols || coll_comm_rank(rowc) != col ||
             coll_comm_size(colc) != rows || coll_comm_rank(colc) != row) {
-            fail(c, "grid: row comm %d of %d (want %d of %d), column comm %d of %d (want %d of "
-                    "%d)",
+            fail(c,
+                 "grid: row comm %d of %d (want %d of %d), column comm %d of %d (want %d of "
+                 "%d)",
                  coll_comm_rank(rowc), coll_comm_size(rowc), col, cols, coll_comm_rank(colc),
                  coll_comm_size(colc), row, rows);
             rc = -1;
@@ -1424,8 +1432,8 @@ static int scen_split(ctx *c)
                 wr += (float)(row * cols + k + i % 5);
             wc = (float)((rows - 1) * cols + col) * 2 + (float)(i % 3);
             if (rb[i] != wr || cb[i] != wc) {
-                fail(c, "grid index %d: row sum %g (want %g), column max %g (want %g)", i,
-                     rb[i], wr, cb[i], wc);
+                fail(c, "grid index %d: row sum %g (want %g), column max %g (want %g)", i, rb[i],
+                     wr, cb[i], wc);
                 break;
             }
         }
@@ -1532,8 +1540,8 @@ static int scen_p2p(ctx *c)
     static const struct {
         coll_dtype dt;
         size_t n;
-    } sizes[] = {{COLL_U8, 1}, {COLL_F16, 1009}, {COLL_I32, 0}, {COLL_F64, 100003},
-                 {COLL_F32, 1 << 22}};
+    } sizes[] = {
+        {COLL_U8, 1}, {COLL_F16, 1009}, {COLL_I32, 0}, {COLL_F64, 100003}, {COLL_F32, 1 << 22}};
     int tag = 100;
 
     /* Ring pass, deadlock-free in any engine: even ranks send first, odd ranks receive first. */
@@ -1713,13 +1721,13 @@ static void expect_named(ctx *c, coll_comm *comm, int rc, int who, double ms, do
     c->checks++;
     bool code_ok = timeout_only ? rc == -ETIMEDOUT : (rc == COLL_EREMOTE || rc == -ETIMEDOUT);
     if (!code_ok || fr != who || !names_rank(le, who) || ms > limit_ms)
-        fail(c, "%s: expected %s naming rank %d within %.0f ms; got %d (%s) after %.0f ms, "
-                "failed rank %d, last error \"%s\"",
+        fail(c,
+             "%s: expected %s naming rank %d within %.0f ms; got %d (%s) after %.0f ms, "
+             "failed rank %d, last error \"%s\"",
              what, timeout_only ? "-ETIMEDOUT" : "COLL_EREMOTE or -ETIMEDOUT", who, limit_ms, rc,
              coll_strerror(rc), ms, fr, le);
     else
-        note(c, "%s: %s after %.0f ms naming rank %d: \"%s\"", what, coll_strerror(rc), ms, fr,
-             le);
+        note(c, "%s: %s after %.0f ms naming rank %d: \"%s\"", what, coll_strerror(rc), ms, fr, le);
 }
 
 static int scen_abort(ctx *c)
@@ -1762,11 +1770,10 @@ static int scen_abort(ctx *c)
         pthread_join(th, NULL);
         c->checks++;
         if (wr != -ECANCELED)
-            fail(c, "aborted allreduce returned %d (%s) after %.0f ms, expected -ECANCELED: %s",
-                 wr, coll_strerror(wr), ms, coll_last_error(comm));
+            fail(c, "aborted allreduce returned %d (%s) after %.0f ms, expected -ECANCELED: %s", wr,
+                 coll_strerror(wr), ms, coll_last_error(comm));
         else
-            note(c, "pending allreduce aborted from another thread: -ECANCELED after %.0f ms",
-                 ms);
+            note(c, "pending allreduce aborted from another thread: -ECANCELED after %.0f ms", ms);
         coll_request *q2 = (coll_request *)&a;
         int ir = coll_iallreduce(comm, buf, buf, 4, COLL_F32, COLL_SUM, &q2);
         c->checks++;
@@ -1891,8 +1898,9 @@ static int scen_timeout(ctx *c)
         c->checks++;
         if (ir != -ETIMEDOUT || m != (coll_comm *)&o || !names_rank(le, sk) ||
             ms > tmo * 1.5 + 2000)
-            fail(c, "coll_comm_init without rank %d: expected -ETIMEDOUT naming it within %.0f "
-                    "ms; got %d (%s) after %.0f ms, last error \"%s\"",
+            fail(c,
+                 "coll_comm_init without rank %d: expected -ETIMEDOUT naming it within %.0f "
+                 "ms; got %d (%s) after %.0f ms, last error \"%s\"",
                  sk, tmo * 1.5 + 2000, ir, coll_strerror(ir), ms, le);
         else
             note(c, "coll_comm_init without rank %d: %s after %.0f ms: \"%s\"", sk,
@@ -1966,7 +1974,7 @@ static int scen_args(ctx *c)
         int rc_ = (call);                                                                          \
         c->checks++;                                                                               \
         if (rc_ != -EINVAL || q != SENT)                                                           \
-            fail(c, "%s: returned %d (%s)%s, expected -EINVAL", what, rc_, coll_strerror(rc_),    \
+            fail(c, "%s: returned %d (%s)%s, expected -EINVAL", what, rc_, coll_strerror(rc_),     \
                  q != SENT ? " and wrote the request" : "");                                       \
     } while (0)
     coll_dtype bad_dt[] = {COLL_DTYPE_COUNT, (coll_dtype)-1, (coll_dtype)100};
@@ -2054,8 +2062,8 @@ static int scen_args(ctx *c)
         {c->store, "x", 0, 1, COLL_BACKEND_CPU, NULL, "NULL out"},
     };
     for (size_t i = 0; i < sizeof(inits) / sizeof(inits[0]); i++) {
-        int ir = coll_comm_init(inits[i].s, inits[i].p, inits[i].rank, inits[i].world,
-                                inits[i].b, -1, NULL, inits[i].out);
+        int ir = coll_comm_init(inits[i].s, inits[i].p, inits[i].rank, inits[i].world, inits[i].b,
+                                -1, NULL, inits[i].out);
         c->checks++;
         if (ir != -EINVAL || bad != (coll_comm *)SENT || !*coll_last_error(NULL))
             fail(c, "coll_comm_init with %s: %d (%s), last error \"%s\"%s", inits[i].what, ir,
@@ -2084,8 +2092,7 @@ static int scen_args(ctx *c)
         coll_op back = COLL_OP_COUNT;
         c->checks++;
         if (coll_op_parse(coll_op_name((coll_op)i), &back) != 0 || (int)back != i)
-            fail(c, "op %d: name \"%s\" parses back to %d", i, coll_op_name((coll_op)i),
-                 (int)back);
+            fail(c, "op %d: name \"%s\" parses back to %d", i, coll_op_name((coll_op)i), (int)back);
     }
     coll_dtype dd;
     coll_op oo;
@@ -2093,8 +2100,7 @@ static int scen_args(ctx *c)
     c->checks++;
     if (coll_dtype_parse("f17", &dd) != -EINVAL || coll_op_parse("mean", &oo) != -EINVAL ||
         coll_backend_parse("gloo", &bb) != -EINVAL ||
-        coll_backend_parse(coll_backend_name(COLL_BACKEND_CPU), &bb) != 0 ||
-        bb != COLL_BACKEND_CPU)
+        coll_backend_parse(coll_backend_name(COLL_BACKEND_CPU), &bb) != 0 || bb != COLL_BACKEND_CPU)
         fail(c, "parsing unknown names, or the cpu backend's name");
     int codes[] = {COLL_ENCCL, COLL_ECUDA, COLL_EREMOTE, -ETIMEDOUT, -ECANCELED, 0, -99999, 5};
     for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
@@ -2116,8 +2122,8 @@ static int scen_args(ctx *c)
     } else {
         for (int i = 0; i < 7; i++)
             if (v[i] != w * (w - 1) / 2 + w * i) {
-                fail(c, "allreduce after the invalid calls: index %d: got %d expected %d", i,
-                     v[i], w * (w - 1) / 2 + w * i);
+                fail(c, "allreduce after the invalid calls: index %d: got %d expected %d", i, v[i],
+                     w * (w - 1) / 2 + w * i);
                 break;
             }
     }
@@ -2168,31 +2174,50 @@ static int env_int(const char *name, int *out)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: coll-check [options] SCENARIO...   (run under ddprun)\n"
-            "scenarios: ops big inflight split p2p barrier abort timeout kill args\n"
-            "  --backend NAME      cpu (default), nccl or auto\n"
-            "  --timeout-ms N      communicator timeout (default per scenario)\n"
-            "  --victim R          kill: the rank that dies (default: the last)\n"
-            "  --skipper R         timeout: the rank that skips (default: the last)\n"
-            "  --seed N            input seed (default 1)\n"
-            "  --quick             ops: fewer counts and roots\n"
-            "  --chunk-bytes N     coll_options.chunk_bytes\n"
-            "  --small-bytes N     coll_options.small_bytes\n"
-            "  --bind-addr ADDR    coll_options.bind_addr\n"
-            "  --expect-hosts N    fail unless the communicator sees N hosts\n"
-            "  --big-mib N         size of the big and kill buffers (default 64)\n"
-            "  --watchdog-s N      exit 3 after N s without progress (default 300)\n"
-            "  --verbose\n");
+    fprintf(f, "usage: coll-check [options] SCENARIO...   (run under ddprun)\n"
+               "scenarios: ops big inflight split p2p barrier abort timeout kill args\n"
+               "  --backend NAME      cpu (default), nccl or auto\n"
+               "  --timeout-ms N      communicator timeout (default per scenario)\n"
+               "  --victim R          kill: the rank that dies (default: the last)\n"
+               "  --skipper R         timeout: the rank that skips (default: the last)\n"
+               "  --seed N            input seed (default 1)\n"
+               "  --quick             ops: fewer counts and roots\n"
+               "  --chunk-bytes N     coll_options.chunk_bytes\n"
+               "  --small-bytes N     coll_options.small_bytes\n"
+               "  --bind-addr ADDR    coll_options.bind_addr\n"
+               "  --expect-hosts N    fail unless the communicator sees N hosts\n"
+               "  --big-mib N         size of the big and kill buffers (default 64)\n"
+               "  --watchdog-s N      exit 3 after N s without progress (default 300)\n"
+               "  --verbose\n");
 }
 
 int main(int argc, char **argv)
 {
-    ctx c = {.backend = COLL_BACKEND_CPU, .timeout_ms = -1, .victim = -1, .skipper = -1,
-             .seed = 1, .expect_hosts = -1, .big_mib = 64, .watchdog_s = 300,
+    ctx c = {.backend = COLL_BACKEND_CPU,
+             .timeout_ms = -1,
+             .victim = -1,
+             .skipper = -1,
+             .seed = 1,
+             .expect_hosts = -1,
+             .big_mib = 64,
+             .watchdog_s = 300,
              .local_world = -1};
-    enum { O_BACKEND = 256, O_TIMEOUT, O_VICTIM, O_SKIPPER, O_SEED, O_QUICK, O_CHUNK, O_SMALL,
-           O_BIND, O_HOSTS, O_BIG, O_WATCHDOG, O_VERBOSE, O_HELP };
+    enum {
+        O_BACKEND = 256,
+        O_TIMEOUT,
+        O_VICTIM,
+        O_SKIPPER,
+        O_SEED,
+        O_QUICK,
+        O_CHUNK,
+        O_SMALL,
+        O_BIND,
+        O_HOSTS,
+        O_BIG,
+        O_WATCHDOG,
+        O_VERBOSE,
+        O_HELP
+    };
     static const struct option longopts[] = {
         {"backend", required_argument, NULL, O_BACKEND},
         {"timeout-ms", required_argument, NULL, O_TIMEOUT},
