@@ -204,8 +204,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    printf("# one-way post->wake latency, us (median and best of %d x %d rounds)\n", reps,
-           rounds);
+    printf("# one-way post->wake latency, us (median and best of %d x %d rounds)\n", reps, rounds);
     printf("%5s  %8s  %10s  %10s\n", "procs", "spin", "median", "best");
     int failed = 0;
     for (int i = 0; i < nn; i++)

@@ -145,8 +145,7 @@ static uint64_t random64(void)
     uint64_t r;
     if (getrandom(&r, sizeof r, GRND_NONBLOCK) == (ssize_t)sizeof r)
         return r;
-    return mix64((uint64_t)coll__now_ns() ^ ((uint64_t)getpid() << 32) ^
-                 atomic_fetch_add(&seq, 1));
+    return mix64((uint64_t)coll__now_ns() ^ ((uint64_t)getpid() << 32) ^ atomic_fetch_add(&seq, 1));
 }
 
 /*
@@ -231,8 +230,8 @@ int coll__shm_create(coll__shm *s, const char *tag, size_t nbytes)
     int fd = -1;
     for (int tries = 0;; tries++) {
         uint64_t id = (tag_hash & 0xffffffff00000000ULL) | (random64() & 0xffffffffULL);
-        snprintf(name, sizeof name, "/coll.%u.%ld.%016" PRIx64, (unsigned)geteuid(),
-                 (long)getpid(), id);
+        snprintf(name, sizeof name, "/coll.%u.%ld.%016" PRIx64, (unsigned)geteuid(), (long)getpid(),
+                 id);
         fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd >= 0)
             break;

@@ -393,8 +393,8 @@ START_TEST(test_pingpong)
             break;
     }
     double dt = now_s() - t0;
-    ck_assert_msg(rc == 0 && seen == i - 1, "round %" PRIu64 ": rc %d, counter %" PRIu64, i,
-                  rc, seen);
+    ck_assert_msg(rc == 0 && seen == i - 1, "round %" PRIu64 ": rc %d, counter %" PRIu64, i, rc,
+                  seen);
     reap_ok(kids[1]);
     ck_assert_uint_eq(atomic_load(&h->arrive[0].v), ROUNDS);
     ck_assert_uint_eq(atomic_load(&h->arrive[1].v), ROUNDS);
@@ -584,8 +584,7 @@ START_TEST(test_remote_abort)
     ck_assert_int_eq(culprit, 7);
     ck_assert_int_eq(atomic_load(&hdr(&s)->culprit), 7);
     /* A counter already reached wins over the flag. */
-    ck_assert_int_eq(coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 0, 1, coll__deadline(0), NULL),
-                     0);
+    ck_assert_int_eq(coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 0, 1, coll__deadline(0), NULL), 0);
     coll__shm_close(&s);
 }
 END_TEST
@@ -612,15 +611,13 @@ START_TEST(test_local_abort)
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, set_local_abort, &s), 0);
     double t0 = now_s();
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, coll__deadline(10000), &culprit),
-                     -ECANCELED);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, coll__deadline(10000), &culprit), -ECANCELED);
     double dt = now_s() - t0;
     ck_assert_msg(dt < 1.0, "noticed after %.3f s", dt);
     pthread_join(th, NULL);
 
     ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, coll__deadline(0), &culprit), 0);
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, 0, coll__deadline(10000), &culprit),
-                     -ECANCELED);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, 0, coll__deadline(10000), &culprit), -ECANCELED);
 
     /* Deadline with no rank to blame: culprit -1. */
     atomic_store(&local_abort, 0);
