@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# compare.sh: libcollective against torch.distributed's gloo on the same sizes in the same run,
+# with this machine's memory bandwidth to read both against.
+#
+#     bench/coll/compare.sh [BUILD_DIR]          # BUILD_DIR defaults to ./build
+#
+# For every collective in COLLS and every rank count in NPROCS it runs, under ddprun,
+# coll-bench and then gloo_bench.py with the same options (ARGS), then membw once, and prints
+# per collective and rank count: size, busbw of ours and of gloo and their ratio, time of ours
+# and of gloo and their ratio (both ratios: above 1 means libcollective is better), then the
+# memory bandwidth and the issue's targets. Everything is also written to one JSON file.
+#
+# Settings (environment):
+#   NPROCS   rank counts (default "2 4")
+#   COLLS    collectives (default "allreduce")
+#   ARGS     options for both benchmarks (default "-b 8 -e 64M -f 2 -d f32")
+#   PYTHON   interpreter with torch for gloo_bench.py (default /usr/bin/python3, Debian's 1.13)
+#   OUT      directory for the logs and JSON files (default: a new one under ${TMPDIR:-/tmp})
+#   JSON     the combined JSON file (default $OUT/compare.json)
+#   MEMBW_ARGS options for membw (default "")
+#
+# Exit status: 0 every run succeeded (the targets are reported, not enforced), 1 a run failed,
+# 2 bad usage or missing programs.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BUILD=${1:-build}
+NPROCS=${NPROCS:-"2 4"}
+COLLS=${COLLS:-allreduce}
+ARGS=${ARGS:-"-b 8 -e 64M -f 2 -d f32"}
+PYTHON=${PYTHON:-/usr/bin/python3}
+MEMBW_ARGS=${MEMBW_ARGS:-}
+OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/coll-compare.XXXXXX")}
+JSON=${JSON:-$OUT/compare.json}
+
+ddprun=$BUILD/launcher/ddprun
+coll_bench=${COLL_BENCH:-$BUILD/bench/coll-bench}
+membw=$BUILD/bench/membw
+for p in "$ddprun" "$coll_bench" "$membw"; do
+    [[ -x $p ]] || { echo "compare.sh: $p not found; build first (ninja -C $BUILD)" >&2; exit 2; }
+done
+[[ -x $PYTHON ]] || command -v "$PYTHON" >/dev/null ||
+    { echo "compare.sh: no interpreter $PYTHON" >&2; exit 2; }
+mkdir -p "$OUT"
+
+failed=0
+run() { # LOG CMD...: runs CMD with its output in LOG, shows the tail on failure
+    local log=$1
+    shift
+    if ! "$@" >"$log" 2>&1; then
+        echo "compare.sh: failed: $*" >&2
+        tail -n 20 "$log" >&2
+        failed=1
+        return 1
+    fi
+}
+
+echo "# compare.sh: ARGS='$ARGS', NPROCS='$NPROCS', COLLS='$COLLS'; logs in $OUT" >&2
+for coll in $COLLS; do
+    for n in $NPROCS; do
+        echo "# $coll, $n ranks: coll-bench" >&2
+        # shellcheck disable=SC2086 # ARGS is a list of options
+        run "$OUT/ours.$coll.$n.log" "$ddprun" --nproc-per-node "$n" --no-prefix \
+            "$coll_bench" "$coll" $ARGS --json "$OUT/ours.$coll.$n.json" || true
+        echo "# $coll, $n ranks: gloo_bench.py" >&2
+        # shellcheck disable=SC2086
+        run "$OUT/gloo.$coll.$n.log" "$ddprun" --nproc-per-node "$n" --no-prefix \
+            "$PYTHON" "$here/gloo_bench.py" "$coll" $ARGS --json "$OUT/gloo.$coll.$n.json" || true
+    done
+done
+echo "# membw" >&2
+# shellcheck disable=SC2086
+run "$OUT/membw.log" "$membw" $MEMBW_ARGS --json "$OUT/membw.json" || true
+
+python3 - "$OUT" "$JSON" "$NPROCS" "$COLLS" "$ARGS" <<'EOF'
+import json, os, sys
+
+out, combined, nprocs, colls, args = sys.argv[1:6]
+nprocs = [int(x) for x in nprocs.split()]
+colls = colls.split()
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+membw = load(os.path.join(out, "membw.json")) or []
+result = {"args": args, "membw": membw, "runs": []}
+
+def fmt(x, spec):
+    return format(x, spec) if x is not None else "-"
+
+for coll in colls:
+    for n in nprocs:
+        ours = load(os.path.join(out, f"ours.{coll}.{n}.json"))
+        gloo = load(os.path.join(out, f"gloo.{coll}.{n}.json"))
+        run = {"coll": coll, "nranks": n, "ours": ours, "gloo": gloo, "rows": []}
+        result["runs"].append(run)
+        print(f"\n## {coll}, {n} ranks" + ("" if ours else " (coll-bench failed)")
+              + ("" if gloo else " (gloo_bench failed)"))
+        print(f"{'size(B)':>10} {'ours busbw':>11} {'gloo busbw':>11} {'ratio':>7}"
+              f" {'ours us':>10} {'gloo us':>10} {'ratio':>7} {'wrong':>6}")
+        g_by = {r["bytes"]: r for r in gloo or []}
+        for o in ours or []:
+            g = g_by.get(o["bytes"])
+            bw_ratio = (o["busbw_gbs"] / g["busbw_gbs"]) if g and g["busbw_gbs"] > 0 else None
+            t_ratio = (g["time_us"] / o["time_us"]) if g and o["time_us"] > 0 else None
+            wrong = "N/A" if o["wrong"] is None else str(o["wrong"])
+            if g and g["wrong"]:
+                wrong += f"/g{g['wrong']}"
+            print(f"{o['bytes']:>10} {o['busbw_gbs']:>11.3f} {fmt(g and g['busbw_gbs'], '>11.3f')}"
+                  f" {fmt(bw_ratio, '>7.2f')} {o['time_us']:>10.2f}"
+                  f" {fmt(g and g['time_us'], '>10.2f')} {fmt(t_ratio, '>7.2f')} {wrong:>6}")
+            run["rows"].append({"bytes": o["bytes"], "ours_busbw_gbs": o["busbw_gbs"],
+                                "gloo_busbw_gbs": g and g["busbw_gbs"],
+                                "busbw_ratio": bw_ratio, "ours_time_us": o["time_us"],
+                                "gloo_time_us": g and g["time_us"], "time_ratio": t_ratio,
+                                "ours_wrong": o["wrong"], "gloo_wrong": g and g["wrong"]})
+
+print()
+if membw:
+    by = {(m["kernel"], m["threads"]): m["gbs"] for m in membw}
+    threads = sorted({m["threads"] for m in membw})
+    parts = []
+    for k in ("copy", "add", "read"):
+        parts.append(f"{k} " + " / ".join(f"{by[(k, t)]:.1f}" for t in threads if (k, t) in by))
+    print(f"# memory bandwidth (GB/s, {' / '.join(map(str, threads))} threads, arrays of "
+          f"{membw[0]['bytes'] >> 20} MiB): " + ", ".join(parts))
+    print("#   (busbw counts each byte once per rank; a reduction reads n inputs and writes "
+          "one output, so busbw is well below these)")
+else:
+    print("# memory bandwidth: membw failed")
+
+# The issue's targets: f32 allreduce busbw at 64 MiB >= 3x gloo (2 and 4 ranks); 8-byte
+# allreduce <= 20 us with 2 ranks.
+targets = []
+for run in result["runs"]:
+    if run["coll"] != "allreduce" or not run["ours"]:
+        continue
+    rows = {r["bytes"]: r for r in run["rows"]}
+    big = rows.get(64 << 20)
+    if big and (run["ours"][0]["dtype"] == "f32") and big["busbw_ratio"] is not None:
+        ok = big["busbw_ratio"] >= 3
+        targets.append({"target": f"allreduce f32 64 MiB busbw >= 3x gloo, {run['nranks']} ranks",
+                        "value": big["busbw_ratio"], "pass": ok})
+    small = rows.get(8)
+    if small and run["nranks"] == 2:
+        ok = small["ours_time_us"] <= 20
+        targets.append({"target": "allreduce 8 B <= 20 us, 2 ranks",
+                        "value": small["ours_time_us"], "pass": ok})
+for t in targets:
+    print(f"# target: {t['target']}: {t['value']:.2f} -> {'PASS' if t['pass'] else 'MISS'}")
+result["targets"] = targets
+with open(combined, "w") as f:
+    json.dump(result, f, indent=1)
+    f.write("\n")
+print(f"# combined JSON: {combined}")
+EOF
+exit $failed
