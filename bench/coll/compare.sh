@@ -5,16 +5,23 @@
 #     bench/coll/compare.sh [BUILD_DIR]          # BUILD_DIR defaults to ./build
 #
 # For every collective in COLLS and every rank count in NPROCS it runs, under ddprun,
-# coll-bench and then gloo_bench.py with the same options (ARGS), then membw once, and prints
-# per collective and rank count: size, busbw of ours and of gloo and their ratio, time of ours
-# and of gloo and their ratio (both ratios: above 1 means libcollective is better), then the
-# memory bandwidth and the issue's targets. Everything is also written to one JSON file.
+# coll-bench and then gloo_bench.py with the same options (ARGS), gloo once per mode in GLOO_Z,
+# then membw once, and prints per collective and rank count: size, busbw of ours and of gloo
+# and their ratio, time of ours and of gloo and their ratio (both ratios: above 1 means
+# libcollective is better), then the memory bandwidth and the issue's targets. gloo's figure
+# for a size is its best over the modes: its async operations run concurrently on its two
+# worker threads, which is sometimes faster and sometimes much slower than one at a time, and
+# the anchor should be gloo at its best. Before each run the share of CPU that other processes
+# were using (over one second) is printed: above 10% the figures are noisy. Everything is also
+# written to one JSON file.
 #
 # Settings (environment):
 #   NPROCS   rank counts (default "2 4")
 #   COLLS    collectives (default "allreduce")
 #   ARGS     options for both benchmarks (default "-b 8 -e 64M -f 2 -d f32")
 #   PYTHON   interpreter with torch for gloo_bench.py (default /usr/bin/python3, Debian's 1.13)
+#   GLOO_Z   gloo_bench.py's -z modes to run, best kept per size (default "0 1": async and
+#            blocking)
 #   OUT      directory for the logs and JSON files (default: a new one under ${TMPDIR:-/tmp})
 #   JSON     the combined JSON file (default $OUT/compare.json)
 #   MEMBW_ARGS options for membw (default "")
@@ -29,6 +36,7 @@ NPROCS=${NPROCS:-"2 4"}
 COLLS=${COLLS:-allreduce}
 ARGS=${ARGS:-"-b 8 -e 64M -f 2 -d f32"}
 PYTHON=${PYTHON:-/usr/bin/python3}
+GLOO_Z=${GLOO_Z:-"0 1"}
 MEMBW_ARGS=${MEMBW_ARGS:-}
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/coll-compare.XXXXXX")}
 JSON=${JSON:-$OUT/compare.json}
@@ -55,29 +63,55 @@ run() { # LOG CMD...: runs CMD with its output in LOG, shows the tail on failure
     fi
 }
 
-echo "# compare.sh: ARGS='$ARGS', NPROCS='$NPROCS', COLLS='$COLLS'; logs in $OUT" >&2
+# Percent of the CPU time that was not idle over one second, from /proc/stat (nothing of ours
+# runs then, so it is other processes' share).
+busy() {
+    local a b
+    read -r -a a < <(grep '^cpu ' /proc/stat)
+    sleep 1
+    read -r -a b < <(grep '^cpu ' /proc/stat)
+    local idle=$(((b[4] + b[5]) - (a[4] + a[5]))) total=0 i
+    for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+    echo $((total > 0 ? 100 * (total - idle) / total : 0))
+}
+
+echo "# compare.sh: ARGS='$ARGS', NPROCS='$NPROCS', COLLS='$COLLS', GLOO_Z='$GLOO_Z'; logs in $OUT" >&2
+: >"$OUT/busy.txt"
 for coll in $COLLS; do
     for n in $NPROCS; do
-        echo "# $coll, $n ranks: coll-bench" >&2
+        cpu=$(busy)
+        echo "ours.$coll.$n $cpu" >>"$OUT/busy.txt"
+        echo "# $coll, $n ranks: coll-bench (other processes: $cpu% CPU)" >&2
         # shellcheck disable=SC2086 # ARGS is a list of options
         run "$OUT/ours.$coll.$n.log" "$ddprun" --nproc-per-node "$n" --no-prefix \
             "$coll_bench" "$coll" $ARGS --json "$OUT/ours.$coll.$n.json" || true
-        echo "# $coll, $n ranks: gloo_bench.py" >&2
-        # shellcheck disable=SC2086
-        run "$OUT/gloo.$coll.$n.log" "$ddprun" --nproc-per-node "$n" --no-prefix \
-            "$PYTHON" "$here/gloo_bench.py" "$coll" $ARGS --json "$OUT/gloo.$coll.$n.json" || true
+        for z in $GLOO_Z; do
+            cpu=$(busy)
+            echo "gloo.$coll.$n.z$z $cpu" >>"$OUT/busy.txt"
+            echo "# $coll, $n ranks: gloo_bench.py -z $z (other processes: $cpu% CPU)" >&2
+            # shellcheck disable=SC2086
+            run "$OUT/gloo.$coll.$n.z$z.log" "$ddprun" --nproc-per-node "$n" --no-prefix \
+                "$PYTHON" "$here/gloo_bench.py" "$coll" $ARGS -z "$z" \
+                --json "$OUT/gloo.$coll.$n.z$z.json" || true
+        done
     done
 done
 echo "# membw" >&2
 # shellcheck disable=SC2086
 run "$OUT/membw.log" "$membw" $MEMBW_ARGS --json "$OUT/membw.json" || true
 
-python3 - "$OUT" "$JSON" "$NPROCS" "$COLLS" "$ARGS" <<'EOF'
+python3 - "$OUT" "$JSON" "$NPROCS" "$COLLS" "$ARGS" "$GLOO_Z" <<'EOF'
 import json, os, sys
 
-out, combined, nprocs, colls, args = sys.argv[1:6]
+out, combined, nprocs, colls, args, gloo_z = sys.argv[1:7]
 nprocs = [int(x) for x in nprocs.split()]
 colls = colls.split()
+gloo_z = gloo_z.split()
+busy = {}
+with open(os.path.join(out, "busy.txt")) as f:
+    for line in f:
+        k, v = line.split()
+        busy[k] = int(v)
 
 def load(path):
     try:
@@ -87,7 +121,8 @@ def load(path):
         return None
 
 membw = load(os.path.join(out, "membw.json")) or []
-result = {"args": args, "membw": membw, "runs": []}
+result = {"args": args, "gloo_modes": gloo_z, "membw": membw, "busy_percent": busy,
+          "runs": []}
 
 def fmt(x, spec):
     return format(x, spec) if x is not None else "-"
@@ -95,14 +130,23 @@ def fmt(x, spec):
 for coll in colls:
     for n in nprocs:
         ours = load(os.path.join(out, f"ours.{coll}.{n}.json"))
-        gloo = load(os.path.join(out, f"gloo.{coll}.{n}.json"))
-        run = {"coll": coll, "nranks": n, "ours": ours, "gloo": gloo, "rows": []}
+        glooz = {z: load(os.path.join(out, f"gloo.{coll}.{n}.z{z}.json")) for z in gloo_z}
+        # gloo's best (least time) per size over the modes that ran.
+        g_by = {}
+        for z, rows in glooz.items():
+            for r in rows or []:
+                if r["bytes"] not in g_by or r["time_us"] < g_by[r["bytes"]]["time_us"]:
+                    g_by[r["bytes"]] = dict(r, mode=z)
+        gloo = sorted(g_by.values(), key=lambda r: r["bytes"]) if g_by else None
+        run = {"coll": coll, "nranks": n, "ours": ours, "gloo": glooz, "rows": []}
         result["runs"].append(run)
+        others = [f"{k.split('.')[0]}{'' if k.startswith('ours') else ' -z ' + k[-1]} {v}%"
+                  for k, v in busy.items() if f".{coll}.{n}" in k]
         print(f"\n## {coll}, {n} ranks" + ("" if ours else " (coll-bench failed)")
-              + ("" if gloo else " (gloo_bench failed)"))
+              + ("" if gloo else " (gloo_bench failed)")
+              + f"; other processes' CPU before each run: {', '.join(others)}")
         print(f"{'size(B)':>10} {'ours busbw':>11} {'gloo busbw':>11} {'ratio':>7}"
-              f" {'ours us':>10} {'gloo us':>10} {'ratio':>7} {'wrong':>6}")
-        g_by = {r["bytes"]: r for r in gloo or []}
+              f" {'ours us':>10} {'gloo us':>10} {'ratio':>7} {'gloo -z':>7} {'wrong':>6}")
         for o in ours or []:
             g = g_by.get(o["bytes"])
             bw_ratio = (o["busbw_gbs"] / g["busbw_gbs"]) if g and g["busbw_gbs"] > 0 else None
@@ -112,11 +156,13 @@ for coll in colls:
                 wrong += f"/g{g['wrong']}"
             print(f"{o['bytes']:>10} {o['busbw_gbs']:>11.3f} {fmt(g and g['busbw_gbs'], '>11.3f')}"
                   f" {fmt(bw_ratio, '>7.2f')} {o['time_us']:>10.2f}"
-                  f" {fmt(g and g['time_us'], '>10.2f')} {fmt(t_ratio, '>7.2f')} {wrong:>6}")
+                  f" {fmt(g and g['time_us'], '>10.2f')} {fmt(t_ratio, '>7.2f')}"
+                  f" {(g and g['mode']) or '-':>7} {wrong:>6}")
             run["rows"].append({"bytes": o["bytes"], "ours_busbw_gbs": o["busbw_gbs"],
                                 "gloo_busbw_gbs": g and g["busbw_gbs"],
                                 "busbw_ratio": bw_ratio, "ours_time_us": o["time_us"],
                                 "gloo_time_us": g and g["time_us"], "time_ratio": t_ratio,
+                                "gloo_mode": g and g["mode"],
                                 "ours_wrong": o["wrong"], "gloo_wrong": g and g["wrong"]})
 
 print()
