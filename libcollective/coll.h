@@ -222,8 +222,9 @@ int coll_comm_set_stream(coll_comm *comm, void *cuda_stream);
  *   reduce_scatter  send[count * size] -> recv[count], rank r gets block r;
  *                   in place when recv == send + rank * count
  *   send/recv       buf[count] to/from one peer; matched in order per (sender, receiver) pair.
- *                   Like NCCL, a send may wait until its receive is issued: issue the receive
- *                   first (or from another communicator) when two ranks exchange large buffers.
+ *                   Like NCCL, a send may wait until the matching receive runs: when two
+ *                   ranks exchange large buffers, let one send first while the other receives
+ *                   first, or use a second communicator.
  *
  * count 0 is valid and still synchronises nothing; buffers may then be NULL.
  */

@@ -15,7 +15,9 @@
 
 #include "coll.h"
 
+#ifndef __cplusplus
 #include <stdatomic.h>
+#endif
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -48,6 +50,12 @@ float coll__f16_to_f32(uint16_t h);
 uint16_t coll__f32_to_f16(float f);
 float coll__bf16_to_f32(uint16_t h);
 uint16_t coll__f32_to_bf16(float f);
+
+/*
+ * The shm.c and tcp.c sections use C11 _Atomic, which C++ lacks; nvcc compiles the .cu files as
+ * C++ and they need neither, so C++ translation units do not see them.
+ */
+#ifndef __cplusplus
 
 /* ------------------------------------------------------------------------------------------ */
 /* shm.c                                                                                       */
@@ -164,6 +172,8 @@ void coll__tcp_shutdown(coll__tcp *t);
 /* Closes everything and frees the tables. Accepts a zeroed or half-built t. */
 void coll__tcp_close(coll__tcp *t);
 
+#endif /* !__cplusplus */
+
 /* ------------------------------------------------------------------------------------------ */
 /* CUDA staging (cuda_stage.cu; stubs returning false / -ENOTSUP without CUDA)                 */
 /* ------------------------------------------------------------------------------------------ */
@@ -228,6 +238,39 @@ void coll__nccl_event_free(void *event);
 void coll__nccl_abort(coll__nccl *n);
 /* ncclCommDestroy (or abort if it failed) and free. NULL is a no-op. */
 void coll__nccl_destroy(coll__nccl *n);
+
+#ifndef __cplusplus /* cpu.c: C only, like shm.c and tcp.c */
+/* ------------------------------------------------------------------------------------------ */
+/* cpu.c                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct coll__cpu coll__cpu;
+
+/*
+ * Bootstraps the cpu backend through the store (see cpu.c). `abort` is the communicator's flag.
+ * Returns 0 and sets *out, or a negative code with err filled and *culprit set to a rank that
+ * did not arrive (-1 if none is known).
+ */
+int coll__cpu_init(struct rdzv_client *store, const char *prefix, int rank, int world,
+                   const coll_options *opts, const _Atomic int *abort, int64_t deadline,
+                   coll__cpu **out, int *culprit, char *err, size_t errlen);
+/*
+ * Runs op to completion on host buffers. Returns 0 or a negative code; *culprit is the rank
+ * at fault (-1 if unknown) and err may get a detail.
+ */
+int coll__cpu_run(coll__cpu *c, const coll__op *op, int64_t deadline, int *culprit, char *err,
+                  size_t errlen);
+/* Makes local peers (shared memory) and remote ones (sockets shut down) see this rank fail. */
+void coll__cpu_abort(coll__cpu *c, int culprit);
+void coll__cpu_destroy(coll__cpu *c);
+int coll__cpu_nhosts(const coll__cpu *c);
+/* This rank's index on its host; *nlocal gets the host's rank count. */
+int coll__cpu_local(const coll__cpu *c, int *nlocal);
+/* Whether rank shares this rank's host. */
+bool coll__cpu_same_host(const coll__cpu *c, int rank);
+/* The hostname rank published, for messages. */
+const char *coll__cpu_hostname(const coll__cpu *c, int rank);
+#endif
 
 #ifdef __cplusplus
 }

@@ -813,7 +813,7 @@ int rdzv_client_local_addr(const rdzv_client *c, char *host, size_t hostlen)
 
 int rdzv_client_dup(const rdzv_client *c, rdzv_client **out)
 {
-    char host[INET6_ADDRSTRLEN + 8];
+    char host[NI_MAXHOST];
     int port = 0;
     if (!out)
         return -EINVAL;

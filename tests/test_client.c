@@ -560,6 +560,28 @@ static void cas(rdzv_client *c, const char *key, const char *expected, const cha
     rdzv_free(v);
 }
 
+START_TEST(test_dup_and_local_addr)
+{
+    rdzv_client *a = client_with("job/", 2000);
+    rdzv_client *b = NULL;
+    char host[64];
+
+    /* The copy is a second connection with the same prefix. */
+    ck_assert_int_eq(rdzv_client_dup(a, &b), 0);
+    set_str(a, "k", "v");
+    expect_value(b, "k", "v");
+    rdzv_client_close(a);
+    expect_value(b, "k", "v");
+
+    ck_assert_int_eq(rdzv_client_local_addr(b, host, sizeof host), 0);
+    ck_assert_str_eq(host, "127.0.0.1");
+    ck_assert_int_eq(rdzv_client_local_addr(b, host, 4), -ENOSPC);
+    ck_assert_int_eq(rdzv_client_local_addr(NULL, host, sizeof host), -EINVAL);
+    ck_assert_int_eq(rdzv_client_dup(b, NULL), -EINVAL);
+    rdzv_client_close(b);
+}
+END_TEST
+
 START_TEST(test_compare_set)
 {
     rdzv_client *c = client();
@@ -1038,6 +1060,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_wait);
     tcase_add_test(tc, test_add);
     tcase_add_test(tc, test_compare_set);
+    tcase_add_test(tc, test_dup_and_local_addr);
     tcase_add_test(tc, test_check_delete_num_keys);
     tcase_add_test(tc, test_append);
     tcase_add_test(tc, test_multi);

@@ -1,0 +1,868 @@
+/*
+ * The public API: communicators, argument checks, requests and the progress thread, failure
+ * accounting, split, abort; and staging of device buffers for the cpu backend.
+ *
+ * cpu: requests queue up per communicator and one progress thread runs them in issue order. A
+ * blocking call that finds the queue empty and nothing running runs its operation on the
+ * calling thread instead (same order, no thread hand-offs on the latency path).
+ * nccl: operations are enqueued on the stream at issue; a request is a CUDA event.
+ *
+ * Failures. A failed operation leaves the communicator failed: later operations return the same
+ * code at once (like NCCL, the communicator must be destroyed and made again). Before it returns,
+ * the rank that saw the failure settles which rank to blame and tells its peers:
+ *  - direct evidence (a rank on this host died or did not arrive in time) is written to the
+ *    store under "<prefix>/failed" (first writer wins), then the shared-memory segment is marked
+ *    aborted and the sockets are shut down, so that every peer stops waiting;
+ *  - indirect evidence (a socket to another host's leader closed or timed out: that leader may
+ *    itself be waiting for the rank at fault) first waits up to a second for "<prefix>/failed".
+ *
+ * Not here: the algorithms (cpu.c) and NCCL calls (nccl.cu).
+ */
+#include "coll_internal.h"
+#include "rdzv.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ERR_BYTES 512
+#define BLAME_GRACE_MS 1000
+
+struct coll_request {
+    coll_comm *comm;
+    coll__op op;
+    uint64_t seq;
+    int result;
+    bool done;
+    void *event;      /* nccl */
+    int64_t deadline; /* nccl */
+    coll_request *next;
+};
+
+struct coll_comm {
+    int rank, world, device;
+    coll_backend backend;
+    coll_options opts;
+    char *prefix, *bind_addr;
+    rdzv_client *store; /* our own connection; store_lock serialises it */
+    pthread_mutex_t store_lock;
+    coll__cpu *cpu;
+    coll__nccl *nccl;
+    void *stream;
+    bool cuda; /* device buffers possible (CUDA build with a device) */
+    void *stage;
+    size_t stage_bytes;
+
+    pthread_mutex_t lock;
+    pthread_cond_t work; /* the progress thread waits here */
+    pthread_cond_t done; /* waiters for requests */
+    coll_request *head, *tail;
+    bool busy, stopping, thread_started;
+    pthread_t thread;
+    uint64_t issued;
+    int nsplit;
+
+    _Atomic int aborted;
+    _Atomic int failed_rank;
+    int sticky; /* first failure, 0 for none */
+    char err[ERR_BYTES];
+};
+
+static _Thread_local char init_err[ERR_BYTES];
+
+void coll_options_init(coll_options *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    opts->timeout_ms = 600000;
+}
+
+static void logf_(const coll_comm *c, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void logf_(const coll_comm *c, int level, const char *fmt, ...)
+{
+    if (!c->opts.log)
+        return;
+    char line[ERR_BYTES + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    c->opts.log(c->opts.log_arg, level, line);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Failure accounting                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+static void failed_key(const coll_comm *c, char *key, size_t cap)
+{
+    snprintf(key, cap, "%s/failed", c->prefix);
+}
+
+/* Writes `rank` as the culprit unless one is there; returns the recorded culprit or -1. */
+static int record_culprit(coll_comm *c, int rank)
+{
+    char key[512], mine[32];
+    void *val = NULL;
+    size_t len = 0;
+    failed_key(c, key, sizeof key);
+    snprintf(mine, sizeof mine, "%d", rank);
+    pthread_mutex_lock(&c->store_lock);
+    int rc = rdzv_compare_set(c->store, key, "", 0, mine, strlen(mine), &val, &len);
+    pthread_mutex_unlock(&c->store_lock);
+    if (rc < 0)
+        return rank;
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 31 ? len : 31), (const char *)val);
+    rdzv_free(val);
+    return len ? atoi(buf) : rank;
+}
+
+/* Waits up to grace_ms for another rank to name a culprit; -1 if none did. */
+static int read_culprit(coll_comm *c, int grace_ms)
+{
+    char key[512];
+    const char *k = key;
+    void *val = NULL;
+    size_t len = 0;
+    int r = -1;
+    failed_key(c, key, sizeof key);
+    pthread_mutex_lock(&c->store_lock);
+    if (rdzv_wait(c->store, &k, 1, grace_ms) == 0 && rdzv_get(c->store, key, &val, &len) == 0 &&
+        len > 0 && len < 16) {
+        char buf[16];
+        memcpy(buf, val, len);
+        buf[len] = 0;
+        r = atoi(buf);
+    }
+    rdzv_free(val);
+    pthread_mutex_unlock(&c->store_lock);
+    return r;
+}
+
+static void describe(const coll_comm *c, const coll__op *op, uint64_t seq, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s #%" PRIu64 " (%zu x %s)", coll__kind_name(op->kind), seq, op->count,
+             coll_dtype_name(op->dtype));
+    (void)c;
+}
+
+/*
+ * Settles the culprit of a failed operation, tells the peers, and makes the failure sticky.
+ * Runs on the thread that ran the operation.
+ */
+static int fail(coll_comm *c, const coll__op *op, uint64_t seq, int rc, int culprit, bool direct,
+                const char *detail, int64_t started)
+{
+    char what[128];
+    describe(c, op, seq, what, sizeof what);
+    long ms = (long)((coll__now_ns() - started) / 1000000);
+    if (rc == -ECANCELED && atomic_load(&c->aborted)) {
+        culprit = c->rank;
+    } else if (rc == -ETIMEDOUT || rc == COLL_EREMOTE) {
+        if (culprit >= 0 && direct)
+            culprit = record_culprit(c, culprit);
+        else {
+            int named = read_culprit(c, BLAME_GRACE_MS);
+            culprit = named >= 0 ? named : culprit >= 0 ? record_culprit(c, culprit) : -1;
+        }
+    }
+    if (c->cpu)
+        coll__cpu_abort(c->cpu, culprit);
+    if (c->nccl)
+        coll__nccl_abort(c->nccl);
+
+    char err[ERR_BYTES];
+    const char *host = c->cpu && culprit >= 0 ? coll__cpu_hostname(c->cpu, culprit) : "";
+    char who[160] = "";
+    if (culprit >= 0)
+        snprintf(who, sizeof who, "rank %d%s%s", culprit, host[0] ? " on host " : "", host);
+    if (rc == -ECANCELED && culprit == c->rank)
+        snprintf(err, sizeof err, "%s: communicator aborted", what);
+    else if (rc == -ETIMEDOUT)
+        snprintf(err, sizeof err, "%s timed out after %ld ms: %s did not take part within the %d ms"
+                 " timeout", what, ms, culprit >= 0 ? who : "a peer", c->opts.timeout_ms);
+    else if (rc == COLL_EREMOTE)
+        snprintf(err, sizeof err, "%s failed after %ld ms: %s died or aborted", what, ms,
+                 culprit >= 0 ? who : "a peer");
+    else
+        snprintf(err, sizeof err, "%s failed: %s%s%s%s%s", what, coll_strerror(rc),
+                 detail && detail[0] ? ": " : "", detail ? detail : "", who[0] ? "; peer " : "",
+                 who);
+    pthread_mutex_lock(&c->lock);
+    if (!c->sticky) {
+        c->sticky = rc;
+        atomic_store(&c->failed_rank, culprit);
+        memcpy(c->err, err, sizeof err);
+    }
+    pthread_mutex_unlock(&c->lock);
+    logf_(c, COLL_LOG_ERROR, "%s", err);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Running operations                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Bytes the operation reads from sendbuf and writes to recvbuf on this rank. */
+static void op_bytes(const coll_comm *c, const coll__op *op, size_t *in, size_t *out)
+{
+    size_t n = op->count * coll_dtype_size(op->dtype), w = (size_t)c->world;
+    *in = *out = 0;
+    switch (op->kind) {
+    case COLL__ALLREDUCE: *in = *out = n; break;
+    case COLL__REDUCE: *in = n; *out = op->peer == c->rank ? n : 0; break;
+    case COLL__BROADCAST: *in = op->peer == c->rank ? n : 0; *out = n; break;
+    case COLL__ALLGATHER: *in = n; *out = n * w; break;
+    case COLL__REDUCE_SCATTER: *in = n * w; *out = n; break;
+    case COLL__SEND: *in = n; break;
+    case COLL__RECV: *out = n; break;
+    case COLL__BARRIER: break;
+    }
+}
+
+/*
+ * cpu backend with device buffers: copies them through one pinned host buffer that keeps the
+ * send and receive buffers' relative position (so in-place stays in place).
+ */
+static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *culprit,
+                      char *detail, size_t dlen)
+{
+    size_t nin, nout;
+    op_bytes(c, op, &nin, &nout);
+    const unsigned char *s = op->sendbuf;
+    unsigned char *r = op->recvbuf;
+    bool ds = nin && coll__cuda_is_device(s), dr = nout && coll__cuda_is_device(r);
+    if (!ds && !dr)
+        return coll__cpu_run(c->cpu, op, deadline, culprit, detail, dlen);
+
+    /* One span covering both device buffers when they overlap, else two regions. */
+    bool overlap = ds && dr && !(s + nin <= r || r + nout <= s);
+    const unsigned char *lo = overlap ? (s < r ? s : r) : NULL;
+    size_t span = overlap ? (size_t)((s + nin > r + nout ? s + nin : r + nout) - lo) : 0;
+    size_t need = overlap ? span : (ds ? nin : 0) + (dr ? nout : 0);
+    if (need > c->stage_bytes) {
+        coll__cuda_host_free(c->stage);
+        c->stage = coll__cuda_host_alloc(need);
+        c->stage_bytes = c->stage ? need : 0;
+        if (!c->stage)
+            return -ENOMEM;
+    }
+    unsigned char *h = c->stage;
+    coll__op staged = *op;
+    int rc = 0;
+    if (overlap) {
+        staged.sendbuf = h + (s - lo);
+        staged.recvbuf = h + (r - lo);
+        rc = coll__cuda_copy(h, lo, span, c->stream, detail, dlen);
+    } else {
+        if (ds) {
+            staged.sendbuf = h;
+            rc = coll__cuda_copy(h, s, nin, c->stream, detail, dlen);
+        }
+        if (dr)
+            staged.recvbuf = h + (ds ? nin : 0);
+    }
+    if (rc == 0)
+        rc = coll__cpu_run(c->cpu, &staged, deadline, culprit, detail, dlen);
+    if (rc == 0 && dr)
+        rc = coll__cuda_copy(r, staged.recvbuf, nout, c->stream, detail, dlen);
+    return rc;
+}
+
+/* Runs one cpu operation to completion; on the progress thread or inline. */
+static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
+{
+    if (atomic_load(&c->aborted))
+        return -ECANCELED;
+    pthread_mutex_lock(&c->lock);
+    int sticky = c->sticky;
+    pthread_mutex_unlock(&c->lock);
+    if (sticky)
+        return sticky;
+    int64_t started = coll__now_ns();
+    int64_t deadline = coll__deadline(c->opts.timeout_ms);
+    int culprit = -1;
+    char detail[256] = "";
+    int rc = c->cuda ? run_staged(c, op, deadline, &culprit, detail, sizeof detail)
+                     : coll__cpu_run(c->cpu, op, deadline, &culprit, detail, sizeof detail);
+    if (rc < 0) {
+        /* A rank on this host (seen through shared memory) is direct evidence; a socket is not. */
+        bool direct = culprit >= 0 && coll__cpu_same_host(c->cpu, culprit);
+        rc = fail(c, op, seq, rc, culprit, direct, detail, started);
+    }
+    return rc;
+}
+
+static void *progress_main(void *arg)
+{
+    coll_comm *c = arg;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while ((!c->head || c->busy) && !c->stopping)
+            pthread_cond_wait(&c->work, &c->lock);
+        if (!c->head)
+            break;
+        coll_request *req = c->head;
+        c->head = req->next;
+        if (!c->head)
+            c->tail = NULL;
+        c->busy = true;
+        pthread_mutex_unlock(&c->lock);
+        int rc = execute(c, &req->op, req->seq);
+        pthread_mutex_lock(&c->lock);
+        c->busy = false;
+        req->result = rc;
+        req->done = true;
+        pthread_cond_broadcast(&c->done);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Issuing                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static int check_op(const coll_comm *c, const coll__op *op)
+{
+    size_t esz = coll_dtype_size(op->dtype);
+    if (!c || (unsigned)op->dtype >= COLL_DTYPE_COUNT || (unsigned)op->op >= COLL_OP_COUNT)
+        return -EINVAL;
+    if (op->count > SIZE_MAX / esz / (size_t)c->world)
+        return -EINVAL;
+    bool rooted = op->kind == COLL__REDUCE || op->kind == COLL__BROADCAST ||
+                  op->kind == COLL__SEND || op->kind == COLL__RECV;
+    if (rooted && (op->peer < 0 || op->peer >= c->world))
+        return -EINVAL;
+    if ((op->kind == COLL__SEND || op->kind == COLL__RECV) && op->peer == c->rank)
+        return -EINVAL;
+    if (op->count == 0 || op->kind == COLL__BARRIER)
+        return 0;
+    size_t in, out;
+    op_bytes(c, op, &in, &out);
+    if ((in && !op->sendbuf) || (out && !op->recvbuf))
+        return -EINVAL;
+    return 0;
+}
+
+static int issue(coll_comm *c, const coll__op *op, coll_request **out)
+{
+    int rc = check_op(c, op);
+    if (rc < 0 || !out)
+        return rc < 0 ? rc : -EINVAL;
+    if (atomic_load(&c->aborted))
+        return -ECANCELED;
+    coll_request *req = calloc(1, sizeof *req);
+    if (!req)
+        return -ENOMEM;
+    req->comm = c;
+    req->op = *op;
+    pthread_mutex_lock(&c->lock);
+    req->seq = c->issued++;
+    if (c->nccl) {
+        char detail[256] = "";
+        req->deadline = coll__deadline(c->opts.timeout_ms);
+        rc = c->sticky ? c->sticky
+                       : coll__nccl_start(c->nccl, op, c->stream, &req->event, detail,
+                                          sizeof detail);
+        pthread_mutex_unlock(&c->lock);
+        if (rc < 0 && !c->sticky)
+            fail(c, op, req->seq, rc, -1, false, detail, coll__now_ns());
+        if (rc < 0) {
+            req->result = rc;
+            req->done = true;
+        }
+        *out = req;
+        return 0;
+    }
+    if (c->tail)
+        c->tail->next = req;
+    else
+        c->head = req;
+    c->tail = req;
+    pthread_cond_signal(&c->work);
+    pthread_mutex_unlock(&c->lock);
+    *out = req;
+    return 0;
+}
+
+/* Blocking form: runs inline when nothing is queued or running, else queues and waits. */
+static int run_blocking(coll_comm *c, const coll__op *op)
+{
+    int rc = check_op(c, op);
+    if (rc < 0)
+        return rc;
+    if (c->cpu) {
+        pthread_mutex_lock(&c->lock);
+        if (!c->head && !c->busy) {
+            c->busy = true;
+            uint64_t seq = c->issued++;
+            pthread_mutex_unlock(&c->lock);
+            rc = execute(c, op, seq);
+            pthread_mutex_lock(&c->lock);
+            c->busy = false;
+            pthread_cond_signal(&c->work);
+            pthread_cond_broadcast(&c->done);
+            pthread_mutex_unlock(&c->lock);
+            return rc;
+        }
+        pthread_mutex_unlock(&c->lock);
+    }
+    coll_request *req;
+    if ((rc = issue(c, op, &req)) < 0)
+        return rc;
+    return coll_wait(req);
+}
+
+/* nccl: polls the request's event; 1 done, 0 pending, < 0 failed. */
+static int nccl_poll(coll_request *req)
+{
+    coll_comm *c = req->comm;
+    char detail[256] = "";
+    int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
+    if (rc < 0) {
+        req->result = fail(c, &req->op, req->seq, rc, -1, false, detail, coll__now_ns());
+        return 1;
+    }
+    if (rc == 0 && atomic_load(&c->aborted)) {
+        req->result = -ECANCELED;
+        return 1;
+    }
+    if (rc == 0 && coll__now_ns() >= req->deadline) {
+        /* Blame the ranks that had not reached this operation (see the file comment). */
+        char key[512], mine[32];
+        snprintf(key, sizeof key, "%s/nccl/seq/%d", c->prefix, c->rank);
+        snprintf(mine, sizeof mine, "%" PRIu64, req->seq);
+        int culprit = -1;
+        pthread_mutex_lock(&c->store_lock);
+        rdzv_set(c->store, key, mine, strlen(mine));
+        struct timespec ts = {BLAME_GRACE_MS / 1000, 0};
+        nanosleep(&ts, NULL); /* let the others publish theirs: a bounded grace, not a sync */
+        for (int r = 0; r < c->world && culprit < 0; r++) {
+            void *val = NULL;
+            size_t len = 0;
+            snprintf(key, sizeof key, "%s/nccl/seq/%d", c->prefix, r);
+            const char *k = key;
+            if (rdzv_check(c->store, &k, 1) != 1 || rdzv_get(c->store, key, &val, &len) < 0)
+                culprit = r;
+            else if (strtoull(len ? (char *)val : "0", NULL, 10) < req->seq)
+                culprit = r;
+            rdzv_free(val);
+        }
+        pthread_mutex_unlock(&c->store_lock);
+        req->result = fail(c, &req->op, req->seq, -ETIMEDOUT, culprit, true, "",
+                           req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
+        return 1;
+    }
+    if (rc == 1)
+        req->result = 0;
+    return rc;
+}
+
+int coll_test(coll_request *req, bool *done)
+{
+    if (!req || !done)
+        return -EINVAL;
+    coll_comm *c = req->comm;
+    if (c->nccl && !req->done && req->event)
+        req->done = nccl_poll(req) != 0;
+    pthread_mutex_lock(&c->lock);
+    *done = req->done;
+    int rc = req->done ? req->result : 0;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int coll_wait(coll_request *req)
+{
+    if (!req)
+        return -EINVAL;
+    coll_comm *c = req->comm;
+    if (c->nccl) {
+        long pause_ns = 1000;
+        while (!req->done && req->event && !nccl_poll(req)) {
+            struct timespec ts = {0, pause_ns};
+            nanosleep(&ts, NULL); /* polling a GPU event: back off up to 1 ms */
+            if (pause_ns < 1000000)
+                pause_ns *= 2;
+        }
+        req->done = true;
+    } else {
+        pthread_mutex_lock(&c->lock);
+        while (!req->done)
+            pthread_cond_wait(&c->done, &c->lock);
+        pthread_mutex_unlock(&c->lock);
+    }
+    int rc = req->result;
+    if (req->event)
+        coll__nccl_event_free(req->event);
+    free(req);
+    return rc;
+}
+
+#define OP(...) ((coll__op){__VA_ARGS__})
+
+int coll_iallreduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
+                    coll_request **req)
+{
+    return issue(c, &OP(COLL__ALLREDUCE, s, r, n, dt, op, 0), req);
+}
+
+int coll_ireduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
+                 int root, coll_request **req)
+{
+    return issue(c, &OP(COLL__REDUCE, s, r, n, dt, op, root), req);
+}
+
+int coll_ibroadcast(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, int root,
+                    coll_request **req)
+{
+    return issue(c, &OP(COLL__BROADCAST, s, r, n, dt, COLL_SUM, root), req);
+}
+
+int coll_iallgather(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt,
+                    coll_request **req)
+{
+    return issue(c, &OP(COLL__ALLGATHER, s, r, n, dt, COLL_SUM, 0), req);
+}
+
+int coll_ireduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt,
+                         coll_op op, coll_request **req)
+{
+    return issue(c, &OP(COLL__REDUCE_SCATTER, s, r, n, dt, op, 0), req);
+}
+
+int coll_ibarrier(coll_comm *c, coll_request **req)
+{
+    return issue(c, &OP(COLL__BARRIER, NULL, NULL, 0, COLL_U8, COLL_MAX, 0), req);
+}
+
+int coll_isend(coll_comm *c, const void *buf, size_t n, coll_dtype dt, int peer,
+               coll_request **req)
+{
+    return issue(c, &OP(COLL__SEND, buf, NULL, n, dt, COLL_SUM, peer), req);
+}
+
+int coll_irecv(coll_comm *c, void *buf, size_t n, coll_dtype dt, int peer, coll_request **req)
+{
+    return issue(c, &OP(COLL__RECV, NULL, buf, n, dt, COLL_SUM, peer), req);
+}
+
+int coll_allreduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op)
+{
+    return run_blocking(c, &OP(COLL__ALLREDUCE, s, r, n, dt, op, 0));
+}
+
+int coll_reduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
+                int root)
+{
+    return run_blocking(c, &OP(COLL__REDUCE, s, r, n, dt, op, root));
+}
+
+int coll_broadcast(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, int root)
+{
+    return run_blocking(c, &OP(COLL__BROADCAST, s, r, n, dt, COLL_SUM, root));
+}
+
+int coll_allgather(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt)
+{
+    return run_blocking(c, &OP(COLL__ALLGATHER, s, r, n, dt, COLL_SUM, 0));
+}
+
+int coll_reduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt,
+                        coll_op op)
+{
+    return run_blocking(c, &OP(COLL__REDUCE_SCATTER, s, r, n, dt, op, 0));
+}
+
+int coll_barrier(coll_comm *c)
+{
+    return run_blocking(c, &OP(COLL__BARRIER, NULL, NULL, 0, COLL_U8, COLL_MAX, 0));
+}
+
+int coll_send(coll_comm *c, const void *buf, size_t n, coll_dtype dt, int peer)
+{
+    return run_blocking(c, &OP(COLL__SEND, buf, NULL, n, dt, COLL_SUM, peer));
+}
+
+int coll_recv(coll_comm *c, void *buf, size_t n, coll_dtype dt, int peer)
+{
+    return run_blocking(c, &OP(COLL__RECV, NULL, buf, n, dt, COLL_SUM, peer));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Communicators                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static void free_comm(coll_comm *c)
+{
+    if (!c)
+        return;
+    if (c->thread_started) {
+        pthread_mutex_lock(&c->lock);
+        c->stopping = true;
+        pthread_cond_signal(&c->work);
+        pthread_mutex_unlock(&c->lock);
+        pthread_join(c->thread, NULL);
+    }
+    coll__cpu_destroy(c->cpu);
+    coll__nccl_destroy(c->nccl);
+    coll__cuda_host_free(c->stage);
+    rdzv_client_close(c->store);
+    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->store_lock);
+    pthread_cond_destroy(&c->work);
+    pthread_cond_destroy(&c->done);
+    free(c->prefix);
+    free(c->bind_addr);
+    free(c);
+}
+
+int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int world_size,
+                   coll_backend backend, int device, const coll_options *opts, coll_comm **out)
+{
+    coll_options defaults;
+    coll_comm *c = NULL;
+    int rc, culprit = -1;
+    char err[ERR_BYTES] = "";
+
+    init_err[0] = 0;
+    if (!opts) {
+        coll_options_init(&defaults);
+        opts = &defaults;
+    }
+    if (!store || !prefix || !out || world_size < 1 || rank < 0 || rank >= world_size ||
+        (unsigned)backend > COLL_BACKEND_NCCL) {
+        snprintf(init_err, sizeof init_err,
+                 "coll_comm_init: invalid argument (rank %d, world size %d, backend %d)", rank,
+                 world_size, (int)backend);
+        return -EINVAL;
+    }
+    if (backend == COLL_BACKEND_AUTO)
+        backend = coll_have_nccl() && device >= 0 && coll__cuda_available() ? COLL_BACKEND_NCCL
+                                                                           : COLL_BACKEND_CPU;
+    if (backend == COLL_BACKEND_NCCL && (!coll_have_nccl() || device < 0)) {
+        snprintf(init_err, sizeof init_err, "coll_comm_init: the nccl backend needs %s",
+                 coll_have_nccl() ? "a device (device >= 0)" : "a build with NCCL");
+        return -ENOTSUP;
+    }
+    c = calloc(1, sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->store_lock, NULL);
+    pthread_cond_init(&c->work, NULL);
+    pthread_cond_init(&c->done, NULL);
+    atomic_init(&c->aborted, 0);
+    atomic_init(&c->failed_rank, -1);
+    c->rank = rank;
+    c->world = world_size;
+    c->device = device;
+    c->backend = backend;
+    c->opts = *opts;
+    c->prefix = strdup(prefix);
+    c->bind_addr = opts->bind_addr ? strdup(opts->bind_addr) : NULL;
+    c->opts.bind_addr = c->bind_addr;
+    if (!c->prefix || (opts->bind_addr && !c->bind_addr)) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    int64_t deadline = coll__deadline(opts->timeout_ms);
+    if ((rc = rdzv_client_dup(store, &c->store)) < 0) {
+        snprintf(err, sizeof err, "opening a store connection: %s",
+                 rdzv_client_last_error(NULL));
+        goto out;
+    }
+    if (backend == COLL_BACKEND_NCCL) {
+        rc = coll__nccl_init(store, prefix, rank, world_size, device, deadline, &c->nccl, err,
+                             sizeof err);
+    } else {
+        c->cuda = coll__cuda_available();
+        rc = coll__cpu_init(store, prefix, rank, world_size, &c->opts, &c->aborted, deadline,
+                            &c->cpu, &culprit, err, sizeof err);
+        if (rc == 0) {
+            rc = pthread_create(&c->thread, NULL, progress_main, c);
+            c->thread_started = rc == 0;
+            rc = -rc;
+        }
+    }
+    if (rc < 0)
+        goto out;
+    *out = c;
+    return 0;
+out:
+    snprintf(init_err, sizeof init_err, "coll_comm_init (%s, rank %d of %d, prefix %s): %s",
+             coll_backend_name(backend), rank, world_size, prefix,
+             err[0] ? err : coll_strerror(rc));
+    free_comm(c);
+    return rc;
+}
+
+void coll_comm_destroy(coll_comm *c)
+{
+    if (!c)
+        return;
+    if (c->cpu) {
+        int64_t deadline = coll__deadline(c->opts.timeout_ms);
+        pthread_mutex_lock(&c->lock);
+        while ((c->head || c->busy) && coll__now_ns() < deadline) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&c->done, &c->lock, &ts);
+        }
+        bool stuck = c->head || c->busy;
+        pthread_mutex_unlock(&c->lock);
+        if (stuck)
+            coll_comm_abort(c);
+    }
+    free_comm(c);
+}
+
+int coll_comm_abort(coll_comm *c)
+{
+    if (!c)
+        return -EINVAL;
+    if (atomic_exchange(&c->aborted, 1))
+        return 0;
+    if (c->cpu)
+        coll__cpu_abort(c->cpu, c->rank);
+    if (c->nccl)
+        coll__nccl_abort(c->nccl);
+    return 0;
+}
+
+int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
+{
+    init_err[0] = 0;
+    if (!c || !out || (color < 0 && color != COLL_SPLIT_NOCOLOR))
+        return -EINVAL;
+    /* Pending operations first: the split must not overtake them. */
+    pthread_mutex_lock(&c->lock);
+    while (c->head || c->busy)
+        pthread_cond_wait(&c->done, &c->lock);
+    int n = c->nsplit++;
+    pthread_mutex_unlock(&c->lock);
+
+    char k[512], v[64];
+    int rc = 0, newrank = 0, newworld = 0;
+    char **keys = calloc((size_t)c->world, sizeof *keys);
+    void **vals = calloc((size_t)c->world, sizeof *vals);
+    size_t *lens = calloc((size_t)c->world, sizeof *lens);
+    if (!keys || !vals || !lens) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (int r = 0; r < c->world; r++)
+        if (asprintf(&keys[r], "%s/split/%d/%d", c->prefix, n, r) < 0) {
+            keys[r] = NULL;
+            rc = -ENOMEM;
+            goto out;
+        }
+    snprintf(v, sizeof v, "%d %d", color, key);
+    pthread_mutex_lock(&c->store_lock);
+    rc = rdzv_set(c->store, keys[c->rank], v, strlen(v));
+    if (rc == 0)
+        rc = rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, c->opts.timeout_ms);
+    if (rc == 0)
+        rc = rdzv_multi_get(c->store, (const char *const *)keys, (size_t)c->world, vals, lens);
+    pthread_mutex_unlock(&c->store_lock);
+    if (rc < 0) {
+        snprintf(init_err, sizeof init_err, "coll_comm_split: exchanging colors: %s",
+                 coll_strerror(rc));
+        goto out;
+    }
+    for (int r = 0; r < c->world; r++) {
+        int rc_color, rkey;
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.*s", (int)(lens[r] < 63 ? lens[r] : 63), (char *)vals[r]);
+        if (sscanf(buf, "%d %d", &rc_color, &rkey) != 2) {
+            rc = -EPROTO;
+            snprintf(init_err, sizeof init_err, "coll_comm_split: rank %d's color is malformed",
+                     r);
+            goto out;
+        }
+        if (rc_color != color || color == COLL_SPLIT_NOCOLOR)
+            continue;
+        newworld++;
+        if (rkey < key || (rkey == key && r < c->rank))
+            newrank++;
+    }
+    if (color == COLL_SPLIT_NOCOLOR) {
+        *out = NULL;
+        goto out;
+    }
+    snprintf(k, sizeof k, "%s/split/%d/c%d", c->prefix, n, color);
+    pthread_mutex_lock(&c->store_lock);
+    rc = coll_comm_init(c->store, k, newrank, newworld, c->backend, c->device, &c->opts, out);
+    pthread_mutex_unlock(&c->store_lock);
+out:
+    for (int r = 0; keys && vals && r < c->world; r++) {
+        free(keys[r]);
+        rdzv_free(vals[r]);
+    }
+    free(keys);
+    free(vals);
+    free(lens);
+    return rc;
+}
+
+int coll_comm_rank(const coll_comm *c)
+{
+    return c ? c->rank : -1;
+}
+
+int coll_comm_size(const coll_comm *c)
+{
+    return c ? c->world : -1;
+}
+
+coll_backend coll_comm_backend(const coll_comm *c)
+{
+    return c ? c->backend : COLL_BACKEND_AUTO;
+}
+
+int coll_comm_nhosts(const coll_comm *c)
+{
+    return !c ? -1 : c->cpu ? coll__cpu_nhosts(c->cpu) : 1;
+}
+
+int coll_comm_local_rank(const coll_comm *c)
+{
+    int n;
+    return !c ? -1 : c->cpu ? coll__cpu_local(c->cpu, &n) : 0;
+}
+
+int coll_comm_local_size(const coll_comm *c)
+{
+    int n = 1;
+    if (!c)
+        return -1;
+    if (c->cpu)
+        (void)coll__cpu_local(c->cpu, &n);
+    return n;
+}
+
+int coll_comm_failed_rank(const coll_comm *c)
+{
+    return c ? atomic_load(&c->failed_rank) : -1;
+}
+
+const char *coll_last_error(const coll_comm *c)
+{
+    return c ? c->err : init_err;
+}
+
+int coll_comm_set_stream(coll_comm *c, void *stream)
+{
+    if (!c)
+        return -EINVAL;
+    c->stream = stream;
+    return 0;
+}

@@ -1,0 +1,127 @@
+/*
+ * What the library was built with, and stand-ins for the GPU modules it was built without.
+ *
+ * Always compiled, by the C compiler, with COLL_HAVE_CUDA and COLL_HAVE_NCCL set to 0 or 1 by
+ * the build. coll_have_cuda() and coll_have_nccl() report them. Without CUDA, the staging
+ * functions of cuda_stage.cu answer "no device" (false, NULL, -ENOTSUP); without NCCL, the
+ * nccl.cu functions refuse to make a communicator (-ENOTSUP, "built without NCCL"), so no
+ * handle, and hence no start or query, can ever reach the others. They never touch a GPU.
+ */
+#include "coll_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+
+#ifndef COLL_HAVE_CUDA
+#define COLL_HAVE_CUDA 0
+#endif
+#ifndef COLL_HAVE_NCCL
+#define COLL_HAVE_NCCL 0
+#endif
+
+#if COLL_HAVE_NCCL && !COLL_HAVE_CUDA
+#error "COLL_HAVE_NCCL needs COLL_HAVE_CUDA"
+#endif
+
+bool coll_have_cuda(void)
+{
+    return COLL_HAVE_CUDA != 0;
+}
+
+bool coll_have_nccl(void)
+{
+    return COLL_HAVE_NCCL != 0;
+}
+
+#if !COLL_HAVE_CUDA
+
+bool coll__cuda_available(void)
+{
+    return false;
+}
+
+bool coll__cuda_is_device(const void *p)
+{
+    (void)p;
+    return false;
+}
+
+void *coll__cuda_host_alloc(size_t nbytes)
+{
+    (void)nbytes;
+    return NULL;
+}
+
+void coll__cuda_host_free(void *p)
+{
+    (void)p;
+}
+
+int coll__cuda_copy(void *dst, const void *src, size_t nbytes, void *stream, char *err,
+                    size_t errlen)
+{
+    (void)dst;
+    (void)src;
+    (void)nbytes;
+    (void)stream;
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "built without CUDA");
+    return -ENOTSUP;
+}
+
+#endif /* !COLL_HAVE_CUDA */
+
+#if !COLL_HAVE_NCCL
+
+int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int world, int device,
+                    int64_t deadline_ns, coll__nccl **out, char *err, size_t errlen)
+{
+    (void)store;
+    (void)prefix;
+    (void)rank;
+    (void)world;
+    (void)device;
+    (void)deadline_ns;
+    (void)out;
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "built without NCCL");
+    return -ENOTSUP;
+}
+
+int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **event, char *err,
+                     size_t errlen)
+{
+    (void)n;
+    (void)op;
+    (void)stream;
+    (void)event;
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "built without NCCL");
+    return -ENOTSUP;
+}
+
+int coll__nccl_query(coll__nccl *n, void *event, char *err, size_t errlen)
+{
+    (void)n;
+    (void)event;
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "built without NCCL");
+    return -ENOTSUP;
+}
+
+void coll__nccl_event_free(void *event)
+{
+    (void)event;
+}
+
+void coll__nccl_abort(coll__nccl *n)
+{
+    (void)n;
+}
+
+void coll__nccl_destroy(coll__nccl *n)
+{
+    (void)n;
+}
+
+#endif /* !COLL_HAVE_NCCL */
