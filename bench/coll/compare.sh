@@ -11,9 +11,9 @@
 # libcollective is better), then the memory bandwidth and the targets. gloo's figure
 # for a size is its best over the modes: its async operations run concurrently on its two
 # worker threads, which is sometimes faster and sometimes much slower than one at a time, and
-# the anchor should be gloo at its best. Before each run the share of CPU that other processes
-# were using (over one second) is printed: above 10% the figures are noisy. Everything is also
-# written to one JSON file.
+# the anchor should be gloo at its best. Before each run the script waits (WAIT_QUIET) for the
+# machine to be quiet and prints the share of CPU that other processes were using over the last
+# second: above 10% the figures are noisy. Everything is also written to one JSON file.
 #
 # Settings (environment):
 #   NPROCS   rank counts (default "2 4")
@@ -25,6 +25,8 @@
 #   OUT      directory for the logs and JSON files (default: a new one under ${TMPDIR:-/tmp})
 #   JSON     the combined JSON file (default $OUT/compare.json)
 #   MEMBW_ARGS options for membw (default "")
+#   WAIT_QUIET before each run, wait up to this many seconds (default 120) for other processes
+#            to use at most 10% of the CPU
 #   LAT_ITERS  operations of the latency runs: 8-byte f32 allreduce with -z 1, each waited for
 #            before the next is issued, for both (default 1000; 0 skips them)
 #
@@ -40,6 +42,7 @@ ARGS=${ARGS:-"-b 8 -e 64M -f 2 -d f32"}
 PYTHON=${PYTHON:-/usr/bin/python3}
 GLOO_Z=${GLOO_Z:-"0 1"}
 LAT_ITERS=${LAT_ITERS:-1000}
+WAIT_QUIET=${WAIT_QUIET:-120}
 MEMBW_ARGS=${MEMBW_ARGS:-}
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/coll-compare.XXXXXX")}
 JSON=${JSON:-$OUT/compare.json}
@@ -78,18 +81,31 @@ busy() {
     echo $((total > 0 ? 100 * (total - idle) / total : 0))
 }
 
+# busy, repeated while other processes use more than 10% of the CPU, for up to WAIT_QUIET
+# seconds; prints the last reading.
+quiet() {
+    local start=$SECONDS pct
+    while :; do
+        pct=$(busy)
+        if [[ $pct -le 10 || $((SECONDS - start)) -ge $WAIT_QUIET ]]; then
+            echo "$pct"
+            return
+        fi
+    done
+}
+
 echo "# compare.sh: ARGS='$ARGS', NPROCS='$NPROCS', COLLS='$COLLS', GLOO_Z='$GLOO_Z'; logs in $OUT" >&2
 : >"$OUT/busy.txt"
 for coll in $COLLS; do
     for n in $NPROCS; do
-        cpu=$(busy)
+        cpu=$(quiet)
         echo "ours.$coll.$n $cpu" >>"$OUT/busy.txt"
         echo "# $coll, $n ranks: coll-bench (other processes: $cpu% CPU)" >&2
         # shellcheck disable=SC2086 # ARGS is a list of options
         run "$OUT/ours.$coll.$n.log" "$ddprun" --nproc-per-node "$n" --no-prefix \
             "$coll_bench" "$coll" $ARGS --json "$OUT/ours.$coll.$n.json" || true
         for z in $GLOO_Z; do
-            cpu=$(busy)
+            cpu=$(quiet)
             echo "gloo.$coll.$n.z$z $cpu" >>"$OUT/busy.txt"
             echo "# $coll, $n ranks: gloo_bench.py -z $z (other processes: $cpu% CPU)" >&2
             # shellcheck disable=SC2086
@@ -102,12 +118,12 @@ done
 # Latency: 8-byte allreduce, each operation waited for before the next is issued.
 if [[ $LAT_ITERS -gt 0 ]]; then
     for n in $NPROCS; do
-        cpu=$(busy)
+        cpu=$(quiet)
         echo "lat.ours.$n $cpu" >>"$OUT/busy.txt"
         echo "# latency, $n ranks: coll-bench -z 1 (other processes: $cpu% CPU)" >&2
         run "$OUT/lat.ours.$n.log" "$ddprun" --nproc-per-node "$n" --no-prefix "$coll_bench" \
             allreduce -b 8 -e 8 -d f32 -z 1 -n "$LAT_ITERS" --json "$OUT/lat.ours.$n.json" || true
-        cpu=$(busy)
+        cpu=$(quiet)
         echo "lat.gloo.$n $cpu" >>"$OUT/busy.txt"
         echo "# latency, $n ranks: gloo_bench.py -z 1 (other processes: $cpu% CPU)" >&2
         run "$OUT/lat.gloo.$n.log" "$ddprun" --nproc-per-node "$n" --no-prefix "$PYTHON" \
