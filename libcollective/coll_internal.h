@@ -92,7 +92,8 @@ typedef struct coll__shm {
     int pids[COLL__MAX_LOCAL];     /* per local rank, for liveness */
     int pidfds[COLL__MAX_LOCAL];   /* pidfd_open() of each other local rank, or -1 */
     int granks[COLL__MAX_LOCAL];   /* global rank of each local rank, for culprits */
-    int spin;                      /* polls before sleeping (0 when ranks outnumber cores) */
+    int spin; /* polls before sleeping: > 0 with a pause; < 0, -spin polls after sched_yield()
+                 (ranks outnumber CPUs); 0, none */
     const _Atomic int *local_abort; /* this process's abort flag for the communicator */
 } coll__shm;
 

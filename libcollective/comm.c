@@ -188,7 +188,8 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, int rc, int culp
         snprintf(err, sizeof err, "%s timed out after %ld ms: %s did not take part within the %d ms"
                  " timeout", what, ms, culprit >= 0 ? who : "a peer", c->opts.timeout_ms);
     else if (rc == COLL_EREMOTE)
-        snprintf(err, sizeof err, "%s failed after %ld ms: %s died or aborted", what, ms,
+        snprintf(err, sizeof err, "%s failed after %ld ms: %s did not complete it (it died,"
+                 " aborted, or was late for another rank)", what, ms,
                  culprit >= 0 ? who : "a peer");
     else
         snprintf(err, sizeof err, "%s failed: %s%s%s%s%s", what, coll_strerror(rc),
@@ -425,13 +426,14 @@ static int nccl_poll(coll_request *req)
 {
     coll_comm *c = req->comm;
     char detail[256] = "";
+    if (atomic_load(&c->aborted)) {
+        /* Aborted kernels end early and their events fire: not a result. */
+        req->result = -ECANCELED;
+        return 1;
+    }
     int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
     if (rc < 0) {
         req->result = fail(c, &req->op, req->seq, rc, -1, false, detail, coll__now_ns());
-        return 1;
-    }
-    if (rc == 0 && atomic_load(&c->aborted)) {
-        req->result = -ECANCELED;
         return 1;
     }
     if (rc == 0 && coll__now_ns() >= req->deadline) {

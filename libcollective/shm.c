@@ -11,7 +11,8 @@
  * it by sweeping names of this user whose creator pid no longer exists.
  *
  * Waiting: counters are monotonic 64-bit values written by one rank and read by others. A
- * waiter polls its counter (s->spin times, with a pause), then sleeps on the header's `wake`
+ * waiter polls its counter (s->spin times with a pause; or, when s->spin < 0 because ranks
+ * outnumber CPUs, -s->spin times with a sched_yield()), then sleeps on the header's `wake`
  * futex, which every post bumps; `nwaiters` lets a post skip the FUTEX_WAKE syscall when nobody
  * sleeps. The futex is the shared (not _PRIVATE) kind, since waiters live in different
  * processes. A wait whose counter is already satisfied returns without any syscall. While
@@ -59,13 +60,16 @@
 /* Longest sleep between checks of the abort flags, the deadline and the watched rank. */
 #define SLEEP_SLICE_NS (10 * 1000000LL)
 /*
- * Polls before sleeping: when every local rank has a CPU of its own, a poll costs a pause
- * (~0.1 µs on current x86) and the wake-up a futex round trip (tens of µs), so spin for about
- * a millisecond. When ranks outnumber CPUs, spinning takes the CPU from the rank being waited
- * for, so sleep at once. See bench/shm-pingpong.c for the measurements behind these.
+ * Polls before sleeping (s->spin). When every local rank has a CPU of its own, a poll costs a
+ * pause (~0.1 µs here, in a VM) and a futex wake-up tens of µs, so poll for a millisecond or
+ * two: a ping-pong between two processes on two CPUs then takes 0.04 µs one way instead of
+ * 3-30 µs. When ranks outnumber CPUs, a spinning waiter holds the CPU the rank it waits for
+ * needs; a negative spin then means -spin polls each preceded by sched_yield(), which hands the
+ * CPU over at once and still beats sleeping (4 processes on 2 CPUs: ~3-8 µs against 7-14 µs;
+ * 8 on 2: ~15 against ~40). Measured with bench/shm-pingpong.c; see bench/README.md.
  */
 #define SPIN_DEDICATED 20000
-#define SPIN_SHARED 0
+#define SPIN_SHARED (-10)
 #define CREATE_TRIES 8
 
 static inline void cpu_relax(void)
@@ -141,8 +145,7 @@ static uint64_t random64(void)
     uint64_t r;
     if (getrandom(&r, sizeof r, GRND_NONBLOCK) == (ssize_t)sizeof r)
         return r;
-    return mix64((uint64_t)coll__now_ns() ^ ((uint64_t)getpid() << 32) ^
-                 atomic_fetch_add(&seq, 1));
+    return mix64((uint64_t)coll__now_ns() ^ ((uint64_t)getpid() << 32) ^ atomic_fetch_add(&seq, 1));
 }
 
 /*
@@ -227,8 +230,8 @@ int coll__shm_create(coll__shm *s, const char *tag, size_t nbytes)
     int fd = -1;
     for (int tries = 0;; tries++) {
         uint64_t id = (tag_hash & 0xffffffff00000000ULL) | (random64() & 0xffffffffULL);
-        snprintf(name, sizeof name, "/coll.%u.%ld.%016" PRIx64, (unsigned)geteuid(),
-                 (long)getpid(), id);
+        snprintf(name, sizeof name, "/coll.%u.%ld.%016" PRIx64, (unsigned)geteuid(), (long)getpid(),
+                 id);
         fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd >= 0)
             break;
@@ -252,7 +255,7 @@ int coll__shm_create(coll__shm *s, const char *tag, size_t nbytes)
         goto out;
     }
     atomic_store_explicit(&((coll__shm_hdr *)base)->culprit, -1, memory_order_relaxed);
-    memcpy(s->name, name, sizeof name);
+    strcpy(s->name, name);
     s->base = base;
     s->nbytes = nbytes;
 out:
@@ -452,6 +455,11 @@ int coll__shm_wait(coll__shm *s, _Atomic uint64_t *ctr, uint64_t target, int wat
         return 0;
     for (int i = 0; i < s->spin; i++) {
         cpu_relax();
+        if (atomic_load_explicit(ctr, memory_order_acquire) >= target)
+            return 0;
+    }
+    for (int i = 0; i < -s->spin; i++) {
+        sched_yield();
         if (atomic_load_explicit(ctr, memory_order_acquire) >= target)
             return 0;
     }

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -137,6 +138,18 @@ static void reap_ok(pid_t pid)
 {
     int st = reap(pid);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank exited with status %#x", st);
+}
+
+/* Blocks until every write end of the pipe is closed: 0 then, else -1. */
+static int await_eof(int fd)
+{
+    char c;
+    ssize_t n;
+    while ((n = read(fd, &c, 1)) < 0 && errno == EINTR)
+        ;
+    if (n != 0)
+        fprintf(stderr, "await_eof: %zd %s\n", n, n < 0 ? strerror(errno) : "");
+    return n == 0 ? 0 : -1;
 }
 
 /* Spins (yielding) until someone sleeps on the segment's futex. */
@@ -291,8 +304,7 @@ START_TEST(test_stale_sweep)
             _exit(1);
         if (write(p[1], s.name, sizeof s.name) != (ssize_t)sizeof s.name)
             _exit(2);
-        char c;
-        if (read(hold[0], &c, 1) != 0)
+        if (await_eof(hold[0]) != 0)
             _exit(3);
         coll__shm_close(&s);
         _exit(0);
@@ -357,7 +369,8 @@ static int child_pong(coll__shm *s, void *arg)
 /*
  * 10000 round trips with the spin watch chose (_i == 0) and with no spinning at all (_i == 1),
  * where every hop goes through the futex: a lost wake-up would cost a 10 ms slice, so the
- * bound on the time catches those.
+ * bound on the time catches those. (The spinning variant has no bound: on a host loaded by
+ * others, a spinner may hold the CPU its partner needs for its whole spin.)
  */
 START_TEST(test_pingpong)
 {
@@ -369,20 +382,26 @@ START_TEST(test_pingpong)
         s.spin = spin;
     coll__shm_hdr *h = hdr(&s);
     int64_t deadline = coll__deadline(60000);
+    uint64_t i, seen = 0;
+    int rc = 0, culprit = -1;
     double t0 = now_s();
-    for (uint64_t i = 1; i <= ROUNDS; i++) {
+    for (i = 1; i <= ROUNDS; i++) { /* no ck_assert in the loop: each one writes to a pipe */
         coll__shm_post(&s, &h->arrive[0].v, i);
-        int culprit = -1;
-        ck_assert_int_eq(coll__shm_wait(&s, &h->arrive[1].v, i, 1, deadline, &culprit), 0);
-        ck_assert_uint_eq(atomic_load(&h->arrive[1].v), i);
+        rc = coll__shm_wait(&s, &h->arrive[1].v, i, 1, deadline, &culprit);
+        seen = atomic_load(&h->arrive[1].v);
+        if (rc != 0 || seen != i)
+            break;
     }
     double dt = now_s() - t0;
+    ck_assert_msg(rc == 0 && seen == i - 1, "round %" PRIu64 ": rc %d, counter %" PRIu64, i, rc,
+                  seen);
     reap_ok(kids[1]);
     ck_assert_uint_eq(atomic_load(&h->arrive[0].v), ROUNDS);
     ck_assert_uint_eq(atomic_load(&h->arrive[1].v), ROUNDS);
-    fprintf(stderr, "pingpong spin=%d: %d round trips in %.3f s (%.1f us one way)\n", s.spin,
+    fprintf(stderr, "pingpong spin=%d: %d round trips in %.3f s (%.2f us one way)\n", s.spin,
             ROUNDS, dt, dt / ROUNDS / 2 * 1e6);
-    ck_assert_msg(dt < 10.0, "%d round trips took %.3f s", ROUNDS, dt);
+    if (s.spin == 0)
+        ck_assert_msg(dt < 20.0, "%d round trips took %.3f s", ROUNDS, dt);
     coll__shm_close(&s);
 }
 END_TEST
@@ -435,8 +454,7 @@ static int child_late(coll__shm *s, void *arg)
         coll__shm_post(s, &hdr(s)->arrive[1].v, 1);
         return 0;
     }
-    char c;
-    return read(late_fd, &c, 1) == 0 ? 0 : 1; /* until the parent closes the pipe */
+    return await_eof(late_fd) == 0 ? 0 : 1; /* until the parent closes the pipe */
 }
 
 START_TEST(test_timeout_names_late_rank)
@@ -480,8 +498,7 @@ END_TEST
 static int child_block(coll__shm *s, void *arg)
 {
     (void)s;
-    char c;
-    return read(*(int *)arg, &c, 1) == 0 ? 0 : 1;
+    return await_eof(*(int *)arg) == 0 ? 0 : 1;
 }
 
 struct killer {
@@ -513,12 +530,14 @@ START_TEST(test_killed_rank)
     coll__shm s;
     pid_t kids[2];
     start_group(&s, 2, kids, child_block, &p[0]);
-    ck_assert_int_ge(s.pidfds[1], 0);
+    bool reap_first = _i == 1;
+    if (s.pidfds[1] < 0) /* no pidfd_open (old kernel, valgrind): only the fallback is left */
+        reap_first = true;
     if (_i == 1) {
         close(s.pidfds[1]);
         s.pidfds[1] = -1;
     }
-    struct killer k = {.s = &s, .victim = kids[1], .reap = _i == 1};
+    struct killer k = {.s = &s, .victim = kids[1], .reap = reap_first};
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, killer_main, &k), 0);
 
@@ -530,7 +549,7 @@ START_TEST(test_killed_rank)
     ck_assert_int_eq(culprit, GRANK(1));
     ck_assert_msg(dt < 1.0, "noticed after %.3f s", dt);
     pthread_join(th, NULL);
-    int st = _i == 1 ? k.status : reap(kids[1]);
+    int st = reap_first ? k.status : reap(kids[1]);
     ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
     coll__shm_close(&s);
 }
@@ -565,8 +584,7 @@ START_TEST(test_remote_abort)
     ck_assert_int_eq(culprit, 7);
     ck_assert_int_eq(atomic_load(&hdr(&s)->culprit), 7);
     /* A counter already reached wins over the flag. */
-    ck_assert_int_eq(coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 0, 1, coll__deadline(0), NULL),
-                     0);
+    ck_assert_int_eq(coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 0, 1, coll__deadline(0), NULL), 0);
     coll__shm_close(&s);
 }
 END_TEST
@@ -593,15 +611,13 @@ START_TEST(test_local_abort)
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, set_local_abort, &s), 0);
     double t0 = now_s();
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, coll__deadline(10000), &culprit),
-                     -ECANCELED);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, coll__deadline(10000), &culprit), -ECANCELED);
     double dt = now_s() - t0;
     ck_assert_msg(dt < 1.0, "noticed after %.3f s", dt);
     pthread_join(th, NULL);
 
     ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, coll__deadline(0), &culprit), 0);
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, 0, coll__deadline(10000), &culprit),
-                     -ECANCELED);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, 0, coll__deadline(10000), &culprit), -ECANCELED);
 
     /* Deadline with no rank to blame: culprit -1. */
     atomic_store(&local_abort, 0);
