@@ -37,6 +37,7 @@ struct coll_request {
     coll_comm *comm;
     coll__op op;
     uint64_t seq;
+    uint64_t k; /* nccl: index among the collectives */
     int result;
     bool done;
     void *event;      /* nccl */
@@ -65,6 +66,7 @@ struct coll_comm {
     bool busy, stopping, thread_started;
     pthread_t thread;
     uint64_t issued;
+    uint64_t ncoll; /* collectives started: the index progress is measured in */
     int nsplit;
 
     _Atomic int aborted;
@@ -99,77 +101,164 @@ static void logf_(const coll_comm *c, int level, const char *fmt, ...)
 /* Failure accounting                                                                          */
 /* ------------------------------------------------------------------------------------------ */
 
-static void failed_key(const coll_comm *c, char *key, size_t cap)
+static bool is_collective(enum coll__kind kind)
 {
-    snprintf(key, cap, "%s/failed", c->prefix);
+    return kind != COLL__SEND && kind != COLL__RECV;
 }
 
-/* Writes `rank` as the culprit unless one is there; returns the recorded culprit or -1. */
-static int record_culprit(coll_comm *c, int rank)
+/*
+ * The failure record, "<rank> <code>" under "<prefix>/failed": the first writer wins, and
+ * *rank / *code are set to what the store holds afterwards (ours if the store is unreachable).
+ */
+static void record_failure(coll_comm *c, int *rank, int *code)
 {
-    char key[512], mine[32];
+    char key[512], mine[48];
     void *val = NULL;
     size_t len = 0;
-    failed_key(c, key, sizeof key);
-    snprintf(mine, sizeof mine, "%d", rank);
+    snprintf(key, sizeof key, "%s/failed", c->prefix);
+    snprintf(mine, sizeof mine, "%d %d", *rank, *code);
     pthread_mutex_lock(&c->store_lock);
     int rc = rdzv_compare_set(c->store, key, "", 0, mine, strlen(mine), &val, &len);
     pthread_mutex_unlock(&c->store_lock);
-    if (rc < 0)
-        return rank;
-    char buf[32];
-    snprintf(buf, sizeof buf, "%.*s", (int)(len < 31 ? len : 31), (const char *)val);
+    char buf[48];
+    snprintf(buf, sizeof buf, "%.*s", rc == 0 ? (int)(len < 47 ? len : 47) : 0,
+             rc == 0 ? (const char *)val : "");
+    int r, k;
+    if (sscanf(buf, "%d %d", &r, &k) == 2) {
+        *rank = r;
+        *code = k;
+    }
     rdzv_free(val);
-    return len ? atoi(buf) : rank;
 }
 
-/* Waits up to grace_ms for another rank to name a culprit; -1 if none did. */
-static int read_culprit(coll_comm *c, int grace_ms)
+/* Waits up to wait_ms for the failure record; true with *rank / *code set if there is one. */
+static bool read_failure(coll_comm *c, int wait_ms, int *rank, int *code)
 {
     char key[512];
     const char *k = key;
     void *val = NULL;
     size_t len = 0;
-    int r = -1;
-    failed_key(c, key, sizeof key);
+    bool found = false;
+    snprintf(key, sizeof key, "%s/failed", c->prefix);
     pthread_mutex_lock(&c->store_lock);
-    if (rdzv_wait(c->store, &k, 1, grace_ms) == 0 && rdzv_get(c->store, key, &val, &len) == 0 &&
-        len > 0 && len < 16) {
-        char buf[16];
+    if ((wait_ms > 0 ? rdzv_wait(c->store, &k, 1, wait_ms) : rdzv_check(c->store, &k, 1) == 1 ? 0
+                                                                                             : -1) ==
+            0 &&
+        rdzv_get(c->store, key, &val, &len) == 0 && len > 0 && len < 48) {
+        char buf[48];
         memcpy(buf, val, len);
         buf[len] = 0;
-        r = atoi(buf);
+        found = sscanf(buf, "%d %d", rank, code) == 2;
     }
     rdzv_free(val);
     pthread_mutex_unlock(&c->store_lock);
-    return r;
+    return found;
 }
 
-static void describe(const coll_comm *c, const coll__op *op, uint64_t seq, char *buf, size_t cap)
+static void progress_key(const coll_comm *c, int rank, char *key, size_t cap)
 {
-    snprintf(buf, cap, "%s #%" PRIu64 " (%zu x %s)", coll__kind_name(op->kind), seq, op->count,
-             coll_dtype_name(op->dtype));
-    (void)c;
+    snprintf(key, cap, "%s/progress/%d", c->prefix, rank);
+}
+
+/* Tells the others this rank reached collective number k and failed in it. */
+static void publish_progress(coll_comm *c, uint64_t k)
+{
+    char key[512], val[32];
+    progress_key(c, c->rank, key, sizeof key);
+    snprintf(val, sizeof val, "%" PRIu64, k);
+    pthread_mutex_lock(&c->store_lock);
+    rdzv_set(c->store, key, val, strlen(val));
+    pthread_mutex_unlock(&c->store_lock);
 }
 
 /*
- * Settles the culprit of a failed operation, tells the peers, and makes the failure sticky.
- * Runs on the thread that ran the operation.
+ * The lowest rank that did not reach collective k: every rank that reached it and failed
+ * publishes that (publish_progress), so the ranks still silent after a grace period are the
+ * ones that did not take part. `guess` if every rank reached it.
  */
-static int fail(coll_comm *c, const coll__op *op, uint64_t seq, int rc, int culprit, bool direct,
-                const char *detail, int64_t started)
+static int blame_by_progress(coll_comm *c, uint64_t k, int guess)
+{
+    char **keys = calloc((size_t)c->world, sizeof *keys);
+    int culprit = -1;
+    if (!keys)
+        return guess;
+    for (int r = 0; r < c->world; r++) {
+        keys[r] = malloc(512);
+        if (!keys[r])
+            goto out;
+        progress_key(c, r, keys[r], 512);
+    }
+    pthread_mutex_lock(&c->store_lock);
+    (void)rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, BLAME_GRACE_MS);
+    for (int r = 0; r < c->world && culprit < 0; r++) {
+        const char *key = keys[r];
+        void *val = NULL;
+        size_t len = 0;
+        if (r == c->rank)
+            continue;
+        if (rdzv_check(c->store, &key, 1) != 1) {
+            culprit = r;
+        } else if (rdzv_get(c->store, key, &val, &len) == 0) {
+            char buf[32];
+            snprintf(buf, sizeof buf, "%.*s", (int)(len < 31 ? len : 31), (const char *)val);
+            if (strtoull(buf, NULL, 10) < k)
+                culprit = r;
+        }
+        rdzv_free(val);
+    }
+    pthread_mutex_unlock(&c->store_lock);
+out:
+    for (int r = 0; r < c->world; r++)
+        free(keys[r]);
+    free(keys);
+    return culprit >= 0 ? culprit : guess;
+}
+
+static void describe(const coll__op *op, uint64_t seq, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s #%" PRIu64 " (%zu x %s)", coll__kind_name(op->kind), seq, op->count,
+             coll_dtype_name(op->dtype));
+}
+
+/* How a failed operation learned of the failure; decides how the culprit is settled. */
+enum evidence {
+    EV_TIMEOUT, /* a wait ran out: blame whoever did not reach the operation */
+    EV_DEAD,    /* a rank on this host exited (seen through its pidfd): direct */
+    EV_CLOSED,  /* a socket closed: the peer died, or failed and recorded why */
+    EV_ABORTED, /* a rank on this host marked the segment failed and recorded why */
+};
+
+/*
+ * Settles the culprit and the code of a failed operation with the other ranks (through the
+ * store), tells the peers, and makes the failure sticky. `k` is the operation's index among
+ * this communicator's collectives. Runs on the thread that ran the operation.
+ */
+static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int rc, int culprit,
+                enum evidence ev, const char *detail, int64_t started)
 {
     char what[128];
-    describe(c, op, seq, what, sizeof what);
-    long ms = (long)((coll__now_ns() - started) / 1000000);
+    describe(op, seq, what, sizeof what);
     if (rc == -ECANCELED && atomic_load(&c->aborted)) {
         culprit = c->rank;
     } else if (rc == -ETIMEDOUT || rc == COLL_EREMOTE) {
-        if (culprit >= 0 && direct)
-            culprit = record_culprit(c, culprit);
-        else {
-            int named = read_culprit(c, BLAME_GRACE_MS);
-            culprit = named >= 0 ? named : culprit >= 0 ? record_culprit(c, culprit) : -1;
+        bool coll = is_collective(op->kind);
+        if (coll)
+            publish_progress(c, k);
+        if (ev == EV_DEAD) {
+            rc = COLL_EREMOTE;
+            record_failure(c, &culprit, &rc);
+        } else if (!read_failure(c, ev == EV_ABORTED  ? 3 * BLAME_GRACE_MS
+                                    : ev == EV_CLOSED ? BLAME_GRACE_MS
+                                                      : 0,
+                                 &culprit, &rc)) {
+            if (ev == EV_CLOSED && culprit >= 0) {
+                rc = COLL_EREMOTE;
+            } else {
+                rc = -ETIMEDOUT;
+                if (coll)
+                    culprit = blame_by_progress(c, k, culprit);
+            }
+            record_failure(c, &culprit, &rc);
         }
     }
     if (c->cpu)
@@ -180,19 +269,19 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, int rc, int culp
     char err[ERR_BYTES];
     const char *host = c->cpu && culprit >= 0 ? coll__cpu_hostname(c->cpu, culprit) : "";
     char who[160] = "";
+    long ms = (long)((coll__now_ns() - started) / 1000000);
     if (culprit >= 0)
-        snprintf(who, sizeof who, "rank %d%s%s", culprit, host[0] ? " on host " : "", host);
+        snprintf(who, sizeof who, "rank %d%s%.64s", culprit, host[0] ? " on host " : "", host);
     if (rc == -ECANCELED && culprit == c->rank)
         snprintf(err, sizeof err, "%s: communicator aborted", what);
     else if (rc == -ETIMEDOUT)
         snprintf(err, sizeof err, "%s timed out after %ld ms: %s did not take part within the %d ms"
                  " timeout", what, ms, culprit >= 0 ? who : "a peer", c->opts.timeout_ms);
     else if (rc == COLL_EREMOTE)
-        snprintf(err, sizeof err, "%s failed after %ld ms: %s did not complete it (it died,"
-                 " aborted, or was late for another rank)", what, ms,
+        snprintf(err, sizeof err, "%s failed after %ld ms: %s died or aborted", what, ms,
                  culprit >= 0 ? who : "a peer");
     else
-        snprintf(err, sizeof err, "%s failed: %s%s%s%s%s", what, coll_strerror(rc),
+        snprintf(err, sizeof err, "%s failed: %s%s%.200s%s%s", what, coll_strerror(rc),
                  detail && detail[0] ? ": " : "", detail ? detail : "", who[0] ? "; peer " : "",
                  who);
     pthread_mutex_lock(&c->lock);
@@ -286,6 +375,9 @@ static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
     pthread_mutex_unlock(&c->lock);
     if (sticky)
         return sticky;
+    uint64_t k = c->ncoll;
+    if (is_collective(op->kind))
+        c->ncoll++;
     int64_t started = coll__now_ns();
     int64_t deadline = coll__deadline(c->opts.timeout_ms);
     int culprit = -1;
@@ -293,9 +385,12 @@ static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
     int rc = c->cuda ? run_staged(c, op, deadline, &culprit, detail, sizeof detail)
                      : coll__cpu_run(c->cpu, op, deadline, &culprit, detail, sizeof detail);
     if (rc < 0) {
-        /* A rank on this host (seen through shared memory) is direct evidence; a socket is not. */
-        bool direct = culprit >= 0 && coll__cpu_same_host(c->cpu, culprit);
-        rc = fail(c, op, seq, rc, culprit, direct, detail, started);
+        enum evidence ev = EV_TIMEOUT;
+        if (rc == COLL_EREMOTE)
+            ev = coll__cpu_segment_aborted(c->cpu)            ? EV_ABORTED
+                 : coll__cpu_same_host(c->cpu, culprit)       ? EV_DEAD
+                                                              : EV_CLOSED;
+        rc = fail(c, op, seq, k, rc, culprit, ev, detail, started);
     }
     return rc;
 }
@@ -367,6 +462,9 @@ static int issue(coll_comm *c, const coll__op *op, coll_request **out)
     pthread_mutex_lock(&c->lock);
     req->seq = c->issued++;
     if (c->nccl) {
+        req->k = c->ncoll;
+        if (is_collective(op->kind))
+            c->ncoll++;
         char detail[256] = "";
         req->deadline = coll__deadline(c->opts.timeout_ms);
         rc = c->sticky ? c->sticky
@@ -374,7 +472,7 @@ static int issue(coll_comm *c, const coll__op *op, coll_request **out)
                                           sizeof detail);
         pthread_mutex_unlock(&c->lock);
         if (rc < 0 && !c->sticky)
-            fail(c, op, req->seq, rc, -1, false, detail, coll__now_ns());
+            fail(c, op, req->seq, req->k, rc, -1, EV_TIMEOUT, detail, coll__now_ns());
         if (rc < 0) {
             req->result = rc;
             req->done = true;
@@ -433,32 +531,12 @@ static int nccl_poll(coll_request *req)
     }
     int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
     if (rc < 0) {
-        req->result = fail(c, &req->op, req->seq, rc, -1, false, detail, coll__now_ns());
+        req->result = fail(c, &req->op, req->seq, req->k, rc, -1, EV_TIMEOUT, detail,
+                           coll__now_ns());
         return 1;
     }
     if (rc == 0 && coll__now_ns() >= req->deadline) {
-        /* Blame the ranks that had not reached this operation (see the file comment). */
-        char key[512], mine[32];
-        snprintf(key, sizeof key, "%s/nccl/seq/%d", c->prefix, c->rank);
-        snprintf(mine, sizeof mine, "%" PRIu64, req->seq);
-        int culprit = -1;
-        pthread_mutex_lock(&c->store_lock);
-        rdzv_set(c->store, key, mine, strlen(mine));
-        struct timespec ts = {BLAME_GRACE_MS / 1000, 0};
-        nanosleep(&ts, NULL); /* let the others publish theirs: a bounded grace, not a sync */
-        for (int r = 0; r < c->world && culprit < 0; r++) {
-            void *val = NULL;
-            size_t len = 0;
-            snprintf(key, sizeof key, "%s/nccl/seq/%d", c->prefix, r);
-            const char *k = key;
-            if (rdzv_check(c->store, &k, 1) != 1 || rdzv_get(c->store, key, &val, &len) < 0)
-                culprit = r;
-            else if (strtoull(len ? (char *)val : "0", NULL, 10) < req->seq)
-                culprit = r;
-            rdzv_free(val);
-        }
-        pthread_mutex_unlock(&c->store_lock);
-        req->result = fail(c, &req->op, req->seq, -ETIMEDOUT, culprit, true, "",
+        req->result = fail(c, &req->op, req->seq, req->k, -ETIMEDOUT, -1, EV_TIMEOUT, "",
                            req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
         return 1;
     }
@@ -733,6 +811,9 @@ int coll_comm_abort(coll_comm *c)
         return -EINVAL;
     if (atomic_exchange(&c->aborted, 1))
         return 0;
+    /* Peers that see the segment or the sockets fail read who did it here. */
+    int rank = c->rank, code = COLL_EREMOTE;
+    record_failure(c, &rank, &code);
     if (c->cpu)
         coll__cpu_abort(c->cpu, c->rank);
     if (c->nccl)

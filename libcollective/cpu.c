@@ -470,6 +470,11 @@ int coll__cpu_local(const coll__cpu *c, int *nlocal)
     return c->local;
 }
 
+bool coll__cpu_segment_aborted(const coll__cpu *c)
+{
+    return c->shm.base && atomic_load(&((coll__shm_hdr *)c->shm.base)->abort) != 0;
+}
+
 bool coll__cpu_same_host(const coll__cpu *c, int rank)
 {
     return rank >= 0 && rank < c->world && c->ranks[rank].host_index == c->host;
