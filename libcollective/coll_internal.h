@@ -269,6 +269,8 @@ int coll__cpu_nhosts(const coll__cpu *c);
 int coll__cpu_local(const coll__cpu *c, int *nlocal);
 /* Whether a rank of this host marked the shared segment failed. */
 bool coll__cpu_segment_aborted(const coll__cpu *c);
+/* The culprit the segment was marked failed with, -1 if none. */
+int coll__cpu_segment_culprit(const coll__cpu *c);
 /* Whether rank shares this rank's host. */
 bool coll__cpu_same_host(const coll__cpu *c, int rank);
 /* The hostname rank published, for messages. */

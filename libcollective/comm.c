@@ -119,6 +119,9 @@ static void record_failure(coll_comm *c, int *rank, int *code)
     snprintf(mine, sizeof mine, "%d %d", *rank, *code);
     pthread_mutex_lock(&c->store_lock);
     int rc = rdzv_compare_set(c->store, key, "", 0, mine, strlen(mine), &val, &len);
+    if (rc < 0)
+        logf_(c, COLL_LOG_WARN, "recording the failure in the store: %s",
+              rdzv_client_last_error(c->store));
     pthread_mutex_unlock(&c->store_lock);
     char buf[48];
     snprintf(buf, sizeof buf, "%.*s", rc == 0 ? (int)(len < 47 ? len : 47) : 0,
@@ -131,28 +134,38 @@ static void record_failure(coll_comm *c, int *rank, int *code)
     rdzv_free(val);
 }
 
-/* Waits up to wait_ms for the failure record; true with *rank / *code set if there is one. */
-static bool read_failure(coll_comm *c, int wait_ms, int *rank, int *code)
+/*
+ * Waits up to wait_ms for the failure record: 1 with *rank / *code set, 0 if there is none, or
+ * a negative code if the store cannot be asked.
+ */
+static int read_failure(coll_comm *c, int wait_ms, int *rank, int *code)
 {
     char key[512];
     const char *k = key;
     void *val = NULL;
     size_t len = 0;
-    bool found = false;
+    int rc;
     snprintf(key, sizeof key, "%s/failed", c->prefix);
     pthread_mutex_lock(&c->store_lock);
-    if ((wait_ms > 0 ? rdzv_wait(c->store, &k, 1, wait_ms) : rdzv_check(c->store, &k, 1) == 1 ? 0
-                                                                                             : -1) ==
-            0 &&
-        rdzv_get(c->store, key, &val, &len) == 0 && len > 0 && len < 48) {
+    if (wait_ms > 0)
+        rc = rdzv_wait(c->store, &k, 1, wait_ms);
+    else
+        rc = (rc = rdzv_check(c->store, &k, 1)) == 1 ? 0 : rc == 0 ? -ETIMEDOUT : rc;
+    if (rc == 0)
+        rc = rdzv_get(c->store, key, &val, &len);
+    if (rc < 0 && rc != -ETIMEDOUT)
+        logf_(c, COLL_LOG_WARN, "reading the failure record: %s",
+              rdzv_client_last_error(c->store));
+    pthread_mutex_unlock(&c->store_lock);
+    if (rc == 0) {
         char buf[48];
-        memcpy(buf, val, len);
-        buf[len] = 0;
-        found = sscanf(buf, "%d %d", rank, code) == 2;
+        snprintf(buf, sizeof buf, "%.*s", (int)(len < 47 ? len : 47), (const char *)val);
+        rc = sscanf(buf, "%d %d", rank, code) == 2;
+    } else if (rc == -ETIMEDOUT) {
+        rc = 0;
     }
     rdzv_free(val);
-    pthread_mutex_unlock(&c->store_lock);
-    return found;
+    return rc;
 }
 
 static void progress_key(const coll_comm *c, int rank, char *key, size_t cap)
@@ -244,13 +257,20 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int 
         bool coll = is_collective(op->kind);
         if (coll)
             publish_progress(c, k);
-        if (ev == EV_DEAD) {
+        int found = ev == EV_DEAD ? 0
+                                  : read_failure(c, ev == EV_ABORTED  ? 3 * BLAME_GRACE_MS
+                                                    : ev == EV_CLOSED ? BLAME_GRACE_MS
+                                                                      : 0,
+                                                 &culprit, &rc);
+        if (found < 0) {
+            /* No store: the segment's culprit, the closed peer, or our own guess. */
+            if (ev == EV_ABORTED)
+                culprit = coll__cpu_segment_culprit(c->cpu);
+            rc = ev == EV_TIMEOUT ? -ETIMEDOUT : COLL_EREMOTE;
+        } else if (ev == EV_DEAD) {
             rc = COLL_EREMOTE;
             record_failure(c, &culprit, &rc);
-        } else if (!read_failure(c, ev == EV_ABORTED  ? 3 * BLAME_GRACE_MS
-                                    : ev == EV_CLOSED ? BLAME_GRACE_MS
-                                                      : 0,
-                                 &culprit, &rc)) {
+        } else if (!found) {
             if (ev == EV_CLOSED && culprit >= 0) {
                 rc = COLL_EREMOTE;
             } else {
@@ -265,6 +285,8 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int 
         coll__cpu_abort(c->cpu, culprit);
     if (c->nccl)
         coll__nccl_abort(c->nccl);
+    logf_(c, COLL_LOG_DEBUG, "%s: failure settled as %s naming rank %d (evidence %d)", what,
+          coll_strerror(rc), culprit, (int)ev);
 
     char err[ERR_BYTES];
     const char *host = c->cpu && culprit >= 0 ? coll__cpu_hostname(c->cpu, culprit) : "";

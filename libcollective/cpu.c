@@ -475,6 +475,11 @@ bool coll__cpu_segment_aborted(const coll__cpu *c)
     return c->shm.base && atomic_load(&((coll__shm_hdr *)c->shm.base)->abort) != 0;
 }
 
+int coll__cpu_segment_culprit(const coll__cpu *c)
+{
+    return c->shm.base ? atomic_load(&((coll__shm_hdr *)c->shm.base)->culprit) : -1;
+}
+
 bool coll__cpu_same_host(const coll__cpu *c, int rank)
 {
     return rank >= 0 && rank < c->world && c->ranks[rank].host_index == c->host;

@@ -839,10 +839,19 @@ static int effective_timeout(const ctx *c, int dflt)
 }
 
 /* Creates a communicator over every rank under "<prefix><suffix>". */
+/* COLL_CHECK_LOG=1: the library's log lines on stderr, for debugging a failure. */
+static void log_hook(void *arg, int level, const char *msg)
+{
+    (void)arg;
+    fprintf(stderr, "libcollective[%d]: %s\n", level, msg);
+}
+
 static int comm_create(ctx *c, const char *suffix, int timeout_ms, coll_comm **out)
 {
     coll_options o;
     coll_options_init(&o);
+    if (getenv("COLL_CHECK_LOG"))
+        o.log = log_hook;
     o.timeout_ms = timeout_ms;
     o.chunk_bytes = c->chunk_bytes;
     o.small_bytes = c->small_bytes;
