@@ -46,10 +46,14 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #define PHASES 4
 #define CHANNEL_BYTES (64 * 1024)
 #define ALIGN 64
+#define STREAM_BYTES ((size_t)8 << 20) /* results this large bypass the cache (copy_out) */
 
 typedef struct channel {
     coll__counter sent;  /* bytes written by the sender, ever */
@@ -490,6 +494,41 @@ const char *coll__cpu_hostname(const coll__cpu *c, int rank)
     return rank >= 0 && rank < c->world ? c->ranks[rank].name : "?";
 }
 
+/*
+ * Copies a result to the caller's buffer. For large operations the destination will not be read
+ * again soon, so on x86-64 it is written with non-temporal stores: that skips reading each
+ * destination line into the cache first, a third of the memory traffic of a plain copy.
+ */
+static void copy_out(void *dst, const void *src, size_t n, bool stream)
+{
+#if defined(__x86_64__)
+    if (stream && n >= 256) {
+        unsigned char *d = dst;
+        const unsigned char *s = src;
+        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+        memcpy(d, s, head);
+        d += head;
+        s += head;
+        n -= head;
+        for (; n >= 64; n -= 64, d += 64, s += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)s);
+            __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+            __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+            _mm_stream_si128((__m128i *)d, a);
+            _mm_stream_si128((__m128i *)(d + 16), b);
+            _mm_stream_si128((__m128i *)(d + 32), c);
+            _mm_stream_si128((__m128i *)(d + 48), e);
+        }
+        memcpy(d, s, n);
+        _mm_sfence();
+        return;
+    }
+#endif
+    (void)stream;
+    memcpy(dst, src, n);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Synchronisation within the host                                                             */
 /* ------------------------------------------------------------------------------------------ */
@@ -709,7 +748,8 @@ static int run_reduction(coll__cpu *c, const coll__op *op)
     bool rs = op->kind == COLL__REDUCE_SCATTER;
     size_t blocks = rs ? (size_t)c->world : 1;
     size_t cmax = c->chunk / (esz * blocks);
-    bool copy_out = op->kind != COLL__REDUCE || op->peer == c->rank;
+    bool copy_result = op->kind != COLL__REDUCE || op->peer == c->rank;
+    bool stream = op->count * esz / blocks >= STREAM_BYTES;
     const unsigned char *in = op->sendbuf;
     unsigned char *out = op->recvbuf;
     int rc;
@@ -723,7 +763,7 @@ static int run_reduction(coll__cpu *c, const coll__op *op)
         post(c, s * PHASES + 1);
         if ((rc = wait_all(c, s * PHASES + 1)) < 0)
             return rc;
-        if (copy_out) {
+        if (copy_result) {
             reduce_slots(c, s, out, 0, op->count, esz, op->dtype, op->op);
             if (op->op == COLL_AVG)
                 coll__scale_avg(out, op->count, op->dtype, c->world);
@@ -762,9 +802,9 @@ static int run_reduction(coll__cpu *c, const coll__op *op)
                 return rc;
         }
         if (rs)
-            memcpy(out + off * esz, R + (size_t)c->rank * n * esz, n * esz);
-        else if (copy_out)
-            memcpy(out + off * esz, R, n * esz);
+            copy_out(out + off * esz, R + (size_t)c->rank * n * esz, n * esz, stream);
+        else if (copy_result)
+            copy_out(out + off * esz, R, n * esz, stream);
     }
     return 0;
 }
@@ -801,7 +841,7 @@ static int run_broadcast(coll__cpu *c, const coll__op *op)
             if (op->recvbuf != op->sendbuf)
                 memcpy(dst, (const unsigned char *)op->sendbuf + off * esz, len);
         } else {
-            memcpy(dst, R, len);
+            copy_out(dst, R, len, op->count * esz >= STREAM_BYTES);
         }
     }
     return 0;
@@ -812,6 +852,7 @@ static int run_allgather(coll__cpu *c, const coll__op *op)
     size_t esz = coll_dtype_size(op->dtype);
     size_t cmax = c->chunk / (esz * (size_t)c->world);
     size_t stride = cmax * esz;
+    bool stream = op->count * esz * (size_t)c->world >= STREAM_BYTES;
     const unsigned char *in = op->sendbuf;
     unsigned char *out = op->recvbuf;
     int rc;
@@ -839,7 +880,7 @@ static int run_allgather(coll__cpu *c, const coll__op *op)
         for (int r = 0; r < c->world; r++) {
             unsigned char *dst = out + ((size_t)r * op->count + off) * esz;
             if (dst != in + off * esz)
-                memcpy(dst, R + (size_t)r * stride, n * esz);
+                copy_out(dst, R + (size_t)r * stride, n * esz, stream);
         }
     }
     return 0;
