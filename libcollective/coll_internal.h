@@ -30,6 +30,12 @@ extern "C" {
 int64_t coll__now_ns(void);
 /* now + timeout_ms in ns; INT64_MAX for timeout_ms < 0. */
 int64_t coll__deadline(int timeout_ms);
+/*
+ * The store keys "<prefix>/<what>/<rank>" for every rank, NULL-terminated; NULL when out of
+ * memory. Released by coll__keys_free() (NULL is a no-op).
+ */
+char **coll__rank_keys(const char *prefix, const char *what, int world);
+void coll__keys_free(char **keys);
 
 /* ------------------------------------------------------------------------------------------ */
 /* reduce.c                                                                                    */

@@ -168,16 +168,11 @@ static int read_failure(coll_comm *c, int wait_ms, int *rank, int *code)
     return rc;
 }
 
-static void progress_key(const coll_comm *c, int rank, char *key, size_t cap)
-{
-    snprintf(key, cap, "%s/progress/%d", c->prefix, rank);
-}
-
 /* Tells the others this rank reached collective number k and failed in it. */
 static void publish_progress(coll_comm *c, uint64_t k)
 {
     char key[512], val[32];
-    progress_key(c, c->rank, key, sizeof key);
+    snprintf(key, sizeof key, "%s/progress/%d", c->prefix, c->rank);
     snprintf(val, sizeof val, "%" PRIu64, k);
     pthread_mutex_lock(&c->store_lock);
     rdzv_set(c->store, key, val, strlen(val));
@@ -191,16 +186,10 @@ static void publish_progress(coll_comm *c, uint64_t k)
  */
 static int blame_by_progress(coll_comm *c, uint64_t k, int guess)
 {
-    char **keys = calloc((size_t)c->world, sizeof *keys);
+    char **keys = coll__rank_keys(c->prefix, "progress", c->world);
     int culprit = -1;
     if (!keys)
         return guess;
-    for (int r = 0; r < c->world; r++) {
-        keys[r] = malloc(512);
-        if (!keys[r])
-            goto out;
-        progress_key(c, r, keys[r], 512);
-    }
     pthread_mutex_lock(&c->store_lock);
     (void)rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, BLAME_GRACE_MS);
     for (int r = 0; r < c->world && culprit < 0; r++) {
@@ -220,10 +209,7 @@ static int blame_by_progress(coll_comm *c, uint64_t k, int guess)
         rdzv_free(val);
     }
     pthread_mutex_unlock(&c->store_lock);
-out:
-    for (int r = 0; r < c->world; r++)
-        free(keys[r]);
-    free(keys);
+    coll__keys_free(keys);
     return culprit >= 0 ? culprit : guess;
 }
 
@@ -855,21 +841,16 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
     int n = c->nsplit++;
     pthread_mutex_unlock(&c->lock);
 
-    char k[512], v[64];
+    char k[512], v[64], what[32];
     int rc = 0, newrank = 0, newworld = 0;
-    char **keys = calloc((size_t)c->world, sizeof *keys);
+    snprintf(what, sizeof what, "split/%d", n);
+    char **keys = coll__rank_keys(c->prefix, what, c->world);
     void **vals = calloc((size_t)c->world, sizeof *vals);
     size_t *lens = calloc((size_t)c->world, sizeof *lens);
     if (!keys || !vals || !lens) {
         rc = -ENOMEM;
         goto out;
     }
-    for (int r = 0; r < c->world; r++)
-        if (asprintf(&keys[r], "%s/split/%d/%d", c->prefix, n, r) < 0) {
-            keys[r] = NULL;
-            rc = -ENOMEM;
-            goto out;
-        }
     snprintf(v, sizeof v, "%d %d", color, key);
     pthread_mutex_lock(&c->store_lock);
     rc = rdzv_set(c->store, keys[c->rank], v, strlen(v));
@@ -908,11 +889,9 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
     rc = coll_comm_init(c->store, k, newrank, newworld, c->backend, c->device, &c->opts, out);
     pthread_mutex_unlock(&c->store_lock);
 out:
-    for (int r = 0; keys && vals && r < c->world; r++) {
-        free(keys[r]);
+    for (int r = 0; vals && r < c->world; r++)
         rdzv_free(vals[r]);
-    }
-    free(keys);
+    coll__keys_free(keys);
     free(vals);
     free(lens);
     return rc;

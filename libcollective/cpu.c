@@ -174,19 +174,12 @@ static int collect_ranks(coll__cpu *c, rdzv_client *store, const char *prefix, i
                          char *err, size_t errlen)
 {
     int rc = 0;
-    char **keys = calloc((size_t)c->world, sizeof *keys);
+    char **keys = coll__rank_keys(prefix, "cpu", c->world);
     void **vals = calloc((size_t)c->world, sizeof *vals);
     size_t *lens = calloc((size_t)c->world, sizeof *lens);
     if (!keys || !vals || !lens) {
         rc = -ENOMEM;
         goto out;
-    }
-    for (int r = 0; r < c->world; r++) {
-        if (asprintf(&keys[r], "%s/cpu/%d", prefix, r) < 0) {
-            keys[r] = NULL;
-            rc = -ENOMEM;
-            goto out;
-        }
     }
     int64_t left_ms = deadline == INT64_MAX ? -1 : (deadline - coll__now_ns()) / 1000000;
     if (deadline != INT64_MAX && left_ms < 1)
@@ -238,11 +231,9 @@ static int collect_ranks(coll__cpu *c, rdzv_client *store, const char *prefix, i
         json_decref(o);
     }
 out:
-    for (int r = 0; keys && vals && r < c->world; r++) {
-        free(keys[r]);
+    for (int r = 0; vals && r < c->world; r++)
         rdzv_free(vals[r]);
-    }
-    free(keys);
+    coll__keys_free(keys);
     free(vals);
     free(lens);
     return rc;

@@ -11,6 +11,8 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -160,4 +162,24 @@ const char *coll__kind_name(enum coll__kind kind)
         return "recv";
     }
     return "?";
+}
+
+char **coll__rank_keys(const char *prefix, const char *what, int world)
+{
+    char **keys = calloc((size_t)world + 1, sizeof *keys);
+    for (int r = 0; keys && r < world; r++) {
+        if (asprintf(&keys[r], "%s/%s/%d", prefix, what, r) < 0) {
+            keys[r] = NULL;
+            coll__keys_free(keys);
+            return NULL;
+        }
+    }
+    return keys;
+}
+
+void coll__keys_free(char **keys)
+{
+    for (size_t i = 0; keys && keys[i]; i++)
+        free(keys[i]);
+    free(keys);
 }
