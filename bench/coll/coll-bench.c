@@ -756,33 +756,25 @@ fail:
     return -ENOMEM;
 }
 
-/* Copies host mirrors to the device (both buffers, `bytes` of each); no-op on the host. */
-static int upload(buffers *b, size_t bytes)
+/*
+ * Copies both buffers (`bytes` of each) between the host mirrors and the device: to the device
+ * when `up`, back otherwise. A no-op for host buffers.
+ */
+static int transfer(buffers *b, size_t bytes, bool up)
 {
 #ifdef COLL_BENCH_CUDA
     if (b->device && bytes > 0) {
-        if (cudaMemcpy(b->send, b->hsend, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
-            cudaMemcpy(b->recv, b->hrecv, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+        enum cudaMemcpyKind kind = up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+        if (cudaMemcpy(up ? b->send : b->hsend, up ? b->hsend : b->send, bytes, kind) !=
+                cudaSuccess ||
+            cudaMemcpy(up ? b->recv : b->hrecv, up ? b->hrecv : b->recv, bytes, kind) !=
+                cudaSuccess)
             return COLL_ECUDA;
     }
 #else
     (void)b;
     (void)bytes;
-#endif
-    return 0;
-}
-
-static int download(buffers *b, size_t bytes)
-{
-#ifdef COLL_BENCH_CUDA
-    if (b->device && bytes > 0) {
-        if (cudaMemcpy(b->hsend, b->send, bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
-            cudaMemcpy(b->hrecv, b->recv, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
-            return COLL_ECUDA;
-    }
-#else
-    (void)b;
-    (void)bytes;
+    (void)up;
 #endif
     return 0;
 }
@@ -933,11 +925,11 @@ static int64_t check(bench *b, size_t per)
     default:
         break;
     }
-    int rc = upload(&b->buf, bytes);
+    int rc = transfer(&b->buf, bytes, true);
     if (rc == 0)
         rc = run_one(b, per);
     if (rc == 0)
-        rc = download(&b->buf, bytes);
+        rc = transfer(&b->buf, bytes, false);
     if (rc < 0)
         return rc;
 
@@ -1262,7 +1254,7 @@ int main(int argc, char **argv)
             put(b.buf.hsend, a->dtype, i, (double)pattern(i, b.rank, a->op));
             put(b.buf.hrecv, a->dtype, i, (double)pattern(i, b.rank, a->op));
         }
-        rc = upload(&b.buf, nbytes);
+        rc = transfer(&b.buf, nbytes, true);
         if (rc == 0)
             rc = run_iters(&b, per, a->warmup, reqs);
         if (rc == 0)
