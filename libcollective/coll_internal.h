@@ -256,7 +256,7 @@ typedef struct coll__cpu coll__cpu;
 /*
  * Bootstraps the cpu backend through the store (see cpu.c). `abort` is the communicator's flag.
  * Returns 0 and sets *out, or a negative code with err filled and *culprit set to a rank that
- * did not arrive (-1 if none is known).
+ * did not arrive (-1 if none is known; culprit may be NULL).
  */
 int coll__cpu_init(struct rdzv_client *store, const char *prefix, int rank, int world,
                    const coll_options *opts, const _Atomic int *abort, int64_t deadline,

@@ -717,7 +717,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
 {
     coll_options defaults;
     coll_comm *c = NULL;
-    int rc, culprit = -1;
+    int rc;
     char err[ERR_BYTES] = "";
 
     init_err[0] = 0;
@@ -773,7 +773,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     } else {
         c->cuda = coll__cuda_available();
         rc = coll__cpu_init(store, prefix, rank, world_size, &c->opts, &c->aborted, deadline,
-                            &c->cpu, &culprit, err, sizeof err);
+                            &c->cpu, NULL, err, sizeof err);
         if (rc == 0) {
             rc = pthread_create(&c->thread, NULL, progress_main, c);
             c->thread_started = rc == 0;
