@@ -288,6 +288,92 @@ int rdzv_status(rdzv_client *c, char **json);
  */
 int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Store helpers: the exchanges every component runs through the store                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Builds the `n` keys "<prefix>/0" ... "<prefix>/<n-1>" (per-rank key arrays) in one allocation:
+ * *keys receives an array of n + 1 pointers (the last NULL) followed by the strings; free it
+ * with one rdzv_free(). `prefix` is borrowed. Returns 0 and sets *keys, -EINVAL (NULL argument
+ * or n < 0) or -ENOMEM. Thread-safe; does no I/O.
+ */
+int rdzv_rank_keys(const char *prefix, int n, char ***keys);
+
+/*
+ * Stores `value` (nbytes >= 1) under `key` unless the key exists already: the first writer
+ * wins, later writers learn what it wrote. Built on COMPARE_SET, so it is atomic on the server.
+ * If `stored` is not NULL it receives the value the store holds after the call (allocated, free
+ * with rdzv_free()) and *stored_nbytes its length. Returns 1 if the store now holds `value`
+ * (this caller won, or an earlier writer stored the same bytes), 0 if it holds another value,
+ * -EINVAL (NULL argument, or nbytes == 0: an empty value cannot be told from a missing key), or
+ * another negative errno from the store.
+ */
+int rdzv_set_once(rdzv_client *c, const char *key, const void *value, size_t nbytes, void **stored,
+                  size_t *stored_nbytes);
+
+/*
+ * All-gather over the store. Rank `rank` of `world` publishes `value` (nbytes >= 1) under
+ * "<prefix>/<rank>", waits until every rank has published under the same prefix, and fetches
+ * all of them in one MULTI_GET: values[i] (allocated, free each with rdzv_free()) and nbytes[i]
+ * receive rank i's value; both arrays are the caller's, with room for `world` entries, and are
+ * written only on success. Call on every rank with the same prefix and world; a prefix serves
+ * one exchange (use a new one, such as a round number in it, for the next).
+ *
+ * timeout_ms bounds the wait for the other ranks (< 0: the client's timeout). On -ETIMEDOUT
+ * rdzv_client_last_error(c) names the missing ranks ("ranks 3, 5 did not publish <prefix>
+ * within 2000 ms (6 of 8 present)", the first 16 of them) and, if `missing` is not NULL,
+ * *missing receives the lowest missing rank (the one exception to "out-parameters only on
+ * success"). Returns 0, -EINVAL (NULL argument, world < 1, rank outside [0, world), nbytes ==
+ * 0), -ENOMEM, -ETIMEDOUT, or another negative errno from the store.
+ */
+int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, const void *value,
+                   size_t nbytes, int timeout_ms, void **values, size_t *nbytes_out, int *missing);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The torchrun environment                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * What torchrun (and ddprun) tells a worker through its environment. Read by rdzv_env_read().
+ */
+typedef struct rdzv_env {
+    int rank;             /* RANK */
+    int local_rank;       /* LOCAL_RANK (0 when unset) */
+    int world_size;       /* WORLD_SIZE */
+    int local_world_size; /* LOCAL_WORLD_SIZE (world_size when unset) */
+    int group_rank;       /* GROUP_RANK, the node rank (0 when unset) */
+    int restart_count;    /* TORCHELASTIC_RESTART_COUNT (0 when unset) */
+    char master_addr[256]; /* MASTER_ADDR */
+    int master_port;       /* MASTER_PORT */
+    char run_id[128];      /* TORCHELASTIC_RUN_ID ("none" when unset) */
+    int standalone;        /* 1: none of RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT was set and
+                              the fields describe a job of one (rank 0 of 1, no store address) */
+} rdzv_env;
+
+/*
+ * Reads the torchrun environment into *env. RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are
+ * required together; with none of them set the call succeeds with env->standalone = 1 (a job
+ * of one). Integers must be decimal, in range (0 <= RANK < WORLD_SIZE, 0 <= LOCAL_RANK <
+ * LOCAL_WORLD_SIZE, 0 < MASTER_PORT < 65536). Returns 0 and fills *env, or -EINVAL with
+ * rdzv_client_last_error(NULL) naming the missing or malformed variable and its value (for
+ * example "WORLD_SIZE=abc is not an integer" or "RANK is set but MASTER_PORT is not (run under
+ * ddprun or torchrun)"). Thread-safe (reads the environment only).
+ */
+int rdzv_env_read(rdzv_env *env);
+
+/*
+ * Writes the per-attempt key prefix "<name>/<run_id>/<restart_count>" into buf (cap bytes):
+ * the keys of a restarted attempt never meet a failed attempt's. Returns 0, -EINVAL or -ENOSPC.
+ */
+int rdzv_env_prefix(const rdzv_env *env, const char *name, char *buf, size_t cap);
+
+/*
+ * Connects a client to the store at env->master_addr:env->master_port (rdzv_client_connect(),
+ * same options, codes and errors). -EINVAL for a standalone environment, which has no store.
+ */
+int rdzv_env_connect(const rdzv_env *env, const rdzv_client_options *opts, rdzv_client **out);
+
 #ifdef __cplusplus
 }
 #endif

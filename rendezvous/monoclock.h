@@ -1,0 +1,52 @@
+/*
+ * The project's one clock: monotonic nanoseconds, and deadlines on it. Every timeout, deadline
+ * and duration in the libraries, the launcher, the tests and the benchmarks is measured with
+ * these, never with CLOCK_REALTIME (which jumps when the wall clock is set). Header-only so that
+ * librendezvous, libcollective and the programs share one definition without exporting it.
+ *
+ * Internal to the project: not installed. Compiles as C99 and C++.
+ */
+#ifndef RDZV_MONOCLOCK_H
+#define RDZV_MONOCLOCK_H
+
+#include <stdint.h>
+#include <time.h>
+
+/* Nanoseconds on CLOCK_MONOTONIC (which cannot fail on Linux with a valid pointer). */
+static inline int64_t rdzv__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Seconds on the same clock, for durations printed to people. */
+static inline double rdzv__now_s(void)
+{
+    return (double)rdzv__now_ns() / 1e9;
+}
+
+/* The deadline timeout_ms from now; INT64_MAX (never) for timeout_ms < 0. */
+static inline int64_t rdzv__deadline_ns(int timeout_ms)
+{
+    if (timeout_ms < 0)
+        return INT64_MAX;
+    return rdzv__now_ns() + (int64_t)timeout_ms * 1000000;
+}
+
+/*
+ * Milliseconds left until `deadline` (from rdzv__deadline_ns()), rounded up so that a wait for
+ * them does not end early: -1 for INT64_MAX (no deadline), 0 once it has passed.
+ */
+static inline int rdzv__ms_left(int64_t deadline)
+{
+    if (deadline == INT64_MAX)
+        return -1;
+    int64_t left = deadline - rdzv__now_ns();
+    if (left <= 0)
+        return 0;
+    left = (left + 999999) / 1000000;
+    return left > INT32_MAX ? INT32_MAX : (int)left;
+}
+
+#endif /* RDZV_MONOCLOCK_H */
