@@ -17,7 +17,7 @@
  *
  * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c).
  */
-#include "config.h"
+#include "options.h"
 #include "noderdzv.h"
 #include "rdzv.h"
 

@@ -17,7 +17,7 @@
  * affinity mask. Nothing is printed except by --help, --version and --print-completion; errors go
  * to the caller's buffer. *cfg is written only on success.
  */
-#include "config.h"
+#include "options.h"
 #include "slurm.h"
 
 #include <ctype.h>

@@ -7,7 +7,7 @@
  * freely; the fixture first clears every variable the parser reads, so the tests do not depend
  * on where they run (under srun, say).
  */
-#include "config.h"
+#include "options.h"
 #include "slurm.h"
 
 #include <check.h>

@@ -1,10 +1,10 @@
 /*
  * ddprun's configuration: what the command line, PET_* environment defaults and Slurm variables
- * resolve to. Filled by ddprun_config_parse() (options.c); read by the agent. Internal to the
- * launcher.
+ * resolve to. Filled by ddprun_config_parse() (options.c, whose header this is); read by the
+ * agent. Written by hand, not generated. Internal to the launcher.
  */
-#ifndef DDPRUN_CONFIG_H
-#define DDPRUN_CONFIG_H
+#ifndef DDPRUN_OPTIONS_H
+#define DDPRUN_OPTIONS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -94,4 +94,4 @@ void ddprun_config_free(ddprun_config *cfg);
 /* Writes --help to stdout, from the same option table the parser uses. */
 void ddprun_print_help(void);
 
-#endif /* DDPRUN_CONFIG_H */
+#endif /* DDPRUN_OPTIONS_H */
