@@ -973,7 +973,7 @@ static void *monitor_main(void *arg)
         return NULL;
     ddprun_hb_state hb = {0};
     int hb_round = -1;
-    bool dynamic = strcmp(a->cfg->rdzv_backend, "static") != 0;
+    bool dynamic = a->cfg->rdzv_backend == DDPRUN_BACKEND_C10D;
     bool reported = false;
     for (;;) {
         pthread_mutex_lock(&a->mu);
@@ -1063,7 +1063,7 @@ static int rendezvous(agent *a)
                                      .world_size = cfg->nproc_per_node};
         return 0;
     }
-    if (!strcmp(cfg->rdzv_backend, "static")) {
+    if (cfg->rdzv_backend == DDPRUN_BACKEND_STATIC) {
         rc =
             ddprun_rdzv_static(a->client, a->prefix, a->round, cfg->nnodes_max, cfg->node_rank,
                                cfg->nproc_per_node, cfg->join_timeout_s, &a->asg, err, sizeof(err));
@@ -1114,7 +1114,7 @@ static int run_round(agent *a)
     }
     /* Watch the other nodes, and for an elastic job that could still grow, late joiners. */
     bool watch = a->asg.nnodes > 1 ||
-                 (strcmp(cfg->rdzv_backend, "static") && a->asg.nnodes < cfg->nnodes_max);
+                 (cfg->rdzv_backend == DDPRUN_BACKEND_C10D && a->asg.nnodes < cfg->nnodes_max);
     if (watch || a->monitor_started)
         monitor_set_round(a, a->round);
     if (watch && !a->monitor_started) {
@@ -1221,7 +1221,7 @@ static bool is_local_address(const char *host)
 static int setup_store(agent *a)
 {
     ddprun_config *cfg = a->cfg;
-    bool is_static = !strcmp(cfg->rdzv_backend, "static");
+    bool is_static = cfg->rdzv_backend == DDPRUN_BACKEND_STATIC;
     const char *host = is_static ? cfg->master_addr : cfg->rdzv_host;
     int port = is_static ? cfg->master_port : cfg->rdzv_port;
     bool hosting;
