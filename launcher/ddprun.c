@@ -17,8 +17,9 @@
  *
  * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c).
  */
-#include "options.h"
+#include "monoclock.h"
 #include "noderdzv.h"
+#include "options.h"
 #include "rdzv.h"
 
 #include <errno.h>
@@ -154,7 +155,12 @@ typedef struct agent {
     int remote_round; /* the round remote_failure belongs to */
 } agent;
 
-static double now_s(void)
+/*
+ * Wall-clock seconds since the epoch, for the failure records' timestamps only: the summary
+ * prints them for people, and they order failures seen on different machines (the earliest is
+ * the root cause). Every deadline and duration uses the monotonic clock of monoclock.h instead.
+ */
+static double wall_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -760,7 +766,8 @@ static int exit_barrier(agent *a)
     int rc = rdzv_add(a->client, count, 1, &n);
     if (rc == 0 && n >= a->asg.nnodes)
         rc = rdzv_set(a->client, done, "1", 1);
-    double deadline = now_s() + a->cfg->close_timeout_s + 300.0;
+    double limit_ms = (a->cfg->close_timeout_s + 300.0) * 1000.0;
+    int64_t deadline = rdzv__deadline_ns(limit_ms < INT_MAX ? (int)limit_ms : INT_MAX);
     const char *dk[] = {done}, *fk[] = {failed};
     while (rc == 0) {
         rc = rdzv_wait(a->client, dk, 1, HEARTBEAT_MS);
@@ -768,7 +775,7 @@ static int exit_barrier(agent *a)
             return 0;
         if (rc != -ETIMEDOUT)
             break;
-        if (now_s() > deadline)
+        if (rdzv__ms_left(deadline) == 0)
             break;
         rc = rdzv_check(a->client, fk, 1);
         if (rc == 1) {
@@ -898,7 +905,7 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal)
     /* A worker we did not stop that exits non-zero or by a signal fails the job. */
     if ((status != 0 || term_signal != 0) && a->state == ST_RUNNING) {
         failure f = {0};
-        f.time = now_s();
+        f.time = wall_s();
         snprintf(f.node, sizeof(f.node), "%s", a->hostname);
         f.rank = w->rank;
         f.local_rank = w->local_rank;
@@ -941,7 +948,7 @@ static void remote_cb(uv_async_t *h)
     } else {
         say("%s: stopping the local workers", msg);
         failure g = {0};
-        g.time = now_s();
+        g.time = wall_s();
         snprintf(g.node, sizeof(g.node), "%s", "?");
         g.rank = g.local_rank = -1;
         g.exit_code = 1;
@@ -1136,7 +1143,7 @@ static int run_round(agent *a)
         w->rank = a->asg.rank_offset + i;
         if (spawn_worker(a, w) < 0) {
             failure f = {0};
-            f.time = now_s();
+            f.time = wall_s();
             snprintf(f.node, sizeof(f.node), "%s", a->hostname);
             f.rank = w->rank;
             f.local_rank = i;

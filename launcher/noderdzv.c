@@ -15,6 +15,8 @@
  */
 #include "noderdzv.h"
 
+#include "monoclock.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -24,18 +26,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Writes a formatted sentence into the caller's buffer, if any, and returns `rc`. */
 static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -676,7 +670,7 @@ int ddprun_hb_init(ddprun_hb_state *st, const char *prefix, int round, int nnode
         ddprun_hb_free(&s);
         return -ENOMEM;
     }
-    double now = mono_s();
+    double now = rdzv__now_s();
     for (int i = 0; i < nnodes; i++) {
         s.value[i] = -1;
         s.changed_s[i] = now;
@@ -731,7 +725,7 @@ int ddprun_dead_nodes(rdzv_client *c, ddprun_hb_state *st, int *dead, int dead_c
             goto out;
         }
     }
-    double now = mono_s();
+    double now = rdzv__now_s();
     int ndead = 0;
     for (int i = 0; i < nn; i++) {
         if (seen[i] != st->value[i]) {

@@ -844,7 +844,8 @@ static int make_uuid(char **out)
         got += (size_t)k;
     }
     if (got < sizeof b) {
-        /* No getrandom(): time and pid are unique enough for a job id. */
+        /* No getrandom(): time and pid are unique enough for a job id. The wall clock here is
+         * entropy, not a deadline (those use monoclock.h): it differs across reboots. */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t x =
