@@ -17,6 +17,7 @@
  *
  * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c).
  */
+#include "failure.h"
 #include "monoclock.h"
 #include "noderdzv.h"
 #include "options.h"
@@ -98,16 +99,6 @@ typedef struct worker {
     char error_file[PATH_MAX];
 } worker;
 
-/* One failed worker, local or reported by another node, for the summary. */
-typedef struct failure {
-    double time;
-    char node[256];
-    int rank, local_rank;
-    int exit_code; /* >= 0: exit code; < 0: -signal */
-    int pid;
-    char message[512];
-} failure;
-
 typedef enum { ST_RUNNING, ST_STOPPING, ST_DONE } agent_state;
 
 typedef struct agent {
@@ -141,7 +132,7 @@ typedef struct agent {
     uv_timer_t kill_timer;
     uv_async_t remote; /* the monitor saw a failure elsewhere */
 
-    failure *failures;
+    ddprun_failure *failures; /* this round's, local or reported by another node */
     size_t nfailures;
     int exit_code;
 
@@ -154,18 +145,6 @@ typedef struct agent {
     char remote_failure[1024];
     int remote_round; /* the round remote_failure belongs to */
 } agent;
-
-/*
- * Wall-clock seconds since the epoch, for the failure records' timestamps only: the summary
- * prints them for people, and they order failures seen on different machines (the earliest is
- * the root cause). Every deadline and duration uses the monotonic clock of monoclock.h instead.
- */
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void die_oom(void)
 {
@@ -470,35 +449,7 @@ static void read_error_file(const char *path, char *msg, size_t n)
     json_decref(root);
 }
 
-static char *failure_json(const failure *f)
-{
-    json_t *o = json_pack("{s:f, s:s, s:i, s:i, s:i, s:i, s:s}", "time", f->time, "node", f->node,
-                          "rank", f->rank, "local_rank", f->local_rank, "exit_code", f->exit_code,
-                          "pid", f->pid, "message", f->message);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    return s;
-}
-
-static bool failure_from_json(const char *s, failure *f)
-{
-    json_t *o = json_loads(s, 0, NULL);
-    if (!o)
-        return false;
-    memset(f, 0, sizeof(*f));
-    const char *node = NULL, *msg = NULL;
-    int ok = json_unpack(o, "{s:F, s:s, s:i, s:i, s:i, s:i, s?s}", "time", &f->time, "node", &node,
-                         "rank", &f->rank, "local_rank", &f->local_rank, "exit_code", &f->exit_code,
-                         "pid", &f->pid, "message", &msg) == 0;
-    if (ok) {
-        snprintf(f->node, sizeof(f->node), "%s", node);
-        snprintf(f->message, sizeof(f->message), "%s", msg ? msg : "");
-    }
-    json_decref(o);
-    return ok;
-}
-
-static void add_failure(agent *a, const failure *f)
+static void add_failure(agent *a, const ddprun_failure *f)
 {
     for (size_t i = 0; i < a->nfailures; i++)
         if (!strcmp(a->failures[i].node, f->node) && a->failures[i].rank == f->rank &&
@@ -512,7 +463,7 @@ static void add_failure(agent *a, const failure *f)
 
 static int cmp_failure(const void *x, const void *y)
 {
-    const failure *a = x, *b = y;
+    const ddprun_failure *a = x, *b = y;
     return a->time < b->time ? -1 : a->time > b->time;
 }
 
@@ -529,14 +480,14 @@ static void print_summary(agent *a)
 {
     if (a->nfailures == 0)
         return;
-    qsort(a->failures, a->nfailures, sizeof(failure), cmp_failure);
+    qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
     fprintf(stderr, "%s\n", "============================================================");
     fprintf(stderr, PROG ": job failed (attempt %d of %d)\n", a->restart_count,
             a->cfg->max_restarts + 1);
     fprintf(stderr, "%-8s %-23s %-16s %5s %5s %-18s %8s  %s\n", "", "time", "node", "rank", "local",
             "exit", "pid", "message");
     for (size_t i = 0; i < a->nfailures; i++) {
-        const failure *f = &a->failures[i];
+        const ddprun_failure *f = &a->failures[i];
         char when[32], how[48];
         time_t t = (time_t)f->time;
         struct tm tm;
@@ -740,9 +691,9 @@ static int spawn_worker(agent *a, worker *w)
 
 static int run_round(agent *a);
 
-static void publish_failure(agent *a, const failure *f)
+static void publish_failure(agent *a, const ddprun_failure *f)
 {
-    char *js = failure_json(f);
+    char *js = ddprun_failure_to_json(f);
     if (!js)
         return;
     int rc = ddprun_rdzv_publish_failure(a->client, a->prefix, a->round, js);
@@ -781,8 +732,8 @@ static int exit_barrier(agent *a)
         if (rc == 1) {
             void *v = NULL;
             size_t len;
-            failure f;
-            if (rdzv_get(a->client, failed, &v, &len) == 0 && failure_from_json(v, &f))
+            ddprun_failure f;
+            if (rdzv_get(a->client, failed, &v, &len) == 0 && ddprun_failure_from_json(v, &f) == 0)
                 add_failure(a, &f);
             rdzv_free(v);
             return -1;
@@ -821,9 +772,8 @@ static void round_over(agent *a)
         if (a->asg.nnodes > 1 && exit_barrier(a) < 0) {
             a->state = ST_DONE;
             print_summary(a);
-            qsort(a->failures, a->nfailures, sizeof(failure), cmp_failure);
-            int c = a->nfailures ? a->failures[0].exit_code : 1;
-            a->exit_code = c > 0 ? c : c < 0 ? 128 - c : 1;
+            qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
+            a->exit_code = ddprun_failure_exit_status(a->nfailures ? &a->failures[0] : NULL);
             return;
         }
         a->exit_code = 0;
@@ -850,11 +800,8 @@ static void round_over(agent *a)
         a->exit_code = 128 + a->signal_seen;
     else if (a->nfailures) {
         /* The root cause decides the exit code: the worker's code, or 128 + its signal. */
-        qsort(a->failures, a->nfailures, sizeof(failure), cmp_failure);
-        int c = a->failures[0].exit_code;
-        a->exit_code = c >= 0 ? c : 128 - c;
-        if (a->exit_code == 0)
-            a->exit_code = 1;
+        qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
+        a->exit_code = ddprun_failure_exit_status(&a->failures[0]);
     } else if (a->exit_code == 0) {
         a->exit_code = 1;
     }
@@ -904,14 +851,11 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal)
 
     /* A worker we did not stop that exits non-zero or by a signal fails the job. */
     if ((status != 0 || term_signal != 0) && a->state == ST_RUNNING) {
-        failure f = {0};
-        f.time = wall_s();
-        snprintf(f.node, sizeof(f.node), "%s", a->hostname);
-        f.rank = w->rank;
-        f.local_rank = w->local_rank;
-        f.exit_code = term_signal ? -term_signal : (int)status;
-        f.pid = w->pid;
-        read_error_file(w->error_file, f.message, sizeof(f.message));
+        char message[512];
+        read_error_file(w->error_file, message, sizeof(message));
+        ddprun_failure f;
+        ddprun_failure_init(&f, a->hostname, w->rank, w->local_rank,
+                            term_signal ? -term_signal : (int)status, w->pid, message);
         add_failure(a, &f);
         publish_failure(a, &f);
         stop_workers(a);
@@ -941,18 +885,15 @@ static void remote_cb(uv_async_t *h)
         maybe_round_over(a);
         return;
     }
-    failure f;
-    if (failure_from_json(msg, &f)) {
+    ddprun_failure f;
+    if (ddprun_failure_from_json(msg, &f) == 0) {
         add_failure(a, &f);
         say("rank %d on %s failed: stopping the local workers", f.rank, f.node);
     } else {
         say("%s: stopping the local workers", msg);
-        failure g = {0};
-        g.time = wall_s();
-        snprintf(g.node, sizeof(g.node), "%s", "?");
-        g.rank = g.local_rank = -1;
-        g.exit_code = 1;
-        snprintf(g.message, sizeof(g.message), "%.500s", msg);
+        /* Not a record (a node stopped beating, the store is gone): one without a worker. */
+        ddprun_failure g;
+        ddprun_failure_init(&g, "?", -1, -1, 1, 0, msg);
         add_failure(a, &g);
     }
     stop_workers(a);
@@ -1142,13 +1083,8 @@ static int run_round(agent *a)
         w->local_rank = i;
         w->rank = a->asg.rank_offset + i;
         if (spawn_worker(a, w) < 0) {
-            failure f = {0};
-            f.time = wall_s();
-            snprintf(f.node, sizeof(f.node), "%s", a->hostname);
-            f.rank = w->rank;
-            f.local_rank = i;
-            f.exit_code = 127;
-            snprintf(f.message, sizeof(f.message), "could not start the worker");
+            ddprun_failure f;
+            ddprun_failure_init(&f, a->hostname, w->rank, i, 127, 0, "could not start the worker");
             add_failure(a, &f);
             publish_failure(a, &f);
             stop_workers(a);

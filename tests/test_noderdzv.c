@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "failure.h"
 #include "monoclock.h"
 #include "noderdzv.h"
 #include "rdzv.h"
@@ -575,6 +576,150 @@ START_TEST(test_failure_first_writer_wins)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
+/* Failure records (failure.h)                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static double wall_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void check_same_failure(const ddprun_failure *x, const ddprun_failure *y)
+{
+    ck_assert_double_eq_tol(x->time, y->time, 1e-6);
+    ck_assert_str_eq(x->node, y->node);
+    ck_assert_int_eq(x->rank, y->rank);
+    ck_assert_int_eq(x->local_rank, y->local_rank);
+    ck_assert_int_eq(x->exit_code, y->exit_code);
+    ck_assert_int_eq(x->pid, y->pid);
+    ck_assert_str_eq(x->message, y->message);
+}
+
+START_TEST(test_failure_record_init)
+{
+    ddprun_failure f;
+    double before = wall_now_s();
+    ddprun_failure_init(&f, "node-a", 5, 1, -9, 4242, "CUDA error: out of memory");
+    double after = wall_now_s();
+    /* Stamped with the wall clock (seconds since the epoch), not a monotonic one. */
+    ck_assert_double_ge(f.time, before - 1e-3);
+    ck_assert_double_le(f.time, after + 1e-3);
+    ck_assert_str_eq(f.node, "node-a");
+    ck_assert_int_eq(f.rank, 5);
+    ck_assert_int_eq(f.local_rank, 1);
+    ck_assert_int_eq(f.exit_code, -9);
+    ck_assert_int_eq(f.pid, 4242);
+    ck_assert_str_eq(f.message, "CUDA error: out of memory");
+
+    /* Unknown node and no message; overlong strings are cut to the fields. */
+    ddprun_failure_init(&f, NULL, -1, -1, 1, 0, NULL);
+    ck_assert_str_eq(f.node, "?");
+    ck_assert_str_eq(f.message, "");
+    char longer[2048];
+    memset(longer, 'x', sizeof longer - 1);
+    longer[sizeof longer - 1] = '\0';
+    ddprun_failure_init(&f, longer, 0, 0, 1, 1, longer);
+    ck_assert_uint_eq(strlen(f.node), sizeof f.node - 1);
+    ck_assert_uint_eq(strlen(f.message), sizeof f.message - 1);
+}
+END_TEST
+
+START_TEST(test_failure_record_json)
+{
+    ddprun_failure f, g;
+    ddprun_failure_init(&f, "gpu-node-07", 13, 5, -11, 31337,
+                        "RuntimeError: \"quoted\", tab\t, unicode \xc3\xa9");
+    f.time = 1700000000.125;
+    char *js = ddprun_failure_to_json(&f);
+    ck_assert_ptr_nonnull(js);
+    /* The members other nodes (and other builds of ddprun) read, one compact object. */
+    json_error_t jerr;
+    json_t *o = json_loads(js, 0, &jerr);
+    ck_assert_msg(o != NULL, "%s: %s", js, jerr.text);
+    ck_assert_int_eq(json_object_size(o), 7);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(o, "time")), 1700000000.125, 1e-6);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "node")), "gpu-node-07");
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "rank")), 13);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "local_rank")), 5);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "exit_code")), -11);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "pid")), 31337);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "message")), f.message);
+    json_decref(o);
+    ck_assert_ptr_null(strchr(js, '\n'));
+    memset(&g, 0x5a, sizeof g);
+    ck_assert_int_eq(ddprun_failure_from_json(js, &g), 0);
+    check_same_failure(&f, &g);
+    free(js);
+
+    /* "message" may be absent (an integer time is accepted); extra members are ignored. */
+    ck_assert_int_eq(ddprun_failure_from_json("{\"time\": 5, \"node\": \"n\", \"rank\": 0, "
+                                              "\"local_rank\": 0, \"exit_code\": 2, \"pid\": 7, "
+                                              "\"extra\": [1]}",
+                                              &g),
+                     0);
+    ck_assert_double_eq(g.time, 5.0);
+    ck_assert_str_eq(g.message, "");
+    ck_assert_int_eq(g.exit_code, 2);
+
+    /* Anything else is refused and leaves the record as it was. */
+    static const char *bad[] = {
+        "node 1 stopped sending heartbeats", /* a monitor's sentence, not a record */
+        "",
+        "[]",
+        "{\"time\": 1, \"rank\": 0, \"local_rank\": 0, \"exit_code\": 1, \"pid\": 1}",
+        "{\"time\": 1, \"node\": \"n\", \"rank\": \"0\", \"local_rank\": 0, \"exit_code\": 1, "
+        "\"pid\": 1}",
+        "{\"time\": \"now\", \"node\": \"n\", \"rank\": 0, \"local_rank\": 0, \"exit_code\": 1, "
+        "\"pid\": 1}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&g, 0x5a, sizeof g);
+        ck_assert_msg(ddprun_failure_from_json(bad[i], &g) == -EPROTO, "accepted: %s", bad[i]);
+        ck_assert_int_eq(g.rank, 0x5a5a5a5a);
+    }
+    ck_assert_int_eq(ddprun_failure_from_json(NULL, &g), -EINVAL);
+    ck_assert_int_eq(ddprun_failure_from_json("{}", NULL), -EINVAL);
+    ck_assert_ptr_null(ddprun_failure_to_json(NULL));
+}
+END_TEST
+
+START_TEST(test_failure_record_exit_status)
+{
+    ddprun_failure f;
+    ddprun_failure_init(&f, "n", 0, 0, 3, 1, NULL);
+    ck_assert_int_eq(ddprun_failure_exit_status(&f), 3);
+    f.exit_code = -9; /* SIGKILL */
+    ck_assert_int_eq(ddprun_failure_exit_status(&f), 137);
+    f.exit_code = -15; /* SIGTERM */
+    ck_assert_int_eq(ddprun_failure_exit_status(&f), 143);
+    f.exit_code = 0; /* a failure never exits 0 */
+    ck_assert_int_eq(ddprun_failure_exit_status(&f), 1);
+    ck_assert_int_eq(ddprun_failure_exit_status(NULL), 1);
+}
+END_TEST
+
+START_TEST(test_failure_record_through_store)
+{
+    /* What one node publishes is what another reads back, field for field. */
+    rdzv_client *c = client();
+    ddprun_failure f, g;
+    ddprun_failure_init(&f, "node-b", 3, 0, 4, 99, "worker failed");
+    char *js = ddprun_failure_to_json(&f);
+    ck_assert_ptr_nonnull(js);
+    ck_assert_int_eq(ddprun_rdzv_publish_failure(c, PREFIX, 2, js), 1);
+    free(js);
+    char *got = NULL;
+    ck_assert_int_eq(ddprun_rdzv_wait_failure(c, PREFIX, 2, 1000, &got), 0);
+    ck_assert_int_eq(ddprun_failure_from_json(got, &g), 0);
+    rdzv_free(got);
+    check_same_failure(&f, &g);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
 /* Arguments                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -629,8 +774,17 @@ static Suite *noderdzv_suite(void)
     tcase_add_test(tc, test_rounds_do_not_mix);
     tcase_add_test(tc, test_heartbeat_detects_silent_node);
     tcase_add_test(tc, test_failure_first_writer_wins);
+    tcase_add_test(tc, test_failure_record_through_store);
     tcase_add_test(tc, test_invalid_arguments);
     suite_add_tcase(s, tc);
+
+    /* Pure functions: no store. */
+    TCase *pure = tcase_create("records");
+    tcase_set_timeout(pure, 5);
+    tcase_add_test(pure, test_failure_record_init);
+    tcase_add_test(pure, test_failure_record_json);
+    tcase_add_test(pure, test_failure_record_exit_status);
+    suite_add_tcase(s, pure);
     return s;
 }
 
