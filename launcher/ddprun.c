@@ -18,7 +18,6 @@
  * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c).
  */
 #include "failure.h"
-#include "monoclock.h"
 #include "noderdzv.h"
 #include "options.h"
 #include "rdzv.h"
@@ -106,9 +105,9 @@ typedef struct agent {
     uv_loop_t *loop;
     char hostname[256];
     char run_id[128];
-    char prefix[256];     /* store key prefix of this job: /ddprun/<run_id> */
-    rdzv_server *store;   /* hosted here (node 0 / c10d host), else NULL */
-    char store_host[256]; /* where agents and workers reach the store */
+    char prefix[DDPRUN_RDZV_MAX_PREFIX + 1]; /* this job's keys: DDPRUN_RDZV_ROOT "/<run_id>" */
+    rdzv_server *store;                      /* hosted here (node 0 / c10d host), else NULL */
+    char store_host[256];                    /* where agents and workers reach the store */
     int store_port;
     rdzv_client *client; /* the agent's own connection */
     ddprun_assignment asg;
@@ -703,43 +702,25 @@ static void publish_failure(agent *a, const ddprun_failure *f)
 }
 
 /*
- * Torchrun's exit barrier, with an eye on the round's failure key: every node that finished
- * adds itself to a counter and waits until all have; a failure published by a node still
- * running ends the wait. Returns 0 when all nodes finished, or -1 (the failure is recorded).
+ * Torchrun's exit barrier (ddprun_rdzv_exit_barrier()), with an eye on the round's failure key: a
+ * failure published by a node still running ends the wait. Returns 0 when all nodes finished (or
+ * the barrier itself failed, which the node's own success outlives), -1 when a failure came first
+ * (recorded for the summary).
  */
 static int exit_barrier(agent *a)
 {
-    char count[320], done[320], failed[320];
-    snprintf(count, sizeof(count), "%s/round_%d/exit/count", a->prefix, a->round);
-    snprintf(done, sizeof(done), "%s/round_%d/exit/done", a->prefix, a->round);
-    ddprun_rdzv_failure_key(a->prefix, a->round, failed, sizeof(failed));
-    int64_t n = 0;
-    int rc = rdzv_add(a->client, count, 1, &n);
-    if (rc == 0 && n >= a->asg.nnodes)
-        rc = rdzv_set(a->client, done, "1", 1);
-    double limit_ms = (a->cfg->close_timeout_s + 300.0) * 1000.0;
-    int64_t deadline = rdzv__deadline_ns(limit_ms < INT_MAX ? (int)limit_ms : INT_MAX);
-    const char *dk[] = {done}, *fk[] = {failed};
-    while (rc == 0) {
-        rc = rdzv_wait(a->client, dk, 1, HEARTBEAT_MS);
-        if (rc == 0)
-            return 0;
-        if (rc != -ETIMEDOUT)
-            break;
-        if (rdzv__ms_left(deadline) == 0)
-            break;
-        rc = rdzv_check(a->client, fk, 1);
-        if (rc == 1) {
-            void *v = NULL;
-            size_t len;
-            ddprun_failure f;
-            if (rdzv_get(a->client, failed, &v, &len) == 0 && ddprun_failure_from_json(v, &f) == 0)
-                add_failure(a, &f);
-            rdzv_free(v);
-            return -1;
-        }
+    char *json = NULL;
+    int rc = ddprun_rdzv_exit_barrier(a->client, a->prefix, a->round, a->asg.nnodes,
+                                      a->cfg->close_timeout_s + 300.0, HEARTBEAT_MS, &json);
+    if (rc == 1) {
+        ddprun_failure f;
+        if (ddprun_failure_from_json(json, &f) == 0)
+            add_failure(a, &f);
+        rdzv_free(json);
+        return -1;
     }
-    say("exit barrier: %s", rc < 0 ? rdzv_strerror(rc) : "timed out");
+    if (rc < 0)
+        say("exit barrier: %s", rc == -ETIMEDOUT ? "timed out" : rdzv_strerror(rc));
     return 0;
 }
 
@@ -1032,24 +1013,17 @@ static int rendezvous(agent *a)
 }
 
 /*
- * Between attempts the workers' keys go: torch 2.x workers use the agent store without an
- * attempt prefix (torchrun gives each attempt a fresh store), so a restarted rank could otherwise
- * read a peer's key from the failed attempt. The hosting agent clears everything outside
- * ddprun's own namespace once every node has met for the new round (so every old worker is
- * gone), and the other nodes wait for that before spawning.
+ * Between attempts the workers' keys go (ddprun_rdzv_clear_worker_keys()): the hosting agent
+ * clears everything outside ddprun's own keys once every node has met for the new round, and the
+ * other nodes wait for that before spawning.
  */
 static int clear_worker_keys(agent *a)
 {
-    char key[320];
-    snprintf(key, sizeof(key), "%s/round_%d/cleared", a->prefix, a->round);
-    if (a->store) {
-        rdzv_server_clear(a->store, "/ddprun/");
-        return a->asg.nnodes > 1 ? rdzv_set(a->client, key, "1", 1) : 0;
-    }
-    const char *keys[] = {key};
-    int rc = rdzv_wait(a->client, keys, 1, (int)(a->cfg->join_timeout_s * 1000));
+    int rc = ddprun_rdzv_clear_worker_keys(a->store, a->client, a->prefix, a->round, a->asg.nnodes,
+                                           a->cfg->join_timeout_s);
     if (rc < 0)
-        say("waiting for the store to be cleared for round %d: %s", a->round, rdzv_strerror(rc));
+        say("%s the store for round %d: %s", a->store ? "clearing" : "waiting for the clearing of",
+            a->round, rdzv_strerror(rc));
     return rc;
 }
 
@@ -1254,7 +1228,11 @@ int main(int argc, char **argv)
     pthread_cond_init(&a.cv, NULL);
     gethostname(a.hostname, sizeof(a.hostname) - 1);
     snprintf(a.run_id, sizeof(a.run_id), "%s", cfg.rdzv_id);
-    snprintf(a.prefix, sizeof(a.prefix), "/ddprun/%s", cfg.rdzv_id);
+    if (ddprun_rdzv_run_prefix(cfg.rdzv_id, a.prefix, sizeof(a.prefix)) < 0) {
+        fprintf(stderr, PROG ": --rdzv-id: '%.64s...' is too long for the store's keys\n",
+                cfg.rdzv_id);
+        return 2;
+    }
     snprintf(a.tmpdir, sizeof(a.tmpdir), "%s/ddprun-XXXXXX",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(a.tmpdir))

@@ -1,12 +1,15 @@
 /*
  * Node-level rendezvous protocols of ddprun's agents, run through the store: static (node ranks
  * given), dynamic (c10d-style elastic: ranks in join order, closed at max_nodes or after a last
- * call), heartbeats and the first-failure report of a round. The key layout is documented in
- * noderdzv.h.
+ * call), heartbeats, the first-failure report of a round, the exit barrier and the clearing of
+ * the workers' keys between attempts. The key layout (every key the agents write) is documented
+ * in noderdzv.h; the failure report's JSON is failure.c's.
  *
  * Deliberately not here: sockets, threads, sleeps, spawning, printing. The only I/O is calls on
- * the caller's rdzv_client, so every wait is the store's WAIT (bounded by a timeout) and nothing
- * polls: the last-call timer is a WAIT on the closing key with the last-call timeout.
+ * the caller's rdzv_client (and, for the clearing, on the agent's own rdzv_server), so every wait
+ * is the store's WAIT (bounded by a timeout). Nothing polls but the exit barrier, which looks at
+ * the failure key between slices of its WAIT; the last-call timer is a WAIT on the closing key
+ * with the last-call timeout.
  *
  * Invariants: every key of a round sits under "<prefix>/round_<n>/", so rounds never mix. Values
  * that decide membership are written once and never changed (compare_set with an empty expected
@@ -142,7 +145,7 @@ static int to_ms(double s)
 
 static bool bad_prefix(const char *prefix)
 {
-    return !prefix || strlen(prefix) > 4096;
+    return !prefix || strlen(prefix) > DDPRUN_RDZV_MAX_PREFIX;
 }
 
 /*
@@ -791,5 +794,92 @@ int ddprun_rdzv_wait_failure(rdzv_client *c, const char *prefix, int round, int 
     free(key);
     if (rc == 0)
         *json = v;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The run's prefix, the exit barrier, clearing between attempts                               */
+/* ------------------------------------------------------------------------------------------ */
+
+int ddprun_rdzv_run_prefix(const char *run_id, char *buf, size_t buflen)
+{
+    if (!run_id || !run_id[0] || !buf)
+        return -EINVAL;
+    int n = snprintf(buf, buflen, "%s/%s", DDPRUN_RDZV_ROOT, run_id);
+    if (n < 0 || (size_t)n >= buflen) {
+        if (buflen > 0)
+            buf[0] = '\0';
+        return n < 0 ? -EINVAL : -ENAMETOOLONG;
+    }
+    return n;
+}
+
+int ddprun_rdzv_exit_barrier(rdzv_client *c, const char *prefix, int round, int nnodes,
+                             double timeout_s, int poll_ms, char **failure)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || nnodes < 1 || nnodes > DDPRUN_RDZV_MAX_NODES ||
+        poll_ms < 1 || !failure)
+        return -EINVAL;
+    int64_t deadline = rdzv__deadline_ns(to_ms(timeout_s));
+    char *count = round_key(prefix, round, "exit/count");
+    char *done = round_key(prefix, round, "exit/done");
+    char *failed = round_key(prefix, round, "failed");
+    int64_t arrived = 0;
+    int rc = -ENOMEM;
+    if (!count || !done || !failed)
+        goto out;
+    rc = rdzv_add(c, count, 1, &arrived);
+    if (rc == 0 && arrived >= nnodes)
+        rc = rdzv_set(c, done, "1", 1);
+    while (rc == 0) {
+        int left = rdzv__ms_left(deadline);
+        if (left == 0) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+        rc = rdzv_wait(c, (const char *const *)&done, 1,
+                       left < 0 || left > poll_ms ? poll_ms : left);
+        if (rc != -ETIMEDOUT)
+            break; /* 0: every node arrived; or the store failed */
+        rc = rdzv_check(c, (const char *const *)&failed, 1);
+        if (rc == 1) {
+            void *v = NULL;
+            size_t n = 0;
+            rc = rdzv_get(c, failed, &v, &n);
+            if (rc == 0) {
+                *failure = v;
+                rc = 1;
+            }
+        }
+    }
+out:
+    free(count);
+    free(done);
+    free(failed);
+    return rc;
+}
+
+int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *prefix, int round,
+                                  int nnodes, double timeout_s)
+{
+    static const char root[] = DDPRUN_RDZV_ROOT "/";
+    if (!c || bad_prefix(prefix) || strncmp(prefix, root, sizeof root - 1) != 0 || round < 0 ||
+        nnodes < 1)
+        return -EINVAL;
+    char *key = round_key(prefix, round, "cleared");
+    if (!key)
+        return -ENOMEM;
+    int rc;
+    if (srv) {
+        rc = rdzv_server_clear(srv, root);
+        if (rc >= 0 && nnodes > 1) {
+            int set = rdzv_set(c, key, "1", 1);
+            if (set < 0)
+                rc = set;
+        }
+    } else {
+        rc = rdzv_wait(c, (const char *const *)&key, 1, to_ms(timeout_s));
+    }
+    free(key);
     return rc;
 }
