@@ -142,7 +142,7 @@ typedef struct ddprun_hb_state {
     int round;           /* the round watched */
     int nnodes;          /* node ranks watched: 0 .. nnodes-1 */
     double dead_after_s; /* silence after which a node counts as dead */
-    char **keys;         /* (nnodes) heartbeat keys, owned */
+    char **keys;         /* (nnodes) heartbeat keys: one rdzv_rank_keys() allocation, owned */
     int64_t *value;      /* (nnodes) last counter seen; -1 before any (missing key) */
     double *changed_s;   /* (nnodes) monotonic time the counter last changed, or init time */
 } ddprun_hb_state;

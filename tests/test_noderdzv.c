@@ -247,6 +247,23 @@ START_TEST(test_static_timeout_names_missing)
 }
 END_TEST
 
+START_TEST(test_static_timeout_many_missing)
+{
+    /* Node rank 0 of 20 alone: the first missing ranks are named, the rest counted. */
+    rdzv_client *c = client();
+    ddprun_assignment a;
+    char err[512];
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 20, 0, 1, 0.2, &a, err, sizeof err),
+                     -ETIMEDOUT);
+    ck_assert_double_ge(rdzv__now_s() - t0, 0.18);
+    ck_assert_msg(strstr(err, "static rendezvous round 0: node ranks 1, 2, 3, "), "%s", err);
+    ck_assert_msg(strstr(err, " more did not show up within 0.2 s (1 of 20 present)"), "%s", err);
+    ck_assert_msg(!strstr(err, "19 "), "%s", err); /* not every rank is listed */
+    rdzv_client_close(c);
+}
+END_TEST
+
 START_TEST(test_static_conflicts)
 {
     rdzv_client *c = client();
@@ -948,6 +965,7 @@ static Suite *noderdzv_suite(void)
     tcase_add_test(tc, test_static_prefix_sums);
     tcase_add_test(tc, test_static_single_node);
     tcase_add_test(tc, test_static_timeout_names_missing);
+    tcase_add_test(tc, test_static_timeout_many_missing);
     tcase_add_test(tc, test_static_conflicts);
     tcase_add_test(tc, test_dynamic_closes_at_max);
     tcase_add_test(tc, test_dynamic_closes_after_last_call);
