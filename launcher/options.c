@@ -19,6 +19,7 @@
  */
 #include "options.h"
 #include "slurm.h"
+#include "version.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -35,10 +36,6 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
-
-#ifndef DDPRUN_VERSION
-#define DDPRUN_VERSION "0.1.0"
-#endif
 
 #define C10D_DEFAULT_PORT 29400 /* torchrun's c10d rendezvous default */
 #define STATIC_DEFAULT_PORT 29500

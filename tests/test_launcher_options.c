@@ -3,9 +3,10 @@
  * (launcher/slurm.c): torchrun's defaults, both spellings, --opt=value, PET_<NAME> defaults and
  * their precedence, Slurm defaults, every error naming its flag, and the value grammars.
  *
- * Each case runs in its own process (Check's fork mode), so cases set environment variables
- * freely; the fixture first clears every variable the parser reads, so the tests do not depend
- * on where they run (under srun, say).
+ * Each case runs in its own process (Check's fork mode, the default; CK_FORK=no is for debugging
+ * one case, chosen with CK_RUN_CASE), so cases set environment variables freely; the fixture
+ * first clears every variable the parser reads, so the tests do not depend on where they run
+ * (under srun, say).
  */
 #include "options.h"
 #include "slurm.h"
@@ -838,7 +839,11 @@ END_TEST
 
 START_TEST(help_and_version)
 {
-    /* Help goes to stdout; keep the test log clean. */
+    /* Help goes to stdout; keep the test log clean, and give stdout back afterwards for the
+     * runner's own report (it shares this process when run with CK_FORK=no). */
+    fflush(stdout);
+    int saved_stdout = dup(STDOUT_FILENO);
+    ck_assert_int_ge(saved_stdout, 0);
     ck_assert_ptr_nonnull(freopen("/dev/null", "w", stdout));
     memset(&cfg, 0x5a, sizeof cfg);
     ck_assert_int_eq(parse("--help", NULL), 1);
@@ -858,6 +863,9 @@ START_TEST(help_and_version)
     ddprun_config_free(&cfg);
     ddprun_config_free(&cfg); /* twice, and on NULL */
     ddprun_config_free(NULL);
+    fflush(stdout);
+    ck_assert_int_eq(dup2(saved_stdout, STDOUT_FILENO), STDOUT_FILENO);
+    close(saved_stdout);
 }
 END_TEST
 
@@ -948,8 +956,8 @@ int main(void)
     suite_add_tcase(s, tl);
 
     SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
+    srunner_set_fork_status(sr, CK_FORK_GETENV);
+    srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed ? 1 : 0;
