@@ -82,22 +82,22 @@ typedef struct coll__counter {
 typedef struct coll__shm_hdr {
     _Atomic uint32_t wake;
     _Atomic uint32_t nwaiters;
-    _Atomic uint32_t abort;   /* nonzero once any local rank aborted or saw a failure */
-    _Atomic int32_t culprit;  /* global rank that caused it, -1 unknown */
+    _Atomic uint32_t abort;    /* nonzero once any local rank aborted or saw a failure */
+    _Atomic int32_t culprit;   /* global rank that caused it, -1 unknown */
     _Atomic uint32_t attached; /* local ranks that mapped the segment */
     char pad[44];
     coll__counter arrive[COLL__MAX_LOCAL]; /* per local rank progress counter */
 } coll__shm_hdr;
 
 typedef struct coll__shm {
-    char name[64];       /* "/coll.<uid>.<pid>.<hex>", as given to shm_open */
-    void *base;          /* mapping, starts with coll__shm_hdr */
+    char name[64]; /* "/coll.<uid>.<pid>.<hex>", as given to shm_open */
+    void *base;    /* mapping, starts with coll__shm_hdr */
     size_t nbytes;
     int nlocal;
     int local_rank;
-    int pids[COLL__MAX_LOCAL];     /* per local rank, for liveness */
-    int pidfds[COLL__MAX_LOCAL];   /* pidfd_open() of each other local rank, or -1 */
-    int granks[COLL__MAX_LOCAL];   /* global rank of each local rank, for culprits */
+    int pids[COLL__MAX_LOCAL];   /* per local rank, for liveness */
+    int pidfds[COLL__MAX_LOCAL]; /* pidfd_open() of each other local rank, or -1 */
+    int granks[COLL__MAX_LOCAL]; /* global rank of each local rank, for culprits */
     int spin; /* polls before sleeping: > 0 with a pause; < 0, -spin polls after sched_yield()
                  (ranks outnumber CPUs); 0, none */
     const _Atomic int *local_abort; /* this process's abort flag for the communicator */
@@ -148,7 +148,7 @@ void coll__shm_abort(coll__shm *s, int culprit);
  */
 typedef struct coll__tcp {
     int rank, world;
-    uint64_t tag;             /* identifies the communicator */
+    uint64_t tag; /* identifies the communicator */
     int listen_fd;
     int *fds;                 /* [world], -1 when not connected */
     char (*addrs)[64];        /* [world] numeric host of each peer */
@@ -230,8 +230,8 @@ typedef struct coll__op {
  * The communicator is created non-blocking and polled until deadline (then aborted).
  * Returns 0, -ETIMEDOUT, -ENOTSUP (no NCCL/GPU), COLL_ENCCL, COLL_ECUDA; err gets the detail.
  */
-int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int world,
-                    int device, int64_t deadline_ns, coll__nccl **out, char *err, size_t errlen);
+int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int world, int device,
+                    int64_t deadline_ns, coll__nccl **out, char *err, size_t errlen);
 /*
  * Enqueues op on stream and records an event after it; *event is released by
  * coll__nccl_event_free(). Returns 0, COLL_ENCCL, COLL_ECUDA.

@@ -154,8 +154,7 @@ static int read_failure(coll_comm *c, int wait_ms, int *rank, int *code)
     if (rc == 0)
         rc = rdzv_get(c->store, key, &val, &len);
     if (rc < 0 && rc != -ETIMEDOUT)
-        logf_(c, COLL_LOG_WARN, "reading the failure record: %s",
-              rdzv_client_last_error(c->store));
+        logf_(c, COLL_LOG_WARN, "reading the failure record: %s", rdzv_client_last_error(c->store));
     pthread_mutex_unlock(&c->store_lock);
     if (rc == 0) {
         char buf[48];
@@ -244,9 +243,10 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int 
         if (coll)
             publish_progress(c, k);
         int found = ev == EV_DEAD ? 0
-                                  : read_failure(c, ev == EV_ABORTED  ? 3 * BLAME_GRACE_MS
-                                                    : ev == EV_CLOSED ? BLAME_GRACE_MS
-                                                                      : 0,
+                                  : read_failure(c,
+                                                 ev == EV_ABORTED  ? 3 * BLAME_GRACE_MS
+                                                 : ev == EV_CLOSED ? BLAME_GRACE_MS
+                                                                   : 0,
                                                  &culprit, &rc);
         if (found < 0) {
             /* No store: the segment's culprit, the closed peer, or our own guess. */
@@ -283,8 +283,10 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int 
     if (rc == -ECANCELED && culprit == c->rank)
         snprintf(err, sizeof err, "%s: communicator aborted", what);
     else if (rc == -ETIMEDOUT)
-        snprintf(err, sizeof err, "%s timed out after %ld ms: %s did not take part within the %d ms"
-                 " timeout", what, ms, culprit >= 0 ? who : "a peer", c->opts.timeout_ms);
+        snprintf(err, sizeof err,
+                 "%s timed out after %ld ms: %s did not take part within the %d ms"
+                 " timeout",
+                 what, ms, culprit >= 0 ? who : "a peer", c->opts.timeout_ms);
     else if (rc == COLL_EREMOTE)
         snprintf(err, sizeof err, "%s failed after %ld ms: %s died or aborted", what, ms,
                  culprit >= 0 ? who : "a peer");
@@ -313,14 +315,33 @@ static void op_bytes(const coll_comm *c, const coll__op *op, size_t *in, size_t 
     size_t n = op->count * coll_dtype_size(op->dtype), w = (size_t)c->world;
     *in = *out = 0;
     switch (op->kind) {
-    case COLL__ALLREDUCE: *in = *out = n; break;
-    case COLL__REDUCE: *in = n; *out = op->peer == c->rank ? n : 0; break;
-    case COLL__BROADCAST: *in = op->peer == c->rank ? n : 0; *out = n; break;
-    case COLL__ALLGATHER: *in = n; *out = n * w; break;
-    case COLL__REDUCE_SCATTER: *in = n * w; *out = n; break;
-    case COLL__SEND: *in = n; break;
-    case COLL__RECV: *out = n; break;
-    case COLL__BARRIER: break;
+    case COLL__ALLREDUCE:
+        *in = *out = n;
+        break;
+    case COLL__REDUCE:
+        *in = n;
+        *out = op->peer == c->rank ? n : 0;
+        break;
+    case COLL__BROADCAST:
+        *in = op->peer == c->rank ? n : 0;
+        *out = n;
+        break;
+    case COLL__ALLGATHER:
+        *in = n;
+        *out = n * w;
+        break;
+    case COLL__REDUCE_SCATTER:
+        *in = n * w;
+        *out = n;
+        break;
+    case COLL__SEND:
+        *in = n;
+        break;
+    case COLL__RECV:
+        *out = n;
+        break;
+    case COLL__BARRIER:
+        break;
     }
 }
 
@@ -395,9 +416,9 @@ static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
     if (rc < 0) {
         enum evidence ev = EV_TIMEOUT;
         if (rc == COLL_EREMOTE)
-            ev = coll__cpu_segment_aborted(c->cpu)            ? EV_ABORTED
-                 : coll__cpu_same_host(c->cpu, culprit)       ? EV_DEAD
-                                                              : EV_CLOSED;
+            ev = coll__cpu_segment_aborted(c->cpu)      ? EV_ABORTED
+                 : coll__cpu_same_host(c->cpu, culprit) ? EV_DEAD
+                                                        : EV_CLOSED;
         rc = fail(c, op, seq, k, rc, culprit, ev, detail, started);
     }
     return rc;
@@ -475,9 +496,9 @@ static int issue(coll_comm *c, const coll__op *op, coll_request **out)
             c->ncoll++;
         char detail[256] = "";
         req->deadline = coll__deadline(c->opts.timeout_ms);
-        rc = c->sticky ? c->sticky
-                       : coll__nccl_start(c->nccl, op, c->stream, &req->event, detail,
-                                          sizeof detail);
+        rc = c->sticky
+                 ? c->sticky
+                 : coll__nccl_start(c->nccl, op, c->stream, &req->event, detail, sizeof detail);
         pthread_mutex_unlock(&c->lock);
         if (rc < 0 && !c->sticky)
             fail(c, op, req->seq, req->k, rc, -1, EV_TIMEOUT, detail, coll__now_ns());
@@ -539,8 +560,8 @@ static int nccl_poll(coll_request *req)
     }
     int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
     if (rc < 0) {
-        req->result = fail(c, &req->op, req->seq, req->k, rc, -1, EV_TIMEOUT, detail,
-                           coll__now_ns());
+        req->result =
+            fail(c, &req->op, req->seq, req->k, rc, -1, EV_TIMEOUT, detail, coll__now_ns());
         return 1;
     }
     if (rc == 0 && coll__now_ns() >= req->deadline) {
@@ -620,8 +641,8 @@ int coll_iallgather(coll_comm *c, const void *s, void *r, size_t n, coll_dtype d
     return issue(c, &OP(COLL__ALLGATHER, s, r, n, dt, COLL_SUM, 0), req);
 }
 
-int coll_ireduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt,
-                         coll_op op, coll_request **req)
+int coll_ireduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
+                         coll_request **req)
 {
     return issue(c, &OP(COLL__REDUCE_SCATTER, s, r, n, dt, op, 0), req);
 }
@@ -631,8 +652,7 @@ int coll_ibarrier(coll_comm *c, coll_request **req)
     return issue(c, &OP(COLL__BARRIER, NULL, NULL, 0, COLL_U8, COLL_MAX, 0), req);
 }
 
-int coll_isend(coll_comm *c, const void *buf, size_t n, coll_dtype dt, int peer,
-               coll_request **req)
+int coll_isend(coll_comm *c, const void *buf, size_t n, coll_dtype dt, int peer, coll_request **req)
 {
     return issue(c, &OP(COLL__SEND, buf, NULL, n, dt, COLL_SUM, peer), req);
 }
@@ -647,8 +667,7 @@ int coll_allreduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt
     return run_blocking(c, &OP(COLL__ALLREDUCE, s, r, n, dt, op, 0));
 }
 
-int coll_reduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
-                int root)
+int coll_reduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op, int root)
 {
     return run_blocking(c, &OP(COLL__REDUCE, s, r, n, dt, op, root));
 }
@@ -663,8 +682,7 @@ int coll_allgather(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt
     return run_blocking(c, &OP(COLL__ALLGATHER, s, r, n, dt, COLL_SUM, 0));
 }
 
-int coll_reduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt,
-                        coll_op op)
+int coll_reduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op)
 {
     return run_blocking(c, &OP(COLL__REDUCE_SCATTER, s, r, n, dt, op, 0));
 }
@@ -734,7 +752,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     }
     if (backend == COLL_BACKEND_AUTO)
         backend = coll_have_nccl() && device >= 0 && coll__cuda_available() ? COLL_BACKEND_NCCL
-                                                                           : COLL_BACKEND_CPU;
+                                                                            : COLL_BACKEND_CPU;
     if (backend == COLL_BACKEND_NCCL && (!coll_have_nccl() || device < 0)) {
         snprintf(init_err, sizeof init_err, "coll_comm_init: the nccl backend needs %s",
                  coll_have_nccl() ? "a device (device >= 0)" : "a build with NCCL");
@@ -763,8 +781,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     }
     int64_t deadline = coll__deadline(opts->timeout_ms);
     if ((rc = rdzv_client_dup(store, &c->store)) < 0) {
-        snprintf(err, sizeof err, "opening a store connection: %s",
-                 rdzv_client_last_error(NULL));
+        snprintf(err, sizeof err, "opening a store connection: %s", rdzv_client_last_error(NULL));
         goto out;
     }
     if (backend == COLL_BACKEND_NCCL) {
@@ -870,8 +887,7 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
         snprintf(buf, sizeof buf, "%.*s", (int)(lens[r] < 63 ? lens[r] : 63), (char *)vals[r]);
         if (sscanf(buf, "%d %d", &rc_color, &rkey) != 2) {
             rc = -EPROTO;
-            snprintf(init_err, sizeof init_err, "coll_comm_split: rank %d's color is malformed",
-                     r);
+            snprintf(init_err, sizeof init_err, "coll_comm_split: rank %d's color is malformed", r);
             goto out;
         }
         if (rc_color != color || color == COLL_SPLIT_NOCOLOR)

@@ -62,8 +62,8 @@ typedef struct channel {
 } channel;
 
 typedef struct rank_info {
-    char host[160];    /* identity */
-    char name[64];     /* hostname, for messages */
+    char host[160]; /* identity */
+    char name[64];  /* hostname, for messages */
     char addr[64];
     int port;
     int pid;
@@ -83,12 +83,12 @@ struct coll__cpu {
     uint64_t step; /* steps run so far */
     coll__shm shm;
     coll__tcp tcp;
-    channel *channels;       /* [nlocal * nlocal], [src * nlocal + dst] */
-    unsigned char *sets[2];  /* each: nlocal slots of chunk bytes, then R */
-    unsigned char *tmp;      /* chunk bytes, receive buffer of the ring */
-    struct iovec *iov;       /* [world] scratch for host blocks */
-    int64_t deadline;        /* of the operation running */
-    int culprit;             /* rank named by the last failure, -1 none */
+    channel *channels;      /* [nlocal * nlocal], [src * nlocal + dst] */
+    unsigned char *sets[2]; /* each: nlocal slots of chunk bytes, then R */
+    unsigned char *tmp;     /* chunk bytes, receive buffer of the ring */
+    struct iovec *iov;      /* [world] scratch for host blocks */
+    int64_t deadline;       /* of the operation running */
+    int culprit;            /* rank named by the last failure, -1 none */
 };
 
 static inline coll__shm_hdr *hdr(coll__cpu *c)
@@ -215,8 +215,8 @@ static int collect_ranks(coll__cpu *c, rdzv_client *store, const char *prefix, i
         json_t *o = json_loadb(vals[r], lens[r], 0, &jerr);
         const char *host, *name, *addr;
         int port, pid;
-        if (!o || json_unpack(o, "{s:s, s:s, s:s, s:i, s:i}", "host", &host, "name", &name,
-                              "addr", &addr, "port", &port, "pid", &pid) != 0) {
+        if (!o || json_unpack(o, "{s:s, s:s, s:s, s:i, s:i}", "host", &host, "name", &name, "addr",
+                              &addr, "port", &port, "pid", &pid) != 0) {
             json_decref(o);
             snprintf(err, errlen, "rank %d's record in the store is malformed", r);
             rc = -EPROTO;
@@ -330,8 +330,7 @@ static int setup_shm(coll__cpu *c, rdzv_client *store, const char *prefix, int64
         rdzv_free(val);
         rc = coll__shm_open(&c->shm, name, nbytes);
         if (rc < 0) {
-            snprintf(err, errlen, "opening shared memory segment %s: %s", name,
-                     coll_strerror(rc));
+            snprintf(err, errlen, "opening shared memory segment %s: %s", name, coll_strerror(rc));
             return rc;
         }
     }
@@ -399,8 +398,8 @@ int coll__cpu_init(rdzv_client *store, const char *prefix, int rank, int world,
         (rc = build_layout(c, err, errlen)) < 0)
         goto out;
     for (int r = 0; r < world; r++) {
-        if (r != rank && (rc = coll__tcp_set_peer(&c->tcp, r, c->ranks[r].addr,
-                                                  c->ranks[r].port)) < 0) {
+        if (r != rank &&
+            (rc = coll__tcp_set_peer(&c->tcp, r, c->ranks[r].addr, c->ranks[r].port)) < 0) {
             snprintf(err, errlen, "rank %d published a bad address %s:%d", r, c->ranks[r].addr,
                      c->ranks[r].port);
             goto out;
@@ -664,7 +663,7 @@ static int ring_allreduce(coll__cpu *c, unsigned char *buf, size_t n, size_t esz
 {
     int H = c->nhosts, h = c->host, rc;
     int next = ring_next(c), prev = ring_prev(c);
-#define SEG_LO(k) ((size_t)(k) * n / (size_t)H)
+#define SEG_LO(k) ((size_t)(k)*n / (size_t)H)
 #define SEG_HI(k) ((size_t)((k) + 1) * n / (size_t)H)
     for (int s = 0; s < H - 1; s++) {
         int ks = ((h - s) % H + H) % H, kr = ((h - s - 1) % H + H) % H;
