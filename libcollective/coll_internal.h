@@ -6,6 +6,7 @@
  *   shm.c         per-host shared-memory segments and the waits on counters inside them
  *   tcp.c         rank-to-rank TCP connections and bounded, abortable duplex transfers
  *   cpu.c         the cpu backend's algorithms on top of shm.c and tcp.c
+ *   settle.c      failure settlement's decision: evidence in, culprit and code out (no I/O)
  *   comm.c        the public API: bootstrap through the store, requests, progress thread
  *   nccl.cu       the nccl backend (built with NCCL)
  *   cuda_stage.cu device-pointer detection and pinned staging for the cpu backend (CUDA builds)
@@ -36,6 +37,88 @@ int64_t coll__deadline(int timeout_ms);
  */
 char **coll__rank_keys(const char *prefix, const char *what, int world);
 void coll__keys_free(char **keys);
+
+/* ------------------------------------------------------------------------------------------ */
+/* settle.c                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The grace a settling rank gives its peers to record a failure or publish their progress. */
+#define COLL__BLAME_GRACE_MS 1000
+
+/* How a failed operation learned of the failure; decides how the culprit is settled. */
+typedef enum coll__evkind {
+    COLL__EV_TIMEOUT, /* a wait ran out: blame whoever did not reach the operation */
+    COLL__EV_DEAD,    /* a rank on this host exited (seen through its pidfd): direct */
+    COLL__EV_CLOSED,  /* a socket closed: the peer died, or failed and recorded why */
+    COLL__EV_ABORTED, /* a rank on this host marked the segment failed and recorded why */
+} coll__evkind;
+
+/* What a question to the store brought back. */
+typedef enum coll__answer {
+    COLL__UNASKED = 0, /* not asked (yet) */
+    COLL__ABSENT,      /* asked: no such key (within the wait), or a malformed value */
+    COLL__PRESENT,     /* asked: the value is in the evidence */
+    COLL__UNREACHABLE, /* asked: the store did not answer */
+} coll__answer;
+
+/* The failure record "<rank> <code>" under "<prefix>/failed". */
+typedef struct coll__failure {
+    int rank;
+    int code;
+} coll__failure;
+
+/* Values of coll__evidence.progress_of[] other than a rank's index k. */
+#define COLL__PROGRESS_ABSENT (-1) /* the rank published nothing within the grace */
+#define COLL__PROGRESS_UNREAD (-2) /* it published, but the value could not be read */
+
+/*
+ * Everything settlement decides on. The first group is known locally when settling starts; the
+ * second is filled in by the caller, one answer per question coll__settle() asks.
+ */
+typedef struct coll__evidence {
+    int rank, world;
+    uint64_t k;          /* the failed operation's index among the collectives */
+    bool collective;     /* false for send/recv: progress is neither published nor compared */
+    int rc;              /* the code the operation failed with */
+    bool aborted;        /* coll_comm_abort() was called on this communicator */
+    coll__evkind kind;   /* meaningful when rc is -ETIMEDOUT or COLL_EREMOTE */
+    int guess;           /* the rank the failed wait named, -1 none */
+    int segment_culprit; /* the culprit the host's segment was marked with, -1 none */
+
+    bool published;             /* COLL__SETTLE_PUBLISH was done */
+    coll__answer record;        /* COLL__SETTLE_READ_RECORD: "<prefix>/failed" */
+    coll__failure found;        /* ... its value when PRESENT */
+    coll__answer progress;      /* COLL__SETTLE_READ_PROGRESS: PRESENT or UNREACHABLE */
+    const int64_t *progress_of; /* ... [world] each rank's k or COLL__PROGRESS_*, when PRESENT */
+    coll__answer written;       /* COLL__SETTLE_WRITE_RECORD: PRESENT or UNREACHABLE */
+    coll__failure held;         /* ... what the store holds after it, when PRESENT */
+} coll__evidence;
+
+/* What coll__settle() asks for next, or DONE. */
+typedef enum coll__settle_step {
+    COLL__SETTLE_DONE,          /* out->culprit and out->code are the verdict */
+    COLL__SETTLE_PUBLISH,       /* set "<prefix>/progress/<rank>" to k; then set published */
+    COLL__SETTLE_READ_RECORD,   /* read "<prefix>/failed", waiting up to out->wait_ms for it */
+    COLL__SETTLE_READ_PROGRESS, /* wait up to out->wait_ms for every rank's progress; read them */
+    COLL__SETTLE_WRITE_RECORD,  /* record out->culprit / out->code, first writer wins; then
+                                   read back what the store holds */
+} coll__settle_step;
+
+typedef struct coll__verdict {
+    int culprit; /* DONE: the rank to blame, -1 unknown; WRITE_RECORD: the one to record */
+    int code;    /* DONE: the code to return; WRITE_RECORD: the one to record */
+    int wait_ms; /* READ_RECORD, READ_PROGRESS: how long to wait; 0 for a plain check */
+} coll__verdict;
+
+/*
+ * The next step of settling ev (see settle.c for the rules). Pure: no I/O, reads only ev.
+ * Returns DONE with the verdict in *out, or the question to answer in ev before calling again;
+ * no question is asked twice.
+ */
+coll__settle_step coll__settle(const coll__evidence *ev, coll__verdict *out);
+/* Static names, for logs and test messages. */
+const char *coll__settle_step_name(coll__settle_step step);
+const char *coll__evkind_name(coll__evkind kind);
 
 /* ------------------------------------------------------------------------------------------ */
 /* reduce.c                                                                                    */

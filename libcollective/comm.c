@@ -15,8 +15,10 @@
  *    aborted and the sockets are shut down, so that every peer stops waiting;
  *  - indirect evidence (a socket to another host's leader closed or timed out: that leader may
  *    itself be waiting for the rank at fault) first waits up to a second for "<prefix>/failed".
+ * The decision itself is settle.c's (coll__settle(): evidence in, culprit and code out); this
+ * file gathers the evidence, asks the store what coll__settle() asks for, and words the message.
  *
- * Not here: the algorithms (cpu.c) and NCCL calls (nccl.cu).
+ * Not here: the algorithms (cpu.c), NCCL calls (nccl.cu) and the settling rules (settle.c).
  */
 #include "coll_internal.h"
 #include "rdzv.h"
@@ -31,7 +33,6 @@
 #include <time.h>
 
 #define ERR_BYTES 512
-#define BLAME_GRACE_MS 1000
 
 struct coll_request {
     coll_comm *comm;
@@ -107,38 +108,49 @@ static bool is_collective(enum coll__kind kind)
 }
 
 /*
- * The failure record, "<rank> <code>" under "<prefix>/failed": the first writer wins, and
- * *rank / *code are set to what the store holds afterwards (ours if the store is unreachable).
+ * The store I/O of settling, one function per question coll__settle() asks (settle.c decides,
+ * these only ask). Each returns the answer's kind and logs a store it cannot reach.
  */
-static void record_failure(coll_comm *c, int *rank, int *code)
+
+/* Parses "<rank> <code>"; false for anything else. */
+static bool parse_failure(const void *val, size_t len, coll__failure *out)
 {
-    char key[512], mine[48];
+    char buf[48];
+    int r, k;
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 47 ? len : 47), (const char *)val);
+    if (sscanf(buf, "%d %d", &r, &k) != 2)
+        return false;
+    out->rank = r;
+    out->code = k;
+    return true;
+}
+
+/*
+ * Records `mine` under "<prefix>/failed" unless a record is there (the first writer wins) and
+ * sets *held to what the store holds afterwards: PRESENT, or UNREACHABLE (*held untouched).
+ */
+static coll__answer write_record(coll_comm *c, coll__failure mine, coll__failure *held)
+{
+    char key[512], text[48];
     void *val = NULL;
     size_t len = 0;
     snprintf(key, sizeof key, "%s/failed", c->prefix);
-    snprintf(mine, sizeof mine, "%d %d", *rank, *code);
+    snprintf(text, sizeof text, "%d %d", mine.rank, mine.code);
     pthread_mutex_lock(&c->store_lock);
-    int rc = rdzv_compare_set(c->store, key, "", 0, mine, strlen(mine), &val, &len);
+    int rc = rdzv_compare_set(c->store, key, "", 0, text, strlen(text), &val, &len);
     if (rc < 0)
         logf_(c, COLL_LOG_WARN, "recording the failure in the store: %s",
               rdzv_client_last_error(c->store));
     pthread_mutex_unlock(&c->store_lock);
-    char buf[48];
-    snprintf(buf, sizeof buf, "%.*s", rc == 0 ? (int)(len < 47 ? len : 47) : 0,
-             rc == 0 ? (const char *)val : "");
-    int r, k;
-    if (sscanf(buf, "%d %d", &r, &k) == 2) {
-        *rank = r;
-        *code = k;
-    }
+    coll__answer a = rc < 0 ? COLL__UNREACHABLE : COLL__PRESENT;
+    if (rc == 0 && !parse_failure(val, len, held))
+        *held = mine; /* not a record: ours stands */
     rdzv_free(val);
+    return a;
 }
 
-/*
- * Waits up to wait_ms for the failure record: 1 with *rank / *code set, 0 if there is none, or
- * a negative code if the store cannot be asked.
- */
-static int read_failure(coll_comm *c, int wait_ms, int *rank, int *code)
+/* Waits up to wait_ms (0: a plain check) for the failure record and reads it into *out. */
+static coll__answer read_record(coll_comm *c, int wait_ms, coll__failure *out)
 {
     char key[512];
     const char *k = key;
@@ -156,15 +168,12 @@ static int read_failure(coll_comm *c, int wait_ms, int *rank, int *code)
     if (rc < 0 && rc != -ETIMEDOUT)
         logf_(c, COLL_LOG_WARN, "reading the failure record: %s", rdzv_client_last_error(c->store));
     pthread_mutex_unlock(&c->store_lock);
-    if (rc == 0) {
-        char buf[48];
-        snprintf(buf, sizeof buf, "%.*s", (int)(len < 47 ? len : 47), (const char *)val);
-        rc = sscanf(buf, "%d %d", rank, code) == 2;
-    } else if (rc == -ETIMEDOUT) {
-        rc = 0;
-    }
+    coll__answer a = rc == -ETIMEDOUT               ? COLL__ABSENT
+                     : rc < 0                       ? COLL__UNREACHABLE
+                     : parse_failure(val, len, out) ? COLL__PRESENT
+                                                    : COLL__ABSENT;
     rdzv_free(val);
-    return rc;
+    return a;
 }
 
 /* Tells the others this rank reached collective number k and failed in it. */
@@ -178,38 +187,89 @@ static void publish_progress(coll_comm *c, uint64_t k)
     pthread_mutex_unlock(&c->store_lock);
 }
 
+/* "<k>" as published by publish_progress(), clamped to int64_t. */
+static int64_t parse_progress(const void *val, size_t len)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 31 ? len : 31), (const char *)val);
+    unsigned long long v = strtoull(buf, NULL, 10);
+    return v > INT64_MAX ? INT64_MAX : (int64_t)v;
+}
+
 /*
- * The lowest rank that did not reach collective k: every rank that reached it and failed
- * publishes that (publish_progress), so the ranks still silent after a grace period are the
- * ones that did not take part. `guess` if every rank reached it.
+ * Waits up to wait_ms for every rank's "<prefix>/progress/<r>" and reads them into
+ * progress[world]: the published index, COLL__PROGRESS_ABSENT (still missing), or
+ * COLL__PROGRESS_UNREAD (the read failed). When all are there, one MULTI_GET reads them; when
+ * some are missing, each key is checked and read on its own, since a store need not answer
+ * MULTI_GET for missing keys (PyTorch's does not). PRESENT, or UNREACHABLE (out of memory).
  */
-static int blame_by_progress(coll_comm *c, uint64_t k, int guess)
+static coll__answer read_progress(coll_comm *c, int wait_ms, int64_t *progress)
 {
     char **keys = coll__rank_keys(c->prefix, "progress", c->world);
-    int culprit = -1;
-    if (!keys)
-        return guess;
+    void **vals = calloc((size_t)c->world, sizeof *vals);
+    size_t *lens = calloc((size_t)c->world, sizeof *lens);
+    coll__answer a = COLL__UNREACHABLE;
+    if (!keys || !vals || !lens)
+        goto out;
+    a = COLL__PRESENT;
     pthread_mutex_lock(&c->store_lock);
-    (void)rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, BLAME_GRACE_MS);
-    for (int r = 0; r < c->world && culprit < 0; r++) {
+    int rc = rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, wait_ms);
+    if (rc == 0)
+        rc = rdzv_multi_get(c->store, (const char *const *)keys, (size_t)c->world, vals, lens);
+    for (int r = 0; r < c->world; r++) {
         const char *key = keys[r];
-        void *val = NULL;
-        size_t len = 0;
-        if (r == c->rank)
-            continue;
-        if (rdzv_check(c->store, &key, 1) != 1) {
-            culprit = r;
-        } else if (rdzv_get(c->store, key, &val, &len) == 0) {
-            char buf[32];
-            snprintf(buf, sizeof buf, "%.*s", (int)(len < 31 ? len : 31), (const char *)val);
-            if (strtoull(buf, NULL, 10) < k)
-                culprit = r;
+        if (rc == 0) {
+            progress[r] = parse_progress(vals[r], lens[r]);
+        } else if (rdzv_check(c->store, &key, 1) != 1) {
+            progress[r] = COLL__PROGRESS_ABSENT;
+        } else if (rdzv_get(c->store, key, &vals[r], &lens[r]) == 0) {
+            progress[r] = parse_progress(vals[r], lens[r]);
+        } else {
+            progress[r] = COLL__PROGRESS_UNREAD;
         }
-        rdzv_free(val);
     }
     pthread_mutex_unlock(&c->store_lock);
+out:
+    for (int r = 0; vals && r < c->world; r++)
+        rdzv_free(vals[r]);
     coll__keys_free(keys);
-    return culprit >= 0 ? culprit : guess;
+    free(vals);
+    free(lens);
+    return a;
+}
+
+/*
+ * Settles ev with the other ranks: answers coll__settle()'s questions through the store until
+ * it gives its verdict.
+ */
+static coll__verdict settle(coll_comm *c, coll__evidence *ev)
+{
+    int64_t *progress = NULL;
+    coll__verdict v;
+    coll__settle_step step;
+    while ((step = coll__settle(ev, &v)) != COLL__SETTLE_DONE) {
+        switch (step) {
+        case COLL__SETTLE_PUBLISH:
+            publish_progress(c, ev->k);
+            ev->published = true;
+            break;
+        case COLL__SETTLE_READ_RECORD:
+            ev->record = read_record(c, v.wait_ms, &ev->found);
+            break;
+        case COLL__SETTLE_READ_PROGRESS:
+            progress = malloc((size_t)c->world * sizeof *progress);
+            ev->progress = progress ? read_progress(c, v.wait_ms, progress) : COLL__UNREACHABLE;
+            ev->progress_of = progress;
+            break;
+        case COLL__SETTLE_WRITE_RECORD:
+            ev->written = write_record(c, (coll__failure){v.culprit, v.code}, &ev->held);
+            break;
+        case COLL__SETTLE_DONE:
+            break;
+        }
+    }
+    free(progress);
+    return v;
 }
 
 static void describe(const coll__op *op, uint64_t seq, char *buf, size_t cap)
@@ -218,82 +278,67 @@ static void describe(const coll__op *op, uint64_t seq, char *buf, size_t cap)
              coll_dtype_name(op->dtype));
 }
 
-/* How a failed operation learned of the failure; decides how the culprit is settled. */
-enum evidence {
-    EV_TIMEOUT, /* a wait ran out: blame whoever did not reach the operation */
-    EV_DEAD,    /* a rank on this host exited (seen through its pidfd): direct */
-    EV_CLOSED,  /* a socket closed: the peer died, or failed and recorded why */
-    EV_ABORTED, /* a rank on this host marked the segment failed and recorded why */
-};
-
 /*
- * Settles the culprit and the code of a failed operation with the other ranks (through the
- * store), tells the peers, and makes the failure sticky. `k` is the operation's index among
- * this communicator's collectives. Runs on the thread that ran the operation.
+ * The sentence coll_last_error() gives for operation `what` that failed with `rc` blaming
+ * `culprit` (on `host`, "" unknown) after `ms`; `detail` is the failed call's own account.
  */
-static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int rc, int culprit,
-                enum evidence ev, const char *detail, int64_t started)
+static void failure_message(const coll_comm *c, char *err, size_t cap, const char *what, int rc,
+                            int culprit, const char *host, long ms, const char *detail)
 {
-    char what[128];
-    describe(op, seq, what, sizeof what);
-    if (rc == -ECANCELED && atomic_load(&c->aborted)) {
-        culprit = c->rank;
-    } else if (rc == -ETIMEDOUT || rc == COLL_EREMOTE) {
-        bool coll = is_collective(op->kind);
-        if (coll)
-            publish_progress(c, k);
-        int found = ev == EV_DEAD ? 0
-                                  : read_failure(c,
-                                                 ev == EV_ABORTED  ? 3 * BLAME_GRACE_MS
-                                                 : ev == EV_CLOSED ? BLAME_GRACE_MS
-                                                                   : 0,
-                                                 &culprit, &rc);
-        if (found < 0) {
-            /* No store: the segment's culprit, the closed peer, or our own guess. */
-            if (ev == EV_ABORTED)
-                culprit = coll__cpu_segment_culprit(c->cpu);
-            rc = ev == EV_TIMEOUT ? -ETIMEDOUT : COLL_EREMOTE;
-        } else if (ev == EV_DEAD) {
-            rc = COLL_EREMOTE;
-            record_failure(c, &culprit, &rc);
-        } else if (!found) {
-            if (ev == EV_CLOSED && culprit >= 0) {
-                rc = COLL_EREMOTE;
-            } else {
-                rc = -ETIMEDOUT;
-                if (coll)
-                    culprit = blame_by_progress(c, k, culprit);
-            }
-            record_failure(c, &culprit, &rc);
-        }
-    }
-    if (c->cpu)
-        coll__cpu_abort(c->cpu, culprit);
-    if (c->nccl)
-        coll__nccl_abort(c->nccl);
-    logf_(c, COLL_LOG_DEBUG, "%s: failure settled as %s naming rank %d (evidence %d)", what,
-          coll_strerror(rc), culprit, (int)ev);
-
-    char err[ERR_BYTES];
-    const char *host = c->cpu && culprit >= 0 ? coll__cpu_hostname(c->cpu, culprit) : "";
     char who[160] = "";
-    long ms = (long)((coll__now_ns() - started) / 1000000);
     if (culprit >= 0)
         snprintf(who, sizeof who, "rank %d%s%.64s", culprit, host[0] ? " on host " : "", host);
     if (rc == -ECANCELED && culprit == c->rank)
-        snprintf(err, sizeof err, "%s: communicator aborted", what);
+        snprintf(err, cap, "%s: communicator aborted", what);
     else if (rc == -ETIMEDOUT)
-        snprintf(err, sizeof err,
+        snprintf(err, cap,
                  "%s timed out after %ld ms: %s did not take part within the %d ms"
                  " timeout",
                  what, ms, culprit >= 0 ? who : "a peer", c->opts.timeout_ms);
     else if (rc == COLL_EREMOTE)
-        snprintf(err, sizeof err, "%s failed after %ld ms: %s died or aborted", what, ms,
+        snprintf(err, cap, "%s failed after %ld ms: %s died or aborted", what, ms,
                  culprit >= 0 ? who : "a peer");
     else
-        snprintf(err, sizeof err, "%s failed: %s%s%.200s%s%s", what, coll_strerror(rc),
+        snprintf(err, cap, "%s failed: %s%s%.200s%s%s", what, coll_strerror(rc),
                  detail && detail[0] ? ": " : "", detail ? detail : "", who[0] ? "; peer " : "",
                  who);
+}
+
+/*
+ * A failed operation: settles its culprit and code (evidence gathered by the caller, the rest
+ * through the store), tells the peers, and makes the failure sticky. `k` is the operation's
+ * index among this communicator's collectives. Runs on the thread that ran the operation.
+ */
+static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int rc, int culprit,
+                coll__evkind kind, const char *detail, int64_t started)
+{
+    char what[128];
+    describe(op, seq, what, sizeof what);
+    coll__evidence ev = {
+        .rank = c->rank,
+        .world = c->world,
+        .k = k,
+        .collective = is_collective(op->kind),
+        .rc = rc,
+        .aborted = atomic_load(&c->aborted) != 0,
+        .kind = kind,
+        .guess = culprit,
+        .segment_culprit = c->cpu ? coll__cpu_segment_culprit(c->cpu) : -1,
+    };
+    coll__verdict v = settle(c, &ev);
+    rc = v.code;
+    culprit = v.culprit;
+    if (c->cpu)
+        coll__cpu_abort(c->cpu, culprit);
+    if (c->nccl)
+        coll__nccl_abort(c->nccl);
+    logf_(c, COLL_LOG_DEBUG, "%s: failure settled as %s naming rank %d (evidence: %s)", what,
+          coll_strerror(rc), culprit, coll__evkind_name(kind));
+
+    char err[ERR_BYTES];
+    const char *host = c->cpu && culprit >= 0 ? coll__cpu_hostname(c->cpu, culprit) : "";
+    failure_message(c, err, sizeof err, what, rc, culprit, host,
+                    (long)((coll__now_ns() - started) / 1000000), detail);
     pthread_mutex_lock(&c->lock);
     if (!c->sticky) {
         c->sticky = rc;
@@ -414,11 +459,11 @@ static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
     int rc = c->cuda ? run_staged(c, op, deadline, &culprit, detail, sizeof detail)
                      : coll__cpu_run(c->cpu, op, deadline, &culprit, detail, sizeof detail);
     if (rc < 0) {
-        enum evidence ev = EV_TIMEOUT;
+        coll__evkind ev = COLL__EV_TIMEOUT;
         if (rc == COLL_EREMOTE)
-            ev = coll__cpu_segment_aborted(c->cpu)      ? EV_ABORTED
-                 : coll__cpu_same_host(c->cpu, culprit) ? EV_DEAD
-                                                        : EV_CLOSED;
+            ev = coll__cpu_segment_aborted(c->cpu)      ? COLL__EV_ABORTED
+                 : coll__cpu_same_host(c->cpu, culprit) ? COLL__EV_DEAD
+                                                        : COLL__EV_CLOSED;
         rc = fail(c, op, seq, k, rc, culprit, ev, detail, started);
     }
     return rc;
@@ -501,7 +546,7 @@ static int issue(coll_comm *c, const coll__op *op, coll_request **out)
                  : coll__nccl_start(c->nccl, op, c->stream, &req->event, detail, sizeof detail);
         pthread_mutex_unlock(&c->lock);
         if (rc < 0 && !c->sticky)
-            fail(c, op, req->seq, req->k, rc, -1, EV_TIMEOUT, detail, coll__now_ns());
+            fail(c, op, req->seq, req->k, rc, -1, COLL__EV_TIMEOUT, detail, coll__now_ns());
         if (rc < 0) {
             req->result = rc;
             req->done = true;
@@ -561,11 +606,11 @@ static int nccl_poll(coll_request *req)
     int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
     if (rc < 0) {
         req->result =
-            fail(c, &req->op, req->seq, req->k, rc, -1, EV_TIMEOUT, detail, coll__now_ns());
+            fail(c, &req->op, req->seq, req->k, rc, -1, COLL__EV_TIMEOUT, detail, coll__now_ns());
         return 1;
     }
     if (rc == 0 && coll__now_ns() >= req->deadline) {
-        req->result = fail(c, &req->op, req->seq, req->k, -ETIMEDOUT, -1, EV_TIMEOUT, "",
+        req->result = fail(c, &req->op, req->seq, req->k, -ETIMEDOUT, -1, COLL__EV_TIMEOUT, "",
                            req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
         return 1;
     }
@@ -837,8 +882,8 @@ int coll_comm_abort(coll_comm *c)
     if (atomic_exchange(&c->aborted, 1))
         return 0;
     /* Peers that see the segment or the sockets fail read who did it here. */
-    int rank = c->rank, code = COLL_EREMOTE;
-    record_failure(c, &rank, &code);
+    coll__failure held;
+    (void)write_record(c, (coll__failure){c->rank, COLL_EREMOTE}, &held);
     if (c->cpu)
         coll__cpu_abort(c->cpu, c->rank);
     if (c->nccl)
