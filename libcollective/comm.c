@@ -2,6 +2,8 @@
  * The public API: communicators, argument checks, requests and the progress thread, failure
  * accounting, split, abort; and staging of device buffers for the cpu backend.
  *
+ * The backend is a table of operations (backend_ops) chosen once, in coll_comm_init(); the API
+ * calls through it and never asks which backend it has.
  * cpu: requests queue up per communicator and one progress thread runs them in issue order. A
  * blocking call that finds the queue empty and nothing running runs its operation on the
  * calling thread instead (same order, no thread hand-offs on the latency path).
@@ -46,24 +48,57 @@ struct coll_request {
     coll_request *next;
 };
 
+/*
+ * A backend as the API drives it, chosen once in coll_comm_init(): nothing outside the two
+ * tables below asks which backend a communicator has. The cpu backend runs operations on the
+ * calling thread or its progress thread; the nccl backend enqueues them on the CUDA stream at
+ * issue and polls their events.
+ */
+typedef struct backend_ops {
+    /* Bootstraps through the store (bounded by deadline); err gets the detail. */
+    int (*init)(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen);
+    /* Takes a checked request (seq not yet given) and queues or starts it; never fails. */
+    void (*submit)(coll_comm *c, coll_request *req);
+    /* The blocking form of a checked operation: its result. */
+    int (*run)(coll_comm *c, const coll__op *op);
+    /* Advances a request without blocking (coll_test); a no-op once it is done. */
+    void (*poll)(coll_request *req);
+    /* Blocks until the request is done and releases what the backend holds for it. */
+    void (*wait)(coll_request *req);
+    /* Before teardown: lets pending operations finish, for at most the timeout. */
+    void (*drain)(coll_comm *c);
+    /* Makes this rank's failure seen: local waits end, peers see it naming culprit. */
+    void (*abort)(coll_comm *c, int culprit);
+    /* Frees the backend's state; accepts a half-built communicator. */
+    void (*destroy)(coll_comm *c);
+    /* Layout: number of hosts, this rank's index on its host (*nlocal: the host's ranks). */
+    int (*nhosts)(const coll_comm *c);
+    int (*local)(const coll_comm *c, int *nlocal);
+    /* The host of rank, for messages ("" unknown). */
+    const char *(*hostname)(const coll_comm *c, int rank);
+} backend_ops;
+
 struct coll_comm {
     int rank, world, device;
     coll_backend backend;
+    const backend_ops *ops;
     coll_options opts;
     char *prefix, *bind_addr;
     rdzv_client *store; /* our own connection; store_lock serialises it */
     pthread_mutex_t store_lock;
-    coll__cpu *cpu;
-    coll__nccl *nccl;
     void *stream;
-    bool cuda; /* device buffers possible (CUDA build with a device) */
-    void *stage;
+
+    coll__cpu *cpu; /* cpu backend */
+    bool cuda;      /* device buffers possible (CUDA build with a device) */
+    void *stage;    /* pinned staging buffer for device buffers */
     size_t stage_bytes;
 
+    coll__nccl *nccl; /* nccl backend */
+
     pthread_mutex_t lock;
-    pthread_cond_t work; /* the progress thread waits here */
-    pthread_cond_t done; /* waiters for requests */
-    coll_request *head, *tail;
+    pthread_cond_t work;       /* the progress thread waits here */
+    pthread_cond_t done;       /* waiters for requests (CLOCK_MONOTONIC) */
+    coll_request *head, *tail; /* cpu: queued, not yet running */
     bool busy, stopping, thread_started;
     pthread_t thread;
     uint64_t issued;
@@ -304,17 +339,11 @@ static void failure_message(const coll_comm *c, char *err, size_t cap, const cha
                  who);
 }
 
-/*
- * A failed operation: settles its culprit and code (evidence gathered by the caller, the rest
- * through the store), tells the peers, and makes the failure sticky. `k` is the operation's
- * index among this communicator's collectives. Runs on the thread that ran the operation.
- */
-static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int rc, int culprit,
-                coll__evkind kind, const char *detail, int64_t started)
+/* The evidence of a failure of op (index k among the collectives) with code rc, naming guess. */
+static coll__evidence evidence(const coll_comm *c, const coll__op *op, uint64_t k, int rc,
+                               coll__evkind kind, int guess)
 {
-    char what[128];
-    describe(op, seq, what, sizeof what);
-    coll__evidence ev = {
+    return (coll__evidence){
         .rank = c->rank,
         .world = c->world,
         .k = k,
@@ -322,22 +351,30 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int 
         .rc = rc,
         .aborted = atomic_load(&c->aborted) != 0,
         .kind = kind,
-        .guess = culprit,
-        .segment_culprit = c->cpu ? coll__cpu_segment_culprit(c->cpu) : -1,
+        .guess = guess,
+        .segment_culprit = -1,
     };
+}
+
+/*
+ * A failed operation: settles its culprit and code (from the local evidence the caller
+ * gathered, and through the store), tells the peers, and makes the failure sticky. Runs on the
+ * thread that ran the operation.
+ */
+static int fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence ev,
+                const char *detail, int64_t started)
+{
+    char what[128];
+    describe(op, seq, what, sizeof what);
     coll__verdict v = settle(c, &ev);
-    rc = v.code;
-    culprit = v.culprit;
-    if (c->cpu)
-        coll__cpu_abort(c->cpu, culprit);
-    if (c->nccl)
-        coll__nccl_abort(c->nccl);
+    int rc = v.code, culprit = v.culprit;
+    c->ops->abort(c, culprit);
     logf_(c, COLL_LOG_DEBUG, "%s: failure settled as %s naming rank %d (evidence: %s)", what,
-          coll_strerror(rc), culprit, coll__evkind_name(kind));
+          coll_strerror(rc), culprit, coll__evkind_name(ev.kind));
 
     char err[ERR_BYTES];
-    const char *host = c->cpu && culprit >= 0 ? coll__cpu_hostname(c->cpu, culprit) : "";
-    failure_message(c, err, sizeof err, what, rc, culprit, host,
+    failure_message(c, err, sizeof err, what, rc, culprit,
+                    culprit >= 0 ? c->ops->hostname(c, culprit) : "",
                     (long)((coll__now_ns() - started) / 1000000), detail);
     pthread_mutex_lock(&c->lock);
     if (!c->sticky) {
@@ -351,7 +388,7 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int 
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Running operations                                                                          */
+/* Arguments                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
 /* Bytes the operation reads from sendbuf and writes to recvbuf on this rank. */
@@ -389,6 +426,34 @@ static void op_bytes(const coll_comm *c, const coll__op *op, size_t *in, size_t 
         break;
     }
 }
+
+static int check_op(const coll_comm *c, const coll__op *op)
+{
+    size_t esz = coll_dtype_size(op->dtype);
+    if (!c || (unsigned)op->dtype >= COLL_DTYPE_COUNT || (unsigned)op->op >= COLL_OP_COUNT)
+        return -EINVAL;
+    if (op->count > SIZE_MAX / esz / (size_t)c->world)
+        return -EINVAL;
+    bool rooted = op->kind == COLL__REDUCE || op->kind == COLL__BROADCAST ||
+                  op->kind == COLL__SEND || op->kind == COLL__RECV;
+    if (rooted && (op->peer < 0 || op->peer >= c->world))
+        return -EINVAL;
+    if ((op->kind == COLL__SEND || op->kind == COLL__RECV) && op->peer == c->rank)
+        return -EINVAL;
+    if (op->count == 0 || op->kind == COLL__BARRIER)
+        return 0;
+    size_t in, out;
+    op_bytes(c, op, &in, &out);
+    if ((in && !op->sendbuf) || (out && !op->recvbuf))
+        return -EINVAL;
+    return 0;
+}
+
+static int issue(coll_comm *c, const coll__op *op, coll_request **out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The cpu backend: a queue, a progress thread, and inline runs of blocking calls               */
+/* ------------------------------------------------------------------------------------------ */
 
 /*
  * cpu backend with device buffers: copies them through one pinned host buffer that keeps the
@@ -459,12 +524,14 @@ static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
     int rc = c->cuda ? run_staged(c, op, deadline, &culprit, detail, sizeof detail)
                      : coll__cpu_run(c->cpu, op, deadline, &culprit, detail, sizeof detail);
     if (rc < 0) {
-        coll__evkind ev = COLL__EV_TIMEOUT;
+        coll__evkind kind = COLL__EV_TIMEOUT;
         if (rc == COLL_EREMOTE)
-            ev = coll__cpu_segment_aborted(c->cpu)      ? COLL__EV_ABORTED
-                 : coll__cpu_same_host(c->cpu, culprit) ? COLL__EV_DEAD
-                                                        : COLL__EV_CLOSED;
-        rc = fail(c, op, seq, k, rc, culprit, ev, detail, started);
+            kind = coll__cpu_segment_aborted(c->cpu)      ? COLL__EV_ABORTED
+                   : coll__cpu_same_host(c->cpu, culprit) ? COLL__EV_DEAD
+                                                          : COLL__EV_CLOSED;
+        coll__evidence ev = evidence(c, op, k, rc, kind, culprit);
+        ev.segment_culprit = coll__cpu_segment_culprit(c->cpu);
+        rc = fail(c, op, seq, ev, detail, started);
     }
     return rc;
 }
@@ -495,31 +562,275 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
+static int cpu_init(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen)
+{
+    c->cuda = coll__cuda_available();
+    int rc = coll__cpu_init(store, c->prefix, c->rank, c->world, &c->opts, &c->aborted, deadline,
+                            &c->cpu, NULL, err, errlen);
+    if (rc < 0)
+        return rc;
+    rc = pthread_create(&c->thread, NULL, progress_main, c);
+    c->thread_started = rc == 0;
+    return -rc;
+}
+
+static void cpu_submit(coll_comm *c, coll_request *req)
+{
+    pthread_mutex_lock(&c->lock);
+    req->seq = c->issued++;
+    if (c->tail)
+        c->tail->next = req;
+    else
+        c->head = req;
+    c->tail = req;
+    pthread_cond_signal(&c->work);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Runs inline when nothing is queued or running, else queues and waits. */
+static int cpu_run(coll_comm *c, const coll__op *op)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->head && !c->busy) {
+        c->busy = true;
+        uint64_t seq = c->issued++;
+        pthread_mutex_unlock(&c->lock);
+        int rc = execute(c, op, seq);
+        pthread_mutex_lock(&c->lock);
+        c->busy = false;
+        pthread_cond_signal(&c->work);
+        pthread_cond_broadcast(&c->done);
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+    pthread_mutex_unlock(&c->lock);
+    coll_request *req;
+    int rc = issue(c, op, &req);
+    return rc < 0 ? rc : coll_wait(req);
+}
+
+/* The progress thread completes requests; there is nothing to advance from outside. */
+static void cpu_poll(coll_request *req)
+{
+    (void)req;
+}
+
+static void cpu_wait(coll_request *req)
+{
+    coll_comm *c = req->comm;
+    pthread_mutex_lock(&c->lock);
+    while (!req->done)
+        pthread_cond_wait(&c->done, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Waits for the queue to empty, for at most the timeout; aborts what is still stuck then. */
+static void cpu_drain(coll_comm *c)
+{
+    int64_t deadline = coll__deadline(c->opts.timeout_ms);
+    pthread_mutex_lock(&c->lock);
+    while ((c->head || c->busy) && coll__now_ns() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts); /* c->done runs on CLOCK_MONOTONIC */
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&c->done, &c->lock, &ts);
+    }
+    bool stuck = c->head || c->busy;
+    pthread_mutex_unlock(&c->lock);
+    if (stuck)
+        coll_comm_abort(c);
+}
+
+static void cpu_abort(coll_comm *c, int culprit)
+{
+    coll__cpu_abort(c->cpu, culprit);
+}
+
+static void cpu_destroy(coll_comm *c)
+{
+    if (c->thread_started) {
+        pthread_mutex_lock(&c->lock);
+        c->stopping = true;
+        pthread_cond_signal(&c->work);
+        pthread_mutex_unlock(&c->lock);
+        pthread_join(c->thread, NULL);
+    }
+    coll__cpu_destroy(c->cpu);
+    coll__cuda_host_free(c->stage);
+}
+
+static int cpu_nhosts(const coll_comm *c)
+{
+    return coll__cpu_nhosts(c->cpu);
+}
+
+static int cpu_local(const coll_comm *c, int *nlocal)
+{
+    return coll__cpu_local(c->cpu, nlocal);
+}
+
+static const char *cpu_hostname(const coll_comm *c, int rank)
+{
+    return coll__cpu_hostname(c->cpu, rank);
+}
+
+static const backend_ops cpu_ops = {
+    .init = cpu_init,
+    .submit = cpu_submit,
+    .run = cpu_run,
+    .poll = cpu_poll,
+    .wait = cpu_wait,
+    .drain = cpu_drain,
+    .abort = cpu_abort,
+    .destroy = cpu_destroy,
+    .nhosts = cpu_nhosts,
+    .local = cpu_local,
+    .hostname = cpu_hostname,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* The nccl backend: operations enqueued on the stream at issue, requests are events            */
+/* ------------------------------------------------------------------------------------------ */
+
+static int nccl_init(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen)
+{
+    return coll__nccl_init(store, c->prefix, c->rank, c->world, c->device, deadline, &c->nccl, err,
+                           errlen);
+}
+
+/* Enqueues the operation on the stream; a failure to enqueue completes the request failed. */
+static void nccl_submit(coll_comm *c, coll_request *req)
+{
+    char detail[256] = "";
+    pthread_mutex_lock(&c->lock);
+    req->seq = c->issued++;
+    req->k = c->ncoll;
+    if (is_collective(req->op.kind))
+        c->ncoll++;
+    req->deadline = coll__deadline(c->opts.timeout_ms);
+    int rc = c->sticky ? c->sticky
+                       : coll__nccl_start(c->nccl, &req->op, c->stream, &req->event, detail,
+                                          sizeof detail);
+    pthread_mutex_unlock(&c->lock);
+    if (rc < 0 && !c->sticky)
+        fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1), detail,
+             coll__now_ns());
+    if (rc < 0) {
+        req->result = rc;
+        req->done = true;
+    }
+}
+
+/* Polls the request's event: 1 done (req->result set), 0 pending. */
+static int nccl_check(coll_request *req)
+{
+    coll_comm *c = req->comm;
+    char detail[256] = "";
+    if (atomic_load(&c->aborted)) {
+        /* Aborted kernels end early and their events fire: not a result. */
+        req->result = -ECANCELED;
+        return 1;
+    }
+    int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
+    if (rc < 0) {
+        req->result =
+            fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1),
+                 detail, coll__now_ns());
+        return 1;
+    }
+    if (rc == 0 && coll__now_ns() >= req->deadline) {
+        req->result = fail(c, &req->op, req->seq,
+                           evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "",
+                           req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
+        return 1;
+    }
+    if (rc == 1)
+        req->result = 0;
+    return rc;
+}
+
+static int nccl_run(coll_comm *c, const coll__op *op)
+{
+    coll_request *req;
+    int rc = issue(c, op, &req);
+    return rc < 0 ? rc : coll_wait(req);
+}
+
+static void nccl_poll(coll_request *req)
+{
+    if (!req->done && req->event)
+        req->done = nccl_check(req) != 0;
+}
+
+static void nccl_wait(coll_request *req)
+{
+    long pause_ns = 1000;
+    while (!req->done && req->event && !nccl_check(req)) {
+        struct timespec ts = {0, pause_ns};
+        nanosleep(&ts, NULL); /* polling a GPU event: back off up to 1 ms */
+        if (pause_ns < 1000000)
+            pause_ns *= 2;
+    }
+    req->done = true;
+    if (req->event)
+        coll__nccl_event_free(req->event);
+    req->event = NULL;
+}
+
+/* Nothing is queued on the host side: the stream holds the pending operations. */
+static void nccl_drain(coll_comm *c)
+{
+    (void)c;
+}
+
+static void nccl_abort(coll_comm *c, int culprit)
+{
+    (void)culprit;
+    coll__nccl_abort(c->nccl);
+}
+
+static void nccl_destroy(coll_comm *c)
+{
+    coll__nccl_destroy(c->nccl);
+}
+
+static int nccl_nhosts(const coll_comm *c)
+{
+    (void)c;
+    return 1;
+}
+
+static int nccl_local(const coll_comm *c, int *nlocal)
+{
+    (void)c;
+    *nlocal = 1;
+    return 0;
+}
+
+static const char *nccl_hostname(const coll_comm *c, int rank)
+{
+    (void)c;
+    (void)rank;
+    return "";
+}
+
+static const backend_ops nccl_ops = {
+    .init = nccl_init,
+    .submit = nccl_submit,
+    .run = nccl_run,
+    .poll = nccl_poll,
+    .wait = nccl_wait,
+    .drain = nccl_drain,
+    .abort = nccl_abort,
+    .destroy = nccl_destroy,
+    .nhosts = nccl_nhosts,
+    .local = nccl_local,
+    .hostname = nccl_hostname,
+};
+
 /* ------------------------------------------------------------------------------------------ */
 /* Issuing                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
-
-static int check_op(const coll_comm *c, const coll__op *op)
-{
-    size_t esz = coll_dtype_size(op->dtype);
-    if (!c || (unsigned)op->dtype >= COLL_DTYPE_COUNT || (unsigned)op->op >= COLL_OP_COUNT)
-        return -EINVAL;
-    if (op->count > SIZE_MAX / esz / (size_t)c->world)
-        return -EINVAL;
-    bool rooted = op->kind == COLL__REDUCE || op->kind == COLL__BROADCAST ||
-                  op->kind == COLL__SEND || op->kind == COLL__RECV;
-    if (rooted && (op->peer < 0 || op->peer >= c->world))
-        return -EINVAL;
-    if ((op->kind == COLL__SEND || op->kind == COLL__RECV) && op->peer == c->rank)
-        return -EINVAL;
-    if (op->count == 0 || op->kind == COLL__BARRIER)
-        return 0;
-    size_t in, out;
-    op_bytes(c, op, &in, &out);
-    if ((in && !op->sendbuf) || (out && !op->recvbuf))
-        return -EINVAL;
-    return 0;
-}
 
 static int issue(coll_comm *c, const coll__op *op, coll_request **out)
 {
@@ -533,90 +844,15 @@ static int issue(coll_comm *c, const coll__op *op, coll_request **out)
         return -ENOMEM;
     req->comm = c;
     req->op = *op;
-    pthread_mutex_lock(&c->lock);
-    req->seq = c->issued++;
-    if (c->nccl) {
-        req->k = c->ncoll;
-        if (is_collective(op->kind))
-            c->ncoll++;
-        char detail[256] = "";
-        req->deadline = coll__deadline(c->opts.timeout_ms);
-        rc = c->sticky
-                 ? c->sticky
-                 : coll__nccl_start(c->nccl, op, c->stream, &req->event, detail, sizeof detail);
-        pthread_mutex_unlock(&c->lock);
-        if (rc < 0 && !c->sticky)
-            fail(c, op, req->seq, req->k, rc, -1, COLL__EV_TIMEOUT, detail, coll__now_ns());
-        if (rc < 0) {
-            req->result = rc;
-            req->done = true;
-        }
-        *out = req;
-        return 0;
-    }
-    if (c->tail)
-        c->tail->next = req;
-    else
-        c->head = req;
-    c->tail = req;
-    pthread_cond_signal(&c->work);
-    pthread_mutex_unlock(&c->lock);
+    c->ops->submit(c, req);
     *out = req;
     return 0;
 }
 
-/* Blocking form: runs inline when nothing is queued or running, else queues and waits. */
 static int run_blocking(coll_comm *c, const coll__op *op)
 {
     int rc = check_op(c, op);
-    if (rc < 0)
-        return rc;
-    if (c->cpu) {
-        pthread_mutex_lock(&c->lock);
-        if (!c->head && !c->busy) {
-            c->busy = true;
-            uint64_t seq = c->issued++;
-            pthread_mutex_unlock(&c->lock);
-            rc = execute(c, op, seq);
-            pthread_mutex_lock(&c->lock);
-            c->busy = false;
-            pthread_cond_signal(&c->work);
-            pthread_cond_broadcast(&c->done);
-            pthread_mutex_unlock(&c->lock);
-            return rc;
-        }
-        pthread_mutex_unlock(&c->lock);
-    }
-    coll_request *req;
-    if ((rc = issue(c, op, &req)) < 0)
-        return rc;
-    return coll_wait(req);
-}
-
-/* nccl: polls the request's event; 1 done, 0 pending, < 0 failed. */
-static int nccl_poll(coll_request *req)
-{
-    coll_comm *c = req->comm;
-    char detail[256] = "";
-    if (atomic_load(&c->aborted)) {
-        /* Aborted kernels end early and their events fire: not a result. */
-        req->result = -ECANCELED;
-        return 1;
-    }
-    int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
-    if (rc < 0) {
-        req->result =
-            fail(c, &req->op, req->seq, req->k, rc, -1, COLL__EV_TIMEOUT, detail, coll__now_ns());
-        return 1;
-    }
-    if (rc == 0 && coll__now_ns() >= req->deadline) {
-        req->result = fail(c, &req->op, req->seq, req->k, -ETIMEDOUT, -1, COLL__EV_TIMEOUT, "",
-                           req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
-        return 1;
-    }
-    if (rc == 1)
-        req->result = 0;
-    return rc;
+    return rc < 0 ? rc : c->ops->run(c, op);
 }
 
 int coll_test(coll_request *req, bool *done)
@@ -624,8 +860,7 @@ int coll_test(coll_request *req, bool *done)
     if (!req || !done)
         return -EINVAL;
     coll_comm *c = req->comm;
-    if (c->nccl && !req->done && req->event)
-        req->done = nccl_poll(req) != 0;
+    c->ops->poll(req);
     pthread_mutex_lock(&c->lock);
     *done = req->done;
     int rc = req->done ? req->result : 0;
@@ -637,25 +872,8 @@ int coll_wait(coll_request *req)
 {
     if (!req)
         return -EINVAL;
-    coll_comm *c = req->comm;
-    if (c->nccl) {
-        long pause_ns = 1000;
-        while (!req->done && req->event && !nccl_poll(req)) {
-            struct timespec ts = {0, pause_ns};
-            nanosleep(&ts, NULL); /* polling a GPU event: back off up to 1 ms */
-            if (pause_ns < 1000000)
-                pause_ns *= 2;
-        }
-        req->done = true;
-    } else {
-        pthread_mutex_lock(&c->lock);
-        while (!req->done)
-            pthread_cond_wait(&c->done, &c->lock);
-        pthread_mutex_unlock(&c->lock);
-    }
+    req->comm->ops->wait(req);
     int rc = req->result;
-    if (req->event)
-        coll__nccl_event_free(req->event);
     free(req);
     return rc;
 }
@@ -755,16 +973,7 @@ static void free_comm(coll_comm *c)
 {
     if (!c)
         return;
-    if (c->thread_started) {
-        pthread_mutex_lock(&c->lock);
-        c->stopping = true;
-        pthread_cond_signal(&c->work);
-        pthread_mutex_unlock(&c->lock);
-        pthread_join(c->thread, NULL);
-    }
-    coll__cpu_destroy(c->cpu);
-    coll__nccl_destroy(c->nccl);
-    coll__cuda_host_free(c->stage);
+    c->ops->destroy(c);
     rdzv_client_close(c->store);
     pthread_mutex_destroy(&c->lock);
     pthread_mutex_destroy(&c->store_lock);
@@ -806,10 +1015,15 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
+    c->ops = backend == COLL_BACKEND_NCCL ? &nccl_ops : &cpu_ops;
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->store_lock, NULL);
     pthread_cond_init(&c->work, NULL);
-    pthread_cond_init(&c->done, NULL);
+    pthread_cond_init(&c->done, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     atomic_init(&c->aborted, 0);
     atomic_init(&c->failed_rank, -1);
     c->rank = rank;
@@ -829,20 +1043,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
         snprintf(err, sizeof err, "opening a store connection: %s", rdzv_client_last_error(NULL));
         goto out;
     }
-    if (backend == COLL_BACKEND_NCCL) {
-        rc = coll__nccl_init(store, prefix, rank, world_size, device, deadline, &c->nccl, err,
-                             sizeof err);
-    } else {
-        c->cuda = coll__cuda_available();
-        rc = coll__cpu_init(store, prefix, rank, world_size, &c->opts, &c->aborted, deadline,
-                            &c->cpu, NULL, err, sizeof err);
-        if (rc == 0) {
-            rc = pthread_create(&c->thread, NULL, progress_main, c);
-            c->thread_started = rc == 0;
-            rc = -rc;
-        }
-    }
-    if (rc < 0)
+    if ((rc = c->ops->init(c, store, deadline, err, sizeof err)) < 0)
         goto out;
     *out = c;
     return 0;
@@ -858,20 +1059,7 @@ void coll_comm_destroy(coll_comm *c)
 {
     if (!c)
         return;
-    if (c->cpu) {
-        int64_t deadline = coll__deadline(c->opts.timeout_ms);
-        pthread_mutex_lock(&c->lock);
-        while ((c->head || c->busy) && coll__now_ns() < deadline) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&c->done, &c->lock, &ts);
-        }
-        bool stuck = c->head || c->busy;
-        pthread_mutex_unlock(&c->lock);
-        if (stuck)
-            coll_comm_abort(c);
-    }
+    c->ops->drain(c);
     free_comm(c);
 }
 
@@ -884,10 +1072,7 @@ int coll_comm_abort(coll_comm *c)
     /* Peers that see the segment or the sockets fail read who did it here. */
     coll__failure held;
     (void)write_record(c, (coll__failure){c->rank, COLL_EREMOTE}, &held);
-    if (c->cpu)
-        coll__cpu_abort(c->cpu, c->rank);
-    if (c->nccl)
-        coll__nccl_abort(c->nccl);
+    c->ops->abort(c, c->rank);
     return 0;
 }
 
@@ -975,13 +1160,13 @@ coll_backend coll_comm_backend(const coll_comm *c)
 
 int coll_comm_nhosts(const coll_comm *c)
 {
-    return !c ? -1 : c->cpu ? coll__cpu_nhosts(c->cpu) : 1;
+    return c ? c->ops->nhosts(c) : -1;
 }
 
 int coll_comm_local_rank(const coll_comm *c)
 {
     int n;
-    return !c ? -1 : c->cpu ? coll__cpu_local(c->cpu, &n) : 0;
+    return c ? c->ops->local(c, &n) : -1;
 }
 
 int coll_comm_local_size(const coll_comm *c)
@@ -989,8 +1174,7 @@ int coll_comm_local_size(const coll_comm *c)
     int n = 1;
     if (!c)
         return -1;
-    if (c->cpu)
-        (void)coll__cpu_local(c->cpu, &n);
+    (void)c->ops->local(c, &n);
     return n;
 }
 
