@@ -5,7 +5,10 @@
  *   reduce.c      element-wise reduction kernels (no I/O, unit-tested alone)
  *   shm.c         per-host shared-memory segments and the waits on counters inside them
  *   tcp.c         rank-to-rank TCP connections and bounded, abortable duplex transfers
+ *   layout.c      the cpu backend's host layout from the ranks' host identities (no I/O)
+ *   cpu_boot.c    the cpu backend's bootstrap through the store: ranks, layout, segment, ring
  *   cpu.c         the cpu backend's algorithms on top of shm.c and tcp.c
+ *   cpu.h         the cpu backend's state, shared by cpu_boot.c and cpu.c
  *   settle.c      failure settlement's decision: evidence in, culprit and code out (no I/O)
  *   comm.c        the public API: bootstrap through the store, requests, progress thread
  *   nccl.cu       the nccl backend (built with NCCL)
@@ -119,6 +122,36 @@ coll__settle_step coll__settle(const coll__evidence *ev, coll__verdict *out);
 /* Static names, for logs and test messages. */
 const char *coll__settle_step_name(coll__settle_step step);
 const char *coll__evkind_name(coll__evkind kind);
+
+/* ------------------------------------------------------------------------------------------ */
+/* layout.c                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Which ranks share a host, computed from their host identities (see layout.c for the rules).
+ * Host h's ranks are host_ranks[host_first[h] .. host_first[h + 1]), ascending; its leader is
+ * leaders[h], its lowest rank; hosts are ordered by leader.
+ */
+typedef struct coll__layout {
+    int world;
+    int nhosts;
+    int *host_of;    /* [world] each rank's host index */
+    int *local_of;   /* [world] each rank's index among its host's ranks (its local rank) */
+    int *leaders;    /* [nhosts] each host's lowest rank (room for world) */
+    int *host_first; /* [nhosts + 1] offsets into host_ranks (room for world + 1) */
+    int *host_ranks; /* [world] ranks grouped by host */
+} coll__layout;
+
+/*
+ * Builds *l from ids[world] (each rank's identity, NUL-terminated; borrowed; equal strings mean
+ * one host). Returns 0, -EINVAL (l or ids NULL, a NULL identity, world < 1) or -ENOMEM; *l is
+ * zeroed on failure. Release with coll__layout_free().
+ */
+int coll__layout_build(coll__layout *l, const char *const *ids, int world);
+/* Frees the arrays and zeroes *l; accepts NULL and a zeroed or freed layout. */
+void coll__layout_free(coll__layout *l);
+/* The number of ranks on host `host` (its local world size). */
+int coll__layout_local_size(const coll__layout *l, int host);
 
 /* ------------------------------------------------------------------------------------------ */
 /* reduce.c                                                                                    */
@@ -329,17 +362,17 @@ void coll__nccl_abort(coll__nccl *n);
 /* ncclCommDestroy (or abort if it failed) and free. NULL is a no-op. */
 void coll__nccl_destroy(coll__nccl *n);
 
-#ifndef __cplusplus /* cpu.c: C only, like shm.c and tcp.c */
+#ifndef __cplusplus /* cpu_boot.c, cpu.c: C only, like shm.c and tcp.c */
 /* ------------------------------------------------------------------------------------------ */
-/* cpu.c                                                                                       */
+/* cpu_boot.c (bootstrap, teardown, queries) and cpu.c (coll__cpu_run)                         */
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct coll__cpu coll__cpu;
 
 /*
- * Bootstraps the cpu backend through the store (see cpu.c). `abort` is the communicator's flag.
- * Returns 0 and sets *out, or a negative code with err filled and *culprit set to a rank that
- * did not arrive (-1 if none is known; culprit may be NULL).
+ * Bootstraps the cpu backend through the store (see cpu_boot.c). `abort` is the communicator's
+ * flag. Returns 0 and sets *out, or a negative code with err filled and *culprit set to a rank
+ * that did not arrive (-1 if none is known; culprit may be NULL).
  */
 int coll__cpu_init(struct rdzv_client *store, const char *prefix, int rank, int world,
                    const coll_options *opts, const _Atomic int *abort, int64_t deadline,
