@@ -13,6 +13,9 @@
  *   comm.c        the public API: bootstrap through the store, requests, progress thread
  *   nccl.cu       the nccl backend (built with NCCL)
  *   cuda_stage.cu device-pointer detection and pinned staging for the cpu backend (CUDA builds)
+ *
+ * The store keys these files use ("<prefix>/cpu/<rank>", "<prefix>/failed", ...) are listed,
+ * with their writers and value formats, in one table: libcollective(3), STORE KEYS.
  */
 #ifndef COLL_INTERNAL_H
 #define COLL_INTERNAL_H
