@@ -36,10 +36,7 @@
 #include <uv.h>
 
 #include "rdzv.h"
-
-#ifndef DDPRUN_VERSION
-#define DDPRUN_VERSION "0.1.0"
-#endif
+#include "version.h"
 
 #define PROG "ddp-rendezvous"
 
