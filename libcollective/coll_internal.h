@@ -21,6 +21,7 @@
 #define COLL_INTERNAL_H
 
 #include "coll.h"
+#include "monoclock.h"
 
 #ifndef __cplusplus
 #include <stdatomic.h>
@@ -38,16 +39,10 @@ extern "C" {
 #define COLL_ERROR_CODE_HIGH (-1000)
 #define COLL_ERROR_CODE_LOW (-1099)
 
-/* Monotonic clock in nanoseconds. */
-int64_t coll__now_ns(void);
-/* now + timeout_ms in ns; INT64_MAX for timeout_ms < 0. */
-int64_t coll__deadline(int timeout_ms);
 /*
- * The store keys "<prefix>/<what>/<rank>" for every rank, NULL-terminated; NULL when out of
- * memory. Released by coll__keys_free() (NULL is a no-op).
+ * Clocks: monoclock.h's rdzv__now_ns(), rdzv__deadline_ns() and rdzv__ms_left(), the project's
+ * one monotonic clock; every deadline in this library is a rdzv__deadline_ns() value.
  */
-char **coll__rank_keys(const char *prefix, const char *what, int world);
-void coll__keys_free(char **keys);
 
 /* ------------------------------------------------------------------------------------------ */
 /* settle.c                                                                                    */

@@ -172,13 +172,13 @@ static coll__answer write_record(coll_comm *c, coll__failure mine, coll__failure
     snprintf(key, sizeof key, "%s/failed", c->prefix);
     snprintf(text, sizeof text, "%d %d", mine.rank, mine.code);
     pthread_mutex_lock(&c->store_lock);
-    int rc = rdzv_compare_set(c->store, key, "", 0, text, strlen(text), &val, &len);
+    int rc = rdzv_set_once(c->store, key, text, strlen(text), &val, &len);
     if (rc < 0)
         logf_(c, COLL_LOG_WARN, "recording the failure in the store: %s",
               rdzv_client_last_error(c->store));
     pthread_mutex_unlock(&c->store_lock);
     coll__answer a = rc < 0 ? COLL__UNREACHABLE : COLL__PRESENT;
-    if (rc == 0 && !parse_failure(val, len, held))
+    if (rc >= 0 && !parse_failure(val, len, held))
         *held = mine; /* not a record: ours stands */
     rdzv_free(val);
     return a;
@@ -240,7 +240,10 @@ static int64_t parse_progress(const void *val, size_t len)
  */
 static coll__answer read_progress(coll_comm *c, int wait_ms, int64_t *progress)
 {
-    char **keys = coll__rank_keys(c->prefix, "progress", c->world);
+    char where[512], **keys = NULL;
+    snprintf(where, sizeof where, "%s/progress", c->prefix);
+    if (rdzv_rank_keys(where, c->world, &keys) < 0)
+        keys = NULL;
     void **vals = calloc((size_t)c->world, sizeof *vals);
     size_t *lens = calloc((size_t)c->world, sizeof *lens);
     coll__answer a = COLL__UNREACHABLE;
@@ -267,7 +270,7 @@ static coll__answer read_progress(coll_comm *c, int wait_ms, int64_t *progress)
 out:
     for (int r = 0; vals && r < c->world; r++)
         rdzv_free(vals[r]);
-    coll__keys_free(keys);
+    rdzv_free(keys);
     free(vals);
     free(lens);
     return a;
@@ -375,7 +378,7 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence e
     char err[ERR_BYTES];
     failure_message(c, err, sizeof err, what, rc, culprit,
                     culprit >= 0 ? c->ops->hostname(c, culprit) : "",
-                    (long)((coll__now_ns() - started) / 1000000), detail);
+                    (long)((rdzv__now_ns() - started) / 1000000), detail);
     pthread_mutex_lock(&c->lock);
     if (!c->sticky) {
         c->sticky = rc;
@@ -517,8 +520,8 @@ static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
     uint64_t k = c->ncoll;
     if (is_collective(op->kind))
         c->ncoll++;
-    int64_t started = coll__now_ns();
-    int64_t deadline = coll__deadline(c->opts.timeout_ms);
+    int64_t started = rdzv__now_ns();
+    int64_t deadline = rdzv__deadline_ns(c->opts.timeout_ms);
     int culprit = -1;
     char detail[256] = "";
     int rc = c->cuda ? run_staged(c, op, deadline, &culprit, detail, sizeof detail)
@@ -627,9 +630,9 @@ static void cpu_wait(coll_request *req)
 /* Waits for the queue to empty, for at most the timeout; aborts what is still stuck then. */
 static void cpu_drain(coll_comm *c)
 {
-    int64_t deadline = coll__deadline(c->opts.timeout_ms);
+    int64_t deadline = rdzv__deadline_ns(c->opts.timeout_ms);
     pthread_mutex_lock(&c->lock);
-    while ((c->head || c->busy) && coll__now_ns() < deadline) {
+    while ((c->head || c->busy) && rdzv__now_ns() < deadline) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts); /* c->done runs on CLOCK_MONOTONIC */
         ts.tv_sec += 1;
@@ -707,14 +710,14 @@ static void nccl_submit(coll_comm *c, coll_request *req)
     req->k = c->ncoll;
     if (is_collective(req->op.kind))
         c->ncoll++;
-    req->deadline = coll__deadline(c->opts.timeout_ms);
+    req->deadline = rdzv__deadline_ns(c->opts.timeout_ms);
     int rc = c->sticky ? c->sticky
                        : coll__nccl_start(c->nccl, &req->op, c->stream, &req->event, detail,
                                           sizeof detail);
     pthread_mutex_unlock(&c->lock);
     if (rc < 0 && !c->sticky)
         fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1), detail,
-             coll__now_ns());
+             rdzv__now_ns());
     if (rc < 0) {
         req->result = rc;
         req->done = true;
@@ -735,10 +738,10 @@ static int nccl_check(coll_request *req)
     if (rc < 0) {
         req->result =
             fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1),
-                 detail, coll__now_ns());
+                 detail, rdzv__now_ns());
         return 1;
     }
-    if (rc == 0 && coll__now_ns() >= req->deadline) {
+    if (rc == 0 && rdzv__now_ns() >= req->deadline) {
         req->result = fail(c, &req->op, req->seq,
                            evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "",
                            req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
@@ -1038,7 +1041,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
         rc = -ENOMEM;
         goto out;
     }
-    int64_t deadline = coll__deadline(opts->timeout_ms);
+    int64_t deadline = rdzv__deadline_ns(opts->timeout_ms);
     if ((rc = rdzv_client_dup(store, &c->store)) < 0) {
         snprintf(err, sizeof err, "opening a store connection: %s", rdzv_client_last_error(NULL));
         goto out;
@@ -1088,29 +1091,36 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
     int n = c->nsplit++;
     pthread_mutex_unlock(&c->lock);
 
-    char k[512], v[64], what[32];
-    int rc = 0, newrank = 0, newworld = 0;
-    snprintf(what, sizeof what, "split/%d", n);
-    char **keys = coll__rank_keys(c->prefix, what, c->world);
+    char k[512], v[64], where[512];
+    int rc = -ENOMEM, newrank = 0, newworld = 0;
+    bool gathered = false;
     void **vals = calloc((size_t)c->world, sizeof *vals);
     size_t *lens = calloc((size_t)c->world, sizeof *lens);
-    if (!keys || !vals || !lens) {
-        rc = -ENOMEM;
+    unsigned char *missing = calloc((size_t)c->world, 1);
+    if (!vals || !lens || !missing)
         goto out;
-    }
+    snprintf(where, sizeof where, "%s/split/%d", c->prefix, n);
     snprintf(v, sizeof v, "%d %d", color, key);
     pthread_mutex_lock(&c->store_lock);
-    rc = rdzv_set(c->store, keys[c->rank], v, strlen(v));
-    if (rc == 0)
-        rc = rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, c->opts.timeout_ms);
-    if (rc == 0)
-        rc = rdzv_multi_get(c->store, (const char *const *)keys, (size_t)c->world, vals, lens);
-    pthread_mutex_unlock(&c->store_lock);
-    if (rc < 0) {
+    rc = rdzv_allgather(c->store, where, c->rank, c->world, v, strlen(v), c->opts.timeout_ms, vals,
+                        lens, missing);
+    if (rc < 0 && rc != -ETIMEDOUT)
         snprintf(init_err, sizeof init_err, "coll_comm_split: exchanging colors: %s",
-                 coll_strerror(rc));
-        goto out;
+                 rdzv_client_last_error(c->store));
+    pthread_mutex_unlock(&c->store_lock);
+    gathered = rc == 0;
+    if (rc == -ETIMEDOUT) {
+        char list[256];
+        int nmissing = rdzv_rank_list(missing, c->world, list, sizeof list);
+        snprintf(init_err, sizeof init_err,
+                 "coll_comm_split: exchanging colors: %s%s%s did not take part within %d ms",
+                 nmissing == 1 ? "rank "
+                 : nmissing    ? "ranks "
+                               : "",
+                 list, nmissing ? "" : "a rank", c->opts.timeout_ms);
     }
+    if (rc < 0)
+        goto out;
     for (int r = 0; r < c->world; r++) {
         int rc_color, rkey;
         char buf[64];
@@ -1135,11 +1145,11 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
     rc = coll_comm_init(c->store, k, newrank, newworld, c->backend, c->device, &c->opts, out);
     pthread_mutex_unlock(&c->store_lock);
 out:
-    for (int r = 0; vals && r < c->world; r++)
+    for (int r = 0; gathered && r < c->world; r++)
         rdzv_free(vals[r]);
-    coll__keys_free(keys);
     free(vals);
     free(lens);
+    free(missing);
     return rc;
 }
 

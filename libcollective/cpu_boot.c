@@ -71,94 +71,102 @@ static uint64_t fnv1a(const char *s)
     return h;
 }
 
-static int publish_self(coll__cpu *c, rdzv_client *store, const char *prefix, const char *addr,
-                        int port, char *err, size_t errlen)
+/*
+ * The store wait that ends at deadline: its milliseconds, rounded up, at least 1 once it has
+ * passed (one last look rather than none), -1 (the client's timeout) for no deadline.
+ */
+static int wait_ms(int64_t deadline)
 {
-    char key[512], id[160], name[64] = "";
+    int ms = rdzv__ms_left(deadline);
+    return ms == 0 ? 1 : ms;
+}
+
+/* This rank's record, the JSON text published under "<prefix>/cpu/<rank>"; NULL: no memory. */
+static char *own_record(const char *addr, int port)
+{
+    char id[160], name[64] = "";
     host_identity(id, sizeof id);
     gethostname(name, sizeof name - 1);
     json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i}", "host", id, "name", name, "addr", addr,
                           "port", port, "pid", (int)getpid());
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    if (!text)
-        return -ENOMEM;
-    snprintf(key, sizeof key, "%s/cpu/%d", prefix, c->rank);
-    int rc = rdzv_set(store, key, text, strlen(text));
-    free(text);
-    if (rc < 0)
-        snprintf(err, errlen, "publishing rank %d in the store: %s", c->rank,
-                 rdzv_client_last_error(store));
-    return rc;
+    return text;
 }
 
-/* Waits for every rank's record; on timeout names the ranks still missing. */
-static int collect_ranks(coll__cpu *c, rdzv_client *store, const char *prefix, int64_t deadline,
-                         char *err, size_t errlen)
+/* Reads rank r's record into c->ranks[r]. Returns 0 or -EPROTO (err filled). */
+static int parse_record(coll__cpu *c, int r, const void *val, size_t len, char *err, size_t errlen)
 {
-    int rc = 0;
-    char **keys = coll__rank_keys(prefix, "cpu", c->world);
+    json_error_t jerr;
+    json_t *o = json_loadb(val, len, 0, &jerr);
+    const char *host, *name, *addr;
+    int port, pid;
+    if (!o || json_unpack(o, "{s:s, s:s, s:s, s:i, s:i}", "host", &host, "name", &name, "addr",
+                          &addr, "port", &port, "pid", &pid) != 0) {
+        json_decref(o);
+        snprintf(err, errlen, "rank %d's record in the store is malformed", r);
+        return -EPROTO;
+    }
+    coll__rank_info *ri = &c->ranks[r];
+    snprintf(ri->host, sizeof ri->host, "%s", host);
+    snprintf(ri->name, sizeof ri->name, "%s", name);
+    snprintf(ri->addr, sizeof ri->addr, "%s", addr);
+    ri->port = port;
+    ri->pid = pid;
+    json_decref(o);
+    return 0;
+}
+
+/*
+ * Publishes this rank's record and gathers every rank's (rdzv_allgather() under
+ * "<prefix>/cpu"), until deadline. On a timeout err names the ranks still missing and
+ * c->culprit is the lowest of them.
+ */
+static int exchange_records(coll__cpu *c, rdzv_client *store, const char *prefix, int64_t deadline,
+                            const char *addr, int port, char *err, size_t errlen)
+{
+    char *own = own_record(addr, port), where[512];
     void **vals = calloc((size_t)c->world, sizeof *vals);
     size_t *lens = calloc((size_t)c->world, sizeof *lens);
-    if (!keys || !vals || !lens) {
-        rc = -ENOMEM;
+    unsigned char *missing = calloc((size_t)c->world, 1);
+    int rc = -ENOMEM, ms = wait_ms(deadline);
+    bool gathered = false;
+    if (!own || !vals || !lens || !missing)
         goto out;
-    }
-    int64_t left_ms = deadline == INT64_MAX ? -1 : (deadline - coll__now_ns()) / 1000000;
-    if (deadline != INT64_MAX && left_ms < 1)
-        left_ms = 1;
-    rc = rdzv_wait(store, (const char *const *)keys, (size_t)c->world, (int)left_ms);
+    snprintf(where, sizeof where, "%s/cpu", prefix);
+    rc = rdzv_allgather(store, where, c->rank, c->world, own, strlen(own), ms, vals, lens, missing);
+    gathered = rc == 0;
     if (rc == -ETIMEDOUT) {
-        int n = snprintf(err, errlen, "timed out waiting for ranks to join:");
-        int shown = 0;
-        for (int r = 0; r < c->world && (size_t)n < errlen; r++) {
-            const char *k = keys[r];
-            if (rdzv_check(store, &k, 1) == 0) {
-                if (shown++ < 16)
-                    n += snprintf(err + n, errlen - (size_t)n, " rank %d", r);
-                if (c->culprit < 0)
-                    c->culprit = r;
-            }
-        }
-        if (shown > 16 && (size_t)n < errlen)
-            snprintf(err + n, errlen - (size_t)n, " and %d more", shown - 16);
+        char list[256];
+        int n = rdzv_rank_list(missing, c->world, list, sizeof list);
+        for (int r = 0; r < c->world && c->culprit < 0; r++)
+            if (missing[r])
+                c->culprit = r;
+        char within[48] = "in time";
+        if (ms >= 0)
+            snprintf(within, sizeof within, "within %d ms", ms);
+        if (n > 0)
+            snprintf(err, errlen, "rank%s %s did not join %s (%d of %d present)", n == 1 ? "" : "s",
+                     list, within, c->world - n, c->world);
+        else
+            snprintf(err, errlen, "timed out waiting for the ranks to join: %s",
+                     rdzv_client_last_error(store));
         goto out;
     }
     if (rc < 0) {
-        snprintf(err, errlen, "waiting for ranks in the store: %s", rdzv_client_last_error(store));
+        snprintf(err, errlen, "exchanging the ranks' records through the store: %s",
+                 rdzv_client_last_error(store));
         goto out;
     }
-    rc = rdzv_multi_get(store, (const char *const *)keys, (size_t)c->world, vals, lens);
-    if (rc < 0) {
-        snprintf(err, errlen, "reading ranks from the store: %s", rdzv_client_last_error(store));
-        goto out;
-    }
-    for (int r = 0; r < c->world; r++) {
-        json_error_t jerr;
-        json_t *o = json_loadb(vals[r], lens[r], 0, &jerr);
-        const char *host, *name, *addr;
-        int port, pid;
-        if (!o || json_unpack(o, "{s:s, s:s, s:s, s:i, s:i}", "host", &host, "name", &name, "addr",
-                              &addr, "port", &port, "pid", &pid) != 0) {
-            json_decref(o);
-            snprintf(err, errlen, "rank %d's record in the store is malformed", r);
-            rc = -EPROTO;
-            goto out;
-        }
-        coll__rank_info *ri = &c->ranks[r];
-        snprintf(ri->host, sizeof ri->host, "%s", host);
-        snprintf(ri->name, sizeof ri->name, "%s", name);
-        snprintf(ri->addr, sizeof ri->addr, "%s", addr);
-        ri->port = port;
-        ri->pid = pid;
-        json_decref(o);
-    }
+    for (int r = 0; r < c->world && rc == 0; r++)
+        rc = parse_record(c, r, vals[r], lens[r], err, errlen);
 out:
-    for (int r = 0; vals && r < c->world; r++)
+    for (int r = 0; gathered && r < c->world; r++)
         rdzv_free(vals[r]);
-    coll__keys_free(keys);
+    free(own);
     free(vals);
     free(lens);
+    free(missing);
     return rc;
 }
 
@@ -225,8 +233,7 @@ static int setup_shm(coll__cpu *c, rdzv_client *store, const char *prefix, int64
         }
     } else {
         const char *k = key;
-        int64_t left_ms = deadline == INT64_MAX ? -1 : (deadline - coll__now_ns()) / 1000000;
-        rc = rdzv_wait(store, &k, 1, left_ms < 0 && deadline != INT64_MAX ? 1 : (int)left_ms);
+        rc = rdzv_wait(store, &k, 1, wait_ms(deadline));
         void *val = NULL;
         size_t len = 0;
         if (rc == 0)
@@ -308,8 +315,7 @@ int coll__cpu_init(rdzv_client *store, const char *prefix, int rank, int world,
         snprintf(err, errlen, "listening on %s: %s", addr, coll_strerror(rc));
         goto out;
     }
-    if ((rc = publish_self(c, store, prefix, addr, port, err, errlen)) < 0 ||
-        (rc = collect_ranks(c, store, prefix, deadline, err, errlen)) < 0 ||
+    if ((rc = exchange_records(c, store, prefix, deadline, addr, port, err, errlen)) < 0 ||
         (rc = build_layout(c, err, errlen)) < 0)
         goto out;
     for (int r = 0; r < world; r++) {
