@@ -1110,14 +1110,18 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
     pthread_mutex_unlock(&c->store_lock);
     gathered = rc == 0;
     if (rc == -ETIMEDOUT) {
-        char list[256];
+        char list[256], within[48] = "in time";
         int nmissing = rdzv_rank_list(missing, c->world, list, sizeof list);
-        snprintf(init_err, sizeof init_err,
-                 "coll_comm_split: exchanging colors: %s%s%s did not take part within %d ms",
-                 nmissing == 1 ? "rank "
-                 : nmissing    ? "ranks "
-                               : "",
-                 list, nmissing ? "" : "a rank", c->opts.timeout_ms);
+        if (c->opts.timeout_ms >= 0)
+            snprintf(within, sizeof within, "within %d ms", c->opts.timeout_ms);
+        if (nmissing > 0)
+            snprintf(init_err, sizeof init_err,
+                     "coll_comm_split: exchanging colors: rank%s %s did not take part %s",
+                     nmissing == 1 ? "" : "s", list, within);
+        else
+            snprintf(init_err, sizeof init_err,
+                     "coll_comm_split: exchanging colors: every rank took part, but not %s",
+                     within);
     }
     if (rc < 0)
         goto out;
