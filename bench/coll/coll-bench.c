@@ -61,10 +61,10 @@
 /* Exit status, as documented in --help and coll-bench(1). */
 enum {
     EXIT_OK = 0,
-    EXIT_WRONG = 1,  /* some element differed from the expected result */
-    EXIT_USAGE = 2,  /* bad option or argument */
-    EXIT_SETUP = 3,  /* environment, store, communicator or memory */
-    EXIT_COLL = 4,   /* a collective (or the store between sizes) failed */
+    EXIT_WRONG = 1, /* some element differed from the expected result */
+    EXIT_USAGE = 2, /* bad option or argument */
+    EXIT_SETUP = 3, /* environment, store, communicator or memory */
+    EXIT_COLL = 4,  /* a collective (or the store between sizes) failed */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -107,36 +107,46 @@ typedef struct opt_doc {
 static const opt_doc opt_table[] = {
     {'b', "minbytes", "BYTES", "Smallest size, with K, M or G (powers of 1024). (default: 8)"},
     {'e', "maxbytes", "BYTES", "Largest size. (default: 64M)"},
-    {'f', "stepfactor", "F", "Multiply the size by F from one row to the next; 1 uses "
-                             "--stepbytes instead. (default: 2)"},
-    {'i', "stepbytes", "BYTES", "Add BYTES from one row to the next when --stepfactor is 1. "
-                                "(default: 1M)"},
+    {'f', "stepfactor", "F",
+     "Multiply the size by F from one row to the next; 1 uses "
+     "--stepbytes instead. (default: 2)"},
+    {'i', "stepbytes", "BYTES",
+     "Add BYTES from one row to the next when --stepfactor is 1. "
+     "(default: 1M)"},
     {'n', "iters", "N", "Timed operations per size. (default: 100)"},
     {OPT_ITER_BYTES, "iter-bytes", "BYTES",
      "Where N operations of a size would move more than BYTES, run BYTES/size of them (at "
      "least 5); 0: always N. (default: 1G)"},
-    {'w', "warmup-iters", "N", "Untimed operations per size before the timed ones. "
-                               "(default: 5)"},
+    {'w', "warmup-iters", "N",
+     "Untimed operations per size before the timed ones. "
+     "(default: 5)"},
     {'d', "datatype", "TYPE", "f32, f64, f16, bf16, i32, i64 or u8. (default: f32)"},
     {'o', "op", "OP", "Reduction: sum, avg, max, min or prod. (default: sum)"},
     {'r', "root", "RANK", "Root of broadcast and reduce. (default: 0)"},
-    {'c', "check", "0|1", "Check the result of one extra operation per size and count the "
-                          "wrong elements. (default: 1)"},
-    {'a', "average", "0|1|2|3", "Time reported: rank 0's mean (0), the mean (1), the minimum "
-                                "(2) or the maximum (3) over ranks of each rank's mean. "
-                                "(default: 1)"},
-    {'z', "blocking", "0|1", "1: wait for each operation before issuing the next; 0: issue "
-                             "all N, then wait for them. (default: 0)"},
+    {'c', "check", "0|1",
+     "Check the result of one extra operation per size and count the "
+     "wrong elements. (default: 1)"},
+    {'a', "average", "0|1|2|3",
+     "Time reported: rank 0's mean (0), the mean (1), the minimum "
+     "(2) or the maximum (3) over ranks of each rank's mean. "
+     "(default: 1)"},
+    {'z', "blocking", "0|1",
+     "1: wait for each operation before issuing the next; 0: issue "
+     "all N, then wait for them. (default: 0)"},
     {'I', "inplace", NULL, "Run in place (recvbuf == sendbuf, or the rank's block of it)."},
-    {'B', "backend", "NAME", "auto, cpu or nccl; nccl uses device LOCAL_RANK. "
-                             "(default: auto)"},
-    {'C', "chunk-bytes", "BYTES", "cpu backend: pipeline chunk per rank; 0: the library's "
-                                  "default. (default: 0)"},
-    {OPT_SMALL, "small-bytes", "BYTES", "cpu backend: largest message for the latency-"
-                                        "optimised algorithm; 0: the library's default. "
-                                        "(default: 0)"},
-    {OPT_TIMEOUT, "timeout-ms", "MS", "Bound on the communicator's set-up and on each "
-                                      "operation; -1: none. (default: 600000)"},
+    {'B', "backend", "NAME",
+     "auto, cpu or nccl; nccl uses device LOCAL_RANK. "
+     "(default: auto)"},
+    {'C', "chunk-bytes", "BYTES",
+     "cpu backend: pipeline chunk per rank; 0: the library's "
+     "default. (default: 0)"},
+    {OPT_SMALL, "small-bytes", "BYTES",
+     "cpu backend: largest message for the latency-"
+     "optimised algorithm; 0: the library's default. "
+     "(default: 0)"},
+    {OPT_TIMEOUT, "timeout-ms", "MS",
+     "Bound on the communicator's set-up and on each "
+     "operation; -1: none. (default: 600000)"},
     {OPT_JSON, "json", "FILE", "Rank 0 also writes the rows to FILE as a JSON array."},
     {'h', "help", NULL, "Show this help and exit."},
     {OPT_VERSION, "version", NULL, "Show the version and exit."},
@@ -293,18 +303,27 @@ static int parse_kind(const char *s, enum coll_kind *out)
 /* Returns -1 to exit with EXIT_OK (help, version), 0 to run, or EXIT_USAGE. */
 static int parse_args(int argc, char **argv, bench_args *a)
 {
-    *a = (bench_args){.minbytes = 8, .maxbytes = 64u << 20, .stepbytes = 1u << 20,
-                      .iter_bytes = 1u << 30, .factor = 2, .iters = 100, .warmup = 5,
-                      .dtype = COLL_F32, .op = COLL_SUM, .check = 1, .average = 1,
-                      .backend = COLL_BACKEND_AUTO, .timeout_ms = 600000};
+    *a = (bench_args){.minbytes = 8,
+                      .maxbytes = 64u << 20,
+                      .stepbytes = 1u << 20,
+                      .iter_bytes = 1u << 30,
+                      .factor = 2,
+                      .iters = 100,
+                      .warmup = 5,
+                      .dtype = COLL_F32,
+                      .op = COLL_SUM,
+                      .check = 1,
+                      .average = 1,
+                      .backend = COLL_BACKEND_AUTO,
+                      .timeout_ms = 600000};
     struct option lopts[NOPTS + 1];
     char shorts[2 * NOPTS + 3];
     size_t ns = 0;
     shorts[ns++] = ':'; /* a missing value returns ':' rather than '?' */
     for (size_t i = 0; i < NOPTS; i++) {
-        lopts[i] = (struct option){opt_table[i].lng,
-                                   opt_table[i].arg ? required_argument : no_argument, NULL,
-                                   opt_table[i].key};
+        lopts[i] =
+            (struct option){opt_table[i].lng, opt_table[i].arg ? required_argument : no_argument,
+                            NULL, opt_table[i].key};
         if (opt_table[i].key < 256) {
             shorts[ns++] = (char)opt_table[i].key;
             if (opt_table[i].arg)
@@ -492,7 +511,8 @@ static size_t per_rank_count(const bench_args *a, size_t size, int n)
 
 static int iters_for(const bench_args *a, size_t nbytes)
 {
-    if (a->iter_bytes > 0 && nbytes > 0 && (double)a->iters * (double)nbytes > (double)a->iter_bytes) {
+    if (a->iter_bytes > 0 && nbytes > 0 &&
+        (double)a->iters * (double)nbytes > (double)a->iter_bytes) {
         size_t k = a->iter_bytes / nbytes;
         size_t lo = a->iters < 5 ? (size_t)a->iters : 5;
         return (int)(k < lo ? lo : k);
@@ -538,7 +558,7 @@ static uint16_t float_to_half(float f)
         return sign | (uint16_t)q;
     }
     int e;
-    float m = frexpf(f, &e); /* f = m * 2^e, m in [0.5, 1) */
+    float m = frexpf(f, &e);             /* f = m * 2^e, m in [0.5, 1) */
     float q = nearbyintf(ldexpf(m, 11)); /* 11 significant bits */
     if (q >= 2048.0f) {
         q /= 2;
@@ -944,19 +964,18 @@ static int64_t check(bench *b, size_t per)
         break;
     case K_BROADCAST:
         for (size_t i = 0; i < per; i++)
-            wrong += !matches(get(out, t, i),
-                              as_dtype(t, (double)pattern(i, a->root, a->op)), a->op, t);
+            wrong +=
+                !matches(get(out, t, i), as_dtype(t, (double)pattern(i, a->root, a->op)), a->op, t);
         break;
     case K_ALLGATHER:
         for (size_t i = 0; i < total; i++)
-            wrong += !matches(get(hr, t, i),
-                              as_dtype(t, (double)pattern(i, (int)(i / per), a->op)), COLL_SUM,
-                              t);
+            wrong += !matches(get(hr, t, i), as_dtype(t, (double)pattern(i, (int)(i / per), a->op)),
+                              COLL_SUM, t);
         break;
     case K_REDUCE_SCATTER:
         for (size_t i = 0; i < per; i++)
-            wrong += !matches(get(out, t, i),
-                              expected_reduce((size_t)rank * per + i, n, a->op, t), a->op, t);
+            wrong += !matches(get(out, t, i), expected_reduce((size_t)rank * per + i, n, a->op, t),
+                              a->op, t);
         break;
     default:
         break;
@@ -1027,9 +1046,9 @@ static int print_ranks(bench *b, int device)
     char key[640], val[512], host[256] = "?";
     gethostname(host, sizeof(host) - 1);
     snprintf(key, sizeof(key), "%s/rank/%d", b->key_prefix, b->rank);
-    int len = snprintf(val, sizeof(val), "#  Rank %3d Pid %7d on %10s backend %4s device %2d",
-                       b->rank, (int)getpid(), host,
-                       coll_backend_name(coll_comm_backend(b->comm)), device);
+    int len =
+        snprintf(val, sizeof(val), "#  Rank %3d Pid %7d on %10s backend %4s device %2d", b->rank,
+                 (int)getpid(), host, coll_backend_name(coll_comm_backend(b->comm)), device);
     int rc = rdzv_set(b->store, key, val, (size_t)len);
     if (rc < 0 || b->rank != 0)
         return rc;
@@ -1223,8 +1242,8 @@ int main(int argc, char **argv)
     size_t per_max = per_rank_count(a, a->maxbytes, b.n);
     size_t max_bytes = (is_split(a->kind) ? per_max * (size_t)b.n : per_max) * ts;
     if (buffers_alloc(&b.buf, max_bytes, on_device) < 0 ||
-        !(reqs = calloc((size_t)(a->iters > a->warmup ? a->iters : a->warmup) + 1,
-                        sizeof(*reqs)))) {
+        !(reqs =
+              calloc((size_t)(a->iters > a->warmup ? a->iters : a->warmup) + 1, sizeof(*reqs)))) {
         err("rank %d: cannot allocate 2 x %zu bytes%s", b.rank, max_bytes,
             on_device ? " on the device" : "");
         goto out;
@@ -1273,8 +1292,8 @@ int main(int argc, char **argv)
         if (a->check) {
             wrong = check(&b, per);
             if (wrong < 0) {
-                err("rank %d: checked %s of %zu bytes: %s: %s", b.rank, kind_names[a->kind],
-                    nbytes, coll_strerror((int)wrong), coll_last_error(b.comm));
+                err("rank %d: checked %s of %zu bytes: %s: %s", b.rank, kind_names[a->kind], nbytes,
+                    coll_strerror((int)wrong), coll_last_error(b.comm));
                 status = EXIT_COLL;
                 goto out;
             }
@@ -1307,8 +1326,8 @@ int main(int argc, char **argv)
                 json_t *row = json_pack(
                     "{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:o}", "coll",
                     kind_names[a->kind], "backend", coll_backend_name(coll_comm_backend(b.comm)),
-                    "nranks", b.n, "bytes", (json_int_t)nbytes, "count", (json_int_t)count,
-                    "dtype", coll_dtype_name(a->dtype), "redop",
+                    "nranks", b.n, "bytes", (json_int_t)nbytes, "count", (json_int_t)count, "dtype",
+                    coll_dtype_name(a->dtype), "redop",
                     has_op(a->kind) ? coll_op_name(a->op) : "none", "root",
                     is_rooted(a->kind) ? a->root : -1, "iters", iters, "time_us", time_us,
                     "algbw_gbs", algbw, "busbw_gbs", busbw, "wrong",
