@@ -31,6 +31,7 @@
  * sums and products are exact in every dtype for the rank counts one host has; AVG results are
  * compared with a tolerance of a few units in the last place instead.
  */
+#include <assert.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -47,7 +48,9 @@
 
 #include <jansson.h>
 
+#include "cli.h"
 #include "coll.h"
+#include "monoclock.h"
 #include "rdzv.h"
 
 #ifdef COLL_BENCH_CUDA
@@ -96,110 +99,109 @@ typedef struct bench_args {
 /* Long-only options. */
 enum { OPT_JSON = 256, OPT_SMALL, OPT_ITER_BYTES, OPT_TIMEOUT, OPT_VERSION };
 
-/* The one option table: getopt_long's table and --help are both made from it. */
-typedef struct opt_doc {
-    int key;         /* short option character, or an OPT_* code */
-    const char *lng; /* long name */
-    const char *arg; /* value's name, NULL for none */
-    const char *help;
-} opt_doc;
-
-static const opt_doc opt_table[] = {
-    {'b', "minbytes", "BYTES", "Smallest size, with K, M or G (powers of 1024). (default: 8)"},
-    {'e', "maxbytes", "BYTES", "Largest size. (default: 64M)"},
-    {'f', "stepfactor", "F",
-     "Multiply the size by F from one row to the next; 1 uses "
-     "--stepbytes instead. (default: 2)"},
-    {'i', "stepbytes", "BYTES",
-     "Add BYTES from one row to the next when --stepfactor is 1. "
-     "(default: 1M)"},
-    {'n', "iters", "N", "Timed operations per size. (default: 100)"},
-    {OPT_ITER_BYTES, "iter-bytes", "BYTES",
+/* The one option table: getopt_long's tables and --help are both made from it (cli.h). */
+static const cli_option opt_table[] = {
+    {'b', {"-b", "--minbytes"}, "BYTES", "8", 0, "Smallest size, with K, M or G (powers of 1024)."},
+    {'e', {"-e", "--maxbytes"}, "BYTES", "64M", 0, "Largest size."},
+    {'f',
+     {"-f", "--stepfactor"},
+     "F",
+     "2",
+     0,
+     "Multiply the size by F from one row to the next; 1 uses --stepbytes instead."},
+    {'i',
+     {"-i", "--stepbytes"},
+     "BYTES",
+     "1M",
+     0,
+     "Add BYTES from one row to the next when --stepfactor is 1."},
+    {'n', {"-n", "--iters"}, "N", "100", 0, "Timed operations per size."},
+    {OPT_ITER_BYTES,
+     {"--iter-bytes"},
+     "BYTES",
+     "1G",
+     0,
      "Where N operations of a size would move more than BYTES, run BYTES/size of them (at "
-     "least 5); 0: always N. (default: 1G)"},
-    {'w', "warmup-iters", "N",
-     "Untimed operations per size before the timed ones. "
-     "(default: 5)"},
-    {'d', "datatype", "TYPE", "f32, f64, f16, bf16, i32, i64 or u8. (default: f32)"},
-    {'o', "op", "OP", "Reduction: sum, avg, max, min or prod. (default: sum)"},
-    {'r', "root", "RANK", "Root of broadcast and reduce. (default: 0)"},
-    {'c', "check", "0|1",
-     "Check the result of one extra operation per size and count the "
-     "wrong elements. (default: 1)"},
-    {'a', "average", "0|1|2|3",
-     "Time reported: rank 0's mean (0), the mean (1), the minimum "
-     "(2) or the maximum (3) over ranks of each rank's mean. "
-     "(default: 1)"},
-    {'z', "blocking", "0|1",
-     "1: wait for each operation before issuing the next; 0: issue "
-     "all N, then wait for them. (default: 0)"},
-    {'I', "inplace", NULL, "Run in place (recvbuf == sendbuf, or the rank's block of it)."},
-    {'B', "backend", "NAME",
-     "auto, cpu or nccl; nccl uses device LOCAL_RANK. "
-     "(default: auto)"},
-    {'C', "chunk-bytes", "BYTES",
-     "cpu backend: pipeline chunk per rank; 0: the library's "
-     "default. (default: 0)"},
-    {OPT_SMALL, "small-bytes", "BYTES",
-     "cpu backend: largest message for the latency-"
-     "optimised algorithm; 0: the library's default. "
-     "(default: 0)"},
-    {OPT_TIMEOUT, "timeout-ms", "MS",
-     "Bound on the communicator's set-up and on each "
-     "operation; -1: none. (default: 600000)"},
-    {OPT_JSON, "json", "FILE", "Rank 0 also writes the rows to FILE as a JSON array."},
-    {'h', "help", NULL, "Show this help and exit."},
-    {OPT_VERSION, "version", NULL, "Show the version and exit."},
+     "least 5); 0: always N."},
+    {'w',
+     {"-w", "--warmup-iters"},
+     "N",
+     "5",
+     0,
+     "Untimed operations per size before the timed ones."},
+    {'d', {"-d", "--datatype"}, "TYPE", "f32", 0, "f32, f64, f16, bf16, i32, i64 or u8."},
+    {'o', {"-o", "--op"}, "OP", "sum", 0, "Reduction: sum, avg, max, min or prod."},
+    {'r', {"-r", "--root"}, "RANK", "0", 0, "Root of broadcast and reduce."},
+    {'c',
+     {"-c", "--check"},
+     "0|1",
+     "1",
+     0,
+     "Check the result of one extra operation per size and count the wrong elements."},
+    {'a',
+     {"-a", "--average"},
+     "0|1|2|3",
+     "1",
+     0,
+     "Time reported: rank 0's mean (0), the mean (1), the minimum (2) or the maximum (3) over "
+     "ranks of each rank's mean."},
+    {'z',
+     {"-z", "--blocking"},
+     "0|1",
+     "0",
+     0,
+     "1: wait for each operation before issuing the next; 0: issue all N, then wait for them."},
+    {'I',
+     {"-I", "--inplace"},
+     NULL,
+     NULL,
+     0,
+     "Run in place (recvbuf == sendbuf, or the rank's block of it)."},
+    {'B',
+     {"-B", "--backend"},
+     "NAME",
+     "auto",
+     0,
+     "auto, cpu or nccl; nccl uses device LOCAL_RANK."},
+    {'C',
+     {"-C", "--chunk-bytes"},
+     "BYTES",
+     "0",
+     0,
+     "cpu backend: pipeline chunk per rank; 0: the library's default."},
+    {OPT_SMALL,
+     {"--small-bytes"},
+     "BYTES",
+     "0",
+     0,
+     "cpu backend: largest message for the latency-optimised algorithm; 0: the library's "
+     "default."},
+    {OPT_TIMEOUT,
+     {"--timeout-ms"},
+     "MS",
+     "600000",
+     0,
+     "Bound on the communicator's set-up and on each operation; -1: none."},
+    {OPT_JSON, {"--json"}, "FILE", NULL, 0, "Rank 0 also writes the rows to FILE as a JSON array."},
+    {'h', {"-h", "--help"}, NULL, NULL, 0, "Show this help and exit."},
+    {OPT_VERSION, {"--version"}, NULL, NULL, 0, "Show the version and exit."},
 };
 #define NOPTS (sizeof(opt_table) / sizeof(opt_table[0]))
-
-static void print_wrapped(FILE *f, const char *text, int indent, int width)
-{
-    int col = indent;
-    fprintf(f, "%*s", indent, "");
-    const char *p = text;
-    while (*p) {
-        const char *w = p;
-        while (*p && *p != ' ')
-            p++;
-        int len = (int)(p - w);
-        if (col > indent && col + 1 + len > width) {
-            fprintf(f, "\n%*s", indent, "");
-            col = indent;
-        } else if (col > indent) {
-            fputc(' ', f);
-            col++;
-        }
-        fwrite(w, 1, (size_t)len, f);
-        col += len;
-        while (*p == ' ')
-            p++;
-    }
-    fputc('\n', f);
-}
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: coll-bench COLLECTIVE [OPTIONS]\n"
                "       ddprun --nproc-per-node N coll-bench COLLECTIVE [OPTIONS]\n\n");
-    print_wrapped(f,
-                  "Times one collective of libcollective over a range of sizes on every rank "
-                  "of a ddprun or torchrun job, like nccl-tests: rank 0 prints size, count, "
-                  "type, reduction, root, time (us), algbw and busbw (GB/s, 1e9 bytes) and "
-                  "the number of wrong elements. Without RANK and WORLD_SIZE in the "
-                  "environment it runs as a single rank.",
-                  0, 80);
+    cli_print_wrapped(f,
+                      "Times one collective of libcollective over a range of sizes on every rank "
+                      "of a ddprun or torchrun job, like nccl-tests: rank 0 prints size, count, "
+                      "type, reduction, root, time (us), algbw and busbw (GB/s, 1e9 bytes) and "
+                      "the number of wrong elements. Without RANK and WORLD_SIZE in the "
+                      "environment it runs as a single rank.",
+                      0);
     fprintf(f, "\ncollectives: allreduce, reduce_scatter, allgather, broadcast, reduce\n"
                "\noptions:\n");
-    for (size_t i = 0; i < NOPTS; i++) {
-        const opt_doc *o = &opt_table[i];
-        if (o->key < 256)
-            fprintf(f, "  -%c, --%s%s%s\n", o->key, o->lng, o->arg ? " " : "",
-                    o->arg ? o->arg : "");
-        else
-            fprintf(f, "  --%s%s%s\n", o->lng, o->arg ? " " : "", o->arg ? o->arg : "");
-        print_wrapped(f, o->help, 8, 80);
-    }
+    cli_print_options(f, opt_table, NOPTS, 0);
     fprintf(f, "\nexit status: 0 done and every checked element right; 1 wrong elements; 2 bad "
                "usage;\n3 environment, store, communicator or memory failure; 4 a collective "
                "failed.\n");
@@ -216,63 +218,29 @@ __attribute__((format(printf, 1, 2))) static void err(const char *fmt, ...)
     va_end(ap);
 }
 
-/* "-b" or "--minbytes", whichever the user wrote, for messages. */
+/* "-b/--minbytes", the option's spellings, for messages. */
 static const char *flag_name(int key, char *buf, size_t len)
 {
-    for (size_t i = 0; i < NOPTS; i++) {
-        if (opt_table[i].key != key)
-            continue;
-        if (key < 256)
-            snprintf(buf, len, "-%c/--%s", key, opt_table[i].lng);
-        else
-            snprintf(buf, len, "--%s", opt_table[i].lng);
-        return buf;
-    }
-    return "?";
+    const cli_option *o = cli_by_id(opt_table, NOPTS, key);
+    return o ? cli_label(o, buf, len) : "?";
 }
 
+/* cli_parse_size() and cli_parse_long() that print their error; 0 or -1. */
 static int parse_bytes(const char *flag, const char *s, size_t *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    unsigned long long m = 1;
-    switch (*end) {
-    case 'K':
-    case 'k':
-        m = 1ull << 10;
-        break;
-    case 'M':
-    case 'm':
-        m = 1ull << 20;
-        break;
-    case 'G':
-    case 'g':
-        m = 1ull << 30;
-        break;
-    default:
-        break;
-    }
-    if (m != 1)
-        end++;
-    if (errno || end == s || *end || s[0] == '-' || v > SIZE_MAX / m) {
-        err("%s: '%s' is not a size (N, NK, NM or NG)", flag, s);
+    if (cli_parse_size(flag, s, 0, SIZE_MAX, out) < 0) {
+        err("%s", cli_last_error());
         return -1;
     }
-    *out = (size_t)(v * m);
     return 0;
 }
 
 static int parse_long(const char *flag, const char *s, long min, long max, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max) {
-        err("%s: '%s' is not an integer from %ld to %ld", flag, s, min, max);
+    if (cli_parse_long(flag, s, min, max, out) < 0) {
+        err("%s", cli_last_error());
         return -1;
     }
-    *out = v;
     return 0;
 }
 
@@ -316,22 +284,12 @@ static int parse_args(int argc, char **argv, bench_args *a)
                       .average = 1,
                       .backend = COLL_BACKEND_AUTO,
                       .timeout_ms = 600000};
-    struct option lopts[NOPTS + 1];
-    char shorts[2 * NOPTS + 3];
-    size_t ns = 0;
-    shorts[ns++] = ':'; /* a missing value returns ':' rather than '?' */
-    for (size_t i = 0; i < NOPTS; i++) {
-        lopts[i] =
-            (struct option){opt_table[i].lng, opt_table[i].arg ? required_argument : no_argument,
-                            NULL, opt_table[i].key};
-        if (opt_table[i].key < 256) {
-            shorts[ns++] = (char)opt_table[i].key;
-            if (opt_table[i].arg)
-                shorts[ns++] = ':';
-        }
-    }
-    lopts[NOPTS] = (struct option){0};
-    shorts[ns] = '\0';
+    struct option lopts[CLI_GETOPT_LONG_MAX(NOPTS)];
+    char shorts[CLI_GETOPT_SHORT_MAX(NOPTS)]; /* starts with ':': a missing value returns ':' */
+    int built =
+        cli_getopt(opt_table, NOPTS, lopts, CLI_GETOPT_LONG_MAX(NOPTS), shorts, sizeof(shorts));
+    assert(built == 0); /* the table above is well-formed */
+    (void)built;
 
     opterr = 0;
     int c;
@@ -518,13 +476,6 @@ static int iters_for(const bench_args *a, size_t nbytes)
         return (int)(k < lo ? lo : k);
     }
     return a->iters;
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1278,10 +1229,10 @@ int main(int argc, char **argv)
             rc = run_iters(&b, per, a->warmup, reqs);
         if (rc == 0)
             rc = coll_barrier(b.comm);
-        double t0 = now_us();
+        int64_t t0 = rdzv__now_ns();
         if (rc == 0)
             rc = run_iters(&b, per, iters, reqs);
-        double mean_us = (now_us() - t0) / iters;
+        double mean_us = (double)(rdzv__now_ns() - t0) / 1e3 / iters;
         if (rc < 0) {
             err("rank %d: %s of %zu bytes: %s: %s", b.rank, kind_names[a->kind], nbytes,
                 coll_strerror(rc), coll_last_error(b.comm));
