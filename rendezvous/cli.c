@@ -264,12 +264,14 @@ int cli_getopt(const cli_option *opts, size_t n, struct option *longopts, size_t
 /* ------------------------------------------------------------------------------------------ */
 
 /*
- * Writes text word-wrapped to CLI_HELP_WIDTH, the cursor being in column `col` (0: a new line)
- * and continuation lines indented by `indent`; then a newline. A word longer than a line gets a
- * line of its own.
+ * Writes text word-wrapped to `width` columns (0: no wrapping), the cursor being in column `col`
+ * (0: a new line) and continuation lines indented by `indent`; then a newline. A word longer
+ * than a line gets a line of its own.
  */
-static void wrap_from(FILE *f, const char *text, int indent, int col)
+static void wrap_from(FILE *f, const char *text, int indent, int col, int width)
 {
+    if (width <= 0)
+        width = INT_MAX;
     const char *p = text;
     while (*p == ' ')
         p++;
@@ -284,7 +286,7 @@ static void wrap_from(FILE *f, const char *text, int indent, int col)
     bool line_empty = true;
     while (*p) {
         int w = (int)strcspn(p, " ");
-        if (!line_empty && col + 1 + w > CLI_HELP_WIDTH) {
+        if (!line_empty && col + 1 + w > width) {
             fprintf(f, "\n%*s", indent, "");
             col = indent;
             line_empty = true;
@@ -305,10 +307,10 @@ static void wrap_from(FILE *f, const char *text, int indent, int col)
 
 void cli_print_wrapped(FILE *f, const char *text, int indent)
 {
-    wrap_from(f, text, indent, 0);
+    wrap_from(f, text, indent, 0, CLI_HELP_WIDTH);
 }
 
-void cli_print_option(FILE *f, const cli_option *o, const char *text, int help_col)
+void cli_print_option(FILE *f, const cli_option *o, const char *text, int help_col, int width)
 {
     char left[256];
     size_t k = 0;
@@ -322,16 +324,16 @@ void cli_print_option(FILE *f, const cli_option *o, const char *text, int help_c
     int col = fprintf(f, "  %s", left);
     if (help_col <= 0) {
         fputc('\n', f);
-        wrap_from(f, text, 8, 0);
+        wrap_from(f, text, 8, 0, width);
     } else if (col < help_col) {
-        wrap_from(f, text, help_col, col);
+        wrap_from(f, text, help_col, col, width);
     } else {
         fputc('\n', f);
-        wrap_from(f, text, help_col, 0);
+        wrap_from(f, text, help_col, 0, width);
     }
 }
 
-void cli_print_options(FILE *f, const cli_option *opts, size_t n, int help_col)
+void cli_print_options(FILE *f, const cli_option *opts, size_t n, int help_col, int width)
 {
     for (size_t i = 0; i < n; i++) {
         const cli_option *o = &opts[i];
@@ -340,6 +342,6 @@ void cli_print_options(FILE *f, const cli_option *opts, size_t n, int help_col)
             snprintf(text, sizeof text, "%s (default: %s)", o->help, o->def);
         else
             snprintf(text, sizeof text, "%s", o->help);
-        cli_print_option(f, o, text, help_col);
+        cli_print_option(f, o, text, help_col, width);
     }
 }

@@ -146,17 +146,18 @@ int cli_getopt(const cli_option *opts, size_t n, struct option *longopts, size_t
 void cli_print_wrapped(FILE *f, const char *text, int indent);
 
 /*
- * Writes o's entry of --help: "  -b, --minbytes BYTES", then `text` (NULL: o->help) wrapped.
- * help_col 0 puts the text on the lines below, indented by 8; otherwise the text starts in
- * column help_col of the same line when the spellings leave room (on the next line when not),
- * and wrapped lines are indented to help_col.
+ * Writes o's entry of --help: "  -b, --minbytes BYTES", then `text` (NULL: o->help) word-wrapped
+ * to `width` columns (CLI_HELP_WIDTH, or 0 for one line however long). help_col 0 puts the text
+ * on the lines below, indented by 8; otherwise the text starts in column help_col of the same
+ * line when the spellings leave room (on the next line when not), and wrapped lines are
+ * indented to help_col.
  */
-void cli_print_option(FILE *f, const cli_option *o, const char *text, int help_col);
+void cli_print_option(FILE *f, const cli_option *o, const char *text, int help_col, int width);
 
 /*
  * cli_print_option() for each option of opts[0..n), with " (default: DEF)" after the help text
  * of the options that have a def.
  */
-void cli_print_options(FILE *f, const cli_option *opts, size_t n, int help_col);
+void cli_print_options(FILE *f, const cli_option *opts, size_t n, int help_col, int width);
 
 #endif /* DDP_CLI_H */

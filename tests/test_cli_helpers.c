@@ -251,17 +251,17 @@ static const char *capture(void (*fn)(FILE *))
 
 static void help_below(FILE *f)
 {
-    cli_print_options(f, table, 3, 0);
+    cli_print_options(f, table, 3, 0, CLI_HELP_WIDTH);
 }
 
 static void help_beside(FILE *f)
 {
-    cli_print_option(f, &table[2], NULL, 20);
-    cli_print_option(f, &table[3], "Workers per node, a positive integer.", 20);
-    cli_print_option(f, &table[1],
-                     "one two three four five six seven eight nine ten eleven "
-                     "twelve thirteen fourteen",
-                     40);
+    cli_print_option(f, &table[2], NULL, 20, CLI_HELP_WIDTH);
+    cli_print_option(f, &table[3], "Workers per node, a positive integer.", 20, 0);
+    static const char *text = "one two three four five six seven eight nine ten eleven twelve "
+                              "thirteen fourteen";
+    cli_print_option(f, &table[1], text, 40, CLI_HELP_WIDTH);
+    cli_print_option(f, &table[1], text, 20, 0); /* one line, however long */
 }
 
 static void wrapped(FILE *f)
@@ -289,7 +289,9 @@ START_TEST(help_layout)
                      "  -I, --inplace                         one two three four five six seven "
                      "eight\n"
                      "                                        nine ten eleven twelve thirteen "
-                     "fourteen\n");
+                     "fourteen\n"
+                     "  -I, --inplace     one two three four five six seven eight nine ten eleven "
+                     "twelve thirteen fourteen\n");
     ck_assert_str_eq(capture(wrapped), "usage: prog [OPTIONS] with spaces\n"
                                        "\n"
                                        "  aaaaaaaaa bbbbbbbbb ccccccccc ddddddddd eeeeeeeee "

@@ -201,7 +201,7 @@ static void usage(FILE *f)
                       0);
     fprintf(f, "\ncollectives: allreduce, reduce_scatter, allgather, broadcast, reduce\n"
                "\noptions:\n");
-    cli_print_options(f, opt_table, NOPTS, 0);
+    cli_print_options(f, opt_table, NOPTS, 0, CLI_HELP_WIDTH);
     fprintf(f, "\nexit status: 0 done and every checked element right; 1 wrong elements; 2 bad "
                "usage;\n3 environment, store, communicator or memory failure; 4 a collective "
                "failed.\n");
