@@ -221,7 +221,7 @@ int main(int argc, char **argv)
         }
         i++;
         continue;
-bad:
+    bad:
         if (!v)
             fprintf(stderr, "membw: %s needs a value\n", a);
         return 2;
@@ -311,8 +311,9 @@ bad:
         fprintf(f, "[");
         for (int s = 0; s < nsets; s++)
             for (int k = 0; k < K_COUNT; k++)
-                fprintf(f, "%s\n {\"kernel\": \"%s\", \"threads\": %d, \"bytes\": %zu, "
-                           "\"gbs\": %.3f}",
+                fprintf(f,
+                        "%s\n {\"kernel\": \"%s\", \"threads\": %d, \"bytes\": %zu, "
+                        "\"gbs\": %.3f}",
                         s + k ? "," : "", kernel_names[k], counts[s], bytes, best[s][k]);
         fprintf(f, "\n]\n");
         if (fclose(f) != 0) {
