@@ -23,18 +23,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "coll_internal.h"
+#include "monoclock.h"
 
 #define MAXSRC 4
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *f)
 {
@@ -149,9 +142,9 @@ int main(int argc, char **argv)
 
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = rdzv__now_s();
         memcpy(dst, bufs[0], nbytes);
-        double t = now_s() - t0;
+        double t = rdzv__now_s() - t0;
         best = t < best ? t : best;
     }
     printf("%-8s %5s %-12s %8.2f %8s %9.2f\n", "memcpy", "-", "-", 2.0 * nbytes / best / 1e9, "-",
@@ -172,9 +165,9 @@ int main(int argc, char **argv)
                 void *out = inplace ? bufs[0] : dst;
                 best = 1e30;
                 for (int r = 0; r < reps; r++) {
-                    double t0 = now_s();
+                    double t0 = rdzv__now_s();
                     coll__reduce_n(out, srcs, nsrc, count, dt, op);
-                    double t = now_s() - t0;
+                    double t = rdzv__now_s() - t0;
                     best = t < best ? t : best;
                 }
                 /* In place keeps reducing into srcs[0]; refresh it so later rows see sane data. */

@@ -16,6 +16,7 @@
  * Usage: shm-pingpong [-n 2,4] [-s auto,0,100,20000,-10] [-r rounds] [-k reps]
  */
 #include "coll_internal.h"
+#include "monoclock.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -71,7 +72,7 @@ static int64_t ring(coll__shm *s, uint64_t first, uint64_t last)
     coll__shm_hdr *h = s->base;
     int n = s->nlocal, r = s->local_rank, prev = (r + n - 1) % n;
     int64_t deadline = coll__deadline(120000);
-    int64_t t0 = coll__now_ns();
+    int64_t t0 = rdzv__now_ns();
     for (uint64_t i = first; i <= last; i++) {
         int rc;
         if (r == 0) {
@@ -84,7 +85,7 @@ static int64_t ring(coll__shm *s, uint64_t first, uint64_t last)
         if (rc != 0)
             return rc;
     }
-    return coll__now_ns() - t0;
+    return rdzv__now_ns() - t0;
 }
 
 static int cmp_i64(const void *a, const void *b)

@@ -54,6 +54,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "monoclock.h"
 #include "proto.h"
 
 #ifndef STORE_BENCH_SCRIPT
@@ -82,11 +83,10 @@ __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, .
     return rc;
 }
 
+/* The project's monotonic clock (monoclock.h), unsigned for this file's arithmetic. */
 static uint64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return (uint64_t)rdzv__now_ns();
 }
 
 /* CPU time of another process (all its threads), in ns; -1 if it cannot be read. */

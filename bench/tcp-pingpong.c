@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "coll_internal.h"
+#include "monoclock.h"
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -56,12 +57,12 @@ static void rank_main(coll__tcp *t, size_t nbytes, int reps, int iters, int bufs
     double *sec = calloc((size_t)reps + (size_t)iters, sizeof *sec);
     struct iovec s = {sbuf, nbytes}, r = {rbuf, nbytes};
     for (int i = -1; i < reps; i++) {
-        int64_t t0 = coll__now_ns();
+        int64_t t0 = rdzv__now_ns();
         rc = coll__tcp_xfer(t, peer, &s, 1, peer, &r, 1, coll__deadline(60000), &culprit);
         if (rc < 0)
             die("exchange", rc);
         if (i >= 0)
-            sec[i] = (double)(coll__now_ns() - t0) * 1e-9;
+            sec[i] = (double)(rdzv__now_ns() - t0) * 1e-9;
     }
     if (t->rank == 0) {
         qsort(sec, (size_t)reps, sizeof *sec, cmp_double);
@@ -75,7 +76,7 @@ static void rank_main(coll__tcp *t, size_t nbytes, int reps, int iters, int bufs
     uint64_t msg = 0;
     struct iovec m = {&msg, sizeof msg};
     for (int i = -100; i < iters; i++) {
-        int64_t t0 = coll__now_ns();
+        int64_t t0 = rdzv__now_ns();
         if (t->rank == 0) {
             rc = coll__tcp_xfer(t, peer, &m, 1, -1, NULL, 0, coll__deadline(10000), &culprit);
             if (rc == 0)
@@ -88,7 +89,7 @@ static void rank_main(coll__tcp *t, size_t nbytes, int reps, int iters, int bufs
         if (rc < 0)
             die("ping-pong", rc);
         if (i >= 0)
-            sec[i] = (double)(coll__now_ns() - t0) * 1e-9;
+            sec[i] = (double)(rdzv__now_ns() - t0) * 1e-9;
     }
     if (t->rank == 0) {
         qsort(sec, (size_t)iters, sizeof *sec, cmp_double);

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "monoclock.h"
 #include "noderdzv.h"
 #include "rdzv.h"
 
@@ -36,14 +37,6 @@
 /* ------------------------------------------------------------------------------------------ */
 
 #include "server_proc.h"
-
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void pause_s(double s)
 {
@@ -192,10 +185,10 @@ static void static_node(int i, rdzv_client *c, void *arg, node_result *r)
 {
     const static_args *s = arg;
     r->nproc = s->nproc[i];
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     r->rc = ddprun_rdzv_static(c, PREFIX, s->round, s->nnodes, s->ranks[i], s->nproc[i],
                                s->timeout_s, &r->a, r->err, sizeof r->err);
-    r->elapsed_s = now_s() - t0;
+    r->elapsed_s = rdzv__now_s() - t0;
 }
 
 START_TEST(test_static_prefix_sums)
@@ -293,10 +286,10 @@ static int dyn_call(rdzv_client *c, const dyn_args *d, int i, node_result *r)
     char id[64];
     snprintf(id, sizeof id, "host%d:%d", i, (int)getpid());
     r->nproc = d->nproc_base + i;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     r->rc = ddprun_rdzv_dynamic(c, PREFIX, d->round, d->min_nodes, d->max_nodes, id, r->nproc,
                                 d->join_s, d->last_call_s, &r->a, r->err, sizeof r->err);
-    r->elapsed_s = now_s() - t0;
+    r->elapsed_s = rdzv__now_s() - t0;
     return r->rc;
 }
 
@@ -310,13 +303,13 @@ START_TEST(test_dynamic_closes_at_max)
     /* The last call is far longer than the case's timeout: only reaching max can close it. */
     dyn_args d = {0, 2, 3, 5.0, 60.0, 1};
     node_result res[3];
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     run_nodes(3, dyn_node, &d, res);
     for (int i = 0; i < 3; i++)
         ck_assert_msg(res[i].rc == 0, "node %d: %d %s", i, res[i].rc, res[i].err);
     check_consistent(res, 3, 3, 0);
     ck_assert_int_eq(res[0].a.world_size, 1 + 2 + 3);
-    ck_assert_double_lt(now_s() - t0, 3.0);
+    ck_assert_double_lt(rdzv__now_s() - t0, 3.0);
 }
 END_TEST
 
@@ -463,21 +456,21 @@ START_TEST(test_heartbeat_detects_silent_node)
     ddprun_hb_state st;
     /* Three ranks: 0 beats throughout, 1 stops early, 2 never beats. */
     ck_assert_int_eq(ddprun_hb_init(&st, PREFIX, 0, 3, HB_DEAD_AFTER_S), 0);
-    double t_init = now_s();
+    double t_init = rdzv__now_s();
     nodes ns;
     nodes_start(&ns, 2, hb_node, NULL);
 
     const char *stopped_key = "hbtest/node1_stopped";
     double t_stopped = -1, t_dead1 = -1, t_dead2 = -1;
     while (t_dead1 < 0) {
-        ck_assert_msg(now_s() - t_init < 5.0, "node 1 never reported dead");
+        ck_assert_msg(rdzv__now_s() - t_init < 5.0, "node 1 never reported dead");
         if (t_stopped < 0 && rdzv_check(c, &stopped_key, 1) == 1)
-            t_stopped = now_s();
+            t_stopped = rdzv__now_s();
         int dead[3] = {-1, -1, -1};
         int n = ddprun_dead_nodes(c, &st, dead, 3);
         ck_assert_int_ge(n, 0);
         ck_assert_int_le(n, 2);
-        double t = now_s();
+        double t = rdzv__now_s();
         for (int k = 0; k < n; k++) {
             ck_assert_msg(dead[k] != 0, "node 0 reported dead while beating");
             if (dead[k] == 1 && t_dead1 < 0)

@@ -7,13 +7,13 @@
  *
  * Exit status: 0 success, 1 bad environment, 2 store error, 3 timed out.
  */
+#include "monoclock.h"
 #include "rdzv.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 static int env_int(const char *name, int *out)
@@ -27,13 +27,6 @@ static int env_int(const char *name, int *out)
         return -1;
     *out = (int)x;
     return 0;
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 int main(int argc, char **argv)
@@ -63,14 +56,14 @@ int main(int argc, char **argv)
     char host[256] = "?", key[32];
     gethostname(host, sizeof(host) - 1);
     snprintf(key, sizeof(key), "host/%d", rank);
-    double t0 = now_ms();
+    int64_t t0 = rdzv__now_ns();
     rc = rdzv_set(c, key, host, strlen(host));
     if (rc == 0)
         rc = rdzv_barrier(c, "barrier", world, -1);
-    double t1 = now_ms();
+    int64_t t1 = rdzv__now_ns();
     if (rc == 0 && rank == 0 && !quiet) {
         printf("ddp-hello: %d ranks passed the barrier on %s:%d (%.2f ms at rank 0)\n", world, addr,
-               port, t1 - t0);
+               port, (double)(t1 - t0) / 1e6);
     }
     if (rc < 0)
         fprintf(stderr, "ddp-hello: rank %d: %s (%s)\n", rank, rdzv_strerror(rc),

@@ -23,6 +23,10 @@
 
 #include "rdzv.h"
 
+/*
+ * CLOCK_REALTIME on purpose, not the project's monotonic clock (monoclock.h): these stamps are
+ * compared across processes and with `date +%s%N` in launch_bench.sh, which needs the wall clock.
+ */
 static int64_t now_ns(void)
 {
     struct timespec ts;
