@@ -338,12 +338,12 @@ int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, cons
  * What torchrun (and ddprun) tells a worker through its environment. Read by rdzv_env_read().
  */
 typedef struct rdzv_env {
-    int rank;             /* RANK */
-    int local_rank;       /* LOCAL_RANK (0 when unset) */
-    int world_size;       /* WORLD_SIZE */
-    int local_world_size; /* LOCAL_WORLD_SIZE (world_size when unset) */
-    int group_rank;       /* GROUP_RANK, the node rank (0 when unset) */
-    int restart_count;    /* TORCHELASTIC_RESTART_COUNT (0 when unset) */
+    int rank;              /* RANK */
+    int local_rank;        /* LOCAL_RANK (0 when unset) */
+    int world_size;        /* WORLD_SIZE */
+    int local_world_size;  /* LOCAL_WORLD_SIZE (world_size when unset) */
+    int group_rank;        /* GROUP_RANK, the node rank (0 when unset) */
+    int restart_count;     /* TORCHELASTIC_RESTART_COUNT (0 when unset) */
     char master_addr[256]; /* MASTER_ADDR */
     int master_port;       /* MASTER_PORT */
     char run_id[128];      /* TORCHELASTIC_RUN_ID ("none" when unset) */
