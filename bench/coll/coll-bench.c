@@ -5,14 +5,14 @@
  *     ddprun --nproc-per-node 4 coll-bench allreduce -b 8 -e 64M -f 2 -d f32 [--json FILE]
  *
  * Every rank reads the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
- * MASTER_PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT), connects a librendezvous
- * client to the launcher's store and creates one communicator under the prefix
- * "coll-bench/<run id>/<restart count>". Without that environment it runs alone: one rank, on
- * a store of its own. For each size from -b to -e it runs -w warm-up operations, a barrier,
- * then times -n operations (by default all issued with the i-form and then waited for, as
- * nccl-tests enqueues them; -z 1 waits for each), then (-c 1) runs one more operation on a
- * known pattern and counts the elements that differ from the expected result. Rank 0 prints
- * one row per size: size in bytes, count in elements, dtype, reduction, root, time per
+ * MASTER_PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT) with rdzv_env_read(), connects a
+ * librendezvous client to the launcher's store and creates one communicator under the prefix
+ * "coll-bench/<run id>/<restart count>" (rdzv_env_prefix()). Without that environment it runs
+ * alone: one rank, on a store of its own. For each size from -b to -e it runs -w warm-up
+ * operations, a barrier, then times -n operations (by default all issued with the i-form and then
+ * waited for, as nccl-tests enqueues them; -z 1 waits for each), then (-c 1) runs one more
+ * operation on a known pattern and counts the elements that differ from the expected result. Rank 0
+ * prints one row per size: size in bytes, count in elements, dtype, reduction, root, time per
  * operation in microseconds, algbw = size / time and busbw = algbw x nccl-tests' bus factor
  * (allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast and reduce 1), and the
  * number of wrong elements over all ranks.
@@ -1020,29 +1020,6 @@ static int print_ranks(bench *b, int device)
 /* Main                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Reads an integer environment variable; missing -> def (or an error when def < -1). */
-static int env_int(const char *name, int def, int *out)
-{
-    const char *s = getenv(name);
-    if (!s || !*s) {
-        if (def < -1) {
-            err("%s is not set (run under ddprun or torchrun)", name);
-            return -1;
-        }
-        *out = def;
-        return 0;
-    }
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < 0 || v > INT_MAX) {
-        err("%s=%s is not a non-negative integer", name, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 static void log_hook(void *arg, int level, const char *msg)
 {
     const int *rank = arg;
@@ -1088,14 +1065,23 @@ int main(int argc, char **argv)
     bench_args *a = &b.a;
     status = EXIT_SETUP;
 
-    /* Who we are: the torchrun environment, or a job of one on a store of our own. */
+    /*
+     * Who we are: the torchrun environment, or (none of RANK, WORLD_SIZE, MASTER_ADDR and
+     * MASTER_PORT set) a job of one on a store of our own.
+     */
     rdzv_server *own = NULL;
-    const char *addr = getenv("MASTER_ADDR");
-    int port = 0, local_rank = 0, restart = 0;
-    bool alone = !getenv("RANK") && !getenv("WORLD_SIZE") && !addr && !getenv("MASTER_PORT");
+    rdzv_env env;
     json_t *rows = NULL;
     coll_request **reqs = NULL;
-    if (alone) {
+    if (rdzv_env_read(&env) < 0) {
+        err("%s", rdzv_client_last_error(NULL));
+        return EXIT_SETUP;
+    }
+    const char *addr = env.master_addr;
+    int port = env.master_port, local_rank = env.local_rank;
+    b.rank = env.rank;
+    b.n = env.world_size;
+    if (env.standalone) {
         rdzv_server_options so;
         rdzv_server_options_init(&so);
         so.host = "127.0.0.1";
@@ -1107,19 +1093,6 @@ int main(int argc, char **argv)
         }
         addr = "127.0.0.1";
         port = rdzv_server_port(own);
-        b.rank = 0;
-        b.n = 1;
-    } else if (env_int("RANK", -2, &b.rank) < 0 || env_int("WORLD_SIZE", -2, &b.n) < 0 ||
-               env_int("MASTER_PORT", -2, &port) < 0 || env_int("LOCAL_RANK", 0, &local_rank) < 0 ||
-               env_int("TORCHELASTIC_RESTART_COUNT", 0, &restart) < 0) {
-        return EXIT_SETUP;
-    } else if (!addr || !*addr) {
-        err("MASTER_ADDR is not set (run under ddprun or torchrun)");
-        return EXIT_SETUP;
-    }
-    if (b.n < 1 || b.rank >= b.n) {
-        err("RANK=%d is not below WORLD_SIZE=%d", b.rank, b.n);
-        return EXIT_SETUP;
     }
     if (is_rooted(a->kind) && a->root >= b.n) {
         if (b.rank == 0)
@@ -1127,13 +1100,11 @@ int main(int argc, char **argv)
         status = EXIT_USAGE;
         goto out;
     }
-    const char *run_id = getenv("TORCHELASTIC_RUN_ID");
-    if (!run_id || !*run_id)
-        run_id = "none";
 
     rdzv_client_options co;
     rdzv_client_options_init(&co);
-    int rc = rdzv_client_connect(addr, port, &co, &b.store);
+    int rc = env.standalone ? rdzv_client_connect(addr, port, &co, &b.store)
+                            : rdzv_env_connect(&env, &co, &b.store);
     if (rc < 0) {
         err("rank %d: cannot reach the store at %s:%d: %s (%s)", b.rank, addr, port,
             rdzv_strerror(rc), rdzv_client_last_error(NULL));
@@ -1161,9 +1132,15 @@ int main(int argc, char **argv)
     opts.small_bytes = a->small_bytes;
     opts.log = log_hook;
     opts.log_arg = &b.rank;
+    /* The communicator's keys and the bench's own, per attempt of the job. */
     char prefix[512];
-    snprintf(prefix, sizeof(prefix), "coll-bench/%s/%d", run_id, restart);
-    snprintf(b.key_prefix, sizeof(b.key_prefix), "coll-bench-stats/%s/%d", run_id, restart);
+    rc = rdzv_env_prefix(&env, "coll-bench", prefix, sizeof(prefix));
+    if (rc == 0)
+        rc = rdzv_env_prefix(&env, "coll-bench-stats", b.key_prefix, sizeof(b.key_prefix));
+    if (rc < 0) {
+        err("rank %d: store key prefix: %s", b.rank, rdzv_strerror(rc));
+        goto out;
+    }
     rc = coll_comm_init(b.store, prefix, b.rank, b.n, a->backend, device, &opts, &b.comm);
     if (rc < 0) {
         err("rank %d: coll_comm_init (%s backend, device %d): %s: %s", b.rank,

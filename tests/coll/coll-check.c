@@ -66,7 +66,7 @@
 typedef struct ctx {
     /* Environment. */
     int rank, world, local_rank, local_world;
-    char run_id[96], restart[32];
+    char attempt[192]; /* "coll-check/<run id>/<restart count>" */
     rdzv_client *store;
     /* Options. */
     coll_backend backend;
@@ -2180,19 +2180,6 @@ static const struct {
     {"args", scen_args},
 };
 
-static int env_int(const char *name, int *out)
-{
-    const char *v = getenv(name);
-    char *end;
-    if (!v || !*v)
-        return -1;
-    long x = strtol(v, &end, 10);
-    if (*end || x < 0 || x > 1 << 30)
-        return -1;
-    *out = (int)x;
-    return 0;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: coll-check [options] SCENARIO...   (run under ddprun)\n"
@@ -2221,8 +2208,7 @@ int main(int argc, char **argv)
              .seed = 1,
              .expect_hosts = -1,
              .big_mib = 64,
-             .watchdog_s = 300,
-             .local_world = -1};
+             .watchdog_s = 300};
     enum {
         O_BACKEND = 256,
         O_TIMEOUT,
@@ -2322,19 +2308,26 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    int port;
-    const char *addr = getenv("MASTER_ADDR");
-    if (env_int("RANK", &c.rank) || env_int("WORLD_SIZE", &c.world) ||
-        env_int("MASTER_PORT", &port) || !addr || c.world < 1 || c.rank >= c.world) {
+    rdzv_env env;
+    if (rdzv_env_read(&env) < 0) {
+        fprintf(stderr, "coll-check: %s\n", rdzv_client_last_error(NULL));
+        return 2;
+    }
+    if (env.standalone) {
         fprintf(stderr, "coll-check: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
                         "(run me under ddprun)\n");
         return 2;
     }
-    if (env_int("LOCAL_RANK", &c.local_rank) || env_int("LOCAL_WORLD_SIZE", &c.local_world))
-        c.local_world = -1;
-    const char *run = getenv("TORCHELASTIC_RUN_ID"), *rs = getenv("TORCHELASTIC_RESTART_COUNT");
-    snprintf(c.run_id, sizeof(c.run_id), "%s", run && *run ? run : "none");
-    snprintf(c.restart, sizeof(c.restart), "%s", rs && *rs ? rs : "0");
+    c.rank = env.rank;
+    c.world = env.world_size;
+    c.local_rank = env.local_rank;
+    c.local_world = env.local_world_size;
+    /* Per attempt: "coll-check/<run id>/<restart count>", then "/<scenario>" for each. */
+    if (rdzv_env_prefix(&env, "coll-check", c.attempt, sizeof(c.attempt)) < 0) {
+        fprintf(stderr, "coll-check: TORCHELASTIC_RUN_ID=%s makes too long a key prefix\n",
+                env.run_id);
+        return 2;
+    }
     g_rank = c.rank;
     g_watchdog_s = c.watchdog_s;
     set_where("connecting to the store");
@@ -2345,17 +2338,16 @@ int main(int argc, char **argv)
     rdzv_client_options so;
     rdzv_client_options_init(&so);
     so.timeout_ms = 600000;
-    int rc = rdzv_client_connect(addr, port, &so, &c.store);
+    int rc = rdzv_env_connect(&env, &so, &c.store);
     if (rc < 0) {
-        fprintf(stderr, "coll-check: rank %d: store %s:%d: %s\n", c.rank, addr, port,
-                rdzv_client_last_error(NULL));
+        fprintf(stderr, "coll-check: rank %d: store %s:%d: %s\n", c.rank, env.master_addr,
+                env.master_port, rdzv_client_last_error(NULL));
         return 2;
     }
     int status = 0;
     for (int i = optind; i < argc; i++) {
         c.scenario = argv[i];
-        snprintf(c.prefix, sizeof(c.prefix), "coll-check/%s/%s/%s", c.run_id, c.restart,
-                 c.scenario);
+        snprintf(c.prefix, sizeof(c.prefix), "%s/%s", c.attempt, c.scenario);
         c.checks = c.failures = c.reports = 0;
         memset(c.max_ratio, 0, sizeof(c.max_ratio));
         int64_t t0 = rdzv__now_ns();
