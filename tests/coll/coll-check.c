@@ -39,13 +39,16 @@
  *
  * Exit status: 0 every check passed, 1 a check failed, 2 bad usage or environment, 3 watchdog.
  */
+#include "cli.h"
 #include "coll.h"
 #include "monoclock.h"
 #include "rdzv.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -2180,23 +2183,109 @@ static const struct {
     {"args", scen_args},
 };
 
+enum {
+    O_BACKEND = 256,
+    O_TIMEOUT,
+    O_VICTIM,
+    O_SKIPPER,
+    O_SEED,
+    O_QUICK,
+    O_CHUNK,
+    O_SMALL,
+    O_BIND,
+    O_HOSTS,
+    O_BIG,
+    O_WATCHDOG,
+    O_VERBOSE,
+    O_HELP
+};
+
+/* The options (cli.h): getopt_long's tables and the usage text are both made from it. */
+static const cli_option options[] = {
+    {O_BACKEND, {"--backend"}, "NAME", NULL, 0, "cpu (default), nccl or auto"},
+    {O_TIMEOUT, {"--timeout-ms"}, "N", NULL, 0, "communicator timeout (default per scenario)"},
+    {O_VICTIM, {"--victim"}, "R", NULL, 0, "kill: the rank that dies (default: the last)"},
+    {O_SKIPPER, {"--skipper"}, "R", NULL, 0, "timeout: the rank that skips (default: the last)"},
+    {O_SEED, {"--seed"}, "N", NULL, 0, "input seed (default 1)"},
+    {O_QUICK, {"--quick"}, NULL, NULL, 0, "ops: fewer counts and roots"},
+    {O_CHUNK, {"--chunk-bytes"}, "N", NULL, 0, "coll_options.chunk_bytes"},
+    {O_SMALL, {"--small-bytes"}, "N", NULL, 0, "coll_options.small_bytes"},
+    {O_BIND, {"--bind-addr"}, "ADDR", NULL, 0, "coll_options.bind_addr"},
+    {O_HOSTS, {"--expect-hosts"}, "N", NULL, 0, "fail unless the communicator sees N hosts"},
+    {O_BIG, {"--big-mib"}, "N", NULL, 0, "size of the big and kill buffers (default 64)"},
+    {O_WATCHDOG, {"--watchdog-s"}, "N", NULL, 0, "exit 3 after N s without progress (default 300)"},
+    {O_VERBOSE, {"--verbose"}, NULL, NULL, 0, ""},
+    {O_HELP, {"--help"}, NULL, NULL, 0, "this help"},
+};
+#define NOPTIONS (sizeof(options) / sizeof(options[0]))
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: coll-check [options] SCENARIO...   (run under ddprun)\n"
-               "scenarios: ops big inflight split p2p barrier abort timeout kill args\n"
-               "  --backend NAME      cpu (default), nccl or auto\n"
-               "  --timeout-ms N      communicator timeout (default per scenario)\n"
-               "  --victim R          kill: the rank that dies (default: the last)\n"
-               "  --skipper R         timeout: the rank that skips (default: the last)\n"
-               "  --seed N            input seed (default 1)\n"
-               "  --quick             ops: fewer counts and roots\n"
-               "  --chunk-bytes N     coll_options.chunk_bytes\n"
-               "  --small-bytes N     coll_options.small_bytes\n"
-               "  --bind-addr ADDR    coll_options.bind_addr\n"
-               "  --expect-hosts N    fail unless the communicator sees N hosts\n"
-               "  --big-mib N         size of the big and kill buffers (default 64)\n"
-               "  --watchdog-s N      exit 3 after N s without progress (default 300)\n"
-               "  --verbose\n");
+               "scenarios: ops big inflight split p2p barrier abort timeout kill args\n");
+    for (size_t i = 0; i < NOPTIONS; i++)
+        cli_print_option(f, &options[i], NULL, 22, CLI_HELP_WIDTH);
+}
+
+/* Reads the value of option `opt` into c; 0, or -1 with the message printed. */
+static int set_option(ctx *c, int opt, const char *val)
+{
+    const char *flag = cli_long_name(cli_by_id(options, NOPTIONS, opt));
+    long v;
+    int rc = 0;
+    switch (opt) {
+    case O_BACKEND:
+        if (coll_backend_parse(val, &c->backend) != 0) {
+            fprintf(stderr, "coll-check: unknown backend %s\n", val);
+            return -1;
+        }
+        break;
+    case O_TIMEOUT:
+        rc = cli_parse_int(flag, val, -1, INT_MAX, &c->timeout_ms);
+        break;
+    case O_VICTIM:
+        rc = cli_parse_int(flag, val, -1, INT_MAX, &c->victim);
+        break;
+    case O_SKIPPER:
+        rc = cli_parse_int(flag, val, -1, INT_MAX, &c->skipper);
+        break;
+    case O_SEED:
+        rc = cli_parse_long(flag, val, 0, LONG_MAX, &v);
+        if (rc == 0)
+            c->seed = (uint64_t)v;
+        break;
+    case O_QUICK:
+        c->quick = true;
+        break;
+    case O_CHUNK:
+        rc = cli_parse_size(flag, val, 0, SIZE_MAX, &c->chunk_bytes);
+        break;
+    case O_SMALL:
+        rc = cli_parse_size(flag, val, 0, SIZE_MAX, &c->small_bytes);
+        break;
+    case O_BIND:
+        c->bind_addr = val;
+        break;
+    case O_HOSTS:
+        rc = cli_parse_int(flag, val, -1, INT_MAX, &c->expect_hosts);
+        break;
+    case O_BIG:
+        rc = cli_parse_long(flag, val, 1, 1 << 20, &v);
+        if (rc == 0)
+            c->big_mib = (size_t)v;
+        break;
+    case O_WATCHDOG:
+        rc = cli_parse_int(flag, val, 1, INT_MAX, &c->watchdog_s);
+        break;
+    case O_VERBOSE:
+        c->verbose = true;
+        break;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "coll-check: %s\n", cli_last_error());
+        return -1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -2209,91 +2298,25 @@ int main(int argc, char **argv)
              .expect_hosts = -1,
              .big_mib = 64,
              .watchdog_s = 300};
-    enum {
-        O_BACKEND = 256,
-        O_TIMEOUT,
-        O_VICTIM,
-        O_SKIPPER,
-        O_SEED,
-        O_QUICK,
-        O_CHUNK,
-        O_SMALL,
-        O_BIND,
-        O_HOSTS,
-        O_BIG,
-        O_WATCHDOG,
-        O_VERBOSE,
-        O_HELP
-    };
-    static const struct option longopts[] = {
-        {"backend", required_argument, NULL, O_BACKEND},
-        {"timeout-ms", required_argument, NULL, O_TIMEOUT},
-        {"victim", required_argument, NULL, O_VICTIM},
-        {"skipper", required_argument, NULL, O_SKIPPER},
-        {"seed", required_argument, NULL, O_SEED},
-        {"quick", no_argument, NULL, O_QUICK},
-        {"chunk-bytes", required_argument, NULL, O_CHUNK},
-        {"small-bytes", required_argument, NULL, O_SMALL},
-        {"bind-addr", required_argument, NULL, O_BIND},
-        {"expect-hosts", required_argument, NULL, O_HOSTS},
-        {"big-mib", required_argument, NULL, O_BIG},
-        {"watchdog-s", required_argument, NULL, O_WATCHDOG},
-        {"verbose", no_argument, NULL, O_VERBOSE},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
+    struct option longopts[CLI_GETOPT_LONG_MAX(NOPTIONS)];
+    char shorts[CLI_GETOPT_SHORT_MAX(NOPTIONS)];
+    int built = cli_getopt(options, NOPTIONS, longopts, CLI_GETOPT_LONG_MAX(NOPTIONS), shorts,
+                           sizeof(shorts));
+    assert(built == 0); /* the table above is well-formed */
+    (void)built;
     int opt;
+    /* No short options; getopt_long reports unknown options and missing values itself. */
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (opt) {
-        case O_BACKEND:
-            if (coll_backend_parse(optarg, &c.backend) != 0) {
-                fprintf(stderr, "coll-check: unknown backend %s\n", optarg);
-                return 2;
-            }
-            break;
-        case O_TIMEOUT:
-            c.timeout_ms = atoi(optarg);
-            break;
-        case O_VICTIM:
-            c.victim = atoi(optarg);
-            break;
-        case O_SKIPPER:
-            c.skipper = atoi(optarg);
-            break;
-        case O_SEED:
-            c.seed = strtoull(optarg, NULL, 0);
-            break;
-        case O_QUICK:
-            c.quick = true;
-            break;
-        case O_CHUNK:
-            c.chunk_bytes = strtoull(optarg, NULL, 0);
-            break;
-        case O_SMALL:
-            c.small_bytes = strtoull(optarg, NULL, 0);
-            break;
-        case O_BIND:
-            c.bind_addr = optarg;
-            break;
-        case O_HOSTS:
-            c.expect_hosts = atoi(optarg);
-            break;
-        case O_BIG:
-            c.big_mib = strtoull(optarg, NULL, 0);
-            break;
-        case O_WATCHDOG:
-            c.watchdog_s = atoi(optarg);
-            break;
-        case O_VERBOSE:
-            c.verbose = true;
-            break;
-        case O_HELP:
+        if (opt == O_HELP) {
             usage(stdout);
             return 0;
-        default:
+        }
+        if (opt < 256) { /* '?': getopt_long named the unknown option or missing value */
             usage(stderr);
             return 2;
         }
+        if (set_option(&c, opt, optarg) < 0)
+            return 2;
     }
     if (optind >= argc) {
         usage(stderr);
