@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "coll_internal.h"
 #include "monoclock.h"
 
@@ -85,17 +86,22 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
         } else if (strcmp(a, "--mib") == 0 && v) {
-            mib = strtoul(v, NULL, 10);
+            long n;
+            rc = cli_parse_long(a, v, 1, 1 << 20, &n);
+            mib = rc == 0 ? (size_t)n : mib;
             i++;
         } else if (strcmp(a, "--kib") == 0 && v) {
-            kib = strtoul(v, NULL, 10);
+            long n;
+            rc = cli_parse_long(a, v, 0, 1 << 30, &n);
+            kib = rc == 0 ? (size_t)n : kib;
             i++;
         } else if (strcmp(a, "--reps") == 0 && v) {
-            reps = atoi(v);
+            rc = cli_parse_int(a, v, 1, 1 << 20, &reps);
             i++;
         } else if (strcmp(a, "--dtype") == 0 && v && ndtypes < 16) {
             if (coll_dtype_parse(v, &dtypes[ndtypes++]) < 0) {
@@ -111,6 +117,10 @@ int main(int argc, char **argv)
             i++;
         } else {
             usage(stderr);
+            return 2;
+        }
+        if (rc < 0) {
+            fprintf(stderr, "reduce-bench: %s\n", cli_last_error());
             return 2;
         }
     }
