@@ -19,9 +19,10 @@
  * affinity mask. Nothing is printed except by --help, --version and --print-completion; errors go
  * to the caller's buffer. *cfg is written only on success.
  */
-#include "config.h"
+#include "options.h"
 #include "slurm.h"
 #include "cli.h"
+#include "version.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -38,10 +39,6 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
-
-#ifndef DDPRUN_VERSION
-#define DDPRUN_VERSION "0.1.0"
-#endif
 
 #define C10D_DEFAULT_PORT 29400 /* torchrun's c10d rendezvous default */
 #define STATIC_DEFAULT_PORT 29500
@@ -828,7 +825,8 @@ static int make_uuid(char **out)
         got += (size_t)k;
     }
     if (got < sizeof b) {
-        /* No getrandom(): time and pid are unique enough for a job id. */
+        /* No getrandom(): time and pid are unique enough for a job id. The wall clock here is
+         * entropy, not a deadline (those use monoclock.h): it differs across reboots. */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t x =
@@ -1101,7 +1099,6 @@ void ddprun_config_free(ddprun_config *c)
         return;
     free(c->master_addr);
     free(c->local_addr);
-    free(c->rdzv_backend);
     free(c->rdzv_endpoint);
     free(c->rdzv_host);
     free(c->rdzv_id);
@@ -1121,7 +1118,8 @@ void ddprun_config_free(ddprun_config *c)
 /* Step 4: converts and checks the final values into c, then applies torchrun's run() rules. */
 static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err, size_t errlen)
 {
-    static const char *backends[] = {"static", "c10d", NULL};
+    static const char *backends[] = {
+        [DDPRUN_BACKEND_STATIC] = "static", [DDPRUN_BACKEND_C10D] = "c10d", NULL};
     static const char *methods[] = {"spawn", "fork", "forkserver", NULL};
     static const char *numa[] = {"node", "socket", "exclusive", "core-complex", NULL};
     int rc;
@@ -1136,6 +1134,11 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     TRY(get_nproc(r, &c->nproc_per_node, err, errlen));
     TRY(get_int(r, O_NODE_RANK, 0, INT32_MAX, &c->node_rank, err, errlen));
     TRY(check_choice(r, O_RDZV_BACKEND, backends, err, errlen));
+    /* The one place the backend's name is compared: from here on it is an enum. */
+    ddprun_backend backend = DDPRUN_BACKEND_STATIC;
+    for (int i = 0; backends[i]; i++)
+        if (strcmp(r->value[O_RDZV_BACKEND], backends[i]) == 0)
+            backend = (ddprun_backend)i;
     TRY(get_flag(r, O_STANDALONE, &c->standalone, err, errlen));
     TRY(get_int(r, O_MAX_RESTARTS, 0, INT32_MAX, &c->max_restarts, err, errlen));
     TRY(get_seconds(r->label[O_MONITOR_INTERVAL], r->value[O_MONITOR_INTERVAL], true,
@@ -1192,10 +1195,10 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
      * agent to host the store itself and publish the port it got.
      */
     const char *endpoint = r->value[O_RDZV_ENDPOINT];
-    bool local = c->standalone || (strcmp(r->value[O_RDZV_BACKEND], "static") == 0 && !*endpoint &&
+    bool local = c->standalone || (backend == DDPRUN_BACKEND_STATIC && !*endpoint &&
                                    !r->value[O_MASTER_PORT] && c->nnodes_max == 1);
     if (local) {
-        TRY(dup_str("c10d", &c->rdzv_backend));
+        c->rdzv_backend = DDPRUN_BACKEND_C10D;
         TRY(dup_str("127.0.0.1:0", &c->rdzv_endpoint));
         TRY(dup_str("127.0.0.1", &c->rdzv_host));
         c->rdzv_port = 0;
@@ -1209,10 +1212,10 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
         return 0;
     }
 
-    TRY(dup_str(r->value[O_RDZV_BACKEND], &c->rdzv_backend));
+    c->rdzv_backend = backend;
     TRY(dup_str(endpoint, &c->rdzv_endpoint));
     TRY(dup_str(r->value[O_RDZV_ID], &c->rdzv_id));
-    if (strcmp(c->rdzv_backend, "c10d") == 0) {
+    if (backend == DDPRUN_BACKEND_C10D) {
         if (!*endpoint) {
             /* torchrun's parse_rendezvous_endpoint() of an empty endpoint. */
             TRY(dup_str("localhost", &c->rdzv_host));

@@ -26,6 +26,11 @@
 extern "C" {
 #endif
 
+/* The range of libcollective's project codes (COLL_ERROR_MAP in coll.h); tests/test_errors.c
+ * checks that every code lies in it and that it does not overlap librendezvous's. */
+#define COLL_ERROR_CODE_HIGH (-1000)
+#define COLL_ERROR_CODE_LOW (-1099)
+
 /* Monotonic clock in nanoseconds. */
 int64_t coll__now_ns(void);
 /* now + timeout_ms in ns; INT64_MAX for timeout_ms < 0. */

@@ -38,10 +38,7 @@
 #include "cli.h"
 #include "monoclock.h"
 #include "rdzv.h"
-
-#ifndef DDPRUN_VERSION
-#define DDPRUN_VERSION "0.1.0"
-#endif
+#include "version.h"
 
 #define PROG "ddp-rendezvous"
 

@@ -75,7 +75,6 @@ static void expect_value(rdzv_client *c, const char *key, const char *expect)
     rdzv_free(v);
 }
 
-
 /* A TCP socket bound to 127.0.0.1 on a free port, not listening: connections are refused. */
 static int refusing_socket(int *port_out)
 {
@@ -1088,8 +1087,8 @@ static Suite *client_suite(void)
 int main(void)
 {
     SRunner *sr = srunner_create(client_suite());
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
+    srunner_set_fork_status(sr, CK_FORK_GETENV);
+    srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;

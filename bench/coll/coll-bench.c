@@ -51,13 +51,10 @@
 #include "coll.h"
 #include "monoclock.h"
 #include "rdzv.h"
+#include "version.h"
 
 #ifdef COLL_BENCH_CUDA
 #include <cuda_runtime.h>
-#endif
-
-#ifndef DDPRUN_VERSION
-#define DDPRUN_VERSION "unknown"
 #endif
 
 /* Exit status, as documented in --help and coll-bench(1). */
