@@ -6,8 +6,9 @@
  * leaves one sentence in a per-thread buffer for cli_last_error(); the callers add their
  * program's name. What this file deliberately does not do: decide what a value means (choices,
  * endpoints, lists are the programs'), read the environment, or run a parse loop of its own
- * (ddprun parses as argparse does, ddp-rendezvous takes options after its command word, the
- * benchmarks use getopt_long; all three share the table, the lookups and the help).
+ * (ddprun parses as argparse does, ddp-rendezvous takes options on either side of its command
+ * word, coll-bench and the other benchmarks use getopt_long; all share the table, the lookups and
+ * the help).
  */
 #include "cli.h"
 

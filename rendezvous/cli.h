@@ -4,8 +4,8 @@
  * tests/test_help_man.sh, the man page cannot drift from what the parser accepts; and one parser
  * each for integers, real numbers, seconds and byte sizes, whose error sentences name the flag.
  *
- * Internal to the project's programs (ddprun, ddp-rendezvous, coll-bench, membw): a static
- * library, not part of librendezvous.so, and not installed.
+ * Internal to the project's programs (ddprun, ddp-rendezvous, coll-bench, coll-check and the
+ * other benchmarks): a static library, not part of librendezvous.so, and not installed.
  *
  * Conventions: the parsers are pure. They never print and never exit: they return 0, or a
  * negative errno (-EINVAL, -ENOSPC) and leave one sentence for cli_last_error(), which names the
