@@ -160,28 +160,16 @@ static bool prefix_sums(const int64_t *nproc, int nnodes, int me, int *offset, i
 /* Static rendezvous                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
-/*
- * The sentence for a static round whose all-gather timed out. rdzv_allgather() names the missing
- * ranks in the client's last error, as "rank[s] <list> did not publish <key> within <n> ms (<k> of
- * <n> present)" (rdzv.h); those ranks are node ranks here, and the sentence says so in the
- * launcher's words. An account of another shape is passed on as it is.
- */
-static int static_timeout(rdzv_client *c, int round, double timeout_s, char *err, size_t errlen)
+/* The sentence for a static round whose all-gather timed out: the missing node ranks. */
+static int static_timeout(const unsigned char *missing, int nnodes, int round, double timeout_s,
+                          char *err, size_t errlen)
 {
-    const char *why = rdzv_client_last_error(c);
-    const char *list = NULL, *end = NULL, *present = NULL;
-    bool plural = strncmp(why, "ranks ", 6) == 0;
-    if (plural || strncmp(why, "rank ", 5) == 0)
-        list = why + (plural ? 6 : 5);
-    if (list)
-        end = strstr(list, " did not publish ");
-    if (end)
-        present = strrchr(end, '(');
-    if (!present)
-        return set_err(err, errlen, -ETIMEDOUT, "static rendezvous round %d: %s", round, why);
+    char list[256];
+    int n = rdzv_rank_list(missing, nnodes, list, sizeof list);
     return set_err(err, errlen, -ETIMEDOUT,
-                   "static rendezvous round %d: node rank%s %.*s did not show up within %g s %s",
-                   round, plural ? "s" : "", (int)(end - list), list, timeout_s, present);
+                   "static rendezvous round %d: node rank%s %s did not show up within %g s (%d of "
+                   "%d present)",
+                   round, n == 1 ? "" : "s", list, timeout_s, nnodes - n, nnodes);
 }
 
 int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes, int node_rank,
@@ -201,6 +189,7 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
     void **values = NULL;
     size_t *lens = NULL;
     int64_t *nprocs = NULL;
+    unsigned char *missing = NULL; /* node ranks that did not publish, after a timeout */
     char num[32];
     void *opened = NULL; /* the node count the round was opened with */
     size_t opened_len = 0;
@@ -250,13 +239,14 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
     values = calloc((size_t)nnodes, sizeof *values);
     lens = calloc((size_t)nnodes, sizeof *lens);
     nprocs = calloc((size_t)nnodes, sizeof *nprocs);
-    if (!key || !values || !lens || !nprocs)
+    missing = calloc((size_t)nnodes, 1);
+    if (!key || !values || !lens || !nprocs || !missing)
         goto oom;
     snprintf(num, sizeof num, "%d", nproc);
     rc = rdzv_allgather(c, key, node_rank, nnodes, num, strlen(num), to_ms(timeout_s), values, lens,
-                        NULL);
+                        missing);
     if (rc == -ETIMEDOUT) {
-        rc = static_timeout(c, round, timeout_s, err, errlen);
+        rc = static_timeout(missing, nnodes, round, timeout_s, err, errlen);
         goto out;
     }
     if (rc < 0) {
@@ -292,6 +282,7 @@ out:
     free_values(values, nnodes);
     free(lens);
     free(nprocs);
+    free(missing);
     return rc;
 }
 

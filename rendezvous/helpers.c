@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SHOW_MISSING 16 /* missing ranks named in a timeout message; the rest are counted */
+#define SHOW_RANKS 16 /* ranks named in a list; the rest are counted */
 
 int rdzv_rank_keys(const char *prefix, int n, char ***keys)
 {
@@ -62,59 +62,69 @@ int rdzv_set_once(rdzv_client *c, const char *key, const void *value, size_t nby
     return same;
 }
 
+int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap)
+{
+    if (!flags || n < 0 || !buf || cap == 0)
+        return -EINVAL;
+    size_t used = 0;
+    int count = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < n; r++) {
+        if (!flags[r])
+            continue;
+        if (count++ < SHOW_RANKS && used < cap) {
+            int w = snprintf(buf + used, cap - used, "%s%d", count > 1 ? ", " : "", r);
+            used = w < 0 ? cap : used + (size_t)w;
+        }
+    }
+    if (count > SHOW_RANKS && used < cap)
+        snprintf(buf + used, cap - used, " and %d more", count - SHOW_RANKS);
+    return count;
+}
+
 /*
  * After a timed-out wait: one MULTI_GET tells which ranks are missing (their values are empty).
- * Sets the client's last error naming them and *missing to the lowest; returns -ETIMEDOUT, or
- * the MULTI_GET's error.
+ * Sets the client's last error naming them and fills `missing` (if not NULL); returns
+ * -ETIMEDOUT, or the MULTI_GET's error.
  */
 static int name_missing(rdzv_client *c, const char *prefix, char **keys, int world, int timeout_ms,
-                        int *missing)
+                        unsigned char *missing)
 {
     void **vals = calloc((size_t)world, sizeof *vals);
     size_t *lens = calloc((size_t)world, sizeof *lens);
+    unsigned char *flags = missing ? missing : calloc((size_t)world, 1);
     int rc = -ENOMEM;
-    if (!vals || !lens)
+    if (!vals || !lens || !flags)
         goto out;
     rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)world, vals, lens);
     if (rc < 0)
         goto out;
-    char list[SHOW_MISSING * 12 + 32] = "";
-    size_t used = 0;
-    int nmissing = 0, first = -1;
     for (int r = 0; r < world; r++) {
         rdzv_free(vals[r]);
-        if (lens[r] > 0)
-            continue;
-        if (first < 0)
-            first = r;
-        if (nmissing++ < SHOW_MISSING)
-            used += (size_t)snprintf(list + used, sizeof list - used, "%s%d",
-                                     nmissing > 1 ? ", " : "", r);
+        flags[r] = lens[r] == 0;
     }
-    if (nmissing > SHOW_MISSING)
-        snprintf(list + used, sizeof list - used, " and %d more", nmissing - SHOW_MISSING);
-    if (first < 0) {
+    char list[SHOW_RANKS * 12 + 32];
+    int nmissing = rdzv_rank_list(flags, world, list, sizeof list);
+    if (nmissing == 0)
         /* Everyone arrived between the wait's end and the MULTI_GET: still a timeout. */
-        rdzv__client_error(c, -ETIMEDOUT, "every rank published %s, but only after %d ms", prefix,
+        rdzv__client_error(c, 0, "every rank published %s, but only after %d ms", prefix,
                            timeout_ms);
-    } else {
-        rdzv__client_error(c, -ETIMEDOUT,
-                           "rank%s %s did not publish %s within %d ms (%d of %d "
-                           "present)",
+    else
+        rdzv__client_error(c, 0, "rank%s %s did not publish %s within %d ms (%d of %d present)",
                            nmissing == 1 ? "" : "s", list, prefix, timeout_ms, world - nmissing,
                            world);
-        if (missing)
-            *missing = first;
-    }
     rc = -ETIMEDOUT;
 out:
+    if (flags != missing)
+        free(flags);
     free(vals);
     free(lens);
     return rc;
 }
 
 int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, const void *value,
-                   size_t nbytes, int timeout_ms, void **values, size_t *nbytes_out, int *missing)
+                   size_t nbytes, int timeout_ms, void **values, size_t *nbytes_out,
+                   unsigned char *missing)
 {
     if (!c || !prefix || world < 1 || rank < 0 || rank >= world || !value || nbytes == 0 ||
         !values || !nbytes_out)

@@ -53,6 +53,29 @@ START_TEST(test_rank_keys)
 }
 END_TEST
 
+START_TEST(test_rank_list)
+{
+    unsigned char f[40] = {0};
+    char buf[256];
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "");
+    f[3] = 1;
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 1);
+    ck_assert_str_eq(buf, "3");
+    f[0] = f[39] = 1;
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 3);
+    ck_assert_str_eq(buf, "0, 3, 39");
+    memset(f, 1, sizeof f);
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 40);
+    ck_assert_str_eq(buf, "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 and 24 more");
+    /* Cut to the buffer, always terminated. */
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, 8), 40);
+    ck_assert_str_eq(buf, "0, 1, 2");
+    ck_assert_int_eq(rdzv_rank_list(NULL, 1, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_rank_list(f, 1, buf, 0), -EINVAL);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* rdzv_set_once                                                                               */
 /* ------------------------------------------------------------------------------------------ */
@@ -93,7 +116,8 @@ END_TEST
 struct rank_arg {
     int rank, world, timeout_ms;
     const char *prefix;
-    int rc, missing;
+    int rc;
+    unsigned char missing[WORLD];
     char err[512];
     void *values[WORLD];
     size_t nbytes[WORLD];
@@ -111,9 +135,9 @@ static void *rank_main(void *p)
         return NULL;
     char val[32];
     snprintf(val, sizeof val, "value of rank %d", r->rank);
-    r->missing = -1;
+    memset(r->missing, 0xff, sizeof r->missing);
     r->rc = rdzv_allgather(c, r->prefix, r->rank, r->world, val, strlen(val), r->timeout_ms,
-                           r->values, r->nbytes, &r->missing);
+                           r->values, r->nbytes, r->missing);
     snprintf(r->err, sizeof r->err, "%s", rdzv_client_last_error(c));
     rdzv_client_close(c);
     return NULL;
@@ -162,7 +186,8 @@ START_TEST(test_allgather_timeout_names_missing)
         pthread_join(t[i], NULL);
     for (int i = 0; i < 3; i++) {
         ck_assert_int_eq(r[i].rc, -ETIMEDOUT);
-        ck_assert_int_eq(r[i].missing, 1);
+        const unsigned char want[WORLD] = {0, 1, 0, 1, 0};
+        ck_assert_mem_eq(r[i].missing, want, WORLD);
         ck_assert_msg(strstr(r[i].err, "ranks 1, 3 did not publish /job/late within 300 ms (3 of "
                                        "5 present)") != NULL,
                       "message: %s", r[i].err);
@@ -176,9 +201,10 @@ START_TEST(test_allgather_timeout_names_missing)
     ck_assert_int_eq(rdzv_allgather(c, "p", 0, 2, "", 0, 10, v, n, NULL), -EINVAL);
     ck_assert_int_eq(rdzv_allgather(c, NULL, 0, 2, "x", 1, 10, v, n, NULL), -EINVAL);
     /* The client stays usable after a timed-out all-gather. */
-    int missing = -1;
-    ck_assert_int_eq(rdzv_allgather(c, "q", 0, 2, "x", 1, 50, v, n, &missing), -ETIMEDOUT);
-    ck_assert_int_eq(missing, 1);
+    unsigned char missing[2] = {7, 7};
+    ck_assert_int_eq(rdzv_allgather(c, "q", 0, 2, "x", 1, 50, v, n, missing), -ETIMEDOUT);
+    ck_assert_int_eq(missing[0], 0);
+    ck_assert_int_eq(missing[1], 1);
     ck_assert_int_eq(rdzv_ping(c), 0);
     rdzv_client_close(c);
 }
@@ -326,6 +352,7 @@ static Suite *helpers_suite(void)
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_rank_keys);
+    tcase_add_test(tc, test_rank_list);
     tcase_add_test(tc, test_set_once);
     tcase_add_test(tc, test_allgather);
     tcase_add_test(tc, test_allgather_timeout_names_missing);
