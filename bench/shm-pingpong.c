@@ -15,7 +15,9 @@
  *
  * Usage: shm-pingpong [-n 2,4] [-s auto,0,100,20000,-10] [-r rounds] [-k reps]
  */
+#include "cli.h"
 #include "coll_internal.h"
+#include "monoclock.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -173,7 +175,7 @@ static int parse_list(char *arg, int *out, int max, int allow_auto)
 int main(int argc, char **argv)
 {
     int ns[16] = {2, 4}, nn = 2, spins[16] = {SPIN_AUTO}, nspin = 1, rounds = 20000, reps = 5;
-    int opt;
+    int opt, rc = 0;
     while ((opt = getopt(argc, argv, "n:s:r:k:h")) != -1) {
         switch (opt) {
         case 'n':
@@ -183,15 +185,19 @@ int main(int argc, char **argv)
             nspin = parse_list(optarg, spins, 16, 1);
             break;
         case 'r':
-            rounds = atoi(optarg);
+            rc = cli_parse_int("-r", optarg, 1, INT_MAX, &rounds);
             break;
         case 'k':
-            reps = atoi(optarg);
+            rc = cli_parse_int("-k", optarg, 1, INT_MAX, &reps);
             break;
         default:
             fprintf(stderr, "usage: %s [-n 2,4] [-s auto,0,100,-10,...] [-r rounds] [-k reps]\n",
                     argv[0]);
             return opt == 'h' ? 0 : 2;
+        }
+        if (rc < 0) {
+            fprintf(stderr, "shm-pingpong: %s\n", cli_last_error());
+            return 2;
         }
     }
     if (nn < 1 || nspin < 1 || rounds < 1 || reps < 1) {

@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "coll_internal.h"
+#include "monoclock.h"
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -118,20 +121,20 @@ int main(int argc, char **argv)
                                          {"host", required_argument, NULL, 'H'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    int c;
+    int c, bad = 0;
     while ((c = getopt_long(argc, argv, "b:r:i:s:H:h", opts, NULL)) != -1) {
         switch (c) {
         case 'b':
-            nbytes = strtoull(optarg, NULL, 0);
+            bad = cli_parse_size("--bytes", optarg, 1, SIZE_MAX, &nbytes);
             break;
         case 'r':
-            reps = atoi(optarg);
+            bad = cli_parse_int("--reps", optarg, 1, INT_MAX, &reps);
             break;
         case 'i':
-            iters = atoi(optarg);
+            bad = cli_parse_int("--iters", optarg, 1, INT_MAX, &iters);
             break;
         case 's':
-            bufsize = atoi(optarg);
+            bad = cli_parse_int("--bufsize", optarg, 0, INT_MAX, &bufsize);
             break;
         case 'H':
             host = optarg;
@@ -140,6 +143,10 @@ int main(int argc, char **argv)
             printf("usage: tcp-pingpong [--bytes N] [--reps N] [--iters N] [--bufsize N] "
                    "[--host ADDR]\n");
             return c == 'h' ? 0 : 2;
+        }
+        if (bad < 0) {
+            fprintf(stderr, "tcp-pingpong: %s\n", cli_last_error());
+            return 2;
         }
     }
     if (nbytes == 0 || reps < 1 || iters < 1) {

@@ -25,10 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "coll_internal.h"
+#include "monoclock.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Fixtures and helpers                                                                        */
@@ -45,13 +45,6 @@ struct extra {
 #define GRANK(i) (100 + (i)) /* global ranks, distinct from local ones */
 
 static _Atomic int local_abort;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static coll__shm_hdr *hdr(coll__shm *s)
 {
@@ -277,9 +270,9 @@ START_TEST(test_attach_timeout)
     strcpy(name, s.name);
     s.nlocal = 2;
     s.local_rank = 0;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     ck_assert_int_eq(coll__shm_attach_done(&s, rdzv__deadline_ns(200)), -ETIMEDOUT);
-    double dt = now_s() - t0;
+    double dt = rdzv__now_s() - t0;
     ck_assert_msg(dt > 0.19 && dt < 2.0, "took %.3f s", dt);
     ck_assert(!shm_exists(name)); /* unlinked on timeout too */
     coll__shm_close(&s);
@@ -384,7 +377,7 @@ START_TEST(test_pingpong)
     int64_t deadline = rdzv__deadline_ns(60000);
     uint64_t i, seen = 0;
     int rc = 0, culprit = -1;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     for (i = 1; i <= ROUNDS; i++) { /* no ck_assert in the loop: each one writes to a pipe */
         coll__shm_post(&s, &h->arrive[0].v, i);
         rc = coll__shm_wait(&s, &h->arrive[1].v, i, 1, deadline, &culprit);
@@ -392,7 +385,7 @@ START_TEST(test_pingpong)
         if (rc != 0 || seen != i)
             break;
     }
-    double dt = now_s() - t0;
+    double dt = rdzv__now_s() - t0;
     ck_assert_msg(rc == 0 && seen == i - 1, "round %" PRIu64 ": rc %d, counter %" PRIu64, i, rc,
                   seen);
     reap_ok(kids[1]);
@@ -482,9 +475,9 @@ START_TEST(test_timeout_names_late_rank)
     coll__shm_post(&s, &hdr(&s)->arrive[0].v, 1);
 
     int culprit = -1;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     ck_assert_int_eq(coll__shm_wait_all(&s, 1, rdzv__deadline_ns(300), &culprit), -ETIMEDOUT);
-    double dt = now_s() - t0;
+    double dt = rdzv__now_s() - t0;
     ck_assert_int_eq(culprit, GRANK(2));
     ck_assert_msg(dt > 0.29 && dt < 3.0, "timed out after %.3f s", dt);
 
@@ -542,9 +535,9 @@ START_TEST(test_killed_rank)
     ck_assert_int_eq(pthread_create(&th, NULL, killer_main, &k), 0);
 
     int culprit = -1;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, rdzv__deadline_ns(10000), &culprit);
-    double dt = now_s() - t0;
+    double dt = rdzv__now_s() - t0;
     ck_assert_int_eq(rc, COLL_EREMOTE);
     ck_assert_int_eq(culprit, GRANK(1));
     ck_assert_msg(dt < 1.0, "noticed after %.3f s", dt);
@@ -570,9 +563,9 @@ START_TEST(test_remote_abort)
     pid_t kids[2];
     start_group(&s, 2, kids, child_abort, NULL);
     int culprit = -1;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, rdzv__deadline_ns(10000), &culprit);
-    double dt = now_s() - t0;
+    double dt = rdzv__now_s() - t0;
     ck_assert_int_eq(rc, COLL_EREMOTE);
     ck_assert_int_eq(culprit, 7);
     ck_assert_msg(dt < 1.0, "woken after %.3f s", dt);
@@ -611,10 +604,10 @@ START_TEST(test_local_abort)
 
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, set_local_abort, &s), 0);
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, rdzv__deadline_ns(10000), &culprit),
                      -ECANCELED);
-    double dt = now_s() - t0;
+    double dt = rdzv__now_s() - t0;
     ck_assert_msg(dt < 1.0, "noticed after %.3f s", dt);
     pthread_join(th, NULL);
 

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "coll_internal.h"
+#include "monoclock.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
@@ -63,11 +64,6 @@ static const char *coll_strerror_tmp(int rc)
 }
 
 static _Atomic int g_abort; /* each rank process has its own copy */
-
-static double now_s(void)
-{
-    return (double)rdzv__now_ns() * 1e-9;
-}
 
 /* Deterministic bytes that depend on the position and on who sent them. */
 static uint64_t mix(uint64_t x)
@@ -534,12 +530,12 @@ START_TEST(test_bad_hellos)
     fds[5] = raw_connect(j.ports[1], NULL, 0);
     fds[6] = raw_connect(j.ports[1], b[5], 8);
 
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     job_spawn(&j, 1, bad_hello_rank, NULL);
     job_spawn(&j, 0, bad_hello_rank, NULL);
     job_detach(&j);
     job_expect_ok(&j);
-    ck_assert_double_lt(now_s() - t0, 5.0);
+    ck_assert_double_lt(rdzv__now_s() - t0, 5.0);
     for (int i = 0; i < 7; i++)
         expect_closed(fds[i]);
 }
@@ -654,7 +650,7 @@ static void run_silent(int world, int active, rank_fn fn, bool connect)
     do {                                                                                           \
         int culprit_ = -7;                                                                         \
         int rc_ = (call);                                                                          \
-        double dt_ = now_s() - (start);                                                            \
+        double dt_ = rdzv__now_s() - (start);                                                      \
         fprintf(stderr, "%s: %d after %.3f s, culprit %d\n", #call, rc_, dt_, culprit_);           \
         CHECK_RC(rc_, expect);                                                                     \
         CHECK(culprit_ == (who));                                                                  \
@@ -671,17 +667,17 @@ static void timeout_active(coll__tcp *t, void *arg)
     CHECK(buf);
     /* Receiving from a peer that sends nothing. */
     struct iovec v = {buf, 4096};
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     CHECK_FAIL(coll__tcp_xfer(t, -1, NULL, 0, 2, &v, 1, rdzv__deadline_ns(500), &culprit_), t0, 0.5,
                0.8, -ETIMEDOUT, 2);
     /* Sending more than the socket buffers hold to a peer that reads nothing. */
     v.iov_len = n;
-    t0 = now_s();
+    t0 = rdzv__now_s();
     CHECK_FAIL(coll__tcp_xfer(t, 1, &v, 1, -1, NULL, 0, rdzv__deadline_ns(500), &culprit_), t0, 0.5,
                0.8, -ETIMEDOUT, 1);
     /* Both at once: the one still receiving is named. */
     struct iovec r = {buf, 16};
-    t0 = now_s();
+    t0 = rdzv__now_s();
     CHECK_FAIL(coll__tcp_xfer(t, 1, &v, 1, 2, &r, 1, rdzv__deadline_ns(300), &culprit_), t0, 0.3,
                0.6, -ETIMEDOUT, 2);
     free(buf);
@@ -697,14 +693,14 @@ END_TEST
 static void conn_timeout_active(coll__tcp *t, void *arg)
 {
     (void)arg;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     int rc = coll__tcp_conn(t, 2, rdzv__deadline_ns(400));
     CHECK_RC(rc, -ETIMEDOUT);
-    CHECK(now_s() - t0 >= 0.4 && now_s() - t0 < 0.7);
-    t0 = now_s();
+    CHECK(rdzv__now_s() - t0 >= 0.4 && rdzv__now_s() - t0 < 0.7);
+    t0 = rdzv__now_s();
     rc = coll__tcp_conn(t, 0, rdzv__deadline_ns(400));
     CHECK_RC(rc, -ETIMEDOUT);
-    CHECK(now_s() - t0 >= 0.4 && now_s() - t0 < 0.7);
+    CHECK(rdzv__now_s() - t0 >= 0.4 && rdzv__now_s() - t0 < 0.7);
     CHECK(t->fds[0] == -1 && t->fds[2] == -1);
 }
 
@@ -726,7 +722,7 @@ static void killed_rank(coll__tcp *t, void *arg)
         xfer1(t, peer, sbuf, MIB, peer, rbuf, MIB, 10000);
         raise(SIGKILL);
     }
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     struct iovec s = {sbuf, n}, r = {rbuf, n};
     CHECK_FAIL(coll__tcp_xfer(t, peer, &s, 1, peer, &r, 1, rdzv__deadline_ns(20000), &culprit_), t0,
                0.0, 2.0, COLL_EREMOTE, 1);
@@ -746,7 +742,7 @@ static void killed_sender_rank(coll__tcp *t, void *arg)
         xfer1(t, peer, buf, MIB, -1, NULL, 0, 10000);
         raise(SIGKILL);
     }
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     struct iovec r = {buf, n};
     CHECK_FAIL(coll__tcp_xfer(t, -1, NULL, 0, peer, &r, 1, rdzv__deadline_ns(20000), &culprit_), t0,
                0.0, 2.0, COLL_EREMOTE, 1);
@@ -786,7 +782,7 @@ static void *aborter(void *arg)
     (void)arg;
     struct timespec d = {0, 250 * 1000 * 1000};
     nanosleep(&d, NULL); /* the stimulus's timing, not synchronisation */
-    abort_at = now_s();
+    abort_at = rdzv__now_s();
     atomic_store(&g_abort, 1);
     return NULL;
 }
@@ -803,7 +799,7 @@ static void abort_active(coll__tcp *t, void *arg)
     CHECK(pthread_create(&th, NULL, aborter, NULL) == 0);
     int culprit = -7;
     int rc = coll__tcp_xfer(t, -1, NULL, 0, 0, &v, 1, rdzv__deadline_ns(30000), &culprit);
-    double dt = now_s() - abort_at;
+    double dt = rdzv__now_s() - abort_at;
     pthread_join(th, NULL);
     fprintf(stderr, "xfer: %d, %.3f s after the abort\n", rc, dt);
     CHECK_RC(rc, -ECANCELED);
@@ -814,7 +810,7 @@ static void abort_active(coll__tcp *t, void *arg)
     atomic_store(&g_abort, 0);
     CHECK(pthread_create(&th, NULL, aborter, NULL) == 0);
     rc = coll__tcp_conn(t, 1, rdzv__deadline_ns(30000));
-    dt = now_s() - abort_at;
+    dt = rdzv__now_s() - abort_at;
     pthread_join(th, NULL);
     fprintf(stderr, "accept: %d, %.3f s after the abort\n", rc, dt);
     CHECK_RC(rc, -ECANCELED);
@@ -824,7 +820,7 @@ static void abort_active(coll__tcp *t, void *arg)
     atomic_store(&g_abort, 0);
     CHECK(pthread_create(&th, NULL, aborter, NULL) == 0);
     rc = coll__tcp_conn(t, 3, rdzv__deadline_ns(30000));
-    dt = now_s() - abort_at;
+    dt = rdzv__now_s() - abort_at;
     pthread_join(th, NULL);
     fprintf(stderr, "connect: %d, %.3f s after the abort\n", rc, dt);
     CHECK_RC(rc, -ECANCELED);
@@ -868,7 +864,7 @@ static void *shutter(void *arg)
     (void)arg;
     struct timespec d = {0, 250 * 1000 * 1000};
     nanosleep(&d, NULL);
-    abort_at = now_s();
+    abort_at = rdzv__now_s();
     coll__tcp_shutdown(shut_t);
     return NULL;
 }
@@ -886,13 +882,13 @@ static void shutdown_rank(coll__tcp *t, void *arg)
         shut_t = t;
         CHECK(pthread_create(&th, NULL, shutter, NULL) == 0);
         int rc = coll__tcp_xfer(t, -1, NULL, 0, peer, &v, 1, rdzv__deadline_ns(30000), &culprit);
-        double dt = now_s() - abort_at;
+        double dt = rdzv__now_s() - abort_at;
         pthread_join(th, NULL);
         fprintf(stderr, "local: %d culprit %d, %.3f s after the shutdown\n", rc, culprit, dt);
         CHECK(rc == COLL_EREMOTE || rc == -ECANCELED);
         CHECK(dt < 0.2);
     } else {
-        double t0 = now_s();
+        double t0 = rdzv__now_s();
         CHECK_FAIL(coll__tcp_xfer(t, -1, NULL, 0, peer, &v, 1, rdzv__deadline_ns(30000), &culprit_),
                    t0, 0.0, 5.0, COLL_EREMOTE, 0);
     }
@@ -914,7 +910,7 @@ START_TEST(test_shutdown_wakes_accept)
     shut_t = &t;
     ck_assert_int_eq(pthread_create(&th, NULL, shutter, NULL), 0);
     int rc = coll__tcp_conn(&t, 0, rdzv__deadline_ns(30000));
-    double dt = now_s() - abort_at;
+    double dt = rdzv__now_s() - abort_at;
     pthread_join(th, NULL);
     ck_assert_msg(rc == -ESHUTDOWN, "conn: %d", rc);
     ck_assert_double_lt(dt, 0.2);
