@@ -477,6 +477,7 @@ typedef struct trainer {
     data_loader *loader;
     int steps_per_epoch;
     int64_t total_steps;
+    int epochs; /* the epochs the run reaches: --epochs, fewer with --max-steps */
     ddp_schedule sched;
 
     FILE *metrics;
@@ -773,6 +774,7 @@ static int setup_data(trainer *t)
     t->total_steps = (int64_t)a->epochs * t->steps_per_epoch;
     if (a->max_steps > 0 && a->max_steps < t->total_steps)
         t->total_steps = a->max_steps;
+    t->epochs = (int)((t->total_steps + t->steps_per_epoch - 1) / t->steps_per_epoch);
     if (a->log_every == 0)
         a->log_every = t->steps_per_epoch >= 10 ? t->steps_per_epoch / 10 : 1;
     t->sched = (ddp_schedule){.kind = a->schedule,
@@ -940,7 +942,7 @@ static void report_step(trainer *t, int64_t step, int epoch, double loss, float 
         fprintf(stderr,
                 "\r[%s] step %" PRId64 "/%" PRId64 " epoch %d/%d loss %.4f %.0f samples/s "
                 "ETA %s\033[K",
-                bar, step, t->total_steps, epoch + 1, t->a.epochs, loss, samples_per_s, eta);
+                bar, step, t->total_steps, epoch + 1, t->epochs, loss, samples_per_s, eta);
     } else {
         fprintf(stderr,
                 "step %" PRId64 "/%" PRId64 " | epoch %d | loss %.4f | lr %.3g | norm %.3f "
@@ -955,7 +957,7 @@ static void report_step(trainer *t, int64_t step, int epoch, double loss, float 
 static void report_epoch(trainer *t, int64_t step, int epoch, double test_loss, double acc)
 {
     fprintf(stderr, "%sepoch %d/%d (step %" PRId64 "): test loss %.4f, test accuracy %.2f%%\n",
-            t->tty ? "\r\033[K" : "", epoch + 1, t->a.epochs, step, test_loss, 100 * acc);
+            t->tty ? "\r\033[K" : "", epoch + 1, t->epochs, step, test_loss, 100 * acc);
     metrics_write(t, json_pack("{s:I, s:i, s:f, s:f}", "step", (json_int_t)step, "epoch", epoch + 1,
                                "test_loss", test_loss, "test_accuracy", acc));
 }
@@ -1152,8 +1154,8 @@ int main(int argc, char **argv)
                 t.world, t.world == 1 ? "" : "s", t.a.zero, shape, mlp_num_params(&t.cfg),
                 t.a.optimizer == DDP_ADAMW ? "AdamW" : "SGD", t.a.lr,
                 t.a.schedule == DDP_SCHED_COSINE ? "cosine" : "constant", t.a.warmup,
-                t.a.global_batch, t.sampler.micro, t.a.grad_accum, t.a.epochs,
-                t.a.epochs == 1 ? "" : "s", t.steps_per_epoch);
+                t.a.global_batch, t.sampler.micro, t.a.grad_accum, t.epochs,
+                t.epochs == 1 ? "" : "s", t.steps_per_epoch);
     }
 
     double acc = NAN, train_s = 0;
