@@ -125,8 +125,8 @@ const float *mlp_output(const mlp *m)
 /* ------------------------------------------------------------------------------------------ */
 
 /* y = x W^T + b.  x (B, in), W (out, in), b (out) -> y (B, out). */
-static void linear_forward(float *y, const float *x, const float *W, const float *b, int B, int in,
-                           int out)
+static void linear_forward(float *restrict y, const float *restrict x, const float *restrict W,
+                           const float *restrict b, int B, int in, int out)
 {
     for (int i = 0; i < B; i++)
         memcpy(y + (size_t)i * out, b, (size_t)out * sizeof(float));
@@ -139,8 +139,9 @@ static void linear_forward(float *y, const float *x, const float *W, const float
  * Gradients of y = x W^T + b given dy (B, out):
  *   dW (out, in) += dy^T x,   db (out) += sum over rows of dy,   dx (B, in) = dy W (if dx).
  */
-static void linear_backward(float *dx, float *dW, float *db, const float *dy, const float *x,
-                            const float *W, int B, int in, int out)
+static void linear_backward(float *restrict dx, float *restrict dW, float *restrict db,
+                            const float *restrict dy, const float *restrict x,
+                            const float *restrict W, int B, int in, int out)
 {
     /* (out, B) x (B, in) */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, dy, out, x, in, 1.0f, dW,
@@ -163,7 +164,7 @@ static void relu_forward(float *a, size_t n)
 }
 
 /* In place: d *= (a > 0), a being the ReLU's output.  d, a (n). */
-static void relu_backward(float *d, const float *a, size_t n)
+static void relu_backward(float *restrict d, const float *restrict a, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         d[i] = a[i] > 0.0f ? d[i] : 0.0f;
@@ -199,8 +200,8 @@ static void softmax_xent_forward(float *logits, const uint8_t *y, int B, int C, 
 }
 
 /* dlogits (B, C) = loss_scale * (p - onehot(y)), p the probabilities (B, C). */
-static void softmax_xent_backward(float *dlogits, const float *p, const uint8_t *y, int B, int C,
-                                  float loss_scale)
+static void softmax_xent_backward(float *restrict dlogits, const float *restrict p,
+                                  const uint8_t *restrict y, int B, int C, float loss_scale)
 {
     for (int i = 0; i < B; i++) {
         const float *pi = p + (size_t)i * C;
