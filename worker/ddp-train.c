@@ -70,6 +70,9 @@ enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAIL = 2 };
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
+/* --layers at most: hidden layers, so MAX_LAYERS + 1 linear layers. */
+#define MAX_LAYERS 64
+
 /* Rows per forward pass when evaluating; the activations are allocated for this many. */
 #define EVAL_CHUNK 1000
 
@@ -404,7 +407,7 @@ static int parse_args(int argc, char **argv, train_args *a)
             rc = parse_int(flag, optarg, 1, 1 << 16, &a->hidden);
             break;
         case OPT_LAYERS:
-            rc = parse_int(flag, optarg, 1, 64, &a->layers);
+            rc = parse_int(flag, optarg, 1, MAX_LAYERS, &a->layers);
             break;
         case OPT_DATA:
             a->data = optarg;
@@ -633,7 +636,7 @@ out:
 
 static int dump_init(trainer *t)
 {
-    tensor ts[2 * 64];
+    tensor ts[2 * (MAX_LAYERS + 1)];
     for (int l = 0; l < t->L; l++) {
         int in = mlp_layer_in(&t->cfg, l), out = mlp_layer_out(&t->cfg, l);
         ts[2 * l] = (tensor){t->names[2 * l],
@@ -1167,6 +1170,9 @@ int main(int argc, char **argv)
             status = EXIT_FAIL;
     }
 out:
+    /* After a failure, do not wait for peers that may be gone: abort what is pending. */
+    if (status == EXIT_FAIL && t.comm)
+        coll_comm_abort(t.comm);
     trainer_free(&t);
     return status;
 }
