@@ -95,7 +95,10 @@ void rdzv_server_options_init(rdzv_server_options *opts);
  * while the caller runs the loop. `opts` is copied (its strings too).
  *
  * Returns 0 and sets *out, or -EINVAL (bad option), -EADDRINUSE, -EADDRNOTAVAIL, -EACCES,
- * -ENOMEM or another negative errno from socket setup. Not thread-safe: call on the loop thread.
+ * -ENOMEM or another negative errno from socket setup. A failure never runs `loop` and leaves
+ * nothing on it, with one exception: when libuv refuses the socket it was handed (-EEXIST: a
+ * listen_fd that `loop` already watches), a closing handle stays on the loop, and the server's
+ * memory is freed when the caller next runs it. Not thread-safe: call on the loop thread.
  */
 int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server **out);
 
