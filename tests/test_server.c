@@ -88,7 +88,7 @@ static void send_all(int fd, const void *p, size_t n)
 
 static void send_frame(int fd, frame *f)
 {
-    send_all(fd, f->p, f->n);
+    send_all(fd, f->data, f->len);
     fr_reset(f);
 }
 
@@ -233,8 +233,8 @@ START_TEST(byte_at_a_time)
     fr_str(&f, "slow-value");
     fr_u8(&f, RDZV_M_GET);
     fr_str(&f, "slow-key");
-    for (size_t i = 0; i < f.n; i++)
-        send_all(fd, f.p + i, 1);
+    for (size_t i = 0; i < f.len; i++)
+        send_all(fd, f.data + i, 1);
     expect_vec(fd, "slow-value");
     close(fd);
     fr_free(&f);
@@ -252,10 +252,10 @@ START_TEST(half_sent_frame)
     fr_u8(&f, RDZV_M_SET);
     fr_str(&f, "a-key");
     fr_str(&f, "a-value-that-is-long");
-    send_all(a, f.p, f.n - 5); /* hold back the last five bytes */
+    send_all(a, f.data, f.len - 5); /* hold back the last five bytes */
     for (int i = 0; i < 100; i++)
         roundtrip(b, "b-key", "b-value");
-    send_all(a, f.p + f.n - 5, 5);
+    send_all(a, f.data + f.len - 5, 5);
     fr_reset(&f);
     fr_u8(&f, RDZV_M_GET);
     fr_str(&f, "a-key");
@@ -398,7 +398,7 @@ START_TEST(out_of_fds)
         fr_u32(&f, RDZV_VALIDATE_MAGIC);
         fr_u8(&f, RDZV_M_PING);
         fr_u32(&f, 9);
-        send(fds[i], f.p, f.n, MSG_NOSIGNAL);
+        send(fds[i], f.data, f.len, MSG_NOSIGNAL);
         fr_free(&f);
         struct timeval tv = {0, 300000};
         setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -418,7 +418,7 @@ START_TEST(out_of_fds)
         frame f = {0};
         fr_u8(&f, RDZV_M_PING);
         fr_u32(&f, 10);
-        send(fd, f.p, f.n, MSG_NOSIGNAL);
+        send(fd, f.data, f.len, MSG_NOSIGNAL);
         fr_free(&f);
         uint32_t n;
         ok = recv(fd, &n, 4, MSG_WAITALL) == 4 && n == 10;
@@ -442,7 +442,7 @@ START_TEST(wait_across_connections)
     fr_u8(&f, RDZV_M_WAIT);
     fr_u64(&f, 1);
     fr_str(&f, "late");
-    send_all(w, f.p, f.n);
+    send_all(w, f.data, f.len);
     send_frame(gone, &f);
     /* The waiter that leaves must not break the wake-up of the other. */
     fr_u8(&f, RDZV_M_PING);
