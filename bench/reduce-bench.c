@@ -23,18 +23,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "cli.h"
 #include "coll_internal.h"
+#include "monoclock.h"
 
 #define MAXSRC 4
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *f)
 {
@@ -92,17 +86,22 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
         } else if (strcmp(a, "--mib") == 0 && v) {
-            mib = strtoul(v, NULL, 10);
+            long n;
+            rc = cli_parse_long(a, v, 1, 1 << 20, &n);
+            mib = rc == 0 ? (size_t)n : mib;
             i++;
         } else if (strcmp(a, "--kib") == 0 && v) {
-            kib = strtoul(v, NULL, 10);
+            long n;
+            rc = cli_parse_long(a, v, 0, 1 << 30, &n);
+            kib = rc == 0 ? (size_t)n : kib;
             i++;
         } else if (strcmp(a, "--reps") == 0 && v) {
-            reps = atoi(v);
+            rc = cli_parse_int(a, v, 1, 1 << 20, &reps);
             i++;
         } else if (strcmp(a, "--dtype") == 0 && v && ndtypes < 16) {
             if (coll_dtype_parse(v, &dtypes[ndtypes++]) < 0) {
@@ -118,6 +117,10 @@ int main(int argc, char **argv)
             i++;
         } else {
             usage(stderr);
+            return 2;
+        }
+        if (rc < 0) {
+            fprintf(stderr, "reduce-bench: %s\n", cli_last_error());
             return 2;
         }
     }
@@ -149,9 +152,9 @@ int main(int argc, char **argv)
 
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = rdzv__now_s();
         memcpy(dst, bufs[0], nbytes);
-        double t = now_s() - t0;
+        double t = rdzv__now_s() - t0;
         best = t < best ? t : best;
     }
     printf("%-8s %5s %-12s %8.2f %8s %9.2f\n", "memcpy", "-", "-", 2.0 * nbytes / best / 1e9, "-",
@@ -172,9 +175,9 @@ int main(int argc, char **argv)
                 void *out = inplace ? bufs[0] : dst;
                 best = 1e30;
                 for (int r = 0; r < reps; r++) {
-                    double t0 = now_s();
+                    double t0 = rdzv__now_s();
                     coll__reduce_n(out, srcs, nsrc, count, dt, op);
-                    double t = now_s() - t0;
+                    double t = rdzv__now_s() - t0;
                     best = t < best ? t : best;
                 }
                 /* In place keeps reducing into srcs[0]; refresh it so later rows see sane data. */

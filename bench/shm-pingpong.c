@@ -15,7 +15,9 @@
  *
  * Usage: shm-pingpong [-n 2,4] [-s auto,0,100,20000,-10] [-r rounds] [-k reps]
  */
+#include "cli.h"
 #include "coll_internal.h"
+#include "monoclock.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -46,7 +48,7 @@ static int join(coll__shm *s, int n, int rank, int spin)
     s->local_abort = &no_abort;
     for (int i = 0; i < n; i++)
         s->granks[i] = i;
-    int64_t deadline = coll__deadline(30000);
+    int64_t deadline = rdzv__deadline_ns(30000);
     int rc = coll__shm_attach_done(s, deadline);
     if (rc != 0)
         return rc;
@@ -70,8 +72,8 @@ static int64_t ring(coll__shm *s, uint64_t first, uint64_t last)
 {
     coll__shm_hdr *h = s->base;
     int n = s->nlocal, r = s->local_rank, prev = (r + n - 1) % n;
-    int64_t deadline = coll__deadline(120000);
-    int64_t t0 = coll__now_ns();
+    int64_t deadline = rdzv__deadline_ns(120000);
+    int64_t t0 = rdzv__now_ns();
     for (uint64_t i = first; i <= last; i++) {
         int rc;
         if (r == 0) {
@@ -84,7 +86,7 @@ static int64_t ring(coll__shm *s, uint64_t first, uint64_t last)
         if (rc != 0)
             return rc;
     }
-    return coll__now_ns() - t0;
+    return rdzv__now_ns() - t0;
 }
 
 static int cmp_i64(const void *a, const void *b)
@@ -173,7 +175,7 @@ static int parse_list(char *arg, int *out, int max, int allow_auto)
 int main(int argc, char **argv)
 {
     int ns[16] = {2, 4}, nn = 2, spins[16] = {SPIN_AUTO}, nspin = 1, rounds = 20000, reps = 5;
-    int opt;
+    int opt, rc = 0;
     while ((opt = getopt(argc, argv, "n:s:r:k:h")) != -1) {
         switch (opt) {
         case 'n':
@@ -183,15 +185,19 @@ int main(int argc, char **argv)
             nspin = parse_list(optarg, spins, 16, 1);
             break;
         case 'r':
-            rounds = atoi(optarg);
+            rc = cli_parse_int("-r", optarg, 1, INT_MAX, &rounds);
             break;
         case 'k':
-            reps = atoi(optarg);
+            rc = cli_parse_int("-k", optarg, 1, INT_MAX, &reps);
             break;
         default:
             fprintf(stderr, "usage: %s [-n 2,4] [-s auto,0,100,-10,...] [-r rounds] [-k reps]\n",
                     argv[0]);
             return opt == 'h' ? 0 : 2;
+        }
+        if (rc < 0) {
+            fprintf(stderr, "shm-pingpong: %s\n", cli_last_error());
+            return 2;
         }
     }
     if (nn < 1 || nspin < 1 || rounds < 1 || reps < 1) {

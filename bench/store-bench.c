@@ -55,6 +55,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
+#include "monoclock.h"
 #include "proto.h"
 
 #ifndef STORE_BENCH_SCRIPT
@@ -83,11 +85,10 @@ __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, .
     return rc;
 }
 
+/* The project's monotonic clock (monoclock.h), unsigned for this file's arithmetic. */
 static uint64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return (uint64_t)rdzv__now_ns();
 }
 
 /* CPU time of another process (all its threads), in ns; -1 if it cannot be read. */
@@ -1820,34 +1821,72 @@ static double own_cpu_s(void)
 /* Options                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-static const struct option_doc {
-    const char *name, *arg, *help;
-} g_options[] = {
-    {"--server", "PATH",
-     "ddp-rendezvous binary (default: ../rendezvous/ddp-rendezvous next to"
-     " this program)"},
-    {"--quick", NULL, "smoke run: short timings, barriers of 100 and 400 only (< 10 s)"},
-    {"--only", "WHICH", "run only ours, torch113 or torch2"},
-    {"--json", "FILE", "also write the results as JSON"},
-    {"--reps", "N", "runs per round-trip row and server, best kept (default 3, --quick 1)"},
-    {"--python-legacy", "PATH", "interpreter with torch 1.x (default /usr/bin/python3)"},
-    {"--python-modern", "PATH", "interpreter with torch >= 2.2 (default python3 from PATH)"},
-    {"--script", "PATH", "torch_store_server.py (default " STORE_BENCH_SCRIPT ")"},
-    {"--pin", NULL, "run the client on CPU 0 and every server on CPU 1"},
-    {"--verbose", NULL, "progress and barrier phase times on stderr"},
-    {"--help", NULL, "this text"},
+enum {
+    OPT_SERVER,
+    OPT_QUICK,
+    OPT_ONLY,
+    OPT_JSON,
+    OPT_REPS,
+    OPT_PY_LEGACY,
+    OPT_PY_MODERN,
+    OPT_SCRIPT,
+    OPT_PIN,
+    OPT_VERBOSE,
+    OPT_HELP
 };
+
+/* The option table (cli.h): the parser below and usage() both walk it. */
+static const cli_option g_options[] = {
+    {OPT_SERVER,
+     {"--server"},
+     "PATH",
+     NULL,
+     0,
+     "ddp-rendezvous binary (default: ../rendezvous/ddp-rendezvous next to this program)"},
+    {OPT_QUICK,
+     {"--quick"},
+     NULL,
+     NULL,
+     0,
+     "smoke run: short timings, barriers of 100 and 400 only (< 10 s)"},
+    {OPT_ONLY, {"--only"}, "WHICH", NULL, 0, "run only ours, torch113 or torch2"},
+    {OPT_JSON, {"--json"}, "FILE", NULL, 0, "also write the results as JSON"},
+    {OPT_REPS,
+     {"--reps"},
+     "N",
+     NULL,
+     0,
+     "runs per round-trip row and server, best kept (default 3, --quick 1)"},
+    {OPT_PY_LEGACY,
+     {"--python-legacy"},
+     "PATH",
+     NULL,
+     0,
+     "interpreter with torch 1.x (default /usr/bin/python3)"},
+    {OPT_PY_MODERN,
+     {"--python-modern"},
+     "PATH",
+     NULL,
+     0,
+     "interpreter with torch >= 2.2 (default python3 from PATH)"},
+    {OPT_SCRIPT,
+     {"--script"},
+     "PATH",
+     NULL,
+     0,
+     "torch_store_server.py (default " STORE_BENCH_SCRIPT ")"},
+    {OPT_PIN, {"--pin"}, NULL, NULL, 0, "run the client on CPU 0 and every server on CPU 1"},
+    {OPT_VERBOSE, {"-v", "--verbose"}, NULL, NULL, 0, "progress and barrier phase times on stderr"},
+    {OPT_HELP, {"-h", "--help"}, NULL, NULL, 0, "this text"},
+};
+#define NOPTIONS (sizeof(g_options) / sizeof(g_options[0]))
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: store-bench [options]\n"
                "Compares ddp-rendezvous's store server with PyTorch's TCPStore servers.\n\n");
-    for (size_t i = 0; i < sizeof(g_options) / sizeof(g_options[0]); i++) {
-        char left[40];
-        snprintf(left, sizeof(left), "%s%s%s", g_options[i].name, g_options[i].arg ? " " : "",
-                 g_options[i].arg ? g_options[i].arg : "");
-        fprintf(f, "  %-22s %s\n", left, g_options[i].help);
-    }
+    for (size_t i = 0; i < NOPTIONS; i++)
+        cli_print_option(f, &g_options[i], NULL, 25, 0);
     fprintf(f, "\nExit status: 0 all selected measurements ran, 1 a server failed or misbehaved,"
                " 2 bad usage.\n");
 }
@@ -1874,42 +1913,54 @@ static int parse_args(int argc, char **argv, struct config *cfg)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool takes = strcmp(a, "--server") == 0 || strcmp(a, "--only") == 0 ||
-                     strcmp(a, "--json") == 0 || strcmp(a, "--python-legacy") == 0 ||
-                     strcmp(a, "--python-modern") == 0 || strcmp(a, "--script") == 0 ||
-                     strcmp(a, "--reps") == 0;
-        if (takes && !v) {
+        int k = cli_find(g_options, NOPTIONS, a, strlen(a), 0);
+        if (k < 0) {
+            fprintf(stderr, "store-bench: unknown option %s (see --help)\n", a);
+            return -EINVAL;
+        }
+        const cli_option *o = &g_options[k];
+        if (o->metavar && !v) {
             fprintf(stderr, "store-bench: %s needs an argument\n", a);
             return -EINVAL;
         }
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        switch (o->id) {
+        case OPT_HELP:
             usage(stdout);
             exit(0);
-        } else if (strcmp(a, "--quick") == 0) {
+        case OPT_QUICK:
             cfg->quick = true;
-        } else if (strcmp(a, "--pin") == 0) {
+            break;
+        case OPT_PIN:
             cfg->pin = true;
-        } else if (strcmp(a, "--verbose") == 0 || strcmp(a, "-v") == 0) {
+            break;
+        case OPT_VERBOSE:
             cfg->verbose = true;
-        } else if (strcmp(a, "--server") == 0) {
+            break;
+        case OPT_SERVER:
             cfg->ours = v;
-        } else if (strcmp(a, "--json") == 0) {
+            break;
+        case OPT_JSON:
             cfg->json = v;
-        } else if (strcmp(a, "--python-legacy") == 0) {
+            break;
+        case OPT_PY_LEGACY:
             cfg->py_legacy = v;
-        } else if (strcmp(a, "--python-modern") == 0) {
+            break;
+        case OPT_PY_MODERN:
             cfg->py_modern = v;
-        } else if (strcmp(a, "--script") == 0) {
+            break;
+        case OPT_SCRIPT:
             cfg->script = v;
-        } else if (strcmp(a, "--reps") == 0) {
-            char *end;
-            long n = strtol(v, &end, 10);
-            if (*end || n < 1 || n > 100) {
-                fprintf(stderr, "store-bench: --reps takes 1..100\n");
+            break;
+        case OPT_REPS: {
+            int n;
+            if (cli_parse_int(a, v, 1, 100, &n) < 0) {
+                fprintf(stderr, "store-bench: %s\n", cli_last_error());
                 return -EINVAL;
             }
             cfg->reps = (unsigned)n;
-        } else if (strcmp(a, "--only") == 0) {
+            break;
+        }
+        case OPT_ONLY:
             if (strcmp(v, "ours") == 0)
                 cfg->only_ours = true;
             else if (strcmp(v, "torch113") == 0)
@@ -1920,11 +1971,9 @@ static int parse_args(int argc, char **argv, struct config *cfg)
                 fprintf(stderr, "store-bench: --only takes ours, torch113 or torch2\n");
                 return -EINVAL;
             }
-        } else {
-            fprintf(stderr, "store-bench: unknown option %s (see --help)\n", a);
-            return -EINVAL;
+            break;
         }
-        if (takes)
+        if (o->metavar)
             i++;
     }
     return 0;

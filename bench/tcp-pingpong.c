@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "coll_internal.h"
+#include "monoclock.h"
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -39,7 +42,7 @@ static void die(const char *what, int rc)
 static void rank_main(coll__tcp *t, size_t nbytes, int reps, int iters, int bufsize)
 {
     int peer = 1 - t->rank, culprit = -1, rc;
-    rc = coll__tcp_conn(t, peer, coll__deadline(10000));
+    rc = coll__tcp_conn(t, peer, rdzv__deadline_ns(10000));
     if (rc < 0)
         die("conn", rc);
     if (bufsize > 0) {
@@ -56,12 +59,12 @@ static void rank_main(coll__tcp *t, size_t nbytes, int reps, int iters, int bufs
     double *sec = calloc((size_t)reps + (size_t)iters, sizeof *sec);
     struct iovec s = {sbuf, nbytes}, r = {rbuf, nbytes};
     for (int i = -1; i < reps; i++) {
-        int64_t t0 = coll__now_ns();
-        rc = coll__tcp_xfer(t, peer, &s, 1, peer, &r, 1, coll__deadline(60000), &culprit);
+        int64_t t0 = rdzv__now_ns();
+        rc = coll__tcp_xfer(t, peer, &s, 1, peer, &r, 1, rdzv__deadline_ns(60000), &culprit);
         if (rc < 0)
             die("exchange", rc);
         if (i >= 0)
-            sec[i] = (double)(coll__now_ns() - t0) * 1e-9;
+            sec[i] = (double)(rdzv__now_ns() - t0) * 1e-9;
     }
     if (t->rank == 0) {
         qsort(sec, (size_t)reps, sizeof *sec, cmp_double);
@@ -75,20 +78,22 @@ static void rank_main(coll__tcp *t, size_t nbytes, int reps, int iters, int bufs
     uint64_t msg = 0;
     struct iovec m = {&msg, sizeof msg};
     for (int i = -100; i < iters; i++) {
-        int64_t t0 = coll__now_ns();
+        int64_t t0 = rdzv__now_ns();
         if (t->rank == 0) {
-            rc = coll__tcp_xfer(t, peer, &m, 1, -1, NULL, 0, coll__deadline(10000), &culprit);
+            rc = coll__tcp_xfer(t, peer, &m, 1, -1, NULL, 0, rdzv__deadline_ns(10000), &culprit);
             if (rc == 0)
-                rc = coll__tcp_xfer(t, -1, NULL, 0, peer, &m, 1, coll__deadline(10000), &culprit);
+                rc =
+                    coll__tcp_xfer(t, -1, NULL, 0, peer, &m, 1, rdzv__deadline_ns(10000), &culprit);
         } else {
-            rc = coll__tcp_xfer(t, -1, NULL, 0, peer, &m, 1, coll__deadline(10000), &culprit);
+            rc = coll__tcp_xfer(t, -1, NULL, 0, peer, &m, 1, rdzv__deadline_ns(10000), &culprit);
             if (rc == 0)
-                rc = coll__tcp_xfer(t, peer, &m, 1, -1, NULL, 0, coll__deadline(10000), &culprit);
+                rc =
+                    coll__tcp_xfer(t, peer, &m, 1, -1, NULL, 0, rdzv__deadline_ns(10000), &culprit);
         }
         if (rc < 0)
             die("ping-pong", rc);
         if (i >= 0)
-            sec[i] = (double)(coll__now_ns() - t0) * 1e-9;
+            sec[i] = (double)(rdzv__now_ns() - t0) * 1e-9;
     }
     if (t->rank == 0) {
         qsort(sec, (size_t)iters, sizeof *sec, cmp_double);
@@ -116,20 +121,20 @@ int main(int argc, char **argv)
                                          {"host", required_argument, NULL, 'H'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    int c;
+    int c, bad = 0;
     while ((c = getopt_long(argc, argv, "b:r:i:s:H:h", opts, NULL)) != -1) {
         switch (c) {
         case 'b':
-            nbytes = strtoull(optarg, NULL, 0);
+            bad = cli_parse_size("--bytes", optarg, 1, SIZE_MAX, &nbytes);
             break;
         case 'r':
-            reps = atoi(optarg);
+            bad = cli_parse_int("--reps", optarg, 1, INT_MAX, &reps);
             break;
         case 'i':
-            iters = atoi(optarg);
+            bad = cli_parse_int("--iters", optarg, 1, INT_MAX, &iters);
             break;
         case 's':
-            bufsize = atoi(optarg);
+            bad = cli_parse_int("--bufsize", optarg, 0, INT_MAX, &bufsize);
             break;
         case 'H':
             host = optarg;
@@ -138,6 +143,10 @@ int main(int argc, char **argv)
             printf("usage: tcp-pingpong [--bytes N] [--reps N] [--iters N] [--bufsize N] "
                    "[--host ADDR]\n");
             return c == 'h' ? 0 : 2;
+        }
+        if (bad < 0) {
+            fprintf(stderr, "tcp-pingpong: %s\n", cli_last_error());
+            return 2;
         }
     }
     if (nbytes == 0 || reps < 1 || iters < 1) {

@@ -17,8 +17,9 @@
  *
  * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c).
  */
-#include "config.h"
+#include "failure.h"
 #include "noderdzv.h"
+#include "options.h"
 #include "rdzv.h"
 
 #include <errno.h>
@@ -97,16 +98,6 @@ typedef struct worker {
     char error_file[PATH_MAX];
 } worker;
 
-/* One failed worker, local or reported by another node, for the summary. */
-typedef struct failure {
-    double time;
-    char node[256];
-    int rank, local_rank;
-    int exit_code; /* >= 0: exit code; < 0: -signal */
-    int pid;
-    char message[512];
-} failure;
-
 typedef enum { ST_RUNNING, ST_STOPPING, ST_DONE } agent_state;
 
 typedef struct agent {
@@ -114,9 +105,9 @@ typedef struct agent {
     uv_loop_t *loop;
     char hostname[256];
     char run_id[128];
-    char prefix[256];     /* store key prefix of this job: /ddprun/<run_id> */
-    rdzv_server *store;   /* hosted here (node 0 / c10d host), else NULL */
-    char store_host[256]; /* where agents and workers reach the store */
+    char prefix[DDPRUN_RDZV_MAX_PREFIX + 1]; /* this job's keys: DDPRUN_RDZV_ROOT "/<run_id>" */
+    rdzv_server *store;                      /* hosted here (node 0 / c10d host), else NULL */
+    char store_host[256];                    /* where agents and workers reach the store */
     int store_port;
     rdzv_client *client; /* the agent's own connection */
     ddprun_assignment asg;
@@ -140,7 +131,7 @@ typedef struct agent {
     uv_timer_t kill_timer;
     uv_async_t remote; /* the monitor saw a failure elsewhere */
 
-    failure *failures;
+    ddprun_failure *failures; /* this round's, local or reported by another node */
     size_t nfailures;
     int exit_code;
 
@@ -153,13 +144,6 @@ typedef struct agent {
     char remote_failure[1024];
     int remote_round; /* the round remote_failure belongs to */
 } agent;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void die_oom(void)
 {
@@ -464,35 +448,7 @@ static void read_error_file(const char *path, char *msg, size_t n)
     json_decref(root);
 }
 
-static char *failure_json(const failure *f)
-{
-    json_t *o = json_pack("{s:f, s:s, s:i, s:i, s:i, s:i, s:s}", "time", f->time, "node", f->node,
-                          "rank", f->rank, "local_rank", f->local_rank, "exit_code", f->exit_code,
-                          "pid", f->pid, "message", f->message);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    return s;
-}
-
-static bool failure_from_json(const char *s, failure *f)
-{
-    json_t *o = json_loads(s, 0, NULL);
-    if (!o)
-        return false;
-    memset(f, 0, sizeof(*f));
-    const char *node = NULL, *msg = NULL;
-    int ok = json_unpack(o, "{s:F, s:s, s:i, s:i, s:i, s:i, s?s}", "time", &f->time, "node", &node,
-                         "rank", &f->rank, "local_rank", &f->local_rank, "exit_code", &f->exit_code,
-                         "pid", &f->pid, "message", &msg) == 0;
-    if (ok) {
-        snprintf(f->node, sizeof(f->node), "%s", node);
-        snprintf(f->message, sizeof(f->message), "%s", msg ? msg : "");
-    }
-    json_decref(o);
-    return ok;
-}
-
-static void add_failure(agent *a, const failure *f)
+static void add_failure(agent *a, const ddprun_failure *f)
 {
     for (size_t i = 0; i < a->nfailures; i++)
         if (!strcmp(a->failures[i].node, f->node) && a->failures[i].rank == f->rank &&
@@ -506,7 +462,7 @@ static void add_failure(agent *a, const failure *f)
 
 static int cmp_failure(const void *x, const void *y)
 {
-    const failure *a = x, *b = y;
+    const ddprun_failure *a = x, *b = y;
     return a->time < b->time ? -1 : a->time > b->time;
 }
 
@@ -523,14 +479,14 @@ static void print_summary(agent *a)
 {
     if (a->nfailures == 0)
         return;
-    qsort(a->failures, a->nfailures, sizeof(failure), cmp_failure);
+    qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
     fprintf(stderr, "%s\n", "============================================================");
     fprintf(stderr, PROG ": job failed (attempt %d of %d)\n", a->restart_count,
             a->cfg->max_restarts + 1);
     fprintf(stderr, "%-8s %-23s %-16s %5s %5s %-18s %8s  %s\n", "", "time", "node", "rank", "local",
             "exit", "pid", "message");
     for (size_t i = 0; i < a->nfailures; i++) {
-        const failure *f = &a->failures[i];
+        const ddprun_failure *f = &a->failures[i];
         char when[32], how[48];
         time_t t = (time_t)f->time;
         struct tm tm;
@@ -734,9 +690,9 @@ static int spawn_worker(agent *a, worker *w)
 
 static int run_round(agent *a);
 
-static void publish_failure(agent *a, const failure *f)
+static void publish_failure(agent *a, const ddprun_failure *f)
 {
-    char *js = failure_json(f);
+    char *js = ddprun_failure_to_json(f);
     if (!js)
         return;
     int rc = ddprun_rdzv_publish_failure(a->client, a->prefix, a->round, js);
@@ -746,42 +702,25 @@ static void publish_failure(agent *a, const failure *f)
 }
 
 /*
- * Torchrun's exit barrier, with an eye on the round's failure key: every node that finished
- * adds itself to a counter and waits until all have; a failure published by a node still
- * running ends the wait. Returns 0 when all nodes finished, or -1 (the failure is recorded).
+ * Torchrun's exit barrier (ddprun_rdzv_exit_barrier()), with an eye on the round's failure key: a
+ * failure published by a node still running ends the wait. Returns 0 when all nodes finished (or
+ * the barrier itself failed, which the node's own success outlives), -1 when a failure came first
+ * (recorded for the summary).
  */
 static int exit_barrier(agent *a)
 {
-    char count[320], done[320], failed[320];
-    snprintf(count, sizeof(count), "%s/round_%d/exit/count", a->prefix, a->round);
-    snprintf(done, sizeof(done), "%s/round_%d/exit/done", a->prefix, a->round);
-    ddprun_rdzv_failure_key(a->prefix, a->round, failed, sizeof(failed));
-    int64_t n = 0;
-    int rc = rdzv_add(a->client, count, 1, &n);
-    if (rc == 0 && n >= a->asg.nnodes)
-        rc = rdzv_set(a->client, done, "1", 1);
-    double deadline = now_s() + a->cfg->close_timeout_s + 300.0;
-    const char *dk[] = {done}, *fk[] = {failed};
-    while (rc == 0) {
-        rc = rdzv_wait(a->client, dk, 1, HEARTBEAT_MS);
-        if (rc == 0)
-            return 0;
-        if (rc != -ETIMEDOUT)
-            break;
-        if (now_s() > deadline)
-            break;
-        rc = rdzv_check(a->client, fk, 1);
-        if (rc == 1) {
-            void *v = NULL;
-            size_t len;
-            failure f;
-            if (rdzv_get(a->client, failed, &v, &len) == 0 && failure_from_json(v, &f))
-                add_failure(a, &f);
-            rdzv_free(v);
-            return -1;
-        }
+    char *json = NULL;
+    int rc = ddprun_rdzv_exit_barrier(a->client, a->prefix, a->round, a->asg.nnodes,
+                                      a->cfg->close_timeout_s + 300.0, HEARTBEAT_MS, &json);
+    if (rc == 1) {
+        ddprun_failure f;
+        if (ddprun_failure_from_json(json, &f) == 0)
+            add_failure(a, &f);
+        rdzv_free(json);
+        return -1;
     }
-    say("exit barrier: %s", rc < 0 ? rdzv_strerror(rc) : "timed out");
+    if (rc < 0)
+        say("exit barrier: %s", rc == -ETIMEDOUT ? "timed out" : rdzv_strerror(rc));
     return 0;
 }
 
@@ -814,9 +753,8 @@ static void round_over(agent *a)
         if (a->asg.nnodes > 1 && exit_barrier(a) < 0) {
             a->state = ST_DONE;
             print_summary(a);
-            qsort(a->failures, a->nfailures, sizeof(failure), cmp_failure);
-            int c = a->nfailures ? a->failures[0].exit_code : 1;
-            a->exit_code = c > 0 ? c : c < 0 ? 128 - c : 1;
+            qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
+            a->exit_code = ddprun_failure_exit_status(a->nfailures ? &a->failures[0] : NULL);
             return;
         }
         a->exit_code = 0;
@@ -843,11 +781,8 @@ static void round_over(agent *a)
         a->exit_code = 128 + a->signal_seen;
     else if (a->nfailures) {
         /* The root cause decides the exit code: the worker's code, or 128 + its signal. */
-        qsort(a->failures, a->nfailures, sizeof(failure), cmp_failure);
-        int c = a->failures[0].exit_code;
-        a->exit_code = c >= 0 ? c : 128 - c;
-        if (a->exit_code == 0)
-            a->exit_code = 1;
+        qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
+        a->exit_code = ddprun_failure_exit_status(&a->failures[0]);
     } else if (a->exit_code == 0) {
         a->exit_code = 1;
     }
@@ -897,14 +832,11 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal)
 
     /* A worker we did not stop that exits non-zero or by a signal fails the job. */
     if ((status != 0 || term_signal != 0) && a->state == ST_RUNNING) {
-        failure f = {0};
-        f.time = now_s();
-        snprintf(f.node, sizeof(f.node), "%s", a->hostname);
-        f.rank = w->rank;
-        f.local_rank = w->local_rank;
-        f.exit_code = term_signal ? -term_signal : (int)status;
-        f.pid = w->pid;
-        read_error_file(w->error_file, f.message, sizeof(f.message));
+        char message[512];
+        read_error_file(w->error_file, message, sizeof(message));
+        ddprun_failure f;
+        ddprun_failure_init(&f, a->hostname, w->rank, w->local_rank,
+                            term_signal ? -term_signal : (int)status, w->pid, message);
         add_failure(a, &f);
         publish_failure(a, &f);
         stop_workers(a);
@@ -934,18 +866,15 @@ static void remote_cb(uv_async_t *h)
         maybe_round_over(a);
         return;
     }
-    failure f;
-    if (failure_from_json(msg, &f)) {
+    ddprun_failure f;
+    if (ddprun_failure_from_json(msg, &f) == 0) {
         add_failure(a, &f);
         say("rank %d on %s failed: stopping the local workers", f.rank, f.node);
     } else {
         say("%s: stopping the local workers", msg);
-        failure g = {0};
-        g.time = now_s();
-        snprintf(g.node, sizeof(g.node), "%s", "?");
-        g.rank = g.local_rank = -1;
-        g.exit_code = 1;
-        snprintf(g.message, sizeof(g.message), "%.500s", msg);
+        /* Not a record (a node stopped beating, the store is gone): one without a worker. */
+        ddprun_failure g;
+        ddprun_failure_init(&g, "?", -1, -1, 1, 0, msg);
         add_failure(a, &g);
     }
     stop_workers(a);
@@ -973,7 +902,7 @@ static void *monitor_main(void *arg)
         return NULL;
     ddprun_hb_state hb = {0};
     int hb_round = -1;
-    bool dynamic = strcmp(a->cfg->rdzv_backend, "static") != 0;
+    bool dynamic = a->cfg->rdzv_backend == DDPRUN_BACKEND_C10D;
     bool reported = false;
     for (;;) {
         pthread_mutex_lock(&a->mu);
@@ -1063,7 +992,7 @@ static int rendezvous(agent *a)
                                      .world_size = cfg->nproc_per_node};
         return 0;
     }
-    if (!strcmp(cfg->rdzv_backend, "static")) {
+    if (cfg->rdzv_backend == DDPRUN_BACKEND_STATIC) {
         rc =
             ddprun_rdzv_static(a->client, a->prefix, a->round, cfg->nnodes_max, cfg->node_rank,
                                cfg->nproc_per_node, cfg->join_timeout_s, &a->asg, err, sizeof(err));
@@ -1084,24 +1013,17 @@ static int rendezvous(agent *a)
 }
 
 /*
- * Between attempts the workers' keys go: torch 2.x workers use the agent store without an
- * attempt prefix (torchrun gives each attempt a fresh store), so a restarted rank could otherwise
- * read a peer's key from the failed attempt. The hosting agent clears everything outside
- * ddprun's own namespace once every node has met for the new round (so every old worker is
- * gone), and the other nodes wait for that before spawning.
+ * Between attempts the workers' keys go (ddprun_rdzv_clear_worker_keys()): the hosting agent
+ * clears everything outside ddprun's own keys once every node has met for the new round, and the
+ * other nodes wait for that before spawning.
  */
 static int clear_worker_keys(agent *a)
 {
-    char key[320];
-    snprintf(key, sizeof(key), "%s/round_%d/cleared", a->prefix, a->round);
-    if (a->store) {
-        rdzv_server_clear(a->store, "/ddprun/");
-        return a->asg.nnodes > 1 ? rdzv_set(a->client, key, "1", 1) : 0;
-    }
-    const char *keys[] = {key};
-    int rc = rdzv_wait(a->client, keys, 1, (int)(a->cfg->join_timeout_s * 1000));
+    int rc = ddprun_rdzv_clear_worker_keys(a->store, a->client, a->prefix, a->round, a->asg.nnodes,
+                                           a->cfg->join_timeout_s);
     if (rc < 0)
-        say("waiting for the store to be cleared for round %d: %s", a->round, rdzv_strerror(rc));
+        say("%s the store for round %d: %s", a->store ? "clearing" : "waiting for the clearing of",
+            a->round, rdzv_strerror(rc));
     return rc;
 }
 
@@ -1114,7 +1036,7 @@ static int run_round(agent *a)
     }
     /* Watch the other nodes, and for an elastic job that could still grow, late joiners. */
     bool watch = a->asg.nnodes > 1 ||
-                 (strcmp(cfg->rdzv_backend, "static") && a->asg.nnodes < cfg->nnodes_max);
+                 (cfg->rdzv_backend == DDPRUN_BACKEND_C10D && a->asg.nnodes < cfg->nnodes_max);
     if (watch || a->monitor_started)
         monitor_set_round(a, a->round);
     if (watch && !a->monitor_started) {
@@ -1135,13 +1057,8 @@ static int run_round(agent *a)
         w->local_rank = i;
         w->rank = a->asg.rank_offset + i;
         if (spawn_worker(a, w) < 0) {
-            failure f = {0};
-            f.time = now_s();
-            snprintf(f.node, sizeof(f.node), "%s", a->hostname);
-            f.rank = w->rank;
-            f.local_rank = i;
-            f.exit_code = 127;
-            snprintf(f.message, sizeof(f.message), "could not start the worker");
+            ddprun_failure f;
+            ddprun_failure_init(&f, a->hostname, w->rank, i, 127, 0, "could not start the worker");
             add_failure(a, &f);
             publish_failure(a, &f);
             stop_workers(a);
@@ -1221,7 +1138,7 @@ static bool is_local_address(const char *host)
 static int setup_store(agent *a)
 {
     ddprun_config *cfg = a->cfg;
-    bool is_static = !strcmp(cfg->rdzv_backend, "static");
+    bool is_static = cfg->rdzv_backend == DDPRUN_BACKEND_STATIC;
     const char *host = is_static ? cfg->master_addr : cfg->rdzv_host;
     int port = is_static ? cfg->master_port : cfg->rdzv_port;
     bool hosting;
@@ -1311,7 +1228,11 @@ int main(int argc, char **argv)
     pthread_cond_init(&a.cv, NULL);
     gethostname(a.hostname, sizeof(a.hostname) - 1);
     snprintf(a.run_id, sizeof(a.run_id), "%s", cfg.rdzv_id);
-    snprintf(a.prefix, sizeof(a.prefix), "/ddprun/%s", cfg.rdzv_id);
+    if (ddprun_rdzv_run_prefix(cfg.rdzv_id, a.prefix, sizeof(a.prefix)) < 0) {
+        fprintf(stderr, PROG ": --rdzv-id: '%.64s...' is too long for the store's keys\n",
+                cfg.rdzv_id);
+        return 2;
+    }
     snprintf(a.tmpdir, sizeof(a.tmpdir), "%s/ddprun-XXXXXX",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(a.tmpdir))

@@ -1,12 +1,15 @@
 /*
  * Node-level rendezvous protocols of ddprun's agents, run through the store: static (node ranks
  * given), dynamic (c10d-style elastic: ranks in join order, closed at max_nodes or after a last
- * call), heartbeats and the first-failure report of a round. The key layout is documented in
- * noderdzv.h.
+ * call), heartbeats, the first-failure report of a round, the exit barrier and the clearing of
+ * the workers' keys between attempts. The key layout (every key the agents write) is documented
+ * in noderdzv.h; the failure report's JSON is failure.c's.
  *
  * Deliberately not here: sockets, threads, sleeps, spawning, printing. The only I/O is calls on
- * the caller's rdzv_client, so every wait is the store's WAIT (bounded by a timeout) and nothing
- * polls: the last-call timer is a WAIT on the closing key with the last-call timeout.
+ * the caller's rdzv_client (and, for the clearing, on the agent's own rdzv_server), so every wait
+ * is the store's WAIT (bounded by a timeout). Nothing polls but the exit barrier, which looks at
+ * the failure key between slices of its WAIT; the last-call timer is a WAIT on the closing key
+ * with the last-call timeout.
  *
  * Invariants: every key of a round sits under "<prefix>/round_<n>/", so rounds never mix. Values
  * that decide membership are written once and never changed (compare_set with an empty expected
@@ -14,6 +17,8 @@
  * the same answer. Out-parameters are written only on success.
  */
 #include "noderdzv.h"
+
+#include "monoclock.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -24,18 +29,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Writes a formatted sentence into the caller's buffer, if any, and returns `rc`. */
 static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -76,28 +73,17 @@ static char *round_key(const char *prefix, int round, const char *fmt, ...)
     return k;
 }
 
-static void free_keys(char **keys, int n)
-{
-    if (!keys)
-        return;
-    for (int i = 0; i < n; i++)
-        free(keys[i]);
-    free(keys);
-}
-
-/* An array of n keys "<prefix>/round_<round>/<dir>/<i>", or NULL when out of memory. */
+/*
+ * The n keys "<prefix>/round_<round>/<dir>/<i>" as one rdzv_rank_keys() allocation (free with
+ * rdzv_free()), or NULL when out of memory.
+ */
 static char **key_array(const char *prefix, int round, const char *dir, int n)
 {
-    char **keys = calloc((size_t)n, sizeof *keys);
-    if (!keys)
-        return NULL;
-    for (int i = 0; i < n; i++) {
-        keys[i] = round_key(prefix, round, "%s/%d", dir, i);
-        if (!keys[i]) {
-            free_keys(keys, i);
-            return NULL;
-        }
-    }
+    char *base = round_key(prefix, round, "%s", dir);
+    char **keys = NULL;
+    if (base && rdzv_rank_keys(base, n, &keys) < 0)
+        keys = NULL;
+    free(base);
     return keys;
 }
 
@@ -148,24 +134,7 @@ static int to_ms(double s)
 
 static bool bad_prefix(const char *prefix)
 {
-    return !prefix || strlen(prefix) > 4096;
-}
-
-/*
- * Sets `key` to `desired` unless it exists (first writer wins); *same receives whether the value
- * now stored equals `desired`. Returns 0 or a negative errno from the store.
- */
-static int set_once(rdzv_client *c, const char *key, const char *desired, bool *same)
-{
-    void *v = NULL;
-    size_t n = 0;
-    size_t dn = strlen(desired);
-    int rc = rdzv_compare_set(c, key, "", 0, desired, dn, &v, &n);
-    if (rc < 0)
-        return rc;
-    *same = n == dn && memcmp(v, desired, dn) == 0;
-    rdzv_free(v);
-    return 0;
+    return !prefix || strlen(prefix) > DDPRUN_RDZV_MAX_PREFIX;
 }
 
 /*
@@ -191,53 +160,16 @@ static bool prefix_sums(const int64_t *nproc, int nnodes, int me, int *offset, i
 /* Static rendezvous                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
-/*
- * After a timed-out wait for the nproc keys: one MULTI_GET tells which are missing (a published
- * nproc is never empty), and err lists them, as many as fit.
- */
-static int static_missing(rdzv_client *c, char **keys, int nnodes, int round, double timeout_s,
+/* The sentence for a static round whose all-gather timed out: the missing node ranks. */
+static int static_timeout(const unsigned char *missing, int nnodes, int round, double timeout_s,
                           char *err, size_t errlen)
 {
-    void **values = calloc((size_t)nnodes, sizeof *values);
-    size_t *lens = calloc((size_t)nnodes, sizeof *lens);
-    int rc = -ENOMEM;
-    if (!values || !lens) {
-        set_err(err, errlen, rc, "static rendezvous round %d: out of memory", round);
-        goto out;
-    }
-    rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)nnodes, values, lens);
-    if (rc < 0) {
-        store_err(c, err, errlen, rc, "reading the published nodes", round);
-        goto out;
-    }
-    char list[256] = "";
-    size_t used = 0;
-    int missing = 0;
-    bool cut = false;
-    for (int i = 0; i < nnodes; i++) {
-        if (lens[i] > 0)
-            continue;
-        missing++;
-        if (cut)
-            continue;
-        int w = snprintf(list + used, sizeof list - used, "%s%d", missing > 1 ? ", " : "", i);
-        if (w < 0 || (size_t)w >= sizeof list - used - 8) {
-            list[used] = '\0';
-            snprintf(list + used, sizeof list - used, ", ...");
-            cut = true;
-        } else {
-            used += (size_t)w;
-        }
-    }
-    rc = -ETIMEDOUT;
-    set_err(err, errlen, rc,
-            "static rendezvous round %d: node rank%s %s did not show up within %g s (%d of %d "
-            "present)",
-            round, missing == 1 ? "" : "s", list, timeout_s, nnodes - missing, nnodes);
-out:
-    free_values(values, nnodes);
-    free(lens);
-    return rc;
+    char list[256];
+    int n = rdzv_rank_list(missing, nnodes, list, sizeof list);
+    return set_err(err, errlen, -ETIMEDOUT,
+                   "static rendezvous round %d: node rank%s %s did not show up within %g s (%d of "
+                   "%d present)",
+                   round, n == 1 ? "" : "s", list, timeout_s, nnodes - n, nnodes);
 }
 
 int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes, int node_rank,
@@ -254,12 +186,13 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
                        round, nnodes, node_rank, nproc);
 
     char *key = NULL;
-    char **keys = NULL;
     void **values = NULL;
     size_t *lens = NULL;
     int64_t *nprocs = NULL;
+    unsigned char *missing = NULL; /* node ranks that did not publish, after a timeout */
     char num[32];
-    bool same = false;
+    void *opened = NULL; /* the node count the round was opened with */
+    size_t opened_len = 0;
     int64_t claims = 0;
     int rc = -ENOMEM;
 
@@ -268,24 +201,17 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
     if (!key)
         goto oom;
     snprintf(num, sizeof num, "%d", nnodes);
-    rc = set_once(c, key, num, &same);
+    rc = rdzv_set_once(c, key, num, strlen(num), &opened, &opened_len);
     if (rc < 0) {
         store_err(c, err, errlen, rc, "opening the round", round);
         goto out;
     }
-    if (!same) {
-        void *v = NULL;
-        size_t n = 0;
-        rc = rdzv_get(c, key, &v, &n);
-        if (rc < 0) {
-            store_err(c, err, errlen, rc, "reading the round's node count", round);
-            goto out;
-        }
+    if (rc == 0) {
         rc = set_err(err, errlen, -EINVAL,
                      "static rendezvous round %d: this node (rank %d) says nnodes=%d but the "
                      "round was opened with nnodes=%.*s",
-                     round, node_rank, nnodes, (int)(n > 16 ? 16 : n), (const char *)v);
-        rdzv_free(v);
+                     round, node_rank, nnodes, (int)(opened_len > 16 ? 16 : opened_len),
+                     (const char *)opened);
         goto out;
     }
 
@@ -307,31 +233,24 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
         goto out;
     }
 
-    keys = key_array(prefix, round, "static/nproc", nnodes);
+    /* Publish nproc under static/nproc/<node rank>, wait for every node's, read them all. */
+    free(key);
+    key = round_key(prefix, round, "static/nproc");
     values = calloc((size_t)nnodes, sizeof *values);
     lens = calloc((size_t)nnodes, sizeof *lens);
     nprocs = calloc((size_t)nnodes, sizeof *nprocs);
-    if (!keys || !values || !lens || !nprocs)
+    missing = calloc((size_t)nnodes, 1);
+    if (!key || !values || !lens || !nprocs || !missing)
         goto oom;
     snprintf(num, sizeof num, "%d", nproc);
-    rc = rdzv_set(c, keys[node_rank], num, strlen(num));
-    if (rc < 0) {
-        store_err(c, err, errlen, rc, "publishing this node", round);
-        goto out;
-    }
-
-    rc = rdzv_wait(c, (const char *const *)keys, (size_t)nnodes, to_ms(timeout_s));
+    rc = rdzv_allgather(c, key, node_rank, nnodes, num, strlen(num), to_ms(timeout_s), values, lens,
+                        missing);
     if (rc == -ETIMEDOUT) {
-        rc = static_missing(c, keys, nnodes, round, timeout_s, err, errlen);
+        rc = static_timeout(missing, nnodes, round, timeout_s, err, errlen);
         goto out;
     }
     if (rc < 0) {
-        store_err(c, err, errlen, rc, "waiting for the other nodes", round);
-        goto out;
-    }
-    rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)nnodes, values, lens);
-    if (rc < 0) {
-        store_err(c, err, errlen, rc, "reading the nodes", round);
+        store_err(c, err, errlen, rc, "exchanging nproc with the other nodes", round);
         goto out;
     }
     for (int i = 0; i < nnodes; i++) {
@@ -358,11 +277,12 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
 oom:
     rc = set_err(err, errlen, -ENOMEM, "static rendezvous round %d: out of memory", round);
 out:
+    rdzv_free(opened);
     free(key);
-    free_keys(keys, nnodes);
     free_values(values, nnodes);
     free(lens);
     free(nprocs);
+    free(missing);
     return rc;
 }
 
@@ -401,8 +321,8 @@ static int dyn_close(rdzv_client *c, const dyn_keys *k, int max_nodes, int64_t j
         joined = max_nodes;
     char v[48];
     snprintf(v, sizeof v, "%s%" PRId64, abort ? "aborted " : "", joined);
-    bool same = false;
-    return set_once(c, k->closed, v, &same);
+    int rc = rdzv_set_once(c, k->closed, v, strlen(v), NULL, NULL);
+    return rc < 0 ? rc : 0;
 }
 
 /* Reads dyn/closed (which exists): the participant count and whether the round was aborted. */
@@ -487,7 +407,7 @@ static int dyn_assign(rdzv_client *c, const char *prefix, int round, int n, int 
     out->world_size = world;
     rc = 0;
 out:
-    free_keys(keys, n);
+    rdzv_free(keys);
     free_values(values, n);
     free(lens);
     free(nprocs);
@@ -524,7 +444,6 @@ int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_n
     dyn_keys k = {0};
     char *node_key = NULL, *record = NULL;
     char num[48];
-    bool same = false;
     int64_t joined = 0, n = 0;
     bool aborted = false;
     int join_ms = to_ms(join_timeout_s);
@@ -539,12 +458,12 @@ int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_n
         goto oom;
 
     snprintf(num, sizeof num, "%d:%d", min_nodes, max_nodes);
-    rc = set_once(c, k.config, num, &same);
+    rc = rdzv_set_once(c, k.config, num, strlen(num), NULL, NULL);
     if (rc < 0) {
         store_err(c, err, errlen, rc, "opening the round", round);
         goto out;
     }
-    if (!same) {
+    if (rc == 0) {
         rc = set_err(err, errlen, -EINVAL,
                      "dynamic rendezvous round %d: this node asks for nnodes %s but the round "
                      "was opened with other bounds",
@@ -676,7 +595,7 @@ int ddprun_hb_init(ddprun_hb_state *st, const char *prefix, int round, int nnode
         ddprun_hb_free(&s);
         return -ENOMEM;
     }
-    double now = mono_s();
+    double now = rdzv__now_s();
     for (int i = 0; i < nnodes; i++) {
         s.value[i] = -1;
         s.changed_s[i] = now;
@@ -689,7 +608,7 @@ void ddprun_hb_free(ddprun_hb_state *st)
 {
     if (!st)
         return;
-    free_keys(st->keys, st->keys ? st->nnodes : 0);
+    rdzv_free(st->keys);
     free(st->value);
     free(st->changed_s);
     memset(st, 0, sizeof *st);
@@ -731,7 +650,7 @@ int ddprun_dead_nodes(rdzv_client *c, ddprun_hb_state *st, int *dead, int dead_c
             goto out;
         }
     }
-    double now = mono_s();
+    double now = rdzv__now_s();
     int ndead = 0;
     for (int i = 0; i < nn; i++) {
         if (seen[i] != st->value[i]) {
@@ -775,10 +694,9 @@ int ddprun_rdzv_publish_failure(rdzv_client *c, const char *prefix, int round, c
     char *key = round_key(prefix, round, "failed");
     if (!key)
         return -ENOMEM;
-    bool same = false;
-    int rc = set_once(c, key, json, &same);
+    int rc = rdzv_set_once(c, key, json, strlen(json), NULL, NULL);
     free(key);
-    return rc < 0 ? rc : same;
+    return rc;
 }
 
 int ddprun_rdzv_wait_failure(rdzv_client *c, const char *prefix, int round, int timeout_ms,
@@ -797,5 +715,92 @@ int ddprun_rdzv_wait_failure(rdzv_client *c, const char *prefix, int round, int 
     free(key);
     if (rc == 0)
         *json = v;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The run's prefix, the exit barrier, clearing between attempts                               */
+/* ------------------------------------------------------------------------------------------ */
+
+int ddprun_rdzv_run_prefix(const char *run_id, char *buf, size_t buflen)
+{
+    if (!run_id || !run_id[0] || !buf)
+        return -EINVAL;
+    int n = snprintf(buf, buflen, "%s/%s", DDPRUN_RDZV_ROOT, run_id);
+    if (n < 0 || (size_t)n >= buflen) {
+        if (buflen > 0)
+            buf[0] = '\0';
+        return n < 0 ? -EINVAL : -ENAMETOOLONG;
+    }
+    return n;
+}
+
+int ddprun_rdzv_exit_barrier(rdzv_client *c, const char *prefix, int round, int nnodes,
+                             double timeout_s, int poll_ms, char **failure)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || nnodes < 1 || nnodes > DDPRUN_RDZV_MAX_NODES ||
+        poll_ms < 1 || !failure)
+        return -EINVAL;
+    int64_t deadline = rdzv__deadline_ns(to_ms(timeout_s));
+    char *count = round_key(prefix, round, "exit/count");
+    char *done = round_key(prefix, round, "exit/done");
+    char *failed = round_key(prefix, round, "failed");
+    int64_t arrived = 0;
+    int rc = -ENOMEM;
+    if (!count || !done || !failed)
+        goto out;
+    rc = rdzv_add(c, count, 1, &arrived);
+    if (rc == 0 && arrived >= nnodes)
+        rc = rdzv_set(c, done, "1", 1);
+    while (rc == 0) {
+        int left = rdzv__ms_left(deadline);
+        if (left == 0) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+        rc = rdzv_wait(c, (const char *const *)&done, 1,
+                       left < 0 || left > poll_ms ? poll_ms : left);
+        if (rc != -ETIMEDOUT)
+            break; /* 0: every node arrived; or the store failed */
+        rc = rdzv_check(c, (const char *const *)&failed, 1);
+        if (rc == 1) {
+            void *v = NULL;
+            size_t n = 0;
+            rc = rdzv_get(c, failed, &v, &n);
+            if (rc == 0) {
+                *failure = v;
+                rc = 1;
+            }
+        }
+    }
+out:
+    free(count);
+    free(done);
+    free(failed);
+    return rc;
+}
+
+int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *prefix, int round,
+                                  int nnodes, double timeout_s)
+{
+    static const char root[] = DDPRUN_RDZV_ROOT "/";
+    if (!c || bad_prefix(prefix) || strncmp(prefix, root, sizeof root - 1) != 0 || round < 0 ||
+        nnodes < 1)
+        return -EINVAL;
+    char *key = round_key(prefix, round, "cleared");
+    if (!key)
+        return -ENOMEM;
+    int rc;
+    if (srv) {
+        rc = rdzv_server_clear(srv, root);
+        if (rc >= 0 && nnodes > 1) {
+            int set = rdzv_set(c, key, "1", 1);
+            if (set < 0)
+                rc = set;
+        }
+    } else {
+        rc = rdzv_wait(c, (const char *const *)&key, 1, to_ms(timeout_s));
+    }
+    free(key);
     return rc;
 }

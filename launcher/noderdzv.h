@@ -1,11 +1,14 @@
 /*
  * Node-level rendezvous for ddprun's agents: the protocols that agents on different machines run
  * through the store (librendezvous) to agree on node ranks, global rank offsets and the world
- * size, to notice nodes that stopped beating, and to broadcast the first failure of a round.
+ * size, to notice nodes that stopped beating, to broadcast the first failure of a round, to
+ * leave together (the exit barrier), and to clear the workers' keys between attempts.
  *
- * Every key lives under `prefix` (the run, such as "/ddprun/<run_id>", without a trailing '/')
- * and a round ("<prefix>/round_<n>/..."), so a restarted job never sees an earlier round's keys.
- * The layout, per round:
+ * Every key the agents write is here. All live under DDPRUN_RDZV_ROOT ("/ddprun"), in the run's
+ * prefix "/ddprun/<run_id>" (ddprun_rdzv_run_prefix(); `prefix` below, without a trailing '/'),
+ * and in a round ("<prefix>/round_<n>/..."), so a restarted job never sees an earlier round's
+ * keys. The round is the rendezvous round: 0 first, +1 per restart or membership change. The
+ * layout, per round:
  *
  *   static/nnodes        the node count the round was opened with (compare_set, first wins)
  *   static/claim/<rank>  ADD counter; a value above 1 means two nodes claimed one node rank
@@ -17,7 +20,15 @@
  *   dyn/closed           "<n>" (closed with slots 0..n-1) or "aborted <n>"; set once (compare_set)
  *   dyn/waiting          ADD counter of nodes that arrived after the round closed
  *   hb/<rank>            ADD counter, advanced by each heartbeat of that node rank
- *   failed               the first failure report (JSON text) of the round (compare_set)
+ *   failed               the first failure report of the round (compare_set): the JSON text of
+ *                        a ddprun_failure (failure.h)
+ *   exit/count           ADD counter of the nodes whose workers all succeeded (exit barrier)
+ *   exit/done            "1", set by the node whose ADD brought exit/count to the node count
+ *   cleared              "1", set by the store's host once it cleared the workers' keys for
+ *                        this round (rounds after a restart, multi-node jobs only)
+ *
+ * Keys outside DDPRUN_RDZV_ROOT "/" are the workers' (torch's own, with no attempt prefix):
+ * ddprun_rdzv_clear_worker_keys() deletes them between attempts and keeps everything here.
  *
  * These functions do no I/O but store calls, and print nothing: failures are negative errno
  * values plus a sentence in the caller's `err` buffer where one is taken. A client is not
@@ -36,6 +47,15 @@ extern "C" {
 #endif
 
 #define DDPRUN_RDZV_MAX_NODES 65536 /* most nodes in one rendezvous */
+#define DDPRUN_RDZV_ROOT "/ddprun"  /* every key of ddprun's agents starts with this and '/' */
+#define DDPRUN_RDZV_MAX_PREFIX 4096 /* longest run prefix the functions below accept */
+
+/*
+ * Writes the run's key prefix "<DDPRUN_RDZV_ROOT>/<run_id>" (the `prefix` every function below
+ * takes) into buf. `run_id` (--rdzv-id) is borrowed. Returns the prefix's length, -EINVAL (NULL
+ * argument or empty run_id) or -ENAMETOOLONG (buflen too small; buf then holds "").
+ */
+int ddprun_rdzv_run_prefix(const char *run_id, char *buf, size_t buflen);
 
 /* What a node learns from a rendezvous. */
 typedef struct ddprun_assignment {
@@ -122,7 +142,7 @@ typedef struct ddprun_hb_state {
     int round;           /* the round watched */
     int nnodes;          /* node ranks watched: 0 .. nnodes-1 */
     double dead_after_s; /* silence after which a node counts as dead */
-    char **keys;         /* (nnodes) heartbeat keys, owned */
+    char **keys;         /* (nnodes) heartbeat keys: one rdzv_rank_keys() allocation, owned */
     int64_t *value;      /* (nnodes) last counter seen; -1 before any (missing key) */
     double *changed_s;   /* (nnodes) monotonic time the counter last changed, or init time */
 } ddprun_hb_state;
@@ -177,6 +197,41 @@ int ddprun_rdzv_failure_key(const char *prefix, int round, char *buf, size_t buf
  */
 int ddprun_rdzv_wait_failure(rdzv_client *c, const char *prefix, int round, int timeout_ms,
                              char **json);
+
+/*
+ * Torchrun's exit barrier for round `round`: a node whose workers all succeeded adds itself to
+ * exit/count, the node that brings the count to `nnodes` sets exit/done, and every node waits
+ * for exit/done, so that the store's host stays up until every node has finished with it. A
+ * failure report published for the round meanwhile (a node whose workers are still running
+ * failed) ends the wait: a WAIT returns only once all its keys exist, so the wait for exit/done
+ * runs in slices of poll_ms, with a look at the failure key between them. Call on every node
+ * whose workers succeeded, with the same prefix, round and nnodes.
+ *
+ * `prefix` is borrowed. timeout_s bounds the whole barrier (< 0: no bound); poll_ms >= 1.
+ * Returns 0 once all nnodes nodes arrived; 1 when the round's failure report came first: *failure
+ * receives its text (NUL-terminated, free with rdzv_free()); -ETIMEDOUT; -EINVAL (bad argument);
+ * -ENOMEM; or another negative errno from the store. *failure is written only when 1 is returned.
+ */
+int ddprun_rdzv_exit_barrier(rdzv_client *c, const char *prefix, int round, int nnodes,
+                             double timeout_s, int poll_ms, char **failure);
+
+/*
+ * Between attempts the workers' keys go: torch 2.x workers use the agent's store without an
+ * attempt prefix (torchrun gives each attempt a fresh store), so a restarted worker could
+ * otherwise read a peer's key from the failed attempt. Call on every node after the rendezvous of
+ * round `round` (a round after a restart), before spawning: once every node has met for the new
+ * round, every old worker is gone.
+ *
+ * On the node that hosts the store (`srv` not NULL, the agent's own in-process server), deletes
+ * every key outside DDPRUN_RDZV_ROOT "/" (every run's rendezvous keys stay) and then, when nnodes
+ * > 1, sets the round's `cleared` key. On the other nodes (`srv` NULL), waits up to timeout_s
+ * (< 0: the client's timeout) for that key, so that none spawns before the store is clear.
+ *
+ * `prefix` (borrowed) must start with DDPRUN_RDZV_ROOT "/". Returns the number of keys deleted
+ * (host) or 0 (others); -EINVAL (bad argument); -ETIMEDOUT; -ENOMEM; or another negative errno.
+ */
+int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *prefix, int round,
+                                  int nnodes, double timeout_s);
 
 #ifdef __cplusplus
 }

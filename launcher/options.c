@@ -4,7 +4,9 @@
  *
  * One table, `options` below, lists every option with its spellings, argument, default, help
  * text and whether PET_<NAME> may supply it; the parser and ddprun_print_help() both walk it, so
- * the help (and through tests/test_ddprun_help.sh the man page) cannot drift from the parser.
+ * the help (and through tests/test_help_man.sh the man page) cannot drift from the parser. The
+ * table's type, the abbreviation-aware lookup, the integer and seconds parsers and the help
+ * layout are the programs' shared ones (rendezvous/cli.h).
  *
  * Parsing happens in three steps, as torchrun's argparse does: every option starts from its
  * default, replaced by PET_<NAME> when that is set, replaced by the command line (the last
@@ -17,8 +19,10 @@
  * affinity mask. Nothing is printed except by --help, --version and --print-completion; errors go
  * to the caller's buffer. *cfg is written only on success.
  */
-#include "config.h"
+#include "options.h"
 #include "slurm.h"
+#include "cli.h"
+#include "version.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -35,10 +39,6 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
-
-#ifndef DDPRUN_VERSION
-#define DDPRUN_VERSION "0.1.0"
-#endif
 
 #define C10D_DEFAULT_PORT 29400 /* torchrun's c10d rendezvous default */
 #define STATIC_DEFAULT_PORT 29500
@@ -88,17 +88,14 @@ enum opt_id {
     O_COUNT
 };
 
-struct option_def {
-    enum opt_id id;
-    const char *names[3]; /* spellings; the first one starting with "--" names PET_<NAME> */
-    const char *arg;      /* the argument's name in --help, NULL for a flag */
-    const char *def;      /* the default, as --help shows it and as parsing starts; NULL: none */
-    bool pet;             /* PET_<NAME> supplies the default, as torchrun's env/check_env */
-    const char *help;
-};
-
-/* The order is torchrun's --help order, then ddprun's own options. */
-static const struct option_def options[] = {
+/*
+ * The options, as cli_option rows: {id, spellings, the argument's name in --help (NULL for a
+ * flag), the default (as --help shows it and as parsing starts; NULL: none), whether PET_<NAME>
+ * supplies the default as torchrun's env/check_env do (the tag column), help}. The first
+ * spelling that starts with "--" names PET_<NAME>. The order is torchrun's --help order, then
+ * ddprun's own options.
+ */
+static const cli_option options[] = {
     {O_NNODES,
      {"--nnodes"},
      "N|MIN:MAX",
@@ -334,18 +331,10 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
     return -EINVAL;
 }
 
-static const char *long_name(const struct option_def *o)
-{
-    for (int k = 0; k < 3 && o->names[k]; k++)
-        if (o->names[k][1] == '-')
-            return o->names[k];
-    return o->names[0];
-}
-
 /* PET_ + the first long spelling, upper-cased, '-' as '_' (argparse's dest). */
-static void pet_name(const struct option_def *o, char *buf, size_t len)
+static void pet_name(const cli_option *o, char *buf, size_t len)
 {
-    const char *n = long_name(o) + 2;
+    const char *n = cli_long_name(o) + 2;
     size_t k = (size_t)snprintf(buf, len, "PET_");
     for (; *n && k + 1 < len; n++)
         buf[k++] = *n == '-' ? '_' : (char)toupper((unsigned char)*n);
@@ -386,13 +375,8 @@ static int get_int(const struct raw *r, enum opt_id id, long lo, long hi, int *o
                    size_t errlen)
 {
     long v;
-    if (!to_long(r->value[id], &v) || v < lo || v > hi) {
-        if (hi == INT32_MAX)
-            return fail(err, errlen, "%s: expected an integer of at least %ld, got '%s'",
-                        r->label[id], lo, r->value[id] ? r->value[id] : "");
-        return fail(err, errlen, "%s: expected an integer from %ld to %ld, got '%s'", r->label[id],
-                    lo, hi, r->value[id] ? r->value[id] : "");
-    }
+    if (cli_parse_long(r->label[id], r->value[id], lo, hi, &v) < 0)
+        return fail(err, errlen, "%s", cli_last_error());
     *out = (int)v;
     return 0;
 }
@@ -400,11 +384,8 @@ static int get_int(const struct raw *r, enum opt_id id, long lo, long hi, int *o
 static int get_seconds(const char *label, const char *s, bool allow_zero, double *out, char *err,
                        size_t errlen)
 {
-    double v;
-    if (!to_double(s, &v) || v < 0 || (!allow_zero && v == 0))
-        return fail(err, errlen, "%s: expected a %s number of seconds, got '%s'", label,
-                    allow_zero ? "non-negative" : "positive", s ? s : "");
-    *out = v;
+    if (cli_parse_seconds(label, s, 0, HUGE_VAL, allow_zero ? 0 : CLI_OPEN_MIN, out) < 0)
+        return fail(err, errlen, "%s", cli_last_error());
     return 0;
 }
 
@@ -844,7 +825,8 @@ static int make_uuid(char **out)
         got += (size_t)k;
     }
     if (got < sizeof b) {
-        /* No getrandom(): time and pid are unique enough for a job id. */
+        /* No getrandom(): time and pid are unique enough for a job id. The wall clock here is
+         * entropy, not a deadline (those use monoclock.h): it differs across reboots. */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t x =
@@ -870,70 +852,37 @@ static int make_uuid(char **out)
 /* Help and shell completion.                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Writes text word-wrapped at `width` columns, each line indented by `indent`. */
-static void wrap(const char *text, int indent, int width)
-{
-    int col = 0;
-    const char *p = text;
-    while (*p) {
-        size_t w = strcspn(p, " ");
-        if (col > indent && col + 1 + (int)w > width) {
-            putchar('\n');
-            col = 0;
-        }
-        if (col == 0) {
-            printf("%*s", indent, "");
-            col = indent;
-        } else {
-            putchar(' ');
-            col++;
-        }
-        printf("%.*s", (int)w, p);
-        col += (int)w;
-        p += w;
-        while (*p == ' ')
-            p++;
-    }
-    putchar('\n');
-}
-
 void ddprun_print_help(void)
 {
     printf("usage: ddprun [OPTIONS] TRAINING_SCRIPT [SCRIPT_ARGS ...]\n\n");
-    wrap("Starts --nproc-per-node workers of TRAINING_SCRIPT on this node (with 'python -u' in "
-         "front unless --no-python) as torchrun does, with the same options and environment. "
-         "Options end at the training script or at '--'. A value may also follow an '=', as in "
-         "--nnodes=2.",
-         0, 80);
+    cli_print_wrapped(stdout,
+                      "Starts --nproc-per-node workers of TRAINING_SCRIPT on this node (with "
+                      "'python -u' in front unless --no-python) as torchrun does, with the same "
+                      "options and environment. Options end at the training script or at '--'. "
+                      "A value may also follow an '=', as in --nnodes=2.",
+                      0);
     printf("\noptions:\n");
     for (size_t i = 0; i < NOPTIONS; i++) {
-        const struct option_def *o = &options[i];
-        char line[256];
-        size_t k = 0;
-        line[0] = '\0';
-        for (int n = 0; n < 3 && o->names[n]; n++)
-            k += (size_t)snprintf(line + k, sizeof line - k, "%s%s", n ? ", " : "  ", o->names[n]);
-        if (o->arg)
-            snprintf(line + k, sizeof line - k, " %s", o->arg);
-        printf("%s\n", line);
-
+        const cli_option *o = &options[i];
         char text[768];
-        k = (size_t)snprintf(text, sizeof text, "%s", o->help);
+        size_t k = (size_t)snprintf(text, sizeof text, "%s", o->help);
         char pet[64];
         pet_name(o, pet, sizeof pet);
-        if (o->def && *o->def && o->pet)
+        if (o->def && *o->def && o->tag)
             snprintf(text + k, sizeof text - k, " (default: %s; env: %s)", o->def, pet);
         else if (o->def && *o->def)
             snprintf(text + k, sizeof text - k, " (default: %s)", o->def);
-        else if (o->pet)
+        else if (o->tag)
             snprintf(text + k, sizeof text - k, " (env: %s)", pet);
-        wrap(text, 8, 80);
+        cli_print_option(stdout, o, text, 0, CLI_HELP_WIDTH);
     }
     printf("\n");
-    wrap("Slurm: under srun, when SLURM_JOB_ID, SLURM_NNODES, SLURM_NODEID and SLURM_JOB_NODELIST "
-         "are set, --nnodes, --node-rank and --master-addr default to the job's node count, this "
-         "node's index and the first host of the node list. See ddprun(1).",
-         0, 80);
+    cli_print_wrapped(stdout,
+                      "Slurm: under srun, when SLURM_JOB_ID, SLURM_NNODES, SLURM_NODEID and "
+                      "SLURM_JOB_NODELIST are set, --nnodes, --node-rank and --master-addr default "
+                      "to the job's node count, this node's index and the first host of the node "
+                      "list. See ddprun(1).",
+                      0);
 }
 
 static void print_completion(const char *shell)
@@ -973,33 +922,15 @@ static void print_completion(const char *shell)
  * Finds the option `name` (without "=VALUE") names: an exact spelling, else the one option all of
  * whose spellings that start with `name` belong to (argparse's abbreviations).
  */
-static const struct option_def *lookup(const char *name, size_t len, char *err, size_t errlen,
-                                       int *rc)
+static const cli_option *lookup(const char *name, size_t len, char *err, size_t errlen, int *rc)
 {
-    const struct option_def *hit = NULL;
+    int k = cli_find(options, NOPTIONS, name, len, CLI_FIND_PREFIX);
+    if (k < 0) {
+        *rc = fail(err, errlen, "%s", cli_last_error());
+        return NULL;
+    }
     *rc = 0;
-    for (size_t i = 0; i < NOPTIONS; i++)
-        for (int n = 0; n < 3 && options[i].names[n]; n++)
-            if (strlen(options[i].names[n]) == len && strncmp(options[i].names[n], name, len) == 0)
-                return &options[i];
-    if (len < 3 || name[1] != '-')
-        goto unknown;
-    for (size_t i = 0; i < NOPTIONS; i++)
-        for (int n = 0; n < 3 && options[i].names[n]; n++) {
-            if (strncmp(options[i].names[n], name, len) != 0)
-                continue;
-            if (hit && hit != &options[i]) {
-                *rc = fail(err, errlen, "ambiguous option '%.*s' could be %s or %s", (int)len, name,
-                           long_name(hit), long_name(&options[i]));
-                return NULL;
-            }
-            hit = &options[i];
-        }
-    if (hit)
-        return hit;
-unknown:
-    *rc = fail(err, errlen, "unknown option '%.*s'", (int)len, name);
-    return NULL;
+    return &options[k];
 }
 
 /* An argument that argparse would take for an option rather than a value. */
@@ -1013,11 +944,11 @@ static bool looks_like_option(const char *s)
 static void read_defaults(struct raw *r)
 {
     for (size_t i = 0; i < NOPTIONS; i++) {
-        const struct option_def *o = &options[i];
+        const cli_option *o = &options[i];
         r->value[o->id] = o->def;
         r->src[o->id] = SRC_DEFAULT;
-        snprintf(r->label[o->id], sizeof r->label[o->id], "%s", long_name(o));
-        if (!o->pet)
+        snprintf(r->label[o->id], sizeof r->label[o->id], "%s", cli_long_name(o));
+        if (!o->tag)
             continue;
         char pet[64];
         pet_name(o, pet, sizeof pet);
@@ -1026,7 +957,7 @@ static void read_defaults(struct raw *r)
             continue;
         r->value[o->id] = v;
         r->src[o->id] = SRC_ENV;
-        snprintf(r->label[o->id], sizeof r->label[o->id], "%s (from %s)", long_name(o), pet);
+        snprintf(r->label[o->id], sizeof r->label[o->id], "%s (from %s)", cli_long_name(o), pet);
     }
     /* The pieces torchrun fills in after argparse. */
     if (r->src[O_MASTER_PORT] == SRC_DEFAULT)
@@ -1061,11 +992,11 @@ static int read_argv(int argc, char **argv, struct raw *r, char *err, size_t err
         size_t nlen = strcspn(a, "=");
         const char *inline_val = a[nlen] == '=' ? a + nlen + 1 : NULL;
         int rc;
-        const struct option_def *o = lookup(a, nlen, err, errlen, &rc);
+        const cli_option *o = lookup(a, nlen, err, errlen, &rc);
         if (!o && a[1] != '-' && nlen > 2) {
             /* -r3: a short option with its value attached. */
             o = lookup(a, 2, err, errlen, &rc);
-            if (o && o->arg) {
+            if (o && o->metavar) {
                 nlen = 2;
                 inline_val = a + 2;
             } else {
@@ -1079,7 +1010,7 @@ static int read_argv(int argc, char **argv, struct raw *r, char *err, size_t err
         snprintf(typed, sizeof typed, "%.*s", (int)nlen, a);
         i++;
         const char *val;
-        if (!o->arg) {
+        if (!o->metavar) {
             if (inline_val)
                 return fail(err, errlen, "%s: takes no value, got '%s'", typed, inline_val);
             val = "1";
@@ -1087,7 +1018,7 @@ static int read_argv(int argc, char **argv, struct raw *r, char *err, size_t err
             val = inline_val;
         } else {
             if (i >= argc || looks_like_option(argv[i]))
-                return fail(err, errlen, "%s: expected a value (%s)", typed, o->arg);
+                return fail(err, errlen, "%s: expected a value (%s)", typed, o->metavar);
             val = argv[i++];
         }
         switch (o->id) {
@@ -1168,7 +1099,6 @@ void ddprun_config_free(ddprun_config *c)
         return;
     free(c->master_addr);
     free(c->local_addr);
-    free(c->rdzv_backend);
     free(c->rdzv_endpoint);
     free(c->rdzv_host);
     free(c->rdzv_id);
@@ -1188,7 +1118,8 @@ void ddprun_config_free(ddprun_config *c)
 /* Step 4: converts and checks the final values into c, then applies torchrun's run() rules. */
 static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err, size_t errlen)
 {
-    static const char *backends[] = {"static", "c10d", NULL};
+    static const char *backends[] = {
+        [DDPRUN_BACKEND_STATIC] = "static", [DDPRUN_BACKEND_C10D] = "c10d", NULL};
     static const char *methods[] = {"spawn", "fork", "forkserver", NULL};
     static const char *numa[] = {"node", "socket", "exclusive", "core-complex", NULL};
     int rc;
@@ -1203,6 +1134,11 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     TRY(get_nproc(r, &c->nproc_per_node, err, errlen));
     TRY(get_int(r, O_NODE_RANK, 0, INT32_MAX, &c->node_rank, err, errlen));
     TRY(check_choice(r, O_RDZV_BACKEND, backends, err, errlen));
+    /* The one place the backend's name is compared: from here on it is an enum. */
+    ddprun_backend backend = DDPRUN_BACKEND_STATIC;
+    for (int i = 0; backends[i]; i++)
+        if (strcmp(r->value[O_RDZV_BACKEND], backends[i]) == 0)
+            backend = (ddprun_backend)i;
     TRY(get_flag(r, O_STANDALONE, &c->standalone, err, errlen));
     TRY(get_int(r, O_MAX_RESTARTS, 0, INT32_MAX, &c->max_restarts, err, errlen));
     TRY(get_seconds(r->label[O_MONITOR_INTERVAL], r->value[O_MONITOR_INTERVAL], true,
@@ -1259,10 +1195,10 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
      * agent to host the store itself and publish the port it got.
      */
     const char *endpoint = r->value[O_RDZV_ENDPOINT];
-    bool local = c->standalone || (strcmp(r->value[O_RDZV_BACKEND], "static") == 0 && !*endpoint &&
+    bool local = c->standalone || (backend == DDPRUN_BACKEND_STATIC && !*endpoint &&
                                    !r->value[O_MASTER_PORT] && c->nnodes_max == 1);
     if (local) {
-        TRY(dup_str("c10d", &c->rdzv_backend));
+        c->rdzv_backend = DDPRUN_BACKEND_C10D;
         TRY(dup_str("127.0.0.1:0", &c->rdzv_endpoint));
         TRY(dup_str("127.0.0.1", &c->rdzv_host));
         c->rdzv_port = 0;
@@ -1276,10 +1212,10 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
         return 0;
     }
 
-    TRY(dup_str(r->value[O_RDZV_BACKEND], &c->rdzv_backend));
+    c->rdzv_backend = backend;
     TRY(dup_str(endpoint, &c->rdzv_endpoint));
     TRY(dup_str(r->value[O_RDZV_ID], &c->rdzv_id));
-    if (strcmp(c->rdzv_backend, "c10d") == 0) {
+    if (backend == DDPRUN_BACKEND_C10D) {
         if (!*endpoint) {
             /* torchrun's parse_rendezvous_endpoint() of an empty endpoint. */
             TRY(dup_str("localhost", &c->rdzv_host));

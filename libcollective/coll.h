@@ -50,6 +50,11 @@ struct rdzv_client;
  * Project error codes, for failures errno cannot name. Every other failure is a negative errno
  * value: -ETIMEDOUT (a peer did not take part in time; the detail names it), -ECANCELED (the
  * communicator was aborted), -EINVAL, -ENOMEM, -ENOTSUP (not built with that backend), ...
+ *
+ * Each library of the project has a range of its own, so that a number means one failure
+ * wherever it ends up: libcollective's codes lie in [-1099, -1000], librendezvous's internal
+ * protocol-parser results in [-1199, -1100] (rendezvous/proto.h), and errno values are all
+ * above -1000.
  */
 #define COLL_ERROR_MAP(X)                                                                        \
     X(COLL_ENCCL, -1001, "NCCL error")                                                           \

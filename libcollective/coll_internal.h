@@ -5,15 +5,23 @@
  *   reduce.c      element-wise reduction kernels (no I/O, unit-tested alone)
  *   shm.c         per-host shared-memory segments and the waits on counters inside them
  *   tcp.c         rank-to-rank TCP connections and bounded, abortable duplex transfers
+ *   layout.c      the cpu backend's host layout from the ranks' host identities (no I/O)
+ *   cpu_boot.c    the cpu backend's bootstrap through the store: ranks, layout, segment, ring
  *   cpu.c         the cpu backend's algorithms on top of shm.c and tcp.c
+ *   cpu.h         the cpu backend's state, shared by cpu_boot.c and cpu.c
+ *   settle.c      failure settlement's decision: evidence in, culprit and code out (no I/O)
  *   comm.c        the public API: bootstrap through the store, requests, progress thread
  *   nccl.cu       the nccl backend (built with NCCL)
  *   cuda_stage.cu device-pointer detection and pinned staging for the cpu backend (CUDA builds)
+ *
+ * The store keys these files use ("<prefix>/cpu/<rank>", "<prefix>/failed", ...) are listed,
+ * with their writers and value formats, in one table: libcollective(3), STORE KEYS.
  */
 #ifndef COLL_INTERNAL_H
 #define COLL_INTERNAL_H
 
 #include "coll.h"
+#include "monoclock.h"
 
 #ifndef __cplusplus
 #include <stdatomic.h>
@@ -26,16 +34,127 @@
 extern "C" {
 #endif
 
-/* Monotonic clock in nanoseconds. */
-int64_t coll__now_ns(void);
-/* now + timeout_ms in ns; INT64_MAX for timeout_ms < 0. */
-int64_t coll__deadline(int timeout_ms);
+/* The range of libcollective's project codes (COLL_ERROR_MAP in coll.h); tests/test_errors.c
+ * checks that every code lies in it and that it does not overlap librendezvous's. */
+#define COLL_ERROR_CODE_HIGH (-1000)
+#define COLL_ERROR_CODE_LOW (-1099)
+
 /*
- * The store keys "<prefix>/<what>/<rank>" for every rank, NULL-terminated; NULL when out of
- * memory. Released by coll__keys_free() (NULL is a no-op).
+ * Clocks: monoclock.h's rdzv__now_ns(), rdzv__deadline_ns() and rdzv__ms_left(), the project's
+ * one monotonic clock; every deadline in this library is a rdzv__deadline_ns() value.
  */
-char **coll__rank_keys(const char *prefix, const char *what, int world);
-void coll__keys_free(char **keys);
+
+/* ------------------------------------------------------------------------------------------ */
+/* settle.c                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The grace a settling rank gives its peers to record a failure or publish their progress. */
+#define COLL__BLAME_GRACE_MS 1000
+
+/* How a failed operation learned of the failure; decides how the culprit is settled. */
+typedef enum coll__evkind {
+    COLL__EV_TIMEOUT, /* a wait ran out: blame whoever did not reach the operation */
+    COLL__EV_DEAD,    /* a rank on this host exited (seen through its pidfd): direct */
+    COLL__EV_CLOSED,  /* a socket closed: the peer died, or failed and recorded why */
+    COLL__EV_ABORTED, /* a rank on this host marked the segment failed and recorded why */
+} coll__evkind;
+
+/* What a question to the store brought back. */
+typedef enum coll__answer {
+    COLL__UNASKED = 0, /* not asked (yet) */
+    COLL__ABSENT,      /* asked: no such key (within the wait), or a malformed value */
+    COLL__PRESENT,     /* asked: the value is in the evidence */
+    COLL__UNREACHABLE, /* asked: the store did not answer */
+} coll__answer;
+
+/* The failure record "<rank> <code>" under "<prefix>/failed". */
+typedef struct coll__failure {
+    int rank;
+    int code;
+} coll__failure;
+
+/* Values of coll__evidence.progress_of[] other than a rank's index k. */
+#define COLL__PROGRESS_ABSENT (-1) /* the rank published nothing within the grace */
+#define COLL__PROGRESS_UNREAD (-2) /* it published, but the value could not be read */
+
+/*
+ * Everything settlement decides on. The first group is known locally when settling starts; the
+ * second is filled in by the caller, one answer per question coll__settle() asks.
+ */
+typedef struct coll__evidence {
+    int rank, world;
+    uint64_t k;          /* the failed operation's index among the collectives */
+    bool collective;     /* false for send/recv: progress is neither published nor compared */
+    int rc;              /* the code the operation failed with */
+    bool aborted;        /* coll_comm_abort() was called on this communicator */
+    coll__evkind kind;   /* meaningful when rc is -ETIMEDOUT or COLL_EREMOTE */
+    int guess;           /* the rank the failed wait named, -1 none */
+    int segment_culprit; /* the culprit the host's segment was marked with, -1 none */
+
+    bool published;             /* COLL__SETTLE_PUBLISH was done */
+    coll__answer record;        /* COLL__SETTLE_READ_RECORD: "<prefix>/failed" */
+    coll__failure found;        /* ... its value when PRESENT */
+    coll__answer progress;      /* COLL__SETTLE_READ_PROGRESS: PRESENT or UNREACHABLE */
+    const int64_t *progress_of; /* ... [world] each rank's k or COLL__PROGRESS_*, when PRESENT */
+    coll__answer written;       /* COLL__SETTLE_WRITE_RECORD: PRESENT or UNREACHABLE */
+    coll__failure held;         /* ... what the store holds after it, when PRESENT */
+} coll__evidence;
+
+/* What coll__settle() asks for next, or DONE. */
+typedef enum coll__settle_step {
+    COLL__SETTLE_DONE,          /* out->culprit and out->code are the verdict */
+    COLL__SETTLE_PUBLISH,       /* set "<prefix>/progress/<rank>" to k; then set published */
+    COLL__SETTLE_READ_RECORD,   /* read "<prefix>/failed", waiting up to out->wait_ms for it */
+    COLL__SETTLE_READ_PROGRESS, /* wait up to out->wait_ms for every rank's progress; read them */
+    COLL__SETTLE_WRITE_RECORD,  /* record out->culprit / out->code, first writer wins; then
+                                   read back what the store holds */
+} coll__settle_step;
+
+typedef struct coll__verdict {
+    int culprit; /* DONE: the rank to blame, -1 unknown; WRITE_RECORD: the one to record */
+    int code;    /* DONE: the code to return; WRITE_RECORD: the one to record */
+    int wait_ms; /* READ_RECORD, READ_PROGRESS: how long to wait; 0 for a plain check */
+} coll__verdict;
+
+/*
+ * The next step of settling ev (see settle.c for the rules). Pure: no I/O, reads only ev.
+ * Returns DONE with the verdict in *out, or the question to answer in ev before calling again;
+ * no question is asked twice.
+ */
+coll__settle_step coll__settle(const coll__evidence *ev, coll__verdict *out);
+/* Static names, for logs and test messages. */
+const char *coll__settle_step_name(coll__settle_step step);
+const char *coll__evkind_name(coll__evkind kind);
+
+/* ------------------------------------------------------------------------------------------ */
+/* layout.c                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Which ranks share a host, computed from their host identities (see layout.c for the rules).
+ * Host h's ranks are host_ranks[host_first[h] .. host_first[h + 1]), ascending; its leader is
+ * leaders[h], its lowest rank; hosts are ordered by leader.
+ */
+typedef struct coll__layout {
+    int world;
+    int nhosts;
+    int *host_of;    /* [world] each rank's host index */
+    int *local_of;   /* [world] each rank's index among its host's ranks (its local rank) */
+    int *leaders;    /* [nhosts] each host's lowest rank (room for world) */
+    int *host_first; /* [nhosts + 1] offsets into host_ranks (room for world + 1) */
+    int *host_ranks; /* [world] ranks grouped by host */
+} coll__layout;
+
+/*
+ * Builds *l from ids[world] (each rank's identity, NUL-terminated; borrowed; equal strings mean
+ * one host). Returns 0, -EINVAL (l or ids NULL, a NULL identity, world < 1) or -ENOMEM; *l is
+ * zeroed on failure. Release with coll__layout_free().
+ */
+int coll__layout_build(coll__layout *l, const char *const *ids, int world);
+/* Frees the arrays and zeroes *l; accepts NULL and a zeroed or freed layout. */
+void coll__layout_free(coll__layout *l);
+/* The number of ranks on host `host` (its local world size). */
+int coll__layout_local_size(const coll__layout *l, int host);
 
 /* ------------------------------------------------------------------------------------------ */
 /* reduce.c                                                                                    */
@@ -82,22 +201,22 @@ typedef struct coll__counter {
 typedef struct coll__shm_hdr {
     _Atomic uint32_t wake;
     _Atomic uint32_t nwaiters;
-    _Atomic uint32_t abort;   /* nonzero once any local rank aborted or saw a failure */
-    _Atomic int32_t culprit;  /* global rank that caused it, -1 unknown */
+    _Atomic uint32_t abort;    /* nonzero once any local rank aborted or saw a failure */
+    _Atomic int32_t culprit;   /* global rank that caused it, -1 unknown */
     _Atomic uint32_t attached; /* local ranks that mapped the segment */
     char pad[44];
     coll__counter arrive[COLL__MAX_LOCAL]; /* per local rank progress counter */
 } coll__shm_hdr;
 
 typedef struct coll__shm {
-    char name[64];       /* "/coll.<uid>.<pid>.<hex>", as given to shm_open */
-    void *base;          /* mapping, starts with coll__shm_hdr */
+    char name[64]; /* "/coll.<uid>.<pid>.<hex>", as given to shm_open */
+    void *base;    /* mapping, starts with coll__shm_hdr */
     size_t nbytes;
     int nlocal;
     int local_rank;
-    int pids[COLL__MAX_LOCAL];     /* per local rank, for liveness */
-    int pidfds[COLL__MAX_LOCAL];   /* pidfd_open() of each other local rank, or -1 */
-    int granks[COLL__MAX_LOCAL];   /* global rank of each local rank, for culprits */
+    int pids[COLL__MAX_LOCAL];   /* per local rank, for liveness */
+    int pidfds[COLL__MAX_LOCAL]; /* pidfd_open() of each other local rank, or -1 */
+    int granks[COLL__MAX_LOCAL]; /* global rank of each local rank, for culprits */
     int spin; /* polls before sleeping: > 0 with a pause; < 0, -spin polls after sched_yield()
                  (ranks outnumber CPUs); 0, none */
     const _Atomic int *local_abort; /* this process's abort flag for the communicator */
@@ -148,7 +267,7 @@ void coll__shm_abort(coll__shm *s, int culprit);
  */
 typedef struct coll__tcp {
     int rank, world;
-    uint64_t tag;             /* identifies the communicator */
+    uint64_t tag; /* identifies the communicator */
     int listen_fd;
     int *fds;                 /* [world], -1 when not connected */
     char (*addrs)[64];        /* [world] numeric host of each peer */
@@ -230,8 +349,8 @@ typedef struct coll__op {
  * The communicator is created non-blocking and polled until deadline (then aborted).
  * Returns 0, -ETIMEDOUT, -ENOTSUP (no NCCL/GPU), COLL_ENCCL, COLL_ECUDA; err gets the detail.
  */
-int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int world,
-                    int device, int64_t deadline_ns, coll__nccl **out, char *err, size_t errlen);
+int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int world, int device,
+                    int64_t deadline_ns, coll__nccl **out, char *err, size_t errlen);
 /*
  * Enqueues op on stream and records an event after it; *event is released by
  * coll__nccl_event_free(). Returns 0, COLL_ENCCL, COLL_ECUDA.
@@ -246,17 +365,17 @@ void coll__nccl_abort(coll__nccl *n);
 /* ncclCommDestroy (or abort if it failed) and free. NULL is a no-op. */
 void coll__nccl_destroy(coll__nccl *n);
 
-#ifndef __cplusplus /* cpu.c: C only, like shm.c and tcp.c */
+#ifndef __cplusplus /* cpu_boot.c, cpu.c: C only, like shm.c and tcp.c */
 /* ------------------------------------------------------------------------------------------ */
-/* cpu.c                                                                                       */
+/* cpu_boot.c (bootstrap, teardown, queries) and cpu.c (coll__cpu_run)                         */
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct coll__cpu coll__cpu;
 
 /*
- * Bootstraps the cpu backend through the store (see cpu.c). `abort` is the communicator's flag.
- * Returns 0 and sets *out, or a negative code with err filled and *culprit set to a rank that
- * did not arrive (-1 if none is known; culprit may be NULL).
+ * Bootstraps the cpu backend through the store (see cpu_boot.c). `abort` is the communicator's
+ * flag. Returns 0 and sets *out, or a negative code with err filled and *culprit set to a rank
+ * that did not arrive (-1 if none is known; culprit may be NULL).
  */
 int coll__cpu_init(struct rdzv_client *store, const char *prefix, int rank, int world,
                    const coll_options *opts, const _Atomic int *abort, int64_t deadline,

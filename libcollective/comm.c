@@ -2,6 +2,8 @@
  * The public API: communicators, argument checks, requests and the progress thread, failure
  * accounting, split, abort; and staging of device buffers for the cpu backend.
  *
+ * The backend is a table of operations (backend_ops) chosen once, in coll_comm_init(); the API
+ * calls through it and never asks which backend it has.
  * cpu: requests queue up per communicator and one progress thread runs them in issue order. A
  * blocking call that finds the queue empty and nothing running runs its operation on the
  * calling thread instead (same order, no thread hand-offs on the latency path).
@@ -15,8 +17,10 @@
  *    aborted and the sockets are shut down, so that every peer stops waiting;
  *  - indirect evidence (a socket to another host's leader closed or timed out: that leader may
  *    itself be waiting for the rank at fault) first waits up to a second for "<prefix>/failed".
+ * The decision itself is settle.c's (coll__settle(): evidence in, culprit and code out); this
+ * file gathers the evidence, asks the store what coll__settle() asks for, and words the message.
  *
- * Not here: the algorithms (cpu.c) and NCCL calls (nccl.cu).
+ * Not here: the algorithms (cpu.c), NCCL calls (nccl.cu) and the settling rules (settle.c).
  */
 #include "coll_internal.h"
 #include "rdzv.h"
@@ -31,7 +35,6 @@
 #include <time.h>
 
 #define ERR_BYTES 512
-#define BLAME_GRACE_MS 1000
 
 struct coll_request {
     coll_comm *comm;
@@ -45,24 +48,57 @@ struct coll_request {
     coll_request *next;
 };
 
+/*
+ * A backend as the API drives it, chosen once in coll_comm_init(): nothing outside the two
+ * tables below asks which backend a communicator has. The cpu backend runs operations on the
+ * calling thread or its progress thread; the nccl backend enqueues them on the CUDA stream at
+ * issue and polls their events.
+ */
+typedef struct backend_ops {
+    /* Bootstraps through the store (bounded by deadline); err gets the detail. */
+    int (*init)(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen);
+    /* Takes a checked request (seq not yet given) and queues or starts it; never fails. */
+    void (*submit)(coll_comm *c, coll_request *req);
+    /* The blocking form of a checked operation: its result. */
+    int (*run)(coll_comm *c, const coll__op *op);
+    /* Advances a request without blocking (coll_test); a no-op once it is done. */
+    void (*poll)(coll_request *req);
+    /* Blocks until the request is done and releases what the backend holds for it. */
+    void (*wait)(coll_request *req);
+    /* Before teardown: lets pending operations finish, for at most the timeout. */
+    void (*drain)(coll_comm *c);
+    /* Makes this rank's failure seen: local waits end, peers see it naming culprit. */
+    void (*abort)(coll_comm *c, int culprit);
+    /* Frees the backend's state; accepts a half-built communicator. */
+    void (*destroy)(coll_comm *c);
+    /* Layout: number of hosts, this rank's index on its host (*nlocal: the host's ranks). */
+    int (*nhosts)(const coll_comm *c);
+    int (*local)(const coll_comm *c, int *nlocal);
+    /* The host of rank, for messages ("" unknown). */
+    const char *(*hostname)(const coll_comm *c, int rank);
+} backend_ops;
+
 struct coll_comm {
     int rank, world, device;
     coll_backend backend;
+    const backend_ops *ops;
     coll_options opts;
     char *prefix, *bind_addr;
     rdzv_client *store; /* our own connection; store_lock serialises it */
     pthread_mutex_t store_lock;
-    coll__cpu *cpu;
-    coll__nccl *nccl;
     void *stream;
-    bool cuda; /* device buffers possible (CUDA build with a device) */
-    void *stage;
+
+    coll__cpu *cpu; /* cpu backend */
+    bool cuda;      /* device buffers possible (CUDA build with a device) */
+    void *stage;    /* pinned staging buffer for device buffers */
     size_t stage_bytes;
 
+    coll__nccl *nccl; /* nccl backend */
+
     pthread_mutex_t lock;
-    pthread_cond_t work; /* the progress thread waits here */
-    pthread_cond_t done; /* waiters for requests */
-    coll_request *head, *tail;
+    pthread_cond_t work;       /* the progress thread waits here */
+    pthread_cond_t done;       /* waiters for requests (CLOCK_MONOTONIC) */
+    coll_request *head, *tail; /* cpu: queued, not yet running */
     bool busy, stopping, thread_started;
     pthread_t thread;
     uint64_t issued;
@@ -107,38 +143,49 @@ static bool is_collective(enum coll__kind kind)
 }
 
 /*
- * The failure record, "<rank> <code>" under "<prefix>/failed": the first writer wins, and
- * *rank / *code are set to what the store holds afterwards (ours if the store is unreachable).
+ * The store I/O of settling, one function per question coll__settle() asks (settle.c decides,
+ * these only ask). Each returns the answer's kind and logs a store it cannot reach.
  */
-static void record_failure(coll_comm *c, int *rank, int *code)
+
+/* Parses "<rank> <code>"; false for anything else. */
+static bool parse_failure(const void *val, size_t len, coll__failure *out)
 {
-    char key[512], mine[48];
+    char buf[48];
+    int r, k;
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 47 ? len : 47), (const char *)val);
+    if (sscanf(buf, "%d %d", &r, &k) != 2)
+        return false;
+    out->rank = r;
+    out->code = k;
+    return true;
+}
+
+/*
+ * Records `mine` under "<prefix>/failed" unless a record is there (the first writer wins) and
+ * sets *held to what the store holds afterwards: PRESENT, or UNREACHABLE (*held untouched).
+ */
+static coll__answer write_record(coll_comm *c, coll__failure mine, coll__failure *held)
+{
+    char key[512], text[48];
     void *val = NULL;
     size_t len = 0;
     snprintf(key, sizeof key, "%s/failed", c->prefix);
-    snprintf(mine, sizeof mine, "%d %d", *rank, *code);
+    snprintf(text, sizeof text, "%d %d", mine.rank, mine.code);
     pthread_mutex_lock(&c->store_lock);
-    int rc = rdzv_compare_set(c->store, key, "", 0, mine, strlen(mine), &val, &len);
+    int rc = rdzv_set_once(c->store, key, text, strlen(text), &val, &len);
     if (rc < 0)
         logf_(c, COLL_LOG_WARN, "recording the failure in the store: %s",
               rdzv_client_last_error(c->store));
     pthread_mutex_unlock(&c->store_lock);
-    char buf[48];
-    snprintf(buf, sizeof buf, "%.*s", rc == 0 ? (int)(len < 47 ? len : 47) : 0,
-             rc == 0 ? (const char *)val : "");
-    int r, k;
-    if (sscanf(buf, "%d %d", &r, &k) == 2) {
-        *rank = r;
-        *code = k;
-    }
+    coll__answer a = rc < 0 ? COLL__UNREACHABLE : COLL__PRESENT;
+    if (rc >= 0 && !parse_failure(val, len, held))
+        *held = mine; /* not a record: ours stands */
     rdzv_free(val);
+    return a;
 }
 
-/*
- * Waits up to wait_ms for the failure record: 1 with *rank / *code set, 0 if there is none, or
- * a negative code if the store cannot be asked.
- */
-static int read_failure(coll_comm *c, int wait_ms, int *rank, int *code)
+/* Waits up to wait_ms (0: a plain check) for the failure record and reads it into *out. */
+static coll__answer read_record(coll_comm *c, int wait_ms, coll__failure *out)
 {
     char key[512];
     const char *k = key;
@@ -154,18 +201,14 @@ static int read_failure(coll_comm *c, int wait_ms, int *rank, int *code)
     if (rc == 0)
         rc = rdzv_get(c->store, key, &val, &len);
     if (rc < 0 && rc != -ETIMEDOUT)
-        logf_(c, COLL_LOG_WARN, "reading the failure record: %s",
-              rdzv_client_last_error(c->store));
+        logf_(c, COLL_LOG_WARN, "reading the failure record: %s", rdzv_client_last_error(c->store));
     pthread_mutex_unlock(&c->store_lock);
-    if (rc == 0) {
-        char buf[48];
-        snprintf(buf, sizeof buf, "%.*s", (int)(len < 47 ? len : 47), (const char *)val);
-        rc = sscanf(buf, "%d %d", rank, code) == 2;
-    } else if (rc == -ETIMEDOUT) {
-        rc = 0;
-    }
+    coll__answer a = rc == -ETIMEDOUT               ? COLL__ABSENT
+                     : rc < 0                       ? COLL__UNREACHABLE
+                     : parse_failure(val, len, out) ? COLL__PRESENT
+                                                    : COLL__ABSENT;
     rdzv_free(val);
-    return rc;
+    return a;
 }
 
 /* Tells the others this rank reached collective number k and failed in it. */
@@ -179,38 +222,92 @@ static void publish_progress(coll_comm *c, uint64_t k)
     pthread_mutex_unlock(&c->store_lock);
 }
 
-/*
- * The lowest rank that did not reach collective k: every rank that reached it and failed
- * publishes that (publish_progress), so the ranks still silent after a grace period are the
- * ones that did not take part. `guess` if every rank reached it.
- */
-static int blame_by_progress(coll_comm *c, uint64_t k, int guess)
+/* "<k>" as published by publish_progress(), clamped to int64_t. */
+static int64_t parse_progress(const void *val, size_t len)
 {
-    char **keys = coll__rank_keys(c->prefix, "progress", c->world);
-    int culprit = -1;
-    if (!keys)
-        return guess;
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 31 ? len : 31), (const char *)val);
+    unsigned long long v = strtoull(buf, NULL, 10);
+    return v > INT64_MAX ? INT64_MAX : (int64_t)v;
+}
+
+/*
+ * Waits up to wait_ms for every rank's "<prefix>/progress/<r>" and reads them into
+ * progress[world]: the published index, COLL__PROGRESS_ABSENT (still missing), or
+ * COLL__PROGRESS_UNREAD (the read failed). When all are there, one MULTI_GET reads them; when
+ * some are missing, each key is checked and read on its own, since a store need not answer
+ * MULTI_GET for missing keys (PyTorch's does not). PRESENT, or UNREACHABLE (out of memory).
+ */
+static coll__answer read_progress(coll_comm *c, int wait_ms, int64_t *progress)
+{
+    char where[512], **keys = NULL;
+    snprintf(where, sizeof where, "%s/progress", c->prefix);
+    if (rdzv_rank_keys(where, c->world, &keys) < 0)
+        keys = NULL;
+    void **vals = calloc((size_t)c->world, sizeof *vals);
+    size_t *lens = calloc((size_t)c->world, sizeof *lens);
+    coll__answer a = COLL__UNREACHABLE;
+    if (!keys || !vals || !lens)
+        goto out;
+    a = COLL__PRESENT;
     pthread_mutex_lock(&c->store_lock);
-    (void)rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, BLAME_GRACE_MS);
-    for (int r = 0; r < c->world && culprit < 0; r++) {
+    int rc = rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, wait_ms);
+    if (rc == 0)
+        rc = rdzv_multi_get(c->store, (const char *const *)keys, (size_t)c->world, vals, lens);
+    for (int r = 0; r < c->world; r++) {
         const char *key = keys[r];
-        void *val = NULL;
-        size_t len = 0;
-        if (r == c->rank)
-            continue;
-        if (rdzv_check(c->store, &key, 1) != 1) {
-            culprit = r;
-        } else if (rdzv_get(c->store, key, &val, &len) == 0) {
-            char buf[32];
-            snprintf(buf, sizeof buf, "%.*s", (int)(len < 31 ? len : 31), (const char *)val);
-            if (strtoull(buf, NULL, 10) < k)
-                culprit = r;
+        if (rc == 0) {
+            progress[r] = parse_progress(vals[r], lens[r]);
+        } else if (rdzv_check(c->store, &key, 1) != 1) {
+            progress[r] = COLL__PROGRESS_ABSENT;
+        } else if (rdzv_get(c->store, key, &vals[r], &lens[r]) == 0) {
+            progress[r] = parse_progress(vals[r], lens[r]);
+        } else {
+            progress[r] = COLL__PROGRESS_UNREAD;
         }
-        rdzv_free(val);
     }
     pthread_mutex_unlock(&c->store_lock);
-    coll__keys_free(keys);
-    return culprit >= 0 ? culprit : guess;
+out:
+    for (int r = 0; vals && r < c->world; r++)
+        rdzv_free(vals[r]);
+    rdzv_free(keys);
+    free(vals);
+    free(lens);
+    return a;
+}
+
+/*
+ * Settles ev with the other ranks: answers coll__settle()'s questions through the store until
+ * it gives its verdict.
+ */
+static coll__verdict settle(coll_comm *c, coll__evidence *ev)
+{
+    int64_t *progress = NULL;
+    coll__verdict v;
+    coll__settle_step step;
+    while ((step = coll__settle(ev, &v)) != COLL__SETTLE_DONE) {
+        switch (step) {
+        case COLL__SETTLE_PUBLISH:
+            publish_progress(c, ev->k);
+            ev->published = true;
+            break;
+        case COLL__SETTLE_READ_RECORD:
+            ev->record = read_record(c, v.wait_ms, &ev->found);
+            break;
+        case COLL__SETTLE_READ_PROGRESS:
+            progress = malloc((size_t)c->world * sizeof *progress);
+            ev->progress = progress ? read_progress(c, v.wait_ms, progress) : COLL__UNREACHABLE;
+            ev->progress_of = progress;
+            break;
+        case COLL__SETTLE_WRITE_RECORD:
+            ev->written = write_record(c, (coll__failure){v.culprit, v.code}, &ev->held);
+            break;
+        case COLL__SETTLE_DONE:
+            break;
+        }
+    }
+    free(progress);
+    return v;
 }
 
 static void describe(const coll__op *op, uint64_t seq, char *buf, size_t cap)
@@ -219,79 +316,69 @@ static void describe(const coll__op *op, uint64_t seq, char *buf, size_t cap)
              coll_dtype_name(op->dtype));
 }
 
-/* How a failed operation learned of the failure; decides how the culprit is settled. */
-enum evidence {
-    EV_TIMEOUT, /* a wait ran out: blame whoever did not reach the operation */
-    EV_DEAD,    /* a rank on this host exited (seen through its pidfd): direct */
-    EV_CLOSED,  /* a socket closed: the peer died, or failed and recorded why */
-    EV_ABORTED, /* a rank on this host marked the segment failed and recorded why */
-};
-
 /*
- * Settles the culprit and the code of a failed operation with the other ranks (through the
- * store), tells the peers, and makes the failure sticky. `k` is the operation's index among
- * this communicator's collectives. Runs on the thread that ran the operation.
+ * The sentence coll_last_error() gives for operation `what` that failed with `rc` blaming
+ * `culprit` (on `host`, "" unknown) after `ms`; `detail` is the failed call's own account.
  */
-static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int rc, int culprit,
-                enum evidence ev, const char *detail, int64_t started)
+static void failure_message(const coll_comm *c, char *err, size_t cap, const char *what, int rc,
+                            int culprit, const char *host, long ms, const char *detail)
 {
-    char what[128];
-    describe(op, seq, what, sizeof what);
-    if (rc == -ECANCELED && atomic_load(&c->aborted)) {
-        culprit = c->rank;
-    } else if (rc == -ETIMEDOUT || rc == COLL_EREMOTE) {
-        bool coll = is_collective(op->kind);
-        if (coll)
-            publish_progress(c, k);
-        int found = ev == EV_DEAD ? 0
-                                  : read_failure(c, ev == EV_ABORTED  ? 3 * BLAME_GRACE_MS
-                                                    : ev == EV_CLOSED ? BLAME_GRACE_MS
-                                                                      : 0,
-                                                 &culprit, &rc);
-        if (found < 0) {
-            /* No store: the segment's culprit, the closed peer, or our own guess. */
-            if (ev == EV_ABORTED)
-                culprit = coll__cpu_segment_culprit(c->cpu);
-            rc = ev == EV_TIMEOUT ? -ETIMEDOUT : COLL_EREMOTE;
-        } else if (ev == EV_DEAD) {
-            rc = COLL_EREMOTE;
-            record_failure(c, &culprit, &rc);
-        } else if (!found) {
-            if (ev == EV_CLOSED && culprit >= 0) {
-                rc = COLL_EREMOTE;
-            } else {
-                rc = -ETIMEDOUT;
-                if (coll)
-                    culprit = blame_by_progress(c, k, culprit);
-            }
-            record_failure(c, &culprit, &rc);
-        }
-    }
-    if (c->cpu)
-        coll__cpu_abort(c->cpu, culprit);
-    if (c->nccl)
-        coll__nccl_abort(c->nccl);
-    logf_(c, COLL_LOG_DEBUG, "%s: failure settled as %s naming rank %d (evidence %d)", what,
-          coll_strerror(rc), culprit, (int)ev);
-
-    char err[ERR_BYTES];
-    const char *host = c->cpu && culprit >= 0 ? coll__cpu_hostname(c->cpu, culprit) : "";
     char who[160] = "";
-    long ms = (long)((coll__now_ns() - started) / 1000000);
     if (culprit >= 0)
         snprintf(who, sizeof who, "rank %d%s%.64s", culprit, host[0] ? " on host " : "", host);
     if (rc == -ECANCELED && culprit == c->rank)
-        snprintf(err, sizeof err, "%s: communicator aborted", what);
+        snprintf(err, cap, "%s: communicator aborted", what);
     else if (rc == -ETIMEDOUT)
-        snprintf(err, sizeof err, "%s timed out after %ld ms: %s did not take part within the %d ms"
-                 " timeout", what, ms, culprit >= 0 ? who : "a peer", c->opts.timeout_ms);
+        snprintf(err, cap,
+                 "%s timed out after %ld ms: %s did not take part within the %d ms"
+                 " timeout",
+                 what, ms, culprit >= 0 ? who : "a peer", c->opts.timeout_ms);
     else if (rc == COLL_EREMOTE)
-        snprintf(err, sizeof err, "%s failed after %ld ms: %s died or aborted", what, ms,
+        snprintf(err, cap, "%s failed after %ld ms: %s died or aborted", what, ms,
                  culprit >= 0 ? who : "a peer");
     else
-        snprintf(err, sizeof err, "%s failed: %s%s%.200s%s%s", what, coll_strerror(rc),
+        snprintf(err, cap, "%s failed: %s%s%.200s%s%s", what, coll_strerror(rc),
                  detail && detail[0] ? ": " : "", detail ? detail : "", who[0] ? "; peer " : "",
                  who);
+}
+
+/* The evidence of a failure of op (index k among the collectives) with code rc, naming guess. */
+static coll__evidence evidence(const coll_comm *c, const coll__op *op, uint64_t k, int rc,
+                               coll__evkind kind, int guess)
+{
+    return (coll__evidence){
+        .rank = c->rank,
+        .world = c->world,
+        .k = k,
+        .collective = is_collective(op->kind),
+        .rc = rc,
+        .aborted = atomic_load(&c->aborted) != 0,
+        .kind = kind,
+        .guess = guess,
+        .segment_culprit = -1,
+    };
+}
+
+/*
+ * A failed operation: settles its culprit and code (from the local evidence the caller
+ * gathered, and through the store), tells the peers, and makes the failure sticky. Runs on the
+ * thread that ran the operation.
+ */
+static int fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence ev,
+                const char *detail, int64_t started)
+{
+    char what[128];
+    describe(op, seq, what, sizeof what);
+    coll__verdict v = settle(c, &ev);
+    int rc = v.code, culprit = v.culprit;
+    c->ops->abort(c, culprit);
+    logf_(c, COLL_LOG_DEBUG, "%s: failure settled as %s naming rank %d (evidence: %s)", what,
+          coll_strerror(rc), culprit, coll__evkind_name(ev.kind));
+
+    char err[ERR_BYTES];
+    failure_message(c, err, sizeof err, what, rc, culprit,
+                    culprit >= 0 ? c->ops->hostname(c, culprit) : "",
+                    (long)((rdzv__now_ns() - started) / 1000000), detail);
     pthread_mutex_lock(&c->lock);
     if (!c->sticky) {
         c->sticky = rc;
@@ -304,7 +391,7 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, uint64_t k, int 
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Running operations                                                                          */
+/* Arguments                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
 /* Bytes the operation reads from sendbuf and writes to recvbuf on this rank. */
@@ -313,16 +400,63 @@ static void op_bytes(const coll_comm *c, const coll__op *op, size_t *in, size_t 
     size_t n = op->count * coll_dtype_size(op->dtype), w = (size_t)c->world;
     *in = *out = 0;
     switch (op->kind) {
-    case COLL__ALLREDUCE: *in = *out = n; break;
-    case COLL__REDUCE: *in = n; *out = op->peer == c->rank ? n : 0; break;
-    case COLL__BROADCAST: *in = op->peer == c->rank ? n : 0; *out = n; break;
-    case COLL__ALLGATHER: *in = n; *out = n * w; break;
-    case COLL__REDUCE_SCATTER: *in = n * w; *out = n; break;
-    case COLL__SEND: *in = n; break;
-    case COLL__RECV: *out = n; break;
-    case COLL__BARRIER: break;
+    case COLL__ALLREDUCE:
+        *in = *out = n;
+        break;
+    case COLL__REDUCE:
+        *in = n;
+        *out = op->peer == c->rank ? n : 0;
+        break;
+    case COLL__BROADCAST:
+        *in = op->peer == c->rank ? n : 0;
+        *out = n;
+        break;
+    case COLL__ALLGATHER:
+        *in = n;
+        *out = n * w;
+        break;
+    case COLL__REDUCE_SCATTER:
+        *in = n * w;
+        *out = n;
+        break;
+    case COLL__SEND:
+        *in = n;
+        break;
+    case COLL__RECV:
+        *out = n;
+        break;
+    case COLL__BARRIER:
+        break;
     }
 }
+
+static int check_op(const coll_comm *c, const coll__op *op)
+{
+    size_t esz = coll_dtype_size(op->dtype);
+    if (!c || (unsigned)op->dtype >= COLL_DTYPE_COUNT || (unsigned)op->op >= COLL_OP_COUNT)
+        return -EINVAL;
+    if (op->count > SIZE_MAX / esz / (size_t)c->world)
+        return -EINVAL;
+    bool rooted = op->kind == COLL__REDUCE || op->kind == COLL__BROADCAST ||
+                  op->kind == COLL__SEND || op->kind == COLL__RECV;
+    if (rooted && (op->peer < 0 || op->peer >= c->world))
+        return -EINVAL;
+    if ((op->kind == COLL__SEND || op->kind == COLL__RECV) && op->peer == c->rank)
+        return -EINVAL;
+    if (op->count == 0 || op->kind == COLL__BARRIER)
+        return 0;
+    size_t in, out;
+    op_bytes(c, op, &in, &out);
+    if ((in && !op->sendbuf) || (out && !op->recvbuf))
+        return -EINVAL;
+    return 0;
+}
+
+static int issue(coll_comm *c, const coll__op *op, coll_request **out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The cpu backend: a queue, a progress thread, and inline runs of blocking calls               */
+/* ------------------------------------------------------------------------------------------ */
 
 /*
  * cpu backend with device buffers: copies them through one pinned host buffer that keeps the
@@ -386,19 +520,21 @@ static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
     uint64_t k = c->ncoll;
     if (is_collective(op->kind))
         c->ncoll++;
-    int64_t started = coll__now_ns();
-    int64_t deadline = coll__deadline(c->opts.timeout_ms);
+    int64_t started = rdzv__now_ns();
+    int64_t deadline = rdzv__deadline_ns(c->opts.timeout_ms);
     int culprit = -1;
     char detail[256] = "";
     int rc = c->cuda ? run_staged(c, op, deadline, &culprit, detail, sizeof detail)
                      : coll__cpu_run(c->cpu, op, deadline, &culprit, detail, sizeof detail);
     if (rc < 0) {
-        enum evidence ev = EV_TIMEOUT;
+        coll__evkind kind = COLL__EV_TIMEOUT;
         if (rc == COLL_EREMOTE)
-            ev = coll__cpu_segment_aborted(c->cpu)            ? EV_ABORTED
-                 : coll__cpu_same_host(c->cpu, culprit)       ? EV_DEAD
-                                                              : EV_CLOSED;
-        rc = fail(c, op, seq, k, rc, culprit, ev, detail, started);
+            kind = coll__cpu_segment_aborted(c->cpu)      ? COLL__EV_ABORTED
+                   : coll__cpu_same_host(c->cpu, culprit) ? COLL__EV_DEAD
+                                                          : COLL__EV_CLOSED;
+        coll__evidence ev = evidence(c, op, k, rc, kind, culprit);
+        ev.segment_culprit = coll__cpu_segment_culprit(c->cpu);
+        rc = fail(c, op, seq, ev, detail, started);
     }
     return rc;
 }
@@ -429,31 +565,275 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
+static int cpu_init(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen)
+{
+    c->cuda = coll__cuda_available();
+    int rc = coll__cpu_init(store, c->prefix, c->rank, c->world, &c->opts, &c->aborted, deadline,
+                            &c->cpu, NULL, err, errlen);
+    if (rc < 0)
+        return rc;
+    rc = pthread_create(&c->thread, NULL, progress_main, c);
+    c->thread_started = rc == 0;
+    return -rc;
+}
+
+static void cpu_submit(coll_comm *c, coll_request *req)
+{
+    pthread_mutex_lock(&c->lock);
+    req->seq = c->issued++;
+    if (c->tail)
+        c->tail->next = req;
+    else
+        c->head = req;
+    c->tail = req;
+    pthread_cond_signal(&c->work);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Runs inline when nothing is queued or running, else queues and waits. */
+static int cpu_run(coll_comm *c, const coll__op *op)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->head && !c->busy) {
+        c->busy = true;
+        uint64_t seq = c->issued++;
+        pthread_mutex_unlock(&c->lock);
+        int rc = execute(c, op, seq);
+        pthread_mutex_lock(&c->lock);
+        c->busy = false;
+        pthread_cond_signal(&c->work);
+        pthread_cond_broadcast(&c->done);
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+    pthread_mutex_unlock(&c->lock);
+    coll_request *req;
+    int rc = issue(c, op, &req);
+    return rc < 0 ? rc : coll_wait(req);
+}
+
+/* The progress thread completes requests; there is nothing to advance from outside. */
+static void cpu_poll(coll_request *req)
+{
+    (void)req;
+}
+
+static void cpu_wait(coll_request *req)
+{
+    coll_comm *c = req->comm;
+    pthread_mutex_lock(&c->lock);
+    while (!req->done)
+        pthread_cond_wait(&c->done, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Waits for the queue to empty, for at most the timeout; aborts what is still stuck then. */
+static void cpu_drain(coll_comm *c)
+{
+    int64_t deadline = rdzv__deadline_ns(c->opts.timeout_ms);
+    pthread_mutex_lock(&c->lock);
+    while ((c->head || c->busy) && rdzv__now_ns() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts); /* c->done runs on CLOCK_MONOTONIC */
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&c->done, &c->lock, &ts);
+    }
+    bool stuck = c->head || c->busy;
+    pthread_mutex_unlock(&c->lock);
+    if (stuck)
+        coll_comm_abort(c);
+}
+
+static void cpu_abort(coll_comm *c, int culprit)
+{
+    coll__cpu_abort(c->cpu, culprit);
+}
+
+static void cpu_destroy(coll_comm *c)
+{
+    if (c->thread_started) {
+        pthread_mutex_lock(&c->lock);
+        c->stopping = true;
+        pthread_cond_signal(&c->work);
+        pthread_mutex_unlock(&c->lock);
+        pthread_join(c->thread, NULL);
+    }
+    coll__cpu_destroy(c->cpu);
+    coll__cuda_host_free(c->stage);
+}
+
+static int cpu_nhosts(const coll_comm *c)
+{
+    return coll__cpu_nhosts(c->cpu);
+}
+
+static int cpu_local(const coll_comm *c, int *nlocal)
+{
+    return coll__cpu_local(c->cpu, nlocal);
+}
+
+static const char *cpu_hostname(const coll_comm *c, int rank)
+{
+    return coll__cpu_hostname(c->cpu, rank);
+}
+
+static const backend_ops cpu_ops = {
+    .init = cpu_init,
+    .submit = cpu_submit,
+    .run = cpu_run,
+    .poll = cpu_poll,
+    .wait = cpu_wait,
+    .drain = cpu_drain,
+    .abort = cpu_abort,
+    .destroy = cpu_destroy,
+    .nhosts = cpu_nhosts,
+    .local = cpu_local,
+    .hostname = cpu_hostname,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* The nccl backend: operations enqueued on the stream at issue, requests are events            */
+/* ------------------------------------------------------------------------------------------ */
+
+static int nccl_init(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen)
+{
+    return coll__nccl_init(store, c->prefix, c->rank, c->world, c->device, deadline, &c->nccl, err,
+                           errlen);
+}
+
+/* Enqueues the operation on the stream; a failure to enqueue completes the request failed. */
+static void nccl_submit(coll_comm *c, coll_request *req)
+{
+    char detail[256] = "";
+    pthread_mutex_lock(&c->lock);
+    req->seq = c->issued++;
+    req->k = c->ncoll;
+    if (is_collective(req->op.kind))
+        c->ncoll++;
+    req->deadline = rdzv__deadline_ns(c->opts.timeout_ms);
+    int rc = c->sticky ? c->sticky
+                       : coll__nccl_start(c->nccl, &req->op, c->stream, &req->event, detail,
+                                          sizeof detail);
+    pthread_mutex_unlock(&c->lock);
+    if (rc < 0 && !c->sticky)
+        fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1), detail,
+             rdzv__now_ns());
+    if (rc < 0) {
+        req->result = rc;
+        req->done = true;
+    }
+}
+
+/* Polls the request's event: 1 done (req->result set), 0 pending. */
+static int nccl_check(coll_request *req)
+{
+    coll_comm *c = req->comm;
+    char detail[256] = "";
+    if (atomic_load(&c->aborted)) {
+        /* Aborted kernels end early and their events fire: not a result. */
+        req->result = -ECANCELED;
+        return 1;
+    }
+    int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
+    if (rc < 0) {
+        req->result =
+            fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1),
+                 detail, rdzv__now_ns());
+        return 1;
+    }
+    if (rc == 0 && rdzv__now_ns() >= req->deadline) {
+        req->result = fail(c, &req->op, req->seq,
+                           evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "",
+                           req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
+        return 1;
+    }
+    if (rc == 1)
+        req->result = 0;
+    return rc;
+}
+
+static int nccl_run(coll_comm *c, const coll__op *op)
+{
+    coll_request *req;
+    int rc = issue(c, op, &req);
+    return rc < 0 ? rc : coll_wait(req);
+}
+
+static void nccl_poll(coll_request *req)
+{
+    if (!req->done && req->event)
+        req->done = nccl_check(req) != 0;
+}
+
+static void nccl_wait(coll_request *req)
+{
+    long pause_ns = 1000;
+    while (!req->done && req->event && !nccl_check(req)) {
+        struct timespec ts = {0, pause_ns};
+        nanosleep(&ts, NULL); /* polling a GPU event: back off up to 1 ms */
+        if (pause_ns < 1000000)
+            pause_ns *= 2;
+    }
+    req->done = true;
+    if (req->event)
+        coll__nccl_event_free(req->event);
+    req->event = NULL;
+}
+
+/* Nothing is queued on the host side: the stream holds the pending operations. */
+static void nccl_drain(coll_comm *c)
+{
+    (void)c;
+}
+
+static void nccl_abort(coll_comm *c, int culprit)
+{
+    (void)culprit;
+    coll__nccl_abort(c->nccl);
+}
+
+static void nccl_destroy(coll_comm *c)
+{
+    coll__nccl_destroy(c->nccl);
+}
+
+static int nccl_nhosts(const coll_comm *c)
+{
+    (void)c;
+    return 1;
+}
+
+static int nccl_local(const coll_comm *c, int *nlocal)
+{
+    (void)c;
+    *nlocal = 1;
+    return 0;
+}
+
+static const char *nccl_hostname(const coll_comm *c, int rank)
+{
+    (void)c;
+    (void)rank;
+    return "";
+}
+
+static const backend_ops nccl_ops = {
+    .init = nccl_init,
+    .submit = nccl_submit,
+    .run = nccl_run,
+    .poll = nccl_poll,
+    .wait = nccl_wait,
+    .drain = nccl_drain,
+    .abort = nccl_abort,
+    .destroy = nccl_destroy,
+    .nhosts = nccl_nhosts,
+    .local = nccl_local,
+    .hostname = nccl_hostname,
+};
+
 /* ------------------------------------------------------------------------------------------ */
 /* Issuing                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
-
-static int check_op(const coll_comm *c, const coll__op *op)
-{
-    size_t esz = coll_dtype_size(op->dtype);
-    if (!c || (unsigned)op->dtype >= COLL_DTYPE_COUNT || (unsigned)op->op >= COLL_OP_COUNT)
-        return -EINVAL;
-    if (op->count > SIZE_MAX / esz / (size_t)c->world)
-        return -EINVAL;
-    bool rooted = op->kind == COLL__REDUCE || op->kind == COLL__BROADCAST ||
-                  op->kind == COLL__SEND || op->kind == COLL__RECV;
-    if (rooted && (op->peer < 0 || op->peer >= c->world))
-        return -EINVAL;
-    if ((op->kind == COLL__SEND || op->kind == COLL__RECV) && op->peer == c->rank)
-        return -EINVAL;
-    if (op->count == 0 || op->kind == COLL__BARRIER)
-        return 0;
-    size_t in, out;
-    op_bytes(c, op, &in, &out);
-    if ((in && !op->sendbuf) || (out && !op->recvbuf))
-        return -EINVAL;
-    return 0;
-}
 
 static int issue(coll_comm *c, const coll__op *op, coll_request **out)
 {
@@ -467,90 +847,15 @@ static int issue(coll_comm *c, const coll__op *op, coll_request **out)
         return -ENOMEM;
     req->comm = c;
     req->op = *op;
-    pthread_mutex_lock(&c->lock);
-    req->seq = c->issued++;
-    if (c->nccl) {
-        req->k = c->ncoll;
-        if (is_collective(op->kind))
-            c->ncoll++;
-        char detail[256] = "";
-        req->deadline = coll__deadline(c->opts.timeout_ms);
-        rc = c->sticky ? c->sticky
-                       : coll__nccl_start(c->nccl, op, c->stream, &req->event, detail,
-                                          sizeof detail);
-        pthread_mutex_unlock(&c->lock);
-        if (rc < 0 && !c->sticky)
-            fail(c, op, req->seq, req->k, rc, -1, EV_TIMEOUT, detail, coll__now_ns());
-        if (rc < 0) {
-            req->result = rc;
-            req->done = true;
-        }
-        *out = req;
-        return 0;
-    }
-    if (c->tail)
-        c->tail->next = req;
-    else
-        c->head = req;
-    c->tail = req;
-    pthread_cond_signal(&c->work);
-    pthread_mutex_unlock(&c->lock);
+    c->ops->submit(c, req);
     *out = req;
     return 0;
 }
 
-/* Blocking form: runs inline when nothing is queued or running, else queues and waits. */
 static int run_blocking(coll_comm *c, const coll__op *op)
 {
     int rc = check_op(c, op);
-    if (rc < 0)
-        return rc;
-    if (c->cpu) {
-        pthread_mutex_lock(&c->lock);
-        if (!c->head && !c->busy) {
-            c->busy = true;
-            uint64_t seq = c->issued++;
-            pthread_mutex_unlock(&c->lock);
-            rc = execute(c, op, seq);
-            pthread_mutex_lock(&c->lock);
-            c->busy = false;
-            pthread_cond_signal(&c->work);
-            pthread_cond_broadcast(&c->done);
-            pthread_mutex_unlock(&c->lock);
-            return rc;
-        }
-        pthread_mutex_unlock(&c->lock);
-    }
-    coll_request *req;
-    if ((rc = issue(c, op, &req)) < 0)
-        return rc;
-    return coll_wait(req);
-}
-
-/* nccl: polls the request's event; 1 done, 0 pending, < 0 failed. */
-static int nccl_poll(coll_request *req)
-{
-    coll_comm *c = req->comm;
-    char detail[256] = "";
-    if (atomic_load(&c->aborted)) {
-        /* Aborted kernels end early and their events fire: not a result. */
-        req->result = -ECANCELED;
-        return 1;
-    }
-    int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
-    if (rc < 0) {
-        req->result = fail(c, &req->op, req->seq, req->k, rc, -1, EV_TIMEOUT, detail,
-                           coll__now_ns());
-        return 1;
-    }
-    if (rc == 0 && coll__now_ns() >= req->deadline) {
-        req->result = fail(c, &req->op, req->seq, req->k, -ETIMEDOUT, -1, EV_TIMEOUT, "",
-                           req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
-        return 1;
-    }
-    if (rc == 1)
-        req->result = 0;
-    return rc;
+    return rc < 0 ? rc : c->ops->run(c, op);
 }
 
 int coll_test(coll_request *req, bool *done)
@@ -558,8 +863,7 @@ int coll_test(coll_request *req, bool *done)
     if (!req || !done)
         return -EINVAL;
     coll_comm *c = req->comm;
-    if (c->nccl && !req->done && req->event)
-        req->done = nccl_poll(req) != 0;
+    c->ops->poll(req);
     pthread_mutex_lock(&c->lock);
     *done = req->done;
     int rc = req->done ? req->result : 0;
@@ -571,25 +875,8 @@ int coll_wait(coll_request *req)
 {
     if (!req)
         return -EINVAL;
-    coll_comm *c = req->comm;
-    if (c->nccl) {
-        long pause_ns = 1000;
-        while (!req->done && req->event && !nccl_poll(req)) {
-            struct timespec ts = {0, pause_ns};
-            nanosleep(&ts, NULL); /* polling a GPU event: back off up to 1 ms */
-            if (pause_ns < 1000000)
-                pause_ns *= 2;
-        }
-        req->done = true;
-    } else {
-        pthread_mutex_lock(&c->lock);
-        while (!req->done)
-            pthread_cond_wait(&c->done, &c->lock);
-        pthread_mutex_unlock(&c->lock);
-    }
+    req->comm->ops->wait(req);
     int rc = req->result;
-    if (req->event)
-        coll__nccl_event_free(req->event);
     free(req);
     return rc;
 }
@@ -620,8 +907,8 @@ int coll_iallgather(coll_comm *c, const void *s, void *r, size_t n, coll_dtype d
     return issue(c, &OP(COLL__ALLGATHER, s, r, n, dt, COLL_SUM, 0), req);
 }
 
-int coll_ireduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt,
-                         coll_op op, coll_request **req)
+int coll_ireduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
+                         coll_request **req)
 {
     return issue(c, &OP(COLL__REDUCE_SCATTER, s, r, n, dt, op, 0), req);
 }
@@ -631,8 +918,7 @@ int coll_ibarrier(coll_comm *c, coll_request **req)
     return issue(c, &OP(COLL__BARRIER, NULL, NULL, 0, COLL_U8, COLL_MAX, 0), req);
 }
 
-int coll_isend(coll_comm *c, const void *buf, size_t n, coll_dtype dt, int peer,
-               coll_request **req)
+int coll_isend(coll_comm *c, const void *buf, size_t n, coll_dtype dt, int peer, coll_request **req)
 {
     return issue(c, &OP(COLL__SEND, buf, NULL, n, dt, COLL_SUM, peer), req);
 }
@@ -647,8 +933,7 @@ int coll_allreduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt
     return run_blocking(c, &OP(COLL__ALLREDUCE, s, r, n, dt, op, 0));
 }
 
-int coll_reduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
-                int root)
+int coll_reduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op, int root)
 {
     return run_blocking(c, &OP(COLL__REDUCE, s, r, n, dt, op, root));
 }
@@ -663,8 +948,7 @@ int coll_allgather(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt
     return run_blocking(c, &OP(COLL__ALLGATHER, s, r, n, dt, COLL_SUM, 0));
 }
 
-int coll_reduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt,
-                        coll_op op)
+int coll_reduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op)
 {
     return run_blocking(c, &OP(COLL__REDUCE_SCATTER, s, r, n, dt, op, 0));
 }
@@ -692,16 +976,7 @@ static void free_comm(coll_comm *c)
 {
     if (!c)
         return;
-    if (c->thread_started) {
-        pthread_mutex_lock(&c->lock);
-        c->stopping = true;
-        pthread_cond_signal(&c->work);
-        pthread_mutex_unlock(&c->lock);
-        pthread_join(c->thread, NULL);
-    }
-    coll__cpu_destroy(c->cpu);
-    coll__nccl_destroy(c->nccl);
-    coll__cuda_host_free(c->stage);
+    c->ops->destroy(c);
     rdzv_client_close(c->store);
     pthread_mutex_destroy(&c->lock);
     pthread_mutex_destroy(&c->store_lock);
@@ -734,7 +1009,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     }
     if (backend == COLL_BACKEND_AUTO)
         backend = coll_have_nccl() && device >= 0 && coll__cuda_available() ? COLL_BACKEND_NCCL
-                                                                           : COLL_BACKEND_CPU;
+                                                                            : COLL_BACKEND_CPU;
     if (backend == COLL_BACKEND_NCCL && (!coll_have_nccl() || device < 0)) {
         snprintf(init_err, sizeof init_err, "coll_comm_init: the nccl backend needs %s",
                  coll_have_nccl() ? "a device (device >= 0)" : "a build with NCCL");
@@ -743,10 +1018,15 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
+    c->ops = backend == COLL_BACKEND_NCCL ? &nccl_ops : &cpu_ops;
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->store_lock, NULL);
     pthread_cond_init(&c->work, NULL);
-    pthread_cond_init(&c->done, NULL);
+    pthread_cond_init(&c->done, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     atomic_init(&c->aborted, 0);
     atomic_init(&c->failed_rank, -1);
     c->rank = rank;
@@ -761,26 +1041,12 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
         rc = -ENOMEM;
         goto out;
     }
-    int64_t deadline = coll__deadline(opts->timeout_ms);
+    int64_t deadline = rdzv__deadline_ns(opts->timeout_ms);
     if ((rc = rdzv_client_dup(store, &c->store)) < 0) {
-        snprintf(err, sizeof err, "opening a store connection: %s",
-                 rdzv_client_last_error(NULL));
+        snprintf(err, sizeof err, "opening a store connection: %s", rdzv_client_last_error(NULL));
         goto out;
     }
-    if (backend == COLL_BACKEND_NCCL) {
-        rc = coll__nccl_init(store, prefix, rank, world_size, device, deadline, &c->nccl, err,
-                             sizeof err);
-    } else {
-        c->cuda = coll__cuda_available();
-        rc = coll__cpu_init(store, prefix, rank, world_size, &c->opts, &c->aborted, deadline,
-                            &c->cpu, NULL, err, sizeof err);
-        if (rc == 0) {
-            rc = pthread_create(&c->thread, NULL, progress_main, c);
-            c->thread_started = rc == 0;
-            rc = -rc;
-        }
-    }
-    if (rc < 0)
+    if ((rc = c->ops->init(c, store, deadline, err, sizeof err)) < 0)
         goto out;
     *out = c;
     return 0;
@@ -796,20 +1062,7 @@ void coll_comm_destroy(coll_comm *c)
 {
     if (!c)
         return;
-    if (c->cpu) {
-        int64_t deadline = coll__deadline(c->opts.timeout_ms);
-        pthread_mutex_lock(&c->lock);
-        while ((c->head || c->busy) && coll__now_ns() < deadline) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&c->done, &c->lock, &ts);
-        }
-        bool stuck = c->head || c->busy;
-        pthread_mutex_unlock(&c->lock);
-        if (stuck)
-            coll_comm_abort(c);
-    }
+    c->ops->drain(c);
     free_comm(c);
 }
 
@@ -820,12 +1073,9 @@ int coll_comm_abort(coll_comm *c)
     if (atomic_exchange(&c->aborted, 1))
         return 0;
     /* Peers that see the segment or the sockets fail read who did it here. */
-    int rank = c->rank, code = COLL_EREMOTE;
-    record_failure(c, &rank, &code);
-    if (c->cpu)
-        coll__cpu_abort(c->cpu, c->rank);
-    if (c->nccl)
-        coll__nccl_abort(c->nccl);
+    coll__failure held;
+    (void)write_record(c, (coll__failure){c->rank, COLL_EREMOTE}, &held);
+    c->ops->abort(c, c->rank);
     return 0;
 }
 
@@ -841,37 +1091,47 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
     int n = c->nsplit++;
     pthread_mutex_unlock(&c->lock);
 
-    char k[512], v[64], what[32];
-    int rc = 0, newrank = 0, newworld = 0;
-    snprintf(what, sizeof what, "split/%d", n);
-    char **keys = coll__rank_keys(c->prefix, what, c->world);
+    char k[512], v[64], where[512];
+    int rc = -ENOMEM, newrank = 0, newworld = 0;
+    bool gathered = false;
     void **vals = calloc((size_t)c->world, sizeof *vals);
     size_t *lens = calloc((size_t)c->world, sizeof *lens);
-    if (!keys || !vals || !lens) {
-        rc = -ENOMEM;
+    unsigned char *missing = calloc((size_t)c->world, 1);
+    if (!vals || !lens || !missing)
         goto out;
-    }
+    snprintf(where, sizeof where, "%s/split/%d", c->prefix, n);
     snprintf(v, sizeof v, "%d %d", color, key);
     pthread_mutex_lock(&c->store_lock);
-    rc = rdzv_set(c->store, keys[c->rank], v, strlen(v));
-    if (rc == 0)
-        rc = rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, c->opts.timeout_ms);
-    if (rc == 0)
-        rc = rdzv_multi_get(c->store, (const char *const *)keys, (size_t)c->world, vals, lens);
-    pthread_mutex_unlock(&c->store_lock);
-    if (rc < 0) {
+    rc = rdzv_allgather(c->store, where, c->rank, c->world, v, strlen(v), c->opts.timeout_ms, vals,
+                        lens, missing);
+    if (rc < 0 && rc != -ETIMEDOUT)
         snprintf(init_err, sizeof init_err, "coll_comm_split: exchanging colors: %s",
-                 coll_strerror(rc));
-        goto out;
+                 rdzv_client_last_error(c->store));
+    pthread_mutex_unlock(&c->store_lock);
+    gathered = rc == 0;
+    if (rc == -ETIMEDOUT) {
+        char list[256], within[48] = "in time";
+        int nmissing = rdzv_rank_list(missing, c->world, list, sizeof list);
+        if (c->opts.timeout_ms >= 0)
+            snprintf(within, sizeof within, "within %d ms", c->opts.timeout_ms);
+        if (nmissing > 0)
+            snprintf(init_err, sizeof init_err,
+                     "coll_comm_split: exchanging colors: rank%s %s did not take part %s",
+                     nmissing == 1 ? "" : "s", list, within);
+        else
+            snprintf(init_err, sizeof init_err,
+                     "coll_comm_split: exchanging colors: every rank took part, but not %s",
+                     within);
     }
+    if (rc < 0)
+        goto out;
     for (int r = 0; r < c->world; r++) {
         int rc_color, rkey;
         char buf[64];
         snprintf(buf, sizeof buf, "%.*s", (int)(lens[r] < 63 ? lens[r] : 63), (char *)vals[r]);
         if (sscanf(buf, "%d %d", &rc_color, &rkey) != 2) {
             rc = -EPROTO;
-            snprintf(init_err, sizeof init_err, "coll_comm_split: rank %d's color is malformed",
-                     r);
+            snprintf(init_err, sizeof init_err, "coll_comm_split: rank %d's color is malformed", r);
             goto out;
         }
         if (rc_color != color || color == COLL_SPLIT_NOCOLOR)
@@ -889,11 +1149,11 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
     rc = coll_comm_init(c->store, k, newrank, newworld, c->backend, c->device, &c->opts, out);
     pthread_mutex_unlock(&c->store_lock);
 out:
-    for (int r = 0; vals && r < c->world; r++)
+    for (int r = 0; gathered && r < c->world; r++)
         rdzv_free(vals[r]);
-    coll__keys_free(keys);
     free(vals);
     free(lens);
+    free(missing);
     return rc;
 }
 
@@ -914,13 +1174,13 @@ coll_backend coll_comm_backend(const coll_comm *c)
 
 int coll_comm_nhosts(const coll_comm *c)
 {
-    return !c ? -1 : c->cpu ? coll__cpu_nhosts(c->cpu) : 1;
+    return c ? c->ops->nhosts(c) : -1;
 }
 
 int coll_comm_local_rank(const coll_comm *c)
 {
     int n;
-    return !c ? -1 : c->cpu ? coll__cpu_local(c->cpu, &n) : 0;
+    return c ? c->ops->local(c, &n) : -1;
 }
 
 int coll_comm_local_size(const coll_comm *c)
@@ -928,8 +1188,7 @@ int coll_comm_local_size(const coll_comm *c)
     int n = 1;
     if (!c)
         return -1;
-    if (c->cpu)
-        (void)coll__cpu_local(c->cpu, &n);
+    (void)c->ops->local(c, &n);
     return n;
 }
 

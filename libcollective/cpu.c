@@ -1,16 +1,6 @@
 /*
- * The cpu backend: bootstrap of the host layout through the store, and the algorithms.
- *
- * Layout. Every rank publishes its host identity (boot id plus mount, pid and network namespace
- * identities: ranks that share these share /dev/shm and can see each other's pids), its TCP
- * address and its pid under "<prefix>/cpu/<rank>". Ranks with equal identities form a host; the
- * lowest rank of a host is its leader; hosts are ordered by their leaders' ranks, which is also
- * the order of the leaders' TCP ring.
- *
- * Shared memory. The leader creates one segment per communicator: a header of per-rank progress
- * counters, a channel per ordered pair of local ranks for send/recv, and two buffer sets (used by
- * alternate steps, so that one step's writes never race the previous step's reads). A set holds
- * one chunk-sized slot per local rank and one chunk-sized result area R.
+ * The cpu backend's algorithms, on the state cpu_boot.c built (cpu.h): collectives in shared
+ * memory within a host and over the leaders' TCP ring across hosts, and send/recv.
  *
  * Steps. Collectives are cut into steps of at most one chunk per rank. Every local rank runs the
  * same sequence of steps (the sequence depends only on arguments every rank passes alike), and
@@ -29,461 +19,23 @@
  * runs a ring allgather of host blocks. Send/recv use the pair's channel within a host and a
  * direct TCP connection across hosts.
  *
- * Not here: the request queue and the progress thread (comm.c), device buffers (comm.c stages
- * them), and the element kernels (reduce.c).
+ * Not here: the bootstrap, the segment's layout and teardown (cpu_boot.c), which ranks share a
+ * host (layout.c), the request queue and the progress thread (comm.c), device buffers (comm.c
+ * stages them), and the element kernels (reduce.c). No store I/O happens here.
  */
-#include "coll_internal.h"
-#include "rdzv.h"
+#include "cpu.h"
 
-#include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <jansson.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #endif
 
 #define PHASES 4
-#define CHANNEL_BYTES (64 * 1024)
-#define ALIGN 64
 #define STREAM_BYTES ((size_t)8 << 20) /* results this large bypass the cache (copy_out) */
-
-typedef struct channel {
-    coll__counter sent;  /* bytes written by the sender, ever */
-    coll__counter recvd; /* bytes consumed by the receiver, ever */
-    unsigned char data[CHANNEL_BYTES];
-} channel;
-
-typedef struct rank_info {
-    char host[160];    /* identity */
-    char name[64];     /* hostname, for messages */
-    char addr[64];
-    int port;
-    int pid;
-    int host_index;
-    int local_rank;
-} rank_info;
-
-struct coll__cpu {
-    int rank, world;
-    int nhosts, host;  /* my host's index */
-    int nlocal, local; /* ranks on my host, my index among them */
-    rank_info *ranks;  /* [world] */
-    int *leaders;      /* [nhosts] global rank of each host's leader */
-    int *host_first;   /* [nhosts + 1] offsets into host_ranks */
-    int *host_ranks;   /* ranks grouped by host, ascending within a host */
-    size_t chunk, small;
-    uint64_t step; /* steps run so far */
-    coll__shm shm;
-    coll__tcp tcp;
-    channel *channels;       /* [nlocal * nlocal], [src * nlocal + dst] */
-    unsigned char *sets[2];  /* each: nlocal slots of chunk bytes, then R */
-    unsigned char *tmp;      /* chunk bytes, receive buffer of the ring */
-    struct iovec *iov;       /* [world] scratch for host blocks */
-    int64_t deadline;        /* of the operation running */
-    int culprit;             /* rank named by the last failure, -1 none */
-};
-
-static inline coll__shm_hdr *hdr(coll__cpu *c)
-{
-    return (coll__shm_hdr *)c->shm.base;
-}
-
-static size_t round_up(size_t n, size_t a)
-{
-    return (n + a - 1) / a * a;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Bootstrap                                                                                   */
-/* ------------------------------------------------------------------------------------------ */
-
-static void read_line(const char *path, char *buf, size_t cap)
-{
-    buf[0] = 0;
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return;
-    if (fgets(buf, (int)cap, f))
-        buf[strcspn(buf, "\n")] = 0;
-    fclose(f);
-}
-
-static void ns_id(const char *ns, char *buf, size_t cap)
-{
-    char path[64];
-    struct stat st;
-    snprintf(path, sizeof path, "/proc/self/ns/%s", ns);
-    if (stat(path, &st) == 0)
-        snprintf(buf, cap, "%" PRIu64 ":%" PRIu64, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
-    else
-        snprintf(buf, cap, "?");
-}
-
-/* The identity ranks compare to decide they share a host (see the file comment). */
-static void host_identity(char *buf, size_t cap)
-{
-    char boot[64], mnt[48], pid[48], net[48];
-    read_line("/proc/sys/kernel/random/boot_id", boot, sizeof boot);
-    if (!boot[0])
-        gethostname(boot, sizeof boot - 1);
-    ns_id("mnt", mnt, sizeof mnt);
-    ns_id("pid", pid, sizeof pid);
-    ns_id("net", net, sizeof net);
-    snprintf(buf, cap, "%s/mnt:%s/pid:%s/net:%s", boot, mnt, pid, net);
-}
-
-static uint64_t fnv1a(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-static int publish_self(coll__cpu *c, rdzv_client *store, const char *prefix, const char *addr,
-                        int port, char *err, size_t errlen)
-{
-    char key[512], id[160], name[64] = "";
-    host_identity(id, sizeof id);
-    gethostname(name, sizeof name - 1);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i}", "host", id, "name", name, "addr", addr,
-                          "port", port, "pid", (int)getpid());
-    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (!text)
-        return -ENOMEM;
-    snprintf(key, sizeof key, "%s/cpu/%d", prefix, c->rank);
-    int rc = rdzv_set(store, key, text, strlen(text));
-    free(text);
-    if (rc < 0)
-        snprintf(err, errlen, "publishing rank %d in the store: %s", c->rank,
-                 rdzv_client_last_error(store));
-    return rc;
-}
-
-/* Waits for every rank's record; on timeout names the ranks still missing. */
-static int collect_ranks(coll__cpu *c, rdzv_client *store, const char *prefix, int64_t deadline,
-                         char *err, size_t errlen)
-{
-    int rc = 0;
-    char **keys = coll__rank_keys(prefix, "cpu", c->world);
-    void **vals = calloc((size_t)c->world, sizeof *vals);
-    size_t *lens = calloc((size_t)c->world, sizeof *lens);
-    if (!keys || !vals || !lens) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    int64_t left_ms = deadline == INT64_MAX ? -1 : (deadline - coll__now_ns()) / 1000000;
-    if (deadline != INT64_MAX && left_ms < 1)
-        left_ms = 1;
-    rc = rdzv_wait(store, (const char *const *)keys, (size_t)c->world, (int)left_ms);
-    if (rc == -ETIMEDOUT) {
-        int n = snprintf(err, errlen, "timed out waiting for ranks to join:");
-        int shown = 0;
-        for (int r = 0; r < c->world && (size_t)n < errlen; r++) {
-            const char *k = keys[r];
-            if (rdzv_check(store, &k, 1) == 0) {
-                if (shown++ < 16)
-                    n += snprintf(err + n, errlen - (size_t)n, " rank %d", r);
-                if (c->culprit < 0)
-                    c->culprit = r;
-            }
-        }
-        if (shown > 16 && (size_t)n < errlen)
-            snprintf(err + n, errlen - (size_t)n, " and %d more", shown - 16);
-        goto out;
-    }
-    if (rc < 0) {
-        snprintf(err, errlen, "waiting for ranks in the store: %s", rdzv_client_last_error(store));
-        goto out;
-    }
-    rc = rdzv_multi_get(store, (const char *const *)keys, (size_t)c->world, vals, lens);
-    if (rc < 0) {
-        snprintf(err, errlen, "reading ranks from the store: %s", rdzv_client_last_error(store));
-        goto out;
-    }
-    for (int r = 0; r < c->world; r++) {
-        json_error_t jerr;
-        json_t *o = json_loadb(vals[r], lens[r], 0, &jerr);
-        const char *host, *name, *addr;
-        int port, pid;
-        if (!o || json_unpack(o, "{s:s, s:s, s:s, s:i, s:i}", "host", &host, "name", &name,
-                              "addr", &addr, "port", &port, "pid", &pid) != 0) {
-            json_decref(o);
-            snprintf(err, errlen, "rank %d's record in the store is malformed", r);
-            rc = -EPROTO;
-            goto out;
-        }
-        rank_info *ri = &c->ranks[r];
-        snprintf(ri->host, sizeof ri->host, "%s", host);
-        snprintf(ri->name, sizeof ri->name, "%s", name);
-        snprintf(ri->addr, sizeof ri->addr, "%s", addr);
-        ri->port = port;
-        ri->pid = pid;
-        json_decref(o);
-    }
-out:
-    for (int r = 0; vals && r < c->world; r++)
-        rdzv_free(vals[r]);
-    coll__keys_free(keys);
-    free(vals);
-    free(lens);
-    return rc;
-}
-
-/* Groups ranks into hosts (ordered by their lowest rank) and finds this rank's place. */
-static int build_layout(coll__cpu *c, char *err, size_t errlen)
-{
-    c->leaders = calloc((size_t)c->world, sizeof *c->leaders);
-    c->host_first = calloc((size_t)c->world + 1, sizeof *c->host_first);
-    c->host_ranks = calloc((size_t)c->world, sizeof *c->host_ranks);
-    if (!c->leaders || !c->host_first || !c->host_ranks)
-        return -ENOMEM;
-    c->nhosts = 0;
-    for (int r = 0; r < c->world; r++) {
-        int h;
-        for (h = 0; h < c->nhosts; h++)
-            if (strcmp(c->ranks[c->leaders[h]].host, c->ranks[r].host) == 0)
-                break;
-        if (h == c->nhosts)
-            c->leaders[c->nhosts++] = r;
-        c->ranks[r].host_index = h;
-    }
-    int pos = 0;
-    for (int h = 0; h < c->nhosts; h++) {
-        c->host_first[h] = pos;
-        for (int r = 0; r < c->world; r++) {
-            if (c->ranks[r].host_index == h) {
-                c->ranks[r].local_rank = pos - c->host_first[h];
-                c->host_ranks[pos++] = r;
-            }
-        }
-        if (pos - c->host_first[h] > COLL__MAX_LOCAL) {
-            snprintf(err, errlen, "%d ranks on host %s; at most %d are supported",
-                     pos - c->host_first[h], c->ranks[c->leaders[h]].name, COLL__MAX_LOCAL);
-            return -EINVAL;
-        }
-    }
-    c->host_first[c->nhosts] = pos;
-    c->host = c->ranks[c->rank].host_index;
-    c->local = c->ranks[c->rank].local_rank;
-    c->nlocal = c->host_first[c->host + 1] - c->host_first[c->host];
-    return 0;
-}
-
-static size_t segment_bytes(const coll__cpu *c, size_t *chan_off, size_t *set_off, size_t *set_len)
-{
-    size_t off = round_up(sizeof(coll__shm_hdr), 4096);
-    *chan_off = off;
-    off += round_up((size_t)c->nlocal * (size_t)c->nlocal * sizeof(channel), 4096);
-    *set_off = off;
-    *set_len = (size_t)(c->nlocal + 1) * c->chunk;
-    return off + 2 * *set_len;
-}
-
-/* The leader creates the host's segment and publishes its name; the others open it. */
-static int setup_shm(coll__cpu *c, rdzv_client *store, const char *prefix, int64_t deadline,
-                     const _Atomic int *abort, char *err, size_t errlen)
-{
-    size_t chan_off, set_off, set_len;
-    size_t nbytes = segment_bytes(c, &chan_off, &set_off, &set_len);
-    char key[512];
-    int rc;
-    snprintf(key, sizeof key, "%s/cpu/shm/%d", prefix, c->host);
-    if (c->local == 0) {
-        rc = coll__shm_create(&c->shm, prefix, nbytes);
-        if (rc < 0) {
-            snprintf(err, errlen, "creating a %zu-byte shared memory segment: %s", nbytes,
-                     coll_strerror(rc));
-            return rc;
-        }
-        rc = rdzv_set(store, key, c->shm.name, strlen(c->shm.name));
-        if (rc < 0) {
-            snprintf(err, errlen, "publishing the segment: %s", rdzv_client_last_error(store));
-            return rc;
-        }
-    } else {
-        const char *k = key;
-        int64_t left_ms = deadline == INT64_MAX ? -1 : (deadline - coll__now_ns()) / 1000000;
-        rc = rdzv_wait(store, &k, 1, left_ms < 0 && deadline != INT64_MAX ? 1 : (int)left_ms);
-        void *val = NULL;
-        size_t len = 0;
-        if (rc == 0)
-            rc = rdzv_get(store, key, &val, &len);
-        if (rc < 0) {
-            snprintf(err, errlen, "waiting for rank %d's shared memory segment: %s",
-                     c->leaders[c->host], rc == -ETIMEDOUT ? "timed out" : coll_strerror(rc));
-            if (rc == -ETIMEDOUT)
-                c->culprit = c->leaders[c->host];
-            return rc;
-        }
-        char name[64];
-        snprintf(name, sizeof name, "%.*s", (int)(len < 63 ? len : 63), (const char *)val);
-        rdzv_free(val);
-        rc = coll__shm_open(&c->shm, name, nbytes);
-        if (rc < 0) {
-            snprintf(err, errlen, "opening shared memory segment %s: %s", name,
-                     coll_strerror(rc));
-            return rc;
-        }
-    }
-    c->shm.nlocal = c->nlocal;
-    c->shm.local_rank = c->local;
-    c->shm.local_abort = abort;
-    for (int i = 0; i < c->nlocal; i++) {
-        int r = c->host_ranks[c->host_first[c->host] + i];
-        c->shm.granks[i] = r;
-        c->shm.pids[i] = c->ranks[r].pid;
-    }
-    rc = coll__shm_watch(&c->shm);
-    if (rc == 0)
-        rc = coll__shm_attach_done(&c->shm, deadline);
-    if (rc < 0) {
-        snprintf(err, errlen, "attaching the shared memory segment: %s", coll_strerror(rc));
-        return rc;
-    }
-    unsigned char *base = c->shm.base;
-    c->channels = (channel *)(base + chan_off);
-    c->sets[0] = base + set_off;
-    c->sets[1] = base + set_off + set_len;
-    return 0;
-}
-
-int coll__cpu_init(rdzv_client *store, const char *prefix, int rank, int world,
-                   const coll_options *opts, const _Atomic int *abort, int64_t deadline,
-                   coll__cpu **out, int *culprit, char *err, size_t errlen)
-{
-    char addr[64];
-    int port = 0, rc;
-    coll__cpu *c = calloc(1, sizeof *c);
-    if (!c)
-        return -ENOMEM;
-    c->rank = rank;
-    c->world = world;
-    c->culprit = -1;
-    c->chunk = round_up(opts->chunk_bytes ? opts->chunk_bytes : (size_t)1 << 20, ALIGN);
-    c->small = opts->small_bytes ? opts->small_bytes : 16 * 1024;
-    if (c->small > c->chunk)
-        c->small = c->chunk;
-    c->tcp.listen_fd = -1;
-    c->ranks = calloc((size_t)world, sizeof *c->ranks);
-    c->tmp = malloc(c->chunk);
-    c->iov = calloc((size_t)world, sizeof *c->iov);
-    if (!c->ranks || !c->tmp || !c->iov) {
-        rc = -ENOMEM;
-        goto out;
-    }
-
-    if (opts->bind_addr && opts->bind_addr[0])
-        snprintf(addr, sizeof addr, "%s", opts->bind_addr);
-    else if ((rc = rdzv_client_local_addr(store, addr, sizeof addr)) < 0) {
-        snprintf(err, errlen, "finding the local address of the store connection: %s",
-                 coll_strerror(rc));
-        goto out;
-    }
-    rc = coll__tcp_init(&c->tcp, rank, world, fnv1a(prefix), addr, abort, &port);
-    if (rc < 0) {
-        snprintf(err, errlen, "listening on %s: %s", addr, coll_strerror(rc));
-        goto out;
-    }
-    if ((rc = publish_self(c, store, prefix, addr, port, err, errlen)) < 0 ||
-        (rc = collect_ranks(c, store, prefix, deadline, err, errlen)) < 0 ||
-        (rc = build_layout(c, err, errlen)) < 0)
-        goto out;
-    for (int r = 0; r < world; r++) {
-        if (r != rank && (rc = coll__tcp_set_peer(&c->tcp, r, c->ranks[r].addr,
-                                                  c->ranks[r].port)) < 0) {
-            snprintf(err, errlen, "rank %d published a bad address %s:%d", r, c->ranks[r].addr,
-                     c->ranks[r].port);
-            goto out;
-        }
-    }
-    if ((rc = setup_shm(c, store, prefix, deadline, abort, err, errlen)) < 0)
-        goto out;
-    /* Leaders connect their ring now, so that a broken network shows at init. */
-    if (c->local == 0 && c->nhosts > 1) {
-        int next = c->leaders[(c->host + 1) % c->nhosts];
-        int prev = c->leaders[(c->host + c->nhosts - 1) % c->nhosts];
-        int peers[2] = {next, prev};
-        for (int i = 0; i < 2; i++) {
-            rc = coll__tcp_conn(&c->tcp, peers[i], deadline);
-            if (rc < 0) {
-                snprintf(err, errlen, "connecting to rank %d at %s:%d: %s", peers[i],
-                         c->ranks[peers[i]].addr, c->ranks[peers[i]].port, coll_strerror(rc));
-                c->culprit = peers[i];
-                goto out;
-            }
-        }
-    }
-    *out = c;
-    return 0;
-out:
-    if (culprit)
-        *culprit = c->culprit;
-    coll__cpu_destroy(c);
-    return rc;
-}
-
-void coll__cpu_destroy(coll__cpu *c)
-{
-    if (!c)
-        return;
-    coll__shm_close(&c->shm);
-    coll__tcp_close(&c->tcp);
-    free(c->ranks);
-    free(c->leaders);
-    free(c->host_first);
-    free(c->host_ranks);
-    free(c->tmp);
-    free(c->iov);
-    free(c);
-}
-
-void coll__cpu_abort(coll__cpu *c, int culprit)
-{
-    if (c->shm.base)
-        coll__shm_abort(&c->shm, culprit);
-    coll__tcp_shutdown(&c->tcp);
-}
-
-int coll__cpu_nhosts(const coll__cpu *c)
-{
-    return c->nhosts;
-}
-
-int coll__cpu_local(const coll__cpu *c, int *nlocal)
-{
-    *nlocal = c->nlocal;
-    return c->local;
-}
-
-bool coll__cpu_segment_aborted(const coll__cpu *c)
-{
-    return c->shm.base && atomic_load(&((coll__shm_hdr *)c->shm.base)->abort) != 0;
-}
-
-int coll__cpu_segment_culprit(const coll__cpu *c)
-{
-    return c->shm.base ? atomic_load(&((coll__shm_hdr *)c->shm.base)->culprit) : -1;
-}
-
-bool coll__cpu_same_host(const coll__cpu *c, int rank)
-{
-    return rank >= 0 && rank < c->world && c->ranks[rank].host_index == c->host;
-}
-
-const char *coll__cpu_hostname(const coll__cpu *c, int rank)
-{
-    return rank >= 0 && rank < c->world ? c->ranks[rank].name : "?";
-}
 
 /*
  * Copies a result to the caller's buffer. For large operations the destination will not be read
@@ -526,7 +78,7 @@ static void copy_out(void *dst, const void *src, size_t n, bool stream)
 
 static void post(coll__cpu *c, uint64_t v)
 {
-    coll__shm_post(&c->shm, &hdr(c)->arrive[c->local].v, v);
+    coll__shm_post(&c->shm, &coll__cpu_hdr(c)->arrive[c->local].v, v);
 }
 
 static int wait_all(coll__cpu *c, uint64_t v)
@@ -536,7 +88,8 @@ static int wait_all(coll__cpu *c, uint64_t v)
 
 static int wait_one(coll__cpu *c, int local, uint64_t v)
 {
-    return coll__shm_wait(&c->shm, &hdr(c)->arrive[local].v, v, local, c->deadline, &c->culprit);
+    return coll__shm_wait(&c->shm, &coll__cpu_hdr(c)->arrive[local].v, v, local, c->deadline,
+                          &c->culprit);
 }
 
 /* Before writing the buffer set of step s: everyone has begun step s - 1. */
@@ -558,8 +111,8 @@ static unsigned char *result(coll__cpu *c, uint64_t s)
 /* [lo, hi) of n elements: this local rank's share, cut at cache-line multiples. */
 static void my_share(const coll__cpu *c, size_t n, size_t esz, size_t *lo, size_t *hi)
 {
-    size_t line = ALIGN / esz;
-    size_t per = round_up((n + (size_t)c->nlocal - 1) / (size_t)c->nlocal, line);
+    size_t line = COLL__CPU_ALIGN / esz;
+    size_t per = coll__round_up((n + (size_t)c->nlocal - 1) / (size_t)c->nlocal, line);
     *lo = per * (size_t)c->local;
     *hi = *lo + per;
     if (*lo > n)
@@ -644,12 +197,12 @@ static void reduce_share(coll__cpu *c, uint64_t s, const piece *p, size_t total,
 
 static int ring_next(const coll__cpu *c)
 {
-    return c->leaders[(c->host + 1) % c->nhosts];
+    return c->layout.leaders[(c->host + 1) % c->nhosts];
 }
 
 static int ring_prev(const coll__cpu *c)
 {
-    return c->leaders[(c->host + c->nhosts - 1) % c->nhosts];
+    return c->layout.leaders[(c->host + c->nhosts - 1) % c->nhosts];
 }
 
 static int xfer(coll__cpu *c, int to, const struct iovec *siov, int sn, int from,
@@ -664,7 +217,7 @@ static int ring_allreduce(coll__cpu *c, unsigned char *buf, size_t n, size_t esz
 {
     int H = c->nhosts, h = c->host, rc;
     int next = ring_next(c), prev = ring_prev(c);
-#define SEG_LO(k) ((size_t)(k) * n / (size_t)H)
+#define SEG_LO(k) ((size_t)(k)*n / (size_t)H)
 #define SEG_HI(k) ((size_t)((k) + 1) * n / (size_t)H)
     for (int s = 0; s < H - 1; s++) {
         int ks = ((h - s) % H + H) % H, kr = ((h - s - 1) % H + H) % H;
@@ -692,8 +245,8 @@ static int host_blocks(coll__cpu *c, struct iovec *iov, int k, unsigned char *R,
                        size_t len)
 {
     int n = 0;
-    for (int i = c->host_first[k]; i < c->host_first[k + 1]; i++) {
-        iov[n].iov_base = R + (size_t)c->host_ranks[i] * stride;
+    for (int i = c->layout.host_first[k]; i < c->layout.host_first[k + 1]; i++) {
+        iov[n].iov_base = R + (size_t)c->layout.host_ranks[i] * stride;
         iov[n].iov_len = len;
         n++;
     }
@@ -803,7 +356,7 @@ static int run_reduction(coll__cpu *c, const coll__op *op)
 static int run_broadcast(coll__cpu *c, const coll__op *op)
 {
     size_t esz = coll_dtype_size(op->dtype);
-    int root_host = c->ranks[op->peer].host_index, root_local = c->ranks[op->peer].local_rank;
+    int root_host = c->layout.host_of[op->peer], root_local = c->layout.local_of[op->peer];
     bool is_root = op->peer == c->rank;
     int rc;
     for (size_t off = 0; off < op->count; off += c->chunk / esz) {
@@ -883,22 +436,22 @@ static int run_allgather(coll__cpu *c, const coll__op *op)
 
 static int shm_send(coll__cpu *c, int peer_local, const unsigned char *buf, size_t len)
 {
-    channel *ch = &c->channels[c->local * c->nlocal + peer_local];
+    coll__channel *ch = &c->channels[c->local * c->nlocal + peer_local];
     uint64_t sent = atomic_load_explicit(&ch->sent.v, memory_order_relaxed);
     int rc;
     while (len > 0) {
         uint64_t recvd = atomic_load_explicit(&ch->recvd.v, memory_order_acquire);
-        if (sent - recvd == CHANNEL_BYTES) {
-            rc = coll__shm_wait(&c->shm, &ch->recvd.v, sent - CHANNEL_BYTES + 1, peer_local,
-                                c->deadline, &c->culprit);
+        if (sent - recvd == COLL__CPU_CHANNEL_BYTES) {
+            rc = coll__shm_wait(&c->shm, &ch->recvd.v, sent - COLL__CPU_CHANNEL_BYTES + 1,
+                                peer_local, c->deadline, &c->culprit);
             if (rc < 0)
                 return rc;
             continue;
         }
-        size_t pos = sent % CHANNEL_BYTES;
-        size_t n = CHANNEL_BYTES - (size_t)(sent - recvd);
-        if (n > CHANNEL_BYTES - pos)
-            n = CHANNEL_BYTES - pos;
+        size_t pos = sent % COLL__CPU_CHANNEL_BYTES;
+        size_t n = COLL__CPU_CHANNEL_BYTES - (size_t)(sent - recvd);
+        if (n > COLL__CPU_CHANNEL_BYTES - pos)
+            n = COLL__CPU_CHANNEL_BYTES - pos;
         if (n > len)
             n = len;
         memcpy(ch->data + pos, buf, n);
@@ -912,7 +465,7 @@ static int shm_send(coll__cpu *c, int peer_local, const unsigned char *buf, size
 
 static int shm_recv(coll__cpu *c, int peer_local, unsigned char *buf, size_t len)
 {
-    channel *ch = &c->channels[peer_local * c->nlocal + c->local];
+    coll__channel *ch = &c->channels[peer_local * c->nlocal + c->local];
     uint64_t recvd = atomic_load_explicit(&ch->recvd.v, memory_order_relaxed);
     int rc;
     while (len > 0) {
@@ -924,10 +477,10 @@ static int shm_recv(coll__cpu *c, int peer_local, unsigned char *buf, size_t len
                 return rc;
             continue;
         }
-        size_t pos = recvd % CHANNEL_BYTES;
+        size_t pos = recvd % COLL__CPU_CHANNEL_BYTES;
         size_t n = (size_t)(sent - recvd);
-        if (n > CHANNEL_BYTES - pos)
-            n = CHANNEL_BYTES - pos;
+        if (n > COLL__CPU_CHANNEL_BYTES - pos)
+            n = COLL__CPU_CHANNEL_BYTES - pos;
         if (n > len)
             n = len;
         memcpy(buf, ch->data + pos, n);
@@ -943,14 +496,14 @@ static int shm_recv(coll__cpu *c, int peer_local, unsigned char *buf, size_t len
 static int run_p2p(coll__cpu *c, const coll__op *op, char *err, size_t errlen)
 {
     uint64_t len = op->count * coll_dtype_size(op->dtype), got = 0;
-    const rank_info *peer = &c->ranks[op->peer];
-    bool same_host = peer->host_index == c->host;
+    int peer_local = c->layout.local_of[op->peer];
+    bool same_host = c->layout.host_of[op->peer] == c->host;
     int rc;
     if (op->kind == COLL__SEND) {
         if (same_host) {
-            if ((rc = shm_send(c, peer->local_rank, (const unsigned char *)&len, sizeof len)) < 0)
+            if ((rc = shm_send(c, peer_local, (const unsigned char *)&len, sizeof len)) < 0)
                 return rc;
-            return shm_send(c, peer->local_rank, op->sendbuf, len);
+            return shm_send(c, peer_local, op->sendbuf, len);
         }
         if ((rc = coll__tcp_conn(&c->tcp, op->peer, c->deadline)) < 0) {
             c->culprit = op->peer;
@@ -960,7 +513,7 @@ static int run_p2p(coll__cpu *c, const coll__op *op, char *err, size_t errlen)
         return xfer(c, op->peer, iov, 2, -1, NULL, 0);
     }
     if (same_host) {
-        if ((rc = shm_recv(c, peer->local_rank, (unsigned char *)&got, sizeof got)) < 0)
+        if ((rc = shm_recv(c, peer_local, (unsigned char *)&got, sizeof got)) < 0)
             return rc;
     } else {
         if ((rc = coll__tcp_conn(&c->tcp, op->peer, c->deadline)) < 0) {
@@ -978,7 +531,7 @@ static int run_p2p(coll__cpu *c, const coll__op *op, char *err, size_t errlen)
         return -EMSGSIZE;
     }
     if (same_host)
-        return shm_recv(c, peer->local_rank, op->recvbuf, len);
+        return shm_recv(c, peer_local, op->recvbuf, len);
     struct iovec io = {op->recvbuf, len};
     return xfer(c, -1, NULL, 0, op->peer, &io, 1);
 }

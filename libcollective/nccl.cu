@@ -110,20 +110,6 @@ static int load_flag(const int *p)
     return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 
-/* Milliseconds left until deadline, rounded up: -1 once it passed, INT_MAX for none. */
-static int ms_left(int64_t deadline_ns)
-{
-    int64_t left;
-
-    if (deadline_ns == INT64_MAX)
-        return INT_MAX;
-    left = deadline_ns - coll__now_ns();
-    if (left <= 0)
-        return -1;
-    left = (left + 999999) / 1000000;
-    return left > INT_MAX ? INT_MAX : (int)left;
-}
-
 /* Backs off between polls of a communicator's state: yields first, then naps 100 us. */
 static void poll_pause(unsigned i)
 {
@@ -150,7 +136,7 @@ static ncclResult_t wait_ready(ncclComm_t comm, int64_t deadline_ns, const int *
             return r;
         if (state != ncclInProgress)
             return state;
-        if ((abort_req != NULL && load_flag(abort_req)) || coll__now_ns() >= deadline_ns)
+        if ((abort_req != NULL && load_flag(abort_req)) || rdzv__now_ns() >= deadline_ns)
             return ncclInProgress;
         poll_pause(i);
     }
@@ -353,9 +339,10 @@ static int exchange_id(struct rdzv_client *store, const char *prefix, int rank, 
 
     {
         const char *keys[1] = {key};
-        int timeout_ms = ms_left(deadline_ns);
+        int timeout_ms = rdzv__ms_left(deadline_ns); /* 0: passed; -1: no deadline */
 
-        ret = timeout_ms < 0 ? -ETIMEDOUT : rdzv_wait(store, keys, 1, timeout_ms);
+        ret = timeout_ms == 0 ? -ETIMEDOUT
+                              : rdzv_wait(store, keys, 1, timeout_ms < 0 ? INT_MAX : timeout_ms);
     }
     if (ret == -ETIMEDOUT) {
         put_err(err, errlen, "rank 0 did not publish the NCCL unique id (%s) in time", key);
@@ -430,7 +417,7 @@ int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int
     n->rank = rank;
     n->world = world;
     n->error = ncclSuccess;
-    n->timeout_ns = deadline_ns == INT64_MAX ? -1 : deadline_ns - coll__now_ns();
+    n->timeout_ns = deadline_ns == INT64_MAX ? -1 : deadline_ns - rdzv__now_ns();
     if (deadline_ns != INT64_MAX && n->timeout_ns < 1)
         n->timeout_ns = 1;
 
@@ -543,7 +530,7 @@ void coll__nccl_destroy(coll__nccl *n)
     pthread_mutex_unlock(&n->mu);
 
     if (comm != NULL) {
-        int64_t deadline = n->timeout_ns < 0 ? INT64_MAX : coll__now_ns() + n->timeout_ns;
+        int64_t deadline = n->timeout_ns < 0 ? INT64_MAX : rdzv__now_ns() + n->timeout_ns;
         ncclResult_t r = ncclCommFinalize(comm);
 
         if (r == ncclSuccess || r == ncclInProgress)
@@ -625,7 +612,7 @@ int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **eve
     }
     r = issue(n, op, dt, ro, s);
     if (r == ncclInProgress) {
-        int64_t deadline = n->timeout_ns < 0 ? INT64_MAX : coll__now_ns() + n->timeout_ns;
+        int64_t deadline = n->timeout_ns < 0 ? INT64_MAX : rdzv__now_ns() + n->timeout_ns;
 
         r = wait_ready(n->comm, deadline, &n->abort_req);
     }

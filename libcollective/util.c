@@ -1,7 +1,7 @@
 /*
- * Small helpers of libcollective with no state and no I/O: the clock and deadlines every wait
- * is bounded by, element sizes, the names of dtypes, ops, backends and operation kinds and
- * their parsers, and error strings.
+ * Small helpers of libcollective with no state and no I/O: element sizes, the names of dtypes,
+ * ops, backends and operation kinds and their parsers, and error strings. (The clock is
+ * monoclock.h's, shared with librendezvous; per-rank store keys are rdzv_rank_keys().)
  *
  * Names are the lower-case spellings in the tables below; a parser accepts exactly what the
  * matching name function writes (no aliases, no case folding), so names round-trip. Every
@@ -14,22 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-int64_t coll__now_ns(void)
-{
-    struct timespec ts;
-    /* CLOCK_MONOTONIC cannot fail on Linux with a valid pointer. */
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-int64_t coll__deadline(int timeout_ms)
-{
-    if (timeout_ms < 0)
-        return INT64_MAX;
-    return coll__now_ns() + (int64_t)timeout_ms * 1000000;
-}
 
 static const size_t dtype_sizes[COLL_DTYPE_COUNT] = {
     [COLL_F32] = 4, [COLL_F64] = 8, [COLL_F16] = 2, [COLL_BF16] = 2,
@@ -162,24 +146,4 @@ const char *coll__kind_name(enum coll__kind kind)
         return "recv";
     }
     return "?";
-}
-
-char **coll__rank_keys(const char *prefix, const char *what, int world)
-{
-    char **keys = calloc((size_t)world + 1, sizeof *keys);
-    for (int r = 0; keys && r < world; r++) {
-        if (asprintf(&keys[r], "%s/%s/%d", prefix, what, r) < 0) {
-            keys[r] = NULL;
-            coll__keys_free(keys);
-            return NULL;
-        }
-    }
-    return keys;
-}
-
-void coll__keys_free(char **keys)
-{
-    for (size_t i = 0; keys && keys[i]; i++)
-        free(keys[i]);
-    free(keys);
 }

@@ -20,6 +20,7 @@
  */
 #include "rdzv.h"
 #include "proto.h"
+#include "rdzv_internal.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -1315,4 +1316,25 @@ out:
     free(old_key);
     op_end(c);
     return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* For the other files of the library (rdzv_internal.h)                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+int rdzv__client_error(rdzv_client *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (c)
+        vsnprintf(c->err, sizeof c->err, fmt, ap);
+    else
+        vsnprintf(connect_err, sizeof connect_err, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+int rdzv__client_timeout_ms(const rdzv_client *c)
+{
+    return c->timeout_ms;
 }

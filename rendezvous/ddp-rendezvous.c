@@ -3,10 +3,11 @@
  * server in the foreground; the other commands (set, get, add, wait, barrier, del, keys, status)
  * are one-shot clients for job schedulers' shell scripts.
  *
- * One table, `options[]`, describes every option: its name, argument, help text, the commands it
- * applies to, how its value is checked and where it is stored. Parsing, applicability checks and
- * --help are all driven by it, and tests/test_cli.sh checks that every option --help prints is
- * in ddp-rendezvous(1), so the three cannot drift apart.
+ * One table, `options[]` (the programs' cli_option, cli.h), describes every option: its
+ * spellings, argument, help text and the commands it applies to; `rules[]`, by the same ids, how
+ * its value is checked and where it is stored. Parsing, applicability checks and --help are all
+ * driven by them, and tests/test_cli.sh checks that every option --help prints is in
+ * ddp-rendezvous(1), so the three cannot drift apart.
  *
  * Exit codes (documented in the man page; keep the two in step): 0 success, 1 usage error,
  * 2 operation failed, 3 timed out.
@@ -29,17 +30,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
 #include <uv.h>
 
+#include "cli.h"
+#include "monoclock.h"
 #include "rdzv.h"
-
-#ifndef DDPRUN_VERSION
-#define DDPRUN_VERSION "0.1.0"
-#endif
+#include "version.h"
 
 #define PROG "ddp-rendezvous"
 
@@ -109,6 +108,105 @@ struct config {
     int quiet, verbose, help, version;
 };
 
+enum opt_id {
+    O_BIND,
+    O_LISTEN_FD,
+    O_BACKLOG,
+    O_KEEPALIVE,
+    O_MAX_KEY_BYTES,
+    O_MAX_VALUE_BYTES,
+    O_MAX_KEYS_PER_REQUEST,
+    O_MAX_REQUEST_BYTES,
+    O_MAX_TOTAL_BYTES,
+    O_MAX_CONNECTIONS,
+    O_MAX_PENDING_OUTPUT,
+    O_QUIET,
+    O_VERBOSE,
+    O_HOST,
+    O_TIMEOUT,
+    O_PREFIX,
+    O_PORT,
+    O_HELP,
+    O_VERSION,
+    O_COUNT
+};
+
+/*
+ * The option table (cli.h): spellings, argument, the ON() mask of the commands it applies to
+ * (the tag column) and help. Keep ddp-rendezvous(1) in step: tests/test_cli.sh fails when an
+ * option printed by --help is missing from the man page or vice versa. How each value is checked
+ * and where it is stored is in `rules` below, by the same ids.
+ */
+static const cli_option options[] = {
+    /* serve */
+    {O_BIND,
+     {"--bind"},
+     "ADDR",
+     NULL,
+     ON_SERVE,
+     "address to listen on (" DEFAULT_HOST "; 0.0.0.0 or :: for all)"},
+    {O_LISTEN_FD,
+     {"--listen-fd"},
+     "FD",
+     NULL,
+     ON_SERVE,
+     "serve on an inherited, bound TCP socket instead of --bind/--port"},
+    {O_BACKLOG, {"--backlog"}, "N", NULL, ON_SERVE, "listen(2) backlog"},
+    {O_KEEPALIVE,
+     {"--keepalive"},
+     "SECONDS",
+     NULL,
+     ON_SERVE,
+     "TCP keepalive idle time for clients; 0 turns it off"},
+    {O_MAX_KEY_BYTES, {"--max-key-bytes"}, "SIZE", NULL, ON_SERVE, "longest key"},
+    {O_MAX_VALUE_BYTES,
+     {"--max-value-bytes"},
+     "SIZE",
+     NULL,
+     ON_SERVE,
+     "longest value in one request"},
+    {O_MAX_KEYS_PER_REQUEST,
+     {"--max-keys-per-request"},
+     "N",
+     NULL,
+     ON_SERVE,
+     "keys in one wait, check, multi-get or multi-set"},
+    {O_MAX_REQUEST_BYTES, {"--max-request-bytes"}, "SIZE", NULL, ON_SERVE, "largest request"},
+    {O_MAX_TOTAL_BYTES,
+     {"--max-total-bytes"},
+     "SIZE",
+     NULL,
+     ON_SERVE,
+     "keys and values stored, all together"},
+    {O_MAX_CONNECTIONS,
+     {"--max-connections"},
+     "N",
+     NULL,
+     ON_SERVE,
+     "simultaneous client connections"},
+    {O_MAX_PENDING_OUTPUT,
+     {"--max-pending-output"},
+     "SIZE",
+     NULL,
+     ON_SERVE,
+     "unsent reply bytes per client before reading pauses"},
+    {O_QUIET, {"--quiet"}, NULL, NULL, ON_SERVE, "log warnings and errors only"},
+    {O_VERBOSE, {"--verbose"}, NULL, NULL, ON_SERVE, "log debugging detail too"},
+    /* clients */
+    {O_HOST, {"--host"}, "HOST", NULL, ON_CLIENT, "server to talk to (" DEFAULT_HOST ")"},
+    {O_TIMEOUT,
+     {"--timeout"},
+     "SECONDS",
+     NULL,
+     ON_CLIENT,
+     "give up after this long, connecting included (300)"},
+    {O_PREFIX, {"--prefix"}, "P", NULL, ON_CLIENT, "prepend P to every key"},
+    /* both */
+    {O_PORT, {"--port"}, "PORT", NULL, ON_ALL, "TCP port (29500); serve --port 0 picks a free one"},
+    {O_HELP, {"-h", "--help"}, NULL, NULL, ON_ALL, "print this help and exit"},
+    {O_VERSION, {"--version"}, NULL, NULL, ON_ALL, "print the version and exit"},
+};
+
 enum kind {
     KIND_FLAG,    /* no argument; increments an int */
     KIND_STRING,  /* stores the argument (borrowed from argv) */
@@ -117,60 +215,39 @@ enum kind {
     KIND_SECONDS, /* double in (0, max] */
 };
 
-struct option_spec {
-    const char *name; /* without the leading "--" */
-    const char *arg;  /* argument name for --help, NULL for flags */
-    unsigned on;      /* ON() mask of the commands it applies to */
+/* How the value of each option is checked, and where in struct config it goes. */
+struct rule {
     enum kind kind;
-    size_t offset; /* into struct config */
-    long long min, max;
-    const char *help;
+    size_t offset;
+    long min, max;
 };
 
 #define AT(field) offsetof(struct config, field)
 
-/*
- * The option table. Keep ddp-rendezvous(1) in step: tests/test_cli.sh fails when an option
- * printed by --help is missing from the man page or vice versa.
- */
-static const struct option_spec options[] = {
-    /* serve */
-    {"bind", "ADDR", ON_SERVE, KIND_STRING, AT(srv.host), 0, 0,
-     "address to listen on (" DEFAULT_HOST "; 0.0.0.0 or :: for all)"},
-    {"listen-fd", "FD", ON_SERVE, KIND_INT, AT(srv.listen_fd), 0, INT_MAX,
-     "serve on an inherited, bound TCP socket instead of --bind/--port"},
-    {"backlog", "N", ON_SERVE, KIND_INT, AT(srv.backlog), 1, INT_MAX, "listen(2) backlog"},
-    {"keepalive", "SECONDS", ON_SERVE, KIND_INT, AT(srv.keepalive_s), 0, INT_MAX,
-     "TCP keepalive idle time for clients; 0 turns it off"},
-    {"max-key-bytes", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_key_bytes), 0, 0, "longest key"},
-    {"max-value-bytes", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_value_bytes), 0, 0,
-     "longest value in one request"},
-    {"max-keys-per-request", "N", ON_SERVE, KIND_SIZE, AT(srv.max_keys_per_request), 0, 0,
-     "keys in one wait, check, multi-get or multi-set"},
-    {"max-request-bytes", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_request_bytes), 0, 0,
-     "largest request"},
-    {"max-total-bytes", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_total_bytes), 0, 0,
-     "keys and values stored, all together"},
-    {"max-connections", "N", ON_SERVE, KIND_SIZE, AT(srv.max_connections), 0, 0,
-     "simultaneous client connections"},
-    {"max-pending-output", "SIZE", ON_SERVE, KIND_SIZE, AT(srv.max_pending_output), 0, 0,
-     "unsent reply bytes per client before reading pauses"},
-    {"quiet", NULL, ON_SERVE, KIND_FLAG, AT(quiet), 0, 0, "log warnings and errors only"},
-    {"verbose", NULL, ON_SERVE, KIND_FLAG, AT(verbose), 0, 0, "log debugging detail too"},
-    /* clients */
-    {"host", "HOST", ON_CLIENT, KIND_STRING, AT(host), 0, 0,
-     "server to talk to (" DEFAULT_HOST ")"},
-    {"timeout", "SECONDS", ON_CLIENT, KIND_SECONDS, AT(timeout_s), 0, INT_MAX / 1000,
-     "give up after this long, connecting included (300)"},
-    {"prefix", "P", ON_CLIENT, KIND_STRING, AT(prefix), 0, 0, "prepend P to every key"},
-    /* both */
-    {"port", "PORT", ON_ALL, KIND_INT, AT(port), 0, 65535,
-     "TCP port (29500); serve --port 0 picks a free one"},
-    {"help", NULL, ON_ALL, KIND_FLAG, AT(help), 0, 0, "print this help and exit"},
-    {"version", NULL, ON_ALL, KIND_FLAG, AT(version), 0, 0, "print the version and exit"},
+static const struct rule rules[O_COUNT] = {
+    [O_BIND] = {KIND_STRING, AT(srv.host), 0, 0},
+    [O_LISTEN_FD] = {KIND_INT, AT(srv.listen_fd), 0, INT_MAX},
+    [O_BACKLOG] = {KIND_INT, AT(srv.backlog), 1, INT_MAX},
+    [O_KEEPALIVE] = {KIND_INT, AT(srv.keepalive_s), 0, INT_MAX},
+    [O_MAX_KEY_BYTES] = {KIND_SIZE, AT(srv.max_key_bytes), 0, 0},
+    [O_MAX_VALUE_BYTES] = {KIND_SIZE, AT(srv.max_value_bytes), 0, 0},
+    [O_MAX_KEYS_PER_REQUEST] = {KIND_SIZE, AT(srv.max_keys_per_request), 0, 0},
+    [O_MAX_REQUEST_BYTES] = {KIND_SIZE, AT(srv.max_request_bytes), 0, 0},
+    [O_MAX_TOTAL_BYTES] = {KIND_SIZE, AT(srv.max_total_bytes), 0, 0},
+    [O_MAX_CONNECTIONS] = {KIND_SIZE, AT(srv.max_connections), 0, 0},
+    [O_MAX_PENDING_OUTPUT] = {KIND_SIZE, AT(srv.max_pending_output), 0, 0},
+    [O_QUIET] = {KIND_FLAG, AT(quiet), 0, 0},
+    [O_VERBOSE] = {KIND_FLAG, AT(verbose), 0, 0},
+    [O_HOST] = {KIND_STRING, AT(host), 0, 0},
+    [O_TIMEOUT] = {KIND_SECONDS, AT(timeout_s), 0, INT_MAX / 1000},
+    [O_PREFIX] = {KIND_STRING, AT(prefix), 0, 0},
+    [O_PORT] = {KIND_INT, AT(port), 0, 65535},
+    [O_HELP] = {KIND_FLAG, AT(help), 0, 0},
+    [O_VERSION] = {KIND_FLAG, AT(version), 0, 0},
 };
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
+_Static_assert(NOPTIONS == O_COUNT, "one row of options[] per enum opt_id");
 
 /* ------------------------------------------------------------------------------------------ */
 /* Messages                                                                                    */
@@ -231,35 +308,35 @@ static void format_size(char *buf, size_t len, size_t n)
 }
 
 /* The default of a server option: its field in `defs`, a struct filled by options_init. */
-static const void *server_default(const rdzv_server_options *defs, const struct option_spec *o)
+static const void *server_default(const rdzv_server_options *defs, const cli_option *o)
 {
-    assert(o->on == ON_SERVE && o->offset >= offsetof(struct config, srv));
-    return (const char *)defs + (o->offset - offsetof(struct config, srv));
+    size_t offset = rules[o->id].offset;
+    assert(o->tag == ON_SERVE && offset >= offsetof(struct config, srv));
+    return (const char *)defs + (offset - offsetof(struct config, srv));
 }
 
-static void print_option(FILE *f, const struct option_spec *o, const rdzv_server_options *defs)
+/* One option of --help on one line, the text beside the spellings from column 33. */
+static void print_option(FILE *f, const cli_option *o, const rdzv_server_options *defs)
 {
-    char left[64], def[48] = "";
+    char text[160], def[48] = "";
+    enum kind kind = rules[o->id].kind;
 
-    if (o->kind == KIND_FLAG && strcmp(o->name, "help") == 0)
-        snprintf(left, sizeof(left), "-h, --help");
-    else
-        snprintf(left, sizeof(left), "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
     /* Server limits show the library's own defaults, so they cannot go stale here. */
-    if (o->on == ON_SERVE && o->kind == KIND_SIZE) {
+    if (o->tag == ON_SERVE && kind == KIND_SIZE) {
         char n[32];
         format_size(n, sizeof(n), *(const size_t *)server_default(defs, o));
         snprintf(def, sizeof(def), " (%s)", n);
-    } else if (o->on == ON_SERVE && o->kind == KIND_INT && strcmp(o->name, "listen-fd") != 0) {
+    } else if (o->tag == ON_SERVE && kind == KIND_INT && o->id != O_LISTEN_FD) {
         snprintf(def, sizeof(def), " (%d)", *(const int *)server_default(defs, o));
     }
-    fprintf(f, "  %-30s %s%s\n", left, o->help, def);
+    snprintf(text, sizeof(text), "%s%s", o->help, def);
+    cli_print_option(f, o, text, 33, 0);
 }
 
 static void print_options(FILE *f, unsigned mask, const rdzv_server_options *defs)
 {
     for (size_t i = 0; i < NOPTIONS; i++)
-        if (options[i].on == mask)
+        if ((unsigned)options[i].tag == mask)
             print_option(f, &options[i], defs);
 }
 
@@ -273,7 +350,7 @@ static void print_help(FILE *f, int cmd)
         fprintf(f, "Usage: " PROG " %s%s%s [OPTIONS]\n%c%s.\n\nOptions:\n", c->name,
                 *c->args ? " " : "", c->args, toupper((unsigned char)c->help[0]), c->help + 1);
         for (size_t i = 0; i < NOPTIONS; i++)
-            if (options[i].on & ON(cmd))
+            if ((unsigned)options[i].tag & ON(cmd))
                 print_option(f, &options[i], &defs);
     } else {
         fputs("Usage: " PROG " COMMAND [OPTIONS] [ARGS]\n"
@@ -305,53 +382,20 @@ static void print_help(FILE *f, int cmd)
 /* Parsing                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-/*
- * Parses a size: decimal digits with an optional K, M or G (either case) suffix, at least 1.
- * Returns 0 and sets *out, or -1.
- */
-static int parse_size(const char *s, size_t *out)
-{
-    static const char units[] = "KMG";
-    const char *u;
-    char *end;
-    unsigned long long v, mult = 1;
-
-    if (*s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (errno != 0 || end == s)
-        return -1;
-    if (*end != '\0' && (u = strchr(units, toupper((unsigned char)*end))) != NULL) {
-        mult = 1ull << (10 * (u - units + 1));
-        end++;
-    }
-    if (*end != '\0' || v == 0 || v > SIZE_MAX / mult)
-        return -1;
-    *out = (size_t)(v * mult);
-    return 0;
-}
-
 /* Parses a whole decimal integer in [min, max]. Returns 0 and sets *out, or -1. */
-static int parse_int(const char *s, long long min, long long max, long long *out)
+static int parse_int(const char *s, long min, long max, long *out)
 {
-    char *end;
-    long long v;
-
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
+    return cli_parse_long("", s, min, max, out) < 0 ? -1 : 0;
 }
 
 /* Checks and stores the value of option `o`; prints the usage error and returns -1 if bad. */
-static int set_option(struct config *cfg, const struct option_spec *o, const char *val)
+static int set_option(struct config *cfg, const cli_option *o, const char *val)
 {
-    void *field = (char *)cfg + o->offset;
+    const struct rule *r = &rules[o->id];
+    const char *flag = cli_long_name(o);
+    void *field = (char *)cfg + r->offset;
 
-    switch (o->kind) {
+    switch (r->kind) {
     case KIND_FLAG:
         (*(int *)field)++;
         return 0;
@@ -359,55 +403,30 @@ static int set_option(struct config *cfg, const struct option_spec *o, const cha
         *(const char **)field = val;
         return 0;
     case KIND_INT: {
-        long long v;
-        if (parse_int(val, o->min, o->max, &v) < 0) {
-            complain(EXIT_USAGE, "--%s: expected an integer %lld..%lld, got '%s'", o->name, o->min,
-                     o->max, val);
+        long v;
+        if (parse_int(val, r->min, r->max, &v) < 0) {
+            /* This wording, not cli's, is the one ddp-rendezvous(1) quotes. */
+            complain(EXIT_USAGE, "%s: expected an integer %ld..%ld, got '%s'", flag, r->min, r->max,
+                     val);
             return -1;
         }
         *(int *)field = (int)v;
         return 0;
     }
     case KIND_SIZE:
-        if (parse_size(val, (size_t *)field) < 0) {
-            complain(EXIT_USAGE,
-                     "--%s: expected a positive integer with optional K/M/G suffix, "
-                     "got '%s'",
-                     o->name, val);
+        if (cli_parse_size(flag, val, 1, SIZE_MAX, (size_t *)field) < 0) {
+            complain(EXIT_USAGE, "%s", cli_last_error());
             return -1;
         }
         return 0;
-    case KIND_SECONDS: {
-        char *end;
-        double v;
-        errno = 0;
-        v = strtod(val, &end);
-        if (errno != 0 || end == val || *end != '\0' || !(v > 0) || v > (double)o->max) {
-            complain(EXIT_USAGE, "--%s: expected a number of seconds > 0 and <= %lld, got '%s'",
-                     o->name, o->max, val);
+    case KIND_SECONDS:
+        if (cli_parse_seconds(flag, val, 0, (double)r->max, CLI_OPEN_MIN, (double *)field) < 0) {
+            complain(EXIT_USAGE, "%s", cli_last_error());
             return -1;
         }
-        *(double *)field = v;
         return 0;
-    }
     }
     return -1;
-}
-
-static const struct option_spec *find_option(const char *name, size_t len)
-{
-    for (size_t i = 0; i < NOPTIONS; i++)
-        if (strlen(options[i].name) == len && strncmp(options[i].name, name, len) == 0)
-            return &options[i];
-    return NULL;
-}
-
-/* The index in options[] of an option that exists. */
-static size_t option_index(const char *name)
-{
-    const struct option_spec *o = find_option(name, strlen(name));
-    assert(o);
-    return (size_t)(o - options);
 }
 
 /* An argument is an option if it starts with '-', unless it is "-" or a negative number. */
@@ -423,14 +442,14 @@ static bool looks_like_option(const char *a)
  */
 static int parse_args(int argc, char **argv, struct config *cfg, char **pos)
 {
-    bool seen[NOPTIONS] = {0};
+    bool seen[O_COUNT] = {0};
     int npos = 0, have_cmd = 0;
     bool options_done = false;
 
     cfg->cmd = -1;
     for (int i = 1; i < argc; i++) {
         char *a = argv[i];
-        const struct option_spec *o;
+        const cli_option *o;
         const char *val = NULL, *eq;
 
         if (options_done || !looks_like_option(a)) {
@@ -458,23 +477,17 @@ static int parse_args(int argc, char **argv, struct config *cfg, char **pos)
             options_done = true;
             continue;
         }
-        if (strcmp(a, "-h") == 0) {
-            cfg->help++;
-            continue;
-        }
-        if (a[1] != '-') {
-            complain(EXIT_USAGE, "unknown option '%s'", a);
+        /* Long options may carry "=VALUE"; the one short option, -h, may not. */
+        eq = a[1] == '-' ? strchr(a, '=') : NULL;
+        int k = cli_find(options, NOPTIONS, a, eq ? (size_t)(eq - a) : strlen(a), 0);
+        if (k < 0) {
+            complain(EXIT_USAGE, "%s", cli_last_error());
             return -1;
         }
-        eq = strchr(a + 2, '=');
-        o = find_option(a + 2, eq ? (size_t)(eq - (a + 2)) : strlen(a + 2));
-        if (!o) {
-            complain(EXIT_USAGE, "unknown option '%.*s'", eq ? (int)(eq - a) : (int)strlen(a), a);
-            return -1;
-        }
-        if (o->kind == KIND_FLAG) {
+        o = &options[k];
+        if (!o->metavar) {
             if (eq) {
-                complain(EXIT_USAGE, "--%s: takes no argument", o->name);
+                complain(EXIT_USAGE, "%s: takes no argument", cli_long_name(o));
                 return -1;
             }
         } else if (eq) {
@@ -482,20 +495,20 @@ static int parse_args(int argc, char **argv, struct config *cfg, char **pos)
         } else if (i + 1 < argc) {
             val = argv[++i];
         } else {
-            complain(EXIT_USAGE, "--%s: missing argument %s", o->name, o->arg);
+            complain(EXIT_USAGE, "%s: missing argument %s", cli_long_name(o), o->metavar);
             return -1;
         }
         if (set_option(cfg, o, val) < 0)
             return -1;
-        seen[o - options] = true;
+        seen[o->id] = true;
     }
 
     if (cfg->help || cfg->version || !have_cmd)
         return npos;
 
     for (size_t k = 0; k < NOPTIONS; k++) {
-        if (seen[k] && !(options[k].on & ON(cfg->cmd))) {
-            complain(EXIT_USAGE, "--%s: does not apply to '%s'", options[k].name,
+        if (seen[options[k].id] && !((unsigned)options[k].tag & ON(cfg->cmd))) {
+            complain(EXIT_USAGE, "%s: does not apply to '%s'", cli_long_name(&options[k]),
                      commands[cfg->cmd].name);
             return -1;
         }
@@ -511,8 +524,7 @@ static int parse_args(int argc, char **argv, struct config *cfg, char **pos)
         }
     }
     if (cfg->cmd == CMD_SERVE) {
-        if (seen[option_index("listen-fd")] &&
-            (seen[option_index("bind")] || seen[option_index("port")])) {
+        if (seen[O_LISTEN_FD] && (seen[O_BIND] || seen[O_PORT])) {
             complain(EXIT_USAGE, "--listen-fd: cannot be combined with --bind or --port");
             return -1;
         }
@@ -629,18 +641,11 @@ out:
 /* Client commands                                                                             */
 /* ------------------------------------------------------------------------------------------ */
 
-static double now_s(void)
+/* Milliseconds left until `deadline` (rdzv__now_ns() nanoseconds), at least 1. */
+static int ms_left(int64_t deadline)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* Milliseconds left until `deadline` (monotonic seconds), at least 1. */
-static int ms_left(double deadline)
-{
-    double left = (deadline - now_s()) * 1000.0;
-    return left < 1 ? 1 : left >= INT_MAX ? INT_MAX : (int)left + 1;
+    int left = rdzv__ms_left(deadline);
+    return left < 1 ? 1 : left;
 }
 
 /*
@@ -704,14 +709,15 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
 {
     rdzv_client_options copts;
     rdzv_client *c = NULL;
-    double deadline = now_s() + cfg->timeout_s;
+    int64_t deadline = rdzv__now_ns() + (int64_t)(cfg->timeout_s * 1e9);
     char what[96];
     int rc, code = EXIT_OK;
     int64_t n;
 
     /* Arguments first: a bad DELTA or WORLD_SIZE is a usage error, found before connecting. */
-    long long delta = 0, world = 0;
-    if (cfg->cmd == CMD_ADD && parse_int(pos[1], INT64_MIN, INT64_MAX, &delta) < 0)
+    _Static_assert(sizeof(long) == sizeof(int64_t), "DELTA: a long holds any int64_t");
+    long delta = 0, world = 0;
+    if (cfg->cmd == CMD_ADD && parse_int(pos[1], LONG_MIN, LONG_MAX, &delta) < 0)
         return complain(EXIT_USAGE, "add: DELTA: expected an integer, got '%s'", pos[1]);
     if (cfg->cmd == CMD_BARRIER && parse_int(pos[1], 1, INT_MAX, &world) < 0)
         return complain(EXIT_USAGE, "barrier: WORLD_SIZE: expected an integer 1..%d, got '%s'",

@@ -4,13 +4,19 @@
  * these, never with CLOCK_REALTIME (which jumps when the wall clock is set). Header-only so that
  * librendezvous, libcollective and the programs share one definition without exporting it.
  *
- * Internal to the project: not installed. Compiles as C99 and C++.
+ * Internal to the project: not installed. Compiles as C99 and C++; as it uses POSIX clocks, a
+ * strict -std=c99 build defines _POSIX_C_SOURCE >= 199309L (or _GNU_SOURCE, as the project
+ * does) before its first system header.
  */
 #ifndef RDZV_MONOCLOCK_H
 #define RDZV_MONOCLOCK_H
 
 #include <stdint.h>
 #include <time.h>
+
+#ifndef CLOCK_MONOTONIC
+#error "monoclock.h needs POSIX clocks: define _POSIX_C_SOURCE >= 199309L before any #include"
+#endif
 
 /* Nanoseconds on CLOCK_MONOTONIC (which cannot fail on Linux with a valid pointer). */
 static inline int64_t rdzv__now_ns(void)

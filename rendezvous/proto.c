@@ -47,18 +47,11 @@ const char *rdzv__op_name(enum rdzv_op op)
 const char *rdzv__parse_strerror(int rc)
 {
     switch (rc) {
-    case RDZV_PARSE_BAD_OP:
-        return "unknown opcode";
-    case RDZV_PARSE_BAD_MAGIC:
-        return "VALIDATE with a wrong magic number";
-    case RDZV_PARSE_KEY_LIMIT:
-        return "key longer than the limit";
-    case RDZV_PARSE_VALUE_LIMIT:
-        return "value longer than the limit";
-    case RDZV_PARSE_COUNT_LIMIT:
-        return "more keys in one request than the limit";
-    case RDZV_PARSE_FRAME_LIMIT:
-        return "request larger than the limit";
+#define RDZV_PARSE_ERROR_CASE(name, value, text)                                                   \
+    case name:                                                                                     \
+        return text;
+        RDZV_PARSE_ERROR_MAP(RDZV_PARSE_ERROR_CASE)
+#undef RDZV_PARSE_ERROR_CASE
     default:
         return "malformed request";
     }

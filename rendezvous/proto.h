@@ -146,15 +146,35 @@ typedef struct rdzv__request {
     size_t frame_len;
 } rdzv__request;
 
-/* Parser results besides "complete" (> 0, the frame length) and "need more" (0). */
-#define RDZV_PARSE_BAD_OP (-1001)    /* unknown opcode */
-#define RDZV_PARSE_BAD_MAGIC (-1002) /* VALIDATE with a wrong magic */
-#define RDZV_PARSE_KEY_LIMIT (-1003)
-#define RDZV_PARSE_VALUE_LIMIT (-1004)
-#define RDZV_PARSE_COUNT_LIMIT (-1005)
-#define RDZV_PARSE_FRAME_LIMIT (-1006)
+/*
+ * Parser results besides "complete" (> 0, the frame length) and "need more" (0). They never
+ * leave librendezvous: the server turns them into the reason it logs for closing the connection
+ * (rdzv__parse_strerror()), and no public call returns one.
+ *
+ * Project error codes get one range per library, so that a number means one failure wherever it
+ * ends up: libcollective's public COLL_E* codes lie in [-1099, -1000] (coll.h), these parser
+ * results in [RDZV_PARSE_CODE_LOW, RDZV_PARSE_CODE_HIGH] = [-1199, -1100], and errno values are
+ * all above -1000. tests/test_errors.c checks that the ranges hold and do not overlap.
+ */
+#define RDZV_PARSE_CODE_HIGH (-1100)
+#define RDZV_PARSE_CODE_LOW (-1199)
 
-/* A description of a parser result code, for log lines. */
+#define RDZV_PARSE_ERROR_MAP(X)                                                                    \
+    X(RDZV_PARSE_BAD_OP, -1100, "unknown opcode")                                                  \
+    X(RDZV_PARSE_BAD_MAGIC, -1101, "VALIDATE with a wrong magic number")                           \
+    X(RDZV_PARSE_KEY_LIMIT, -1102, "key longer than the limit")                                    \
+    X(RDZV_PARSE_VALUE_LIMIT, -1103, "value longer than the limit")                                \
+    X(RDZV_PARSE_COUNT_LIMIT, -1104, "more keys in one request than the limit")                    \
+    X(RDZV_PARSE_FRAME_LIMIT, -1105, "request larger than the limit")
+
+enum rdzv_parse_error {
+#define RDZV_PARSE_ERROR_ENUM(name, value, text) name = value,
+    RDZV_PARSE_ERROR_MAP(RDZV_PARSE_ERROR_ENUM)
+#undef RDZV_PARSE_ERROR_ENUM
+};
+
+/* A static description of a parser result code, for log lines; "malformed request" for any
+ * other negative code. */
 const char *rdzv__parse_strerror(int rc);
 
 /* Resets `p` to the start of a connection (generation unknown). */

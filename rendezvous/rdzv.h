@@ -325,13 +325,23 @@ int rdzv_set_once(rdzv_client *c, const char *key, const void *value, size_t nby
  *
  * timeout_ms bounds the wait for the other ranks (< 0: the client's timeout). On -ETIMEDOUT
  * rdzv_client_last_error(c) names the missing ranks ("ranks 3, 5 did not publish <prefix>
- * within 2000 ms (6 of 8 present)", the first 16 of them) and, if `missing` is not NULL,
- * *missing receives the lowest missing rank (the one exception to "out-parameters only on
- * success"). Returns 0, -EINVAL (NULL argument, world < 1, rank outside [0, world), nbytes ==
- * 0), -ENOMEM, -ETIMEDOUT, or another negative errno from the store.
+ * within 2000 ms (6 of 8 present)", built by rdzv_rank_list()) and, if `missing` is not NULL
+ * (an array of `world` entries), missing[i] is set to 1 for each rank that had not published
+ * and to 0 for the others (the one exception to "out-parameters only on success"). Returns 0,
+ * -EINVAL (NULL argument, world < 1, rank outside [0, world), nbytes == 0), -ENOMEM,
+ * -ETIMEDOUT, or another negative errno from the store.
  */
 int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, const void *value,
-                   size_t nbytes, int timeout_ms, void **values, size_t *nbytes_out, int *missing);
+                   size_t nbytes, int timeout_ms, void **values, size_t *nbytes_out,
+                   unsigned char *missing);
+
+/*
+ * Writes the ranks i with flags[i] != 0 (i < n) into buf as "1, 3, 5", the first 16 of them,
+ * then " and K more": the one way the project names a set of ranks in a message. buf always
+ * receives a NUL-terminated string (cut to cap). Returns how many flags are set, or -EINVAL.
+ * Pure; thread-safe.
+ */
+int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The torchrun environment                                                                    */
@@ -341,12 +351,12 @@ int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, cons
  * What torchrun (and ddprun) tells a worker through its environment. Read by rdzv_env_read().
  */
 typedef struct rdzv_env {
-    int rank;             /* RANK */
-    int local_rank;       /* LOCAL_RANK (0 when unset) */
-    int world_size;       /* WORLD_SIZE */
-    int local_world_size; /* LOCAL_WORLD_SIZE (world_size when unset) */
-    int group_rank;       /* GROUP_RANK, the node rank (0 when unset) */
-    int restart_count;    /* TORCHELASTIC_RESTART_COUNT (0 when unset) */
+    int rank;              /* RANK */
+    int local_rank;        /* LOCAL_RANK (0 when unset) */
+    int world_size;        /* WORLD_SIZE */
+    int local_world_size;  /* LOCAL_WORLD_SIZE (world_size when unset) */
+    int group_rank;        /* GROUP_RANK, the node rank (0 when unset) */
+    int restart_count;     /* TORCHELASTIC_RESTART_COUNT (0 when unset) */
     char master_addr[256]; /* MASTER_ADDR */
     int master_port;       /* MASTER_PORT */
     char run_id[128];      /* TORCHELASTIC_RUN_ID ("none" when unset) */

@@ -3,11 +3,12 @@
  * (launcher/slurm.c): torchrun's defaults, both spellings, --opt=value, PET_<NAME> defaults and
  * their precedence, Slurm defaults, every error naming its flag, and the value grammars.
  *
- * Each case runs in its own process (Check's fork mode), so cases set environment variables
- * freely; the fixture first clears every variable the parser reads, so the tests do not depend
- * on where they run (under srun, say).
+ * Each case runs in its own process (Check's fork mode, the default; CK_FORK=no is for debugging
+ * one case, chosen with CK_RUN_CASE), so cases set environment variables freely; the fixture
+ * first clears every variable the parser reads, so the tests do not depend on where they run
+ * (under srun, say).
  */
-#include "config.h"
+#include "options.h"
 #include "slurm.h"
 
 #include <check.h>
@@ -135,7 +136,7 @@ START_TEST(defaults_are_torchrun_defaults)
     ck_assert_int_eq(cfg.master_port, 29500);
     ck_assert_ptr_null(cfg.local_addr);
     /* One node, no --master-port: torchrun >= 2 turns that into c10d on a free port. */
-    ck_assert_str_eq(cfg.rdzv_backend, "c10d");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_C10D);
     ck_assert_str_eq(cfg.rdzv_host, "127.0.0.1");
     ck_assert_int_eq(cfg.rdzv_port, 0);
     assert_uuid(cfg.rdzv_id);
@@ -174,7 +175,7 @@ START_TEST(defaults_are_torchrun_defaults)
 
     /* Several nodes: the static backend on master_addr:master_port, id "none". */
     PARSE_OK("--nnodes", "2", "train.py");
-    ck_assert_str_eq(cfg.rdzv_backend, "static");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_STATIC);
     ck_assert_str_eq(cfg.rdzv_endpoint, "");
     ck_assert_str_eq(cfg.rdzv_host, "127.0.0.1");
     ck_assert_int_eq(cfg.rdzv_port, 29500);
@@ -183,7 +184,7 @@ START_TEST(defaults_are_torchrun_defaults)
 
     /* A given master port keeps a one-node job static, as torchrun. */
     PARSE_OK("--master-port", "1234", "train.py");
-    ck_assert_str_eq(cfg.rdzv_backend, "static");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_STATIC);
     ck_assert_int_eq(cfg.rdzv_port, 1234);
     ck_assert_str_eq(cfg.rdzv_id, "none");
     ddprun_config_free(&cfg);
@@ -234,7 +235,7 @@ START_TEST(both_spellings)
                 ck_assert_int_eq(cfg.nproc_per_node, 3);
             } else if (!strcmp(o, "rdzv-backend")) {
                 PARSE_OK("--nnodes", "2", sp, "c10d", "t.py");
-                ck_assert_str_eq(cfg.rdzv_backend, "c10d");
+                ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_C10D);
             } else if (!strcmp(o, "rdzv-endpoint")) {
                 PARSE_OK("--nnodes", "2", "--rdzv-backend", "c10d", sp, "h7:99", "t.py");
                 ck_assert_str_eq(cfg.rdzv_host, "h7");
@@ -399,7 +400,7 @@ START_TEST(pet_defaults_and_precedence)
     ck_assert_int_eq(cfg.nproc_per_node, 3);
     ck_assert_int_eq(cfg.nnodes_min, 1);
     ck_assert_int_eq(cfg.nnodes_max, 4);
-    ck_assert_str_eq(cfg.rdzv_backend, "c10d");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_C10D);
     ck_assert_str_eq(cfg.rdzv_host, "hostx");
     ck_assert_int_eq(cfg.rdzv_port, 29400);
     ck_assert_str_eq(cfg.rdzv_id, "j9");
@@ -454,7 +455,7 @@ START_TEST(pet_defaults_and_precedence)
     setenv("PET_MASTER_PORT", "2222", 1);
     setenv("PET_MASTER_ADDR", "m1", 1);
     PARSE_OK("t");
-    ck_assert_str_eq(cfg.rdzv_backend, "static");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_STATIC);
     ck_assert_str_eq(cfg.master_addr, "m1");
     ck_assert_int_eq(cfg.master_port, 2222);
     ddprun_config_free(&cfg);
@@ -659,7 +660,7 @@ START_TEST(standalone)
     PARSE_OK("--standalone", "--rdzv-backend", "static", "--rdzv-endpoint", "h:1", "--rdzv-id", "x",
              "--nnodes", "1:4", "--node-rank", "0", "t");
     ck_assert(cfg.standalone);
-    ck_assert_str_eq(cfg.rdzv_backend, "c10d");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_C10D);
     ck_assert_str_eq(cfg.rdzv_endpoint, "127.0.0.1:0");
     ck_assert_str_eq(cfg.rdzv_host, "127.0.0.1");
     ck_assert_int_eq(cfg.rdzv_port, 0);
@@ -706,14 +707,14 @@ START_TEST(endpoints)
     /* Static with an endpoint: it is node 0's store, so it becomes the master address. */
     PARSE_OK("--nnodes", "2", "--master-addr", "ignored", "--master-port", "1", "--rdzv-endpoint",
              "10.0.0.5:7000", "t");
-    ck_assert_str_eq(cfg.rdzv_backend, "static");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_STATIC);
     ck_assert_str_eq(cfg.master_addr, "10.0.0.5");
     ck_assert_int_eq(cfg.master_port, 7000);
     ck_assert_str_eq(cfg.rdzv_host, "10.0.0.5");
     ck_assert_int_eq(cfg.rdzv_port, 7000);
     /* A one-node static job with an endpoint stays static (torchrun checks the endpoint). */
     PARSE_OK("--rdzv-endpoint", "h:7001", "t");
-    ck_assert_str_eq(cfg.rdzv_backend, "static");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_STATIC);
     ck_assert_int_eq(cfg.master_port, 7001);
     ddprun_config_free(&cfg);
 }
@@ -779,7 +780,7 @@ START_TEST(slurm_defaults)
     ck_assert_int_eq(cfg.nnodes_max, 4);
     ck_assert_int_eq(cfg.node_rank, 2);
     ck_assert_str_eq(cfg.master_addr, "gpu08");
-    ck_assert_str_eq(cfg.rdzv_backend, "static");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_STATIC);
     ck_assert_str_eq(cfg.rdzv_host, "gpu08");
     ck_assert_int_eq(cfg.rdzv_port, 29500);
 
@@ -838,7 +839,11 @@ END_TEST
 
 START_TEST(help_and_version)
 {
-    /* Help goes to stdout; keep the test log clean. */
+    /* Help goes to stdout; keep the test log clean, and give stdout back afterwards for the
+     * runner's own report (it shares this process when run with CK_FORK=no). */
+    fflush(stdout);
+    int saved_stdout = dup(STDOUT_FILENO);
+    ck_assert_int_ge(saved_stdout, 0);
     ck_assert_ptr_nonnull(freopen("/dev/null", "w", stdout));
     memset(&cfg, 0x5a, sizeof cfg);
     ck_assert_int_eq(parse("--help", NULL), 1);
@@ -858,6 +863,9 @@ START_TEST(help_and_version)
     ddprun_config_free(&cfg);
     ddprun_config_free(&cfg); /* twice, and on NULL */
     ddprun_config_free(NULL);
+    fflush(stdout);
+    ck_assert_int_eq(dup2(saved_stdout, STDOUT_FILENO), STDOUT_FILENO);
+    close(saved_stdout);
 }
 END_TEST
 
@@ -948,8 +956,8 @@ int main(void)
     suite_add_tcase(s, tl);
 
     SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
+    srunner_set_fork_status(sr, CK_FORK_GETENV);
+    srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed ? 1 : 0;

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "failure.h"
+#include "monoclock.h"
 #include "noderdzv.h"
 #include "rdzv.h"
 
@@ -36,14 +38,6 @@
 /* ------------------------------------------------------------------------------------------ */
 
 #include "server_proc.h"
-
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void pause_s(double s)
 {
@@ -192,10 +186,10 @@ static void static_node(int i, rdzv_client *c, void *arg, node_result *r)
 {
     const static_args *s = arg;
     r->nproc = s->nproc[i];
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     r->rc = ddprun_rdzv_static(c, PREFIX, s->round, s->nnodes, s->ranks[i], s->nproc[i],
                                s->timeout_s, &r->a, r->err, sizeof r->err);
-    r->elapsed_s = now_s() - t0;
+    r->elapsed_s = rdzv__now_s() - t0;
 }
 
 START_TEST(test_static_prefix_sums)
@@ -253,6 +247,23 @@ START_TEST(test_static_timeout_names_missing)
 }
 END_TEST
 
+START_TEST(test_static_timeout_many_missing)
+{
+    /* Node rank 0 of 20 alone: the first missing ranks are named, the rest counted. */
+    rdzv_client *c = client();
+    ddprun_assignment a;
+    char err[512];
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 20, 0, 1, 0.2, &a, err, sizeof err),
+                     -ETIMEDOUT);
+    ck_assert_double_ge(rdzv__now_s() - t0, 0.18);
+    ck_assert_msg(strstr(err, "static rendezvous round 0: node ranks 1, 2, 3, "), "%s", err);
+    ck_assert_msg(strstr(err, " more did not show up within 0.2 s (1 of 20 present)"), "%s", err);
+    ck_assert_msg(!strstr(err, "19 "), "%s", err); /* not every rank is listed */
+    rdzv_client_close(c);
+}
+END_TEST
+
 START_TEST(test_static_conflicts)
 {
     rdzv_client *c = client();
@@ -293,10 +304,10 @@ static int dyn_call(rdzv_client *c, const dyn_args *d, int i, node_result *r)
     char id[64];
     snprintf(id, sizeof id, "host%d:%d", i, (int)getpid());
     r->nproc = d->nproc_base + i;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     r->rc = ddprun_rdzv_dynamic(c, PREFIX, d->round, d->min_nodes, d->max_nodes, id, r->nproc,
                                 d->join_s, d->last_call_s, &r->a, r->err, sizeof r->err);
-    r->elapsed_s = now_s() - t0;
+    r->elapsed_s = rdzv__now_s() - t0;
     return r->rc;
 }
 
@@ -310,13 +321,13 @@ START_TEST(test_dynamic_closes_at_max)
     /* The last call is far longer than the case's timeout: only reaching max can close it. */
     dyn_args d = {0, 2, 3, 5.0, 60.0, 1};
     node_result res[3];
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     run_nodes(3, dyn_node, &d, res);
     for (int i = 0; i < 3; i++)
         ck_assert_msg(res[i].rc == 0, "node %d: %d %s", i, res[i].rc, res[i].err);
     check_consistent(res, 3, 3, 0);
     ck_assert_int_eq(res[0].a.world_size, 1 + 2 + 3);
-    ck_assert_double_lt(now_s() - t0, 3.0);
+    ck_assert_double_lt(rdzv__now_s() - t0, 3.0);
 }
 END_TEST
 
@@ -463,21 +474,21 @@ START_TEST(test_heartbeat_detects_silent_node)
     ddprun_hb_state st;
     /* Three ranks: 0 beats throughout, 1 stops early, 2 never beats. */
     ck_assert_int_eq(ddprun_hb_init(&st, PREFIX, 0, 3, HB_DEAD_AFTER_S), 0);
-    double t_init = now_s();
+    double t_init = rdzv__now_s();
     nodes ns;
     nodes_start(&ns, 2, hb_node, NULL);
 
     const char *stopped_key = "hbtest/node1_stopped";
     double t_stopped = -1, t_dead1 = -1, t_dead2 = -1;
     while (t_dead1 < 0) {
-        ck_assert_msg(now_s() - t_init < 5.0, "node 1 never reported dead");
+        ck_assert_msg(rdzv__now_s() - t_init < 5.0, "node 1 never reported dead");
         if (t_stopped < 0 && rdzv_check(c, &stopped_key, 1) == 1)
-            t_stopped = now_s();
+            t_stopped = rdzv__now_s();
         int dead[3] = {-1, -1, -1};
         int n = ddprun_dead_nodes(c, &st, dead, 3);
         ck_assert_int_ge(n, 0);
         ck_assert_int_le(n, 2);
-        double t = now_s();
+        double t = rdzv__now_s();
         for (int k = 0; k < n; k++) {
             ck_assert_msg(dead[k] != 0, "node 0 reported dead while beating");
             if (dead[k] == 1 && t_dead1 < 0)
@@ -582,6 +593,332 @@ START_TEST(test_failure_first_writer_wins)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
+/* Exit barrier                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct exit_args {
+    int round, nnodes;
+    double timeout_s;
+} exit_args;
+
+#define EXIT_POLL_MS 50
+
+/* A node at the exit barrier; a failure report it gets comes back in r->err. */
+static void exit_node(int i, rdzv_client *c, void *arg, node_result *r)
+{
+    (void)i;
+    const exit_args *e = arg;
+    char *json = NULL;
+    double t0 = rdzv__now_s();
+    r->rc =
+        ddprun_rdzv_exit_barrier(c, PREFIX, e->round, e->nnodes, e->timeout_s, EXIT_POLL_MS, &json);
+    r->elapsed_s = rdzv__now_s() - t0;
+    if (json) {
+        snprintf(r->err, sizeof r->err, "%s", json);
+        rdzv_free(json);
+    }
+}
+
+START_TEST(test_exit_barrier_all_arrive)
+{
+    exit_args e = {0, 3, 5.0};
+    node_result res[3];
+    run_nodes(3, exit_node, &e, res);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(res[i].rc == 0, "node %d: %d", i, res[i].rc);
+        ck_assert_str_eq(res[i].err, "");
+        ck_assert_double_lt(res[i].elapsed_s, 3.0);
+    }
+    /* The keys keep their names: three arrivals counted, and the release set. */
+    rdzv_client *c = client();
+    int64_t n = -1;
+    ck_assert_int_eq(rdzv_add(c, PREFIX "/round_0/exit/count", 0, &n), 0);
+    ck_assert_int_eq(n, 3);
+    const char *done = PREFIX "/round_0/exit/done";
+    ck_assert_int_eq(rdzv_check(c, &done, 1), 1);
+    /* A one-node barrier of another round passes at once. */
+    char *json = NULL;
+    ck_assert_int_eq(ddprun_rdzv_exit_barrier(c, PREFIX, 1, 1, 5.0, EXIT_POLL_MS, &json), 0);
+    ck_assert_ptr_null(json);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_exit_barrier_failure_ends_wait)
+{
+    /* Two of three nodes finished; the third fails and publishes its record. */
+    exit_args e = {0, 3, 10.0};
+    nodes ns;
+    nodes_start(&ns, 2, exit_node, &e);
+    rdzv_client *c = client();
+    ddprun_failure f;
+    ddprun_failure_init(&f, "node-c", 4, 0, 3, 77, "boom");
+    char *js = ddprun_failure_to_json(&f);
+    ck_assert_ptr_nonnull(js);
+    ck_assert_int_eq(ddprun_rdzv_publish_failure(c, PREFIX, 0, js), 1);
+    node_result res[2];
+    nodes_join(&ns, res);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(res[i].rc == 1, "node %d: %d", i, res[i].rc);
+        ck_assert_str_eq(res[i].err, js);
+        ck_assert_double_lt(res[i].elapsed_s, 3.0);
+    }
+    free(js);
+    /* A failure of round 0 does not hold up round 1's barrier, nor end it early. */
+    char *json = NULL;
+    ck_assert_int_eq(ddprun_rdzv_exit_barrier(c, PREFIX, 1, 2, 0.2, EXIT_POLL_MS, &json),
+                     -ETIMEDOUT);
+    ck_assert_ptr_null(json);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_exit_barrier_timeout)
+{
+    /* One node of two: the barrier gives up after its timeout, on the monotonic clock. */
+    exit_args e = {0, 2, 0.3};
+    node_result r;
+    run_nodes(1, exit_node, &e, &r);
+    ck_assert_int_eq(r.rc, -ETIMEDOUT);
+    ck_assert_str_eq(r.err, "");
+    ck_assert_double_ge(r.elapsed_s, 0.28);
+    ck_assert_double_lt(r.elapsed_s, 2.0);
+
+    rdzv_client *c = client();
+    char *json = NULL;
+    ck_assert_int_eq(ddprun_rdzv_exit_barrier(NULL, PREFIX, 0, 2, 1.0, 50, &json), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_exit_barrier(c, PREFIX, 0, 0, 1.0, 50, &json), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_exit_barrier(c, PREFIX, -1, 2, 1.0, 50, &json), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_exit_barrier(c, PREFIX, 0, 2, 1.0, 0, &json), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_exit_barrier(c, PREFIX, 0, 2, 1.0, 50, NULL), -EINVAL);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Clearing the workers' keys between attempts                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_clear_worker_keys)
+{
+    /* The host's own server, in this process (nothing is forked after it starts). */
+    rdzv_server_options so;
+    rdzv_server_options_init(&so);
+    so.host = "127.0.0.1";
+    rdzv_server *srv = NULL;
+    ck_assert_int_eq(rdzv_server_start(&so, &srv), 0);
+    rdzv_client_options co;
+    rdzv_client_options_init(&co);
+    co.timeout_ms = 10000;
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", rdzv_server_port(srv), &co, &c), 0);
+
+    /* A failed attempt's worker keys, torch-style, beside ddprun's own (this run's, another's). */
+    const char *workers[] = {"rank_0_addr", "/default_pg/0//cuda//0", "/ddprun-lookalike"};
+    const char *ours[] = {PREFIX "/round_0/static/nnodes", DDPRUN_RDZV_ROOT "/other-run/x"};
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(rdzv_set(c, workers[i], "v", 1), 0);
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(rdzv_set(c, ours[i], "v", 1), 0);
+    ck_assert_int_eq(rdzv_ping(c), 0); /* SET has no reply: the ping's says they landed */
+
+    /* A node that does not host the store waits for the host's word, here in vain. */
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c, PREFIX, 1, 2, 0.2), -ETIMEDOUT);
+    ck_assert_double_ge(rdzv__now_s() - t0, 0.18);
+
+    /* The host deletes the workers' keys, keeps ddprun's, and says so in the round's key. */
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, c, PREFIX, 1, 2, 5.0), 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(rdzv_check(c, &workers[i], 1) == 0, "%s survived", workers[i]);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(rdzv_check(c, &ours[i], 1) == 1, "%s deleted", ours[i]);
+    const char *cleared = PREFIX "/round_1/cleared";
+    ck_assert_int_eq(rdzv_check(c, &cleared, 1), 1);
+    /* Now the other nodes go on at once. */
+    t0 = rdzv__now_s();
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c, PREFIX, 1, 2, 5.0), 0);
+    ck_assert_double_lt(rdzv__now_s() - t0, 1.0);
+
+    /* A one-node job has nobody to tell. */
+    ck_assert_int_eq(rdzv_set(c, workers[0], "v", 1), 0);
+    ck_assert_int_eq(rdzv_ping(c), 0); /* SET has no reply: the ping's says it landed */
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, c, PREFIX, 2, 1, 5.0), 1);
+    cleared = PREFIX "/round_2/cleared";
+    ck_assert_int_eq(rdzv_check(c, &cleared, 1), 0);
+
+    /* A prefix outside ddprun's root would be cleared away with the workers' keys. */
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, c, "/elsewhere/run", 1, 2, 1.0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, c, DDPRUN_RDZV_ROOT, 1, 2, 1.0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, NULL, PREFIX, 1, 2, 1.0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, c, PREFIX, -1, 2, 1.0), -EINVAL);
+    rdzv_client_close(c);
+    rdzv_server_stop(srv);
+}
+END_TEST
+
+START_TEST(test_run_prefix)
+{
+    char buf[64];
+    ck_assert_int_eq(ddprun_rdzv_run_prefix("test", buf, sizeof buf), (int)strlen(PREFIX));
+    ck_assert_str_eq(buf, PREFIX);
+    ck_assert_int_eq(
+        ddprun_rdzv_run_prefix("0f1e2d3c-4b5a-4697-8899-aabbccddeeff", buf, sizeof buf),
+        (int)strlen("/ddprun/0f1e2d3c-4b5a-4697-8899-aabbccddeeff"));
+    ck_assert_str_eq(buf, "/ddprun/0f1e2d3c-4b5a-4697-8899-aabbccddeeff");
+    ck_assert_int_eq(ddprun_rdzv_run_prefix("test", buf, strlen(PREFIX)), -ENAMETOOLONG);
+    ck_assert_str_eq(buf, "");
+    ck_assert_int_eq(ddprun_rdzv_run_prefix("", buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_run_prefix(NULL, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_run_prefix("test", NULL, 0), -EINVAL);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Failure records (failure.h)                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static double wall_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void check_same_failure(const ddprun_failure *x, const ddprun_failure *y)
+{
+    ck_assert_double_eq_tol(x->time, y->time, 1e-6);
+    ck_assert_str_eq(x->node, y->node);
+    ck_assert_int_eq(x->rank, y->rank);
+    ck_assert_int_eq(x->local_rank, y->local_rank);
+    ck_assert_int_eq(x->exit_code, y->exit_code);
+    ck_assert_int_eq(x->pid, y->pid);
+    ck_assert_str_eq(x->message, y->message);
+}
+
+START_TEST(test_failure_record_init)
+{
+    ddprun_failure f;
+    double before = wall_now_s();
+    ddprun_failure_init(&f, "node-a", 5, 1, -9, 4242, "CUDA error: out of memory");
+    double after = wall_now_s();
+    /* Stamped with the wall clock (seconds since the epoch), not a monotonic one. */
+    ck_assert_double_ge(f.time, before - 1e-3);
+    ck_assert_double_le(f.time, after + 1e-3);
+    ck_assert_str_eq(f.node, "node-a");
+    ck_assert_int_eq(f.rank, 5);
+    ck_assert_int_eq(f.local_rank, 1);
+    ck_assert_int_eq(f.exit_code, -9);
+    ck_assert_int_eq(f.pid, 4242);
+    ck_assert_str_eq(f.message, "CUDA error: out of memory");
+
+    /* Unknown node and no message; overlong strings are cut to the fields. */
+    ddprun_failure_init(&f, NULL, -1, -1, 1, 0, NULL);
+    ck_assert_str_eq(f.node, "?");
+    ck_assert_str_eq(f.message, "");
+    char longer[2048];
+    memset(longer, 'x', sizeof longer - 1);
+    longer[sizeof longer - 1] = '\0';
+    ddprun_failure_init(&f, longer, 0, 0, 1, 1, longer);
+    ck_assert_uint_eq(strlen(f.node), sizeof f.node - 1);
+    ck_assert_uint_eq(strlen(f.message), sizeof f.message - 1);
+}
+END_TEST
+
+START_TEST(test_failure_record_json)
+{
+    ddprun_failure f, g;
+    ddprun_failure_init(&f, "gpu-node-07", 13, 5, -11, 31337,
+                        "RuntimeError: \"quoted\", tab\t, unicode \xc3\xa9");
+    f.time = 1700000000.125;
+    char *js = ddprun_failure_to_json(&f);
+    ck_assert_ptr_nonnull(js);
+    /* The members other nodes (and other builds of ddprun) read, one compact object. */
+    json_error_t jerr;
+    json_t *o = json_loads(js, 0, &jerr);
+    ck_assert_msg(o != NULL, "%s: %s", js, jerr.text);
+    ck_assert_int_eq(json_object_size(o), 7);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(o, "time")), 1700000000.125, 1e-6);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "node")), "gpu-node-07");
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "rank")), 13);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "local_rank")), 5);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "exit_code")), -11);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "pid")), 31337);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "message")), f.message);
+    json_decref(o);
+    ck_assert_ptr_null(strchr(js, '\n'));
+    memset(&g, 0x5a, sizeof g);
+    ck_assert_int_eq(ddprun_failure_from_json(js, &g), 0);
+    check_same_failure(&f, &g);
+    free(js);
+
+    /* "message" may be absent (an integer time is accepted); extra members are ignored. */
+    ck_assert_int_eq(ddprun_failure_from_json("{\"time\": 5, \"node\": \"n\", \"rank\": 0, "
+                                              "\"local_rank\": 0, \"exit_code\": 2, \"pid\": 7, "
+                                              "\"extra\": [1]}",
+                                              &g),
+                     0);
+    ck_assert_double_eq(g.time, 5.0);
+    ck_assert_str_eq(g.message, "");
+    ck_assert_int_eq(g.exit_code, 2);
+
+    /* Anything else is refused and leaves the record as it was. */
+    static const char *bad[] = {
+        "node 1 stopped sending heartbeats", /* a monitor's sentence, not a record */
+        "",
+        "[]",
+        "{\"time\": 1, \"rank\": 0, \"local_rank\": 0, \"exit_code\": 1, \"pid\": 1}",
+        "{\"time\": 1, \"node\": \"n\", \"rank\": \"0\", \"local_rank\": 0, \"exit_code\": 1, "
+        "\"pid\": 1}",
+        "{\"time\": \"now\", \"node\": \"n\", \"rank\": 0, \"local_rank\": 0, \"exit_code\": 1, "
+        "\"pid\": 1}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&g, 0x5a, sizeof g);
+        ck_assert_msg(ddprun_failure_from_json(bad[i], &g) == -EPROTO, "accepted: %s", bad[i]);
+        ck_assert_int_eq(g.rank, 0x5a5a5a5a);
+    }
+    ck_assert_int_eq(ddprun_failure_from_json(NULL, &g), -EINVAL);
+    ck_assert_int_eq(ddprun_failure_from_json("{}", NULL), -EINVAL);
+    ck_assert_ptr_null(ddprun_failure_to_json(NULL));
+}
+END_TEST
+
+START_TEST(test_failure_record_exit_status)
+{
+    ddprun_failure f;
+    ddprun_failure_init(&f, "n", 0, 0, 3, 1, NULL);
+    ck_assert_int_eq(ddprun_failure_exit_status(&f), 3);
+    f.exit_code = -9; /* SIGKILL */
+    ck_assert_int_eq(ddprun_failure_exit_status(&f), 137);
+    f.exit_code = -15; /* SIGTERM */
+    ck_assert_int_eq(ddprun_failure_exit_status(&f), 143);
+    f.exit_code = 0; /* a failure never exits 0 */
+    ck_assert_int_eq(ddprun_failure_exit_status(&f), 1);
+    ck_assert_int_eq(ddprun_failure_exit_status(NULL), 1);
+}
+END_TEST
+
+START_TEST(test_failure_record_through_store)
+{
+    /* What one node publishes is what another reads back, field for field. */
+    rdzv_client *c = client();
+    ddprun_failure f, g;
+    ddprun_failure_init(&f, "node-b", 3, 0, 4, 99, "worker failed");
+    char *js = ddprun_failure_to_json(&f);
+    ck_assert_ptr_nonnull(js);
+    ck_assert_int_eq(ddprun_rdzv_publish_failure(c, PREFIX, 2, js), 1);
+    free(js);
+    char *got = NULL;
+    ck_assert_int_eq(ddprun_rdzv_wait_failure(c, PREFIX, 2, 1000, &got), 0);
+    ck_assert_int_eq(ddprun_failure_from_json(got, &g), 0);
+    rdzv_free(got);
+    check_same_failure(&f, &g);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
 /* Arguments                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -628,6 +965,7 @@ static Suite *noderdzv_suite(void)
     tcase_add_test(tc, test_static_prefix_sums);
     tcase_add_test(tc, test_static_single_node);
     tcase_add_test(tc, test_static_timeout_names_missing);
+    tcase_add_test(tc, test_static_timeout_many_missing);
     tcase_add_test(tc, test_static_conflicts);
     tcase_add_test(tc, test_dynamic_closes_at_max);
     tcase_add_test(tc, test_dynamic_closes_after_last_call);
@@ -636,16 +974,30 @@ static Suite *noderdzv_suite(void)
     tcase_add_test(tc, test_rounds_do_not_mix);
     tcase_add_test(tc, test_heartbeat_detects_silent_node);
     tcase_add_test(tc, test_failure_first_writer_wins);
+    tcase_add_test(tc, test_failure_record_through_store);
+    tcase_add_test(tc, test_exit_barrier_all_arrive);
+    tcase_add_test(tc, test_exit_barrier_failure_ends_wait);
+    tcase_add_test(tc, test_exit_barrier_timeout);
+    tcase_add_test(tc, test_clear_worker_keys);
     tcase_add_test(tc, test_invalid_arguments);
     suite_add_tcase(s, tc);
+
+    /* Pure functions: no store. */
+    TCase *pure = tcase_create("records");
+    tcase_set_timeout(pure, 5);
+    tcase_add_test(pure, test_run_prefix);
+    tcase_add_test(pure, test_failure_record_init);
+    tcase_add_test(pure, test_failure_record_json);
+    tcase_add_test(pure, test_failure_record_exit_status);
+    suite_add_tcase(s, pure);
     return s;
 }
 
 int main(void)
 {
     SRunner *sr = srunner_create(noderdzv_suite());
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
+    srunner_set_fork_status(sr, CK_FORK_GETENV);
+    srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -811,7 +811,7 @@ int main(void)
     tcase_add_test(tc, failed_create_does_not_run_loop);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
+    srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed ? 1 : 0;

@@ -25,10 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "coll_internal.h"
+#include "monoclock.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Fixtures and helpers                                                                        */
@@ -45,13 +45,6 @@ struct extra {
 #define GRANK(i) (100 + (i)) /* global ranks, distinct from local ones */
 
 static _Atomic int local_abort;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static coll__shm_hdr *hdr(coll__shm *s)
 {
@@ -81,7 +74,7 @@ static int join(coll__shm *s, int nlocal, int rank)
     s->local_abort = &local_abort;
     for (int i = 0; i < nlocal; i++)
         s->granks[i] = GRANK(i);
-    int64_t deadline = coll__deadline(10000);
+    int64_t deadline = rdzv__deadline_ns(10000);
     int rc = coll__shm_attach_done(s, deadline);
     if (rc != 0)
         return rc;
@@ -202,9 +195,9 @@ START_TEST(test_create_open_attach)
     ck_assert_uint_eq(s.name[0], 0);
     ck_assert_uint_eq(atomic_load(&h->attached), 3);
     int culprit = -1;
-    ck_assert_int_eq(coll__shm_wait(&s, &h->arrive[1].v, 11, 1, coll__deadline(10000), &culprit),
+    ck_assert_int_eq(coll__shm_wait(&s, &h->arrive[1].v, 11, 1, rdzv__deadline_ns(10000), &culprit),
                      0);
-    ck_assert_int_eq(coll__shm_wait(&s, &h->arrive[2].v, 12, 2, coll__deadline(10000), &culprit),
+    ck_assert_int_eq(coll__shm_wait(&s, &h->arrive[2].v, 12, 2, rdzv__deadline_ns(10000), &culprit),
                      0);
     for (int r = 1; r < 3; r++)
         reap_ok(kids[r]);
@@ -226,7 +219,7 @@ START_TEST(test_bad_arguments)
     ck_assert_int_eq(coll__shm_open(&s, "no-slash", NB), -EINVAL);
     ck_assert_int_eq(coll__shm_open(&s, "/a/b", NB), -EINVAL);
     ck_assert_int_eq(coll__shm_open(&s, NULL, NB), -EINVAL);
-    ck_assert_int_eq(coll__shm_attach_done(&s, coll__deadline(0)), -EINVAL);
+    ck_assert_int_eq(coll__shm_attach_done(&s, rdzv__deadline_ns(0)), -EINVAL);
     ck_assert_int_eq(coll__shm_watch(&s), -EINVAL);
 
     /* A segment smaller than the reader expects is a protocol mismatch. */
@@ -277,9 +270,9 @@ START_TEST(test_attach_timeout)
     strcpy(name, s.name);
     s.nlocal = 2;
     s.local_rank = 0;
-    double t0 = now_s();
-    ck_assert_int_eq(coll__shm_attach_done(&s, coll__deadline(200)), -ETIMEDOUT);
-    double dt = now_s() - t0;
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(coll__shm_attach_done(&s, rdzv__deadline_ns(200)), -ETIMEDOUT);
+    double dt = rdzv__now_s() - t0;
     ck_assert_msg(dt > 0.19 && dt < 2.0, "took %.3f s", dt);
     ck_assert(!shm_exists(name)); /* unlinked on timeout too */
     coll__shm_close(&s);
@@ -355,7 +348,7 @@ static int child_pong(coll__shm *s, void *arg)
     if (spin >= 0)
         s->spin = spin;
     coll__shm_hdr *h = hdr(s);
-    int64_t deadline = coll__deadline(60000);
+    int64_t deadline = rdzv__deadline_ns(60000);
     for (uint64_t i = 1; i <= ROUNDS; i++) {
         if (coll__shm_wait(s, &h->arrive[0].v, i, 0, deadline, NULL) != 0)
             return 1;
@@ -381,10 +374,10 @@ START_TEST(test_pingpong)
     if (spin >= 0)
         s.spin = spin;
     coll__shm_hdr *h = hdr(&s);
-    int64_t deadline = coll__deadline(60000);
+    int64_t deadline = rdzv__deadline_ns(60000);
     uint64_t i, seen = 0;
     int rc = 0, culprit = -1;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     for (i = 1; i <= ROUNDS; i++) { /* no ck_assert in the loop: each one writes to a pipe */
         coll__shm_post(&s, &h->arrive[0].v, i);
         rc = coll__shm_wait(&s, &h->arrive[1].v, i, 1, deadline, &culprit);
@@ -392,7 +385,7 @@ START_TEST(test_pingpong)
         if (rc != 0 || seen != i)
             break;
     }
-    double dt = now_s() - t0;
+    double dt = rdzv__now_s() - t0;
     ck_assert_msg(rc == 0 && seen == i - 1, "round %" PRIu64 ": rc %d, counter %" PRIu64, i, rc,
                   seen);
     reap_ok(kids[1]);
@@ -413,7 +406,7 @@ static int barrier_rounds(coll__shm *s)
 {
     coll__shm_hdr *h = hdr(s);
     struct extra *x = extra(s);
-    int64_t deadline = coll__deadline(60000);
+    int64_t deadline = rdzv__deadline_ns(60000);
     for (uint64_t k = 1; k <= BARRIERS; k++) {
         atomic_store_explicit(&x->slots[s->local_rank], k, memory_order_relaxed);
         coll__shm_post(s, &h->arrive[s->local_rank].v, k);
@@ -482,9 +475,9 @@ START_TEST(test_timeout_names_late_rank)
     coll__shm_post(&s, &hdr(&s)->arrive[0].v, 1);
 
     int culprit = -1;
-    double t0 = now_s();
-    ck_assert_int_eq(coll__shm_wait_all(&s, 1, coll__deadline(300), &culprit), -ETIMEDOUT);
-    double dt = now_s() - t0;
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(coll__shm_wait_all(&s, 1, rdzv__deadline_ns(300), &culprit), -ETIMEDOUT);
+    double dt = rdzv__now_s() - t0;
     ck_assert_int_eq(culprit, GRANK(2));
     ck_assert_msg(dt > 0.29 && dt < 3.0, "timed out after %.3f s", dt);
 
@@ -542,9 +535,9 @@ START_TEST(test_killed_rank)
     ck_assert_int_eq(pthread_create(&th, NULL, killer_main, &k), 0);
 
     int culprit = -1;
-    double t0 = now_s();
-    int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, coll__deadline(10000), &culprit);
-    double dt = now_s() - t0;
+    double t0 = rdzv__now_s();
+    int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, rdzv__deadline_ns(10000), &culprit);
+    double dt = rdzv__now_s() - t0;
     ck_assert_int_eq(rc, COLL_EREMOTE);
     ck_assert_int_eq(culprit, GRANK(1));
     ck_assert_msg(dt < 1.0, "noticed after %.3f s", dt);
@@ -570,9 +563,9 @@ START_TEST(test_remote_abort)
     pid_t kids[2];
     start_group(&s, 2, kids, child_abort, NULL);
     int culprit = -1;
-    double t0 = now_s();
-    int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, coll__deadline(10000), &culprit);
-    double dt = now_s() - t0;
+    double t0 = rdzv__now_s();
+    int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, rdzv__deadline_ns(10000), &culprit);
+    double dt = rdzv__now_s() - t0;
     ck_assert_int_eq(rc, COLL_EREMOTE);
     ck_assert_int_eq(culprit, 7);
     ck_assert_msg(dt < 1.0, "woken after %.3f s", dt);
@@ -580,11 +573,12 @@ START_TEST(test_remote_abort)
 
     /* Still aborted, still the same culprit, though the aborting rank has exited since. */
     culprit = -1;
-    ck_assert_int_eq(coll__shm_wait_all(&s, 1, coll__deadline(10000), &culprit), COLL_EREMOTE);
+    ck_assert_int_eq(coll__shm_wait_all(&s, 1, rdzv__deadline_ns(10000), &culprit), COLL_EREMOTE);
     ck_assert_int_eq(culprit, 7);
     ck_assert_int_eq(atomic_load(&hdr(&s)->culprit), 7);
     /* A counter already reached wins over the flag. */
-    ck_assert_int_eq(coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 0, 1, coll__deadline(0), NULL), 0);
+    ck_assert_int_eq(coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 0, 1, rdzv__deadline_ns(0), NULL),
+                     0);
     coll__shm_close(&s);
 }
 END_TEST
@@ -605,23 +599,24 @@ START_TEST(test_local_abort)
 
     /* Satisfied: returns at once and leaves culprit alone, abort flag or not. */
     int culprit = 1234;
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, coll__deadline(0), &culprit), 0);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, rdzv__deadline_ns(0), &culprit), 0);
     ck_assert_int_eq(culprit, 1234);
 
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, set_local_abort, &s), 0);
-    double t0 = now_s();
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, coll__deadline(10000), &culprit), -ECANCELED);
-    double dt = now_s() - t0;
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, rdzv__deadline_ns(10000), &culprit),
+                     -ECANCELED);
+    double dt = rdzv__now_s() - t0;
     ck_assert_msg(dt < 1.0, "noticed after %.3f s", dt);
     pthread_join(th, NULL);
 
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, coll__deadline(0), &culprit), 0);
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, 0, coll__deadline(10000), &culprit), -ECANCELED);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, rdzv__deadline_ns(0), &culprit), 0);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, 0, rdzv__deadline_ns(10000), &culprit), -ECANCELED);
 
     /* Deadline with no rank to blame: culprit -1. */
     atomic_store(&local_abort, 0);
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, coll__deadline(20), &culprit), -ETIMEDOUT);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, rdzv__deadline_ns(20), &culprit), -ETIMEDOUT);
     ck_assert_int_eq(culprit, -1);
     coll__shm_close(&s);
 }
@@ -657,8 +652,8 @@ static Suite *shm_suite(void)
 int main(void)
 {
     SRunner *sr = srunner_create(shm_suite());
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
+    srunner_set_fork_status(sr, CK_FORK_GETENV);
+    srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

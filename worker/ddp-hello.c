@@ -5,57 +5,48 @@
  * took. It stands in for a training program until ddp-train lands, and the launch benchmark
  * uses it to time "launch until every rank passed a store barrier".
  *
+ * The environment is read by rdzv_env_read(); a missing or malformed variable is reported with
+ * librendezvous' sentence, which names it.
+ *
  * Exit status: 0 success, 1 bad environment, 2 store error, 3 timed out.
  */
+#include "monoclock.h"
 #include "rdzv.h"
 
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-static int env_int(const char *name, int *out)
-{
-    const char *v = getenv(name);
-    char *end;
-    if (!v || !*v)
-        return -1;
-    long x = strtol(v, &end, 10);
-    if (*end || x < 0 || x > 1 << 30)
-        return -1;
-    *out = (int)x;
-    return 0;
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 int main(int argc, char **argv)
 {
-    int rank, world, port, quiet = argc > 1 && !strcmp(argv[1], "--quiet");
-    const char *addr = getenv("MASTER_ADDR");
-    if (env_int("RANK", &rank) || env_int("WORLD_SIZE", &world) || env_int("MASTER_PORT", &port) ||
-        !addr) {
+    int quiet = argc > 1 && !strcmp(argv[1], "--quiet");
+    rdzv_env env;
+    if (rdzv_env_read(&env) < 0) {
+        fprintf(stderr, "ddp-hello: %s\n", rdzv_client_last_error(NULL));
+        return 1;
+    }
+    if (env.standalone) {
         fprintf(stderr, "ddp-hello: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
                         "(run me under ddprun)\n");
         return 1;
     }
-    const char *attempt = getenv("TORCHELASTIC_RESTART_COUNT");
-    char prefix[64];
-    snprintf(prefix, sizeof(prefix), "/ddp-hello/attempt_%s/", attempt ? attempt : "0");
+    int rank = env.rank, world = env.world_size;
+    /* Keys under "ddp-hello/<run id>/<restart count>/", apart from a failed attempt's. */
+    char prefix[300];
+    int rc = rdzv_env_prefix(&env, "ddp-hello", prefix, sizeof(prefix) - 1);
+    if (rc < 0) {
+        fprintf(stderr, "ddp-hello: rank %d: key prefix: %s\n", rank, rdzv_strerror(rc));
+        return 1;
+    }
+    strcat(prefix, "/");
 
     rdzv_client_options o;
     rdzv_client_options_init(&o);
     o.prefix = prefix;
     o.timeout_ms = 60000;
     rdzv_client *c;
-    int rc = rdzv_client_connect(addr, port, &o, &c);
+    rc = rdzv_env_connect(&env, &o, &c);
     if (rc < 0) {
         fprintf(stderr, "ddp-hello: rank %d: %s\n", rank, rdzv_client_last_error(NULL));
         return rc == -ETIMEDOUT ? 3 : 2;
@@ -63,14 +54,14 @@ int main(int argc, char **argv)
     char host[256] = "?", key[32];
     gethostname(host, sizeof(host) - 1);
     snprintf(key, sizeof(key), "host/%d", rank);
-    double t0 = now_ms();
+    int64_t t0 = rdzv__now_ns();
     rc = rdzv_set(c, key, host, strlen(host));
     if (rc == 0)
         rc = rdzv_barrier(c, "barrier", world, -1);
-    double t1 = now_ms();
+    int64_t t1 = rdzv__now_ns();
     if (rc == 0 && rank == 0 && !quiet) {
-        printf("ddp-hello: %d ranks passed the barrier on %s:%d (%.2f ms at rank 0)\n", world, addr,
-               port, t1 - t0);
+        printf("ddp-hello: %d ranks passed the barrier on %s:%d (%.2f ms at rank 0)\n", world,
+               env.master_addr, env.master_port, (double)(t1 - t0) / 1e6);
     }
     if (rc < 0)
         fprintf(stderr, "ddp-hello: rank %d: %s (%s)\n", rank, rdzv_strerror(rc),

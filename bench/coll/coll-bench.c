@@ -5,14 +5,14 @@
  *     ddprun --nproc-per-node 4 coll-bench allreduce -b 8 -e 64M -f 2 -d f32 [--json FILE]
  *
  * Every rank reads the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
- * MASTER_PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT), connects a librendezvous
- * client to the launcher's store and creates one communicator under the prefix
- * "coll-bench/<run id>/<restart count>". Without that environment it runs alone: one rank, on
- * a store of its own. For each size from -b to -e it runs -w warm-up operations, a barrier,
- * then times -n operations (by default all issued with the i-form and then waited for, as
- * nccl-tests enqueues them; -z 1 waits for each), then (-c 1) runs one more operation on a
- * known pattern and counts the elements that differ from the expected result. Rank 0 prints
- * one row per size: size in bytes, count in elements, dtype, reduction, root, time per
+ * MASTER_PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT) with rdzv_env_read(), connects a
+ * librendezvous client to the launcher's store and creates one communicator under the prefix
+ * "coll-bench/<run id>/<restart count>" (rdzv_env_prefix()). Without that environment it runs
+ * alone: one rank, on a store of its own. For each size from -b to -e it runs -w warm-up
+ * operations, a barrier, then times -n operations (by default all issued with the i-form and then
+ * waited for, as nccl-tests enqueues them; -z 1 waits for each), then (-c 1) runs one more
+ * operation on a known pattern and counts the elements that differ from the expected result. Rank 0
+ * prints one row per size: size in bytes, count in elements, dtype, reduction, root, time per
  * operation in microseconds, algbw = size / time and busbw = algbw x nccl-tests' bus factor
  * (allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast and reduce 1), and the
  * number of wrong elements over all ranks.
@@ -31,6 +31,7 @@
  * sums and products are exact in every dtype for the rank counts one host has; AVG results are
  * compared with a tolerance of a few units in the last place instead.
  */
+#include <assert.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -42,29 +43,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
+#include "cli.h"
 #include "coll.h"
+#include "monoclock.h"
 #include "rdzv.h"
+#include "version.h"
 
 #ifdef COLL_BENCH_CUDA
 #include <cuda_runtime.h>
 #endif
 
-#ifndef DDPRUN_VERSION
-#define DDPRUN_VERSION "unknown"
-#endif
-
 /* Exit status, as documented in --help and coll-bench(1). */
 enum {
     EXIT_OK = 0,
-    EXIT_WRONG = 1,  /* some element differed from the expected result */
-    EXIT_USAGE = 2,  /* bad option or argument */
-    EXIT_SETUP = 3,  /* environment, store, communicator or memory */
-    EXIT_COLL = 4,   /* a collective (or the store between sizes) failed */
+    EXIT_WRONG = 1, /* some element differed from the expected result */
+    EXIT_USAGE = 2, /* bad option or argument */
+    EXIT_SETUP = 3, /* environment, store, communicator or memory */
+    EXIT_COLL = 4,  /* a collective (or the store between sizes) failed */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -96,100 +95,109 @@ typedef struct bench_args {
 /* Long-only options. */
 enum { OPT_JSON = 256, OPT_SMALL, OPT_ITER_BYTES, OPT_TIMEOUT, OPT_VERSION };
 
-/* The one option table: getopt_long's table and --help are both made from it. */
-typedef struct opt_doc {
-    int key;         /* short option character, or an OPT_* code */
-    const char *lng; /* long name */
-    const char *arg; /* value's name, NULL for none */
-    const char *help;
-} opt_doc;
-
-static const opt_doc opt_table[] = {
-    {'b', "minbytes", "BYTES", "Smallest size, with K, M or G (powers of 1024). (default: 8)"},
-    {'e', "maxbytes", "BYTES", "Largest size. (default: 64M)"},
-    {'f', "stepfactor", "F", "Multiply the size by F from one row to the next; 1 uses "
-                             "--stepbytes instead. (default: 2)"},
-    {'i', "stepbytes", "BYTES", "Add BYTES from one row to the next when --stepfactor is 1. "
-                                "(default: 1M)"},
-    {'n', "iters", "N", "Timed operations per size. (default: 100)"},
-    {OPT_ITER_BYTES, "iter-bytes", "BYTES",
+/* The one option table: getopt_long's tables and --help are both made from it (cli.h). */
+static const cli_option opt_table[] = {
+    {'b', {"-b", "--minbytes"}, "BYTES", "8", 0, "Smallest size, with K, M or G (powers of 1024)."},
+    {'e', {"-e", "--maxbytes"}, "BYTES", "64M", 0, "Largest size."},
+    {'f',
+     {"-f", "--stepfactor"},
+     "F",
+     "2",
+     0,
+     "Multiply the size by F from one row to the next; 1 uses --stepbytes instead."},
+    {'i',
+     {"-i", "--stepbytes"},
+     "BYTES",
+     "1M",
+     0,
+     "Add BYTES from one row to the next when --stepfactor is 1."},
+    {'n', {"-n", "--iters"}, "N", "100", 0, "Timed operations per size."},
+    {OPT_ITER_BYTES,
+     {"--iter-bytes"},
+     "BYTES",
+     "1G",
+     0,
      "Where N operations of a size would move more than BYTES, run BYTES/size of them (at "
-     "least 5); 0: always N. (default: 1G)"},
-    {'w', "warmup-iters", "N", "Untimed operations per size before the timed ones. "
-                               "(default: 5)"},
-    {'d', "datatype", "TYPE", "f32, f64, f16, bf16, i32, i64 or u8. (default: f32)"},
-    {'o', "op", "OP", "Reduction: sum, avg, max, min or prod. (default: sum)"},
-    {'r', "root", "RANK", "Root of broadcast and reduce. (default: 0)"},
-    {'c', "check", "0|1", "Check the result of one extra operation per size and count the "
-                          "wrong elements. (default: 1)"},
-    {'a', "average", "0|1|2|3", "Time reported: rank 0's mean (0), the mean (1), the minimum "
-                                "(2) or the maximum (3) over ranks of each rank's mean. "
-                                "(default: 1)"},
-    {'z', "blocking", "0|1", "1: wait for each operation before issuing the next; 0: issue "
-                             "all N, then wait for them. (default: 0)"},
-    {'I', "inplace", NULL, "Run in place (recvbuf == sendbuf, or the rank's block of it)."},
-    {'B', "backend", "NAME", "auto, cpu or nccl; nccl uses device LOCAL_RANK. "
-                             "(default: auto)"},
-    {'C', "chunk-bytes", "BYTES", "cpu backend: pipeline chunk per rank; 0: the library's "
-                                  "default. (default: 0)"},
-    {OPT_SMALL, "small-bytes", "BYTES", "cpu backend: largest message for the latency-"
-                                        "optimised algorithm; 0: the library's default. "
-                                        "(default: 0)"},
-    {OPT_TIMEOUT, "timeout-ms", "MS", "Bound on the communicator's set-up and on each "
-                                      "operation; -1: none. (default: 600000)"},
-    {OPT_JSON, "json", "FILE", "Rank 0 also writes the rows to FILE as a JSON array."},
-    {'h', "help", NULL, "Show this help and exit."},
-    {OPT_VERSION, "version", NULL, "Show the version and exit."},
+     "least 5); 0: always N."},
+    {'w',
+     {"-w", "--warmup-iters"},
+     "N",
+     "5",
+     0,
+     "Untimed operations per size before the timed ones."},
+    {'d', {"-d", "--datatype"}, "TYPE", "f32", 0, "f32, f64, f16, bf16, i32, i64 or u8."},
+    {'o', {"-o", "--op"}, "OP", "sum", 0, "Reduction: sum, avg, max, min or prod."},
+    {'r', {"-r", "--root"}, "RANK", "0", 0, "Root of broadcast and reduce."},
+    {'c',
+     {"-c", "--check"},
+     "0|1",
+     "1",
+     0,
+     "Check the result of one extra operation per size and count the wrong elements."},
+    {'a',
+     {"-a", "--average"},
+     "0|1|2|3",
+     "1",
+     0,
+     "Time reported: rank 0's mean (0), the mean (1), the minimum (2) or the maximum (3) over "
+     "ranks of each rank's mean."},
+    {'z',
+     {"-z", "--blocking"},
+     "0|1",
+     "0",
+     0,
+     "1: wait for each operation before issuing the next; 0: issue all N, then wait for them."},
+    {'I',
+     {"-I", "--inplace"},
+     NULL,
+     NULL,
+     0,
+     "Run in place (recvbuf == sendbuf, or the rank's block of it)."},
+    {'B',
+     {"-B", "--backend"},
+     "NAME",
+     "auto",
+     0,
+     "auto, cpu or nccl; nccl uses device LOCAL_RANK."},
+    {'C',
+     {"-C", "--chunk-bytes"},
+     "BYTES",
+     "0",
+     0,
+     "cpu backend: pipeline chunk per rank; 0: the library's default."},
+    {OPT_SMALL,
+     {"--small-bytes"},
+     "BYTES",
+     "0",
+     0,
+     "cpu backend: largest message for the latency-optimised algorithm; 0: the library's "
+     "default."},
+    {OPT_TIMEOUT,
+     {"--timeout-ms"},
+     "MS",
+     "600000",
+     0,
+     "Bound on the communicator's set-up and on each operation; -1: none."},
+    {OPT_JSON, {"--json"}, "FILE", NULL, 0, "Rank 0 also writes the rows to FILE as a JSON array."},
+    {'h', {"-h", "--help"}, NULL, NULL, 0, "Show this help and exit."},
+    {OPT_VERSION, {"--version"}, NULL, NULL, 0, "Show the version and exit."},
 };
 #define NOPTS (sizeof(opt_table) / sizeof(opt_table[0]))
-
-static void print_wrapped(FILE *f, const char *text, int indent, int width)
-{
-    int col = indent;
-    fprintf(f, "%*s", indent, "");
-    const char *p = text;
-    while (*p) {
-        const char *w = p;
-        while (*p && *p != ' ')
-            p++;
-        int len = (int)(p - w);
-        if (col > indent && col + 1 + len > width) {
-            fprintf(f, "\n%*s", indent, "");
-            col = indent;
-        } else if (col > indent) {
-            fputc(' ', f);
-            col++;
-        }
-        fwrite(w, 1, (size_t)len, f);
-        col += len;
-        while (*p == ' ')
-            p++;
-    }
-    fputc('\n', f);
-}
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: coll-bench COLLECTIVE [OPTIONS]\n"
                "       ddprun --nproc-per-node N coll-bench COLLECTIVE [OPTIONS]\n\n");
-    print_wrapped(f,
-                  "Times one collective of libcollective over a range of sizes on every rank "
-                  "of a ddprun or torchrun job, like nccl-tests: rank 0 prints size, count, "
-                  "type, reduction, root, time (us), algbw and busbw (GB/s, 1e9 bytes) and "
-                  "the number of wrong elements. Without RANK and WORLD_SIZE in the "
-                  "environment it runs as a single rank.",
-                  0, 80);
+    cli_print_wrapped(f,
+                      "Times one collective of libcollective over a range of sizes on every rank "
+                      "of a ddprun or torchrun job, like nccl-tests: rank 0 prints size, count, "
+                      "type, reduction, root, time (us), algbw and busbw (GB/s, 1e9 bytes) and "
+                      "the number of wrong elements. Without RANK and WORLD_SIZE in the "
+                      "environment it runs as a single rank.",
+                      0);
     fprintf(f, "\ncollectives: allreduce, reduce_scatter, allgather, broadcast, reduce\n"
                "\noptions:\n");
-    for (size_t i = 0; i < NOPTS; i++) {
-        const opt_doc *o = &opt_table[i];
-        if (o->key < 256)
-            fprintf(f, "  -%c, --%s%s%s\n", o->key, o->lng, o->arg ? " " : "",
-                    o->arg ? o->arg : "");
-        else
-            fprintf(f, "  --%s%s%s\n", o->lng, o->arg ? " " : "", o->arg ? o->arg : "");
-        print_wrapped(f, o->help, 8, 80);
-    }
+    cli_print_options(f, opt_table, NOPTS, 0, CLI_HELP_WIDTH);
     fprintf(f, "\nexit status: 0 done and every checked element right; 1 wrong elements; 2 bad "
                "usage;\n3 environment, store, communicator or memory failure; 4 a collective "
                "failed.\n");
@@ -206,63 +214,29 @@ __attribute__((format(printf, 1, 2))) static void err(const char *fmt, ...)
     va_end(ap);
 }
 
-/* "-b" or "--minbytes", whichever the user wrote, for messages. */
+/* "-b/--minbytes", the option's spellings, for messages. */
 static const char *flag_name(int key, char *buf, size_t len)
 {
-    for (size_t i = 0; i < NOPTS; i++) {
-        if (opt_table[i].key != key)
-            continue;
-        if (key < 256)
-            snprintf(buf, len, "-%c/--%s", key, opt_table[i].lng);
-        else
-            snprintf(buf, len, "--%s", opt_table[i].lng);
-        return buf;
-    }
-    return "?";
+    const cli_option *o = cli_by_id(opt_table, NOPTS, key);
+    return o ? cli_label(o, buf, len) : "?";
 }
 
+/* cli_parse_size() and cli_parse_long() that print their error; 0 or -1. */
 static int parse_bytes(const char *flag, const char *s, size_t *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    unsigned long long m = 1;
-    switch (*end) {
-    case 'K':
-    case 'k':
-        m = 1ull << 10;
-        break;
-    case 'M':
-    case 'm':
-        m = 1ull << 20;
-        break;
-    case 'G':
-    case 'g':
-        m = 1ull << 30;
-        break;
-    default:
-        break;
-    }
-    if (m != 1)
-        end++;
-    if (errno || end == s || *end || s[0] == '-' || v > SIZE_MAX / m) {
-        err("%s: '%s' is not a size (N, NK, NM or NG)", flag, s);
+    if (cli_parse_size(flag, s, 0, SIZE_MAX, out) < 0) {
+        err("%s", cli_last_error());
         return -1;
     }
-    *out = (size_t)(v * m);
     return 0;
 }
 
 static int parse_long(const char *flag, const char *s, long min, long max, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max) {
-        err("%s: '%s' is not an integer from %ld to %ld", flag, s, min, max);
+    if (cli_parse_long(flag, s, min, max, out) < 0) {
+        err("%s", cli_last_error());
         return -1;
     }
-    *out = v;
     return 0;
 }
 
@@ -293,26 +267,25 @@ static int parse_kind(const char *s, enum coll_kind *out)
 /* Returns -1 to exit with EXIT_OK (help, version), 0 to run, or EXIT_USAGE. */
 static int parse_args(int argc, char **argv, bench_args *a)
 {
-    *a = (bench_args){.minbytes = 8, .maxbytes = 64u << 20, .stepbytes = 1u << 20,
-                      .iter_bytes = 1u << 30, .factor = 2, .iters = 100, .warmup = 5,
-                      .dtype = COLL_F32, .op = COLL_SUM, .check = 1, .average = 1,
-                      .backend = COLL_BACKEND_AUTO, .timeout_ms = 600000};
-    struct option lopts[NOPTS + 1];
-    char shorts[2 * NOPTS + 3];
-    size_t ns = 0;
-    shorts[ns++] = ':'; /* a missing value returns ':' rather than '?' */
-    for (size_t i = 0; i < NOPTS; i++) {
-        lopts[i] = (struct option){opt_table[i].lng,
-                                   opt_table[i].arg ? required_argument : no_argument, NULL,
-                                   opt_table[i].key};
-        if (opt_table[i].key < 256) {
-            shorts[ns++] = (char)opt_table[i].key;
-            if (opt_table[i].arg)
-                shorts[ns++] = ':';
-        }
-    }
-    lopts[NOPTS] = (struct option){0};
-    shorts[ns] = '\0';
+    *a = (bench_args){.minbytes = 8,
+                      .maxbytes = 64u << 20,
+                      .stepbytes = 1u << 20,
+                      .iter_bytes = 1u << 30,
+                      .factor = 2,
+                      .iters = 100,
+                      .warmup = 5,
+                      .dtype = COLL_F32,
+                      .op = COLL_SUM,
+                      .check = 1,
+                      .average = 1,
+                      .backend = COLL_BACKEND_AUTO,
+                      .timeout_ms = 600000};
+    struct option lopts[CLI_GETOPT_LONG_MAX(NOPTS)];
+    char shorts[CLI_GETOPT_SHORT_MAX(NOPTS)]; /* starts with ':': a missing value returns ':' */
+    int built =
+        cli_getopt(opt_table, NOPTS, lopts, CLI_GETOPT_LONG_MAX(NOPTS), shorts, sizeof(shorts));
+    assert(built == 0); /* the table above is well-formed */
+    (void)built;
 
     opterr = 0;
     int c;
@@ -492,19 +465,13 @@ static size_t per_rank_count(const bench_args *a, size_t size, int n)
 
 static int iters_for(const bench_args *a, size_t nbytes)
 {
-    if (a->iter_bytes > 0 && nbytes > 0 && (double)a->iters * (double)nbytes > (double)a->iter_bytes) {
+    if (a->iter_bytes > 0 && nbytes > 0 &&
+        (double)a->iters * (double)nbytes > (double)a->iter_bytes) {
         size_t k = a->iter_bytes / nbytes;
         size_t lo = a->iters < 5 ? (size_t)a->iters : 5;
         return (int)(k < lo ? lo : k);
     }
     return a->iters;
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -538,7 +505,7 @@ static uint16_t float_to_half(float f)
         return sign | (uint16_t)q;
     }
     int e;
-    float m = frexpf(f, &e); /* f = m * 2^e, m in [0.5, 1) */
+    float m = frexpf(f, &e);             /* f = m * 2^e, m in [0.5, 1) */
     float q = nearbyintf(ldexpf(m, 11)); /* 11 significant bits */
     if (q >= 2048.0f) {
         q /= 2;
@@ -944,19 +911,18 @@ static int64_t check(bench *b, size_t per)
         break;
     case K_BROADCAST:
         for (size_t i = 0; i < per; i++)
-            wrong += !matches(get(out, t, i),
-                              as_dtype(t, (double)pattern(i, a->root, a->op)), a->op, t);
+            wrong +=
+                !matches(get(out, t, i), as_dtype(t, (double)pattern(i, a->root, a->op)), a->op, t);
         break;
     case K_ALLGATHER:
         for (size_t i = 0; i < total; i++)
-            wrong += !matches(get(hr, t, i),
-                              as_dtype(t, (double)pattern(i, (int)(i / per), a->op)), COLL_SUM,
-                              t);
+            wrong += !matches(get(hr, t, i), as_dtype(t, (double)pattern(i, (int)(i / per), a->op)),
+                              COLL_SUM, t);
         break;
     case K_REDUCE_SCATTER:
         for (size_t i = 0; i < per; i++)
-            wrong += !matches(get(out, t, i),
-                              expected_reduce((size_t)rank * per + i, n, a->op, t), a->op, t);
+            wrong += !matches(get(out, t, i), expected_reduce((size_t)rank * per + i, n, a->op, t),
+                              a->op, t);
         break;
     default:
         break;
@@ -1027,9 +993,9 @@ static int print_ranks(bench *b, int device)
     char key[640], val[512], host[256] = "?";
     gethostname(host, sizeof(host) - 1);
     snprintf(key, sizeof(key), "%s/rank/%d", b->key_prefix, b->rank);
-    int len = snprintf(val, sizeof(val), "#  Rank %3d Pid %7d on %10s backend %4s device %2d",
-                       b->rank, (int)getpid(), host,
-                       coll_backend_name(coll_comm_backend(b->comm)), device);
+    int len =
+        snprintf(val, sizeof(val), "#  Rank %3d Pid %7d on %10s backend %4s device %2d", b->rank,
+                 (int)getpid(), host, coll_backend_name(coll_comm_backend(b->comm)), device);
     int rc = rdzv_set(b->store, key, val, (size_t)len);
     if (rc < 0 || b->rank != 0)
         return rc;
@@ -1050,29 +1016,6 @@ static int print_ranks(bench *b, int device)
 /* ---------------------------------------------------------------------------------------- */
 /* Main                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
-
-/* Reads an integer environment variable; missing -> def (or an error when def < -1). */
-static int env_int(const char *name, int def, int *out)
-{
-    const char *s = getenv(name);
-    if (!s || !*s) {
-        if (def < -1) {
-            err("%s is not set (run under ddprun or torchrun)", name);
-            return -1;
-        }
-        *out = def;
-        return 0;
-    }
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < 0 || v > INT_MAX) {
-        err("%s=%s is not a non-negative integer", name, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
 
 static void log_hook(void *arg, int level, const char *msg)
 {
@@ -1119,14 +1062,23 @@ int main(int argc, char **argv)
     bench_args *a = &b.a;
     status = EXIT_SETUP;
 
-    /* Who we are: the torchrun environment, or a job of one on a store of our own. */
+    /*
+     * Who we are: the torchrun environment, or (none of RANK, WORLD_SIZE, MASTER_ADDR and
+     * MASTER_PORT set) a job of one on a store of our own.
+     */
     rdzv_server *own = NULL;
-    const char *addr = getenv("MASTER_ADDR");
-    int port = 0, local_rank = 0, restart = 0;
-    bool alone = !getenv("RANK") && !getenv("WORLD_SIZE") && !addr && !getenv("MASTER_PORT");
+    rdzv_env env;
     json_t *rows = NULL;
     coll_request **reqs = NULL;
-    if (alone) {
+    if (rdzv_env_read(&env) < 0) {
+        err("%s", rdzv_client_last_error(NULL));
+        return EXIT_SETUP;
+    }
+    const char *addr = env.master_addr;
+    int port = env.master_port, local_rank = env.local_rank;
+    b.rank = env.rank;
+    b.n = env.world_size;
+    if (env.standalone) {
         rdzv_server_options so;
         rdzv_server_options_init(&so);
         so.host = "127.0.0.1";
@@ -1138,19 +1090,6 @@ int main(int argc, char **argv)
         }
         addr = "127.0.0.1";
         port = rdzv_server_port(own);
-        b.rank = 0;
-        b.n = 1;
-    } else if (env_int("RANK", -2, &b.rank) < 0 || env_int("WORLD_SIZE", -2, &b.n) < 0 ||
-               env_int("MASTER_PORT", -2, &port) < 0 || env_int("LOCAL_RANK", 0, &local_rank) < 0 ||
-               env_int("TORCHELASTIC_RESTART_COUNT", 0, &restart) < 0) {
-        return EXIT_SETUP;
-    } else if (!addr || !*addr) {
-        err("MASTER_ADDR is not set (run under ddprun or torchrun)");
-        return EXIT_SETUP;
-    }
-    if (b.n < 1 || b.rank >= b.n) {
-        err("RANK=%d is not below WORLD_SIZE=%d", b.rank, b.n);
-        return EXIT_SETUP;
     }
     if (is_rooted(a->kind) && a->root >= b.n) {
         if (b.rank == 0)
@@ -1158,13 +1097,11 @@ int main(int argc, char **argv)
         status = EXIT_USAGE;
         goto out;
     }
-    const char *run_id = getenv("TORCHELASTIC_RUN_ID");
-    if (!run_id || !*run_id)
-        run_id = "none";
 
     rdzv_client_options co;
     rdzv_client_options_init(&co);
-    int rc = rdzv_client_connect(addr, port, &co, &b.store);
+    int rc = env.standalone ? rdzv_client_connect(addr, port, &co, &b.store)
+                            : rdzv_env_connect(&env, &co, &b.store);
     if (rc < 0) {
         err("rank %d: cannot reach the store at %s:%d: %s (%s)", b.rank, addr, port,
             rdzv_strerror(rc), rdzv_client_last_error(NULL));
@@ -1192,9 +1129,15 @@ int main(int argc, char **argv)
     opts.small_bytes = a->small_bytes;
     opts.log = log_hook;
     opts.log_arg = &b.rank;
+    /* The communicator's keys and the bench's own, per attempt of the job. */
     char prefix[512];
-    snprintf(prefix, sizeof(prefix), "coll-bench/%s/%d", run_id, restart);
-    snprintf(b.key_prefix, sizeof(b.key_prefix), "coll-bench-stats/%s/%d", run_id, restart);
+    rc = rdzv_env_prefix(&env, "coll-bench", prefix, sizeof(prefix));
+    if (rc == 0)
+        rc = rdzv_env_prefix(&env, "coll-bench-stats", b.key_prefix, sizeof(b.key_prefix));
+    if (rc < 0) {
+        err("rank %d: store key prefix: %s", b.rank, rdzv_strerror(rc));
+        goto out;
+    }
     rc = coll_comm_init(b.store, prefix, b.rank, b.n, a->backend, device, &opts, &b.comm);
     if (rc < 0) {
         err("rank %d: coll_comm_init (%s backend, device %d): %s: %s", b.rank,
@@ -1223,8 +1166,8 @@ int main(int argc, char **argv)
     size_t per_max = per_rank_count(a, a->maxbytes, b.n);
     size_t max_bytes = (is_split(a->kind) ? per_max * (size_t)b.n : per_max) * ts;
     if (buffers_alloc(&b.buf, max_bytes, on_device) < 0 ||
-        !(reqs = calloc((size_t)(a->iters > a->warmup ? a->iters : a->warmup) + 1,
-                        sizeof(*reqs)))) {
+        !(reqs =
+              calloc((size_t)(a->iters > a->warmup ? a->iters : a->warmup) + 1, sizeof(*reqs)))) {
         err("rank %d: cannot allocate 2 x %zu bytes%s", b.rank, max_bytes,
             on_device ? " on the device" : "");
         goto out;
@@ -1259,10 +1202,10 @@ int main(int argc, char **argv)
             rc = run_iters(&b, per, a->warmup, reqs);
         if (rc == 0)
             rc = coll_barrier(b.comm);
-        double t0 = now_us();
+        int64_t t0 = rdzv__now_ns();
         if (rc == 0)
             rc = run_iters(&b, per, iters, reqs);
-        double mean_us = (now_us() - t0) / iters;
+        double mean_us = (double)(rdzv__now_ns() - t0) / 1e3 / iters;
         if (rc < 0) {
             err("rank %d: %s of %zu bytes: %s: %s", b.rank, kind_names[a->kind], nbytes,
                 coll_strerror(rc), coll_last_error(b.comm));
@@ -1273,8 +1216,8 @@ int main(int argc, char **argv)
         if (a->check) {
             wrong = check(&b, per);
             if (wrong < 0) {
-                err("rank %d: checked %s of %zu bytes: %s: %s", b.rank, kind_names[a->kind],
-                    nbytes, coll_strerror((int)wrong), coll_last_error(b.comm));
+                err("rank %d: checked %s of %zu bytes: %s: %s", b.rank, kind_names[a->kind], nbytes,
+                    coll_strerror((int)wrong), coll_last_error(b.comm));
                 status = EXIT_COLL;
                 goto out;
             }
@@ -1307,8 +1250,8 @@ int main(int argc, char **argv)
                 json_t *row = json_pack(
                     "{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:o}", "coll",
                     kind_names[a->kind], "backend", coll_backend_name(coll_comm_backend(b.comm)),
-                    "nranks", b.n, "bytes", (json_int_t)nbytes, "count", (json_int_t)count,
-                    "dtype", coll_dtype_name(a->dtype), "redop",
+                    "nranks", b.n, "bytes", (json_int_t)nbytes, "count", (json_int_t)count, "dtype",
+                    coll_dtype_name(a->dtype), "redop",
                     has_op(a->kind) ? coll_op_name(a->op) : "none", "root",
                     is_rooted(a->kind) ? a->root : -1, "iters", iters, "time_us", time_us,
                     "algbw_gbs", algbw, "busbw_gbs", busbw, "wrong",

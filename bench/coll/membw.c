@@ -22,7 +22,9 @@
  *
  * Exit status: 0 done, 1 out of memory or a thread could not start, 2 bad usage.
  */
+#include <assert.h>
 #include <errno.h>
+#include <getopt.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
@@ -30,8 +32,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "cli.h"
+#include "monoclock.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -54,13 +58,6 @@ typedef struct worker {
     double sink; /* the read kernel's sum, so the compiler keeps the loop */
     pthread_t tid;
 } worker;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void slice(const shared *sh, int id, size_t *lo, size_t *hi)
 {
@@ -123,11 +120,11 @@ static void *worker_main(void *arg)
 static double pass(shared *sh, worker *w0, enum kernel k)
 {
     sh->k = k;
-    double t0 = now_s();
+    double t0 = rdzv__now_s();
     pthread_barrier_wait(&sh->start);
     run_kernel(w0);
     pthread_barrier_wait(&sh->end);
-    return now_s() - t0;
+    return rdzv__now_s() - t0;
 }
 
 static int usable_cpus(void)
@@ -139,40 +136,22 @@ static int usable_cpus(void)
     return n > 0 ? (int)n : 1;
 }
 
-static int parse_bytes(const char *flag, const char *s, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    unsigned long long m = 1;
-    if (*end == 'K' || *end == 'k')
-        m = 1ull << 10;
-    else if (*end == 'M' || *end == 'm')
-        m = 1ull << 20;
-    else if (*end == 'G' || *end == 'g')
-        m = 1ull << 30;
-    if (m != 1)
-        end++;
-    if (errno || end == s || *end || s[0] == '-' || v > SIZE_MAX / m) {
-        fprintf(stderr, "membw: %s: '%s' is not a size (N[K|M|G])\n", flag, s);
-        return -1;
-    }
-    *out = (size_t)(v * m);
-    return 0;
-}
+enum { OPT_JSON = 256 };
 
-static int parse_int(const char *flag, const char *s, int min, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > 1 << 20) {
-        fprintf(stderr, "membw: %s: '%s' is not an integer >= %d\n", flag, s, min);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
+/* The option table: getopt_long's tables and --help are both made from it (cli.h). */
+static const cli_option opt_table[] = {
+    {'s', {"-s", "--size"}, "BYTES", NULL, 0, "bytes per array, K/M/G suffixes (default 256M)"},
+    {'t',
+     {"-t", "--threads"},
+     "N",
+     NULL,
+     0,
+     "threads of the second set of rows (default: usable CPUs)"},
+    {'r', {"-r", "--reps"}, "N", NULL, 0, "repetitions per row, the best is kept (default 5)"},
+    {OPT_JSON, {"--json"}, "FILE", NULL, 0, "also write the rows as a JSON array"},
+    {'h', {"-h", "--help"}, NULL, NULL, 0, "this help"},
+};
+#define NOPTS (sizeof(opt_table) / sizeof(opt_table[0]))
 
 static void usage(FILE *f)
 {
@@ -180,14 +159,10 @@ static void usage(FILE *f)
                "\n"
                "Memory bandwidth: copy (memcpy), add (c = a + b, f32) and read (sum, f32) over\n"
                "arrays of BYTES each, with 1 thread and with THREADS threads; best of REPS.\n"
-               "\n"
-               "  -s, --size BYTES     bytes per array, K/M/G suffixes (default 256M)\n"
-               "  -t, --threads N      threads of the second set of rows (default: usable CPUs)\n"
-               "  -r, --reps N         repetitions per row, the best is kept (default 5)\n"
-               "      --json FILE      also write the rows as a JSON array\n"
-               "  -h, --help           this help\n"
-               "\n"
-               "Exit status: 0 done, 1 out of memory or no threads, 2 bad usage.\n");
+               "\n");
+    for (size_t i = 0; i < NOPTS; i++)
+        cli_print_option(f, &opt_table[i], NULL, 23, CLI_HELP_WIDTH);
+    fprintf(f, "\nExit status: 0 done, 1 out of memory or no threads, 2 bad usage.\n");
 }
 
 int main(int argc, char **argv)
@@ -195,35 +170,53 @@ int main(int argc, char **argv)
     size_t bytes = 256u << 20;
     int nthreads = usable_cpus(), reps = 5;
     const char *json = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    struct option lopts[CLI_GETOPT_LONG_MAX(NOPTS)];
+    char shorts[CLI_GETOPT_SHORT_MAX(NOPTS)]; /* starts with ':': a missing value returns ':' */
+    int built =
+        cli_getopt(opt_table, NOPTS, lopts, CLI_GETOPT_LONG_MAX(NOPTS), shorts, sizeof(shorts));
+    assert(built == 0); /* the table above is well-formed */
+    (void)built;
+    opterr = 0;
+    int c, rc = 0;
+    char flag[32];
+    while ((c = getopt_long(argc, argv, shorts, lopts, NULL)) != -1) {
+        const cli_option *o = cli_by_id(opt_table, NOPTS, c);
+        if (o)
+            cli_label(o, flag, sizeof(flag));
+        switch (c) {
+        case 'h':
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-s") || !strcmp(a, "--size")) {
-            if (!v || parse_bytes(a, v, &bytes) < 0)
-                goto bad;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!v || parse_int(a, v, 1, &nthreads) < 0)
-                goto bad;
-        } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
-            if (!v || parse_int(a, v, 1, &reps) < 0)
-                goto bad;
-        } else if (!strcmp(a, "--json")) {
-            if (!v)
-                goto bad;
-            json = v;
-        } else {
-            fprintf(stderr, "membw: unknown option '%s'\n", a);
+        case 's':
+            rc = cli_parse_size(flag, optarg, 0, SIZE_MAX, &bytes);
+            break;
+        case 't':
+            rc = cli_parse_int(flag, optarg, 1, 1 << 20, &nthreads);
+            break;
+        case 'r':
+            rc = cli_parse_int(flag, optarg, 1, 1 << 20, &reps);
+            break;
+        case OPT_JSON:
+            json = optarg;
+            break;
+        case ':':
+            o = cli_by_id(opt_table, NOPTS, optopt);
+            fprintf(stderr, "membw: %s needs a value\n",
+                    o ? cli_label(o, flag, sizeof(flag)) : "option");
+            return 2;
+        default:
+            fprintf(stderr, "membw: unknown option '%s'\n", argv[optind - 1]);
             usage(stderr);
             return 2;
         }
-        i++;
-        continue;
-bad:
-        if (!v)
-            fprintf(stderr, "membw: %s needs a value\n", a);
+        if (rc < 0) {
+            fprintf(stderr, "membw: %s\n", cli_last_error());
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "membw: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
         return 2;
     }
     size_t n = bytes / sizeof(float);
@@ -311,8 +304,9 @@ bad:
         fprintf(f, "[");
         for (int s = 0; s < nsets; s++)
             for (int k = 0; k < K_COUNT; k++)
-                fprintf(f, "%s\n {\"kernel\": \"%s\", \"threads\": %d, \"bytes\": %zu, "
-                           "\"gbs\": %.3f}",
+                fprintf(f,
+                        "%s\n {\"kernel\": \"%s\", \"threads\": %d, \"bytes\": %zu, "
+                        "\"gbs\": %.3f}",
                         s + k ? "," : "", kernel_names[k], counts[s], bytes, best[s][k]);
         fprintf(f, "\n]\n");
         if (fclose(f) != 0) {

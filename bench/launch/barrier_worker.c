@@ -8,7 +8,9 @@
  * Writes OUTDIR/rank<RANK>: "<rank> <start_ns> <connected_ns> <passed_ns>\n", CLOCK_REALTIME
  * nanoseconds (comparable with `date +%s%N` in the script that started the launcher). Exits 0,
  * or 1 with a message on stderr. The barrier name defaults to "launch_bench"; its keys live
- * under that name in the store (the launcher's own keys are elsewhere).
+ * under that name in the store (the launcher's own keys are elsewhere). Every launch starts a
+ * store of its own, so the keys need no per-attempt prefix. The environment is read with
+ * rdzv_env_read(), whose message names a missing or malformed variable.
  *
  * C rather than Python so that the measurement is the launcher's and the store's, not the
  * time to import torch. The client speaks PyTorch's modern (2.2+) store protocol: it works
@@ -23,29 +25,15 @@
 
 #include "rdzv.h"
 
+/*
+ * CLOCK_REALTIME on purpose, not the project's monotonic clock (monoclock.h): these stamps are
+ * compared across processes and with `date +%s%N` in launch_bench.sh, which needs the wall clock.
+ */
 static int64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int env_int(const char *name, int *out)
-{
-    const char *s = getenv(name);
-    char *end;
-    if (!s || !*s) {
-        fprintf(stderr, "barrier_worker: %s is not set\n", name);
-        return -1;
-    }
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < 0 || v > 1 << 30) {
-        fprintf(stderr, "barrier_worker: %s=%s is not a count\n", name, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
 }
 
 int main(int argc, char **argv)
@@ -57,21 +45,25 @@ int main(int argc, char **argv)
     }
     const char *outdir = argv[1];
     const char *name = argc == 3 ? argv[2] : "launch_bench";
-    const char *host = getenv("MASTER_ADDR");
-    int port, rank, world;
-    if (!host || !*host) {
-        fprintf(stderr, "barrier_worker: MASTER_ADDR is not set\n");
+    rdzv_env env;
+    if (rdzv_env_read(&env) < 0) {
+        fprintf(stderr, "barrier_worker: %s\n", rdzv_client_last_error(NULL));
         return 1;
     }
-    if (env_int("MASTER_PORT", &port) || env_int("RANK", &rank) || env_int("WORLD_SIZE", &world))
+    if (env.standalone) {
+        fprintf(stderr, "barrier_worker: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not "
+                        "set (run me under a launcher)\n");
         return 1;
+    }
+    const char *host = env.master_addr;
+    int port = env.master_port, rank = env.rank, world = env.world_size;
 
     rdzv_client_options opts;
     rdzv_client_options_init(&opts);
     opts.connect_timeout_ms = 60000;
     opts.timeout_ms = 120000;
     rdzv_client *c = NULL;
-    int rc = rdzv_client_connect(host, port, &opts, &c);
+    int rc = rdzv_env_connect(&env, &opts, &c);
     if (rc < 0) {
         fprintf(stderr, "barrier_worker rank %d: connect %s:%d: %s (%s)\n", rank, host, port,
                 rdzv_strerror(rc), rdzv_client_last_error(NULL));

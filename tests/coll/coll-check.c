@@ -39,12 +39,16 @@
  *
  * Exit status: 0 every check passed, 1 a check failed, 2 bad usage or environment, 3 watchdog.
  */
+#include "cli.h"
 #include "coll.h"
+#include "monoclock.h"
 #include "rdzv.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -65,7 +69,7 @@
 typedef struct ctx {
     /* Environment. */
     int rank, world, local_rank, local_world;
-    char run_id[96], restart[32];
+    char attempt[192]; /* "coll-check/<run id>/<restart count>" */
     rdzv_client *store;
     /* Options. */
     coll_backend backend;
@@ -96,16 +100,9 @@ static _Atomic int64_t last_progress_ns;
 static int g_rank = -1;
 static int g_watchdog_s = 300;
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static double ms_since(int64_t t0)
 {
-    return (double)(now_ns() - t0) / 1e6;
+    return (double)(rdzv__now_ns() - t0) / 1e6;
 }
 
 /* Names the step this rank is in, for the watchdog, and counts as progress. */
@@ -117,7 +114,7 @@ static void set_where(const char *fmt, ...)
     vsnprintf(where, sizeof(where), fmt, ap);
     pthread_mutex_unlock(&where_lock);
     va_end(ap);
-    atomic_store(&last_progress_ns, now_ns());
+    atomic_store(&last_progress_ns, rdzv__now_ns());
 }
 
 static void *watchdog(void *arg)
@@ -125,7 +122,7 @@ static void *watchdog(void *arg)
     (void)arg;
     for (;;) {
         sleep(1); /* a poll interval, not synchronisation */
-        int64_t idle = now_ns() - atomic_load(&last_progress_ns);
+        int64_t idle = rdzv__now_ns() - atomic_load(&last_progress_ns);
         if (idle > (int64_t)g_watchdog_s * 1000000000) {
             pthread_mutex_lock(&where_lock);
             fprintf(stderr, "coll-check: rank %d: WATCHDOG: no progress for %d s, stuck in: %s\n",
@@ -859,7 +856,7 @@ static int comm_create(ctx *c, const char *suffix, int timeout_ms, coll_comm **o
     char prefix[320];
     snprintf(prefix, sizeof(prefix), "%s%s", c->prefix, suffix);
     set_where("coll_comm_init %s", prefix);
-    int64_t t0 = now_ns();
+    int64_t t0 = rdzv__now_ns();
     int rc = coll_comm_init(c->store, prefix, c->rank, c->world, c->backend, -1, &o, out);
     if (rc < 0) {
         fail(c, "coll_comm_init(%s): %s: %s", prefix, coll_strerror(rc), coll_last_error(NULL));
@@ -1030,7 +1027,7 @@ static int scen_big(ctx *c)
         tbuf b;
         tb_prepare(&b, t, c->rank, w);
         rc = coll_barrier(comm); /* so the timing covers the operation alone */
-        int64_t t0 = now_ns();
+        int64_t t0 = rdzv__now_ns();
         if (rc == 0)
             rc = tb_issue(comm, &b, false);
         double ms = ms_since(t0);
@@ -1159,10 +1156,10 @@ static int scen_inflight(ctx *c)
                 fail(c, "issuing polled operation %d: %s", i, coll_strerror(rc));
         }
         int left = rc == 0 ? NPOLL : 0;
-        int64_t deadline = now_ns() + (int64_t)effective_timeout(c, 120000) * 1000000;
+        int64_t deadline = rdzv__now_ns() + (int64_t)effective_timeout(c, 120000) * 1000000;
         long polls = 0;
         set_where("polling %d operations with coll_test", NPOLL);
-        while (left > 0 && now_ns() < deadline) {
+        while (left > 0 && rdzv__now_ns() < deadline) {
             for (int i = 0; i < NPOLL; i++) {
                 if (done[i])
                     continue;
@@ -1772,7 +1769,7 @@ static int scen_abort(ctx *c)
         aborter a = {comm, 300};
         pthread_t th;
         pthread_create(&th, NULL, abort_thread, &a);
-        int64_t t0 = now_ns();
+        int64_t t0 = rdzv__now_ns();
         set_where("abort part 1: waiting for the allreduce the other thread aborts");
         int wr = rc == 0 ? coll_wait(q) : rc;
         double ms = ms_since(t0);
@@ -1798,7 +1795,7 @@ static int scen_abort(ctx *c)
             fail(c, "store get %s: %s", key, rdzv_strerror(rc));
         rdzv_free(v);
         set_where("abort part 1: allreduce with an aborted rank 0");
-        int64_t t0 = now_ns();
+        int64_t t0 = rdzv__now_ns();
         int ar = rc == 0 ? coll_allreduce(comm, buf, buf, CNT, COLL_F32, COLL_SUM) : 0;
         if (rc == 0)
             expect_named(c, comm, ar, 0, ms_since(t0), tmo + slack,
@@ -1837,7 +1834,7 @@ static int scen_abort(ctx *c)
     } else if (rc == 0) {
         coll_request *q;
         set_where("abort part 2: allreduce rank %d aborts", ab);
-        int64_t t0 = now_ns();
+        int64_t t0 = rdzv__now_ns();
         rc = coll_iallreduce(comm, buf, buf, CNT, COLL_F32, COLL_SUM, &q);
         if (rc == 0) {
             snprintf(key, sizeof(key), "%s/test/issued/%d", c->prefix, r);
@@ -1876,7 +1873,7 @@ static int scen_timeout(ctx *c)
         fail(c, "warm-up allreduce: %s: %s", coll_strerror(rc), coll_last_error(comm));
     if (rc == 0 && r != sk) {
         set_where("timeout: allreduce rank %d skips", sk);
-        int64_t t0 = now_ns();
+        int64_t t0 = rdzv__now_ns();
         int ar = coll_allreduce(comm, buf, buf, CNT, COLL_F32, COLL_SUM);
         double ms = ms_since(t0);
         expect_named(c, comm, ar, sk, ms, tmo * 1.5 + 2000, "allreduce rank skipped", true);
@@ -1900,7 +1897,7 @@ static int scen_timeout(ctx *c)
         snprintf(prefix, sizeof(prefix), "%s/init", c->prefix);
         set_where("timeout: coll_comm_init without rank %d", sk);
         coll_comm *m = (coll_comm *)&o;
-        int64_t t0 = now_ns();
+        int64_t t0 = rdzv__now_ns();
         int ir = coll_comm_init(c->store, prefix, r, w, c->backend, -1, &o, &m);
         double ms = ms_since(t0);
         const char *le = coll_last_error(NULL);
@@ -1971,7 +1968,7 @@ static int scen_kill(ctx *c)
     double ms = 0;
     for (; i < NOPS && ar == 0; i++) {
         set_where("kill: allreduce %d while rank %d dies", i, victim);
-        int64_t t0 = now_ns();
+        int64_t t0 = rdzv__now_ns();
         ar = coll_allreduce(comm, buf, buf, n, COLL_F32, COLL_SUM);
         ms = ms_since(t0);
     }
@@ -2186,36 +2183,109 @@ static const struct {
     {"args", scen_args},
 };
 
-static int env_int(const char *name, int *out)
-{
-    const char *v = getenv(name);
-    char *end;
-    if (!v || !*v)
-        return -1;
-    long x = strtol(v, &end, 10);
-    if (*end || x < 0 || x > 1 << 30)
-        return -1;
-    *out = (int)x;
-    return 0;
-}
+enum {
+    O_BACKEND = 256,
+    O_TIMEOUT,
+    O_VICTIM,
+    O_SKIPPER,
+    O_SEED,
+    O_QUICK,
+    O_CHUNK,
+    O_SMALL,
+    O_BIND,
+    O_HOSTS,
+    O_BIG,
+    O_WATCHDOG,
+    O_VERBOSE,
+    O_HELP
+};
+
+/* The options (cli.h): getopt_long's tables and the usage text are both made from it. */
+static const cli_option options[] = {
+    {O_BACKEND, {"--backend"}, "NAME", NULL, 0, "cpu (default), nccl or auto"},
+    {O_TIMEOUT, {"--timeout-ms"}, "N", NULL, 0, "communicator timeout (default per scenario)"},
+    {O_VICTIM, {"--victim"}, "R", NULL, 0, "kill: the rank that dies (default: the last)"},
+    {O_SKIPPER, {"--skipper"}, "R", NULL, 0, "timeout: the rank that skips (default: the last)"},
+    {O_SEED, {"--seed"}, "N", NULL, 0, "input seed (default 1)"},
+    {O_QUICK, {"--quick"}, NULL, NULL, 0, "ops: fewer counts and roots"},
+    {O_CHUNK, {"--chunk-bytes"}, "N", NULL, 0, "coll_options.chunk_bytes"},
+    {O_SMALL, {"--small-bytes"}, "N", NULL, 0, "coll_options.small_bytes"},
+    {O_BIND, {"--bind-addr"}, "ADDR", NULL, 0, "coll_options.bind_addr"},
+    {O_HOSTS, {"--expect-hosts"}, "N", NULL, 0, "fail unless the communicator sees N hosts"},
+    {O_BIG, {"--big-mib"}, "N", NULL, 0, "size of the big and kill buffers (default 64)"},
+    {O_WATCHDOG, {"--watchdog-s"}, "N", NULL, 0, "exit 3 after N s without progress (default 300)"},
+    {O_VERBOSE, {"--verbose"}, NULL, NULL, 0, ""},
+    {O_HELP, {"--help"}, NULL, NULL, 0, "this help"},
+};
+#define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: coll-check [options] SCENARIO...   (run under ddprun)\n"
-               "scenarios: ops big inflight split p2p barrier abort timeout kill args\n"
-               "  --backend NAME      cpu (default), nccl or auto\n"
-               "  --timeout-ms N      communicator timeout (default per scenario)\n"
-               "  --victim R          kill: the rank that dies (default: the last)\n"
-               "  --skipper R         timeout: the rank that skips (default: the last)\n"
-               "  --seed N            input seed (default 1)\n"
-               "  --quick             ops: fewer counts and roots\n"
-               "  --chunk-bytes N     coll_options.chunk_bytes\n"
-               "  --small-bytes N     coll_options.small_bytes\n"
-               "  --bind-addr ADDR    coll_options.bind_addr\n"
-               "  --expect-hosts N    fail unless the communicator sees N hosts\n"
-               "  --big-mib N         size of the big and kill buffers (default 64)\n"
-               "  --watchdog-s N      exit 3 after N s without progress (default 300)\n"
-               "  --verbose\n");
+               "scenarios: ops big inflight split p2p barrier abort timeout kill args\n");
+    for (size_t i = 0; i < NOPTIONS; i++)
+        cli_print_option(f, &options[i], NULL, 22, CLI_HELP_WIDTH);
+}
+
+/* Reads the value of option `opt` into c; 0, or -1 with the message printed. */
+static int set_option(ctx *c, int opt, const char *val)
+{
+    const char *flag = cli_long_name(cli_by_id(options, NOPTIONS, opt));
+    long v;
+    int rc = 0;
+    switch (opt) {
+    case O_BACKEND:
+        if (coll_backend_parse(val, &c->backend) != 0) {
+            fprintf(stderr, "coll-check: unknown backend %s\n", val);
+            return -1;
+        }
+        break;
+    case O_TIMEOUT:
+        rc = cli_parse_int(flag, val, -1, INT_MAX, &c->timeout_ms);
+        break;
+    case O_VICTIM:
+        rc = cli_parse_int(flag, val, -1, INT_MAX, &c->victim);
+        break;
+    case O_SKIPPER:
+        rc = cli_parse_int(flag, val, -1, INT_MAX, &c->skipper);
+        break;
+    case O_SEED:
+        rc = cli_parse_long(flag, val, 0, LONG_MAX, &v);
+        if (rc == 0)
+            c->seed = (uint64_t)v;
+        break;
+    case O_QUICK:
+        c->quick = true;
+        break;
+    case O_CHUNK:
+        rc = cli_parse_size(flag, val, 0, SIZE_MAX, &c->chunk_bytes);
+        break;
+    case O_SMALL:
+        rc = cli_parse_size(flag, val, 0, SIZE_MAX, &c->small_bytes);
+        break;
+    case O_BIND:
+        c->bind_addr = val;
+        break;
+    case O_HOSTS:
+        rc = cli_parse_int(flag, val, -1, INT_MAX, &c->expect_hosts);
+        break;
+    case O_BIG:
+        rc = cli_parse_long(flag, val, 1, 1 << 20, &v);
+        if (rc == 0)
+            c->big_mib = (size_t)v;
+        break;
+    case O_WATCHDOG:
+        rc = cli_parse_int(flag, val, 1, INT_MAX, &c->watchdog_s);
+        break;
+    case O_VERBOSE:
+        c->verbose = true;
+        break;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "coll-check: %s\n", cli_last_error());
+        return -1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -2227,93 +2297,26 @@ int main(int argc, char **argv)
              .seed = 1,
              .expect_hosts = -1,
              .big_mib = 64,
-             .watchdog_s = 300,
-             .local_world = -1};
-    enum {
-        O_BACKEND = 256,
-        O_TIMEOUT,
-        O_VICTIM,
-        O_SKIPPER,
-        O_SEED,
-        O_QUICK,
-        O_CHUNK,
-        O_SMALL,
-        O_BIND,
-        O_HOSTS,
-        O_BIG,
-        O_WATCHDOG,
-        O_VERBOSE,
-        O_HELP
-    };
-    static const struct option longopts[] = {
-        {"backend", required_argument, NULL, O_BACKEND},
-        {"timeout-ms", required_argument, NULL, O_TIMEOUT},
-        {"victim", required_argument, NULL, O_VICTIM},
-        {"skipper", required_argument, NULL, O_SKIPPER},
-        {"seed", required_argument, NULL, O_SEED},
-        {"quick", no_argument, NULL, O_QUICK},
-        {"chunk-bytes", required_argument, NULL, O_CHUNK},
-        {"small-bytes", required_argument, NULL, O_SMALL},
-        {"bind-addr", required_argument, NULL, O_BIND},
-        {"expect-hosts", required_argument, NULL, O_HOSTS},
-        {"big-mib", required_argument, NULL, O_BIG},
-        {"watchdog-s", required_argument, NULL, O_WATCHDOG},
-        {"verbose", no_argument, NULL, O_VERBOSE},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
+             .watchdog_s = 300};
+    struct option longopts[CLI_GETOPT_LONG_MAX(NOPTIONS)];
+    char shorts[CLI_GETOPT_SHORT_MAX(NOPTIONS)];
+    int built = cli_getopt(options, NOPTIONS, longopts, CLI_GETOPT_LONG_MAX(NOPTIONS), shorts,
+                           sizeof(shorts));
+    assert(built == 0); /* the table above is well-formed */
+    (void)built;
     int opt;
+    /* No short options; getopt_long reports unknown options and missing values itself. */
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (opt) {
-        case O_BACKEND:
-            if (coll_backend_parse(optarg, &c.backend) != 0) {
-                fprintf(stderr, "coll-check: unknown backend %s\n", optarg);
-                return 2;
-            }
-            break;
-        case O_TIMEOUT:
-            c.timeout_ms = atoi(optarg);
-            break;
-        case O_VICTIM:
-            c.victim = atoi(optarg);
-            break;
-        case O_SKIPPER:
-            c.skipper = atoi(optarg);
-            break;
-        case O_SEED:
-            c.seed = strtoull(optarg, NULL, 0);
-            break;
-        case O_QUICK:
-            c.quick = true;
-            break;
-        case O_CHUNK:
-            c.chunk_bytes = strtoull(optarg, NULL, 0);
-            break;
-        case O_SMALL:
-            c.small_bytes = strtoull(optarg, NULL, 0);
-            break;
-        case O_BIND:
-            c.bind_addr = optarg;
-            break;
-        case O_HOSTS:
-            c.expect_hosts = atoi(optarg);
-            break;
-        case O_BIG:
-            c.big_mib = strtoull(optarg, NULL, 0);
-            break;
-        case O_WATCHDOG:
-            c.watchdog_s = atoi(optarg);
-            break;
-        case O_VERBOSE:
-            c.verbose = true;
-            break;
-        case O_HELP:
+        if (opt == O_HELP) {
             usage(stdout);
             return 0;
-        default:
+        }
+        if (opt < 256) { /* '?': getopt_long named the unknown option or missing value */
             usage(stderr);
             return 2;
         }
+        if (set_option(&c, opt, optarg) < 0)
+            return 2;
     }
     if (optind >= argc) {
         usage(stderr);
@@ -2328,19 +2331,26 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    int port;
-    const char *addr = getenv("MASTER_ADDR");
-    if (env_int("RANK", &c.rank) || env_int("WORLD_SIZE", &c.world) ||
-        env_int("MASTER_PORT", &port) || !addr || c.world < 1 || c.rank >= c.world) {
+    rdzv_env env;
+    if (rdzv_env_read(&env) < 0) {
+        fprintf(stderr, "coll-check: %s\n", rdzv_client_last_error(NULL));
+        return 2;
+    }
+    if (env.standalone) {
         fprintf(stderr, "coll-check: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
                         "(run me under ddprun)\n");
         return 2;
     }
-    if (env_int("LOCAL_RANK", &c.local_rank) || env_int("LOCAL_WORLD_SIZE", &c.local_world))
-        c.local_world = -1;
-    const char *run = getenv("TORCHELASTIC_RUN_ID"), *rs = getenv("TORCHELASTIC_RESTART_COUNT");
-    snprintf(c.run_id, sizeof(c.run_id), "%s", run && *run ? run : "none");
-    snprintf(c.restart, sizeof(c.restart), "%s", rs && *rs ? rs : "0");
+    c.rank = env.rank;
+    c.world = env.world_size;
+    c.local_rank = env.local_rank;
+    c.local_world = env.local_world_size;
+    /* Per attempt: "coll-check/<run id>/<restart count>", then "/<scenario>" for each. */
+    if (rdzv_env_prefix(&env, "coll-check", c.attempt, sizeof(c.attempt)) < 0) {
+        fprintf(stderr, "coll-check: TORCHELASTIC_RUN_ID=%s makes too long a key prefix\n",
+                env.run_id);
+        return 2;
+    }
     g_rank = c.rank;
     g_watchdog_s = c.watchdog_s;
     set_where("connecting to the store");
@@ -2351,20 +2361,19 @@ int main(int argc, char **argv)
     rdzv_client_options so;
     rdzv_client_options_init(&so);
     so.timeout_ms = 600000;
-    int rc = rdzv_client_connect(addr, port, &so, &c.store);
+    int rc = rdzv_env_connect(&env, &so, &c.store);
     if (rc < 0) {
-        fprintf(stderr, "coll-check: rank %d: store %s:%d: %s\n", c.rank, addr, port,
-                rdzv_client_last_error(NULL));
+        fprintf(stderr, "coll-check: rank %d: store %s:%d: %s\n", c.rank, env.master_addr,
+                env.master_port, rdzv_client_last_error(NULL));
         return 2;
     }
     int status = 0;
     for (int i = optind; i < argc; i++) {
         c.scenario = argv[i];
-        snprintf(c.prefix, sizeof(c.prefix), "coll-check/%s/%s/%s", c.run_id, c.restart,
-                 c.scenario);
+        snprintf(c.prefix, sizeof(c.prefix), "%s/%s", c.attempt, c.scenario);
         c.checks = c.failures = c.reports = 0;
         memset(c.max_ratio, 0, sizeof(c.max_ratio));
-        int64_t t0 = now_ns();
+        int64_t t0 = rdzv__now_ns();
         for (size_t k = 0; k < sizeof(scenarios) / sizeof(scenarios[0]); k++)
             if (strcmp(c.scenario, scenarios[k].name) == 0)
                 rc = scenarios[k].fn(&c);

@@ -1,15 +1,21 @@
 /*
  * ddprun's configuration: what the command line, PET_* environment defaults and Slurm variables
- * resolve to. Filled by ddprun_config_parse() (options.c); read by the agent. Internal to the
- * launcher.
+ * resolve to. Filled by ddprun_config_parse() (options.c, whose header this is); read by the
+ * agent. Written by hand, not generated. Internal to the launcher.
  */
-#ifndef DDPRUN_CONFIG_H
-#define DDPRUN_CONFIG_H
+#ifndef DDPRUN_OPTIONS_H
+#define DDPRUN_OPTIONS_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
 #define DDPRUN_MAX_LOCAL 1024 /* most workers per node */
+
+/* The rendezvous backend, --rdzv-backend: parsed once by options.c, then compared as an enum. */
+typedef enum ddprun_backend {
+    DDPRUN_BACKEND_STATIC, /* "static": node ranks given (--node-rank); node 0 hosts the store */
+    DDPRUN_BACKEND_C10D,   /* "c10d": elastic, node ranks in join order; store at the endpoint */
+} ddprun_backend;
 
 /* What -r/--redirects and -t/--tee select, as torchrun's Std: bit 1 stdout, bit 2 stderr. */
 enum { DDPRUN_STD_NONE = 0, DDPRUN_STD_OUT = 1, DDPRUN_STD_ERR = 2, DDPRUN_STD_ALL = 3 };
@@ -23,8 +29,8 @@ typedef struct ddprun_config {
     int master_port;            /* --master-port, default 29500 */
     char *local_addr;           /* --local-addr, NULL: this host's name */
 
-    /* Rendezvous. */
-    char *rdzv_backend;         /* "static" (default) or "c10d" */
+    /* Rendezvous: --rdzv-backend, static (default) or c10d, then its settings. */
+    ddprun_backend rdzv_backend;
     char *rdzv_endpoint;        /* --rdzv-endpoint host[:port], "" if unset */
     char *rdzv_host;            /* host part of the endpoint (or master_addr) */
     int rdzv_port;              /* port of the endpoint (default 29400 for c10d, as torchrun);
@@ -94,4 +100,4 @@ void ddprun_config_free(ddprun_config *cfg);
 /* Writes --help to stdout, from the same option table the parser uses. */
 void ddprun_print_help(void);
 
-#endif /* DDPRUN_CONFIG_H */
+#endif /* DDPRUN_OPTIONS_H */

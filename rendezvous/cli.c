@@ -1,0 +1,348 @@
+/*
+ * The programs' shared command-line helpers (see cli.h): value parsers whose errors name the
+ * flag, lookups in an option table, getopt_long's tables and --help made from it.
+ *
+ * Pure: no I/O except the FILE the help printers are given, no exit, no allocation. A failure
+ * leaves one sentence in a per-thread buffer for cli_last_error(); the callers add their
+ * program's name. What this file deliberately does not do: decide what a value means (choices,
+ * endpoints, lists are the programs'), read the environment, or run a parse loop of its own
+ * (ddprun parses as argparse does, ddp-rendezvous takes options on either side of its command
+ * word, coll-bench and the other benchmarks use getopt_long; all share the table, the lookups and
+ * the help).
+ */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local char last_error[512];
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
+const char *cli_last_error(void)
+{
+    return last_error;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Values                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+int cli_parse_long(const char *flag, const char *s, long min, long max, long *out)
+{
+    char *end;
+    long v = 0;
+    bool ok = s && *s;
+    if (ok) {
+        errno = 0;
+        v = strtol(s, &end, 10);
+        ok = errno == 0 && end != s && *end == '\0' && v >= min && v <= max;
+    }
+    if (!ok) {
+        if (max >= INT_MAX)
+            return fail("%s: expected an integer of at least %ld, got '%s'", flag, min, s ? s : "");
+        return fail("%s: expected an integer from %ld to %ld, got '%s'", flag, min, max,
+                    s ? s : "");
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_int(const char *flag, const char *s, int min, int max, int *out)
+{
+    long v;
+    int rc = cli_parse_long(flag, s, min, max, &v);
+    if (rc == 0)
+        *out = (int)v;
+    return rc;
+}
+
+/* cli_parse_double() with the noun its error sentence uses ("number", "number of seconds"). */
+static int parse_real(const char *flag, const char *s, double min, double max, int flags,
+                      const char *noun, double *out)
+{
+    bool open = flags & CLI_OPEN_MIN;
+    char *end;
+    double v = 0;
+    bool ok = s && *s;
+    if (ok) {
+        errno = 0;
+        v = strtod(s, &end);
+        ok = errno == 0 && end != s && *end == '\0' && isfinite(v) && v <= max &&
+             (open ? v > min : v >= min);
+    }
+    if (ok) {
+        *out = v;
+        return 0;
+    }
+    if (!s)
+        s = "";
+    if (min == 0 && max == HUGE_VAL)
+        return fail("%s: expected a %s %s, got '%s'", flag, open ? "positive" : "non-negative",
+                    noun, s);
+    if (max == HUGE_VAL)
+        return fail("%s: expected a %s %s %.15g, got '%s'", flag, noun,
+                    open ? "greater than" : "of at least", min, s);
+    return fail("%s: expected a %s %s %.15g %s %.15g, got '%s'", flag, noun,
+                open ? "greater than" : "from", min, open ? "and at most" : "to", max, s);
+}
+
+int cli_parse_double(const char *flag, const char *s, double min, double max, int flags,
+                     double *out)
+{
+    return parse_real(flag, s, min, max, flags, "number", out);
+}
+
+int cli_parse_seconds(const char *flag, const char *s, double min, double max, int flags,
+                      double *out)
+{
+    return parse_real(flag, s, min, max, flags, "number of seconds", out);
+}
+
+int cli_parse_size(const char *flag, const char *s, size_t min, size_t max, size_t *out)
+{
+    const char *p = s;
+    char *end = NULL;
+    unsigned long long v = 0, unit = 1;
+    bool ok = s != NULL;
+
+    if (ok) {
+        while (isspace((unsigned char)*p))
+            p++;
+        ok = *p != '-'; /* strtoull would wrap "-1" round to a huge size */
+    }
+    if (ok) {
+        errno = 0;
+        v = strtoull(p, &end, 10);
+        ok = errno == 0 && end != p;
+    }
+    if (ok) {
+        switch (toupper((unsigned char)*end)) {
+        case 'K':
+            unit = 1ull << 10;
+            break;
+        case 'M':
+            unit = 1ull << 20;
+            break;
+        case 'G':
+            unit = 1ull << 30;
+            break;
+        }
+        end += unit != 1;
+        ok = *end == '\0' && v <= SIZE_MAX / unit && v * unit >= min && v * unit <= max;
+    }
+    if (ok) {
+        *out = (size_t)(v * unit);
+        return 0;
+    }
+    if (!s)
+        s = "";
+    if (min == 0 && max == SIZE_MAX)
+        return fail("%s: expected a size in bytes (N, NK, NM or NG, powers of 1024), got '%s'",
+                    flag, s);
+    if (max == SIZE_MAX)
+        return fail("%s: expected a size in bytes (N, NK, NM or NG, powers of 1024) of at "
+                    "least %zu, got '%s'",
+                    flag, min, s);
+    return fail("%s: expected a size in bytes (N, NK, NM or NG, powers of 1024) from %zu to "
+                "%zu, got '%s'",
+                flag, min, max, s);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Option tables                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+#define NNAMES (sizeof((cli_option *)0)->names / sizeof((cli_option *)0)->names[0])
+
+const cli_option *cli_by_id(const cli_option *opts, size_t n, int id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (opts[i].id == id)
+            return &opts[i];
+    return NULL;
+}
+
+const char *cli_long_name(const cli_option *o)
+{
+    for (size_t k = 0; k < NNAMES && o->names[k]; k++)
+        if (o->names[k][1] == '-')
+            return o->names[k];
+    return o->names[0];
+}
+
+const char *cli_label(const cli_option *o, char *buf, size_t cap)
+{
+    size_t k = 0;
+    if (cap == 0)
+        return buf;
+    buf[0] = '\0';
+    for (size_t i = 0; i < NNAMES && o->names[i] && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? "/" : "", o->names[i]);
+    return buf;
+}
+
+int cli_find(const cli_option *opts, size_t n, const char *arg, size_t len, int flags)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < NNAMES && opts[i].names[k]; k++)
+            if (strlen(opts[i].names[k]) == len && strncmp(opts[i].names[k], arg, len) == 0)
+                return (int)i;
+    if (!(flags & CLI_FIND_PREFIX) || len < 3 || arg[0] != '-' || arg[1] != '-')
+        return fail("unknown option '%.*s'", (int)len, arg);
+    int hit = -1;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < NNAMES && opts[i].names[k]; k++) {
+            if (strncmp(opts[i].names[k], arg, len) != 0)
+                continue;
+            if (hit >= 0 && hit != (int)i)
+                return fail("ambiguous option '%.*s' could be %s or %s", (int)len, arg,
+                            cli_long_name(&opts[hit]), cli_long_name(&opts[i]));
+            hit = (int)i;
+        }
+    if (hit < 0)
+        return fail("unknown option '%.*s'", (int)len, arg);
+    return hit;
+}
+
+int cli_getopt(const cli_option *opts, size_t n, struct option *longopts, size_t nlong,
+               char *shorts, size_t nshort)
+{
+    size_t nl = 0, ns = 0;
+    if (nshort < 2 || nlong < 1)
+        return -ENOSPC;
+    shorts[ns++] = ':';
+    for (size_t i = 0; i < n; i++) {
+        const cli_option *o = &opts[i];
+        bool has_short = false;
+        for (size_t k = 0; k < NNAMES && o->names[k]; k++) {
+            const char *name = o->names[k];
+            if (name[0] != '-' || name[1] == '\0' || (name[1] != '-' && name[2] != '\0') ||
+                (name[1] == '-' && name[2] == '\0'))
+                return -EINVAL;
+            if (name[1] != '-') {
+                if (o->id != (unsigned char)name[1])
+                    return -EINVAL;
+                if (ns + 3 > nshort)
+                    return -ENOSPC;
+                shorts[ns++] = name[1];
+                if (o->metavar)
+                    shorts[ns++] = ':';
+                has_short = true;
+                continue;
+            }
+            if (nl + 2 > nlong)
+                return -ENOSPC;
+            longopts[nl++] = (struct option){name + 2, o->metavar ? required_argument : no_argument,
+                                             NULL, o->id};
+        }
+        if (!has_short && o->id < 256)
+            return -EINVAL;
+    }
+    longopts[nl] = (struct option){0};
+    shorts[ns] = '\0';
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* --help                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Writes text word-wrapped to `width` columns (0: no wrapping), the cursor being in column `col`
+ * (0: a new line) and continuation lines indented by `indent`; then a newline. A word longer
+ * than a line gets a line of its own.
+ */
+static void wrap_from(FILE *f, const char *text, int indent, int col, int width)
+{
+    if (width <= 0)
+        width = INT_MAX;
+    const char *p = text;
+    while (*p == ' ')
+        p++;
+    if (!*p) {
+        fputc('\n', f);
+        return;
+    }
+    if (col < indent) {
+        fprintf(f, "%*s", indent - col, "");
+        col = indent;
+    }
+    bool line_empty = true;
+    while (*p) {
+        int w = (int)strcspn(p, " ");
+        if (!line_empty && col + 1 + w > width) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+            line_empty = true;
+        }
+        if (!line_empty) {
+            fputc(' ', f);
+            col++;
+        }
+        fwrite(p, 1, (size_t)w, f);
+        col += w;
+        line_empty = false;
+        p += w;
+        while (*p == ' ')
+            p++;
+    }
+    fputc('\n', f);
+}
+
+void cli_print_wrapped(FILE *f, const char *text, int indent)
+{
+    wrap_from(f, text, indent, 0, CLI_HELP_WIDTH);
+}
+
+void cli_print_option(FILE *f, const cli_option *o, const char *text, int help_col, int width)
+{
+    char left[256];
+    size_t k = 0;
+    left[0] = '\0';
+    for (size_t i = 0; i < NNAMES && o->names[i] && k < sizeof left; i++)
+        k += (size_t)snprintf(left + k, sizeof left - k, "%s%s", i ? ", " : "", o->names[i]);
+    if (o->metavar && k < sizeof left)
+        snprintf(left + k, sizeof left - k, " %s", o->metavar);
+    if (!text)
+        text = o->help;
+    int col = fprintf(f, "  %s", left);
+    if (help_col <= 0) {
+        fputc('\n', f);
+        wrap_from(f, text, 8, 0, width);
+    } else if (col < help_col) {
+        wrap_from(f, text, help_col, col, width);
+    } else {
+        fputc('\n', f);
+        wrap_from(f, text, help_col, 0, width);
+    }
+}
+
+void cli_print_options(FILE *f, const cli_option *opts, size_t n, int help_col, int width)
+{
+    for (size_t i = 0; i < n; i++) {
+        const cli_option *o = &opts[i];
+        char text[1024];
+        if (o->def && *o->def)
+            snprintf(text, sizeof text, "%s (default: %s)", o->help, o->def);
+        else
+            snprintf(text, sizeof text, "%s", o->help);
+        cli_print_option(f, o, text, help_col, width);
+    }
+}

@@ -1,0 +1,163 @@
+/*
+ * cli: the programs' shared command-line helpers. One option-table type that feeds the parser
+ * (through getopt_long or a program's own loop) and --help alike, so that --help and, through
+ * tests/test_help_man.sh, the man page cannot drift from what the parser accepts; and one parser
+ * each for integers, real numbers, seconds and byte sizes, whose error sentences name the flag.
+ *
+ * Internal to the project's programs (ddprun, ddp-rendezvous, coll-bench, coll-check and the
+ * other benchmarks): a static library, not part of librendezvous.so, and not installed.
+ *
+ * Conventions: the parsers are pure. They never print and never exit: they return 0, or a
+ * negative errno (-EINVAL, -ENOSPC) and leave one sentence for cli_last_error(), which names the
+ * flag as the caller spelled it ("--port: expected an integer from 0 to 65535, got 'abc'").
+ * The program adds its own name and picks the exit code. Out-parameters are written only on
+ * success. Strings passed in are borrowed for the call. Every function is thread-safe; the
+ * error sentence is kept per thread. The functions that print write only to the FILE given.
+ */
+#ifndef DDP_CLI_H
+#define DDP_CLI_H
+
+#include <getopt.h>
+#include <stddef.h>
+#include <stdio.h>
+
+/*
+ * One option of a program's table.
+ *
+ * id: the program's name for the option, what its parser switches on. With cli_getopt(), an
+ * option that has a short spelling must have that character as its id (getopt_long returns the
+ * character for both spellings), and long-only options need ids of 256 and above.
+ *
+ * names: the spellings as typed, dashes included: {"-b", "--minbytes"}, {"--nproc-per-node",
+ * "--nproc_per_node"}; unused slots NULL. --help lists them in this order.
+ */
+typedef struct cli_option {
+    int id;
+    const char *names[3];
+    const char *metavar; /* the value's name in --help ("BYTES"); NULL: a flag, no value */
+    const char *def;     /* the default as --help shows it; NULL or "": none shown */
+    int tag;             /* the program's own (ddprun: PET_<NAME> may set it; ddp-rendezvous:
+                            the commands it applies to); cli never looks at it */
+    const char *help;    /* full sentences */
+} cli_option;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Values                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * The sentence the calling thread's last failed cli_ call left: never NULL, "" before any
+ * failure. Valid until the thread's next cli_ call that fails.
+ */
+const char *cli_last_error(void);
+
+/*
+ * Parses a decimal integer in [min, max] (strtol's syntax: optional leading white space and
+ * sign, then digits, and nothing after them). `flag` names the option in the error sentence:
+ * "FLAG: expected an integer from MIN to MAX, got 'S'" ("of at least MIN" when max is INT_MAX or
+ * more). Returns 0 and sets *out, or -EINVAL.
+ */
+int cli_parse_long(const char *flag, const char *s, long min, long max, long *out);
+
+/* cli_parse_long() for an int. */
+int cli_parse_int(const char *flag, const char *s, int min, int max, int *out);
+
+/* Flags of cli_parse_double() and cli_parse_seconds(). */
+enum {
+    CLI_OPEN_MIN = 1, /* the lower bound itself is out of range: (min, max] */
+};
+
+/*
+ * Parses a finite real number in [min, max] (strtod's syntax, nothing after it); max may be
+ * HUGE_VAL for "no upper bound". With CLI_OPEN_MIN, min itself is rejected. The error sentence
+ * reads "FLAG: expected a non-negative number, got 'S'" (min 0, no upper bound; "a positive
+ * number" with CLI_OPEN_MIN), else "expected a number from MIN to MAX" and the like. Returns 0
+ * and sets *out, or -EINVAL.
+ */
+int cli_parse_double(const char *flag, const char *s, double min, double max, int flags,
+                     double *out);
+
+/* cli_parse_double() whose error sentence says "number of seconds". */
+int cli_parse_seconds(const char *flag, const char *s, double min, double max, int flags,
+                      double *out);
+
+/*
+ * Parses a byte size in [min, max]: a decimal integer (strtoull's syntax without a sign of '-':
+ * optional leading white space and '+') with an optional suffix K, M or G in either case for
+ * 2^10, 2^20 or 2^30 bytes ("64M" is 67108864). The syntax every program accepted before this
+ * file existed, all together. Returns 0 and sets *out, or -EINVAL (also for a size that does not
+ * fit a size_t).
+ */
+int cli_parse_size(const char *flag, const char *s, size_t min, size_t max, size_t *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Option tables                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The option of table opts[0..n) whose id is `id`, or NULL. */
+const cli_option *cli_by_id(const cli_option *opts, size_t n, int id);
+
+/* The first long spelling ("--x...") of o, or its first spelling when it has none. */
+const char *cli_long_name(const cli_option *o);
+
+/* Writes every spelling of o, joined by '/' ("-b/--minbytes"), into buf; returns buf. */
+const char *cli_label(const cli_option *o, char *buf, size_t cap);
+
+/* Flags of cli_find(). */
+enum {
+    CLI_FIND_PREFIX = 1, /* a long option may be abbreviated to a prefix of one option's
+                            spellings, as Python's argparse and getopt_long allow */
+};
+
+/*
+ * Finds the option that arg[0..len) names (len excludes any "=VALUE"): the one with exactly that
+ * spelling, else, with CLI_FIND_PREFIX and an arg of the form "--x...", the one option some of
+ * whose spellings start with it. Returns its index in opts, or -EINVAL with the sentence
+ * "unknown option 'ARG'" or "ambiguous option 'ARG' could be --a or --b".
+ */
+int cli_find(const cli_option *opts, size_t n, const char *arg, size_t len, int flags);
+
+/* Room that cli_getopt() needs for a table of n options. */
+#define CLI_GETOPT_LONG_MAX(n) (3 * (n) + 1)
+#define CLI_GETOPT_SHORT_MAX(n) (2 * (n) + 2)
+
+/*
+ * Builds getopt_long's tables from opts[0..n): longopts (room for `nlong` entries, at least
+ * CLI_GETOPT_LONG_MAX(n)) gets every long spelling, returning the option's id, and a zeroed
+ * terminator; shorts (room for `nshort` bytes, at least CLI_GETOPT_SHORT_MAX(n)) gets ':' (so a
+ * missing value is reported as ':' rather than '?') then every short letter, followed by ':'
+ * when the option takes a value. Returns 0, -ENOSPC when the room is short, or -EINVAL for a
+ * short spelling whose letter is not the option's id, a long-only option with an id below 256,
+ * or a spelling that is neither "-x" nor "--x...".
+ */
+int cli_getopt(const cli_option *opts, size_t n, struct option *longopts, size_t nlong,
+               char *shorts, size_t nshort);
+
+/* ------------------------------------------------------------------------------------------ */
+/* --help                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CLI_HELP_WIDTH 80 /* columns --help is wrapped to */
+
+/*
+ * Writes text word-wrapped to CLI_HELP_WIDTH columns, every line indented by `indent` spaces,
+ * and a newline.
+ */
+void cli_print_wrapped(FILE *f, const char *text, int indent);
+
+/*
+ * Writes o's entry of --help: "  -b, --minbytes BYTES", then `text` (NULL: o->help) word-wrapped
+ * to `width` columns (CLI_HELP_WIDTH, or 0 for one line however long). help_col 0 puts the text
+ * on the lines below, indented by 8; otherwise the text starts in column help_col of the same
+ * line when the spellings leave room (on the next line when not), and wrapped lines are
+ * indented to help_col.
+ */
+void cli_print_option(FILE *f, const cli_option *o, const char *text, int help_col, int width);
+
+/*
+ * cli_print_option() for each option of opts[0..n), with " (default: DEF)" after the help text
+ * of the options that have a def.
+ */
+void cli_print_options(FILE *f, const cli_option *opts, size_t n, int help_col, int width);
+
+#endif /* DDP_CLI_H */

@@ -1,0 +1,120 @@
+/*
+ * The torchrun environment: the variables torchrun (and ddprun) give each worker, read in one
+ * place for every program of the project, with an error that names the variable at fault. Also
+ * the per-attempt key prefix, so that a restarted attempt never reads a failed one's keys.
+ *
+ * Reads the environment only; failures go to the calling thread's last error
+ * (rdzv_client_last_error(NULL)), the same account a failed connect leaves.
+ */
+#include "rdzv.h"
+#include "rdzv_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const required[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+#define NREQUIRED (sizeof required / sizeof required[0])
+
+static const char *get(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* Reads decimal `name` into *out within [min, max]; unset leaves *out as it is. */
+static int env_int(const char *name, long min, long max, int *out)
+{
+    const char *v = get(name);
+    if (!v)
+        return 0;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v)
+        return rdzv__client_error(NULL, -EINVAL, "%s=%s is not an integer", name, v);
+    if (x < min || x > max)
+        return rdzv__client_error(NULL, -EINVAL, "%s=%s is out of range [%ld, %ld]", name, v, min,
+                                  max);
+    *out = (int)x;
+    return 0;
+}
+
+int rdzv_env_read(rdzv_env *env)
+{
+    if (!env)
+        return -EINVAL;
+    rdzv_env e = {.world_size = 1, .local_world_size = -1};
+    snprintf(e.run_id, sizeof e.run_id, "none");
+
+    size_t set = 0;
+    const char *first_set = NULL, *first_unset = NULL;
+    for (size_t i = 0; i < NREQUIRED; i++) {
+        if (get(required[i])) {
+            set++;
+            first_set = first_set ? first_set : required[i];
+        } else {
+            first_unset = first_unset ? first_unset : required[i];
+        }
+    }
+    if (set == 0) {
+        e.standalone = 1;
+        e.local_world_size = 1;
+        *env = e;
+        return 0;
+    }
+    if (set < NREQUIRED)
+        return rdzv__client_error(NULL, -EINVAL,
+                                  "%s is set but %s is not (run under ddprun or torchrun)",
+                                  first_set, first_unset);
+
+    int rc;
+    if ((rc = env_int("WORLD_SIZE", 1, INT_MAX, &e.world_size)) < 0 ||
+        (rc = env_int("RANK", 0, e.world_size - 1, &e.rank)) < 0 ||
+        (rc = env_int("MASTER_PORT", 1, 65535, &e.master_port)) < 0 ||
+        (rc = env_int("LOCAL_WORLD_SIZE", 1, e.world_size, &e.local_world_size)) < 0 ||
+        (rc = env_int("GROUP_RANK", 0, INT_MAX, &e.group_rank)) < 0 ||
+        (rc = env_int("TORCHELASTIC_RESTART_COUNT", 0, INT_MAX, &e.restart_count)) < 0)
+        return rc;
+    if (e.local_world_size < 0)
+        e.local_world_size = e.world_size;
+    if ((rc = env_int("LOCAL_RANK", 0, e.local_world_size - 1, &e.local_rank)) < 0)
+        return rc;
+
+    const char *addr = get("MASTER_ADDR"), *run = get("TORCHELASTIC_RUN_ID");
+    if (strlen(addr) >= sizeof e.master_addr)
+        return rdzv__client_error(NULL, -EINVAL, "MASTER_ADDR is longer than %zu bytes",
+                                  sizeof e.master_addr - 1);
+    snprintf(e.master_addr, sizeof e.master_addr, "%s", addr);
+    if (run) {
+        if (strlen(run) >= sizeof e.run_id || strchr(run, '/'))
+            return rdzv__client_error(NULL, -EINVAL,
+                                      "TORCHELASTIC_RUN_ID=%s is longer than %zu bytes or holds "
+                                      "a '/'",
+                                      run, sizeof e.run_id - 1);
+        snprintf(e.run_id, sizeof e.run_id, "%s", run);
+    }
+    *env = e;
+    return 0;
+}
+
+int rdzv_env_prefix(const rdzv_env *env, const char *name, char *buf, size_t cap)
+{
+    if (!env || !name || !buf || cap == 0)
+        return -EINVAL;
+    int n = snprintf(buf, cap, "%s/%s/%d", name, env->run_id, env->restart_count);
+    return n < 0 || (size_t)n >= cap ? -ENOSPC : 0;
+}
+
+int rdzv_env_connect(const rdzv_env *env, const rdzv_client_options *opts, rdzv_client **out)
+{
+    if (!env || !out)
+        return -EINVAL;
+    if (env->standalone)
+        return rdzv__client_error(NULL, -EINVAL,
+                                  "no store to connect to: MASTER_ADDR and MASTER_PORT are not set "
+                                  "(run under ddprun or torchrun)");
+    return rdzv_client_connect(env->master_addr, env->master_port, opts, out);
+}

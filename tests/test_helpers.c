@@ -1,0 +1,377 @@
+/*
+ * Tests of librendezvous's store helpers (rendezvous/helpers.c: per-rank keys, set-once, the
+ * all-gather) against the real server in a child process, and of the torchrun-environment
+ * reader (rendezvous/env.c) on environments the test sets itself. Every case runs in its own
+ * forked process, so changing the environment here touches no other case. Ranks of an
+ * all-gather are threads with a client each; nothing waits on a sleep.
+ */
+#include <check.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdzv.h"
+#include "server_proc.h"
+
+static rdzv_client *client(int timeout_ms)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = timeout_ms;
+    o.connect_timeout_ms = 5000;
+    rdzv_client *c = NULL;
+    int rc = rdzv_client_connect("127.0.0.1", port, &o, &c);
+    ck_assert_msg(rc == 0, "connect: %d %s", rc, rdzv_client_last_error(NULL));
+    return c;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* rdzv_rank_keys                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_rank_keys)
+{
+    char **k = NULL;
+    ck_assert_int_eq(rdzv_rank_keys("/job/cpu", 12, &k), 0);
+    ck_assert_str_eq(k[0], "/job/cpu/0");
+    ck_assert_str_eq(k[11], "/job/cpu/11");
+    ck_assert_ptr_null(k[12]);
+    rdzv_free(k);
+
+    ck_assert_int_eq(rdzv_rank_keys("", 0, &k), 0);
+    ck_assert_ptr_null(k[0]);
+    rdzv_free(k);
+
+    k = (char **)0x1;
+    ck_assert_int_eq(rdzv_rank_keys(NULL, 1, &k), -EINVAL);
+    ck_assert_int_eq(rdzv_rank_keys("p", -1, &k), -EINVAL);
+    ck_assert_int_eq(rdzv_rank_keys("p", 1, NULL), -EINVAL);
+    ck_assert_ptr_eq(k, (char **)0x1); /* untouched on failure */
+}
+END_TEST
+
+START_TEST(test_rank_list)
+{
+    unsigned char f[40] = {0};
+    char buf[256];
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "");
+    f[3] = 1;
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 1);
+    ck_assert_str_eq(buf, "3");
+    f[0] = f[39] = 1;
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 3);
+    ck_assert_str_eq(buf, "0, 3, 39");
+    memset(f, 1, sizeof f);
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 40);
+    ck_assert_str_eq(buf, "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 and 24 more");
+    /* Cut to the buffer, always terminated. */
+    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, 8), 40);
+    ck_assert_str_eq(buf, "0, 1, 2");
+    ck_assert_int_eq(rdzv_rank_list(NULL, 1, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_rank_list(f, 1, buf, 0), -EINVAL);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* rdzv_set_once                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_set_once)
+{
+    rdzv_client *a = client(5000), *b = client(5000);
+    void *v = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(rdzv_set_once(a, "once", "first", 5, NULL, NULL), 1);
+    /* A later writer loses and learns the winner's value. */
+    ck_assert_int_eq(rdzv_set_once(b, "once", "second", 6, &v, &n), 0);
+    ck_assert_uint_eq(n, 5);
+    ck_assert_mem_eq(v, "first", 5);
+    rdzv_free(v);
+    /* Writing the same bytes again reads as holding them. */
+    ck_assert_int_eq(rdzv_set_once(b, "once", "first", 5, &v, &n), 1);
+    rdzv_free(v);
+    /* The store still holds the first value. */
+    ck_assert_int_eq(rdzv_get(a, "once", &v, &n), 0);
+    ck_assert_mem_eq(v, "first", 5);
+    rdzv_free(v);
+
+    ck_assert_int_eq(rdzv_set_once(a, "empty", "", 0, NULL, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_set_once(a, NULL, "x", 1, NULL, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_set_once(a, "k", "x", 1, &v, NULL), -EINVAL);
+    rdzv_client_close(a);
+    rdzv_client_close(b);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* rdzv_allgather                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+#define WORLD 5
+
+struct rank_arg {
+    int rank, world, timeout_ms;
+    const char *prefix;
+    int rc;
+    unsigned char missing[WORLD];
+    char err[512];
+    void *values[WORLD];
+    size_t nbytes[WORLD];
+};
+
+static void *rank_main(void *p)
+{
+    struct rank_arg *r = p;
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = 10000;
+    rdzv_client *c = NULL;
+    r->rc = rdzv_client_connect("127.0.0.1", port, &o, &c);
+    if (r->rc < 0)
+        return NULL;
+    char val[32];
+    snprintf(val, sizeof val, "value of rank %d", r->rank);
+    memset(r->missing, 0xff, sizeof r->missing);
+    r->rc = rdzv_allgather(c, r->prefix, r->rank, r->world, val, strlen(val), r->timeout_ms,
+                           r->values, r->nbytes, r->missing);
+    snprintf(r->err, sizeof r->err, "%s", rdzv_client_last_error(c));
+    rdzv_client_close(c);
+    return NULL;
+}
+
+START_TEST(test_allgather)
+{
+    struct rank_arg r[WORLD];
+    pthread_t t[WORLD];
+    /* Two rounds under two prefixes: a prefix serves one exchange. */
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < WORLD; i++) {
+            r[i] = (struct rank_arg){.rank = i,
+                                     .world = WORLD,
+                                     .timeout_ms = 10000,
+                                     .prefix = round ? "/job/round1" : "/job/round0"};
+            ck_assert_int_eq(pthread_create(&t[i], NULL, rank_main, &r[i]), 0);
+        }
+        for (int i = 0; i < WORLD; i++)
+            pthread_join(t[i], NULL);
+        for (int i = 0; i < WORLD; i++) {
+            ck_assert_msg(r[i].rc == 0, "rank %d: %d %s", i, r[i].rc, r[i].err);
+            for (int j = 0; j < WORLD; j++) {
+                char want[32];
+                snprintf(want, sizeof want, "value of rank %d", j);
+                ck_assert_uint_eq(r[i].nbytes[j], strlen(want));
+                ck_assert_mem_eq(r[i].values[j], want, strlen(want));
+                rdzv_free(r[i].values[j]);
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_allgather_timeout_names_missing)
+{
+    /* Ranks 0, 2 and 4 of 5 take part; 1 and 3 never come. */
+    struct rank_arg r[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+        r[i] = (struct rank_arg){
+            .rank = 2 * i, .world = WORLD, .timeout_ms = 300, .prefix = "/job/late"};
+        ck_assert_int_eq(pthread_create(&t[i], NULL, rank_main, &r[i]), 0);
+    }
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(r[i].rc, -ETIMEDOUT);
+        const unsigned char want[WORLD] = {0, 1, 0, 1, 0};
+        ck_assert_mem_eq(r[i].missing, want, WORLD);
+        ck_assert_msg(strstr(r[i].err, "ranks 1, 3 did not publish /job/late within 300 ms (3 of "
+                                       "5 present)") != NULL,
+                      "message: %s", r[i].err);
+    }
+
+    rdzv_client *c = client(5000);
+    void *v[2];
+    size_t n[2];
+    ck_assert_int_eq(rdzv_allgather(c, "p", 2, 2, "x", 1, 10, v, n, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_allgather(c, "p", 0, 0, "x", 1, 10, v, n, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_allgather(c, "p", 0, 2, "", 0, 10, v, n, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_allgather(c, NULL, 0, 2, "x", 1, 10, v, n, NULL), -EINVAL);
+    /* The client stays usable after a timed-out all-gather. */
+    unsigned char missing[2] = {7, 7};
+    ck_assert_int_eq(rdzv_allgather(c, "q", 0, 2, "x", 1, 50, v, n, missing), -ETIMEDOUT);
+    ck_assert_int_eq(missing[0], 0);
+    ck_assert_int_eq(missing[1], 1);
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* The torchrun environment                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static const char *const vars[] = {"RANK",
+                                   "LOCAL_RANK",
+                                   "WORLD_SIZE",
+                                   "LOCAL_WORLD_SIZE",
+                                   "GROUP_RANK",
+                                   "MASTER_ADDR",
+                                   "MASTER_PORT",
+                                   "TORCHELASTIC_RESTART_COUNT",
+                                   "TORCHELASTIC_RUN_ID"};
+
+static void clear_env(void)
+{
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+}
+
+static void torchrun_env(void)
+{
+    clear_env();
+    setenv("RANK", "5", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("WORLD_SIZE", "8", 1);
+    setenv("LOCAL_WORLD_SIZE", "4", 1);
+    setenv("GROUP_RANK", "1", 1);
+    setenv("MASTER_ADDR", "node0.example", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+    setenv("TORCHELASTIC_RUN_ID", "job42", 1);
+}
+
+START_TEST(test_env_full)
+{
+    torchrun_env();
+    rdzv_env e;
+    ck_assert_int_eq(rdzv_env_read(&e), 0);
+    ck_assert_int_eq(e.standalone, 0);
+    ck_assert_int_eq(e.rank, 5);
+    ck_assert_int_eq(e.local_rank, 1);
+    ck_assert_int_eq(e.world_size, 8);
+    ck_assert_int_eq(e.local_world_size, 4);
+    ck_assert_int_eq(e.group_rank, 1);
+    ck_assert_int_eq(e.restart_count, 2);
+    ck_assert_str_eq(e.master_addr, "node0.example");
+    ck_assert_int_eq(e.master_port, 29500);
+    ck_assert_str_eq(e.run_id, "job42");
+
+    char buf[64];
+    ck_assert_int_eq(rdzv_env_prefix(&e, "ddp-train", buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "ddp-train/job42/2");
+    ck_assert_int_eq(rdzv_env_prefix(&e, "ddp-train", buf, 10), -ENOSPC);
+
+    /* The optional variables default from the required ones. */
+    unsetenv("LOCAL_RANK");
+    unsetenv("LOCAL_WORLD_SIZE");
+    unsetenv("GROUP_RANK");
+    unsetenv("TORCHELASTIC_RESTART_COUNT");
+    unsetenv("TORCHELASTIC_RUN_ID");
+    ck_assert_int_eq(rdzv_env_read(&e), 0);
+    ck_assert_int_eq(e.local_rank, 0);
+    ck_assert_int_eq(e.local_world_size, 8);
+    ck_assert_int_eq(e.restart_count, 0);
+    ck_assert_str_eq(e.run_id, "none");
+}
+END_TEST
+
+START_TEST(test_env_standalone)
+{
+    clear_env();
+    setenv("LOCAL_RANK", "0", 1); /* not one of the four that make a torchrun job */
+    rdzv_env e;
+    ck_assert_int_eq(rdzv_env_read(&e), 0);
+    ck_assert_int_eq(e.standalone, 1);
+    ck_assert_int_eq(e.rank, 0);
+    ck_assert_int_eq(e.world_size, 1);
+    ck_assert_int_eq(e.local_world_size, 1);
+    rdzv_client *c = (rdzv_client *)0x1;
+    ck_assert_int_eq(rdzv_env_connect(&e, NULL, &c), -EINVAL);
+    ck_assert_ptr_eq(c, (rdzv_client *)0x1);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "MASTER_ADDR"));
+}
+END_TEST
+
+/* Each bad environment fails with -EINVAL and a message holding `names`. */
+static void expect_bad(const char *var, const char *value, const char *names)
+{
+    torchrun_env();
+    if (value)
+        setenv(var, value, 1);
+    else
+        unsetenv(var);
+    rdzv_env e = {.rank = -7};
+    ck_assert_int_eq(rdzv_env_read(&e), -EINVAL);
+    ck_assert_int_eq(e.rank, -7); /* untouched on failure */
+    ck_assert_msg(strstr(rdzv_client_last_error(NULL), names) != NULL, "%s=%s: message '%s'", var,
+                  value ? value : "(unset)", rdzv_client_last_error(NULL));
+}
+
+START_TEST(test_env_errors)
+{
+    expect_bad("WORLD_SIZE", "abc", "WORLD_SIZE=abc is not an integer");
+    expect_bad("WORLD_SIZE", "0", "WORLD_SIZE=0 is out of range");
+    expect_bad("RANK", "8", "RANK=8 is out of range [0, 7]");
+    expect_bad("RANK", "-1", "RANK=-1 is out of range");
+    expect_bad("RANK", "3x", "RANK=3x is not an integer");
+    expect_bad("MASTER_PORT", "70000", "MASTER_PORT=70000 is out of range");
+    expect_bad("MASTER_PORT", NULL, "is set but MASTER_PORT is not");
+    expect_bad("RANK", NULL, "but RANK is not");
+    expect_bad("LOCAL_RANK", "4", "LOCAL_RANK=4 is out of range [0, 3]");
+    expect_bad("LOCAL_WORLD_SIZE", "9", "LOCAL_WORLD_SIZE=9 is out of range");
+    expect_bad("TORCHELASTIC_RESTART_COUNT", "x", "TORCHELASTIC_RESTART_COUNT=x");
+    expect_bad("TORCHELASTIC_RUN_ID", "a/b", "TORCHELASTIC_RUN_ID=a/b");
+    ck_assert_int_eq(rdzv_env_read(NULL), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_env_connect)
+{
+    torchrun_env();
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    setenv("MASTER_PORT", p, 1);
+    rdzv_env e;
+    ck_assert_int_eq(rdzv_env_read(&e), 0);
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_env_connect(&e, NULL, &c), 0);
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+static Suite *helpers_suite(void)
+{
+    Suite *s = suite_create("helpers");
+    TCase *tc = tcase_create("store");
+    tcase_add_checked_fixture(tc, server_setup, server_teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_rank_keys);
+    tcase_add_test(tc, test_rank_list);
+    tcase_add_test(tc, test_set_once);
+    tcase_add_test(tc, test_allgather);
+    tcase_add_test(tc, test_allgather_timeout_names_missing);
+    tcase_add_test(tc, test_env_connect);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("env");
+    tcase_add_test(tc, test_env_full);
+    tcase_add_test(tc, test_env_standalone);
+    tcase_add_test(tc, test_env_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(helpers_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

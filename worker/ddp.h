@@ -1,0 +1,292 @@
+/*
+ * libddp: data-parallel training steps (DDP and ZeRO stages 1, 2 and 3) for C trainers, on top
+ * of libcollective.
+ *
+ * The caller owns the model's compute (forward and backward) and says four things at the right
+ * moments: "I am about to use unit u" (ddp_unit_gather), "I am done with unit u"
+ * (ddp_unit_release), "the gradient of parameter p is final for this micro-step"
+ * (ddp_grad_ready) and "step" (ddp_step). One training loop serves every stage: the stage is an
+ * option, and calls that have nothing to do at a stage return at once.
+ *
+ *   ddp_options o;  ddp_options_init(&o);  o.zero_stage = 2;  o.optimizer = DDP_ADAMW;
+ *   ddp_model *m;   ddp_model_create(comm, &o, &m);
+ *   for each layer l:  u = ddp_unit_add(m, "fc1");
+ *                      W = ddp_param_add(m, u, "weight", 2, (int64_t[]){out, in}, COLL_F32); ...
+ *   ddp_model_commit(m, init_fn, arg);              (layout check, arenas, buckets or shards)
+ *   for each step:
+ *     for k in 0..nmicro-1:
+ *       ddp_micro_begin(m, k == nmicro - 1);         (sync on the last micro-step only)
+ *       forward:  ddp_unit_gather(m, u); use ddp_param_data(m, p); ddp_unit_release(m, u);
+ *       backward (units in reverse): ddp_unit_gather(m, u);
+ *                 add the gradient of p into ddp_grad_buffer(m, p); ddp_grad_ready(m, p);
+ *                 ddp_unit_release(m, u);
+ *       ddp_micro_end(m);
+ *     ddp_step(m, lr, &info);
+ *
+ * What each stage keeps (Ψ = parameter elements, N = world size, the ZeRO paper's terms):
+ *   stage 0 (DDP): full parameters, full gradients, full optimizer state; buckets allreduced.
+ *   stage 1: optimizer state for the owned part only; gradients reduce-scattered, each rank
+ *            updates its part, parameters allgathered.
+ *   stage 2: also gradients: only the owned part persists, plus a bounded pool of bucket
+ *            staging buffers that backward writes into, reduce-scattered every micro-step.
+ *   stage 3: also parameters: only the owned part persists; ddp_unit_gather() allgathers a
+ *            unit into a pooled buffer (prefetching the next one), ddp_unit_release() frees it.
+ *
+ * Layout: one flat parameter arena and one gradient arena with a view per parameter. Buckets
+ * (stages 0-2) are contiguous ranges of the arena built in reverse registration order (the
+ * first 1 MiB, the others 25 MiB); units (stage 3) are the caller's layers. Each bucket or unit
+ * is padded to a multiple of N elements and split into N equal parts; rank r owns part r.
+ *
+ * Conventions: functions that can fail return an int, >= 0 on success and a negative errno value
+ * or a libcollective code (COLL_EREMOTE, ...) on failure; ddp_strerror() names any of them and
+ * ddp_last_error() gives the model's detailed account of its last failure (a peer failure names
+ * the culprit rank with libcollective's message). Out-parameters are written only on success.
+ * The library never exits, aborts or prints: messages go to the log hook. Calls marked "every
+ * rank" are collective: every rank calls them in the same order. A model is not thread-safe.
+ *
+ * Buffers: ddp_param_data() and ddp_grad_buffer() return memory of the library, valid until the
+ * call named with each. The CPU build keeps it in host memory; the device build (its own issue)
+ * will keep it on the GPU, so callers pass these pointers to their compute without assuming a
+ * host address when opts.device >= 0.
+ *
+ * The header compiles as C99 and C++.
+ */
+#ifndef DDP_H
+#define DDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Options                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum ddp_optimizer { DDP_SGD = 0, DDP_ADAMW = 1 } ddp_optimizer;
+
+/* Log hook: one line (no newline), borrowed for the call. Levels are COLL_LOG_* values. */
+typedef void (*ddp_log_fn)(void *arg, int level, const char *msg);
+
+/* What the trace hook reports, for overlap measurements (timestamps on the monotonic clock). */
+typedef enum ddp_event {
+    DDP_EV_BUCKET_LAUNCH = 0, /* a bucket's (or unit's) reduction was issued; index = bucket */
+    DDP_EV_BUCKET_DONE,       /* its reduction completed; index = bucket */
+    DDP_EV_BACKWARD_END,      /* ddp_micro_end() was called; index = micro-step */
+    DDP_EV_GATHER_LAUNCH,     /* stage 3: a unit's allgather was issued; index = unit */
+    DDP_EV_STEP_END,          /* ddp_step() finished; index = step */
+} ddp_event;
+
+typedef void (*ddp_trace_fn)(void *arg, ddp_event ev, int index, int64_t t_ns);
+
+/* Settings. Fill with ddp_options_init(), then change what you need; extended only at the end. */
+typedef struct ddp_options {
+    int zero_stage;            /* 0 (DDP), 1, 2 or 3 (0) */
+    size_t first_bucket_bytes; /* the first bucket (last layers' gradients) (1 MiB) */
+    size_t bucket_bytes;       /* every other bucket (25 MiB) */
+    int pool_slots;            /* stages 2-3: staging buffers for gradients, and stage 3:
+                                  gathered units; at least 2 (4) */
+
+    ddp_optimizer optimizer; /* DDP_SGD or DDP_ADAMW (DDP_SGD) */
+    float momentum;          /* SGD momentum (0) */
+    int nesterov;            /* SGD Nesterov momentum, needs momentum > 0 (0) */
+    float weight_decay;      /* SGD: L2 added to the gradient; AdamW: decoupled (0) */
+    float beta1, beta2, eps; /* AdamW (0.9, 0.999, 1e-8) */
+    float clip_norm;         /* clip the global gradient norm to this; <= 0: off (0) */
+
+    int device; /* -1: host memory (the only one built today) (-1) */
+
+    ddp_log_fn log; /* optional; NULL: silent */
+    void *log_arg;
+    ddp_trace_fn trace; /* optional; NULL: none */
+    void *trace_arg;
+} ddp_options;
+
+/* Fills `opts` with the defaults given in brackets above. */
+void ddp_options_init(ddp_options *opts);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A static description of any return code of this library (or of libcollective). */
+const char *ddp_strerror(int err);
+
+typedef struct ddp_model ddp_model;
+
+/*
+ * The model's account of its last failure ("" if none), owned by the model, valid until its
+ * next call. With m == NULL: the calling thread's last ddp_model_create() failure.
+ */
+const char *ddp_last_error(const ddp_model *m);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Building a model                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Creates an empty model on `comm` (borrowed: it must outlive the model; the model issues its
+ * collectives on it, so the caller must not run collectives of its own on `comm` between
+ * ddp_micro_begin() and ddp_step()). `opts` is copied (NULL: defaults). Returns 0 and sets *out,
+ * -EINVAL (bad option) or -ENOMEM. Every rank.
+ */
+int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out);
+
+/* Frees the model and its memory. NULL is a no-op. Does not free the communicator. */
+void ddp_model_free(ddp_model *m);
+
+/*
+ * Starts a unit (a layer: what stage 3 gathers at once) named `name` (copied). Parameters added
+ * next belong to it. Returns the unit's index (0, 1, ...) or -EINVAL (after commit, bad name).
+ */
+int ddp_unit_add(ddp_model *m, const char *name);
+
+/*
+ * Registers a parameter of unit `unit` (which must be the latest unit added): `name` (copied),
+ * `ndim` dimensions of `shape` (copied; each > 0), `dtype` (COLL_F32 today). Parameters are laid
+ * out in registration order. Returns the parameter's index (0, 1, ...), -EINVAL or -ENOTSUP
+ * (a dtype the optimizers do not handle yet).
+ */
+int ddp_param_add(ddp_model *m, int unit, const char *name, int ndim, const int64_t *shape,
+                  coll_dtype dtype);
+
+/*
+ * Fills parameter `param`'s `count` elements at `data` (host memory) with its initial values;
+ * called on rank 0 only, once per parameter in registration order. Returns 0, or a negative
+ * code that ddp_model_commit() returns.
+ */
+typedef int (*ddp_init_fn)(void *arg, int param, const char *name, void *data, size_t count);
+
+/*
+ * Ends registration. Every rank checks that all ranks registered the same layout (parameter
+ * count, names, shapes, dtypes), builds the arenas and the buckets or shards, and receives rank
+ * 0's initial values (from `init` called on rank 0; NULL: zeros). Returns 0; -EINVAL (no
+ * parameters, or the layouts differ: on every rank ddp_last_error() names the first differing
+ * rank and parameter); -ENOMEM; or a collective's failure (see ddp_step()). Every rank.
+ */
+int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Views                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+int ddp_num_params(const ddp_model *m);
+int ddp_num_units(const ddp_model *m);
+/* The parameter's element count, or 0 for a bad index. */
+size_t ddp_param_count(const ddp_model *m, int param);
+const char *ddp_param_name(const ddp_model *m, int param);
+
+/*
+ * The parameter's values: stages 0-2, valid from commit to free (updated by ddp_step());
+ * stage 3, valid between ddp_unit_gather() and ddp_unit_release() of its unit. NULL for a bad
+ * index or outside that window.
+ */
+void *ddp_param_data(ddp_model *m, int param);
+
+/*
+ * Where backward adds (+=) the parameter's gradient for the current micro-step. The library
+ * zeroes it when it hands it out. Stages 0-1: the parameter's view of the gradient arena, where
+ * micro-steps accumulate; stages 2-3: a slot of a bounded staging pool, valid until
+ * ddp_grad_ready() of the last parameter of its bucket (or unit). NULL for a bad index, outside
+ * a micro-step, or when no slot is free and waiting for one failed (ddp_last_error() says why;
+ * ddp_micro_end() returns the failure).
+ */
+void *ddp_grad_buffer(ddp_model *m, int param);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The step                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Begins a micro-step. `sync` = 0 accumulates gradients without communicating (PyTorch's
+ * no_sync), stages 0-1 only (stages 2-3 reduce every micro-step whatever `sync` says); the last
+ * micro-step before ddp_step() must have sync = 1. Returns 0 or -EINVAL (misuse). Every rank.
+ */
+int ddp_micro_begin(ddp_model *m, int sync);
+
+/*
+ * Stage 3: makes unit `unit`'s parameters available (allgathers them into a pool slot unless
+ * already there) and prefetches the next unit in the direction of travel (forward: unit + 1;
+ * backward: unit - 1). Other stages: returns 0 at once. Returns 0 or a collective's failure.
+ * Every rank, same order.
+ */
+int ddp_unit_gather(ddp_model *m, int unit);
+
+/* Stage 3: frees the unit's gathered copy. Other stages: no-op. Returns 0 or -EINVAL. */
+int ddp_unit_release(ddp_model *m, int unit);
+
+/*
+ * Says that the gradient of `param` is final for this micro-step. When it completes a bucket
+ * (or unit) whose reduction is due, the reduction is issued at once, in bucket order, so that
+ * it overlaps the rest of backward. Returns 0; -EINVAL (bad index, or marked twice in one
+ * micro-step: the message names it); or a collective's failure. Every rank, same order.
+ */
+int ddp_grad_ready(ddp_model *m, int param);
+
+/*
+ * Ends the micro-step's backward. Returns 0; -EINVAL if a parameter's gradient was not marked
+ * ready (named, on every rank); or a collective's failure. Every rank.
+ */
+int ddp_micro_end(ddp_model *m);
+
+/* What one step did. */
+typedef struct ddp_step_info {
+    double grad_norm; /* the global gradient norm before clipping (inf/nan if not finite) */
+    int skipped;      /* 1: a gradient was not finite; no parameter changed, on every rank */
+    int clipped;      /* 1: gradients were scaled down to opts.clip_norm */
+    int64_t step;     /* steps taken so far, skipped ones excluded */
+} ddp_step_info;
+
+/*
+ * Finishes the reductions, computes the global gradient norm (sum of squares over owned parts,
+ * one allreduce), clips, skips the step on every rank alike if a gradient is not finite, runs
+ * the optimizer on the owned parts with learning rate `lr`, allgathers the parameters (stages
+ * 1-2) and zeroes the gradients. `info` may be NULL. Returns 0; -EINVAL (misuse: no micro-step
+ * with sync = 1 since the last step); or a collective's failure: -ETIMEDOUT (a peer did not take
+ * part in time), COLL_EREMOTE (a peer died or aborted), -ECANCELED, with ddp_last_error() naming
+ * the culprit rank; after a failure the model is unusable (free it). Every rank.
+ */
+int ddp_step(ddp_model *m, float lr, ddp_step_info *info);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Learning-rate schedules                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum ddp_schedule_kind { DDP_SCHED_CONSTANT = 0, DDP_SCHED_COSINE = 1 } ddp_schedule_kind;
+
+typedef struct ddp_schedule {
+    ddp_schedule_kind kind;
+    float lr;             /* peak learning rate */
+    int64_t warmup_steps; /* linear warmup from lr / warmup_steps to lr (0: none) */
+    int64_t total_steps;  /* cosine: decays to min_lr at this step */
+    float min_lr;         /* cosine floor (0) */
+} ddp_schedule;
+
+/* The learning rate at step `step` (0-based). Pure; thread-safe. */
+float ddp_schedule_lr(const ddp_schedule *s, int64_t step);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Memory                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Bytes held by this rank, by kind. */
+typedef struct ddp_memory {
+    size_t param_bytes;       /* persistent parameters (stage 3: the owned part) */
+    size_t grad_bytes;        /* persistent gradients (stages 2-3: the owned part) */
+    size_t optimizer_bytes;   /* optimizer state (stages 1-3: the owned part) */
+    size_t pool_bytes;        /* transient pools: staging and gathered units */
+    size_t model_state_bytes; /* param + grad + optimizer, the ZeRO paper's model states */
+} ddp_memory;
+
+/* Fills *out. Returns 0 or -EINVAL (NULL argument, or not committed). */
+int ddp_memory_stats(const ddp_model *m, ddp_memory *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DDP_H */
