@@ -20,6 +20,7 @@
  */
 #include "rdzv.h"
 #include "proto.h"
+#include "monoclock.h"
 #include "rdzv_internal.h"
 
 #include <assert.h>
@@ -53,7 +54,7 @@
 #define KEY_QUOTE_BYTES 64
 
 /* "No deadline": far enough in the future never to pass. */
-#define NO_DEADLINE INT64_MAX
+#define NO_DEADLINE INT64_MAX /* what rdzv__deadline_ns() returns for no timeout */
 
 struct rdzv_client {
     int fd;      /* -1 once broken */
@@ -84,33 +85,6 @@ static _Thread_local char connect_err[ERR_BYTES];
 /* Time and randomness                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* The deadline `ms` milliseconds from now; a negative `ms` means none. */
-static int64_t deadline_after(int ms)
-{
-    if (ms < 0)
-        return NO_DEADLINE;
-    return now_ns() + (int64_t)ms * 1000000;
-}
-
-/* Milliseconds left until `deadline`, rounded up, for poll(); -1 for no deadline. */
-static int poll_ms_left(int64_t deadline)
-{
-    if (deadline == NO_DEADLINE)
-        return -1;
-    int64_t left = deadline - now_ns();
-    if (left <= 0)
-        return 0;
-    int64_t ms = (left + 999999) / 1000000;
-    return ms > INT_MAX ? INT_MAX : (int)ms;
-}
-
 static uint64_t rng_next(uint64_t *s)
 {
     uint64_t x = *s;
@@ -126,7 +100,7 @@ static uint64_t rng_seed(const void *salt)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 40) ^
-                 (uint64_t)(uintptr_t)salt ^ (uint64_t)now_ns();
+                 (uint64_t)(uintptr_t)salt ^ (uint64_t)rdzv__now_ns();
     return s ? s : 0x9E3779B97F4A7C15ULL;
 }
 
@@ -286,13 +260,13 @@ static int wait_fd(int fd, short events, int64_t deadline)
 {
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = events};
-        int ms = poll_ms_left(deadline);
+        int ms = rdzv__ms_left(deadline);
         int n = poll(&pfd, 1, ms);
         if (n > 0)
             return 0;
         if (n < 0 && errno != EINTR)
             return -errno;
-        if (n == 0 && deadline != NO_DEADLINE && now_ns() >= deadline)
+        if (n == 0 && deadline != NO_DEADLINE && rdzv__now_ns() >= deadline)
             return -ETIMEDOUT;
     }
 }
@@ -503,7 +477,7 @@ static int connect_addrs(const struct addrinfo *list, int64_t deadline)
         if (rc < 0 && errno == EINPROGRESS) {
             int64_t share = deadline;
             if (deadline != NO_DEADLINE && naddr > 1)
-                share = now_ns() + (deadline - now_ns()) / naddr;
+                share = rdzv__now_ns() + (deadline - rdzv__now_ns()) / naddr;
             rc = wait_fd(fd, POLLOUT, share);
             if (rc == 0) {
                 int soerr = 0;
@@ -633,7 +607,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
         return -EINVAL;
     }
     format_endpoint(endpoint, sizeof endpoint, host, port);
-    int64_t deadline = deadline_after(opts->connect_timeout_ms);
+    int64_t deadline = rdzv__deadline_ns(opts->connect_timeout_ms);
 
     c = calloc(1, sizeof *c);
     if (!c) {
@@ -700,7 +674,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
         }
         if (!retry)
             goto out;
-        if (deadline != NO_DEADLINE && now_ns() >= deadline) {
+        if (deadline != NO_DEADLINE && rdzv__now_ns() >= deadline) {
             rc = -ETIMEDOUT;
             goto out;
         }
@@ -710,7 +684,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
          */
         int64_t half = backoff_ms / 2;
         int64_t delay_ms = backoff_ms - (half > 0 ? (int64_t)(rng_next(&c->rng) % (half + 1)) : 0);
-        int64_t wake = now_ns() + delay_ms * 1000000;
+        int64_t wake = rdzv__now_ns() + delay_ms * 1000000;
         sleep_until(wake < deadline ? wake : deadline);
         backoff_ms *= 2;
         if (backoff_ms < 1)
@@ -801,7 +775,7 @@ const char *rdzv_client_last_error(const rdzv_client *c)
 /* The deadline of an ordinary call: the client's timeout from now. */
 static int64_t call_deadline(const rdzv_client *c)
 {
-    return deadline_after(c->timeout_ms);
+    return rdzv__deadline_ns(c->timeout_ms);
 }
 
 /* Validates a key array: non-NULL entries, and a non-NULL array when there are keys. */
@@ -1068,7 +1042,7 @@ int rdzv_wait(rdzv_client *c, const char *const *keys, size_t nkeys, int timeout
     int rc = op_begin(c, "wait", keys, nkeys);
     if (rc == 0 && nkeys > 0) {
         int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
-        rc = do_wait(c, keys, nkeys, deadline_after(ms), ms);
+        rc = do_wait(c, keys, nkeys, rdzv__deadline_ns(ms), ms);
     }
     op_end(c);
     return rc;
@@ -1273,7 +1247,7 @@ int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_m
     if (rc < 0)
         goto out;
     int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
-    int64_t deadline = deadline_after(ms);
+    int64_t deadline = rdzv__deadline_ns(ms);
 
     arrived = key_printf("%s/arrived", name);
     if (!arrived) {
