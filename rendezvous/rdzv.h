@@ -336,6 +336,21 @@ int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, cons
                    unsigned char *missing);
 
 /*
+ * The gathering half of rdzv_allgather(), for ranks that published under "<prefix>/<rank>"
+ * earlier (or that only read): waits up to timeout_ms (< 0: the client's timeout) until the `n`
+ * keys "<prefix>/0" ... "<prefix>/<n-1>" exist and fetches them in one MULTI_GET into values[]
+ * and nbytes[] (the caller's arrays of n entries; free each value with rdzv_free()). On
+ * -ETIMEDOUT the arrays hold what had been published (values[i] NULL and nbytes[i] == 0 for a
+ * missing rank; free the values as on success; the missing keys are found with one CHECK each,
+ * since a store need not answer MULTI_GET for missing keys), `missing` (if not NULL, n entries)
+ * flags the missing ranks and rdzv_client_last_error(c) names them as rdzv_allgather() does.
+ * Returns 0, -EINVAL, -ENOMEM, -ETIMEDOUT, or another negative errno from the store (then nothing
+ * is allocated).
+ */
+int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void **values,
+                size_t *nbytes, unsigned char *missing);
+
+/*
  * Writes the ranks i with flags[i] != 0 (i < n) into buf as "1, 3, 5", the first 16 of them,
  * then " and K more": the one way the project names a set of ranks in a message. buf always
  * receives a NUL-terminated string (cut to cap). Returns how many flags are set, or -EINVAL.
