@@ -10,9 +10,10 @@
  * mean time of one round trip on one connection), and the time for N connections to pass a
  * barrier (connect, ADD a counter, WAIT for a key that the last arrival SETs).
  *
- * What it deliberately does not do: link librendezvous (proto.h is included for the opcode
- * numbers only, so a bug in the library's codec cannot hide itself), measure anything but the
- * loopback interface, or run under `meson test`.
+ * What it deliberately does not do: use librendezvous's client or server code (it links only the
+ * request encoder of proto.c, which the client and the tests share; every frame it builds also
+ * goes to PyTorch's servers, so a fault in that encoder shows up as a failure against them),
+ * measure anything but the loopback interface, or run under `meson test`.
  *
  * Client and server share the machine's cores (two on the development box): every rate
  * includes the client's own CPU time. To keep that share small and equal for every server, the
@@ -124,93 +125,81 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-static size_t put_u8(uint8_t *p, uint8_t v)
-{
-    p[0] = v;
-    return 1;
-}
-
-static size_t put_u32(uint8_t *p, uint32_t v)
-{
-    memcpy(p, &v, 4);
-    return 4;
-}
-
-static size_t put_u64(uint8_t *p, uint64_t v)
-{
-    memcpy(p, &v, 8);
-    return 8;
-}
-
-/* A length-prefixed string or byte vector. */
-static size_t put_bytes(uint8_t *p, const void *s, size_t n)
-{
-    put_u64(p, n);
-    if (n)
-        memcpy(p + 8, s, n);
-    return 8 + n;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Protocol generations                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
 struct gen {
-    const char *name; /* "legacy", "modern" */
-    bool validate;    /* opens with VALIDATE */
-    uint8_t op_set, op_get, op_add, op_wait;
+    const char *name;   /* "legacy", "modern" */
+    enum rdzv_gen wire; /* its opcode numbering, for rdzv__put_op() */
+    bool validate;      /* opens with VALIDATE */
 };
 
 static const struct gen gen_legacy = {
     .name = "legacy",
+    .wire = RDZV_GEN_LEGACY,
     .validate = false,
-    .op_set = RDZV_L_SET,
-    .op_get = RDZV_L_GET,
-    .op_add = RDZV_L_ADD,
-    .op_wait = RDZV_L_WAIT,
 };
 static const struct gen gen_modern = {
     .name = "modern",
+    .wire = RDZV_GEN_MODERN,
     .validate = true,
-    .op_set = RDZV_M_SET,
-    .op_get = RDZV_M_GET,
-    .op_add = RDZV_M_ADD,
-    .op_wait = RDZV_M_WAIT,
 };
 
-/* Frame builders. Each writes one frame at p and returns its length. */
-static size_t frame_validate(uint8_t *p)
+/*
+ * Frame builders: each appends one request to `w` with librendezvous's encoder (proto.h). The
+ * caller checks the buffer once, with built(), after the frames it needs.
+ */
+static void frame_validate(rdzv__wbuf *w)
 {
-    size_t n = put_u8(p, RDZV_M_VALIDATE);
-    return n + put_u32(p + n, RDZV_VALIDATE_MAGIC);
+    rdzv__put_op(w, RDZV_GEN_MODERN, RDZV_OP_VALIDATE);
+    rdzv__put_u32(w, RDZV_VALIDATE_MAGIC);
 }
 
-static size_t frame_set(uint8_t *p, const struct gen *g, const char *key, const void *val,
-                        size_t vlen)
+static void frame_ping(rdzv__wbuf *w, uint32_t nonce)
 {
-    size_t n = put_u8(p, g->op_set);
-    n += put_bytes(p + n, key, strlen(key));
-    return n + put_bytes(p + n, val, vlen);
+    rdzv__put_op(w, RDZV_GEN_MODERN, RDZV_OP_PING);
+    rdzv__put_u32(w, nonce);
 }
 
-static size_t frame_get(uint8_t *p, const struct gen *g, const char *key)
+static void frame_set(rdzv__wbuf *w, const struct gen *g, const char *key, const void *val,
+                      size_t vlen)
 {
-    size_t n = put_u8(p, g->op_get);
-    return n + put_bytes(p + n, key, strlen(key));
+    rdzv__put_op(w, g->wire, RDZV_OP_SET);
+    rdzv__put_vec(w, key, strlen(key));
+    rdzv__put_vec(w, val, vlen);
 }
 
-static size_t frame_add(uint8_t *p, const struct gen *g, const char *key, int64_t delta)
+static void frame_get(rdzv__wbuf *w, const struct gen *g, const char *key)
 {
-    size_t n = put_u8(p, g->op_add);
-    n += put_bytes(p + n, key, strlen(key));
-    return n + put_u64(p + n, (uint64_t)delta);
+    rdzv__put_op(w, g->wire, RDZV_OP_GET);
+    rdzv__put_vec(w, key, strlen(key));
 }
 
-static size_t frame_wait1(uint8_t *p, const struct gen *g, const char *key)
+static void frame_add(rdzv__wbuf *w, const struct gen *g, const char *key, int64_t delta)
 {
-    size_t n = put_u8(p, g->op_wait);
-    n += put_u64(p + n, 1);
-    return n + put_bytes(p + n, key, strlen(key));
+    rdzv__put_op(w, g->wire, RDZV_OP_ADD);
+    rdzv__put_vec(w, key, strlen(key));
+    rdzv__put_i64(w, delta);
+}
+
+static void frame_wait1(rdzv__wbuf *w, const struct gen *g, const char *key)
+{
+    rdzv__put_op(w, g->wire, RDZV_OP_WAIT);
+    rdzv__put_u64(w, 1);
+    rdzv__put_vec(w, key, strlen(key));
+}
+
+/*
+ * Exits, as xmalloc() does, if building frames into `w` failed: out of memory, or a fixed
+ * buffer too small for its frames (a bug here). Frames are built before any clock starts.
+ */
+static void built(const rdzv__wbuf *w)
+{
+    if (w->err) {
+        fprintf(stderr, "store-bench: cannot build a request: %s\n", strerror(-w->err));
+        exit(2);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -281,6 +270,7 @@ static int conn_open(int port, const struct gen *g)
     struct sockaddr_in sa = loopback(port);
     struct timeval tv = {IO_TIMEOUT_MS / 1000, 0};
     uint8_t hello[16], echo[4];
+    rdzv__wbuf w = rdzv__wbuf_fixed(hello, sizeof(hello));
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int rc;
 
@@ -296,10 +286,10 @@ static int conn_open(int port, const struct gen *g)
     rc = fd;
     if (g->validate) {
         const uint32_t nonce = 0x15f5u;
-        size_t n = frame_validate(hello);
-        n += put_u8(hello + n, RDZV_M_PING);
-        n += put_u32(hello + n, nonce);
-        rc = send_all(fd, hello, n);
+        frame_validate(&w);
+        frame_ping(&w, nonce);
+        built(&w);
+        rc = send_all(fd, w.data, w.len);
         if (rc == 0)
             rc = recv_all(fd, echo, 4, "waiting for the PING echo");
         if (rc == 0 && rdzv__ld32(echo) != nonce)
@@ -334,14 +324,17 @@ static void rt_req_build(struct rt_req *r, const struct gen *g, size_t vsize, un
 {
     char key[96];
     uint8_t *val = xmalloc(vsize);
+    rdzv__wbuf w = {0};
 
     snprintf(key, sizeof(key), "/bench/rt/%s/%u/%zu/%u", g->name, g_round, vsize, conn);
     for (size_t i = 0; i < vsize; i++)
         val[i] = (uint8_t)(i * 31u + conn);
-    r->buf = xmalloc(2 * (1 + 8 + sizeof(key)) + 8 + vsize);
-    r->len = frame_set(r->buf, g, key, val, vsize);
-    r->seq_off = r->len - vsize;
-    r->len += frame_get(r->buf + r->len, g, key);
+    frame_set(&w, g, key, val, vsize);
+    r->seq_off = w.len - vsize;
+    frame_get(&w, g, key);
+    built(&w);
+    r->buf = w.data; /* ours now: freed with free() */
+    r->len = w.len;
     free(val);
 }
 
@@ -838,19 +831,27 @@ static int barrier_run(int port, pid_t srv_pid, const struct gen *g, unsigned n,
     char ctr[96], doneky[96];
     long long drops0 = listen_drops();
     int64_t srv0, cli0;
-    size_t k;
+    rdzv__wbuf w;
     int rc = 0;
 
     g_round++;
     snprintf(ctr, sizeof(ctr), "/bench/barrier/%s/%u/%u/ctr", g->name, g_round, n);
     snprintf(doneky, sizeof(doneky), "/bench/barrier/%s/%u/%u/done", g->name, g_round, n);
-    k = 0;
+    w = rdzv__wbuf_fixed(b.hello, sizeof(b.hello));
     if (g->validate)
-        k += frame_validate(b.hello);
-    b.hello_len = k + frame_add(b.hello + k, g, ctr, 1);
-    b.waitf_len = frame_wait1(b.waitf, g, doneky);
-    k = frame_set(b.setwait, g, doneky, "1", 1);
-    b.setwait_len = k + frame_wait1(b.setwait + k, g, doneky);
+        frame_validate(&w);
+    frame_add(&w, g, ctr, 1);
+    built(&w);
+    b.hello_len = w.len;
+    w = rdzv__wbuf_fixed(b.waitf, sizeof(b.waitf));
+    frame_wait1(&w, g, doneky);
+    built(&w);
+    b.waitf_len = w.len;
+    w = rdzv__wbuf_fixed(b.setwait, sizeof(b.setwait));
+    frame_set(&w, g, doneky, "1", 1);
+    frame_wait1(&w, g, doneky);
+    built(&w);
+    b.setwait_len = w.len;
 
     b.cs = calloc(n, sizeof(*b.cs));
     b.seen = calloc((size_t)n + 1, 1);

@@ -365,21 +365,16 @@ static int dyn_late(rdzv_client *c, const dyn_keys *k, int round, const char *wh
 static int dyn_assign(rdzv_client *c, const char *prefix, int round, int n, int slot, int join_ms,
                       ddprun_assignment *out, char *err, size_t errlen)
 {
-    char **keys = key_array(prefix, round, "dyn/node", n);
+    char *where = round_key(prefix, round, "dyn/node");
     void **values = calloc((size_t)n, sizeof *values);
     size_t *lens = calloc((size_t)n, sizeof *lens);
     int64_t *nprocs = calloc((size_t)n, sizeof *nprocs);
     int rc = -ENOMEM;
-    if (!keys || !values || !lens || !nprocs) {
+    if (!where || !values || !lens || !nprocs) {
         set_err(err, errlen, rc, "dynamic rendezvous round %d: out of memory", round);
         goto out;
     }
-    rc = rdzv_wait(c, (const char *const *)keys, (size_t)n, join_ms);
-    if (rc < 0) {
-        store_err(c, err, errlen, rc, "waiting for the members' records", round);
-        goto out;
-    }
-    rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)n, values, lens);
+    rc = rdzv_gather(c, where, n, join_ms, values, lens, NULL);
     if (rc < 0) {
         store_err(c, err, errlen, rc, "reading the members' records", round);
         goto out;
@@ -407,7 +402,7 @@ static int dyn_assign(rdzv_client *c, const char *prefix, int round, int n, int 
     out->world_size = world;
     rc = 0;
 out:
-    rdzv_free(keys);
+    free(where);
     free_values(values, n);
     free(lens);
     free(nprocs);

@@ -233,44 +233,30 @@ static int64_t parse_progress(const void *val, size_t len)
 
 /*
  * Waits up to wait_ms for every rank's "<prefix>/progress/<r>" and reads them into
- * progress[world]: the published index, COLL__PROGRESS_ABSENT (still missing), or
- * COLL__PROGRESS_UNREAD (the read failed). When all are there, one MULTI_GET reads them; when
- * some are missing, each key is checked and read on its own, since a store need not answer
- * MULTI_GET for missing keys (PyTorch's does not). PRESENT, or UNREACHABLE (out of memory).
+ * progress[world] (rdzv_gather(), which after a timeout still returns what was published): the
+ * published index, or COLL__PROGRESS_ABSENT (still missing). PRESENT, or UNREACHABLE (the store
+ * did not answer, or out of memory).
  */
 static coll__answer read_progress(coll_comm *c, int wait_ms, int64_t *progress)
 {
-    char where[512], **keys = NULL;
+    char where[512];
     snprintf(where, sizeof where, "%s/progress", c->prefix);
-    if (rdzv_rank_keys(where, c->world, &keys) < 0)
-        keys = NULL;
     void **vals = calloc((size_t)c->world, sizeof *vals);
     size_t *lens = calloc((size_t)c->world, sizeof *lens);
     coll__answer a = COLL__UNREACHABLE;
-    if (!keys || !vals || !lens)
+    if (!vals || !lens)
+        goto out;
+    pthread_mutex_lock(&c->store_lock);
+    int rc = rdzv_gather(c->store, where, c->world, wait_ms, vals, lens, NULL);
+    pthread_mutex_unlock(&c->store_lock);
+    if (rc < 0 && rc != -ETIMEDOUT)
         goto out;
     a = COLL__PRESENT;
-    pthread_mutex_lock(&c->store_lock);
-    int rc = rdzv_wait(c->store, (const char *const *)keys, (size_t)c->world, wait_ms);
-    if (rc == 0)
-        rc = rdzv_multi_get(c->store, (const char *const *)keys, (size_t)c->world, vals, lens);
-    for (int r = 0; r < c->world; r++) {
-        const char *key = keys[r];
-        if (rc == 0) {
-            progress[r] = parse_progress(vals[r], lens[r]);
-        } else if (rdzv_check(c->store, &key, 1) != 1) {
-            progress[r] = COLL__PROGRESS_ABSENT;
-        } else if (rdzv_get(c->store, key, &vals[r], &lens[r]) == 0) {
-            progress[r] = parse_progress(vals[r], lens[r]);
-        } else {
-            progress[r] = COLL__PROGRESS_UNREAD;
-        }
-    }
-    pthread_mutex_unlock(&c->store_lock);
+    for (int r = 0; r < c->world; r++)
+        progress[r] = lens[r] == 0 ? COLL__PROGRESS_ABSENT : parse_progress(vals[r], lens[r]);
 out:
     for (int r = 0; vals && r < c->world; r++)
         rdzv_free(vals[r]);
-    rdzv_free(keys);
     free(vals);
     free(lens);
     return a;

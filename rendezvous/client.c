@@ -3,11 +3,11 @@
  * (PyTorch >= 2.2) generation of the c10d TCPStore wire protocol, for C programs such as the
  * launcher, workers and job schedulers.
  *
- * Each call encodes its whole request into one growable buffer and hands it to the kernel with
- * as few send() calls as the socket buffer allows, then reads the reply through a small receive
- * buffer so that a short reply costs one recv(). The socket is non-blocking; every wait for the
- * socket is a poll() against a deadline taken from the monotonic clock, so no call blocks longer
- * than the client's timeout (or wait()'s own).
+ * Each call encodes its whole request (with proto.h's encoder) into one growable buffer, kept
+ * across calls, and hands it to the kernel with as few send() calls as the socket buffer allows,
+ * then reads the reply through a small receive buffer so that a short reply costs one recv(). The
+ * socket is non-blocking; every wait for the socket is a poll() against a deadline taken from the
+ * monotonic clock, so no call blocks longer than the client's timeout (or wait()'s own).
  *
  * Invariant: the byte stream is either in step with the server (no reply outstanding, no
  * request half sent) or the client is marked broken, its socket closed, and every later call
@@ -20,6 +20,7 @@
  */
 #include "rdzv.h"
 #include "proto.h"
+#include "monoclock.h"
 #include "rdzv_internal.h"
 
 #include <assert.h>
@@ -53,7 +54,7 @@
 #define KEY_QUOTE_BYTES 64
 
 /* "No deadline": far enough in the future never to pass. */
-#define NO_DEADLINE INT64_MAX
+#define NO_DEADLINE INT64_MAX /* what rdzv__deadline_ns() returns for no timeout */
 
 struct rdzv_client {
     int fd;      /* -1 once broken */
@@ -62,8 +63,7 @@ struct rdzv_client {
     char *prefix; /* owned, NULL when empty */
     size_t prefix_len;
 
-    uint8_t *sbuf; /* request under construction */
-    size_t slen, scap;
+    rdzv__wbuf sbuf; /* request under construction */
 
     size_t rpos, rlen; /* unread reply bytes are rbuf[rpos..rlen) */
     bool just_sent;    /* a request just left: its reply is not there yet, so poll first */
@@ -85,33 +85,6 @@ static _Thread_local char connect_err[ERR_BYTES];
 /* Time and randomness                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* The deadline `ms` milliseconds from now; a negative `ms` means none. */
-static int64_t deadline_after(int ms)
-{
-    if (ms < 0)
-        return NO_DEADLINE;
-    return now_ns() + (int64_t)ms * 1000000;
-}
-
-/* Milliseconds left until `deadline`, rounded up, for poll(); -1 for no deadline. */
-static int poll_ms_left(int64_t deadline)
-{
-    if (deadline == NO_DEADLINE)
-        return -1;
-    int64_t left = deadline - now_ns();
-    if (left <= 0)
-        return 0;
-    int64_t ms = (left + 999999) / 1000000;
-    return ms > INT_MAX ? INT_MAX : (int)ms;
-}
-
 static uint64_t rng_next(uint64_t *s)
 {
     uint64_t x = *s;
@@ -127,7 +100,7 @@ static uint64_t rng_seed(const void *salt)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 40) ^
-                 (uint64_t)(uintptr_t)salt ^ (uint64_t)now_ns();
+                 (uint64_t)(uintptr_t)salt ^ (uint64_t)rdzv__now_ns();
     return s ? s : 0x9E3779B97F4A7C15ULL;
 }
 
@@ -220,7 +193,7 @@ static int op_begin(rdzv_client *c, const char *op, const char *const *keys, siz
                      nkeys > 2 ? "s" : "");
         }
     }
-    c->slen = 0;
+    rdzv__wbuf_reset(&c->sbuf);
     if (c->broken) {
         snprintf(c->err, sizeof c->err, "%s: client unusable after an earlier failure: %.280s",
                  c->what, c->broken_why);
@@ -243,88 +216,35 @@ static int invalid(rdzv_client *c, const char *op)
 /* Releases a send buffer that one big request grew, so that it is not kept for the lifetime. */
 static void op_end(rdzv_client *c)
 {
-    if (c->scap > SBUF_KEEP_BYTES) {
-        free(c->sbuf);
-        c->sbuf = NULL;
-        c->scap = 0;
-    }
-    c->slen = 0;
+    if (c->sbuf.cap > SBUF_KEEP_BYTES)
+        rdzv__wbuf_free(&c->sbuf);
+    rdzv__wbuf_reset(&c->sbuf);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Request encoding                                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
-/* *acc += n, or false on overflow. */
-static bool size_add(size_t *acc, size_t n)
+/*
+ * Checks the request just encoded into c->sbuf: 0, or the encoder's failure, recorded as the
+ * call's (a request whose size would not fit in memory is an invalid argument).
+ */
+static int encoded(rdzv_client *c)
 {
-    if (*acc > SIZE_MAX - n)
-        return false;
-    *acc += n;
-    return true;
-}
-
-/* Wire size of a key with the client's prefix: the uint64 length and the bytes. */
-static bool size_add_key(const rdzv_client *c, size_t *acc, const char *key)
-{
-    return size_add(acc, 8) && size_add(acc, c->prefix_len) && size_add(acc, strlen(key));
-}
-
-/* Makes room for `need` more bytes in the request buffer. Returns 0 or -ENOMEM. */
-static int reserve(rdzv_client *c, size_t need)
-{
-    if (need <= c->scap - c->slen)
+    switch (c->sbuf.err) {
+    case 0:
         return 0;
-    if (need > SIZE_MAX / 2 - c->slen)
-        return fail(c, -ENOMEM, "request of %zu bytes is too large", need);
-    size_t cap = c->scap ? c->scap : 256;
-    while (cap < c->slen + need)
-        cap *= 2;
-    uint8_t *p = realloc(c->sbuf, cap);
-    if (!p)
-        return fail(c, -ENOMEM, "cannot allocate %zu bytes for the request", cap);
-    c->sbuf = p;
-    c->scap = cap;
-    return 0;
-}
-
-/* The put_* helpers write into space that reserve() made. */
-static void put_bytes(rdzv_client *c, const void *p, size_t n)
-{
-    assert(n <= c->scap - c->slen);
-    if (n)
-        memcpy(c->sbuf + c->slen, p, n);
-    c->slen += n;
-}
-
-static void put_u8(rdzv_client *c, uint8_t v)
-{
-    put_bytes(c, &v, 1);
-}
-
-static void put_u32(rdzv_client *c, uint32_t v)
-{
-    put_bytes(c, &v, 4);
-}
-
-static void put_u64(rdzv_client *c, uint64_t v)
-{
-    put_bytes(c, &v, 8);
-}
-
-static void put_vec(rdzv_client *c, const void *p, size_t n)
-{
-    put_u64(c, n);
-    put_bytes(c, p, n);
+    case -ENOMEM:
+        return fail(c, -ENOMEM, "cannot allocate memory for the request");
+    default:
+        return fail(c, -EINVAL, "request too large");
+    }
 }
 
 /* A key as the wire carries it: one string, the client's prefix followed by `key`. */
 static void put_key(rdzv_client *c, const char *key)
 {
-    size_t n = strlen(key);
-    put_u64(c, (uint64_t)c->prefix_len + n);
-    put_bytes(c, c->prefix, c->prefix_len);
-    put_bytes(c, key, n);
+    rdzv__put_key(&c->sbuf, c->prefix, c->prefix_len, key, strlen(key));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -340,27 +260,28 @@ static int wait_fd(int fd, short events, int64_t deadline)
 {
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = events};
-        int ms = poll_ms_left(deadline);
+        int ms = rdzv__ms_left(deadline);
         int n = poll(&pfd, 1, ms);
         if (n > 0)
             return 0;
         if (n < 0 && errno != EINTR)
             return -errno;
-        if (n == 0 && deadline != NO_DEADLINE && now_ns() >= deadline)
+        if (n == 0 && deadline != NO_DEADLINE && rdzv__now_ns() >= deadline)
             return -ETIMEDOUT;
     }
 }
 
 /*
- * Sends sbuf[0..slen). A failure after part of the request left, or a dead connection, breaks
- * the client; a timeout before any byte left leaves it usable. Returns 0 or a negative errno.
+ * Sends the request in c->sbuf. A failure after part of the request left, or a dead connection,
+ * breaks the client; a timeout before any byte left leaves it usable. Returns 0 or a negative
+ * errno.
  */
 static int send_request(rdzv_client *c, int64_t deadline)
 {
     size_t off = 0;
     int rc = 0;
-    while (off < c->slen) {
-        ssize_t n = send(c->fd, c->sbuf + off, c->slen - off, MSG_NOSIGNAL);
+    while (off < c->sbuf.len) {
+        ssize_t n = send(c->fd, c->sbuf.data + off, c->sbuf.len - off, MSG_NOSIGNAL);
         if (n > 0) {
             off += (size_t)n;
             continue;
@@ -556,7 +477,7 @@ static int connect_addrs(const struct addrinfo *list, int64_t deadline)
         if (rc < 0 && errno == EINPROGRESS) {
             int64_t share = deadline;
             if (deadline != NO_DEADLINE && naddr > 1)
-                share = now_ns() + (deadline - now_ns()) / naddr;
+                share = rdzv__now_ns() + (deadline - rdzv__now_ns()) / naddr;
             rc = wait_fd(fd, POLLOUT, share);
             if (rc == 0) {
                 int soerr = 0;
@@ -608,11 +529,12 @@ static int handshake(rdzv_client *c, int64_t deadline)
 {
     uint32_t nonce = (uint32_t)rng_next(&c->rng);
     uint8_t req[10];
-    uint32_t magic = RDZV_VALIDATE_MAGIC;
-    req[0] = RDZV_M_VALIDATE;
-    memcpy(req + 1, &magic, 4);
-    req[5] = RDZV_M_PING;
-    memcpy(req + 6, &nonce, 4);
+    rdzv__wbuf w = rdzv__wbuf_fixed(req, sizeof req);
+    rdzv__put_u8(&w, RDZV_M_VALIDATE);
+    rdzv__put_u32(&w, RDZV_VALIDATE_MAGIC);
+    rdzv__put_u8(&w, RDZV_M_PING);
+    rdzv__put_u32(&w, nonce);
+    assert(w.err == 0 && w.len == sizeof req);
 
     size_t off = 0;
     while (off < sizeof req) {
@@ -685,7 +607,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
         return -EINVAL;
     }
     format_endpoint(endpoint, sizeof endpoint, host, port);
-    int64_t deadline = deadline_after(opts->connect_timeout_ms);
+    int64_t deadline = rdzv__deadline_ns(opts->connect_timeout_ms);
 
     c = calloc(1, sizeof *c);
     if (!c) {
@@ -752,7 +674,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
         }
         if (!retry)
             goto out;
-        if (deadline != NO_DEADLINE && now_ns() >= deadline) {
+        if (deadline != NO_DEADLINE && rdzv__now_ns() >= deadline) {
             rc = -ETIMEDOUT;
             goto out;
         }
@@ -762,7 +684,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
          */
         int64_t half = backoff_ms / 2;
         int64_t delay_ms = backoff_ms - (half > 0 ? (int64_t)(rng_next(&c->rng) % (half + 1)) : 0);
-        int64_t wake = now_ns() + delay_ms * 1000000;
+        int64_t wake = rdzv__now_ns() + delay_ms * 1000000;
         sleep_until(wake < deadline ? wake : deadline);
         backoff_ms *= 2;
         if (backoff_ms < 1)
@@ -837,7 +759,7 @@ void rdzv_client_close(rdzv_client *c)
     if (c->fd >= 0)
         close(c->fd);
     free(c->prefix);
-    free(c->sbuf);
+    rdzv__wbuf_free(&c->sbuf);
     free(c);
 }
 
@@ -853,7 +775,7 @@ const char *rdzv_client_last_error(const rdzv_client *c)
 /* The deadline of an ordinary call: the client's timeout from now. */
 static int64_t call_deadline(const rdzv_client *c)
 {
-    return deadline_after(c->timeout_ms);
+    return rdzv__deadline_ns(c->timeout_ms);
 }
 
 /* Validates a key array: non-NULL entries, and a non-NULL array when there are keys. */
@@ -870,48 +792,29 @@ static bool keys_ok(const char *const *keys, size_t nkeys)
 /* Encodes an opcode followed by a count and `nkeys` keys (CHECK, WAIT, MULTI_GET). */
 static int put_key_list(rdzv_client *c, uint8_t op, const char *const *keys, size_t nkeys)
 {
-    size_t need = 9;
-    for (size_t i = 0; i < nkeys; i++)
-        if (!size_add_key(c, &need, keys[i]))
-            return fail(c, -EINVAL, "request too large");
-    int rc = reserve(c, need);
-    if (rc < 0)
-        return rc;
-    put_u8(c, op);
-    put_u64(c, nkeys);
+    rdzv__put_u8(&c->sbuf, op);
+    rdzv__put_u64(&c->sbuf, nkeys);
     for (size_t i = 0; i < nkeys; i++)
         put_key(c, keys[i]);
-    return 0;
+    return encoded(c);
 }
 
 /* Encodes an opcode followed by one key and one value (SET, APPEND). */
 static int put_key_value(rdzv_client *c, uint8_t op, const char *key, const void *value,
                          size_t nbytes)
 {
-    size_t need = 1 + 8;
-    if (!size_add_key(c, &need, key) || !size_add(&need, nbytes))
-        return fail(c, -EINVAL, "request too large");
-    int rc = reserve(c, need);
-    if (rc < 0)
-        return rc;
-    put_u8(c, op);
+    rdzv__put_u8(&c->sbuf, op);
     put_key(c, key);
-    put_vec(c, value, nbytes);
-    return 0;
+    rdzv__put_vec(&c->sbuf, value, nbytes);
+    return encoded(c);
 }
 
 /* Encodes an opcode followed by one key (GET, DELETE_KEY). */
 static int put_op_key(rdzv_client *c, uint8_t op, const char *key)
 {
-    size_t need = 1;
-    if (!size_add_key(c, &need, key))
-        return fail(c, -EINVAL, "request too large");
-    int rc = reserve(c, need);
-    if (rc < 0)
-        return rc;
-    put_u8(c, op);
+    rdzv__put_u8(&c->sbuf, op);
     put_key(c, key);
-    return 0;
+    return encoded(c);
 }
 
 /*
@@ -923,7 +826,7 @@ static int put_op_key(rdzv_client *c, uint8_t op, const char *key)
 static int do_wait(rdzv_client *c, const char *const *keys, size_t nkeys, int64_t deadline,
                    int timeout_ms)
 {
-    c->slen = 0;
+    rdzv__wbuf_reset(&c->sbuf);
     int rc = put_key_list(c, RDZV_M_WAIT, keys, nkeys);
     if (rc < 0)
         return rc;
@@ -941,11 +844,11 @@ static int do_wait(rdzv_client *c, const char *const *keys, size_t nkeys, int64_
         return fail_broken(c, rc, "reading the reply: %s", io_reason(rc));
 
     int64_t cancel_deadline = call_deadline(c);
-    c->slen = 0;
-    rc = reserve(c, 1);
+    rdzv__wbuf_reset(&c->sbuf);
+    rdzv__put_u8(&c->sbuf, RDZV_M_CANCEL_WAIT);
+    rc = encoded(c);
     if (rc < 0)
         return fail_broken(c, rc, "cannot cancel the wait");
-    put_u8(c, RDZV_M_CANCEL_WAIT);
     rc = send_request(c, cancel_deadline);
     if (rc < 0)
         return c->broken ? rc : fail_broken(c, rc, "cancelling the wait: %s", io_reason(rc));
@@ -965,7 +868,7 @@ static int do_wait(rdzv_client *c, const char *const *keys, size_t nkeys, int64_
 static int do_set(rdzv_client *c, const char *key, const void *value, size_t nbytes,
                   int64_t deadline)
 {
-    c->slen = 0;
+    rdzv__wbuf_reset(&c->sbuf);
     int rc = put_key_value(c, RDZV_M_SET, key, value, nbytes);
     if (rc < 0)
         return rc;
@@ -974,16 +877,13 @@ static int do_set(rdzv_client *c, const char *key, const void *value, size_t nby
 
 static int do_add(rdzv_client *c, const char *key, int64_t delta, int64_t *result, int64_t deadline)
 {
-    c->slen = 0;
-    size_t need = 1 + 8;
-    if (!size_add_key(c, &need, key))
-        return fail(c, -EINVAL, "request too large");
-    int rc = reserve(c, need);
+    rdzv__wbuf_reset(&c->sbuf);
+    rdzv__put_u8(&c->sbuf, RDZV_M_ADD);
+    put_key(c, key);
+    rdzv__put_i64(&c->sbuf, delta);
+    int rc = encoded(c);
     if (rc < 0)
         return rc;
-    put_u8(c, RDZV_M_ADD);
-    put_key(c, key);
-    put_u64(c, (uint64_t)delta);
     rc = send_request(c, deadline);
     if (rc < 0)
         return rc;
@@ -992,7 +892,7 @@ static int do_add(rdzv_client *c, const char *key, int64_t delta, int64_t *resul
 
 static int do_delete(rdzv_client *c, const char *key, int64_t deadline)
 {
-    c->slen = 0;
+    rdzv__wbuf_reset(&c->sbuf);
     int rc = put_op_key(c, RDZV_M_DELETE_KEY, key);
     if (rc < 0)
         return rc;
@@ -1035,20 +935,14 @@ int rdzv_get(rdzv_client *c, const char *key, void **value, size_t *nbytes)
         goto out;
     int64_t deadline = call_deadline(c);
 
-    size_t need = 1 + 8 + 1;
-    if (!size_add_key(c, &need, key) || !size_add_key(c, &need, key)) {
-        rc = fail(c, -EINVAL, "request too large");
-        goto out;
-    }
-    rc = reserve(c, need);
-    if (rc < 0)
-        goto out;
-    put_u8(c, RDZV_M_CHECK);
-    put_u64(c, 1);
+    rdzv__put_u8(&c->sbuf, RDZV_M_CHECK);
+    rdzv__put_u64(&c->sbuf, 1);
     put_key(c, key);
-    put_u8(c, RDZV_M_GET);
+    rdzv__put_u8(&c->sbuf, RDZV_M_GET);
     put_key(c, key);
-    rc = send_request(c, deadline);
+    rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, deadline);
     if (rc == 0)
         rc = recv_u8(c, &ready, deadline);
     if (rc == 0 && ready != RDZV_CHECK_READY && ready != RDZV_CHECK_NOT_READY)
@@ -1062,7 +956,7 @@ int rdzv_get(rdzv_client *c, const char *key, void **value, size_t *nbytes)
     rc = do_wait(c, &key, 1, deadline, c->timeout_ms);
     if (rc < 0)
         goto out;
-    c->slen = 0;
+    rdzv__wbuf_reset(&c->sbuf);
     rc = put_op_key(c, RDZV_M_GET, key);
     if (rc == 0)
         rc = send_request(c, deadline);
@@ -1098,20 +992,13 @@ int rdzv_compare_set(rdzv_client *c, const char *key, const void *expected, size
     if (rc < 0)
         goto out;
     int64_t deadline = call_deadline(c);
-    size_t need = 1 + 8 + 8;
-    if (!size_add_key(c, &need, key) || !size_add(&need, expected_nbytes) ||
-        !size_add(&need, desired_nbytes)) {
-        rc = fail(c, -EINVAL, "request too large");
-        goto out;
-    }
-    rc = reserve(c, need);
-    if (rc < 0)
-        goto out;
-    put_u8(c, RDZV_M_COMPARE_SET);
+    rdzv__put_u8(&c->sbuf, RDZV_M_COMPARE_SET);
     put_key(c, key);
-    put_vec(c, expected, expected_nbytes);
-    put_vec(c, desired, desired_nbytes);
-    rc = send_request(c, deadline);
+    rdzv__put_vec(&c->sbuf, expected, expected_nbytes);
+    rdzv__put_vec(&c->sbuf, desired, desired_nbytes);
+    rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, deadline);
     if (rc == 0)
         rc = recv_vec(c, value, nbytes, deadline);
 out:
@@ -1155,7 +1042,7 @@ int rdzv_wait(rdzv_client *c, const char *const *keys, size_t nkeys, int timeout
     int rc = op_begin(c, "wait", keys, nkeys);
     if (rc == 0 && nkeys > 0) {
         int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
-        rc = do_wait(c, keys, nkeys, deadline_after(ms), ms);
+        rc = do_wait(c, keys, nkeys, rdzv__deadline_ns(ms), ms);
     }
     op_end(c);
     return rc;
@@ -1180,11 +1067,10 @@ int rdzv_num_keys(rdzv_client *c, int64_t *count)
     if (rc < 0)
         goto out;
     int64_t deadline = call_deadline(c);
-    rc = reserve(c, 1);
-    if (rc < 0)
-        goto out;
-    put_u8(c, RDZV_M_GETNUMKEYS);
-    rc = send_request(c, deadline);
+    rdzv__put_u8(&c->sbuf, RDZV_M_GETNUMKEYS);
+    rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, deadline);
     if (rc == 0)
         rc = recv_i64(c, count, deadline);
 out:
@@ -1261,24 +1147,15 @@ int rdzv_multi_set(rdzv_client *c, const char *const *keys, const void *const *v
     int rc = op_begin(c, "multi_set", keys, nkeys);
     if (rc < 0 || nkeys == 0)
         goto out;
-    size_t need = 9;
-    for (size_t i = 0; i < nkeys; i++) {
-        if (!size_add_key(c, &need, keys[i]) || !size_add(&need, 8) ||
-            !size_add(&need, nbytes[i])) {
-            rc = fail(c, -EINVAL, "request too large");
-            goto out;
-        }
-    }
-    rc = reserve(c, need);
-    if (rc < 0)
-        goto out;
-    put_u8(c, RDZV_M_MULTI_SET);
-    put_u64(c, nkeys);
+    rdzv__put_u8(&c->sbuf, RDZV_M_MULTI_SET);
+    rdzv__put_u64(&c->sbuf, nkeys);
     for (size_t i = 0; i < nkeys; i++) {
         put_key(c, keys[i]);
-        put_vec(c, values[i], nbytes[i]);
+        rdzv__put_vec(&c->sbuf, values[i], nbytes[i]);
     }
-    rc = send_request(c, call_deadline(c));
+    rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, call_deadline(c));
 out:
     op_end(c);
     return rc;
@@ -1293,12 +1170,11 @@ int rdzv_ping(rdzv_client *c)
         goto out;
     int64_t deadline = call_deadline(c);
     uint32_t nonce = (uint32_t)rng_next(&c->rng);
-    rc = reserve(c, 5);
-    if (rc < 0)
-        goto out;
-    put_u8(c, RDZV_M_PING);
-    put_u32(c, nonce);
-    rc = send_request(c, deadline);
+    rdzv__put_u8(&c->sbuf, RDZV_M_PING);
+    rdzv__put_u32(&c->sbuf, nonce);
+    rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, deadline);
     uint8_t b[4];
     if (rc == 0)
         rc = recv_exact(c, b, 4, deadline);
@@ -1321,11 +1197,10 @@ int rdzv_status(rdzv_client *c, char **json)
     if (rc < 0)
         goto out;
     int64_t deadline = call_deadline(c);
-    rc = reserve(c, 1);
-    if (rc < 0)
-        goto out;
-    put_u8(c, RDZV_M_STATUS);
-    rc = send_request(c, deadline);
+    rdzv__put_u8(&c->sbuf, RDZV_M_STATUS);
+    rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, deadline);
     void *p;
     size_t n;
     if (rc == 0)
@@ -1372,7 +1247,7 @@ int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_m
     if (rc < 0)
         goto out;
     int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
-    int64_t deadline = deadline_after(ms);
+    int64_t deadline = rdzv__deadline_ns(ms);
 
     arrived = key_printf("%s/arrived", name);
     if (!arrived) {

@@ -83,42 +83,71 @@ int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap)
 }
 
 /*
- * After a timed-out wait: one MULTI_GET tells which ranks are missing (their values are empty).
- * Sets the client's last error naming them and fills `missing` (if not NULL); returns
- * -ETIMEDOUT, or the MULTI_GET's error.
+ * Waits for the keys, then fetches them in one MULTI_GET. After a timeout, each key is checked
+ * on its own (a store need not answer MULTI_GET for missing keys: PyTorch's does not), the
+ * missing ones are named in the client's last error, and one MULTI_GET fetches the rest.
  */
-static int name_missing(rdzv_client *c, const char *prefix, char **keys, int world, int timeout_ms,
-                        unsigned char *missing)
+static int gather(rdzv_client *c, const char *prefix, char **keys, int n, int timeout_ms,
+                  void **values, size_t *nbytes, unsigned char *missing)
 {
-    void **vals = calloc((size_t)world, sizeof *vals);
-    size_t *lens = calloc((size_t)world, sizeof *lens);
-    unsigned char *flags = missing ? missing : calloc((size_t)world, 1);
-    int rc = -ENOMEM;
-    if (!vals || !lens || !flags)
+    int rc = rdzv_wait(c, (const char *const *)keys, (size_t)n, timeout_ms);
+    if (rc == 0)
+        return rdzv_multi_get(c, (const char *const *)keys, (size_t)n, values, nbytes);
+    if (rc != -ETIMEDOUT)
+        return rc;
+
+    unsigned char *flags = missing ? missing : calloc((size_t)n, 1);
+    const char **present = calloc((size_t)n, sizeof *present);
+    void **pvals = calloc((size_t)n, sizeof *pvals);
+    size_t *plens = calloc((size_t)n, sizeof *plens);
+    size_t np = 0;
+    rc = -ENOMEM;
+    if (!flags || !present || !pvals || !plens)
         goto out;
-    rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)world, vals, lens);
-    if (rc < 0)
+    for (int r = 0; r < n; r++) {
+        const char *k = keys[r];
+        if ((rc = rdzv_check(c, &k, 1)) < 0)
+            goto out;
+        flags[r] = rc == 0;
+        if (rc == 1)
+            present[np++] = k;
+    }
+    if (np > 0 && (rc = rdzv_multi_get(c, present, np, pvals, plens)) < 0)
         goto out;
-    for (int r = 0; r < world; r++) {
-        rdzv_free(vals[r]);
-        flags[r] = lens[r] == 0;
+    for (int r = 0, i = 0; r < n; r++) {
+        values[r] = flags[r] ? NULL : pvals[i];
+        nbytes[r] = flags[r] ? 0 : plens[i];
+        i += !flags[r];
     }
     char list[SHOW_RANKS * 12 + 32];
-    int nmissing = rdzv_rank_list(flags, world, list, sizeof list);
+    int nmissing = rdzv_rank_list(flags, n, list, sizeof list);
+    int ms = timeout_ms < 0 ? rdzv__client_timeout_ms(c) : timeout_ms;
     if (nmissing == 0)
-        /* Everyone arrived between the wait's end and the MULTI_GET: still a timeout. */
-        rdzv__client_error(c, 0, "every rank published %s, but only after %d ms", prefix,
-                           timeout_ms);
+        /* Everyone arrived between the wait's end and the checks: still a timeout. */
+        rdzv__client_error(c, 0, "every rank published %s, but only after %d ms", prefix, ms);
     else
         rdzv__client_error(c, 0, "rank%s %s did not publish %s within %d ms (%d of %d present)",
-                           nmissing == 1 ? "" : "s", list, prefix, timeout_ms, world - nmissing,
-                           world);
+                           nmissing == 1 ? "" : "s", list, prefix, ms, n - nmissing, n);
     rc = -ETIMEDOUT;
 out:
     if (flags != missing)
         free(flags);
-    free(vals);
-    free(lens);
+    free(present);
+    free(pvals);
+    free(plens);
+    return rc;
+}
+
+int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void **values,
+                size_t *nbytes, unsigned char *missing)
+{
+    if (!c || !prefix || n < 1 || !values || !nbytes)
+        return -EINVAL;
+    char **keys = NULL;
+    int rc = rdzv_rank_keys(prefix, n, &keys);
+    if (rc == 0)
+        rc = gather(c, prefix, keys, n, timeout_ms, values, nbytes, missing);
+    rdzv_free(keys);
     return rc;
 }
 
@@ -131,16 +160,16 @@ int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, cons
         return -EINVAL;
     char **keys = NULL;
     int rc = rdzv_rank_keys(prefix, world, &keys);
-    if (rc < 0)
-        return rc;
-    rc = rdzv_set(c, keys[rank], value, nbytes);
     if (rc == 0)
-        rc = rdzv_wait(c, (const char *const *)keys, (size_t)world, timeout_ms);
+        rc = rdzv_set(c, keys[rank], value, nbytes);
+    if (rc == 0)
+        rc = gather(c, prefix, keys, world, timeout_ms, values, nbytes_out, missing);
     if (rc == -ETIMEDOUT) {
-        int ms = timeout_ms < 0 ? rdzv__client_timeout_ms(c) : timeout_ms;
-        rc = name_missing(c, prefix, keys, world, ms, missing);
-    } else if (rc == 0) {
-        rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)world, values, nbytes_out);
+        /* Values only on success: what the timed-out gather fetched is dropped. */
+        for (int r = 0; r < world; r++) {
+            rdzv_free(values[r]);
+            values[r] = NULL;
+        }
     }
     rdzv_free(keys);
     return rc;

@@ -1,5 +1,5 @@
 /*
- * Incremental parser for c10d TCPStore requests, both generations.
+ * Incremental parser and encoder for c10d TCPStore requests, both generations.
  *
  * Every request is an opcode followed by fields laid out according to a small per-operation
  * "layout" string. The parser validates a frame field by field and keeps its position in
@@ -7,10 +7,16 @@
  * any byte costs the same as a whole one, and a 128 Ki-key WAIT that trickles in does not turn
  * quadratic. Limits are checked as soon as a length prefix is read, before its bytes arrive.
  *
- * This file does no I/O and allocates nothing; extracted fields point into the caller's buffer.
+ * The encoder is the parser's mirror, shared by the client, the tests and store-bench: fields
+ * are appended to a caller-owned rdzv__wbuf, whose fast path is inline in proto.h.
+ *
+ * This file does no I/O. The parser allocates nothing (extracted fields point into the
+ * caller's buffer); the encoder allocates only by growing the caller's buffer.
  */
 #include "proto.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 /*
@@ -51,15 +57,17 @@ const char *rdzv__parse_strerror(int rc)
     }
 }
 
+/* The legacy generation's operations, indexed by opcode. */
+static const int8_t legacy_ops[] = {
+    RDZV_OP_SET,  RDZV_OP_COMPARE_SET, RDZV_OP_GET,       RDZV_OP_ADD,        RDZV_OP_CHECK,
+    RDZV_OP_WAIT, RDZV_OP_GETNUMKEYS,  RDZV_OP_WATCH_KEY, RDZV_OP_DELETE_KEY,
+};
+
 /* Maps a wire opcode of generation `gen` onto an operation; -1 if unknown. */
 static int map_opcode(enum rdzv_gen gen, uint8_t code)
 {
-    static const int8_t legacy[] = {
-        RDZV_OP_SET,  RDZV_OP_COMPARE_SET, RDZV_OP_GET,       RDZV_OP_ADD,        RDZV_OP_CHECK,
-        RDZV_OP_WAIT, RDZV_OP_GETNUMKEYS,  RDZV_OP_WATCH_KEY, RDZV_OP_DELETE_KEY,
-    };
     if (gen == RDZV_GEN_LEGACY)
-        return code < sizeof(legacy) ? legacy[code] : -1;
+        return code < sizeof(legacy_ops) ? legacy_ops[code] : -1;
     /* The modern numbering is the rdzv_op order up to BARRIER. */
     if (code <= RDZV_M_BARRIER)
         return code;
@@ -225,4 +233,69 @@ void rdzv__next_str(const uint8_t **cursor, const uint8_t **s, size_t *n)
     *n = (size_t)rdzv__ld64(*cursor);
     *s = *cursor + 8;
     *cursor += 8 + *n;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Encoding                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+int rdzv__opcode(enum rdzv_gen gen, enum rdzv_op op)
+{
+    if (gen == RDZV_GEN_LEGACY) {
+        for (size_t code = 0; code < sizeof(legacy_ops); code++)
+            if (legacy_ops[code] == (int)op)
+                return (int)code;
+        return -EINVAL;
+    }
+    if (gen != RDZV_GEN_MODERN)
+        return -EINVAL;
+    /* The modern numbering is the rdzv_op order up to BARRIER; WATCH_KEY is legacy only. */
+    if ((unsigned)op <= RDZV_OP_BARRIER)
+        return (int)op;
+    if (op == RDZV_OP_STATUS)
+        return RDZV_M_STATUS;
+    return -EINVAL;
+}
+
+void rdzv__put_op(rdzv__wbuf *b, enum rdzv_gen gen, enum rdzv_op op)
+{
+    int code = rdzv__opcode(gen, op);
+    if (code < 0) {
+        if (!b->err)
+            b->err = code;
+        return;
+    }
+    rdzv__put_u8(b, (uint8_t)code);
+}
+
+int rdzv__wbuf_grow(rdzv__wbuf *b, size_t n)
+{
+    if (b->err)
+        return b->err;
+    if (n <= b->cap - b->len)
+        return 0;
+    if (b->fixed)
+        return b->err = -ENOBUFS;
+    /* Doubling must stay representable, so a request is capped at half the address space. */
+    if (n > SIZE_MAX / 2 - b->len)
+        return b->err = -EOVERFLOW;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n)
+        cap *= 2;
+    uint8_t *p = realloc(b->data, cap);
+    if (!p)
+        return b->err = -ENOMEM;
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
+void rdzv__wbuf_free(rdzv__wbuf *b)
+{
+    if (b->fixed) {
+        rdzv__wbuf_reset(b);
+        return;
+    }
+    free(b->data);
+    *b = (rdzv__wbuf){0};
 }

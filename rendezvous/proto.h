@@ -1,6 +1,7 @@
 /*
- * The c10d TCPStore wire protocol: opcodes, reply codes and the incremental request parser.
- * Internal to librendezvous (and its tests, fuzzer and benchmark); no I/O happens here.
+ * The c10d TCPStore wire protocol: opcodes, reply codes, the incremental request parser and the
+ * request encoder. Internal to librendezvous (and its tests, fuzzer and benchmark); no I/O
+ * happens here.
  *
  * Framing (both generations): one uint8 opcode, then the request's fields. Strings (keys) and
  * byte vectors (values) are a uint64 length followed by that many bytes; counts are uint64,
@@ -10,6 +11,7 @@
 #ifndef RDZV_PROTO_H
 #define RDZV_PROTO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -208,5 +210,113 @@ static inline uint32_t rdzv__ld32(const uint8_t *p)
     __builtin_memcpy(&v, p, 4);
     return v;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Request encoding                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * The wire opcode of operation `op` in generation `gen` (the inverse of the parser's mapping),
+ * or -EINVAL when that generation has no such operation or `gen` is RDZV_GEN_UNKNOWN.
+ */
+int rdzv__opcode(enum rdzv_gen gen, enum rdzv_op op);
+
+/*
+ * A request under construction. Requests are encoded by appending their fields in the order of
+ * the operation's layout (see rdzv-protocol(7)): rdzv__put_op() or rdzv__put_u8() for the
+ * opcode, rdzv__put_vec() or rdzv__put_key() for strings and byte vectors, rdzv__put_u64() for
+ * counts, rdzv__put_i64() for ADD deltas and world sizes, rdzv__put_u32() for the VALIDATE magic
+ * and PING nonces.
+ *
+ * Appending cannot fail visibly: the first failure is kept in `err` and later appends do
+ * nothing, so a caller encodes a whole request (or several) and checks `err` once. A buffer
+ * that starts zeroed grows on demand and belongs to the caller (rdzv__wbuf_free()); one made
+ * by rdzv__wbuf_fixed() writes into caller memory and never grows. A buffer reused with
+ * rdzv__wbuf_reset() allocates only for a request larger than any before it.
+ */
+typedef struct rdzv__wbuf {
+    uint8_t *data; /* the encoded bytes */
+    size_t len;    /* bytes appended */
+    size_t cap;    /* bytes available at data */
+    int err;       /* 0; -ENOMEM (growing failed), -EOVERFLOW (the request would exceed half
+                      of SIZE_MAX), -ENOBUFS (a fixed buffer is full) or -EINVAL (an operation
+                      the generation lacks, from rdzv__put_op()) */
+    bool fixed;    /* data is caller memory: never grown, never freed */
+} rdzv__wbuf;
+
+/* A buffer over `cap` bytes of caller memory at `mem` that never grows. */
+static inline rdzv__wbuf rdzv__wbuf_fixed(void *mem, size_t cap)
+{
+    rdzv__wbuf b = {(uint8_t *)mem, 0, cap, 0, true};
+    return b;
+}
+
+/* Empties `b` for the next request and clears its error; keeps its memory. */
+static inline void rdzv__wbuf_reset(rdzv__wbuf *b)
+{
+    b->len = 0;
+    b->err = 0;
+}
+
+/* Frees a growing buffer's memory and zeroes it (a fixed one is only emptied). */
+void rdzv__wbuf_free(rdzv__wbuf *b);
+
+/*
+ * The appenders' slow path: makes room for `n` more bytes. Returns 0, or the buffer's error
+ * (an earlier one, or the one this call records).
+ */
+int rdzv__wbuf_grow(rdzv__wbuf *b, size_t n);
+
+/* Appends `n` raw bytes from `p` (NULL when `n` is 0), which must not point into `b` itself. */
+static inline void rdzv__put_raw(rdzv__wbuf *b, const void *p, size_t n)
+{
+    if ((b->err || n > b->cap - b->len) && rdzv__wbuf_grow(b, n) < 0)
+        return;
+    if (n)
+        __builtin_memcpy(b->data + b->len, p, n);
+    b->len += n;
+}
+
+static inline void rdzv__put_u8(rdzv__wbuf *b, uint8_t v)
+{
+    rdzv__put_raw(b, &v, 1);
+}
+
+static inline void rdzv__put_u32(rdzv__wbuf *b, uint32_t v)
+{
+    rdzv__put_raw(b, &v, 4);
+}
+
+static inline void rdzv__put_u64(rdzv__wbuf *b, uint64_t v)
+{
+    rdzv__put_raw(b, &v, 8);
+}
+
+static inline void rdzv__put_i64(rdzv__wbuf *b, int64_t v)
+{
+    rdzv__put_raw(b, &v, 8);
+}
+
+/* A string or byte vector: its uint64 length, then its `n` bytes. */
+static inline void rdzv__put_vec(rdzv__wbuf *b, const void *p, size_t n)
+{
+    rdzv__put_u64(b, n);
+    rdzv__put_raw(b, p, n);
+}
+
+/*
+ * One string made of two pieces under one length: `prefix` then `key`, as a client with a key
+ * prefix sends its keys. `prefix` may be NULL when `prefix_len` is 0.
+ */
+static inline void rdzv__put_key(rdzv__wbuf *b, const char *prefix, size_t prefix_len,
+                                 const char *key, size_t key_len)
+{
+    rdzv__put_u64(b, (uint64_t)prefix_len + key_len);
+    rdzv__put_raw(b, prefix, prefix_len);
+    rdzv__put_raw(b, key, key_len);
+}
+
+/* Appends the opcode of `op` in generation `gen`; records -EINVAL when it has none. */
+void rdzv__put_op(rdzv__wbuf *b, enum rdzv_gen gen, enum rdzv_op op);
 
 #endif /* RDZV_PROTO_H */

@@ -95,7 +95,10 @@ void rdzv_server_options_init(rdzv_server_options *opts);
  * while the caller runs the loop. `opts` is copied (its strings too).
  *
  * Returns 0 and sets *out, or -EINVAL (bad option), -EADDRINUSE, -EADDRNOTAVAIL, -EACCES,
- * -ENOMEM or another negative errno from socket setup. Not thread-safe: call on the loop thread.
+ * -ENOMEM or another negative errno from socket setup. A failure never runs `loop` and leaves
+ * nothing on it, with one exception: when libuv refuses the socket it was handed (-EEXIST: a
+ * listen_fd that `loop` already watches), a closing handle stays on the loop, and the server's
+ * memory is freed when the caller next runs it. Not thread-safe: call on the loop thread.
  */
 int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server **out);
 
@@ -331,6 +334,21 @@ int rdzv_set_once(rdzv_client *c, const char *key, const void *value, size_t nby
 int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, const void *value,
                    size_t nbytes, int timeout_ms, void **values, size_t *nbytes_out,
                    unsigned char *missing);
+
+/*
+ * The gathering half of rdzv_allgather(), for ranks that published under "<prefix>/<rank>"
+ * earlier (or that only read): waits up to timeout_ms (< 0: the client's timeout) until the `n`
+ * keys "<prefix>/0" ... "<prefix>/<n-1>" exist and fetches them in one MULTI_GET into values[]
+ * and nbytes[] (the caller's arrays of n entries; free each value with rdzv_free()). On
+ * -ETIMEDOUT the arrays hold what had been published (values[i] NULL and nbytes[i] == 0 for a
+ * missing rank; free the values as on success; the missing keys are found with one CHECK each,
+ * since a store need not answer MULTI_GET for missing keys), `missing` (if not NULL, n entries)
+ * flags the missing ranks and rdzv_client_last_error(c) names them as rdzv_allgather() does.
+ * Returns 0, -EINVAL, -ENOMEM, -ETIMEDOUT, or another negative errno from the store (then nothing
+ * is allocated).
+ */
+int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void **values,
+                size_t *nbytes, unsigned char *missing);
 
 /*
  * Writes the ranks i with flags[i] != 0 (i < n) into buf as "1, 3, 5", the first 16 of them,

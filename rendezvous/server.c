@@ -25,6 +25,8 @@
 #include <jansson.h>
 #include <limits.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -73,6 +75,7 @@ struct rdzv_server {
 
     /* threaded mode */
     bool threaded;
+    bool own_loop_made, lock_made; /* for server_free() of a half-built server */
     uv_loop_t own_loop;
     uv_thread_t thread;
     uv_async_t stop_async;
@@ -541,12 +544,20 @@ int rdzv_server_port(const rdzv_server *srv)
 /* Life cycle                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
+/*
+ * Frees a server none of whose handles is open any more; accepts one that server_init() left
+ * half-built. Closes the server's own loop (threaded mode), whose handles must all be closed.
+ */
 static void server_free(rdzv_server *srv)
 {
+    if (!srv)
+        return;
+    if (srv->own_loop_made)
+        uv_loop_close(&srv->own_loop);
+    if (srv->lock_made)
+        uv_mutex_destroy(&srv->lock);
     rdzv__store_destroy(&srv->store);
     free(srv->host);
-    if (srv->threaded)
-        uv_mutex_destroy(&srv->lock);
     free(srv);
 }
 
@@ -597,83 +608,140 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss)
     return 0;
 }
 
+static int set_int_opt(int fd, int level, int name, int value)
+{
+    return setsockopt(fd, level, name, &value, sizeof(value)) < 0 ? -errno : 0;
+}
+
+/*
+ * Makes the listening socket with plain socket calls, before any libuv handle exists, so that
+ * every way setting up the socket can fail (address in use, not local, not permitted, not a
+ * socket) leaves the caller's loop untouched. *fd is opts->listen_fd (adopted) or -1 (bind
+ * host:port); on return it holds the socket, which is the caller's to close on any failure.
+ * The system calls are those uv_tcp_bind(), uv_tcp_nodelay(), uv_tcp_keepalive() (with its
+ * probe interval of 1 s and count of 10) and uv_listen() make, in their order. TCP_NODELAY and
+ * keepalive are set on the listener because Linux copies them to each accepted socket (see
+ * accept_one()). Returns 0 and sets *port, or a negative errno.
+ */
+static int listen_socket(const rdzv_server_options *o, int *fd, int *port)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    int rc = 0;
+
+    if (*fd < 0) {
+        rc = resolve(o->host, o->port, &ss);
+        if (rc < 0)
+            return rc;
+        *fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (*fd < 0)
+            return -errno;
+        rc = set_int_opt(*fd, SOL_SOCKET, SO_REUSEADDR, 1);
+        if (rc == 0 && ss.ss_family == AF_INET6)
+            rc = set_int_opt(*fd, IPPROTO_IPV6, IPV6_V6ONLY, 0);
+        sl = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+        if (rc == 0 && bind(*fd, (const struct sockaddr *)&ss, sl) < 0)
+            rc = -errno;
+    }
+    if (rc == 0)
+        rc = set_int_opt(*fd, IPPROTO_TCP, TCP_NODELAY, 1);
+    if (rc == 0)
+        rc = set_int_opt(*fd, SOL_SOCKET, SO_KEEPALIVE, o->keepalive_s > 0);
+    if (rc == 0 && o->keepalive_s > 0) {
+        rc = set_int_opt(*fd, IPPROTO_TCP, TCP_KEEPIDLE, o->keepalive_s);
+        if (rc == 0)
+            rc = set_int_opt(*fd, IPPROTO_TCP, TCP_KEEPINTVL, 1);
+        if (rc == 0)
+            rc = set_int_opt(*fd, IPPROTO_TCP, TCP_KEEPCNT, 10);
+    }
+    if (rc == 0 && listen(*fd, o->backlog) < 0)
+        rc = -errno;
+    sl = sizeof(ss);
+    if (rc == 0 && getsockname(*fd, (struct sockaddr *)&ss, &sl) < 0)
+        rc = -errno;
+    if (rc == 0)
+        *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    return rc;
+}
+
+/*
+ * Releases what server_init() built before it failed, without running the caller's loop.
+ * Before the listener handle exists this is plain freeing. Once it exists (only libuv's own
+ * refusal of a listening socket gets that far, see rdzv_server_create()) it is closed: the
+ * server's own loop is run to finish that, while on the caller's loop the close callback frees
+ * the server the next time the caller runs it.
+ */
+static void server_discard(rdzv_server *srv)
+{
+    if (!srv)
+        return;
+    if (srv->open_handles > 0) {
+        srv->closing = true;
+        uv_close((uv_handle_t *)&srv->listener, listener_closed);
+        if (!srv->threaded)
+            return; /* handle_closed() frees it */
+        uv_run(srv->loop, UV_RUN_DEFAULT);
+    }
+    server_free(srv);
+}
+
+/*
+ * Builds a server: on `loop` (embedded), or on a loop of its own (threaded). The socket is set
+ * up in full before the listener handle is made, so that nearly every failure leaves nothing on
+ * any loop. opts->listen_fd is ours from the start: closed on every failure.
+ */
 static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool threaded,
                        rdzv_server **out)
 {
-    int rc = check_options(opts);
-    if (rc < 0)
-        return rc;
-    rdzv_server *srv = calloc(1, sizeof(*srv));
-    if (!srv)
-        return -ENOMEM;
-    srv->opts = *opts;
-    srv->threaded = threaded;
-    if (opts->host && !(srv->host = strdup(opts->host))) {
-        free(srv);
-        return -ENOMEM;
+    rdzv_server *srv = NULL;
+    int fd = opts ? opts->listen_fd : -1;
+    int rc = 0;
+
+    if ((!threaded && !loop) || !out || check_options(opts) < 0) {
+        rc = -EINVAL;
+        goto out;
     }
+    srv = calloc(1, sizeof(*srv));
+    if (!srv || (opts->host && !(srv->host = strdup(opts->host)))) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    srv->opts = *opts;
     srv->opts.host = srv->host;
+    srv->threaded = threaded;
     srv->limits = (rdzv__limits){opts->max_key_bytes, opts->max_value_bytes,
                                  opts->max_keys_per_request, opts->max_request_bytes};
-    if ((rc = rdzv__store_init(&srv->store, opts->max_total_bytes)) < 0) {
-        free(srv->host);
-        free(srv);
-        return rc;
-    }
+    if ((rc = rdzv__store_init(&srv->store, opts->max_total_bytes)) < 0)
+        goto out;
+    if ((rc = listen_socket(opts, &fd, &srv->port)) < 0)
+        goto out;
     if (threaded) {
-        if ((rc = uv_loop_init(&srv->own_loop)) < 0) {
-            rdzv__store_destroy(&srv->store);
-            free(srv->host);
-            free(srv);
-            return rc;
-        }
-        uv_mutex_init(&srv->lock);
+        if ((rc = uv_mutex_init(&srv->lock)) < 0)
+            goto out;
+        srv->lock_made = true;
+        if ((rc = uv_loop_init(&srv->own_loop)) < 0)
+            goto out;
+        srv->own_loop_made = true;
         loop = &srv->own_loop;
     }
     srv->loop = loop;
     srv->start_ms = uv_hrtime() / 1000000;
 
-    uv_tcp_init(loop, &srv->listener);
+    /* The handle adopts the ready socket; uv_listen() only starts watching it. */
+    if ((rc = uv_tcp_init(loop, &srv->listener)) < 0)
+        goto out;
     srv->listener.data = srv;
     srv->open_handles = 1;
-    if (opts->listen_fd >= 0) {
-        /* The fd is ours from here on, also on failure: uv_close() closes it once
-         * uv_tcp_open() took it, and we close it if it did not. */
-        rc = uv_tcp_open(&srv->listener, opts->listen_fd);
-        if (rc < 0)
-            close(opts->listen_fd);
-    } else {
-        struct sockaddr_storage ss;
-        rc = resolve(opts->host, opts->port, &ss);
-        if (rc == 0)
-            rc = uv_tcp_bind(&srv->listener, (const struct sockaddr *)&ss, 0);
-    }
-    /* Set on the listener, inherited by each accepted socket (see accept_one()). */
-    if (rc == 0)
-        rc = uv_tcp_nodelay(&srv->listener, 1);
-    if (rc == 0)
-        rc = uv_tcp_keepalive(&srv->listener, opts->keepalive_s > 0,
-                              (unsigned)(opts->keepalive_s > 0 ? opts->keepalive_s : 1));
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&srv->listener, opts->backlog, on_connection);
-    if (rc == 0) {
-        struct sockaddr_storage ss;
-        int sl = sizeof(ss);
-        rc = uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&ss, &sl);
-        if (rc == 0)
-            srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                       : ((struct sockaddr_in *)&ss)->sin_port);
-    }
+    if ((rc = uv_tcp_open(&srv->listener, fd)) < 0)
+        goto out;
+    fd = -1; /* the handle's now: uv_close() closes it */
+    rc = uv_listen((uv_stream_t *)&srv->listener, opts->backlog, on_connection);
+out:
     if (rc < 0) {
-        /* Undo: close the listener and run the loop just long enough to release it. */
-        srv->closing = true;
-        srv->threaded = true; /* keep handle_closed() from freeing: we free below */
-        uv_close((uv_handle_t *)&srv->listener, listener_closed);
-        uv_run(loop, UV_RUN_NOWAIT);
-        if (threaded)
-            uv_loop_close(&srv->own_loop);
-        srv->threaded = threaded;
-        server_free(srv);
+        if (fd >= 0)
+            close(fd);
+        server_discard(srv);
         return rc;
     }
     if (opts->listen_fd >= 0)
@@ -688,8 +756,6 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
 
 int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server **out)
 {
-    if (!loop || !out)
-        return -EINVAL;
     return server_init(loop, opts, false, out);
 }
 
@@ -731,9 +797,7 @@ static void thread_main(void *arg)
 int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out)
 {
     rdzv_server *srv;
-    if (!out)
-        return -EINVAL;
-    int rc = server_init(NULL, opts, true, &srv);
+    int rc = server_init(NULL, opts, true, out ? &srv : NULL);
     if (rc < 0)
         return rc;
     uv_async_init(srv->loop, &srv->stop_async, stop_cb);
@@ -742,7 +806,6 @@ int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out)
         uv_close((uv_handle_t *)&srv->stop_async, NULL);
         begin_close(srv);
         uv_run(srv->loop, UV_RUN_DEFAULT);
-        uv_loop_close(srv->loop);
         server_free(srv);
         return rc;
     }
@@ -756,6 +819,5 @@ void rdzv_server_stop(rdzv_server *srv)
         return;
     uv_async_send(&srv->stop_async);
     uv_thread_join(&srv->thread);
-    uv_loop_close(srv->loop);
     server_free(srv);
 }

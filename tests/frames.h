@@ -1,48 +1,49 @@
 /*
- * Request builders for the tests and the fuzzer: append wire-format fields to a growable
- * buffer. Test code only; aborts on out-of-memory because a test cannot go on without memory.
+ * Request builders for the tests: thin wrappers over librendezvous's request encoder
+ * (proto.h), which append wire-format fields to a growable buffer. Test code only; they abort
+ * when the encoder fails (out of memory) because a test cannot go on without memory. Fields may
+ * be appended in any order, so malformed frames are built as easily as valid ones.
  */
 #ifndef TESTS_FRAMES_H
 #define TESTS_FRAMES_H
 
-#include <stdbool.h>
-#include <stdint.h>
+#include "proto.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct frame {
-    uint8_t *p;
-    size_t n, cap;
-} frame;
+/* A zeroed frame is empty; f.data[0..f.len) holds what was appended. */
+typedef rdzv__wbuf frame;
 
+static inline void fr_check(const frame *f)
+{
+    if (f->err)
+        abort();
+}
 static inline void fr_raw(frame *f, const void *p, size_t n)
 {
-    if (f->n + n > f->cap) {
-        f->cap = (f->n + n) * 2 + 64;
-        f->p = realloc(f->p, f->cap);
-        if (!f->p)
-            abort();
-    }
-    if (n)
-        memcpy(f->p + f->n, p, n);
-    f->n += n;
+    rdzv__put_raw(f, p, n);
+    fr_check(f);
 }
 static inline void fr_u8(frame *f, uint8_t v)
 {
-    fr_raw(f, &v, 1);
+    rdzv__put_u8(f, v);
+    fr_check(f);
 }
 static inline void fr_u32(frame *f, uint32_t v)
 {
-    fr_raw(f, &v, 4);
+    rdzv__put_u32(f, v);
+    fr_check(f);
 }
 static inline void fr_u64(frame *f, uint64_t v)
 {
-    fr_raw(f, &v, 8);
+    rdzv__put_u64(f, v);
+    fr_check(f);
 }
 static inline void fr_bytes(frame *f, const void *p, size_t n)
 {
-    fr_u64(f, n);
-    fr_raw(f, p, n);
+    rdzv__put_vec(f, p, n);
+    fr_check(f);
 }
 static inline void fr_str(frame *f, const char *s)
 {
@@ -50,13 +51,11 @@ static inline void fr_str(frame *f, const char *s)
 }
 static inline void fr_reset(frame *f)
 {
-    f->n = 0;
+    rdzv__wbuf_reset(f);
 }
 static inline void fr_free(frame *f)
 {
-    free(f->p);
-    f->p = NULL;
-    f->n = f->cap = 0;
+    rdzv__wbuf_free(f);
 }
 
 #endif

@@ -289,6 +289,57 @@ static int script_cancel_race(int fd)
     return 0;
 }
 
+/* Reads exactly the `n` bytes at `want` from the client. */
+static int expect_request(int fd, const char *want, size_t n)
+{
+    char got[256];
+    if (n > sizeof got || read_full(fd, got, n) < 0)
+        return -1;
+    return memcmp(got, want, n) == 0 ? 0 : -1;
+}
+
+/* A literal request: the string's bytes without its terminating NUL. */
+#define REQ(s) s, sizeof(s) - 1
+
+/*
+ * The exact bytes of a prefixed client's requests (see test_request_bytes), each answered as a
+ * store would. Keys go out as one string: "p/" followed by the caller's key.
+ */
+static int script_request_bytes(int fd)
+{
+    if (fake_handshake(fd) < 0)
+        return -1;
+    /* SET "k" = "v" */
+    if (expect_request(fd, REQ("\x01\x03\0\0\0\0\0\0\0p/k\x01\0\0\0\0\0\0\0v")) < 0)
+        return -2;
+    /* ADD "n" -2, answered 40 */
+    if (expect_request(fd, REQ("\x04\x03\0\0\0\0\0\0\0p/n\xfe\xff\xff\xff\xff\xff\xff\xff")) < 0 ||
+        write_full(fd, "\x28\0\0\0\0\0\0\0", 8) < 0)
+        return -3;
+    /* GET "k": CHECK of one key and GET in one write, answered READY and "v" */
+    if (expect_request(fd, REQ("\x05\x01\0\0\0\0\0\0\0\x03\0\0\0\0\0\0\0p/k"
+                               "\x03\x03\0\0\0\0\0\0\0p/k")) < 0 ||
+        write_full(fd, "\0\x01\0\0\0\0\0\0\0v", 10) < 0)
+        return -4;
+    /* MULTI_SET "a" = "1", "b" = "" */
+    if (expect_request(fd, REQ("\x0b\x02\0\0\0\0\0\0\0\x03\0\0\0\0\0\0\0p/a\x01\0\0\0\0\0\0\0"
+                               "1\x03\0\0\0\0\0\0\0p/b\0\0\0\0\0\0\0\0")) < 0)
+        return -5;
+    /* COMPARE_SET "k" from "v" to "w", answered "w" */
+    if (expect_request(fd, REQ("\x02\x03\0\0\0\0\0\0\0p/k\x01\0\0\0\0\0\0\0v"
+                               "\x01\0\0\0\0\0\0\0w")) < 0 ||
+        write_full(fd, "\x01\0\0\0\0\0\0\0w", 9) < 0)
+        return -6;
+    /* DELETE_KEY "k", answered 1; GETNUMKEYS, answered 3 */
+    if (expect_request(fd, REQ("\x08\x03\0\0\0\0\0\0\0p/k")) < 0 ||
+        write_full(fd, "\x01\0\0\0\0\0\0\0", 8) < 0)
+        return -7;
+    if (expect_request(fd, REQ("\x07")) < 0 || write_full(fd, "\x03\0\0\0\0\0\0\0", 8) < 0)
+        return -8;
+    drain_until_eof(fd);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Options and arguments                                                                       */
 /* ------------------------------------------------------------------------------------------ */
@@ -1024,6 +1075,42 @@ START_TEST(test_malformed_replies)
 }
 END_TEST
 
+/* The client's requests, byte for byte as PyTorch's client frames them, key prefix included. */
+START_TEST(test_request_bytes)
+{
+    struct fake f;
+    fake_start(&f, script_request_bytes);
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.prefix = "p/";
+    o.timeout_ms = 5000;
+    o.connect_timeout_ms = 5000;
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", f.port, &o, &c), 0);
+    int64_t n = 0;
+    void *v = NULL;
+    size_t len = 0;
+    const char *keys[2] = {"a", "b"};
+    const void *vals[2] = {"1", ""};
+    const size_t lens[2] = {1, 0};
+    ck_assert_int_eq(rdzv_set(c, "k", "v", 1), 0);
+    ck_assert_int_eq(rdzv_add(c, "n", -2, &n), 0);
+    ck_assert_int_eq(n, 40);
+    ck_assert_int_eq(rdzv_get(c, "k", &v, &len), 0);
+    ck_assert_uint_eq(len, 1);
+    rdzv_free(v);
+    ck_assert_int_eq(rdzv_multi_set(c, keys, vals, lens, 2), 0);
+    ck_assert_int_eq(rdzv_compare_set(c, "k", "v", 1, "w", 1, &v, &len), 0);
+    ck_assert_mem_eq(v, "w", 1);
+    rdzv_free(v);
+    ck_assert_int_eq(rdzv_delete(c, "k"), 1);
+    ck_assert_int_eq(rdzv_num_keys(c, &n), 0);
+    ck_assert_int_eq(n, 3);
+    rdzv_client_close(c);
+    ck_assert_int_eq(fake_join(&f), 0);
+}
+END_TEST
+
 START_TEST(test_wait_cancel_race)
 {
     struct fake f;
@@ -1080,6 +1167,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_timeout_mid_reply);
     tcase_add_test(tc, test_malformed_replies);
     tcase_add_test(tc, test_wait_cancel_race);
+    tcase_add_test(tc, test_request_bytes);
     suite_add_tcase(s, tc);
     return s;
 }

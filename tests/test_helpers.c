@@ -210,6 +210,38 @@ START_TEST(test_allgather_timeout_names_missing)
 }
 END_TEST
 
+START_TEST(test_gather)
+{
+    /* Ranks published earlier with plain SETs; gather only reads. */
+    rdzv_client *c = client(5000);
+    ck_assert_int_eq(rdzv_set(c, "/g/0", "a", 1), 0);
+    ck_assert_int_eq(rdzv_set(c, "/g/2", "cc", 2), 0);
+    void *v[3];
+    size_t n[3];
+    unsigned char missing[3];
+    ck_assert_int_eq(rdzv_gather(c, "/g", 3, 100, v, n, missing), -ETIMEDOUT);
+    /* After a timeout the arrays hold what was there. */
+    ck_assert_uint_eq(n[0], 1);
+    ck_assert_mem_eq(v[0], "a", 1);
+    ck_assert_uint_eq(n[1], 0);
+    ck_assert_uint_eq(n[2], 2);
+    const unsigned char want[3] = {0, 1, 0};
+    ck_assert_mem_eq(missing, want, 3);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "rank 1 did not publish /g within"));
+    for (int i = 0; i < 3; i++)
+        rdzv_free(v[i]);
+
+    ck_assert_int_eq(rdzv_set(c, "/g/1", "bbb", 3), 0);
+    ck_assert_int_eq(rdzv_gather(c, "/g", 3, 100, v, n, NULL), 0);
+    ck_assert_uint_eq(n[1], 3);
+    ck_assert_mem_eq(v[1], "bbb", 3);
+    for (int i = 0; i < 3; i++)
+        rdzv_free(v[i]);
+    ck_assert_int_eq(rdzv_gather(c, "/g", 0, 100, v, n, NULL), -EINVAL);
+    rdzv_client_close(c);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* The torchrun environment                                                                    */
 /* ------------------------------------------------------------------------------------------ */
@@ -356,6 +388,7 @@ static Suite *helpers_suite(void)
     tcase_add_test(tc, test_set_once);
     tcase_add_test(tc, test_allgather);
     tcase_add_test(tc, test_allgather_timeout_names_missing);
+    tcase_add_test(tc, test_gather);
     tcase_add_test(tc, test_env_connect);
     suite_add_tcase(s, tc);
 

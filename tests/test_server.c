@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -87,7 +88,7 @@ static void send_all(int fd, const void *p, size_t n)
 
 static void send_frame(int fd, frame *f)
 {
-    send_all(fd, f->p, f->n);
+    send_all(fd, f->data, f->len);
     fr_reset(f);
 }
 
@@ -232,8 +233,8 @@ START_TEST(byte_at_a_time)
     fr_str(&f, "slow-value");
     fr_u8(&f, RDZV_M_GET);
     fr_str(&f, "slow-key");
-    for (size_t i = 0; i < f.n; i++)
-        send_all(fd, f.p + i, 1);
+    for (size_t i = 0; i < f.len; i++)
+        send_all(fd, f.data + i, 1);
     expect_vec(fd, "slow-value");
     close(fd);
     fr_free(&f);
@@ -251,10 +252,10 @@ START_TEST(half_sent_frame)
     fr_u8(&f, RDZV_M_SET);
     fr_str(&f, "a-key");
     fr_str(&f, "a-value-that-is-long");
-    send_all(a, f.p, f.n - 5); /* hold back the last five bytes */
+    send_all(a, f.data, f.len - 5); /* hold back the last five bytes */
     for (int i = 0; i < 100; i++)
         roundtrip(b, "b-key", "b-value");
-    send_all(a, f.p + f.n - 5, 5);
+    send_all(a, f.data + f.len - 5, 5);
     fr_reset(&f);
     fr_u8(&f, RDZV_M_GET);
     fr_str(&f, "a-key");
@@ -397,7 +398,7 @@ START_TEST(out_of_fds)
         fr_u32(&f, RDZV_VALIDATE_MAGIC);
         fr_u8(&f, RDZV_M_PING);
         fr_u32(&f, 9);
-        send(fds[i], f.p, f.n, MSG_NOSIGNAL);
+        send(fds[i], f.data, f.len, MSG_NOSIGNAL);
         fr_free(&f);
         struct timeval tv = {0, 300000};
         setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -417,7 +418,7 @@ START_TEST(out_of_fds)
         frame f = {0};
         fr_u8(&f, RDZV_M_PING);
         fr_u32(&f, 10);
-        send(fd, f.p, f.n, MSG_NOSIGNAL);
+        send(fd, f.data, f.len, MSG_NOSIGNAL);
         fr_free(&f);
         uint32_t n;
         ok = recv(fd, &n, 4, MSG_WAITALL) == 4 && n == 10;
@@ -441,7 +442,7 @@ START_TEST(wait_across_connections)
     fr_u8(&f, RDZV_M_WAIT);
     fr_u64(&f, 1);
     fr_str(&f, "late");
-    send_all(w, f.p, f.n);
+    send_all(w, f.data, f.len);
     send_frame(gone, &f);
     /* The waiter that leaves must not break the wake-up of the other. */
     fr_u8(&f, RDZV_M_PING);
@@ -632,6 +633,166 @@ START_TEST(embedded_on_callers_loop)
 }
 END_TEST
 
+/* ---- a failing create leaves the caller's loop alone ---- */
+struct pending {
+    uv_idle_t idle;
+    uv_timer_t timer;
+    uv_async_t async;
+    int idle_runs, timer_runs, async_runs;
+};
+
+static void pending_idle(uv_idle_t *h)
+{
+    struct pending *p = h->data;
+    p->idle_runs++;
+    uv_idle_stop(h);
+}
+
+static void pending_timer(uv_timer_t *h)
+{
+    struct pending *p = h->data;
+    p->timer_runs++;
+}
+
+static void pending_async(uv_async_t *h)
+{
+    struct pending *p = h->data;
+    p->async_runs++;
+}
+
+static void count_handle(uv_handle_t *h, void *arg)
+{
+    (void)h;
+    (*(int *)arg)++;
+}
+
+/* Handles on the loop, closing ones included. */
+static int loop_handles(uv_loop_t *loop)
+{
+    int n = 0;
+    uv_walk(loop, count_handle, &n);
+    return n;
+}
+
+/* A TCP socket bound to 127.0.0.1 on a free port; listening if `listening`. */
+static int bound_socket(bool listening, int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(a);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sl), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &sl), 0);
+    if (listening)
+        ck_assert_int_eq(listen(fd, 1), 0);
+    if (port)
+        *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static bool fd_is_open(int fd)
+{
+    return fcntl(fd, F_GETFD) >= 0 || errno != EBADF;
+}
+
+static void never_called(uv_poll_t *h, int status, int events)
+{
+    (void)h;
+    (void)status;
+    (void)events;
+    ck_abort_msg("poll callback ran");
+}
+
+/*
+ * rdzv_server_create() that fails returns its error without running the caller's loop: an idle
+ * callback, an expired timer and a sent async, all due on the loop's next turn, have not run,
+ * and (but in the one case that libuv refuses the socket) no handle of the server is left on the
+ * loop. Then a create on the same loop succeeds, and the loop runs and closes cleanly.
+ */
+START_TEST(failed_create_does_not_run_loop)
+{
+    uv_loop_t loop;
+    struct pending p = {0};
+    rdzv_server_options o;
+    rdzv_server *srv = NULL;
+    int port;
+
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    uv_idle_init(&loop, &p.idle);
+    uv_timer_init(&loop, &p.timer);
+    uv_async_init(&loop, &p.async, pending_async);
+    p.idle.data = p.timer.data = p.async.data = &p;
+    uv_idle_start(&p.idle, pending_idle);
+    uv_timer_start(&p.timer, pending_timer, 0, 0);
+    uv_async_send(&p.async);
+    int base = loop_handles(&loop);
+
+    /* A port taken by a listening socket. */
+    int busy = bound_socket(true, &port);
+    rdzv_server_options_init(&o);
+    o.port = port;
+    ck_assert_int_eq(rdzv_server_create(&loop, &o, &srv), -EADDRINUSE);
+    close(busy);
+
+    /* An address that is not this host's (TEST-NET-3). */
+    rdzv_server_options_init(&o);
+    o.host = "203.0.113.7";
+    ck_assert_int_eq(rdzv_server_create(&loop, &o, &srv), -EADDRNOTAVAIL);
+
+    /* A handed-in fd that cannot listen (UDP), and one with a bad option: both closed. */
+    int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(udp, 0);
+    rdzv_server_options_init(&o);
+    o.listen_fd = udp;
+    ck_assert_int_lt(rdzv_server_create(&loop, &o, &srv), 0);
+    ck_assert(!fd_is_open(udp));
+    rdzv_server_options_init(&o);
+    o.listen_fd = bound_socket(false, NULL);
+    o.backlog = 0;
+    ck_assert_int_eq(rdzv_server_create(&loop, &o, &srv), -EINVAL);
+    ck_assert(!fd_is_open(o.listen_fd));
+
+    ck_assert_ptr_null(srv);
+    ck_assert_int_eq(loop_handles(&loop), base);
+    ck_assert_int_eq(p.idle_runs + p.timer_runs + p.async_runs, 0);
+
+    /* A listening fd this loop already watches: libuv refuses it (EEXIST) once the listener
+     * handle exists. The loop still does not run; the handle is left closing, and its close
+     * callback frees the server when the loop next runs (ASan or valgrind: no leak). */
+    uv_poll_t watched;
+    int wfd = bound_socket(false, NULL);
+    uv_poll_init_socket(&loop, &watched, wfd);
+    uv_poll_start(&watched, UV_READABLE, never_called);
+    rdzv_server_options_init(&o);
+    o.listen_fd = wfd;
+    ck_assert_int_eq(rdzv_server_create(&loop, &o, &srv), -EEXIST);
+    ck_assert_ptr_null(srv);
+    ck_assert(!fd_is_open(wfd));
+    ck_assert_int_eq(loop_handles(&loop), base + 2);
+    ck_assert_int_eq(p.idle_runs + p.timer_runs + p.async_runs, 0);
+    uv_close((uv_handle_t *)&watched, NULL);
+
+    /* A create that succeeds on the same loop. */
+    rdzv_server_options_init(&o);
+    ck_assert_int_eq(rdzv_server_create(&loop, &o, &srv), 0);
+    ck_assert_int_gt(rdzv_server_port(srv), 0);
+    ck_assert_int_eq(p.idle_runs + p.timer_runs + p.async_runs, 0);
+    rdzv_server_close(srv);
+
+    /* The pending callbacks run on the loop's next turn, as they were due to. */
+    ck_assert_int_eq(uv_run(&loop, UV_RUN_NOWAIT), 1);
+    ck_assert_int_eq(p.idle_runs, 1);
+    ck_assert_int_eq(p.timer_runs, 1);
+    ck_assert_int_eq(p.async_runs, 1);
+    uv_close((uv_handle_t *)&p.idle, NULL);
+    uv_close((uv_handle_t *)&p.timer, NULL);
+    uv_close((uv_handle_t *)&p.async, NULL);
+    ck_assert_int_eq(uv_run(&loop, UV_RUN_DEFAULT), 0);
+    ck_assert_int_eq(loop_handles(&loop), 0);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("server");
@@ -647,6 +808,7 @@ int main(void)
     tcase_add_test(tc, back_pressure);
     tcase_add_test(tc, ipv6_and_listen_fd);
     tcase_add_test(tc, embedded_on_callers_loop);
+    tcase_add_test(tc, failed_create_does_not_run_loop);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_ENV);

@@ -41,9 +41,9 @@ static int run(fake *f, frame *fr)
 {
     size_t off = 0;
     int rc = 0;
-    while (off < fr->n) {
+    while (off < fr->len) {
         rdzv__request r;
-        int n = rdzv__parse(&f->p, &lim, fr->p + off, fr->n - off, &r);
+        int n = rdzv__parse(&f->p, &lim, fr->data + off, fr->len - off, &r);
         ck_assert_int_gt(n, 0);
         rc = rdzv__store_exec(&st, &f->conn, &r);
         off += (size_t)n;
