@@ -996,7 +996,10 @@ static int train(trainer *t, double *final_acc, double *train_s)
 {
     train_args *a = &t->a;
     mlp_hooks h = {.begin = hook_begin, .end = hook_end, .arg = t};
-    const float loss_scale = 1.0f / (float)a->global_batch;
+    /* This rank's share of a step's global batch is G / W rows over all its micro-steps, and
+       libddp averages over the W ranks: 1 / (G / W) makes the result the gradient of the mean
+       loss over the global batch (mlp.h). */
+    const float loss_scale = (float)t->world / (float)a->global_batch;
     int rc =
         data_loader_create(&t->train, &t->sampler, a->epochs, (int64_t)t->total_steps, &t->loader);
     if (rc < 0) {
