@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# ddp-train end to end, briefly: short runs on Fashion-MNIST alone and on two ranks under
+# ddprun, their metrics and dumps, and the failures a user meets first (missing or malformed
+# data files named, a global batch the ranks do not divide, bad options), with the exit codes
+# ddp-train(1) documents. A few seconds in all.
+#
+# The losses of the world-1 and world-2 runs are compared: the global batch of a step is the
+# same whatever the world size (data.h), so they differ only by the order in which floats are
+# summed (the allreduce, the split of the batch's rows), which after 20 SGD steps stays far
+# below the tolerance of 1e-4 relative.
+#
+# Usage: test_ddp_train.sh DDPRUN DDP_TRAIN
+# Exit: 0 pass, 1 fail, 77 skipped (Fashion-MNIST is not installed).
+set -euo pipefail
+
+DDPRUN=${1:?usage: test_ddp_train.sh DDPRUN DDP_TRAIN}
+TRAIN=${2:?usage: test_ddp_train.sh DDPRUN DDP_TRAIN}
+DATA=/usr/share/datasets/fashion-mnist
+if [[ ! -r $DATA/train-images-idx3-ubyte.gz ]]; then
+    echo "SKIP: $DATA (Debian's dataset-fashion-mnist) is not installed"
+    exit 77
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() {
+    echo "FAIL: $*" >&2
+    fails=$((fails + 1))
+}
+
+# expect_exit CODE PATTERN CMD...: CMD exits with CODE and its stderr matches PATTERN.
+expect_exit() {
+    local want=$1 pattern=$2
+    shift 2
+    local status=0
+    "$@" >"$tmp/out" 2>"$tmp/err" || status=$?
+    if [[ $status -ne $want ]]; then
+        fail "$* exited with $status, expected $want"
+        sed 's/^/    /' "$tmp/err" >&2
+    elif ! grep -qE -- "$pattern" "$tmp/err"; then
+        fail "$*: stderr lacks /$pattern/"
+        sed 's/^/    /' "$tmp/err" >&2
+    fi
+}
+
+# Usage and data errors: exit 1, the flag or the file named.
+expect_exit 1 "--zero: expected an integer from 0 to 3" "$TRAIN" --zero 4
+expect_exit 1 "unknown option '--bogus'" "$TRAIN" --bogus
+expect_exit 1 "--optimizer: unknown optimizer 'adam'" "$TRAIN" --optimizer adam
+expect_exit 1 "$tmp/none/train-images-idx3-ubyte: cannot open" "$TRAIN" --data "$tmp/none"
+mkdir "$tmp/bad"
+cp "$DATA"/* "$tmp/bad/"
+head -c 1000 "$DATA/t10k-images-idx3-ubyte.gz" >"$tmp/bad/t10k-images-idx3-ubyte.gz"
+expect_exit 1 "$tmp/bad/t10k-images-idx3-ubyte.gz: truncated" "$TRAIN" --data "$tmp/bad"
+printf 'not an IDX file at all' >"$tmp/bad/t10k-images-idx3-ubyte.gz"
+expect_exit 1 "$tmp/bad/t10k-images-idx3-ubyte.gz: not an IDX file" "$TRAIN" --data "$tmp/bad"
+expect_exit 1 "global batch \(255\) must be a multiple of world size x --grad-accum \(2 x 1" \
+    "$DDPRUN" --standalone --nproc-per-node 2 --no-prefix "$TRAIN" --global-batch 255
+
+# Alone, then two ranks: 20 SGD steps, a loss every 5, metrics as JSON Lines.
+common=(--max-steps 20 --log-every 5 --optimizer sgd --lr 0.05 --warmup 0)
+expect_exit 0 "test accuracy" "$TRAIN" "${common[@]}" --metrics "$tmp/w1.jsonl" \
+    --dump-init "$tmp/init.safetensors" --dump-batches "$tmp/batches.safetensors"
+expect_exit 0 "test accuracy" "$DDPRUN" --standalone --nproc-per-node 2 "$TRAIN" \
+    "${common[@]}" --grad-accum 2 --metrics "$tmp/w2.jsonl"
+
+python3 - "$tmp" <<'EOF' || fail "metrics or dumps"
+import json, struct, sys
+tmp = sys.argv[1]
+
+def records(path):
+    return [json.loads(line) for line in open(path)]
+
+w1, w2 = records(f"{tmp}/w1.jsonl"), records(f"{tmp}/w2.jsonl")
+for recs, world in ((w1, 1), (w2, 2)):
+    steps = [r["step"] for r in recs if "loss" in r]
+    assert steps == [5, 10, 15, 20], (world, steps)
+    for r in recs:
+        if "loss" in r:
+            assert set(r) == {"step", "epoch", "loss", "lr", "grad_norm", "samples_per_s"}, r
+    ev = [r for r in recs if "test_accuracy" in r and "summary" not in r]
+    assert len(ev) == 1 and ev[0]["step"] == 20 and 0.5 < ev[0]["test_accuracy"] <= 1, ev
+    s = recs[-1]
+    assert s["summary"] == "done" and s["world"] == world and s["steps"] == 20, s
+    assert s["memory"]["model_state_bytes"] > 0, s
+l1 = [r["loss"] for r in w1 if "loss" in r]
+l2 = [r["loss"] for r in w2 if "loss" in r]
+worst = max(abs(a - b) / abs(a) for a, b in zip(l1, l2))
+print(f"losses, world 1: {l1}\nlosses, world 2 x 2 micro-steps: {l2}\nmax relative difference {worst:.2e}")
+assert worst < 1e-4, worst
+
+def header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        size = 8 + n + max(v["data_offsets"][1] for k, v in h.items() if k != "__metadata__")
+        f.seek(0, 2)
+        assert f.tell() == size, (path, f.tell(), size)
+    return h
+
+h = header(f"{tmp}/init.safetensors")
+assert h["fc1.weight"]["shape"] == [512, 784] and h["fc3.bias"]["shape"] == [10], h
+h = header(f"{tmp}/batches.safetensors")
+assert h["x"]["shape"] == [20, 256, 784] and h["index"]["dtype"] == "I32", h
+assert h["lr"]["shape"] == [20] and h["label"]["dtype"] == "U8", h
+EOF
+
+if [[ $fails -ne 0 ]]; then
+    echo "FAIL: $fails check(s)" >&2
+    exit 1
+fi
+echo "PASS"
