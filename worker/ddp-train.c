@@ -996,7 +996,9 @@ static int train(trainer *t, double *final_acc, double *train_s)
 {
     train_args *a = &t->a;
     mlp_hooks h = {.begin = hook_begin, .end = hook_end, .arg = t};
-    const float loss_scale = 1.0f / (float)a->global_batch;
+    /* libddp averages gradients over the ranks, so each rank scales by its own share of the
+     * global batch: the result is the gradient of the mean loss over the global batch. */
+    const float loss_scale = (float)t->world / (float)a->global_batch;
     int rc =
         data_loader_create(&t->train, &t->sampler, a->epochs, (int64_t)t->total_steps, &t->loader);
     if (rc < 0) {

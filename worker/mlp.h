@@ -15,8 +15,9 @@
  * of the buffers zeroes them (libddp does when it hands them out).
  *
  * The loss is loss_scale * sum over the batch of -log softmax(logits)[label]. With loss_scale =
- * 1 / global_batch on every micro-batch of every rank, the accumulated and averaged gradients
- * are those of the mean loss over the global batch, whatever the split.
+ * world / global_batch on every micro-batch of every rank (libddp averages over the ranks), the
+ * accumulated and averaged gradients are those of the mean loss over the global batch, whatever
+ * the split.
  *
  * Conventions: functions that can fail return 0 or a negative errno (-EINVAL, -ENOMEM) or the
  * hook's own negative code. A model is used by one thread at a time.
