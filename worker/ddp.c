@@ -81,7 +81,8 @@ struct ddp_model {
     int *ready;
     coll_request **req;
     int *grad_slot;
-    char *marked; /* per parameter: gradient marked ready in this micro-step */
+    char *marked;    /* per parameter: gradient marked ready in this micro-step */
+    char *done_seen; /* per group: its reduction's completion was traced */
     int next_launch;
 
     slot *gslots, *uslots; /* gradient staging (stages 2-3); gathered units (stage 3) */
@@ -145,6 +146,31 @@ static void trace(ddp_model *m, ddp_event ev, int index)
 {
     if (m->o.trace)
         m->o.trace(m->o.trace_arg, ev, index, rdzv__now_ns());
+}
+
+/* Traces group g's reduction as done, once per micro-step. */
+static void trace_done(ddp_model *m, int g)
+{
+    if (!m->done_seen[g]) {
+        m->done_seen[g] = 1;
+        trace(m, DDP_EV_BUCKET_DONE, g);
+    }
+}
+
+/*
+ * With a trace hook, notes the launched reductions that have completed by now (coll_test does
+ * not release them), so that the trace shows when they finished, not when the step waited.
+ */
+static void poll_done(ddp_model *m)
+{
+    for (int g = 0; m->o.trace && g < m->next_launch; g++) {
+        coll_request *r = m->o.zero_stage < 2    ? m->req[g]
+                          : m->grad_slot[g] >= 0 ? m->gslots[m->grad_slot[g]].req
+                                                 : NULL;
+        bool done = false;
+        if (r && !m->done_seen[g] && coll_test(r, &done) >= 0 && done)
+            trace_done(m, g);
+    }
 }
 
 /* The calls that run collectives refuse a broken or uncommitted model. */
@@ -246,6 +272,7 @@ void ddp_model_free(ddp_model *m)
     free(m->req);
     free(m->grad_slot);
     free(m->marked);
+    free(m->done_seen);
     free(m->unit_slot);
     free(m);
 }
@@ -456,7 +483,9 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg)
     m->req = calloc((size_t)G, sizeof *m->req);
     m->grad_slot = calloc((size_t)G, sizeof *m->grad_slot);
     m->marked = calloc((size_t)m->nparams, 1);
-    if (!m->param || !m->grad || !m->ready || !m->req || !m->grad_slot || !m->marked)
+    m->done_seen = calloc((size_t)G, 1);
+    if (!m->param || !m->grad || !m->ready || !m->req || !m->grad_slot || !m->marked ||
+        !m->done_seen)
         goto out;
     if (m->o.optimizer == DDP_ADAMW || m->o.momentum != 0) {
         if (!(m->opt1 = calloc(m->opt_elems, sizeof(float))))
@@ -563,7 +592,7 @@ static int finish_gslot(ddp_model *m, int s)
     sl->req = NULL;
     if (rc < 0)
         return coll_failed(m, rc, "reducing gradients");
-    trace(m, DDP_EV_BUCKET_DONE, g);
+    trace_done(m, g);
     const ddp__group *gr = &m->plan.groups[g];
     ddp__add(m->grad + m->plan.shard_offset[g], sl->buf + (size_t)m->rank * gr->shard, gr->shard);
     sl->group = -1;
@@ -644,7 +673,7 @@ static int finish_reductions(ddp_model *m)
         m->req[g] = NULL;
         if (rc < 0)
             return coll_failed(m, rc, "reducing gradients");
-        trace(m, DDP_EV_BUCKET_DONE, g);
+        trace_done(m, g);
     }
     for (int s = 0; s < m->ngslots; s++) {
         if (m->gslots[s].req) {
@@ -671,6 +700,7 @@ int ddp_micro_begin(ddp_model *m, int sync)
     m->sync = sync || m->o.zero_stage >= 2;
     memset(m->ready, 0, (size_t)m->plan.ngroups * sizeof *m->ready);
     memset(m->marked, 0, (size_t)m->nparams);
+    memset(m->done_seen, 0, (size_t)m->plan.ngroups);
     m->next_launch = 0;
     return 0;
 }
@@ -705,6 +735,7 @@ int ddp_grad_ready(ddp_model *m, int p)
         return m->state == BROKEN ? m->broken_rc : -ENOBUFS; /* a zero gradient, never written */
     m->marked[p] = 1;
     m->ready[g]++;
+    poll_done(m);
     return m->sync ? launch_ready(m) : 0;
 }
 
@@ -715,6 +746,7 @@ int ddp_micro_end(ddp_model *m)
         return rc;
     if (!m->in_micro)
         return fail(m, -EINVAL, "ddp_micro_end: no micro-step began");
+    poll_done(m);
     trace(m, DDP_EV_BACKWARD_END, (int)m->micro);
     m->in_micro = false;
     m->micro++;

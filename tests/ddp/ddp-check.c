@@ -191,6 +191,10 @@ static void scen_overlap(coll_comm *comm)
     CHECK(nlaunch >= 2, "%d buckets launched", nlaunch);
     CHECK(t_launch0 > 0 && t_launch0 < t_bwd_end, "bucket 0 launched at %lld, backward ended %lld",
           (long long)t_launch0, (long long)t_bwd_end);
+    /* Three layers of about 40 ms of backward remain after bucket 0 launches; its 1 MiB
+     * allreduce takes about a millisecond here, so it completes while they compute. */
+    CHECK(t_done0 > 0 && t_done0 < t_bwd_end, "bucket 0 completed at %lld, backward ended %lld",
+          (long long)t_done0, (long long)t_bwd_end);
     if (rank == 0)
         printf("ddp-check: overlap: %d buckets; bucket 0 launched %.1f ms before the backward "
                "ended, its reduction done %.1f ms %s it\n",
