@@ -5,15 +5,18 @@ usage: optim_torch.py OPTIM_TORCH_DRIVER
 
 For each optimizer setting, the same initial parameters and gradients (float32, seeded) go
 through torch.optim.SGD or torch.optim.AdamW (single-tensor path: foreach and fused off) and
-through optim-torch-driver (worker/optim.c), once with the kernel set chosen at run time and
-once with each other set this CPU runs. After every step the parameters and the optimizer
-state are compared; the largest absolute difference and the largest difference in units in the
-last place are printed.
+through optim-torch-driver (worker/optim.c) with the kernel set chosen at run time. After
+every step the parameters and the optimizer state are compared; the largest absolute
+difference (also as a fraction of the array's largest magnitude) and the number of differing
+elements are printed. Every other kernel set this CPU runs must reproduce the chosen one's bits.
 
 Hyperparameters are float32-representable values, so both sides start from the same numbers
-(optim.h). Where PyTorch runs its AVX2 or AVX-512 CPU kernels the results must be bit-identical
-(worker/optim.h promises it); elsewhere PyTorch's kernels do not fuse multiply-adds, so we
-allow a relative difference of 1e-6 of the array's largest magnitude.
+(optim.h). Where PyTorch runs its AVX2 or AVX-512 CPU kernels, SGD's parameters and momentum
+buffer and AdamW's moments must be bit-identical (worker/optim.h promises it). AdamW's
+parameters may differ by an ulp here and there, because PyTorch's CPU float sqrt is not
+correctly rounded (1 ulp off for about a fifth of inputs with MKL) and ours is; and where
+PyTorch's kernels are its portable ones they do not fuse multiply-adds. Those comparisons allow
+a difference of 1e-6 of the array's largest magnitude (about 8 ulps of it) over the 10 steps.
 
 Exit status: 0 pass, 1 fail, 77 skipped (torch not importable).
 """
@@ -25,6 +28,11 @@ try:
     import torch
 except Exception as e:  # noqa: BLE001 - any import failure means "no usable torch"
     print(f"torch is not importable ({e}): skipped")
+    sys.exit(77)
+
+if int(torch.__version__.split(".")[0]) < 2:
+    # torch 1.x updates AdamW's first moment as mul_ then add_, not lerp_: other roundings.
+    print(f"torch {torch.__version__} predates the operation order optim.c follows: skipped")
     sys.exit(77)
 
 N = 4099  # 256 vectors of 16, and a tail of 3
@@ -118,56 +126,63 @@ def run_c(driver, isa, kind, case, p0, grads):
     return [[t[s, k] for k in range(per_step)] for s in range(STEPS)], r.stderr.decode().strip()
 
 
-def ulps(a, b):
-    """Distance in float32 units in the last place, elementwise, as int64."""
-    def ordered(x):
-        i = x.contiguous().view(torch.int32).to(torch.int64)
-        return torch.where(i < 0, -(2**31) - i, i)
-    return (ordered(a) - ordered(b)).abs()
+def compare(kind, got, ref, exact):
+    """One line per state array, and whether the comparison passes."""
+    names = ["param"] + (["momentum_buffer"] if kind == "sgd" else ["exp_avg", "exp_avg_sq"])
+    names = names[:len(ref[0])]  # SGD without momentum has no buffer
+    ok = True
+    parts = []
+    for k, name in enumerate(names):
+        max_abs = max_rel = 0.0
+        differing = 0
+        for s in range(STEPS):
+            c, t = got[s][k], ref[s][k]
+            d = (c - t).abs().max().item()
+            scale = t.abs().max().item()
+            max_abs = max(max_abs, d)
+            max_rel = max(max_rel, d / scale if scale else 0.0)
+            differing = max(differing, (c != t).sum().item())
+            must_match = exact and not (kind == "adamw" and name == "param")
+            if (must_match and differing) or d > 1e-6 * scale:
+                ok = False
+        parts.append("%s: max|diff| %.3g (%.2g of its largest), %d of %d differ"
+                     % (name, max_abs, max_rel, differing, N))
+    return ok, parts
 
 
 def main():
     driver = sys.argv[1]
     torch.set_num_threads(1)
     capability = torch.backends.cpu.get_cpu_capability()
-    # Bit-identical results are not required: torch computes AdamW's bias corrections in double
-    # and rounds them to float at different points than optim.c, which moves a parameter by a few
-    # float32 ulps of its own magnitude (40-64 ulps of the smallest elements). The bound is
-    # relative to the largest magnitude; the ulp distance is printed for the record.
-    print("torch %s, CPU capability %s: relative difference <= 1e-6 allowed" % (
-        torch.__version__, capability))
+    exact = capability in ("AVX2", "AVX512")
+    print("torch %s, CPU capability %s: %s; %d elements, %d steps, worst step shown" % (
+        torch.__version__, capability,
+        "SGD and AdamW's moments must be bit-identical" if exact else
+        "differences up to 1e-6 of each array's largest allowed", N, STEPS))
     p0, grads = data()
     failed = False
-    isas = [None, "portable", "avx2", "avx512"]
     for kind, cases in (("sgd", SGD_CASES), ("adamw", ADAMW_CASES)):
         for case in cases:
             case = to_f32(case)
             ref = run_torch(kind, case, p0, grads)
-            names = ["param"] + (["momentum_buffer"] if kind == "sgd" else ["exp_avg",
-                                                                            "exp_avg_sq"])
-            for isa in isas:
-                got, used = run_c(driver, isa, kind, case, p0, grads)
-                if got is None:
+            got, used = run_c(driver, None, kind, case, p0, grads)
+            ok, parts = compare(kind, got, ref, exact)
+            # Every other kernel set must give the run-time choice's bits.
+            same = []
+            for isa in ("portable", "avx2", "avx512"):
+                other, _ = run_c(driver, isa, kind, case, p0, grads)
+                if other is None or isa == used.split()[-1]:
                     continue
-                max_abs = [0.0] * len(got[0])
-                max_ulp = [0] * len(got[0])
-                ok = True
-                for s in range(STEPS):
-                    for k, (c, t) in enumerate(zip(got[s], ref[s])):
-                        d = (c - t).abs().max().item()
-                        u = ulps(c, t).max().item()
-                        max_abs[k] = max(max_abs[k], d)
-                        max_ulp[k] = max(max_ulp[k], u)
-                        scale = t.abs().max().item()
-                        if d > 1e-6 * scale:
-                            ok = False
-                failed |= not ok
-                label = used.split()[-1] + ("" if isa else " (run-time choice)")
-                print("%-5s %-58s [%s]: %d steps x %d: %s  %s" % (
-                    kind, case, label, STEPS, N,
-                    ", ".join("%s max|diff| %.3g (%d ulp)" % (nm, a, u)
-                              for nm, a, u in zip(names, max_abs, max_ulp)),
-                    "ok" if ok else "FAIL"))
+                identical = all(torch.equal(a, b) for sa, sb in zip(other, got)
+                                for a, b in zip(sa, sb))
+                same.append(isa + ("" if identical else " DIFFERS"))
+                ok &= identical
+            failed |= not ok
+            print("%s %s\n    [%s; %s]: %s\n    %s" % (
+                kind, " ".join("%s=%.9g" % (k, v) if isinstance(v, float) else
+                               "%s=%s" % (k, v) for k, v in case.items()),
+                used.split()[-1], "identical: " + ", ".join(same) if same else "no other set",
+                "ok" if ok else "FAIL", "\n    ".join(parts)))
     return 1 if failed else 0
 
 

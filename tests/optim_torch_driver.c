@@ -50,12 +50,11 @@ int main(int argc, char **argv)
     if (!fgets(line, sizeof line, stdin))
         return 2;
     int adamw = strncmp(line, "adamw ", 6) == 0;
-    int got = adamw ? sscanf(line, "%15s %zu %d %g %g %g %g %g", kind, &n, &steps, &lr, &a, &b,
-                             &eps, &wd)
-                    : sscanf(line, "%15s %zu %d %g %g %d %g", kind, &n, &steps, &lr, &a,
-                             &nesterov, &wd);
-    if (got != (adamw ? 8 : 7) || (!adamw && strcmp(kind, "sgd") != 0) || steps < 1 ||
-        n == 0 || n > ((size_t)1 << 28)) {
+    int got =
+        adamw ? sscanf(line, "%15s %zu %d %g %g %g %g %g", kind, &n, &steps, &lr, &a, &b, &eps, &wd)
+              : sscanf(line, "%15s %zu %d %g %g %d %g", kind, &n, &steps, &lr, &a, &nesterov, &wd);
+    if (got != (adamw ? 8 : 7) || (!adamw && strcmp(kind, "sgd") != 0) || steps < 1 || n == 0 ||
+        n > ((size_t)1 << 28)) {
         fprintf(stderr, "optim-torch-driver: bad header: %s", line);
         return 2;
     }

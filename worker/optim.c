@@ -34,8 +34,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&                            \
-    !defined(DDP_OPTIM_PORTABLE)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DDP_OPTIM_PORTABLE)
 #define HAVE_X86 1
 #include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -271,7 +270,8 @@ AVX2 static void add_avx2(float *dst, const float *src, size_t n)
 {
     size_t i = 0;
     for (; n - i >= 8; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+        _mm256_storeu_ps(dst + i,
+                         _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
     for (; i < n; i++)
         dst[i] += src[i];
 }
@@ -330,8 +330,7 @@ AVX512 static void sgd_avx512(float *restrict param, const float *restrict grad,
 }
 
 AVX512 static void adamw_avx512(float *restrict param, const float *restrict grad,
-                                float *restrict m, float *restrict v, size_t n,
-                                const adamw_coef *c)
+                                float *restrict m, float *restrict v, size_t n, const adamw_coef *c)
 {
     const __m512 decay = _mm512_set1_ps(c->decay), lw = _mm512_set1_ps(c->lerp_w);
     const __m512 b2 = _mm512_set1_ps(c->beta2), c2 = _mm512_set1_ps(c->c2);
@@ -402,7 +401,8 @@ AVX512 static void add_avx512(float *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 k = mask16(i, n);
-        __m512 s = _mm512_add_ps(_mm512_maskz_loadu_ps(k, dst + i), _mm512_maskz_loadu_ps(k, src + i));
+        __m512 s =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(k, dst + i), _mm512_maskz_loadu_ps(k, src + i));
         _mm512_mask_storeu_ps(dst + i, k, s);
     }
 }
@@ -424,8 +424,7 @@ AVX512 static int all_finite_avx512(const float *x, size_t n)
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct kernels {
-    void (*sgd)(float *restrict, const float *restrict, float *restrict, size_t,
-                const sgd_coef *);
+    void (*sgd)(float *restrict, const float *restrict, float *restrict, size_t, const sgd_coef *);
     void (*adamw)(float *restrict, const float *restrict, float *restrict, float *restrict, size_t,
                   const adamw_coef *);
     double (*sum_squares)(const float *, size_t);

@@ -17,8 +17,12 @@
  *    the choice never changes a training run. Thread-safe.
  *  - SGD and AdamW follow PyTorch's torch.optim.SGD and torch.optim.AdamW (single-tensor path,
  *    foreach and fused off) operation by operation, including where PyTorch's CPU kernels fuse a
- *    multiply and an add: on a CPU where PyTorch uses its AVX2 or AVX-512 kernels the results
- *    match it bit for bit (tests/optim_torch.py checks this). Hyperparameters arrive as float;
+ *    multiply and an add. On a CPU where PyTorch uses its AVX2 or AVX-512 kernels, SGD (the
+ *    parameters and the momentum buffer) and AdamW's two moments match it bit for bit. AdamW's
+ *    parameters may differ in the last place: our sqrt is IEEE's, correctly rounded, while
+ *    PyTorch's CPU float sqrt (MKL's vector math in the PyPI builds) is 1 ulp off for about a
+ *    fifth of its inputs, which moves the occasional update by an ulp. tests/optim_torch.py
+ *    checks both. Hyperparameters arrive as float;
  *    the per-call coefficients are computed in double from those float values, as PyTorch
  *    computes them from Python floats, and rounded to float once. So to reproduce PyTorch
  *    exactly, give it the float32-representable values (0.9f is 0.89999997615814208984375).
