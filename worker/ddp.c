@@ -222,11 +222,15 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
                       : o.pool_slots < 2 ? "pool_slots must be >= 2"
                       : o.optimizer != DDP_SGD && o.optimizer != DDP_ADAMW ? "unknown optimizer"
                       : o.nesterov && o.momentum <= 0 ? "Nesterov needs momentum > 0"
-                      : o.device >= 0                 ? "device memory is not built yet"
                                                       : NULL;
     if (bad) {
         snprintf(create_err, sizeof create_err, "ddp_model_create: %s", bad);
-        return o.device >= 0 && !(!comm || !out) ? -ENOTSUP : -EINVAL;
+        return -EINVAL;
+    }
+    if (o.device >= 0) {
+        snprintf(create_err, sizeof create_err,
+                 "ddp_model_create: device memory is not built yet (device %d)", o.device);
+        return -ENOTSUP;
     }
     ddp_model *m = calloc(1, sizeof *m);
     if (!m)

@@ -6,6 +6,8 @@
  *            micro-step: each -EINVAL with a message naming the parameter, on every rank
  *   layout   the last rank registers a different shape: ddp_model_commit() fails on every
  *            rank, naming that rank and the parameter
+ *   nonfinite  rank 0's gradient holds a NaN at step 2 (stage 2): every rank reports the step
+ *            skipped and keeps its parameters; the next step trains again
  *   memory   ddp_memory_stats() for stages 0-3 against the ZeRO paper's formulas
  *   overlap  stage 0 with several buckets and a backward that computes for a while per layer:
  *            the trace shows the first bucket's reduction issued, and completed, before the
@@ -19,6 +21,7 @@
 #include "rdzv.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +97,47 @@ static void scen_layout(coll_comm *comm)
     CHECK(strstr(ddp_last_error(m), want), "message: %s", ddp_last_error(m));
     if (rank == 0)
         printf("ddp-check: rank 0 layout message: %s\n", ddp_last_error(m));
+    ddp_model_free(m);
+}
+
+/* One micro-step of a constant gradient (NaN on rank 0 when poison), then a step. */
+static int one_step(ddp_model *m, int poison, ddp_step_info *info)
+{
+    int rc = ddp_micro_begin(m, 1);
+    for (int p = ddp_num_params(m) - 1; rc == 0 && p >= 0; p--) {
+        float *g = ddp_grad_buffer(m, p);
+        for (size_t i = 0; g && i < ddp_param_count(m, p); i++)
+            g[i] = 0.5f;
+        if (g && poison && rank == 0)
+            g[ddp_param_count(m, p) / 2] = NAN;
+        rc = ddp_grad_ready(m, p);
+    }
+    if (rc == 0)
+        rc = ddp_micro_end(m);
+    return rc ? rc : ddp_step(m, 0.1f, info);
+}
+
+static void scen_nonfinite(coll_comm *comm)
+{
+    ddp_options o;
+    ddp_options_init(&o);
+    o.zero_stage = 2;
+    o.momentum = 0.9f;
+    ddp_model *m = build(comm, &o, (int64_t[]){30, 7}, 2, 5, 1);
+    CHECK(m, "build");
+    if (!m)
+        return;
+    ddp_step_info a, b, c;
+    float before, after;
+    CHECK(one_step(m, 0, &a) == 0 && !a.skipped && a.step == 1, "step 1");
+    before = *(float *)ddp_param_data(m, 0);
+    CHECK(one_step(m, 1, &b) == 0, "step 2: %s", ddp_last_error(m));
+    after = *(float *)ddp_param_data(m, 0);
+    CHECK(b.skipped && b.step == 1 && !isfinite(b.grad_norm), "step 2 skipped %d step %lld",
+          b.skipped, (long long)b.step);
+    CHECK(before == after, "parameters moved on a skipped step: %g -> %g", before, after);
+    CHECK(one_step(m, 0, &c) == 0 && !c.skipped && c.step == 2, "step 3 trains again");
+    CHECK(*(float *)ddp_param_data(m, 0) != after, "step 3 moved nothing");
     ddp_model_free(m);
 }
 
@@ -207,7 +251,8 @@ static void scen_overlap(coll_comm *comm)
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: ddp-check misuse|layout|memory|overlap   (under ddprun)\n");
+        fprintf(stderr,
+                "usage: ddp-check misuse|layout|nonfinite|memory|overlap   (under ddprun)\n");
         return 2;
     }
     rdzv_env env;
@@ -238,6 +283,8 @@ int main(int argc, char **argv)
         scen_misuse(comm);
     else if (!strcmp(argv[1], "layout"))
         scen_layout(comm);
+    else if (!strcmp(argv[1], "nonfinite"))
+        scen_nonfinite(comm);
     else if (!strcmp(argv[1], "memory"))
         scen_memory(comm);
     else if (!strcmp(argv[1], "overlap"))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # libddp end to end, real processes (about a minute on 2 cores):
-#  1. ddp-check under ddprun: misuse errors, a layout mismatch, memory against the ZeRO
+#  1. ddp-check under ddprun: misuse errors, a layout mismatch, a non-finite gradient skipped
+#     on every rank, memory against the ZeRO
 #     formulas (worlds 2 and 3: uneven padding), and the overlap trace;
 #  2. equivalence through ddp-train's per-step metrics (loss and gradient norm, 12 steps):
 #     worlds 1, 2 and 4 on the same global batch, ZeRO stages 0-3, SGD with momentum
@@ -24,7 +25,7 @@ fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
 # 1. ddp-check.
-for job in "misuse 2" "layout 3" "memory 2" "memory 3" "overlap 2"; do
+for job in "misuse 2" "layout 3" "nonfinite 3" "memory 2" "memory 3" "overlap 2"; do
     set -- $job
     out=$(timeout 120 "$DDPRUN" --standalone --nproc-per-node "$2" "$CHECK" "$1" 2>&1)
     n=$(grep -c "ddp-check: rank [0-9]*/$2 $1: PASS" <<<"$out")
