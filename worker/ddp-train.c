@@ -497,13 +497,9 @@ typedef struct trainer {
     } dump;
 } trainer;
 
-/*
- * libddp's and libcollective's log hook: warnings only. Their errors come back as return codes
- * with ddp_last_error()'s account, which the program prints once, naming the call and step.
- */
 static void ddp_log(void *arg, int level, const char *msg)
 {
-    if (level == COLL_LOG_WARN)
+    if (level <= COLL_LOG_WARN)
         err("rank %d: %s", *(const int *)arg, msg);
 }
 
@@ -1000,9 +996,8 @@ static int train(trainer *t, double *final_acc, double *train_s)
 {
     train_args *a = &t->a;
     mlp_hooks h = {.begin = hook_begin, .end = hook_end, .arg = t};
-    /* This rank's share of a step's global batch is G / W rows over all its micro-steps, and
-       libddp averages over the W ranks: 1 / (G / W) makes the result the gradient of the mean
-       loss over the global batch (mlp.h). */
+    /* libddp averages gradients over the ranks, so each rank scales by its own share of the
+     * global batch: the result is the gradient of the mean loss over the global batch. */
     const float loss_scale = (float)t->world / (float)a->global_batch;
     int rc =
         data_loader_create(&t->train, &t->sampler, a->epochs, (int64_t)t->total_steps, &t->loader);

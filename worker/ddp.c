@@ -1,33 +1,25 @@
 /*
- * libddp's runtime: the model the caller registers, its arenas, and the training step of every
- * ZeRO stage behind one set of calls (ddp.h describes the loop, plan.c the layout).
+ * libddp's runtime: the model (parameters registered by the caller), its arenas, and the
+ * training step for every ZeRO stage behind one set of calls (ddp.h describes the loop).
  *
- * Memory, with Ψ the arena's elements (padding included) and S = Ψ / N the owned parts:
+ * Memory, with Ψ the arena's elements (padding included) and S = Ψ / world the owned part:
  *   stage 0: param[Ψ], grad[Ψ], optimizer state on Ψ;
- *   stage 1: param[Ψ], grad[Ψ], optimizer state on S (compact: group g at its shard_offset);
- *   stage 2: param[Ψ], grad[S] (the owned parts, accumulated), a pool of staging slots;
- *   stage 3: param[S], grad[S], a pool of staging slots and a pool of gathered units.
- * Slots hold the largest group (bucket or unit), padding included.
+ *   stage 1: param[Ψ], grad[Ψ], optimizer state on S (compact, plan.shard_offset);
+ *   stage 2: param[Ψ], grad[S] (accumulated owned parts), a pool of staging slots;
+ *   stage 3: param[S], grad[S], a pool of gathered units and a pool of staging slots.
  *
  * Invariants:
- *  - Every rank issues the same collectives in the same order, because every decision that
- *    issues one depends on the sequence of the caller's calls alone (which every rank makes
- *    alike), never on when a request completes: a group's reduction is issued when it is
- *    complete and every group before it in launch order has been issued (launch order: bucket
- *    0, 1, ... for buckets; the last unit first for units, the order backward completes them);
- *    a stage 3 gather or prefetch depends on which slots the calls have pinned or released.
- *  - A staging slot or a gathered unit's slot is reused only after its request was waited for,
- *    and every request is waited for exactly once (by the step, by whatever needs its slot, or
- *    by drain() after a failure or at free).
- *  - The padding at the end of each group is zero in parameters, gradients and optimizer
- *    state: slots are zeroed over the group's padded range when handed out, the caller writes
- *    through views of the parameters only, and the optimizers keep zeros at zero.
- *  - After a collective fails the model is broken: every later call returns the same code and
- *    issues nothing, so no rank waits for collectives its peers will never issue.
+ *  - collectives are issued in the same order on every rank, because every decision that
+ *    issues one depends only on the caller's calls (which every rank makes alike), never on
+ *    when a request completes: buckets launch strictly in bucket order as they complete;
+ *    a stage 3 prefetch happens when a gathered-unit slot is free, which only releases change;
+ *  - a staging slot or a gathered unit is reused only after its request completed;
+ *  - the padding at the end of each group stays zero in parameters, gradients and state;
+ *  - after any failure of a collective the model is broken: every later call returns the
+ *    same code, so no rank issues collectives its peers will never match.
  *
- * Not here: checkpoints and device (CUDA) memory, which have issues of their own; dtypes other
- * than f32; the optimizer kernels (optim.c); printing (the log hook gets skipped steps, the
- * trace hook timestamps).
+ * Not here: checkpoints and device (CUDA) memory have their own issues; the ops are f32 on the
+ * host. Nothing is printed: the log hook gets skipped steps, the trace hook timestamps.
  */
 #include "ddp.h"
 
@@ -35,7 +27,6 @@
 #include "optim.h"
 #include "plan.h"
 
-#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -45,87 +36,78 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ERR_BYTES 512
-#define MAX_NDIM 8
-#define ALIGN 64 /* arenas and slots start on a cache line */
+#define DDP_MAX_DIMS 8
+#define NAME_BYTES 128
 
 typedef struct param {
-    char *name; /* "<unit>.<name>" */
+    char name[NAME_BYTES];
     int unit;
     int ndim;
-    int64_t shape[MAX_NDIM];
+    int64_t shape[DDP_MAX_DIMS];
     coll_dtype dtype;
     size_t count;
 } param;
 
-/* Stages 2-3: a staging buffer for one group's gradients in the current micro-step. */
-typedef struct stage_slot {
-    float *buf;        /* [max_padded] */
-    int group;         /* the group it holds, or -1 when free */
-    coll_request *req; /* its reduce-scatter, until retired */
-    uint64_t seq;      /* when that was issued: the oldest is retired first */
-} stage_slot;
+/* A buffer of the size of the largest group and what occupies it. */
+typedef struct slot {
+    float *buf;
+    int group;         /* -1: free */
+    coll_request *req; /* reduce-scatter (gradients) or allgather (units) in flight */
+    uint64_t seq;      /* issue order, to wait for the oldest first */
+} slot;
 
-/* Stage 3: a gathered unit. */
-enum { G_EMPTY = 0, G_CACHED, G_PREFETCHED, G_PINNED };
-typedef struct gather_slot {
-    float *buf;        /* [max_padded] */
-    int unit;          /* -1 when empty */
-    int state;         /* G_*: CACHED = released but still valid; PINNED = gathered by the caller */
-    coll_request *req; /* its allgather, until waited for */
-    uint64_t used;     /* when it was last released or issued, for least-recently-used reuse */
-} gather_slot;
+enum state { BUILDING, READY, BROKEN };
 
 struct ddp_model {
     coll_comm *comm;
     ddp_options o;
     int rank, world;
-    bool committed;
-    int broken; /* 0, or the code every later call returns */
-    char err[ERR_BYTES];
+    enum state state;
+    int broken_rc;
 
-    /* Registration. */
     param *params;
-    int nparams, params_cap;
-    char **units;
-    int nunits, units_cap;
+    int nparams, cap_params;
+    char (*unit_names)[NAME_BYTES];
+    int nunits, cap_units;
 
-    /* Layout and memory. */
     ddp__plan plan;
-    int *order;        /* [ngroups] order[k]: the k-th group to reduce in a micro-step */
-    int *group_params; /* [ngroups] parameters per group */
-    float *params_mem, *grads, *state1, *state2;
-    size_t param_elems, grad_elems, state_elems;
-    int nstate; /* arrays of optimizer state: 0, 1 (SGD momentum) or 2 (AdamW m, v) */
+    float *param;     /* stages 0-2: arena; stage 3: owned parts (compact) */
+    float *grad;      /* stages 0-1: arena; stages 2-3: owned parts (compact) */
+    float *opt1;      /* momentum, or AdamW's m */
+    float *opt2;      /* AdamW's v */
+    size_t opt_elems; /* elements of each optimizer state array */
 
-    /* The current step and micro-step. */
-    bool in_micro, micro_sync, synced;
-    int nmicro;    /* micro-steps since the last step */
-    int micro_err; /* a failure of ddp_grad_buffer() that ddp_micro_end() returns */
+    /* Per group: how many of its parameters are ready, its request and its staging slot. */
+    int *ready;
+    coll_request **req;
+    int *grad_slot;
+    char *marked;    /* per parameter: gradient marked ready in this micro-step */
+    char *done_seen; /* per group: its reduction's completion was traced */
     int next_launch;
-    unsigned char *ready;     /* [nparams] marked in this micro-step */
-    int *ready_count;         /* [ngroups] */
-    coll_request **group_req; /* [ngroups] stages 0-1: the group's reduction */
-    int *group_slot;          /* [ngroups] stages 2-3: its staging slot, or -1 */
-    stage_slot *stage;        /* [pool_slots] stages 2-3 */
+
+    slot *gslots, *uslots; /* gradient staging (stages 2-3); gathered units (stage 3) */
+    int ngslots, nuslots;
+    int *unit_slot; /* stage 3: the uslot holding unit u, or -1 */
+    int last_gathered;
+    int direction; /* +1 forward, -1 backward */
     uint64_t seq;
-    gather_slot *gather;    /* [pool_slots] stage 3 */
-    int *unit_slot;         /* [nunits] stage 3: the slot holding the unit, or -1 */
-    int last_gathered, dir; /* stage 3: the direction of travel */
-    uint64_t clock;
-    coll_request **step_req; /* [ngroups] stages 1-2: the step's parameter allgathers */
-    int64_t steps;
+
+    bool in_micro, sync, synced;
+    int64_t micro;
+    int64_t steps;     /* optimizer steps taken (skipped ones excluded) */
+    int64_t attempted; /* ddp_step() calls, for the trace */
+    char err[512];
 };
 
-/* ------------------------------------------------------------------------------------------ */
-/* Errors, logging and tracing                                                                 */
-/* ------------------------------------------------------------------------------------------ */
+static _Thread_local char create_err[256];
 
-static _Thread_local char create_err[ERR_BYTES];
+/* ------------------------------------------------------------------------------------------ */
+/* Errors and small helpers                                                                    */
+/* ------------------------------------------------------------------------------------------ */
 
 const char *ddp_strerror(int err)
 {
-    return coll_strerror(err); /* libddp has no codes of its own: errno values and COLL_E* */
+    return coll_strerror(err);
 }
 
 const char *ddp_last_error(const ddp_model *m)
@@ -133,21 +115,6 @@ const char *ddp_last_error(const ddp_model *m)
     return m ? m->err : create_err;
 }
 
-static void logf_(ddp_model *m, int level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void logf_(ddp_model *m, int level, const char *fmt, ...)
-{
-    if (!m->o.log)
-        return;
-    char msg[ERR_BYTES];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    m->o.log(m->o.log_arg, level, msg);
-}
-
-/* Records the model's last error, hands it to the log hook and returns rc. */
 static int fail(ddp_model *m, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(ddp_model *m, int rc, const char *fmt, ...)
 {
@@ -155,35 +122,24 @@ static int fail(ddp_model *m, int rc, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(m->err, sizeof m->err, fmt, ap);
     va_end(ap);
-    if (m->o.log)
-        m->o.log(m->o.log_arg, COLL_LOG_ERROR, m->err);
     return rc;
 }
 
-static void drain(ddp_model *m);
-
-/*
- * A collective failed with rc: records "<what>: <code>: <libcollective's account> (culprit:
- * rank R)", breaks the model, waits out (releases) every other request, and returns rc. After
- * a failure the communicator fails every later operation at once, so the waits are short.
- */
-static int coll_fail(ddp_model *m, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int coll_fail(ddp_model *m, int rc, const char *fmt, ...)
+/* A collective failed: the model is broken from now on, and says who was to blame. */
+static int coll_failed(ddp_model *m, int rc, const char *what)
 {
-    char what[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    int culprit = coll_comm_failed_rank(m->comm);
-    char who[48] = "";
-    if (culprit >= 0)
-        snprintf(who, sizeof who, " (culprit: rank %d)", culprit);
-    fail(m, rc, "%s: %s: %s%s", what, coll_strerror(rc), coll_last_error(m->comm), who);
-    m->broken = rc;
-    drain(m);
-    return rc;
+    if (m->state != BROKEN) {
+        int culprit = coll_comm_failed_rank(m->comm);
+        char who[48] = "";
+        if (culprit >= 0)
+            snprintf(who, sizeof who, " (rank %d)", culprit);
+        fail(m, rc, "%s failed%s: %s: %s", what, who, coll_strerror(rc), coll_last_error(m->comm));
+        m->state = BROKEN;
+        m->broken_rc = rc;
+        if (m->o.log)
+            m->o.log(m->o.log_arg, COLL_LOG_ERROR, m->err);
+    }
+    return m->broken_rc;
 }
 
 static void trace(ddp_model *m, ddp_event ev, int index)
@@ -192,181 +148,157 @@ static void trace(ddp_model *m, ddp_event ev, int index)
         m->o.trace(m->o.trace_arg, ev, index, rdzv__now_ns());
 }
 
-/* The checks of every call that needs a committed, unbroken model. */
-static int usable(ddp_model *m, const char *fn)
+/* Traces group g's reduction as done, once per micro-step. */
+static void trace_done(ddp_model *m, int g)
 {
-    if (m->broken)
-        return m->broken;
-    if (!m->committed)
-        return fail(m, -EINVAL, "%s: the model is not committed (ddp_model_commit())", fn);
+    if (!m->done_seen[g]) {
+        m->done_seen[g] = 1;
+        trace(m, DDP_EV_BUCKET_DONE, g);
+    }
+}
+
+/*
+ * With a trace hook, notes the launched reductions that have completed by now (coll_test does
+ * not release them), so that the trace shows when they finished, not when the step waited.
+ */
+static void poll_done(ddp_model *m)
+{
+    for (int g = 0; m->o.trace && g < m->next_launch; g++) {
+        coll_request *r = m->o.zero_stage < 2    ? m->req[g]
+                          : m->grad_slot[g] >= 0 ? m->gslots[m->grad_slot[g]].req
+                                                 : NULL;
+        bool done = false;
+        if (r && !m->done_seen[g] && coll_test(r, &done) >= 0 && done)
+            trace_done(m, g);
+    }
+}
+
+/* The calls that run collectives refuse a broken or uncommitted model. */
+static int usable(ddp_model *m)
+{
+    if (!m)
+        return -EINVAL;
+    if (m->state == BROKEN)
+        return m->broken_rc;
+    if (m->state != READY)
+        return fail(m, -EINVAL, "the model is not committed (ddp_model_commit)");
     return 0;
 }
 
-/* ------------------------------------------------------------------------------------------ */
-/* Options and building                                                                        */
-/* ------------------------------------------------------------------------------------------ */
-
-void ddp_options_init(ddp_options *opts)
+static const ddp__group *group_of(const ddp_model *m, int p)
 {
-    if (!opts)
-        return;
-    memset(opts, 0, sizeof *opts);
-    opts->zero_stage = 0;
-    opts->first_bucket_bytes = (size_t)1 << 20;
-    opts->bucket_bytes = (size_t)25 << 20;
-    opts->pool_slots = 4;
-    opts->optimizer = DDP_SGD;
-    opts->beta1 = 0.9f;
-    opts->beta2 = 0.999f;
-    opts->eps = 1e-8f;
-    opts->device = -1;
+    return &m->plan.groups[m->plan.param_group[p]];
 }
 
-/* Why `o` is not usable, or NULL. */
-static const char *bad_option(const ddp_options *o)
+/* ------------------------------------------------------------------------------------------ */
+/* Building                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+void ddp_options_init(ddp_options *o)
 {
-    if (o->zero_stage < 0 || o->zero_stage > 3)
-        return "zero_stage must be 0, 1, 2 or 3";
-    if (o->first_bucket_bytes == 0 || o->bucket_bytes == 0)
-        return "bucket sizes must be positive";
-    if (o->pool_slots < 2)
-        return "pool_slots must be at least 2";
-    if (o->optimizer != DDP_SGD && o->optimizer != DDP_ADAMW)
-        return "unknown optimizer";
-    if (!(o->weight_decay >= 0) || !isfinite(o->weight_decay))
-        return "weight_decay must be finite and >= 0";
-    if (!(o->clip_norm <= 0 || isfinite(o->clip_norm)))
-        return "clip_norm must be finite";
-    if (o->optimizer == DDP_SGD) {
-        if (!(o->momentum >= 0) || !isfinite(o->momentum))
-            return "momentum must be finite and >= 0";
-        if (o->nesterov && o->momentum == 0)
-            return "Nesterov momentum needs momentum > 0";
-    } else {
-        if (!(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1))
-            return "beta1 and beta2 must lie in [0, 1)";
-        if (!(o->eps > 0) || !isfinite(o->eps))
-            return "eps must be finite and > 0";
-    }
-    return NULL;
+    memset(o, 0, sizeof *o);
+    o->first_bucket_bytes = 1u << 20;
+    o->bucket_bytes = 25u << 20;
+    o->pool_slots = 4;
+    o->optimizer = DDP_SGD;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.999f;
+    o->eps = 1e-8f;
+    o->device = -1;
 }
 
 int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
 {
-    create_err[0] = '\0';
-    if (!comm || !out) {
-        snprintf(create_err, sizeof create_err, "ddp_model_create: comm and out are required");
-        return -EINVAL;
-    }
+    create_err[0] = 0;
     ddp_options o;
     if (opts)
         o = *opts;
     else
         ddp_options_init(&o);
-    const char *why = bad_option(&o);
-    if (why) {
-        snprintf(create_err, sizeof create_err, "ddp_model_create: %s", why);
+    const char *bad = !comm || !out                          ? "NULL communicator or out"
+                      : o.zero_stage < 0 || o.zero_stage > 3 ? "zero_stage must be 0..3"
+                      : o.first_bucket_bytes == 0 || o.bucket_bytes == 0
+                          ? "bucket sizes must be > 0"
+                      : o.pool_slots < 2 ? "pool_slots must be >= 2"
+                      : o.optimizer != DDP_SGD && o.optimizer != DDP_ADAMW ? "unknown optimizer"
+                      : o.nesterov && o.momentum <= 0 ? "Nesterov needs momentum > 0"
+                                                      : NULL;
+    if (bad) {
+        snprintf(create_err, sizeof create_err, "ddp_model_create: %s", bad);
         return -EINVAL;
     }
-    if (o.device != -1) {
+    if (o.device >= 0) {
         snprintf(create_err, sizeof create_err,
-                 "ddp_model_create: device %d: this build keeps the model in host memory only "
-                 "(device -1)",
-                 o.device);
+                 "ddp_model_create: device memory is not built yet (device %d)", o.device);
         return -ENOTSUP;
     }
     ddp_model *m = calloc(1, sizeof *m);
-    if (!m) {
-        snprintf(create_err, sizeof create_err, "ddp_model_create: out of memory");
+    if (!m)
         return -ENOMEM;
-    }
     m->comm = comm;
     m->o = o;
     m->rank = coll_comm_rank(comm);
     m->world = coll_comm_size(comm);
     m->last_gathered = -1;
-    m->dir = 1;
+    m->direction = 1;
     *out = m;
     return 0;
 }
 
-/* Waits for (and so releases) every request the model holds, ignoring their results. */
-static void drain(ddp_model *m)
+static void free_slots(slot *s, int n)
 {
-    for (int g = 0; m->group_req && g < m->plan.ngroups; g++)
-        if (m->group_req[g]) {
-            coll_wait(m->group_req[g]);
-            m->group_req[g] = NULL;
-        }
-    for (int g = 0; m->step_req && g < m->plan.ngroups; g++)
-        if (m->step_req[g]) {
-            coll_wait(m->step_req[g]);
-            m->step_req[g] = NULL;
-        }
-    for (int s = 0; m->stage && s < m->o.pool_slots; s++)
-        if (m->stage[s].req) {
-            coll_wait(m->stage[s].req);
-            m->stage[s].req = NULL;
-            m->stage[s].group = -1;
-        }
-    for (int s = 0; m->gather && s < m->o.pool_slots; s++)
-        if (m->gather[s].req) {
-            coll_wait(m->gather[s].req);
-            m->gather[s].req = NULL;
-        }
+    for (int i = 0; s && i < n; i++) {
+        if (s[i].req)
+            (void)coll_wait(s[i].req);
+        free(s[i].buf);
+    }
+    free(s);
 }
 
 void ddp_model_free(ddp_model *m)
 {
     if (!m)
         return;
-    drain(m);
-    for (int i = 0; i < m->nparams; i++)
-        free(m->params[i].name);
-    free(m->params);
-    for (int u = 0; u < m->nunits; u++)
-        free(m->units[u]);
-    free(m->units);
-    for (int s = 0; m->stage && s < m->o.pool_slots; s++)
-        free(m->stage[s].buf);
-    for (int s = 0; m->gather && s < m->o.pool_slots; s++)
-        free(m->gather[s].buf);
-    free(m->stage);
-    free(m->gather);
-    free(m->params_mem);
-    free(m->grads);
-    free(m->state1);
-    free(m->state2);
-    free(m->order);
-    free(m->group_params);
-    free(m->ready);
-    free(m->ready_count);
-    free(m->group_req);
-    free(m->group_slot);
-    free(m->unit_slot);
-    free(m->step_req);
+    /* Requests still in flight (after a failure, say) are waited for: each is released once. */
+    for (int g = 0; m->req && g < m->plan.ngroups; g++)
+        if (m->req[g])
+            (void)coll_wait(m->req[g]);
+    free_slots(m->gslots, m->ngslots);
+    free_slots(m->uslots, m->nuslots);
     ddp__plan_free(&m->plan);
+    free(m->params);
+    free(m->unit_names);
+    free(m->param);
+    free(m->grad);
+    free(m->opt1);
+    free(m->opt2);
+    free(m->ready);
+    free(m->req);
+    free(m->grad_slot);
+    free(m->marked);
+    free(m->done_seen);
+    free(m->unit_slot);
     free(m);
+}
+
+static bool good_name(const char *name)
+{
+    return name && *name && strlen(name) < NAME_BYTES;
 }
 
 int ddp_unit_add(ddp_model *m, const char *name)
 {
-    if (!m)
-        return -EINVAL;
-    if (m->committed || m->broken)
-        return fail(m, -EINVAL, "ddp_unit_add: the model is already committed");
-    if (!name || !*name)
-        return fail(m, -EINVAL, "ddp_unit_add: a unit needs a name");
-    if (m->nunits == m->units_cap) {
-        int cap = m->units_cap ? 2 * m->units_cap : 16;
-        char **u = realloc(m->units, (size_t)cap * sizeof *u);
-        if (!u)
-            return fail(m, -ENOMEM, "ddp_unit_add: out of memory");
-        m->units = u;
-        m->units_cap = cap;
+    if (!m || m->state != BUILDING || !good_name(name))
+        return m ? fail(m, -EINVAL, "ddp_unit_add: bad name, or the model is committed") : -EINVAL;
+    if (m->nunits == m->cap_units) {
+        int cap = m->cap_units ? 2 * m->cap_units : 16;
+        void *p = realloc(m->unit_names, (size_t)cap * sizeof *m->unit_names);
+        if (!p)
+            return -ENOMEM;
+        m->unit_names = p;
+        m->cap_units = cap;
     }
-    if (!(m->units[m->nunits] = strdup(name)))
-        return fail(m, -ENOMEM, "ddp_unit_add: out of memory");
+    snprintf(m->unit_names[m->nunits], NAME_BYTES, "%s", name);
     return m->nunits++;
 }
 
@@ -375,346 +307,245 @@ int ddp_param_add(ddp_model *m, int unit, const char *name, int ndim, const int6
 {
     if (!m)
         return -EINVAL;
-    if (m->committed || m->broken)
-        return fail(m, -EINVAL, "ddp_param_add: the model is already committed");
-    if (m->nunits == 0 || unit != m->nunits - 1)
-        return fail(m, -EINVAL, "ddp_param_add: unit %d is not the latest unit added (%d)", unit,
-                    m->nunits - 1);
-    if (!name || !*name)
-        return fail(m, -EINVAL, "ddp_param_add: a parameter of unit %s needs a name",
-                    m->units[unit]);
-    if (ndim < 0 || ndim > MAX_NDIM || (ndim > 0 && !shape))
-        return fail(m, -EINVAL, "ddp_param_add: %s.%s: ndim must lie in [0, %d]", m->units[unit],
-                    name, MAX_NDIM);
+    if (m->state != BUILDING || unit != m->nunits - 1 || unit < 0 || !good_name(name) || ndim < 1 ||
+        ndim > DDP_MAX_DIMS || !shape)
+        return fail(m, -EINVAL,
+                    "ddp_param_add(%s): bad argument (the unit must be the latest added, 1..%d "
+                    "dimensions, the model not committed)",
+                    name ? name : "NULL", DDP_MAX_DIMS);
+    if (dtype != COLL_F32)
+        return fail(m, -ENOTSUP, "ddp_param_add(%s): dtype %s: only f32 is implemented", name,
+                    coll_dtype_name(dtype));
     size_t count = 1;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] <= 0 || (uint64_t)shape[d] > SIZE_MAX / 16 / count)
-            return fail(m, -EINVAL, "ddp_param_add: %s.%s: dimension %d is %" PRId64,
-                        m->units[unit], name, d, shape[d]);
+        if (shape[d] <= 0 || (uint64_t)shape[d] > (SIZE_MAX >> 4) / count)
+            return fail(m, -EINVAL, "ddp_param_add(%s): dimension %d is %" PRId64, name, d,
+                        shape[d]);
         count *= (size_t)shape[d];
     }
-    if (coll_dtype_size(dtype) == 0)
-        return fail(m, -EINVAL, "ddp_param_add: %s.%s: invalid dtype", m->units[unit], name);
-    if (dtype != COLL_F32)
-        return fail(m, -ENOTSUP, "ddp_param_add: %s.%s: dtype %s: the optimizers handle f32 only",
-                    m->units[unit], name, coll_dtype_name(dtype));
-    if (m->nparams == m->params_cap) {
-        int cap = m->params_cap ? 2 * m->params_cap : 16;
-        param *p = realloc(m->params, (size_t)cap * sizeof *p);
+    if (m->nparams == m->cap_params) {
+        int cap = m->cap_params ? 2 * m->cap_params : 32;
+        void *p = realloc(m->params, (size_t)cap * sizeof *m->params);
         if (!p)
-            return fail(m, -ENOMEM, "ddp_param_add: out of memory");
+            return -ENOMEM;
         m->params = p;
-        m->params_cap = cap;
+        m->cap_params = cap;
     }
     param *p = &m->params[m->nparams];
     memset(p, 0, sizeof *p);
-    size_t len = strlen(m->units[unit]) + 1 + strlen(name) + 1;
-    if (!(p->name = malloc(len)))
-        return fail(m, -ENOMEM, "ddp_param_add: out of memory");
-    snprintf(p->name, len, "%s.%s", m->units[unit], name);
+    snprintf(p->name, sizeof p->name, "%s", name);
     p->unit = unit;
     p->ndim = ndim;
-    for (int d = 0; d < ndim; d++)
-        p->shape[d] = shape[d];
+    memcpy(p->shape, shape, (size_t)ndim * sizeof *shape);
     p->dtype = dtype;
     p->count = count;
     return m->nparams++;
 }
 
-/* ------------------------------------------------------------------------------------------ */
-/* Commit: the layout check, the arenas, the initial values                                     */
-/* ------------------------------------------------------------------------------------------ */
-
-static uint64_t fnv(uint64_t h, const void *data, size_t n)
+/* FNV-1a over the parameter's unit, name, shape and dtype: what every rank must agree on. */
+static uint64_t param_hash(const param *p)
 {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ULL;
+    uint64_t h = 1469598103934665603ull;
+#define MIX(ptr, n)                                                                                \
+    for (size_t i_ = 0; i_ < (n); i_++)                                                            \
+        h = (h ^ ((const unsigned char *)(ptr))[i_]) * 1099511628211ull;
+    MIX(&p->unit, sizeof p->unit);
+    MIX(p->name, strlen(p->name));
+    MIX(&p->ndim, sizeof p->ndim);
+    MIX(p->shape, (size_t)p->ndim * sizeof *p->shape);
+    MIX(&p->dtype, sizeof p->dtype);
+#undef MIX
     return h;
 }
 
-#define FNV_BASIS 0xcbf29ce484222325ULL
-
-/* What identifies parameter i across ranks: its unit's index, its full name, shape and dtype. */
-static int64_t param_hash(const ddp_model *m, int i)
+static void describe_param(const param *p, char *buf, size_t cap)
 {
-    const param *p = &m->params[i];
-    uint64_t h = fnv(FNV_BASIS, &p->unit, sizeof p->unit);
-    h = fnv(h, p->name, strlen(p->name) + 1);
-    h = fnv(h, &p->ndim, sizeof p->ndim);
-    h = fnv(h, p->shape, (size_t)p->ndim * sizeof p->shape[0]);
-    int dt = (int)p->dtype;
-    return (int64_t)fnv(h, &dt, sizeof dt);
+    int n = snprintf(buf, cap, "'%s' [", p->name);
+    for (int d = 0; d < p->ndim && n > 0 && (size_t)n < cap; d++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%" PRId64, d ? ", " : "", p->shape[d]);
+    if (n > 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, "] %s", coll_dtype_name(p->dtype));
 }
 
-/* The options that decide which collectives are issued: they must agree on every rank. */
-static int64_t config_hash(const ddp_model *m)
-{
-    uint64_t v[5] = {(uint64_t)m->o.zero_stage, m->o.first_bucket_bytes, m->o.bucket_bytes,
-                     (uint64_t)m->o.pool_slots, (uint64_t)m->nunits};
-    return (int64_t)fnv(FNV_BASIS, v, sizeof v);
-}
-
-/* "fc1.weight [64, 784] f32" into buf. */
-static const char *describe(const ddp_model *m, int i, char *buf, size_t cap)
-{
-    const param *p = &m->params[i];
-    size_t at = (size_t)snprintf(buf, cap, "%s [", p->name);
-    for (int d = 0; d < p->ndim && at < cap; d++)
-        at += (size_t)snprintf(buf + at, cap - at, "%s%" PRId64, d ? ", " : "", p->shape[d]);
-    if (at < cap)
-        snprintf(buf + at, cap - at, "] %s", coll_dtype_name(p->dtype));
-    return buf;
-}
-
-/*
- * Every rank compares the layouts: first (count, options) of every rank, then, when the counts
- * agree, a hash per parameter. Every rank sees the same gathered values and so reaches the same
- * verdict, naming the first rank that differs from rank 0 and the first parameter where it
- * does. Returns 0, -EINVAL (they differ), -ENOMEM or a collective's failure.
- */
+/* Every rank checks that every rank registered this layout; the message is the same on all. */
 static int check_layout(ddp_model *m)
 {
-    int w = m->world, rc = 0;
-    size_t n = (size_t)m->nparams;
-    int64_t *all = malloc((size_t)w * 3 * sizeof *all);
-    int64_t *hashes = malloc((n ? n : 1) * sizeof *hashes);
-    int64_t *all_hashes = malloc((n ? n : 1) * (size_t)w * sizeof *all_hashes);
-    /* Out of memory is a third value, so that the ranks give up together. */
-    int64_t mine[3] = {m->nparams, config_hash(m), !hashes || !all_hashes};
-    if (!all) {
-        rc = fail(m, -ENOMEM, "ddp_model_commit: out of memory");
-        goto out; /* the others time out in the allgather: it needs 3 * world integers */
-    }
-    if ((rc = coll_allgather(m->comm, mine, all, 3, COLL_I64)) != 0) {
-        rc = coll_fail(m, rc, "ddp_model_commit: the layout check's allgather");
+    int64_t mine = m->nparams, *counts = calloc((size_t)m->world, sizeof *counts);
+    uint64_t *hashes = NULL, *all = NULL;
+    int rc = -ENOMEM;
+    if (!counts)
+        goto out;
+    rc = coll_allgather(m->comm, &mine, counts, 1, COLL_I64);
+    if (rc < 0) {
+        rc = coll_failed(m, rc, "ddp_model_commit: exchanging the layout");
         goto out;
     }
-    for (int r = 0; r < w; r++)
-        if (all[3 * r + 2]) {
-            rc = fail(m, -ENOMEM, "ddp_model_commit: rank %d ran out of memory", r);
-            goto out;
-        }
-    for (int r = 1; r < w; r++) {
-        if (all[3 * r] != all[0]) {
+    for (int r = 1; r < m->world; r++) {
+        if (counts[r] != counts[0]) {
             rc = fail(m, -EINVAL,
                       "ddp_model_commit: the layouts differ: rank %d registered %" PRId64
-                      " parameters, rank 0 %" PRId64 " (this is rank %d)",
-                      r, all[3 * r], all[0], m->rank);
-            goto out;
-        }
-        if (all[3 * r + 1] != all[1]) {
-            rc = fail(m, -EINVAL,
-                      "ddp_model_commit: the options differ: rank %d's zero_stage, bucket sizes, "
-                      "pool_slots or number of units differ from rank 0's (this is rank %d: "
-                      "stage %d, buckets of %zu and %zu bytes, %d slots, %d units)",
-                      r, m->rank, m->o.zero_stage, m->o.first_bucket_bytes, m->o.bucket_bytes,
-                      m->o.pool_slots, m->nunits);
+                      " parameters, rank 0 %" PRId64,
+                      r, counts[r], counts[0]);
             goto out;
         }
     }
-    if (n == 0) {
-        rc = fail(m, -EINVAL, "ddp_model_commit: no parameters registered");
+    rc = -ENOMEM;
+    hashes = calloc((size_t)m->nparams, sizeof *hashes);
+    all = calloc((size_t)m->nparams * (size_t)m->world, sizeof *all);
+    if (!hashes || !all)
         goto out;
-    }
     for (int i = 0; i < m->nparams; i++)
-        hashes[i] = param_hash(m, i);
-    if ((rc = coll_allgather(m->comm, hashes, all_hashes, n, COLL_I64)) != 0) {
-        rc = coll_fail(m, rc, "ddp_model_commit: the layout check's allgather");
+        hashes[i] = param_hash(&m->params[i]);
+    rc = coll_allgather(m->comm, hashes, all, (size_t)m->nparams, COLL_I64);
+    if (rc < 0) {
+        rc = coll_failed(m, rc, "ddp_model_commit: exchanging the layout");
         goto out;
     }
-    for (size_t i = 0; i < n; i++)
-        for (int r = 1; r < w; r++)
-            if (all_hashes[(size_t)r * n + i] != all_hashes[i]) {
-                char d[200];
-                rc = fail(m, -EINVAL,
-                          "ddp_model_commit: the layouts differ: rank %d's parameter %zu differs "
-                          "from rank 0's in name, shape or dtype (this is rank %d, where it is %s)",
-                          r, i, m->rank, describe(m, (int)i, d, sizeof d));
-                goto out;
-            }
+    for (int r = 1; r < m->world; r++) {
+        for (int i = 0; i < m->nparams; i++) {
+            if (all[(size_t)r * (size_t)m->nparams + (size_t)i] == all[i])
+                continue;
+            char here[256];
+            describe_param(&m->params[i], here, sizeof here);
+            rc = fail(m, -EINVAL,
+                      "ddp_model_commit: the layouts differ: rank %d's parameter %d is not rank "
+                      "0's (this rank, %d, has %s in unit '%s')",
+                      r, i, m->rank, here, m->unit_names[m->params[i].unit]);
+            goto out;
+        }
+    }
+    rc = 0;
 out:
-    free(all);
+    free(counts);
     free(hashes);
-    free(all_hashes);
+    free(all);
     return rc;
 }
 
-static float *alloc_floats(size_t n)
+static int alloc_slots(slot **s, int n, size_t elems)
 {
-    size_t bytes = (n * sizeof(float) + ALIGN - 1) / ALIGN * ALIGN;
-    float *p = aligned_alloc(ALIGN, bytes ? bytes : ALIGN);
-    if (p)
-        memset(p, 0, bytes ? bytes : ALIGN);
-    return p;
-}
-
-/* The arenas, slots and bookkeeping of a built plan. Returns 0 or -ENOMEM. */
-static int alloc_model(ddp_model *m)
-{
-    const ddp__plan *pl = &m->plan;
-    int st = m->o.zero_stage, ng = pl->ngroups, slots = m->o.pool_slots;
-    m->param_elems = st == 3 ? pl->shard_total : pl->total;
-    m->grad_elems = st <= 1 ? pl->total : pl->shard_total;
-    m->state_elems = st == 0 ? pl->total : pl->shard_total;
-    m->nstate = m->o.optimizer == DDP_ADAMW ? 2 : m->o.momentum != 0 ? 1 : 0;
-    if (!(m->params_mem = alloc_floats(m->param_elems)) ||
-        !(m->grads = alloc_floats(m->grad_elems)))
+    *s = calloc((size_t)n, sizeof **s);
+    if (!*s)
         return -ENOMEM;
-    if (m->nstate >= 1 && !(m->state1 = alloc_floats(m->state_elems)))
-        return -ENOMEM;
-    if (m->nstate >= 2 && !(m->state2 = alloc_floats(m->state_elems)))
-        return -ENOMEM;
-    m->order = calloc((size_t)ng, sizeof *m->order);
-    m->group_params = calloc((size_t)ng, sizeof *m->group_params);
-    m->ready = calloc((size_t)m->nparams, 1);
-    m->ready_count = calloc((size_t)ng, sizeof *m->ready_count);
-    m->group_req = calloc((size_t)ng, sizeof *m->group_req);
-    m->group_slot = calloc((size_t)ng, sizeof *m->group_slot);
-    m->step_req = calloc((size_t)ng, sizeof *m->step_req);
-    if (!m->order || !m->group_params || !m->ready || !m->ready_count || !m->group_req ||
-        !m->group_slot || !m->step_req)
-        return -ENOMEM;
-    for (int k = 0; k < ng; k++) {
-        m->order[k] = st == 3 ? ng - 1 - k : k; /* the order backward completes groups */
-        m->group_params[k] = pl->groups[k].last - pl->groups[k].first + 1;
-        m->group_slot[k] = -1;
-    }
-    if (st >= 2) {
-        if (!(m->stage = calloc((size_t)slots, sizeof *m->stage)))
+    for (int i = 0; i < n; i++) {
+        (*s)[i].group = -1;
+        if (!((*s)[i].buf = calloc(elems, sizeof(float))))
             return -ENOMEM;
-        for (int s = 0; s < slots; s++) {
-            m->stage[s].group = -1;
-            if (!(m->stage[s].buf = alloc_floats(pl->max_padded)))
-                return -ENOMEM;
-        }
-    }
-    if (st == 3) {
-        m->gather = calloc((size_t)slots, sizeof *m->gather);
-        m->unit_slot = malloc((size_t)m->nunits * sizeof *m->unit_slot);
-        if (!m->gather || !m->unit_slot)
-            return -ENOMEM;
-        for (int u = 0; u < m->nunits; u++)
-            m->unit_slot[u] = -1;
-        for (int s = 0; s < slots; s++) {
-            m->gather[s].unit = -1;
-            if (!(m->gather[s].buf = alloc_floats(pl->max_padded)))
-                return -ENOMEM;
-        }
     }
     return 0;
 }
 
-/*
- * Rank 0 calls init for parameters [first, last] into `base` (the arena, or a slot holding
- * group g at its offset); every rank then learns the outcome by a broadcast, so that a failing
- * init ends the commit on every rank alike. Returns 0, init's code, or a collective's failure.
- */
-static int init_params(ddp_model *m, ddp_init_fn init, void *arg, int first, int last, float *base,
-                       size_t base_offset)
+/* Rank 0's initial values into buf (the group's padded range), zeros where init is NULL. */
+static int init_group(ddp_model *m, const ddp__group *g, float *buf, ddp_init_fn init, void *arg)
 {
-    int64_t status = 0;
-    int bad = -1;
-    for (int i = first; m->rank == 0 && init && i <= last && status == 0; i++) {
-        int rc = init(arg, i, m->params[i].name, base + (m->plan.param_offset[i] - base_offset),
+    memset(buf, 0, g->padded * sizeof *buf);
+    for (int i = g->first; init && i <= g->last; i++) {
+        int rc = init(arg, i, m->params[i].name, buf + (m->plan.param_offset[i] - g->offset),
                       m->params[i].count);
-        if (rc < 0) {
-            status = rc;
-            bad = i;
-        }
-    }
-    int64_t who = bad;
-    int64_t msg[2] = {status, who};
-    int rc = coll_broadcast(m->comm, msg, msg, 2, COLL_I64, 0);
-    if (rc != 0)
-        return coll_fail(m, rc, "ddp_model_commit: broadcast of the initial values");
-    if (msg[0] < 0) {
-        int code = msg[0] < INT32_MIN ? -EIO : (int)msg[0];
-        m->broken = code;
-        return fail(m, code,
-                    "ddp_model_commit: rank 0's init failed for %s (parameter %" PRId64 "): %s",
-                    m->params[msg[1]].name, msg[1], ddp_strerror(code));
+        if (rc < 0)
+            return fail(m, rc, "ddp_model_commit: the init function failed for '%s' (%s)",
+                        m->params[i].name, ddp_strerror(rc));
     }
     return 0;
 }
 
 int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg)
 {
-    if (!m)
-        return -EINVAL;
-    if (m->broken)
-        return m->broken;
-    if (m->committed)
-        return fail(m, -EINVAL, "ddp_model_commit: the model is already committed");
+    if (!m || m->state != BUILDING)
+        return m ? fail(m, -EINVAL, "ddp_model_commit: already committed") : -EINVAL;
+    if (m->nparams == 0)
+        return fail(m, -EINVAL, "ddp_model_commit: no parameters registered");
     int rc = check_layout(m);
-    if (rc != 0) {
-        m->broken = rc; /* a model whose layout check failed cannot be committed again */
+    if (rc < 0)
         return rc;
+
+    int stage = m->o.zero_stage, G;
+    size_t *counts = calloc((size_t)m->nparams, sizeof *counts);
+    int *units = calloc((size_t)m->nparams, sizeof *units);
+    rc = -ENOMEM;
+    if (!counts || !units)
+        goto out;
+    for (int i = 0; i < m->nparams; i++) {
+        counts[i] = m->params[i].count;
+        units[i] = m->params[i].unit;
     }
-    /* The layouts agree, so every rank takes the same branch from here on. */
-    size_t *counts = malloc((size_t)m->nparams * sizeof *counts);
-    int *units = malloc((size_t)m->nparams * sizeof *units);
-    if (!counts || !units) {
-        rc = -ENOMEM;
-    } else {
-        for (int i = 0; i < m->nparams; i++) {
-            counts[i] = m->params[i].count;
-            units[i] = m->params[i].unit;
-        }
-        for (int u = 0, i = 0; u < m->nunits; u++) {
-            if (i >= m->nparams || units[i] != u) {
-                free(counts);
-                free(units);
-                m->broken = -EINVAL;
-                return fail(m, -EINVAL, "ddp_model_commit: unit %s (%d) has no parameters",
-                            m->units[u], u);
-            }
-            while (i < m->nparams && units[i] == u)
-                i++;
-        }
-        rc = ddp__plan_build(counts, units, m->nparams, m->world, m->o.zero_stage == 3,
-                             m->o.first_bucket_bytes, m->o.bucket_bytes, sizeof(float), &m->plan);
-        if (rc == 0)
-            rc = alloc_model(m);
+    rc = ddp__plan_build(counts, units, m->nparams, m->world, stage == 3, m->o.first_bucket_bytes,
+                         m->o.bucket_bytes, sizeof(float), &m->plan);
+    if (rc < 0) {
+        fail(m, rc, "ddp_model_commit: planning the layout: %s (every unit needs a parameter)",
+             ddp_strerror(rc));
+        goto out;
     }
-    free(counts);
-    free(units);
-    /* Every rank learns whether one could not build its arenas (the highest such rank). */
-    int64_t bad = rc != 0 ? m->rank + 1 : 0;
-    int crc = coll_allreduce(m->comm, &bad, &bad, 1, COLL_I64, COLL_MAX);
-    if (crc != 0)
-        return coll_fail(m, crc, "ddp_model_commit: the allocation check's allreduce");
-    if (bad) {
-        m->broken = rc ? rc : -ENOMEM;
-        return fail(m, m->broken, "ddp_model_commit: rank %d could not build its arenas (%s)",
-                    (int)bad - 1, rc ? ddp_strerror(rc) : "out of memory");
+    G = m->plan.ngroups;
+    const ddp__plan *p = &m->plan;
+    size_t full = p->total, owned = p->shard_total;
+    m->opt_elems = stage == 0 ? full : owned;
+    rc = -ENOMEM;
+    m->param = calloc(stage == 3 ? owned : full, sizeof(float));
+    m->grad = calloc(stage >= 2 ? owned : full, sizeof(float));
+    m->ready = calloc((size_t)G, sizeof *m->ready);
+    m->req = calloc((size_t)G, sizeof *m->req);
+    m->grad_slot = calloc((size_t)G, sizeof *m->grad_slot);
+    m->marked = calloc((size_t)m->nparams, 1);
+    m->done_seen = calloc((size_t)G, 1);
+    if (!m->param || !m->grad || !m->ready || !m->req || !m->grad_slot || !m->marked ||
+        !m->done_seen)
+        goto out;
+    if (m->o.optimizer == DDP_ADAMW || m->o.momentum != 0) {
+        if (!(m->opt1 = calloc(m->opt_elems, sizeof(float))))
+            goto out;
+    }
+    if (m->o.optimizer == DDP_ADAMW && !(m->opt2 = calloc(m->opt_elems, sizeof(float))))
+        goto out;
+    for (int g = 0; g < G; g++)
+        m->grad_slot[g] = -1;
+    if (stage >= 2) {
+        m->ngslots = m->o.pool_slots;
+        if (alloc_slots(&m->gslots, m->ngslots, p->max_padded) < 0)
+            goto out;
+    }
+    if (stage == 3) {
+        m->nuslots = m->o.pool_slots;
+        m->unit_slot = malloc((size_t)G * sizeof *m->unit_slot);
+        if (!m->unit_slot || alloc_slots(&m->uslots, m->nuslots, p->max_padded) < 0)
+            goto out;
+        for (int g = 0; g < G; g++)
+            m->unit_slot[g] = -1;
     }
 
-    const ddp__plan *pl = &m->plan;
-    if (m->o.zero_stage < 3) {
-        if ((rc = init_params(m, init, arg, 0, m->nparams - 1, m->params_mem, 0)) != 0)
-            return rc;
-        if ((rc = coll_broadcast(m->comm, m->params_mem, m->params_mem, pl->total, COLL_F32, 0)))
-            return coll_fail(m, rc, "ddp_model_commit: broadcast of the initial values");
-    } else {
-        /* A unit at a time through a gather slot; each rank keeps its part. */
-        float *tmp = m->gather[0].buf;
-        for (int g = 0; g < pl->ngroups; g++) {
-            const ddp__group *gr = &pl->groups[g];
-            memset(tmp, 0, gr->padded * sizeof *tmp);
-            if ((rc = init_params(m, init, arg, gr->first, gr->last, tmp, gr->offset)) != 0)
-                return rc;
-            if ((rc = coll_broadcast(m->comm, tmp, tmp, gr->padded, COLL_F32, 0)))
-                return coll_fail(m, rc, "ddp_model_commit: broadcast of unit %s's initial values",
-                                 m->units[g]);
-            memcpy(m->params_mem + gr->shard_offset, tmp + (size_t)m->rank * gr->shard,
-                   gr->shard * sizeof *tmp);
+    /* Rank 0's initial values reach every rank (stage 3: each keeps its part of each unit). */
+    if (stage < 3) {
+        for (int g = 0; g < G && m->rank == 0; g++)
+            if ((rc = init_group(m, &p->groups[g], m->param + p->groups[g].offset, init, arg)) < 0)
+                goto out; /* the other ranks fail in the broadcast, naming rank 0 */
+        rc = coll_broadcast(m->comm, m->param, m->param, full, COLL_F32, 0);
+        if (rc < 0) {
+            rc = coll_failed(m, rc, "ddp_model_commit: broadcasting rank 0's initial values");
+            goto out;
         }
-        memset(tmp, 0, pl->max_padded * sizeof *tmp);
+    } else {
+        float *buf = m->uslots[0].buf;
+        for (int g = 0; g < G; g++) {
+            const ddp__group *gr = &p->groups[g];
+            if (m->rank == 0 && (rc = init_group(m, gr, buf, init, arg)) < 0)
+                goto out;
+            rc = coll_broadcast(m->comm, buf, buf, gr->padded, COLL_F32, 0);
+            if (rc < 0) {
+                rc = coll_failed(m, rc, "ddp_model_commit: broadcasting rank 0's initial values");
+                goto out;
+            }
+            memcpy(m->param + p->shard_offset[g], buf + (size_t)m->rank * gr->shard,
+                   gr->shard * sizeof(float));
+        }
     }
-    m->committed = true;
-    m->err[0] = '\0';
-    return 0;
+    m->state = READY;
+    rc = 0;
+out:
+    if (rc == -ENOMEM && !m->err[0])
+        fail(m, rc, "ddp_model_commit: out of memory");
+    free(counts);
+    free(units);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -731,407 +562,300 @@ int ddp_num_units(const ddp_model *m)
     return m ? m->nunits : 0;
 }
 
-size_t ddp_param_count(const ddp_model *m, int param)
+size_t ddp_param_count(const ddp_model *m, int p)
 {
-    return m && param >= 0 && param < m->nparams ? m->params[param].count : 0;
+    return m && p >= 0 && p < m->nparams ? m->params[p].count : 0;
 }
 
-const char *ddp_param_name(const ddp_model *m, int param)
+const char *ddp_param_name(const ddp_model *m, int p)
 {
-    return m && param >= 0 && param < m->nparams ? m->params[param].name : NULL;
+    return m && p >= 0 && p < m->nparams ? m->params[p].name : NULL;
 }
 
-void *ddp_param_data(ddp_model *m, int param)
+void *ddp_param_data(ddp_model *m, int p)
 {
-    if (!m || param < 0 || param >= m->nparams || !m->committed || m->broken)
+    if (!m || m->state != READY || p < 0 || p >= m->nparams)
         return NULL;
-    const ddp__plan *pl = &m->plan;
     if (m->o.zero_stage < 3)
-        return m->params_mem + pl->param_offset[param];
-    int u = m->params[param].unit, s = m->unit_slot[u];
-    if (s < 0 || m->gather[s].state != G_PINNED)
+        return m->param + m->plan.param_offset[p];
+    int g = m->plan.param_group[p], s = m->unit_slot[g];
+    if (s < 0 || m->uslots[s].req) /* not gathered, or gathered but not waited for */
         return NULL;
-    return m->gather[s].buf + (pl->param_offset[param] - pl->groups[u].offset);
+    return m->uslots[s].buf + (m->plan.param_offset[p] - m->plan.groups[g].offset);
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Gradients: staging slots and launches                                                       */
+/* Reductions                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-/*
- * Stages 2-3: waits for the reduce-scatter in staging slot s and adds this rank's part of the
- * result into the owned gradients, then frees the slot. Returns 0 or a collective's failure.
- */
-static int retire(ddp_model *m, int s, const char *fn)
+/* Waits for a staging slot's reduce-scatter and adds its owned part into the accumulator. */
+static int finish_gslot(ddp_model *m, int s)
 {
-    stage_slot *sl = &m->stage[s];
-    int g = sl->group;
-    const ddp__group *gr = &m->plan.groups[g];
-    int rc = coll_wait(sl->req);
+    slot *sl = &m->gslots[s];
+    int g = sl->group, rc = coll_wait(sl->req);
     sl->req = NULL;
-    if (rc != 0) {
-        sl->group = -1;
-        return coll_fail(m, rc, "%s: waiting for the reduce-scatter of %s %d", fn,
-                         m->o.zero_stage == 3 ? "unit" : "bucket", g);
-    }
-    trace(m, DDP_EV_BUCKET_DONE, g);
-    ddp__add(m->grads + gr->shard_offset, sl->buf + (size_t)m->rank * gr->shard, gr->shard);
+    if (rc < 0)
+        return coll_failed(m, rc, "reducing gradients");
+    trace_done(m, g);
+    const ddp__group *gr = &m->plan.groups[g];
+    ddp__add(m->grad + m->plan.shard_offset[g], sl->buf + (size_t)m->rank * gr->shard, gr->shard);
     sl->group = -1;
+    m->grad_slot[g] = -1;
     return 0;
 }
 
-/* The staging slot whose reduce-scatter was issued first, or -1 if none is in flight. */
-static int oldest_in_flight(const ddp_model *m)
-{
-    int best = -1;
-    for (int s = 0; s < m->o.pool_slots; s++)
-        if (m->stage[s].req && (best < 0 || m->stage[s].seq < m->stage[best].seq))
-            best = s;
-    return best;
-}
-
-/*
- * Every staging slot holds a group that waits for the next group in launch order, which is not
- * complete: names that group and its first parameter not marked ready. Returns -ENOBUFS.
- */
-static int no_slot(ddp_model *m, const char *fn)
-{
-    const char *kind = m->o.zero_stage == 3 ? "unit" : "bucket";
-    int g = m->order[m->next_launch], first = -1;
-    for (int i = m->plan.groups[g].first; i <= m->plan.groups[g].last && first < 0; i++)
-        if (!m->ready[i])
-            first = i;
-    return fail(m, -ENOBUFS,
-                "%s: all %d staging slots hold %ss waiting for %s %d, which goes first and whose "
-                "%s (parameter %d) is not marked ready; mark gradients ready in backward order, or "
-                "raise pool_slots",
-                fn, m->o.pool_slots, kind, kind, g, first >= 0 ? m->params[first].name : "?",
-                first);
-}
-
-/*
- * Stages 2-3: a zeroed staging slot for group g, retiring the oldest reduce-scatter when none
- * is free. Returns 0, -ENOBUFS (every slot holds a group still being filled) or a collective's
- * failure.
- */
-static int acquire_slot(ddp_model *m, int g, const char *fn)
+/* A staging slot for group g (stages 2-3): a free one, or the oldest in flight once done. */
+static int acquire_gslot(ddp_model *m, int g)
 {
     int s = -1;
-    for (int k = 0; k < m->o.pool_slots && s < 0; k++)
-        if (m->stage[k].group < 0)
-            s = k;
+    for (int i = 0; i < m->ngslots && s < 0; i++)
+        if (m->gslots[i].group < 0)
+            s = i;
     if (s < 0) {
-        s = oldest_in_flight(m);
+        for (int i = 0; i < m->ngslots; i++)
+            if (m->gslots[i].req && (s < 0 || m->gslots[i].seq < m->gslots[s].seq))
+                s = i;
         if (s < 0)
-            return no_slot(m, fn);
-        int rc = retire(m, s, fn);
-        if (rc != 0)
+            return fail(m, -ENOBUFS,
+                        "all %d staging slots hold buckets whose reduction cannot start yet (mark "
+                        "gradients ready in backward order, or raise pool_slots)",
+                        m->ngslots);
+        int rc = finish_gslot(m, s);
+        if (rc < 0)
             return rc;
     }
-    memset(m->stage[s].buf, 0, m->plan.groups[g].padded * sizeof(float));
-    m->stage[s].group = g;
-    m->group_slot[g] = s;
-    return 0;
+    memset(m->gslots[s].buf, 0, m->plan.groups[g].padded * sizeof(float));
+    m->gslots[s].group = g;
+    m->grad_slot[g] = s;
+    return s;
 }
 
-/* Issues group g's reduction. Returns 0 or a collective's failure. */
+/* Issues group g's reduction: allreduce (stage 0) or reduce-scatter (stages 1-3). */
 static int launch(ddp_model *m, int g)
 {
     const ddp__group *gr = &m->plan.groups[g];
-    size_t own = (size_t)m->rank * gr->shard;
     int rc;
     trace(m, DDP_EV_BUCKET_LAUNCH, g);
-    switch (m->o.zero_stage) {
-    case 0:
-        rc = coll_iallreduce(m->comm, m->grads + gr->offset, m->grads + gr->offset, gr->padded,
-                             COLL_F32, COLL_AVG, &m->group_req[g]);
-        break;
-    case 1:
-        rc = coll_ireduce_scatter(m->comm, m->grads + gr->offset, m->grads + gr->offset + own,
-                                  gr->shard, COLL_F32, COLL_AVG, &m->group_req[g]);
-        break;
-    default: {
-        stage_slot *sl = &m->stage[m->group_slot[g]];
-        rc = coll_ireduce_scatter(m->comm, sl->buf, sl->buf + own, gr->shard, COLL_F32, COLL_AVG,
-                                  &sl->req);
+    if (m->o.zero_stage == 0) {
+        float *b = m->grad + gr->offset;
+        rc = coll_iallreduce(m->comm, b, b, gr->padded, COLL_F32, COLL_AVG, &m->req[g]);
+    } else if (m->o.zero_stage == 1) {
+        float *b = m->grad + gr->offset;
+        rc = coll_ireduce_scatter(m->comm, b, b + (size_t)m->rank * gr->shard, gr->shard, COLL_F32,
+                                  COLL_AVG, &m->req[g]);
+    } else {
+        slot *sl = &m->gslots[m->grad_slot[g]];
+        rc = coll_ireduce_scatter(m->comm, sl->buf, sl->buf + (size_t)m->rank * gr->shard,
+                                  gr->shard, COLL_F32, COLL_AVG, &sl->req);
         sl->seq = ++m->seq;
-        break;
     }
+    return rc < 0 ? coll_failed(m, rc, "launching a gradient reduction") : 0;
+}
+
+/* Launches, strictly in order, every complete group from next_launch on. */
+static int launch_ready(ddp_model *m)
+{
+    const ddp__plan *p = &m->plan;
+    while (m->next_launch < p->ngroups) {
+        const ddp__group *g = &p->groups[m->next_launch];
+        if (m->ready[m->next_launch] != g->last - g->first + 1)
+            break;
+        int rc = launch(m, m->next_launch++);
+        if (rc < 0)
+            return rc;
     }
-    if (rc != 0)
-        return coll_fail(m, rc, "issuing the %s of %s %d",
-                         m->o.zero_stage == 0 ? "allreduce" : "reduce-scatter",
-                         m->o.zero_stage == 3 ? "unit" : "bucket", g);
     return 0;
 }
 
-/* Issues, in launch order, every complete group whose predecessors have all been issued. */
-static int launch_due(ddp_model *m)
+/* Waits for every gradient reduction in flight. */
+static int finish_reductions(ddp_model *m)
 {
-    if (m->o.zero_stage <= 1 && !m->micro_sync)
-        return 0;
-    while (m->next_launch < m->plan.ngroups) {
-        int g = m->order[m->next_launch];
-        if (m->ready_count[g] < m->group_params[g])
-            return 0;
-        int rc = launch(m, g);
-        if (rc != 0)
-            return rc;
-        m->next_launch++;
+    for (int g = 0; g < m->plan.ngroups; g++) {
+        if (!m->req[g])
+            continue;
+        int rc = coll_wait(m->req[g]);
+        m->req[g] = NULL;
+        if (rc < 0)
+            return coll_failed(m, rc, "reducing gradients");
+        trace_done(m, g);
+    }
+    for (int s = 0; s < m->ngslots; s++) {
+        if (m->gslots[s].req) {
+            int rc = finish_gslot(m, s);
+            if (rc < 0)
+                return rc;
+        }
     }
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Micro-steps                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
 
 int ddp_micro_begin(ddp_model *m, int sync)
 {
-    if (!m)
-        return -EINVAL;
-    int rc = usable(m, "ddp_micro_begin");
-    if (rc != 0)
+    int rc = usable(m);
+    if (rc < 0)
         return rc;
     if (m->in_micro)
-        return fail(m, -EINVAL, "ddp_micro_begin: the micro-step before has not ended");
-    if (m->synced)
-        return fail(m, -EINVAL,
-                    "ddp_micro_begin: a micro-step with sync = 1 must be followed by "
-                    "ddp_step()");
+        return fail(m, -EINVAL, "ddp_micro_begin: the previous micro-step did not end");
     m->in_micro = true;
-    m->micro_sync = sync != 0;
-    m->micro_err = 0;
+    m->sync = sync || m->o.zero_stage >= 2;
+    memset(m->ready, 0, (size_t)m->plan.ngroups * sizeof *m->ready);
+    memset(m->marked, 0, (size_t)m->nparams);
+    memset(m->done_seen, 0, (size_t)m->plan.ngroups);
     m->next_launch = 0;
-    memset(m->ready, 0, (size_t)m->nparams);
-    memset(m->ready_count, 0, (size_t)m->plan.ngroups * sizeof *m->ready_count);
-    for (int g = 0; g < m->plan.ngroups; g++)
-        m->group_slot[g] = -1;
     return 0;
 }
 
-void *ddp_grad_buffer(ddp_model *m, int param)
+void *ddp_grad_buffer(ddp_model *m, int p)
 {
-    if (!m)
+    if (!m || m->state != READY || !m->in_micro || p < 0 || p >= m->nparams)
         return NULL;
-    if (param < 0 || param >= m->nparams) {
-        fail(m, -EINVAL, "ddp_grad_buffer: no parameter %d", param);
+    const ddp__group *g = group_of(m, p);
+    if (m->o.zero_stage < 2)
+        return m->grad + m->plan.param_offset[p];
+    int gi = m->plan.param_group[p], s = m->grad_slot[gi];
+    if (s < 0 && (s = acquire_gslot(m, gi)) < 0)
         return NULL;
-    }
-    if (usable(m, "ddp_grad_buffer") != 0)
-        return NULL;
-    if (!m->in_micro) {
-        fail(m, -EINVAL, "ddp_grad_buffer: %s: outside a micro-step", m->params[param].name);
-        return NULL;
-    }
-    if (m->ready[param]) {
-        m->micro_err = m->micro_err ? m->micro_err : -EINVAL;
-        fail(m, -EINVAL,
-             "ddp_grad_buffer: %s (parameter %d): its gradient was already marked "
-             "ready in this micro-step",
-             m->params[param].name, param);
-        return NULL;
-    }
-    const ddp__plan *pl = &m->plan;
-    if (m->o.zero_stage <= 1)
-        return m->grads + pl->param_offset[param];
-    int g = pl->param_group[param];
-    if (m->group_slot[g] < 0) {
-        int rc = acquire_slot(m, g, "ddp_grad_buffer");
-        if (rc != 0) {
-            m->micro_err = m->micro_err ? m->micro_err : rc;
-            return NULL;
-        }
-    }
-    return m->stage[m->group_slot[g]].buf + (pl->param_offset[param] - pl->groups[g].offset);
+    return m->gslots[s].buf + (m->plan.param_offset[p] - g->offset);
 }
 
-/* Marks param ready (its gradient zero if never handed out) and counts it in its group. */
-static int mark_ready(ddp_model *m, int param, const char *fn)
+int ddp_grad_ready(ddp_model *m, int p)
 {
-    int g = m->plan.param_group[param];
-    if (m->o.zero_stage >= 2 && m->group_slot[g] < 0) {
-        int rc = acquire_slot(m, g, fn);
-        if (rc != 0)
-            return rc;
-    }
-    m->ready[param] = 1;
-    m->ready_count[g]++;
-    return 0;
-}
-
-int ddp_grad_ready(ddp_model *m, int param)
-{
-    if (!m)
-        return -EINVAL;
-    if (param < 0 || param >= m->nparams)
-        return fail(m, -EINVAL, "ddp_grad_ready: no parameter %d", param);
-    int rc = usable(m, "ddp_grad_ready");
-    if (rc != 0)
+    int rc = usable(m);
+    if (rc < 0)
         return rc;
-    if (!m->in_micro)
-        return fail(m, -EINVAL, "ddp_grad_ready: %s: outside a micro-step", m->params[param].name);
-    if (m->ready[param])
+    if (!m->in_micro || p < 0 || p >= m->nparams)
+        return fail(m, -EINVAL, "ddp_grad_ready(%d): no micro-step, or no such parameter", p);
+    if (m->marked[p])
         return fail(m, -EINVAL,
-                    "ddp_grad_ready: the gradient of %s (parameter %d) was marked "
-                    "ready twice in one micro-step",
-                    m->params[param].name, param);
-    if ((rc = mark_ready(m, param, "ddp_grad_ready")) != 0)
-        return rc;
-    return launch_due(m);
+                    "ddp_grad_ready: the gradient of '%s' was marked twice in one "
+                    "micro-step",
+                    m->params[p].name);
+    int g = m->plan.param_group[p];
+    if (m->o.zero_stage >= 2 && m->grad_slot[g] < 0 && !ddp_grad_buffer(m, p))
+        return m->state == BROKEN ? m->broken_rc : -ENOBUFS; /* a zero gradient, never written */
+    m->marked[p] = 1;
+    m->ready[g]++;
+    poll_done(m);
+    return m->sync ? launch_ready(m) : 0;
 }
 
 int ddp_micro_end(ddp_model *m)
 {
-    if (!m)
-        return -EINVAL;
-    int rc = usable(m, "ddp_micro_end");
-    if (rc != 0)
+    int rc = usable(m);
+    if (rc < 0)
         return rc;
     if (!m->in_micro)
-        return fail(m, -EINVAL, "ddp_micro_end: no micro-step has begun");
-    trace(m, DDP_EV_BACKWARD_END, m->nmicro);
-    /*
-     * Parameters not marked count as zero gradients, and every group is issued, in launch
-     * order, so that the collectives stay in step with the other ranks whatever this one did.
-     */
-    int missing = 0, first = -1;
-    for (int k = 0; k < m->plan.ngroups; k++) {
-        const ddp__group *gr = &m->plan.groups[m->order[k]];
-        for (int i = gr->first; i <= gr->last; i++) {
-            if (m->ready[i])
-                continue;
-            if (missing++ == 0 || i < first)
-                first = i;
-            if ((rc = mark_ready(m, i, "ddp_micro_end")) != 0) {
-                if (!m->broken) /* no slot: the collectives can no longer be kept in step */
-                    m->broken = rc;
-                return rc;
-            }
-        }
-        if ((rc = launch_due(m)) != 0)
-            return rc;
-    }
+        return fail(m, -EINVAL, "ddp_micro_end: no micro-step began");
+    poll_done(m);
+    trace(m, DDP_EV_BACKWARD_END, (int)m->micro);
     m->in_micro = false;
-    m->nmicro++;
-    if (m->micro_sync)
+    m->micro++;
+    for (int p = 0; p < m->nparams; p++)
+        if (!m->marked[p])
+            return fail(m, -EINVAL,
+                        "ddp_micro_end: the gradient of '%s' (parameter %d) was not "
+                        "marked ready",
+                        m->params[p].name, p);
+    if (m->sync)
         m->synced = true;
-    if (missing)
-        return fail(m, -EINVAL,
-                    "ddp_micro_end: %d parameter%s not marked ready in this micro-step, the "
-                    "first %s (parameter %d); counted as zero",
-                    missing, missing == 1 ? " was" : "s were", m->params[first].name, first);
-    if (m->micro_err)
-        return m->micro_err; /* ddp_grad_buffer()'s failure; ddp_last_error() has kept it */
     return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Stage 3: gathered units                                                                     */
+/* Stage 3: gathering units                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Issues the allgather of unit u into gather slot s. Returns 0 or a collective's failure. */
-static int issue_gather(ddp_model *m, int s, int u, int state)
+/* Issues unit u's allgather into a free slot; returns the slot, or -1 when none is free. */
+static int issue_gather(ddp_model *m, int u, int *rc)
 {
-    const ddp__group *gr = &m->plan.groups[u];
-    gather_slot *sl = &m->gather[s];
-    if (sl->unit >= 0)
-        m->unit_slot[sl->unit] = -1;
-    sl->unit = -1;
-    sl->state = G_EMPTY;
+    int s = -1;
+    for (int i = 0; i < m->nuslots && s < 0; i++)
+        if (m->uslots[i].group < 0)
+            s = i;
+    *rc = 0;
+    if (s < 0)
+        return -1;
+    const ddp__group *g = &m->plan.groups[u];
+    slot *sl = &m->uslots[s];
     trace(m, DDP_EV_GATHER_LAUNCH, u);
-    int rc = coll_iallgather(m->comm, m->params_mem + gr->shard_offset, sl->buf, gr->shard,
-                             COLL_F32, &sl->req);
-    if (rc != 0)
-        return coll_fail(m, rc, "issuing the allgather of unit %s", m->units[u]);
-    sl->unit = u;
-    sl->state = state;
-    sl->used = ++m->clock;
+    *rc = coll_iallgather(m->comm, m->param + m->plan.shard_offset[u], sl->buf, g->shard, COLL_F32,
+                          &sl->req);
+    if (*rc < 0)
+        return *rc = coll_failed(m, *rc, "gathering a unit's parameters"), -1;
+    sl->group = u;
     m->unit_slot[u] = s;
-    return 0;
+    return s;
 }
 
-/* A slot to reuse: an empty one, else the least recently used of `state`; -1 if none. */
-static int find_slot(const ddp_model *m, int state)
+int ddp_unit_gather(ddp_model *m, int u)
 {
-    int best = -1;
-    for (int s = 0; s < m->o.pool_slots; s++) {
-        const gather_slot *sl = &m->gather[s];
-        if (sl->state == G_EMPTY)
-            return s;
-        if (sl->state == state && (best < 0 || sl->used < m->gather[best].used))
-            best = s;
-    }
-    return best;
-}
-
-/* Waits for slot s's allgather, if pending. Returns 0 or a collective's failure. */
-static int settle_gather(ddp_model *m, int s, const char *fn)
-{
-    gather_slot *sl = &m->gather[s];
-    if (!sl->req)
-        return 0;
-    int rc = coll_wait(sl->req);
-    sl->req = NULL;
-    if (rc != 0)
-        return coll_fail(m, rc, "%s: waiting for the allgather of unit %s", fn, m->units[sl->unit]);
-    return 0;
-}
-
-int ddp_unit_gather(ddp_model *m, int unit)
-{
-    if (!m)
-        return -EINVAL;
-    int rc = usable(m, "ddp_unit_gather");
-    if (rc != 0)
+    int rc = usable(m);
+    if (rc < 0)
         return rc;
-    if (unit < 0 || unit >= m->nunits)
-        return fail(m, -EINVAL, "ddp_unit_gather: no unit %d", unit);
-    if (m->o.zero_stage != 3)
+    if (u < 0 || u >= m->nunits)
+        return fail(m, -EINVAL, "ddp_unit_gather(%d): no such unit", u);
+    if (m->o.zero_stage < 3)
         return 0;
-    int s = m->unit_slot[unit];
-    if (s < 0) {
-        /* Reuse an empty slot, else a released unit, else an unused prefetch. */
-        s = find_slot(m, G_CACHED);
-        if (s < 0 && (s = find_slot(m, G_PREFETCHED)) >= 0 &&
-            (rc = settle_gather(m, s, "ddp_unit_gather")) != 0)
-            return rc;
-        if (s < 0)
-            return fail(m, -ENOBUFS,
-                        "ddp_unit_gather: unit %s: all %d gather slots hold units in use; "
-                        "release units or raise pool_slots",
-                        m->units[unit], m->o.pool_slots);
-        if ((rc = issue_gather(m, s, unit, G_PINNED)) != 0)
-            return rc;
-    }
-    m->gather[s].state = G_PINNED;
-
-    /* The direction of travel: forward while units rise, backward while they fall. */
-    if (m->last_gathered >= 0 && unit != m->last_gathered)
-        m->dir = unit > m->last_gathered ? 1 : -1;
-    m->last_gathered = unit;
-    int next = unit + m->dir;
-    if (next < 0 || next >= m->nunits)
-        next = unit - m->dir; /* the turn at either end: what the other pass needs first */
+    if (m->last_gathered >= 0 && u != m->last_gathered)
+        m->direction = u > m->last_gathered ? 1 : -1;
+    m->last_gathered = u;
+    int s = m->unit_slot[u];
+    if (s < 0 && (s = issue_gather(m, u, &rc)) < 0)
+        return rc < 0 ? rc
+                      : fail(m, -ENOBUFS,
+                             "ddp_unit_gather(%d): all %d slots hold gathered units "
+                             "(release units after use, or raise pool_slots)",
+                             u, m->nuslots);
+    int next = u + m->direction;
     if (next >= 0 && next < m->nunits && m->unit_slot[next] < 0) {
-        int p = find_slot(m, G_CACHED);
-        if (p >= 0 && (rc = issue_gather(m, p, next, G_PREFETCHED)) != 0)
+        (void)issue_gather(m, next, &rc); /* a prefetch: none when no slot is free */
+        if (rc < 0)
             return rc;
     }
-    return settle_gather(m, s, "ddp_unit_gather");
+    if (m->uslots[s].req) {
+        rc = coll_wait(m->uslots[s].req);
+        m->uslots[s].req = NULL;
+        if (rc < 0)
+            return coll_failed(m, rc, "gathering a unit's parameters");
+    }
+    return 0;
 }
 
-int ddp_unit_release(ddp_model *m, int unit)
+int ddp_unit_release(ddp_model *m, int u)
 {
-    if (!m)
-        return -EINVAL;
-    if (m->broken)
-        return m->broken;
-    if (unit < 0 || unit >= m->nunits)
-        return fail(m, -EINVAL, "ddp_unit_release: no unit %d", unit);
-    if (m->o.zero_stage != 3 || !m->committed)
+    if (!m || m->state == BUILDING || u < 0 || u >= m->nunits)
+        return m ? fail(m, -EINVAL, "ddp_unit_release(%d): no such unit", u) : -EINVAL;
+    if (m->o.zero_stage < 3 || m->unit_slot[u] < 0)
         return 0;
-    int s = m->unit_slot[unit];
-    if (s < 0 || m->gather[s].state != G_PINNED)
-        return fail(m, -EINVAL, "ddp_unit_release: unit %s is not gathered", m->units[unit]);
-    m->gather[s].state = G_CACHED;
-    m->gather[s].used = ++m->clock;
+    slot *sl = &m->uslots[m->unit_slot[u]];
+    if (sl->req) /* released before use: its allgather must still complete */
+        return fail(m, -EINVAL, "ddp_unit_release(%d): the unit was never gathered", u);
+    sl->group = -1;
+    m->unit_slot[u] = -1;
+    return 0;
+}
+
+/* Releases every gathered unit, waiting for prefetches still in flight (at the step). */
+static int drop_units(ddp_model *m)
+{
+    for (int s = 0; s < m->nuslots; s++) {
+        slot *sl = &m->uslots[s];
+        if (sl->req) {
+            int rc = coll_wait(sl->req);
+            sl->req = NULL;
+            if (rc < 0)
+                return coll_failed(m, rc, "gathering a unit's parameters");
+        }
+        if (sl->group >= 0)
+            m->unit_slot[sl->group] = -1;
+        sl->group = -1;
+    }
+    m->last_gathered = -1;
+    m->direction = 1;
     return 0;
 }
 
@@ -1139,146 +863,122 @@ int ddp_unit_release(ddp_model *m, int unit)
 /* The step                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Waits for every reduction of the micro-steps. Returns 0 or a collective's failure. */
-static int finish_reductions(ddp_model *m)
+/* Calls fn on every owned range: (param, grad, state offset, count). */
+typedef void (*range_fn)(ddp_model *m, float *param, float *grad, size_t state_at, size_t n,
+                         void *arg);
+
+static void for_owned(ddp_model *m, range_fn fn, void *arg)
 {
-    if (m->o.zero_stage <= 1) {
-        for (int k = 0; k < m->plan.ngroups; k++) {
-            int g = m->order[k];
-            if (!m->group_req[g])
-                continue;
-            int rc = coll_wait(m->group_req[g]);
-            m->group_req[g] = NULL;
-            if (rc != 0)
-                return coll_fail(m, rc, "ddp_step: waiting for the %s of bucket %d",
-                                 m->o.zero_stage == 0 ? "allreduce" : "reduce-scatter", g);
-            trace(m, DDP_EV_BUCKET_DONE, g);
-        }
-        return 0;
+    const ddp__plan *p = &m->plan;
+    int stage = m->o.zero_stage;
+    if (stage == 0) {
+        fn(m, m->param, m->grad, 0, p->total, arg);
+        return;
     }
-    for (int s; (s = oldest_in_flight(m)) >= 0;) {
-        int rc = retire(m, s, "ddp_step");
-        if (rc != 0)
-            return rc;
+    if (stage == 3) {
+        fn(m, m->param, m->grad, 0, p->shard_total, arg);
+        return;
     }
-    if (m->o.zero_stage == 3) {
-        /* The parameters are about to change: every gathered copy goes stale. */
-        for (int s = 0; s < m->o.pool_slots; s++) {
-            int rc = settle_gather(m, s, "ddp_step");
-            if (rc != 0)
-                return rc;
-            if (m->gather[s].unit >= 0)
-                m->unit_slot[m->gather[s].unit] = -1;
-            m->gather[s].unit = -1;
-            m->gather[s].state = G_EMPTY;
-        }
-        m->last_gathered = -1;
-        m->dir = 1;
+    for (int g = 0; g < p->ngroups; g++) {
+        const ddp__group *gr = &p->groups[g];
+        size_t own = gr->offset + (size_t)m->rank * gr->shard;
+        float *grad = stage == 1 ? m->grad + own : m->grad + p->shard_offset[g];
+        fn(m, m->param + own, grad, p->shard_offset[g], gr->shard, arg);
+    }
+}
+
+static void sum_squares(ddp_model *m, float *param, float *grad, size_t at, size_t n, void *arg)
+{
+    (void)m, (void)param, (void)at;
+    *(double *)arg += ddp__sum_squares(grad, n);
+}
+
+static void scale(ddp_model *m, float *param, float *grad, size_t at, size_t n, void *arg)
+{
+    (void)m, (void)param, (void)at;
+    ddp__scale(grad, n, *(float *)arg);
+}
+
+static void optimize(ddp_model *m, float *param, float *grad, size_t at, size_t n, void *arg)
+{
+    const ddp_options *o = &m->o;
+    float lr = *(float *)arg;
+    if (o->optimizer == DDP_ADAMW)
+        ddp__adamw_step(param, grad, m->opt1 + at, m->opt2 + at, n, lr, o->beta1, o->beta2, o->eps,
+                        o->weight_decay, m->steps + 1);
+    else
+        ddp__sgd_step(param, grad, m->opt1 ? m->opt1 + at : NULL, n, lr, o->momentum, o->nesterov,
+                      o->weight_decay, m->steps == 0);
+}
+
+/* Stages 1-2: every rank's updated parts back into every rank's full parameters. */
+static int gather_params(ddp_model *m)
+{
+    const ddp__plan *p = &m->plan;
+    int rc = 0;
+    for (int g = 0; g < p->ngroups; g++) {
+        const ddp__group *gr = &p->groups[g];
+        float *b = m->param + gr->offset;
+        rc = coll_iallgather(m->comm, b + (size_t)m->rank * gr->shard, b, gr->shard, COLL_F32,
+                             &m->req[g]);
+        if (rc < 0)
+            return coll_failed(m, rc, "gathering the updated parameters");
+    }
+    for (int g = 0; g < p->ngroups; g++) {
+        rc = coll_wait(m->req[g]);
+        m->req[g] = NULL;
+        if (rc < 0)
+            return coll_failed(m, rc, "gathering the updated parameters");
     }
     return 0;
 }
 
-/* This rank's parameters, gradients and optimizer state of group g's owned part. */
-static void owned(ddp_model *m, int g, float **p, float **gr, size_t *state_off)
-{
-    const ddp__group *grp = &m->plan.groups[g];
-    size_t own = ddp__owned_offset(&m->plan, g, m->rank);
-    int st = m->o.zero_stage;
-    *p = m->params_mem + (st == 3 ? grp->shard_offset : own);
-    *gr = m->grads + (st >= 2 ? grp->shard_offset : own);
-    *state_off = grp->shard_offset;
-}
-
-static void update(ddp_model *m, float *p, const float *g, size_t state_off, size_t n, float lr)
-{
-    if (m->o.optimizer == DDP_ADAMW)
-        ddp__adamw_step(p, g, m->state1 + state_off, m->state2 + state_off, n, lr, m->o.beta1,
-                        m->o.beta2, m->o.eps, m->o.weight_decay, m->steps);
-    else
-        ddp__sgd_step(p, g, m->nstate ? m->state1 + state_off : NULL, n, lr, m->o.momentum,
-                      m->o.nesterov, m->o.weight_decay, m->steps == 1);
-}
-
 int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
 {
-    if (!m)
-        return -EINVAL;
-    int rc = usable(m, "ddp_step");
-    if (rc != 0)
+    int rc = usable(m);
+    if (rc < 0)
         return rc;
-    if (m->in_micro)
-        return fail(m, -EINVAL, "ddp_step: inside a micro-step (ddp_micro_end() first)");
-    if (!m->synced)
-        return fail(m, -EINVAL, "ddp_step: no micro-step with sync = 1 since the last step");
-    if (!isfinite(lr) || lr < 0)
-        return fail(m, -EINVAL, "ddp_step: the learning rate %g is not finite and >= 0", lr);
-    if ((rc = finish_reductions(m)) != 0)
+    if (m->in_micro || !m->synced)
+        return fail(m, -EINVAL,
+                    "ddp_step: no complete micro-step with sync = 1 since the last "
+                    "step");
+    if ((rc = finish_reductions(m)) < 0 || (rc = drop_units(m)) < 0)
         return rc;
+    int stage = m->o.zero_stage;
 
-    const ddp__plan *pl = &m->plan;
-    int st = m->o.zero_stage, ng = pl->ngroups;
-    /* The global norm: stage 0's gradients are whole on every rank; else sum the owned parts. */
-    double sq = 0;
-    if (st == 0) {
-        sq = ddp__sum_squares(m->grads, pl->total);
-    } else if (st == 1) {
-        for (int g = 0; g < ng; g++)
-            sq +=
-                ddp__sum_squares(m->grads + ddp__owned_offset(pl, g, m->rank), pl->groups[g].shard);
-    } else {
-        sq = ddp__sum_squares(m->grads, pl->shard_total);
+    double ss = 0;
+    for_owned(m, sum_squares, &ss);
+    if (stage > 0) {
+        rc = coll_allreduce(m->comm, &ss, &ss, 1, COLL_F64, COLL_SUM);
+        if (rc < 0)
+            return coll_failed(m, rc, "summing the gradient norm");
     }
-    if (st > 0 && (rc = coll_allreduce(m->comm, &sq, &sq, 1, COLL_F64, COLL_SUM)) != 0)
-        return coll_fail(m, rc, "ddp_step: allreduce of the gradient norm");
-    ddp_step_info out = {.grad_norm = sqrt(sq)};
-
-    if (!isfinite(out.grad_norm)) {
-        out.skipped = 1;
-        logf_(m, COLL_LOG_WARN, "ddp_step: step %" PRId64 " skipped: the gradient norm is %g",
-              m->steps + 1, out.grad_norm);
-    } else {
-        float scale = 1;
-        if (m->o.clip_norm > 0) {
-            double coef = (double)m->o.clip_norm / (out.grad_norm + 1e-6);
-            if (coef < 1) {
-                scale = (float)coef;
-                out.clipped = 1;
-            }
+    ddp_step_info in = {.grad_norm = sqrt(ss)};
+    if (!isfinite(in.grad_norm)) {
+        in.skipped = 1; /* the norm is the same on every rank, so every rank skips */
+        if (m->o.log) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "step %" PRId64 " skipped: the gradient norm is %g",
+                     m->attempted, in.grad_norm);
+            m->o.log(m->o.log_arg, COLL_LOG_WARN, msg);
         }
+    } else {
+        if (m->o.clip_norm > 0 && in.grad_norm > m->o.clip_norm) {
+            float s = (float)(m->o.clip_norm / (in.grad_norm + 1e-6));
+            for_owned(m, scale, &s);
+            in.clipped = 1;
+        }
+        for_owned(m, optimize, &lr);
         m->steps++;
-        if (st == 0) {
-            if (out.clipped)
-                ddp__scale(m->grads, pl->total, scale);
-            update(m, m->params_mem, m->grads, 0, pl->total, lr);
-        } else {
-            /* A group's allgather runs while the next group is updated. */
-            for (int g = 0; g < ng; g++) {
-                float *p, *gr;
-                size_t so, n = pl->groups[g].shard;
-                owned(m, g, &p, &gr, &so);
-                if (out.clipped)
-                    ddp__scale(gr, n, scale);
-                update(m, p, gr, so, n, lr);
-                if (st <= 2 &&
-                    (rc = coll_iallgather(m->comm, p, m->params_mem + pl->groups[g].offset, n,
-                                          COLL_F32, &m->step_req[g])) != 0)
-                    return coll_fail(m, rc, "ddp_step: issuing the allgather of bucket %d", g);
-            }
-            for (int g = 0; st <= 2 && g < ng; g++) {
-                rc = coll_wait(m->step_req[g]);
-                m->step_req[g] = NULL;
-                if (rc != 0)
-                    return coll_fail(m, rc, "ddp_step: waiting for the allgather of bucket %d", g);
-            }
-        }
+        if ((stage == 1 || stage == 2) && (rc = gather_params(m)) < 0)
+            return rc;
     }
-    memset(m->grads, 0, m->grad_elems * sizeof *m->grads);
+    memset(m->grad, 0, (stage >= 2 ? m->plan.shard_total : m->plan.total) * sizeof(float));
     m->synced = false;
-    m->nmicro = 0;
-    out.step = m->steps;
-    trace(m, DDP_EV_STEP_END, (int)m->steps);
+    in.step = m->steps;
+    trace(m, DDP_EV_STEP_END, (int)m->attempted++);
     if (info)
-        *info = out;
+        *info = in;
     return 0;
 }
 
@@ -1288,17 +988,16 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
 
 int ddp_memory_stats(const ddp_model *m, ddp_memory *out)
 {
-    if (!m || !out || !m->committed)
+    if (!m || !out || m->state == BUILDING)
         return -EINVAL;
-    size_t f = sizeof(float), slot = m->plan.max_padded * f;
-    ddp_memory r = {
-        .param_bytes = m->param_elems * f,
-        .grad_bytes = m->grad_elems * f,
-        .optimizer_bytes = (size_t)m->nstate * m->state_elems * f,
-        .pool_bytes = (size_t)m->o.pool_slots * slot * (m->stage != NULL) +
-                      (size_t)m->o.pool_slots * slot * (m->gather != NULL),
-    };
-    r.model_state_bytes = r.param_bytes + r.grad_bytes + r.optimizer_bytes;
-    *out = r;
+    int stage = m->o.zero_stage;
+    size_t f = sizeof(float), full = m->plan.total * f, owned = m->plan.shard_total * f;
+    ddp_memory s = {0};
+    s.param_bytes = stage == 3 ? owned : full;
+    s.grad_bytes = stage >= 2 ? owned : full;
+    s.optimizer_bytes = ((m->opt1 ? 1u : 0u) + (m->opt2 ? 1u : 0u)) * m->opt_elems * f;
+    s.pool_bytes = (size_t)(m->ngslots + m->nuslots) * m->plan.max_padded * f;
+    s.model_state_bytes = s.param_bytes + s.grad_bytes + s.optimizer_bytes;
+    *out = s;
     return 0;
 }

@@ -132,7 +132,8 @@ const char *ddp_last_error(const ddp_model *m);
  * Creates an empty model on `comm` (borrowed: it must outlive the model; the model issues its
  * collectives on it, so the caller must not run collectives of its own on `comm` between
  * ddp_micro_begin() and ddp_step()). `opts` is copied (NULL: defaults). Returns 0 and sets *out,
- * -EINVAL (bad option) or -ENOMEM. Every rank.
+ * -EINVAL (bad option), -ENOTSUP (opts->device >= 0: device memory comes with the CUDA build)
+ * or -ENOMEM. Every rank.
  */
 int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out);
 

@@ -14,11 +14,10 @@
  * are added (+=) into io.dW and io.db, never overwritten: micro-steps accumulate, and the owner
  * of the buffers zeroes them (libddp does when it hands them out).
  *
- * The loss is loss_scale * sum over the batch of -log softmax(logits)[label], so the caller
- * picks the normaliser. Under libddp, which averages gradients over the W ranks, a rank that
- * trains G / W of a step's G samples (over all its micro-steps) passes loss_scale = W / G: the
- * gradients accumulated over its micro-steps and averaged over ranks are then those of the mean
- * loss over the global batch, whatever the split. (With a summing reduction it would be 1 / G.)
+ * The loss is loss_scale * sum over the batch of -log softmax(logits)[label]. With loss_scale =
+ * world / global_batch on every micro-batch of every rank (libddp averages over the ranks), the
+ * accumulated and averaged gradients are those of the mean loss over the global batch, whatever
+ * the split.
  *
  * Conventions: functions that can fail return 0 or a negative errno (-EINVAL, -ENOMEM) or the
  * hook's own negative code. A model is used by one thread at a time.
