@@ -10,7 +10,8 @@ trap 'rm -rf "$tmp"' EXIT
 sed -n '/^\.SH EXAMPLE/,/^\.SH SEE/p' "$page" | awk '/^\.EE/ { exit } on { print } /^\.EX/ { on = 1 }' |
     sed -e 's/\\e/\\/g' -e 's/^\\&//' >"$tmp/example.c"
 libs="$build/worker:$build/libcollective:$build/rendezvous"
-$cc -std=c11 -Wall -Wextra -Werror -I"$src/worker" -I"$src/libcollective" -I"$src/rendezvous" \
+# EXAMPLE_CFLAGS: the build's sanitizers, so that the program links against its libraries.
+$cc -std=c11 -Wall -Wextra -Werror ${EXAMPLE_CFLAGS:-} -I"$src/worker" -I"$src/libcollective" -I"$src/rendezvous" \
     "$tmp/example.c" -o "$tmp/example" -L"$build/worker" -L"$build/libcollective" \
     -L"$build/rendezvous" -lddp -lcollective -lrendezvous -Wl,-rpath,"$libs"
 timeout 60 "$ddprun" --standalone --nproc-per-node 2 "$tmp/example" "$@"
