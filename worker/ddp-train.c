@@ -497,9 +497,13 @@ typedef struct trainer {
     } dump;
 } trainer;
 
+/*
+ * libddp's and libcollective's log hook: warnings only. Their errors come back as return codes
+ * with ddp_last_error()'s account, which the program prints once, naming the call and step.
+ */
 static void ddp_log(void *arg, int level, const char *msg)
 {
-    if (level <= COLL_LOG_WARN)
+    if (level == COLL_LOG_WARN)
         err("rank %d: %s", *(const int *)arg, msg);
 }
 
