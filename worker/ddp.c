@@ -148,6 +148,15 @@ static void trace(ddp_model *m, ddp_event ev, int index)
         m->o.trace(m->o.trace_arg, ev, index, rdzv__now_ns());
 }
 
+/*
+ * The group that backward completes k-th: buckets are numbered in that order already; units
+ * (stage 3) are in forward order, so backward completes the last one first.
+ */
+static int launch_group(const ddp_model *m, int k)
+{
+    return m->o.zero_stage == 3 ? m->plan.ngroups - 1 - k : k;
+}
+
 /* Traces group g's reduction as done, once per micro-step. */
 static void trace_done(ddp_model *m, int g)
 {
@@ -163,7 +172,8 @@ static void trace_done(ddp_model *m, int g)
  */
 static void poll_done(ddp_model *m)
 {
-    for (int g = 0; m->o.trace && g < m->next_launch; g++) {
+    for (int k = 0; m->o.trace && k < m->next_launch; k++) {
+        int g = launch_group(m, k);
         coll_request *r = m->o.zero_stage < 2    ? m->req[g]
                           : m->grad_slot[g] >= 0 ? m->gslots[m->grad_slot[g]].req
                                                  : NULL;
@@ -370,22 +380,35 @@ static void describe_param(const param *p, char *buf, size_t cap)
 /* Every rank checks that every rank registered this layout; the message is the same on all. */
 static int check_layout(ddp_model *m)
 {
-    int64_t mine = m->nparams, *counts = calloc((size_t)m->world, sizeof *counts);
+    /* What every rank must share besides the parameters: the stage and the bucket caps, which
+     * decide the collectives; then the parameter count. */
+    int64_t mine[4] = {m->o.zero_stage, (int64_t)m->o.first_bucket_bytes,
+                       (int64_t)m->o.bucket_bytes, m->nparams};
+    int64_t *counts = calloc((size_t)m->world * 4, sizeof *counts);
     uint64_t *hashes = NULL, *all = NULL;
     int rc = -ENOMEM;
     if (!counts)
         goto out;
-    rc = coll_allgather(m->comm, &mine, counts, 1, COLL_I64);
+    rc = coll_allgather(m->comm, mine, counts, 4, COLL_I64);
     if (rc < 0) {
         rc = coll_failed(m, rc, "ddp_model_commit: exchanging the layout");
         goto out;
     }
     for (int r = 1; r < m->world; r++) {
-        if (counts[r] != counts[0]) {
+        const int64_t *o = counts + 4 * r;
+        if (o[0] != counts[0] || o[1] != counts[1] || o[2] != counts[2]) {
+            rc = fail(m, -EINVAL,
+                      "ddp_model_commit: the options differ: rank %d has zero_stage %" PRId64
+                      ", buckets %" PRId64 "/%" PRId64 " bytes; rank 0 %" PRId64 ", %" PRId64
+                      "/%" PRId64,
+                      r, o[0], o[1], o[2], counts[0], counts[1], counts[2]);
+            goto out;
+        }
+        if (o[3] != counts[3]) {
             rc = fail(m, -EINVAL,
                       "ddp_model_commit: the layouts differ: rank %d registered %" PRId64
                       " parameters, rank 0 %" PRId64,
-                      r, counts[r], counts[0]);
+                      r, o[3], counts[3]);
             goto out;
         }
     }
@@ -652,15 +675,16 @@ static int launch(ddp_model *m, int g)
     return rc < 0 ? coll_failed(m, rc, "launching a gradient reduction") : 0;
 }
 
-/* Launches, strictly in order, every complete group from next_launch on. */
+/* Launches, strictly in backward order, every complete group from next_launch on. */
 static int launch_ready(ddp_model *m)
 {
     const ddp__plan *p = &m->plan;
     while (m->next_launch < p->ngroups) {
-        const ddp__group *g = &p->groups[m->next_launch];
-        if (m->ready[m->next_launch] != g->last - g->first + 1)
+        int g = launch_group(m, m->next_launch);
+        if (m->ready[g] != p->groups[g].last - p->groups[g].first + 1)
             break;
-        int rc = launch(m, m->next_launch++);
+        m->next_launch++;
+        int rc = launch(m, g);
         if (rc < 0)
             return rc;
     }
