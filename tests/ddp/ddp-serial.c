@@ -1246,8 +1246,8 @@ int main(int argc, char **argv)
         if (c.max_err > 0)
             snprintf(extra, sizeof extra, "; max parameter error %.2e, norm %.2e", c.max_err,
                      c.max_norm_err);
-        printf("ddp-serial: rank %d/%d %s: %s (%ld checks, %ld failed, %.2f s%s)\n", c.rank, c.world,
-               c.scenario, ok ? "PASS" : "FAIL", c.checks, c.failures,
+        printf("ddp-serial: rank %d/%d %s: %s (%ld checks, %ld failed, %.2f s%s)\n", c.rank,
+               c.world, c.scenario, ok ? "PASS" : "FAIL", c.checks, c.failures,
                (double)(rdzv__now_ns() - t0) / 1e9, extra);
         fflush(stdout);
         if (!ok) {
