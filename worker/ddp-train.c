@@ -974,10 +974,20 @@ static void report_epoch(trainer *t, int64_t step, int epoch, double test_loss, 
 /* ------------------------------------------------------------------------------------------ */
 
 /* Prints a failure of the library, naming what failed; returns EXIT_FAIL. */
+/*
+ * Reports a failed call at `step`: libddp's account of it, or the communicator's when the call
+ * was the trainer's own collective (the loss and evaluation sums), and the rank libcollective
+ * blames, if a peer failed.
+ */
 static int failed(trainer *t, const char *what, int64_t step, int rc)
 {
-    err("rank %d: %s at step %" PRId64 " failed: %s: %s", t->rank, what, step + 1, ddp_strerror(rc),
-        ddp_last_error(t->m));
+    bool own = strcmp(what, "the loss allreduce") == 0 || strcmp(what, "evaluation") == 0;
+    int culprit = coll_comm_failed_rank(t->comm);
+    char who[48] = "";
+    if (culprit >= 0 && culprit != t->rank)
+        snprintf(who, sizeof who, " (rank %d failed)", culprit);
+    err("rank %d: %s at step %" PRId64 " failed%s: %s: %s", t->rank, what, step + 1, who,
+        ddp_strerror(rc), own ? coll_last_error(t->comm) : ddp_last_error(t->m));
     return EXIT_FAIL;
 }
 

@@ -107,8 +107,8 @@ for r in 0 1; do
     st=$?
     dt=$(( ($(date +%s%N) - t0) / 1000000 ))
     if [[ $st -ne 2 ]] || ! grep -q "rank 2" "$tmp/kill$r.err"; then
-        fail "survivor rank $r exited $st after the kill, stderr:"
-        tail -3 "$tmp/kill$r.err" >&2
+        fail "survivor rank $r exited $st after the kill, stderr and stdout:"
+        tail -3 "$tmp/kill$r.err" "$tmp/kill$r.out" >&2
     else
         echo "  kill: rank $r exited 2 ${dt} ms after rank 2 was killed: $(grep -m1 'rank 2' "$tmp/kill$r.err")"
     fi
