@@ -11,7 +11,8 @@
  * Invariants:
  *  - collectives are issued in the same order on every rank, because every decision that
  *    issues one depends only on the caller's calls (which every rank makes alike), never on
- *    when a request completes: buckets launch strictly in bucket order as they complete;
+ *    when a request completes: buckets launch strictly in bucket order as they complete (units,
+ *    at stage 3, in reverse unit order: the order backward completes them);
  *    a stage 3 prefetch happens when a gathered-unit slot is free, which only releases change;
  *  - a staging slot or a gathered unit is reused only after its request completed;
  *  - the padding at the end of each group stays zero in parameters, gradients and state;
@@ -158,12 +159,22 @@ static void trace_done(ddp_model *m, int g)
 }
 
 /*
+ * The group whose reduction is the k-th of a micro-step: backward completes buckets in bucket
+ * order (bucket 0 holds the last parameters), and units (stage 3) in reverse unit order.
+ */
+static int launch_group(const ddp_model *m, int k)
+{
+    return m->o.zero_stage == 3 ? m->plan.ngroups - 1 - k : k;
+}
+
+/*
  * With a trace hook, notes the launched reductions that have completed by now (coll_test does
  * not release them), so that the trace shows when they finished, not when the step waited.
  */
 static void poll_done(ddp_model *m)
 {
-    for (int g = 0; m->o.trace && g < m->next_launch; g++) {
+    for (int k = 0; m->o.trace && k < m->next_launch; k++) {
+        int g = launch_group(m, k);
         coll_request *r = m->o.zero_stage < 2    ? m->req[g]
                           : m->grad_slot[g] >= 0 ? m->gslots[m->grad_slot[g]].req
                                                  : NULL;
@@ -600,7 +611,8 @@ static int finish_gslot(ddp_model *m, int s)
     const ddp__group *gr = &m->plan.groups[g];
     ddp__add(m->grad + m->plan.shard_offset[g], sl->buf + (size_t)m->rank * gr->shard, gr->shard);
     sl->group = -1;
-    m->grad_slot[g] = -1;
+    if (m->grad_slot[g] == s) /* else a later micro-step's slot serves g now */
+        m->grad_slot[g] = -1;
     return 0;
 }
 
@@ -652,15 +664,17 @@ static int launch(ddp_model *m, int g)
     return rc < 0 ? coll_failed(m, rc, "launching a gradient reduction") : 0;
 }
 
-/* Launches, strictly in order, every complete group from next_launch on. */
+/* Launches, strictly in launch order, every complete group from the next_launch-th on. */
 static int launch_ready(ddp_model *m)
 {
     const ddp__plan *p = &m->plan;
     while (m->next_launch < p->ngroups) {
-        const ddp__group *g = &p->groups[m->next_launch];
-        if (m->ready[m->next_launch] != g->last - g->first + 1)
+        int gi = launch_group(m, m->next_launch);
+        const ddp__group *g = &p->groups[gi];
+        if (m->ready[gi] != g->last - g->first + 1)
             break;
-        int rc = launch(m, m->next_launch++);
+        m->next_launch++;
+        int rc = launch(m, gi);
         if (rc < 0)
             return rc;
     }
@@ -702,6 +716,13 @@ int ddp_micro_begin(ddp_model *m, int sync)
         return fail(m, -EINVAL, "ddp_micro_begin: the previous micro-step did not end");
     m->in_micro = true;
     m->sync = sync || m->o.zero_stage >= 2;
+    /* Stages 2-3: slots whose reduce-scatter from the previous micro-step is still in flight
+     * stay busy until it completes; this micro-step's gradients go into fresh slots. */
+    for (int g = 0; m->gslots && g < m->plan.ngroups; g++)
+        m->grad_slot[g] = -1;
+    for (int i = 0; i < m->ngslots; i++) /* held but never launched: a misused micro-step */
+        if (!m->gslots[i].req)
+            m->gslots[i].group = -1;
     memset(m->ready, 0, (size_t)m->plan.ngroups * sizeof *m->ready);
     memset(m->marked, 0, (size_t)m->nparams);
     memset(m->done_seen, 0, (size_t)m->plan.ngroups);
