@@ -821,8 +821,11 @@ int ddp_unit_gather(ddp_model *m, int u)
         return fail(m, -EINVAL, "ddp_unit_gather(%d): no such unit", u);
     if (m->o.zero_stage < 3)
         return 0;
-    if (m->last_gathered >= 0 && u != m->last_gathered)
-        m->direction = u > m->last_gathered ? 1 : -1;
+    /* The direction of travel: that of the last two gathers; the same unit twice in a row is
+     * a turn (forward's last unit is backward's first, backward's last the next forward's
+     * first), so the prefetch already goes the new way. */
+    if (m->last_gathered >= 0)
+        m->direction = u == m->last_gathered ? -m->direction : u > m->last_gathered ? 1 : -1;
     m->last_gathered = u;
     int s = m->unit_slot[u];
     if (s < 0 && (s = issue_gather(m, u, &rc)) < 0)

@@ -350,11 +350,32 @@ static void eq_reference(const eq_cfg *c, double *theta, double *norms)
  */
 static int eq_launched, eq_overlap;
 
+/*
+ * Stage 3's prefetch: whether each unit's allgather has been issued since its release, and how
+ * many gathers of the training loop had to issue their own (the unit was not prefetched).
+ */
+static char eq_issued[4];
+static int eq_misses;
+
+static void eq_gather(ddp_model *m, int u, int *rc)
+{
+    eq_misses += !eq_issued[u];
+    *rc = ddp_unit_gather(m, u);
+}
+
+static void eq_release(ddp_model *m, int u, int *rc)
+{
+    eq_issued[u] = 0;
+    *rc = ddp_unit_release(m, u);
+}
+
 static void eq_trace(void *arg, ddp_event ev, int index, int64_t t)
 {
     (void)arg, (void)index, (void)t;
     if (ev == DDP_EV_BUCKET_LAUNCH)
         eq_launched++;
+    if (ev == DDP_EV_GATHER_LAUNCH)
+        eq_issued[index] = 1;
     if (ev == DDP_EV_BACKWARD_END)
         eq_launched = 0;
 }
@@ -375,7 +396,8 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
     o.pool_slots = c->pool; /* 2: slots are waited for and reused; 8: some stay in flight
                                from one micro-step into the next */
     o.trace = eq_trace;
-    eq_launched = eq_overlap = 0;
+    eq_launched = eq_overlap = eq_misses = 0;
+    memset(eq_issued, 0, sizeof eq_issued);
     ddp_model *m = NULL;
     int rc = ddp_model_create(comm, &o, &m);
     for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
@@ -396,7 +418,7 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
             rc = ddp_micro_begin(m, k == c->nmicro - 1);
             /* Forward: the residuals, unit by unit. */
             for (int u = 0; rc >= 0 && u < 4; u++) {
-                rc = ddp_unit_gather(m, u);
+                eq_gather(m, u, &rc);
                 for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
                     if (eq_params[p].unit != u)
                         continue;
@@ -406,7 +428,7 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
                             f[s] += eq_a(first + s, eq_base[p] + e) * w[e];
                 }
                 if (rc >= 0)
-                    rc = ddp_unit_release(m, u);
+                    eq_release(m, u, &rc);
             }
             for (int s = 0; s < per_micro; s++)
                 f[s] -= eq_y(first + s);
@@ -414,7 +436,7 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
             for (int u = 3; rc >= 0 && u >= 0; u--) {
                 if (u == 0 && eq_launched > eq_overlap)
                     eq_overlap = eq_launched;
-                rc = ddp_unit_gather(m, u);
+                eq_gather(m, u, &rc);
                 for (int p = EQ_NP - 1; rc >= 0 && p >= 0; p--) {
                     if (eq_params[p].unit != u)
                         continue;
@@ -432,7 +454,7 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
                     rc = ddp_grad_ready(m, p);
                 }
                 if (rc >= 0)
-                    rc = ddp_unit_release(m, u);
+                    eq_release(m, u, &rc);
             }
             if (rc >= 0)
                 rc = ddp_micro_end(m);
@@ -506,6 +528,12 @@ static void scen_equiv(coll_comm *comm)
                  * reverse order), before it reaches the first unit. */
                 CHECK(eq_overlap >= 2, "stage %d: %d reductions issued before unit 0's backward",
                       stage, eq_overlap);
+                /* Stage 3 prefetches the next unit in the direction of travel and turns at
+                 * the ends: only each pass's first unit (forward's 0, backward's 3) is
+                 * gathered on demand, twice per micro-step. */
+                CHECK(stage < 3 || eq_misses == 2 * EQ_K * nmicro,
+                      "stage 3: %d gathers were not prefetched, want %d", eq_misses,
+                      2 * EQ_K * nmicro);
                 CHECK(rel <= 1e-5 && nrel <= 1e-5 && nclip == rclip,
                       "stage %d %s micro %d slots %d: parameters %.2e, norms %.2e relative; "
                       "clipped %d steps, the reference %d",
