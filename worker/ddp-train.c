@@ -976,8 +976,17 @@ static void report_epoch(trainer *t, int64_t step, int epoch, double test_loss, 
 /* Prints a failure of the library, naming what failed; returns EXIT_FAIL. */
 static int failed(trainer *t, const char *what, int64_t step, int rc)
 {
+    const char *detail = ddp_last_error(t->m);
+    char own[400];
+    if (!*detail) { /* the trainer's own collective (the loss allreduce): libcollective's word */
+        int culprit = coll_comm_failed_rank(t->comm);
+        snprintf(own, sizeof own, "%.300s", coll_last_error(t->comm));
+        if (culprit >= 0)
+            snprintf(own + strlen(own), sizeof own - strlen(own), " (rank %d)", culprit);
+        detail = own;
+    }
     err("rank %d: %s at step %" PRId64 " failed: %s: %s", t->rank, what, step + 1, ddp_strerror(rc),
-        ddp_last_error(t->m));
+        detail);
     return EXIT_FAIL;
 }
 
