@@ -11,7 +11,8 @@
  * Invariants:
  *  - collectives are issued in the same order on every rank, because every decision that
  *    issues one depends only on the caller's calls (which every rank makes alike), never on
- *    when a request completes: buckets launch strictly in bucket order as they complete;
+ *    when a request completes: buckets launch strictly in bucket order as they complete (units,
+ *    at stage 3, in reverse unit order: the order backward completes them);
  *    a stage 3 prefetch happens when a gathered-unit slot is free, which only releases change;
  *  - a staging slot or a gathered unit is reused only after its request completed;
  *  - the padding at the end of each group stays zero in parameters, gradients and state;
@@ -623,7 +624,8 @@ static int finish_gslot(ddp_model *m, int s)
     const ddp__group *gr = &m->plan.groups[g];
     ddp__add(m->grad + m->plan.shard_offset[g], sl->buf + (size_t)m->rank * gr->shard, gr->shard);
     sl->group = -1;
-    m->grad_slot[g] = -1;
+    if (m->grad_slot[g] == s) /* else a later micro-step's slot serves g now */
+        m->grad_slot[g] = -1;
     return 0;
 }
 
@@ -726,6 +728,13 @@ int ddp_micro_begin(ddp_model *m, int sync)
         return fail(m, -EINVAL, "ddp_micro_begin: the previous micro-step did not end");
     m->in_micro = true;
     m->sync = sync || m->o.zero_stage >= 2;
+    /* Stages 2-3: slots whose reduce-scatter from the previous micro-step is still in flight
+     * stay busy until it completes; this micro-step's gradients go into fresh slots. */
+    for (int g = 0; m->gslots && g < m->plan.ngroups; g++)
+        m->grad_slot[g] = -1;
+    for (int i = 0; i < m->ngslots; i++) /* held but never launched: a misused micro-step */
+        if (!m->gslots[i].req)
+            m->gslots[i].group = -1;
     memset(m->ready, 0, (size_t)m->plan.ngroups * sizeof *m->ready);
     memset(m->marked, 0, (size_t)m->nparams);
     memset(m->done_seen, 0, (size_t)m->plan.ngroups);
@@ -824,8 +833,11 @@ int ddp_unit_gather(ddp_model *m, int u)
         return fail(m, -EINVAL, "ddp_unit_gather(%d): no such unit", u);
     if (m->o.zero_stage < 3)
         return 0;
-    if (m->last_gathered >= 0 && u != m->last_gathered)
-        m->direction = u > m->last_gathered ? 1 : -1;
+    /* The direction of travel: that of the last two gathers; the same unit twice in a row is
+     * a turn (forward's last unit is backward's first, backward's last the next forward's
+     * first), so the prefetch already goes the new way. */
+    if (m->last_gathered >= 0)
+        m->direction = u == m->last_gathered ? -m->direction : u > m->last_gathered ? 1 : -1;
     m->last_gathered = u;
     int s = m->unit_slot[u];
     if (s < 0 && (s = issue_gather(m, u, &rc)) < 0)

@@ -12,6 +12,10 @@
  *   overlap  stage 0 with several buckets and a backward that computes for a while per layer:
  *            the trace shows the first bucket's reduction issued, and completed, before the
  *            backward ends
+ *   equiv    a linear least-squares model of four units (sizes that pad unevenly), each rank
+ *            the gradient of its slice of a global batch, in 1 or 4 micro-steps: stages 0-3,
+ *            SGD (momentum, Nesterov, weight decay) and AdamW, with clipping, against a serial
+ *            double-precision reference over the whole batch that every rank computes
  *
  * Prints "ddp-check: rank R/W SCENARIO: PASS" or FAIL lines; exit status 0 when every check
  * passed, 1 when one failed, 2 on a setup error.
@@ -248,11 +252,312 @@ static void scen_overlap(coll_comm *comm)
     ddp_model_free(m);
 }
 
+/*
+ * The equivalence model: parameters theta (P elements, registration order, padding excluded),
+ * sample i with features a_i[j] = sin(0.7 i + 1.3 j) and target y_i = cos(0.3 i), loss
+ * 0.5 (a_i . theta - y_i)^2 averaged over the global batch of step t, samples t*B .. t*B + B-1.
+ * Rank r takes the r-th of `world` equal slices of the batch and adds (W / B) (a_i . theta -
+ * y_i) a_i per sample, so libddp's average over ranks is the global mean, whatever the split
+ * into micro-steps.
+ */
+#define EQ_B 48 /* global batch: divisible by 1, 2, 3, 4 ranks and then by 4 micro-steps */
+#define EQ_K 6  /* steps */
+#define EQ_MAXP 128
+static const struct {
+    int unit;
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+} eq_params[] = {
+    {0, "weight", 2, {6, 5}}, {1, "weight", 2, {4, 7}}, {1, "bias", 1, {4}},
+    {2, "weight", 1, {13}},   {3, "weight", 2, {3, 3}}, {3, "bias", 1, {2}},
+};
+#define EQ_NP ((int)(sizeof eq_params / sizeof eq_params[0]))
+static const char *eq_units[] = {"embed", "fc1", "fc2", "head"};
+static size_t eq_base[EQ_NP + 1]; /* first element of each parameter in theta; [EQ_NP] = P */
+
+static double eq_a(int64_t i, size_t j)
+{
+    return sin(0.7 * (double)i + 1.3 * (double)j);
+}
+
+static double eq_y(int64_t i)
+{
+    return cos(0.3 * (double)i);
+}
+
+static double eq_theta0(size_t j)
+{
+    return 0.1 * sin((double)j + 0.5);
+}
+
+static int eq_init(void *arg, int param, const char *name, void *data, size_t count)
+{
+    (void)arg, (void)name;
+    for (size_t k = 0; k < count; k++)
+        ((float *)data)[k] = (float)eq_theta0(eq_base[param] + k);
+    return 0;
+}
+
+typedef struct eq_cfg {
+    int stage, adamw, nmicro, pool;
+    float lr, clip;
+} eq_cfg;
+
+/* The serial reference: theta after EQ_K steps, and each step's gradient norm. */
+static void eq_reference(const eq_cfg *c, double *theta, double *norms)
+{
+    size_t P = eq_base[EQ_NP];
+    double m1[EQ_MAXP] = {0}, m2[EQ_MAXP] = {0}, g[EQ_MAXP];
+    const double wd = 0.01, mom = 0.9, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    for (size_t j = 0; j < P; j++)
+        theta[j] = (float)eq_theta0(j);
+    for (int t = 0; t < EQ_K; t++) {
+        memset(g, 0, sizeof g);
+        for (int64_t i = (int64_t)t * EQ_B; i < (int64_t)(t + 1) * EQ_B; i++) {
+            double f = -eq_y(i);
+            for (size_t j = 0; j < P; j++)
+                f += eq_a(i, j) * theta[j];
+            for (size_t j = 0; j < P; j++)
+                g[j] += f * eq_a(i, j) / EQ_B;
+        }
+        double ss = 0;
+        for (size_t j = 0; j < P; j++)
+            ss += g[j] * g[j];
+        norms[t] = sqrt(ss);
+        if (c->clip > 0 && norms[t] > c->clip)
+            for (size_t j = 0; j < P; j++)
+                g[j] *= c->clip / (norms[t] + 1e-6);
+        for (size_t j = 0; j < P; j++) {
+            if (c->adamw) {
+                theta[j] *= 1 - c->lr * wd;
+                m1[j] = b1 * m1[j] + (1 - b1) * g[j];
+                m2[j] = b2 * m2[j] + (1 - b2) * g[j] * g[j];
+                double mh = m1[j] / (1 - pow(b1, t + 1)), vh = m2[j] / (1 - pow(b2, t + 1));
+                theta[j] -= c->lr * mh / (sqrt(vh) + eps);
+            } else { /* Nesterov momentum with L2 weight decay, torch's order */
+                double gj = g[j] + wd * theta[j];
+                m1[j] = t == 0 ? gj : mom * m1[j] + gj;
+                theta[j] -= c->lr * (gj + mom * m1[j]);
+            }
+        }
+    }
+}
+
+/*
+ * Reductions issued in the current micro-step, and the most of them issued before the backward
+ * of the first unit (the last one backward reaches) began, in the latest run.
+ */
+static int eq_launched, eq_overlap;
+
+/*
+ * Stage 3's prefetch: whether each unit's allgather has been issued since its release, and how
+ * many gathers of the training loop had to issue their own (the unit was not prefetched).
+ */
+static char eq_issued[4];
+static int eq_misses;
+
+static void eq_gather(ddp_model *m, int u, int *rc)
+{
+    eq_misses += !eq_issued[u];
+    *rc = ddp_unit_gather(m, u);
+}
+
+static void eq_release(ddp_model *m, int u, int *rc)
+{
+    eq_issued[u] = 0;
+    *rc = ddp_unit_release(m, u);
+}
+
+static void eq_trace(void *arg, ddp_event ev, int index, int64_t t)
+{
+    (void)arg, (void)index, (void)t;
+    if (ev == DDP_EV_BUCKET_LAUNCH)
+        eq_launched++;
+    if (ev == DDP_EV_GATHER_LAUNCH)
+        eq_issued[index] = 1;
+    if (ev == DDP_EV_BACKWARD_END)
+        eq_launched = 0;
+}
+
+/* One training run through libddp's loop; theta and the norms come back on every rank. */
+static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *norms, int *nclip)
+{
+    ddp_options o;
+    ddp_options_init(&o);
+    o.zero_stage = c->stage;
+    o.optimizer = c->adamw ? DDP_ADAMW : DDP_SGD;
+    o.momentum = c->adamw ? 0.0f : 0.9f;
+    o.nesterov = !c->adamw;
+    o.weight_decay = 0.01f;
+    o.clip_norm = c->clip;
+    o.first_bucket_bytes = 64; /* 16 floats, then 24: several buckets, some one parameter */
+    o.bucket_bytes = 96;
+    o.pool_slots = c->pool; /* 2: slots are waited for and reused; 8: some stay in flight
+                               from one micro-step into the next */
+    o.trace = eq_trace;
+    eq_launched = eq_overlap = eq_misses = 0;
+    memset(eq_issued, 0, sizeof eq_issued);
+    ddp_model *m = NULL;
+    int rc = ddp_model_create(comm, &o, &m);
+    for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
+        if (p == 0 || eq_params[p].unit != eq_params[p - 1].unit)
+            rc = ddp_unit_add(m, eq_units[eq_params[p].unit]);
+        if (rc >= 0)
+            rc = ddp_param_add(m, eq_params[p].unit, eq_params[p].name, eq_params[p].ndim,
+                               eq_params[p].shape, COLL_F32);
+    }
+    if (rc >= 0)
+        rc = ddp_model_commit(m, eq_init, NULL);
+    int local = EQ_B / world, per_micro = local / c->nmicro;
+    *nclip = 0;
+    for (int t = 0; rc >= 0 && t < EQ_K; t++) {
+        for (int k = 0; rc >= 0 && k < c->nmicro; k++) {
+            int64_t first = (int64_t)t * EQ_B + (int64_t)rank * local + (int64_t)k * per_micro;
+            double f[EQ_B] = {0}; /* (per_micro,) residuals */
+            rc = ddp_micro_begin(m, k == c->nmicro - 1);
+            /* Forward: the residuals, unit by unit. */
+            for (int u = 0; rc >= 0 && u < 4; u++) {
+                eq_gather(m, u, &rc);
+                for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
+                    if (eq_params[p].unit != u)
+                        continue;
+                    const float *w = ddp_param_data(m, p);
+                    for (int s = 0; s < per_micro; s++)
+                        for (size_t e = 0; e < ddp_param_count(m, p); e++)
+                            f[s] += eq_a(first + s, eq_base[p] + e) * w[e];
+                }
+                if (rc >= 0)
+                    eq_release(m, u, &rc);
+            }
+            for (int s = 0; s < per_micro; s++)
+                f[s] -= eq_y(first + s);
+            /* Backward: units and parameters in reverse. */
+            for (int u = 3; rc >= 0 && u >= 0; u--) {
+                if (u == 0 && eq_launched > eq_overlap)
+                    eq_overlap = eq_launched;
+                eq_gather(m, u, &rc);
+                for (int p = EQ_NP - 1; rc >= 0 && p >= 0; p--) {
+                    if (eq_params[p].unit != u)
+                        continue;
+                    float *g = ddp_grad_buffer(m, p);
+                    if (!g) {
+                        rc = -1;
+                        break;
+                    }
+                    for (size_t e = 0; e < ddp_param_count(m, p); e++) {
+                        double acc = 0;
+                        for (int s = 0; s < per_micro; s++)
+                            acc += f[s] * eq_a(first + s, eq_base[p] + e);
+                        g[e] += (float)(acc * world / EQ_B);
+                    }
+                    rc = ddp_grad_ready(m, p);
+                }
+                if (rc >= 0)
+                    eq_release(m, u, &rc);
+            }
+            if (rc >= 0)
+                rc = ddp_micro_end(m);
+        }
+        ddp_step_info info;
+        if (rc >= 0 && (rc = ddp_step(m, c->lr, &info)) >= 0) {
+            norms[t] = info.grad_norm;
+            *nclip += info.clipped;
+            rc = info.skipped ? -1 : 0;
+        }
+    }
+    for (int u = 0; rc >= 0 && u < 4; u++) {
+        rc = ddp_unit_gather(m, u);
+        for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
+            const float *w = eq_params[p].unit == u ? ddp_param_data(m, p) : NULL;
+            for (size_t e = 0; w && e < ddp_param_count(m, p); e++)
+                theta[eq_base[p] + e] = w[e];
+        }
+        if (rc >= 0)
+            rc = ddp_unit_release(m, u);
+    }
+    if (rc < 0)
+        printf("ddp-check: rank %d: equiv: %s\n", rank, m ? ddp_last_error(m) : "create");
+    ddp_model_free(m);
+    return rc;
+}
+
+/*
+ * Tolerance: 1e-5 relative (normwise: the largest difference over the largest reference value,
+ * and each gradient norm against the reference's). libddp computes in float and sums the
+ * ranks' contributions in another order than the double reference; each parameter then
+ * differs by a few float roundings (~1e-7 relative) per step, and six steps of a
+ * well-conditioned problem do not grow that past ~1e-6.
+ */
+static void scen_equiv(coll_comm *comm)
+{
+    for (int p = 0; p < EQ_NP; p++) {
+        size_t n = 1;
+        for (int d = 0; d < eq_params[p].ndim; d++)
+            n *= (size_t)eq_params[p].shape[d];
+        eq_base[p + 1] = eq_base[p] + n;
+    }
+    size_t P = eq_base[EQ_NP];
+    double worst = 0;
+    for (int adamw = 0; adamw < 2; adamw++) {
+        for (int nmicro = 1; nmicro <= 4; nmicro += 3) {
+            for (int sp = 0; sp < 6; sp++) {
+                int stage = sp < 4 ? sp : sp - 2, pool = sp < 4 ? 2 : 8; /* 2-3 twice */
+                eq_cfg c = {stage, adamw, nmicro, pool, adamw ? 0.01f : 0.05f, 0.3f};
+                double ref[EQ_MAXP], got[EQ_MAXP], rn[EQ_K], gn[EQ_K];
+                int nclip = 0;
+                eq_reference(&c, ref, rn);
+                if (eq_train(comm, &c, got, gn, &nclip) < 0) {
+                    CHECK(0, "stage %d %s micro %d: training failed", stage,
+                          adamw ? "adamw" : "sgd", nmicro);
+                    return;
+                }
+                double dmax = 0, rmax = 0, nrel = 0;
+                for (size_t j = 0; j < P; j++) {
+                    dmax = fmax(dmax, fabs(got[j] - ref[j]));
+                    rmax = fmax(rmax, fabs(ref[j]));
+                }
+                int rclip = 0;
+                for (int t = 0; t < EQ_K; t++) {
+                    nrel = fmax(nrel, fabs(gn[t] - rn[t]) / rn[t]);
+                    rclip += rn[t] > c.clip;
+                }
+                double rel = dmax / rmax;
+                worst = fmax(worst, fmax(rel, nrel));
+                /* Every stage issues reductions while backward goes on (stage 3: units in
+                 * reverse order), before it reaches the first unit. */
+                CHECK(eq_overlap >= 2, "stage %d: %d reductions issued before unit 0's backward",
+                      stage, eq_overlap);
+                /* Stage 3 prefetches the next unit in the direction of travel and turns at
+                 * the ends: only each pass's first unit (forward's 0, backward's 3) is
+                 * gathered on demand, twice per micro-step. */
+                CHECK(stage < 3 || eq_misses == 2 * EQ_K * nmicro,
+                      "stage 3: %d gathers were not prefetched, want %d", eq_misses,
+                      2 * EQ_K * nmicro);
+                CHECK(rel <= 1e-5 && nrel <= 1e-5 && nclip == rclip,
+                      "stage %d %s micro %d slots %d: parameters %.2e, norms %.2e relative; "
+                      "clipped %d steps, the reference %d",
+                      stage, adamw ? "adamw" : "sgd", nmicro, pool, rel, nrel, nclip, rclip);
+                if (rank == 0)
+                    printf("ddp-check: equiv world %d stage %d %-5s %d micro %d slots: parameters "
+                           "%.1e, "
+                           "norms %.1e relative; %d of %d steps clipped (norms %.3f to %.3f); %d "
+                           "reductions before unit 0's backward\n",
+                           world, stage, adamw ? "adamw" : "sgd", nmicro, pool, rel, nrel, nclip,
+                           EQ_K, rn[0], rn[EQ_K - 1], eq_overlap);
+            }
+        }
+    }
+    if (rank == 0)
+        printf("ddp-check: equiv world %d: worst relative difference %.1e (tolerance 1e-5)\n",
+               world, worst);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
         fprintf(stderr,
-                "usage: ddp-check misuse|layout|nonfinite|memory|overlap   (under ddprun)\n");
+                "usage: ddp-check misuse|layout|nonfinite|memory|overlap|equiv   (under ddprun)\n");
         return 2;
     }
     rdzv_env env;
@@ -289,6 +594,8 @@ int main(int argc, char **argv)
         scen_memory(comm);
     else if (!strcmp(argv[1], "overlap"))
         scen_overlap(comm);
+    else if (!strcmp(argv[1], "equiv"))
+        scen_equiv(comm);
     else {
         fprintf(stderr, "ddp-check: unknown scenario %s\n", argv[1]);
         return 2;

@@ -2,7 +2,9 @@
 # libddp end to end, real processes (about a minute on 2 cores):
 #  1. ddp-check under ddprun: misuse errors, a layout mismatch, a non-finite gradient skipped
 #     on every rank, memory against the ZeRO
-#     formulas (worlds 2 and 3: uneven padding), and the overlap trace;
+#     formulas (worlds 2 and 3: uneven padding), the overlap trace, and equivalence at the
+#     library's level (worlds 1-4: stages 0-3, SGD and AdamW, clipping, 1 or 4 micro-steps,
+#     against a serial double reference within 1e-5 relative; ddp-check.c says why);
 #  2. equivalence through ddp-train's per-step metrics (loss and gradient norm, 12 steps):
 #     worlds 1, 2 and 4 on the same global batch, ZeRO stages 0-3, SGD with momentum
 #     and AdamW with clipping, and 4 micro-steps x 64 against 1 x 256, all against world 1's
@@ -25,7 +27,8 @@ fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
 # 1. ddp-check.
-for job in "misuse 2" "layout 3" "nonfinite 3" "memory 2" "memory 3" "overlap 2"; do
+for job in "misuse 2" "layout 3" "nonfinite 3" "memory 2" "memory 3" "overlap 2" "equiv 1" \
+    "equiv 2" "equiv 3" "equiv 4"; do
     set -- $job
     out=$(timeout 120 "$DDPRUN" --standalone --nproc-per-node "$2" "$CHECK" "$1" 2>&1)
     n=$(grep -c "ddp-check: rank [0-9]*/$2 $1: PASS" <<<"$out")
@@ -33,7 +36,7 @@ for job in "misuse 2" "layout 3" "nonfinite 3" "memory 2" "memory 3" "overlap 2"
         fail "ddp-check $1 on $2 ranks: $n of $2 passed"
         sed 's/^/    /' <<<"$out" >&2
     fi
-    grep -E "^\[0\]:ddp-check: (overlap|memory .* stage|rank 0 layout)" <<<"$out" | sed 's/^\[0\]:/  /'
+    grep -E "^\[0\]:ddp-check: (overlap|memory .* stage|rank 0 layout|equiv world [0-9]: worst)" <<<"$out" | sed 's/^\[0\]:/  /'
 done
 
 # 2. Equivalence: metrics of every configuration against the reference.
