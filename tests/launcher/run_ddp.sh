@@ -35,13 +35,26 @@ fi
 
 out=$(mktemp "${TMPDIR:-/tmp}/run_ddp.XXXXXX")
 trap 'rm -f "$out"' EXIT
-echo "torch $version: ${cmd[*]} --nproc-per-node $nproc ddp_gloo.py"
-PYTHON_EXEC=$pyexe timeout -k 5 120 "${cmd[@]}" --nproc-per-node "$nproc" "$here/ddp_gloo.py" >"$out" 2>&1
-rc=$?
-grep -a "DDP" "$out" || true
-# Distinct ranks that reported; lines may carry a "[R]:" prefix (ddprun's default, torchrun's
-# with --tee) and, unprefixed, two ranks' lines can run together.
-ok=$(grep -aoE "DDP OK rank [0-9]+" "$out" | sort -u | wc -l)
+# run: one launch; sets rc and ok (the distinct ranks that reported; lines may carry a "[R]:"
+# prefix, ddprun's default and torchrun's with --tee, and two unprefixed lines can run together).
+run() {
+    echo "torch $version: ${cmd[*]} --nproc-per-node $nproc ddp_gloo.py"
+    PYTHON_EXEC=$pyexe timeout -k 5 120 "${cmd[@]}" --nproc-per-node "$nproc" "$here/ddp_gloo.py" \
+        >"$out" 2>&1
+    rc=$?
+    grep -a "DDP" "$out" || true
+    ok=$(grep -aoE "DDP OK rank [0-9]+" "$out" | sort -u | wc -l)
+}
+run
+# torch 2.x's gloo sometimes aborts at interpreter exit, after destroy_process_group() and after
+# every rank reported ("terminate called without an active exception", SIGABRT): seen once in
+# about fifteen runs on a loaded 2-core machine, inside the worker's own teardown. That one
+# signature, and only after every rank passed, earns one more launch; any other failure fails.
+if ((rc != 0 && ok == nproc)) && grep -aq "terminate called without an active exception" "$out"; then
+    echo "note: a worker aborted in torch's teardown after every rank passed; launching once more"
+    tail -n 8 "$out" | sed 's/^/    | /'
+    run
+fi
 if ((rc != 0 || ok != nproc)); then
     echo "FAIL: exit status $rc, $ok of $nproc ranks reported DDP OK"
     tail -n 30 "$out" | sed 's/^/    | /'
