@@ -182,10 +182,15 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg);
 /* Views                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The number of parameters and of units registered; 0 for NULL. */
 int ddp_num_params(const ddp_model *m);
 int ddp_num_units(const ddp_model *m);
 /* The parameter's element count, or 0 for a bad index. */
 size_t ddp_param_count(const ddp_model *m, int param);
+/*
+ * The parameter's name, owned by the model: valid until ddp_model_free() or, before commit,
+ * the next ddp_param_add(). NULL for a bad index.
+ */
 const char *ddp_param_name(const ddp_model *m, int param);
 
 /*
