@@ -23,10 +23,12 @@ if [[ -n $pcdir ]]; then
     lib=$(basename "$page" .3)
     flags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs "$lib")
     # The uninstalled libraries are found at run time where pkg-config says they are linked from.
-    libs=$(PKG_CONFIG_PATH=$pcdir pkg-config --libs-only-L "$lib" | sed -e 's/^ *-L//' -e 's/ *-L/:/g' -e 's/ *$//')
+    libs=$(PKG_CONFIG_PATH=$pcdir pkg-config --libs-only-L "$lib" |
+        sed -e 's/^ *-L//' -e 's/ *-L/:/g' -e 's/ *$//')
     echo "pkg-config --cflags --libs $lib: $flags"
 else
-    flags="-I$src/worker -I$src/libcollective -I$src/rendezvous -L$build/worker -L$build/libcollective -L$build/rendezvous -lddp -lcollective -lrendezvous"
+    flags="-I$src/worker -I$src/libcollective -I$src/rendezvous -L$build/worker"
+    flags+=" -L$build/libcollective -L$build/rendezvous -lddp -lcollective -lrendezvous"
     libs="$build/worker:$build/libcollective:$build/rendezvous"
 fi
 # EXAMPLE_CFLAGS: the build's sanitizers, so that the program links against its libraries.

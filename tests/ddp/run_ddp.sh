@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # libddp end to end, real processes (about a minute on 2 cores):
 #  1. ddp-check under ddprun: misuse errors (on every rank alike, and on rank 1 alone: every
-#     rank fails at once, the others naming rank 1), a layout mismatch, a non-finite gradient skipped
-#     on every rank, memory against the ZeRO
+#     rank fails at once, the others naming rank 1), a layout mismatch, a non-finite gradient
+#     skipped on every rank, memory against the ZeRO
 #     formulas (worlds 2 and 3: uneven padding), the overlap trace, and equivalence at the
 #     library's level (worlds 1-4: stages 0-3, SGD and AdamW, clipping, 1 or 4 micro-steps,
 #     against a serial double reference within 1e-5 relative; ddp-check.c says why);
@@ -30,8 +30,8 @@ fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
 # 1. ddp-check.
-for job in "misuse 2" "misuse 3" "layout 3" "nonfinite 3" "memory 2" "memory 3" "overlap 2" "equiv 1" \
-    "equiv 2" "equiv 3" "equiv 4"; do
+for job in "misuse 2" "misuse 3" "layout 3" "nonfinite 3" "memory 2" "memory 3" "overlap 2" \
+    "equiv 1" "equiv 2" "equiv 3" "equiv 4"; do
     set -- $job
     out=$(timeout 120 "$DDPRUN" --standalone --nproc-per-node "$2" "$CHECK" "$1" 2>&1)
     n=$(grep -c "ddp-check: rank [0-9]*/$2 $1: PASS" <<<"$out")
