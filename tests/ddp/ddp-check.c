@@ -1,6 +1,6 @@
 /*
  * ddp-check: libddp's checks that need a real communicator, run under ddprun (see
- * tests/ddp/run_ddp_check.sh). One scenario per run:
+ * tests/ddp/run_ddp.sh). One scenario per run:
  *
  *   misuse   a gradient marked twice, a parameter never marked, a step without a synced
  *            micro-step: each -EINVAL with a message naming the parameter, on every rank; then
