@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
 # The program under EXAMPLE in a section 3 man page compiles as printed and runs under ddprun.
-# Usage: test_man_example.sh PAGE DDPRUN CC BUILD_ROOT SOURCE_ROOT ARGS...
+# Usage: test_man_example.sh [--pkg-config DIR] PAGE DDPRUN CC BUILD_ROOT SOURCE_ROOT ARGS...
+# With --pkg-config, the flags come from `pkg-config --cflags --libs` of the page's library (the
+# page's name: libddp.3 is libddp), as the page's build line has it, with PKG_CONFIG_PATH=DIR: the
+# build's meson-uninstalled/, whose NAME-uninstalled.pc files pkg-config prefers, so the test
+# checks the .pc files meson generates. Exit 77 (skipped) without pkg-config.
 set -euo pipefail
+pcdir=
+if [[ ${1:-} == --pkg-config ]]; then
+    pcdir=$2
+    shift 2
+    command -v pkg-config >/dev/null || { echo "SKIP: pkg-config not found"; exit 77; }
+fi
 page=$1 ddprun=$2 cc=$3 build=$4 src=$5
 shift 5
 tmp=$(mktemp -d)
@@ -9,10 +19,21 @@ trap 'rm -rf "$tmp"' EXIT
 # The first .EX block of the EXAMPLE section, roff escapes undone.
 sed -n '/^\.SH EXAMPLE/,/^\.SH SEE/p' "$page" | awk '/^\.EE/ { exit } on { print } /^\.EX/ { on = 1 }' |
     sed -e 's/\\e/\\/g' -e 's/^\\&//' >"$tmp/example.c"
-libs="$build/worker:$build/libcollective:$build/rendezvous"
+if [[ -n $pcdir ]]; then
+    lib=$(basename "$page" .3)
+    flags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs "$lib")
+    # The uninstalled libraries are found at run time where pkg-config says they are linked from.
+    libs=$(PKG_CONFIG_PATH=$pcdir pkg-config --libs-only-L "$lib" |
+        sed -e 's/^ *-L//' -e 's/ *-L/:/g' -e 's/ *$//')
+    echo "pkg-config --cflags --libs $lib: $flags"
+else
+    flags="-I$src/worker -I$src/libcollective -I$src/rendezvous -L$build/worker"
+    flags+=" -L$build/libcollective -L$build/rendezvous -lddp -lcollective -lrendezvous"
+    libs="$build/worker:$build/libcollective:$build/rendezvous"
+fi
 # EXAMPLE_CFLAGS: the build's sanitizers, so that the program links against its libraries.
-$cc -std=c11 -Wall -Wextra -Werror ${EXAMPLE_CFLAGS:-} -I"$src/worker" -I"$src/libcollective" -I"$src/rendezvous" \
-    "$tmp/example.c" -o "$tmp/example" -L"$build/worker" -L"$build/libcollective" \
-    -L"$build/rendezvous" -lddp -lcollective -lrendezvous -Wl,-rpath,"$libs"
+# shellcheck disable=SC2086 # flags and EXAMPLE_CFLAGS are lists of words
+$cc -std=c11 -Wall -Wextra -Werror ${EXAMPLE_CFLAGS:-} "$tmp/example.c" -o "$tmp/example" $flags \
+    -Wl,-rpath,"$libs"
 timeout 60 "$ddprun" --standalone --nproc-per-node 2 "$tmp/example" "$@"
 echo PASS

@@ -17,7 +17,10 @@
  *  - a staging slot or a gathered unit is reused only after its request completed;
  *  - the padding at the end of each group stays zero in parameters, gradients and state;
  *  - after any failure of a collective the model is broken: every later call returns the
- *    same code, so no rank issues collectives its peers will never match.
+ *    same code, so no rank issues collectives its peers will never match;
+ *  - misuse that would leave one rank's collectives out of step (a gradient not marked, or
+ *    marked twice) breaks the model likewise and aborts the communicator, so that the peers
+ *    fail at once naming this rank rather than at the timeout (misuse()).
  *
  * Not here: checkpoints and device (CUDA) memory have their own issues; the ops are f32 on the
  * host. Nothing is printed: the log hook gets skipped steps, the trace hook timestamps.
@@ -126,6 +129,16 @@ static int fail(ddp_model *m, int rc, const char *fmt, ...)
     return rc;
 }
 
+/* The model is broken from now on: every call returns rc; m->err, already written, is logged. */
+static int break_model(ddp_model *m, int rc)
+{
+    m->state = BROKEN;
+    m->broken_rc = rc;
+    if (m->o.log)
+        m->o.log(m->o.log_arg, COLL_LOG_ERROR, m->err);
+    return rc;
+}
+
 /* A collective failed: the model is broken from now on, and says who was to blame. */
 static int coll_failed(ddp_model *m, int rc, const char *what)
 {
@@ -135,12 +148,31 @@ static int coll_failed(ddp_model *m, int rc, const char *what)
         if (culprit >= 0)
             snprintf(who, sizeof who, " (rank %d)", culprit);
         fail(m, rc, "%s failed%s: %s: %s", what, who, coll_strerror(rc), coll_last_error(m->comm));
-        m->state = BROKEN;
-        m->broken_rc = rc;
-        if (m->o.log)
-            m->o.log(m->o.log_arg, COLL_LOG_ERROR, m->err);
+        break_model(m, rc);
     }
     return m->broken_rc;
+}
+
+/*
+ * Misuse that leaves this rank's collectives out of step with its peers' (a gradient never
+ * marked, whose bucket this rank then never reduces; one marked twice): the model breaks as
+ * after a failed collective, with -EINVAL and the message, and the communicator is aborted, so
+ * that peers waiting in a collective, or issuing their next one, fail at once with
+ * COLL_EREMOTE naming this rank instead of waiting out the timeout. Detecting the misuse needs
+ * no communication, so the calls that are used correctly pay nothing for it.
+ */
+static int misuse(ddp_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int misuse(ddp_model *m, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(m->err, sizeof m->err, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof m->err)
+        snprintf(m->err + n, sizeof m->err - (size_t)n,
+                 "; the communicator is aborted, so the other ranks fail naming rank %d", m->rank);
+    (void)coll_comm_abort(m->comm);
+    return break_model(m, -EINVAL);
 }
 
 static void trace(ddp_model *m, ddp_event ev, int index)
@@ -763,10 +795,10 @@ int ddp_grad_ready(ddp_model *m, int p)
     if (!m->in_micro || p < 0 || p >= m->nparams)
         return fail(m, -EINVAL, "ddp_grad_ready(%d): no micro-step, or no such parameter", p);
     if (m->marked[p])
-        return fail(m, -EINVAL,
-                    "ddp_grad_ready: the gradient of '%s' was marked twice in one "
-                    "micro-step",
-                    m->params[p].name);
+        return misuse(m,
+                      "ddp_grad_ready: the gradient of '%s' (parameter %d) was marked twice in "
+                      "one micro-step",
+                      m->params[p].name, p);
     int g = m->plan.param_group[p];
     if (m->o.zero_stage >= 2 && m->grad_slot[g] < 0 && !ddp_grad_buffer(m, p))
         return m->state == BROKEN ? m->broken_rc : -ENOBUFS; /* a zero gradient, never written */
@@ -789,10 +821,10 @@ int ddp_micro_end(ddp_model *m)
     m->micro++;
     for (int p = 0; p < m->nparams; p++)
         if (!m->marked[p])
-            return fail(m, -EINVAL,
-                        "ddp_micro_end: the gradient of '%s' (parameter %d) was not "
-                        "marked ready",
-                        m->params[p].name, p);
+            return misuse(m,
+                          "ddp_micro_end: the gradient of '%s' (parameter %d) was not marked "
+                          "ready",
+                          m->params[p].name, p);
     if (m->sync)
         m->synced = true;
     return 0;

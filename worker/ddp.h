@@ -44,6 +44,13 @@
  * The library never exits, aborts or prints: messages go to the log hook. Calls marked "every
  * rank" are collective: every rank calls them in the same order. A model is not thread-safe.
  *
+ * Misuse on one rank: a gradient not marked ready in a micro-step, or marked twice, would leave
+ * that rank's reductions out of step with its peers', which would wait in a collective until the
+ * communicator's timeout. So the rank that detects it (ddp_grad_ready(), ddp_micro_end()) gets
+ * -EINVAL naming the parameter, its model breaks, and the library aborts the communicator
+ * (coll_comm_abort()): every other rank's pending or next call fails at once with COLL_EREMOTE,
+ * ddp_last_error() naming the misusing rank. The check itself is local and costs no collective.
+ *
  * Buffers: ddp_param_data() and ddp_grad_buffer() return memory of the library, valid until the
  * call named with each. The CPU build keeps it in host memory; the device build (its own issue)
  * will keep it on the GPU, so callers pass these pointers to their compute without assuming a
@@ -131,9 +138,9 @@ const char *ddp_last_error(const ddp_model *m);
 /*
  * Creates an empty model on `comm` (borrowed: it must outlive the model; the model issues its
  * collectives on it, so the caller must not run collectives of its own on `comm` between
- * ddp_micro_begin() and ddp_step()). `opts` is copied (NULL: defaults). Returns 0 and sets *out,
- * -EINVAL (bad option), -ENOTSUP (opts->device >= 0: device memory comes with the CUDA build)
- * or -ENOMEM. Every rank.
+ * ddp_micro_begin() and ddp_step(), and aborts it on misuse, see above). `opts` is copied
+ * (NULL: defaults). Returns 0 and sets *out, -EINVAL (bad option), -ENOTSUP (opts->device >= 0:
+ * device memory comes with the CUDA build) or -ENOMEM. Every rank.
  */
 int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out);
 
@@ -175,10 +182,15 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg);
 /* Views                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The number of parameters and of units registered; 0 for NULL. */
 int ddp_num_params(const ddp_model *m);
 int ddp_num_units(const ddp_model *m);
 /* The parameter's element count, or 0 for a bad index. */
 size_t ddp_param_count(const ddp_model *m, int param);
+/*
+ * The parameter's name, owned by the model: valid until ddp_model_free() or, before commit,
+ * the next ddp_param_add(). NULL for a bad index.
+ */
 const char *ddp_param_name(const ddp_model *m, int param);
 
 /*
@@ -223,14 +235,18 @@ int ddp_unit_release(ddp_model *m, int unit);
 /*
  * Says that the gradient of `param` is final for this micro-step. When it completes a bucket
  * (or unit) whose reduction is due, the reduction is issued at once, in bucket order, so that
- * it overlaps the rest of backward. Returns 0; -EINVAL (bad index, or marked twice in one
- * micro-step: the message names it); or a collective's failure. Every rank, same order.
+ * it overlaps the rest of backward. Returns 0; -EINVAL (no micro-step or a bad index; or marked
+ * twice in one micro-step: the message names it, the model is broken and the communicator
+ * aborted, so that the peers fail naming this rank); or a collective's failure. Every rank, same
+ * order.
  */
 int ddp_grad_ready(ddp_model *m, int param);
 
 /*
- * Ends the micro-step's backward. Returns 0; -EINVAL if a parameter's gradient was not marked
- * ready (named, on every rank); or a collective's failure. Every rank.
+ * Ends the micro-step's backward. Returns 0; -EINVAL (no micro-step began; or a parameter's
+ * gradient was not marked ready: the message names the first, the model is broken and the
+ * communicator aborted, so that on the other ranks the pending or next call fails with
+ * COLL_EREMOTE naming this rank); or a collective's failure. Every rank.
  */
 int ddp_micro_end(ddp_model *m);
 

@@ -1,9 +1,13 @@
 /*
  * ddp-check: libddp's checks that need a real communicator, run under ddprun (see
- * tests/ddp/run_ddp_check.sh). One scenario per run:
+ * tests/ddp/run_ddp.sh). One scenario per run:
  *
  *   misuse   a gradient marked twice, a parameter never marked, a step without a synced
- *            micro-step: each -EINVAL with a message naming the parameter, on every rank
+ *            micro-step: each -EINVAL with a message naming the parameter, on every rank; then
+ *            rank 1 alone leaves a gradient unmarked (stage 0) or marks one twice (stage 3):
+ *            rank 1 fails naming the parameter, every other rank naming rank 1, well within
+ *            the communicator's timeout (each case on a communicator of its own: misuse
+ *            aborts it)
  *   layout   the last rank registers a different shape: ddp_model_commit() fails on every
  *            rank, naming that rank and the parameter
  *   nonfinite  rank 0's gradient holds a NaN at step 2 (stage 2): every rank reports the step
@@ -64,25 +68,127 @@ static ddp_model *build(coll_comm *comm, const ddp_options *o, const int64_t *ro
     return m;
 }
 
-static void scen_misuse(coll_comm *comm)
+/* A communicator of its own for a misuse case: misuse aborts the one it happens on. */
+static coll_comm *fresh_comm(coll_comm *comm)
+{
+    coll_comm *c = NULL;
+    int rc = coll_comm_split(comm, 0, rank, &c);
+    CHECK(rc == 0, "coll_comm_split: %s", coll_last_error(NULL));
+    return rc == 0 ? c : NULL;
+}
+
+/* Misuse on every rank alike: each rank's error names the parameter. */
+static void misuse_all(coll_comm *comm)
 {
     ddp_options o;
     ddp_options_init(&o);
-    ddp_model *m = build(comm, &o, (int64_t[]){8, 4}, 2, 4, 1);
+    coll_comm *c = fresh_comm(comm);
+    ddp_model *m = c ? build(c, &o, (int64_t[]){8, 4}, 2, 4, 1) : NULL;
     CHECK(m, "build");
-    if (!m)
-        return;
-    CHECK(ddp_step(m, 0.1f, NULL) == -EINVAL, "a step before any micro-step");
-    CHECK(strstr(ddp_last_error(m), "no complete micro-step"), "message: %s", ddp_last_error(m));
-    CHECK(ddp_micro_begin(m, 1) == 0, "micro_begin");
-    CHECK(ddp_grad_ready(m, 3) == 0, "ready");
-    CHECK(ddp_grad_ready(m, 3) == -EINVAL, "marked twice");
-    CHECK(strstr(ddp_last_error(m), "'bias' was marked twice"), "message: %s", ddp_last_error(m));
-    CHECK(ddp_grad_ready(m, 2) == 0 && ddp_grad_ready(m, 1) == 0, "ready");
-    CHECK(ddp_micro_end(m) == -EINVAL, "parameter 0 never marked");
-    CHECK(strstr(ddp_last_error(m), "'weight' (parameter 0) was not marked"), "message: %s",
-          ddp_last_error(m));
+    if (m) {
+        /* A step too early issues nothing: an error, and the model goes on. */
+        CHECK(ddp_step(m, 0.1f, NULL) == -EINVAL, "a step before any micro-step");
+        CHECK(strstr(ddp_last_error(m), "no complete micro-step"), "message: %s",
+              ddp_last_error(m));
+        CHECK(ddp_micro_begin(m, 1) == 0, "micro_begin");
+        CHECK(ddp_grad_ready(m, 3) == 0, "ready");
+        CHECK(ddp_grad_ready(m, 3) == -EINVAL, "marked twice");
+        CHECK(strstr(ddp_last_error(m), "'bias' (parameter 3) was marked twice"), "message: %s",
+              ddp_last_error(m));
+        /* Broken from then on, with the same account. */
+        CHECK(ddp_micro_end(m) == -EINVAL, "micro_end after the misuse");
+        CHECK(strstr(ddp_last_error(m), "marked twice") &&
+                  strstr(ddp_last_error(m), "communicator is aborted"),
+              "message: %s", ddp_last_error(m));
+    }
     ddp_model_free(m);
+    coll_comm_destroy(c);
+
+    c = fresh_comm(comm);
+    m = c ? build(c, &o, (int64_t[]){8, 4}, 2, 4, 1) : NULL;
+    CHECK(m, "build");
+    if (m) {
+        CHECK(ddp_micro_begin(m, 1) == 0, "micro_begin");
+        CHECK(ddp_grad_ready(m, 3) == 0 && ddp_grad_ready(m, 2) == 0 && ddp_grad_ready(m, 1) == 0,
+              "ready");
+        CHECK(ddp_micro_end(m) == -EINVAL, "parameter 0 never marked");
+        CHECK(strstr(ddp_last_error(m), "'weight' (parameter 0) was not marked"), "message: %s",
+              ddp_last_error(m));
+    }
+    ddp_model_free(m);
+    coll_comm_destroy(c);
+}
+
+/*
+ * Rank 1 alone misuses, the others train: at stage 0 it leaves parameter 0 unmarked (alone in
+ * the bucket reduced last, so that its peers wait in a reduction rank 1 never issues); at stage
+ * 3 (`twice`) it marks parameter 3 twice in the middle of backward. Every rank fails: rank 1
+ * with -EINVAL naming the parameter, the others with COLL_EREMOTE naming rank 1, in far less
+ * than the communicator's timeout (30 s), without waiting for rank 1 to free anything or exit:
+ * every rank frees its model and communicator only after the slowest rank's time has been
+ * gathered on the first communicator, and rank 0 prints it.
+ */
+static void misuse_one(coll_comm *comm, int stage, int twice)
+{
+    ddp_options o;
+    ddp_options_init(&o);
+    o.zero_stage = stage;
+    o.first_bucket_bytes = o.bucket_bytes = 64; /* a bucket or two per layer */
+    coll_comm *c = fresh_comm(comm);
+    ddp_model *m = c ? build(c, &o, (int64_t[]){8, 4, 4}, 3, 4, 1) : NULL;
+    CHECK(m, "build");
+    int misusing = rank == 1, rc = m ? 0 : -1;
+    int64_t t0 = rdzv__now_ns();
+    for (int step = 0; rc == 0 && step < 2; step++) {
+        rc = ddp_micro_begin(m, 1);
+        for (int u = ddp_num_units(m) - 1; rc == 0 && u >= 0; u--) {
+            rc = ddp_unit_gather(m, u);
+            for (int p = 2 * u + 1; rc == 0 && p >= 2 * u; p--) {
+                if (misusing && !twice && p == 0)
+                    continue;
+                float *g = ddp_grad_buffer(m, p);
+                for (size_t i = 0; g && i < ddp_param_count(m, p); i++)
+                    g[i] = 0.5f;
+                rc = ddp_grad_ready(m, p);
+                if (rc == 0 && misusing && twice && p == 3)
+                    rc = ddp_grad_ready(m, p);
+            }
+            if (rc == 0)
+                rc = ddp_unit_release(m, u);
+        }
+        if (rc == 0)
+            rc = ddp_micro_end(m);
+        if (rc == 0)
+            rc = ddp_step(m, 0.1f, NULL);
+    }
+    int64_t ms = (rdzv__now_ns() - t0) / 1000000;
+    const char *err = m ? ddp_last_error(m) : "";
+    const char *want = !misusing ? "(rank 1)"
+                       : twice   ? "'bias' (parameter 3) was marked twice"
+                                 : "'weight' (parameter 0) was not marked";
+    CHECK(rc == (misusing ? -EINVAL : COLL_EREMOTE), "stage %d: returned %d (%s)", stage, rc,
+          ddp_strerror(rc));
+    CHECK(strstr(err, want), "stage %d: the message lacks \"%s\": %s", stage, want, err);
+    CHECK(ms < 10000, "stage %d: failed after %lld ms, the timeout is 30000", stage, (long long)ms);
+    int64_t slowest = ms;
+    CHECK(coll_allreduce(comm, &ms, &slowest, 1, COLL_I64, COLL_MAX) == 0, "allreduce: %s",
+          coll_last_error(comm));
+    if (rank == 0)
+        printf("ddp-check: misuse: rank 1 alone %s (stage %d): every rank failed within %lld ms; "
+               "rank 0: %s\n",
+               twice ? "marked a gradient twice" : "left a gradient unmarked", stage,
+               (long long)slowest, err);
+    ddp_model_free(m);
+    coll_comm_destroy(c);
+}
+
+static void scen_misuse(coll_comm *comm)
+{
+    misuse_all(comm);
+    if (world > 1) {
+        misuse_one(comm, 0, 0);
+        misuse_one(comm, 3, 1);
+    }
 }
 
 static void scen_layout(coll_comm *comm)
