@@ -556,12 +556,14 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg)
     for (int g = 0; g < G; g++)
         m->grad_slot[g] = -1;
     if (stage >= 2) {
-        m->ngslots = m->o.pool_slots;
+        /* A group needs at most one slot at a time, so slots beyond the group count would only
+         * hold memory. */
+        m->ngslots = m->o.pool_slots < G ? m->o.pool_slots : G;
         if (alloc_slots(&m->gslots, m->ngslots, p->max_padded) < 0)
             goto out;
     }
     if (stage == 3) {
-        m->nuslots = m->o.pool_slots;
+        m->nuslots = m->ngslots;
         m->unit_slot = malloc((size_t)G * sizeof *m->unit_slot);
         if (!m->unit_slot || alloc_slots(&m->uslots, m->nuslots, p->max_padded) < 0)
             goto out;

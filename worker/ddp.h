@@ -96,7 +96,8 @@ typedef struct ddp_options {
     size_t first_bucket_bytes; /* the first bucket (last layers' gradients) (1 MiB) */
     size_t bucket_bytes;       /* every other bucket (25 MiB) */
     int pool_slots;            /* stages 2-3: staging buffers for gradients, and stage 3:
-                                  gathered units; at least 2 (4) */
+                                  gathered units; at least 2, and no more are made than there
+                                  are buckets or units (4) */
 
     ddp_optimizer optimizer; /* DDP_SGD or DDP_ADAMW (DDP_SGD) */
     float momentum;          /* SGD momentum (0) */
