@@ -704,9 +704,7 @@ int ddprun_rdzv_wait_failure(rdzv_client *c, const char *prefix, int round, int 
         return -ENOMEM;
     void *v = NULL;
     size_t n = 0;
-    int rc = rdzv_wait(c, (const char *const *)&key, 1, timeout_ms);
-    if (rc == 0)
-        rc = rdzv_get(c, key, &v, &n);
+    int rc = rdzv_wait_get(c, key, timeout_ms, &v, &n);
     free(key);
     if (rc == 0)
         *json = v;

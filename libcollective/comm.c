@@ -188,18 +188,11 @@ static coll__answer write_record(coll_comm *c, coll__failure mine, coll__failure
 static coll__answer read_record(coll_comm *c, int wait_ms, coll__failure *out)
 {
     char key[512];
-    const char *k = key;
     void *val = NULL;
     size_t len = 0;
-    int rc;
     snprintf(key, sizeof key, "%s/failed", c->prefix);
     pthread_mutex_lock(&c->store_lock);
-    if (wait_ms > 0)
-        rc = rdzv_wait(c->store, &k, 1, wait_ms);
-    else
-        rc = (rc = rdzv_check(c->store, &k, 1)) == 1 ? 0 : rc == 0 ? -ETIMEDOUT : rc;
-    if (rc == 0)
-        rc = rdzv_get(c->store, key, &val, &len);
+    int rc = rdzv_wait_get(c->store, key, wait_ms, &val, &len);
     if (rc < 0 && rc != -ETIMEDOUT)
         logf_(c, COLL_LOG_WARN, "reading the failure record: %s", rdzv_client_last_error(c->store));
     pthread_mutex_unlock(&c->store_lock);

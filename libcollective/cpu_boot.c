@@ -232,12 +232,9 @@ static int setup_shm(coll__cpu *c, rdzv_client *store, const char *prefix, int64
             return rc;
         }
     } else {
-        const char *k = key;
-        rc = rdzv_wait(store, &k, 1, wait_ms(deadline));
         void *val = NULL;
         size_t len = 0;
-        if (rc == 0)
-            rc = rdzv_get(store, key, &val, &len);
+        rc = rdzv_wait_get(store, key, wait_ms(deadline), &val, &len);
         if (rc < 0) {
             snprintf(err, errlen, "waiting for rank %d's shared memory segment: %s",
                      c->layout.leaders[c->host],

@@ -1312,3 +1312,8 @@ int rdzv__client_timeout_ms(const rdzv_client *c)
 {
     return c->timeout_ms;
 }
+
+const char *rdzv__client_what(const rdzv_client *c)
+{
+    return c->what;
+}

@@ -1,8 +1,9 @@
 /*
  * Store helpers: the exchanges every component of the project runs through the store, written
  * once on top of the client's public calls. Per-rank key arrays ("<prefix>/<rank>"), set-once
- * (first writer wins, through COMPARE_SET) and the all-gather (publish, wait for every rank, one
- * MULTI_GET, and on a timeout a message naming the ranks that are missing).
+ * (first writer wins, through COMPARE_SET), the wait for one key with a bound of its own followed
+ * by its GET, and the all-gather (publish, wait for every rank, one MULTI_GET, and on a timeout a
+ * message naming the ranks that are missing).
  *
  * Values exchanged here are never empty: MULTI_GET answers a missing key with an empty value
  * and COMPARE_SET treats a missing key as matching "", so an empty value could not be told from
@@ -60,6 +61,28 @@ int rdzv_set_once(rdzv_client *c, const char *key, const void *value, size_t nby
         rdzv_free(v);
     }
     return same;
+}
+
+/*
+ * A WAIT of 0 ms cannot serve as a look: the wait times out before the server's answer has come
+ * back, present key or not. So timeout 0 is a CHECK, and a missing key times out as a wait would.
+ */
+int rdzv_wait_get(rdzv_client *c, const char *key, int timeout_ms, void **value, size_t *nbytes)
+{
+    if (!c || !key || !value || !nbytes)
+        return c ? rdzv__client_error(c, -EINVAL, "wait_get: invalid argument") : -EINVAL;
+    const char *k = key;
+    int rc;
+    if (timeout_ms != 0)
+        rc = rdzv_wait(c, &k, 1, timeout_ms);
+    else if ((rc = rdzv_check(c, &k, 1)) >= 0)
+        rc = rc == 1 ? 0
+                     : rdzv__client_error(c, -ETIMEDOUT,
+                                          "%s: the key is not there (timeout 0: one look, no wait)",
+                                          rdzv__client_what(c));
+    if (rc == 0)
+        rc = rdzv_get(c, key, value, nbytes);
+    return rc;
 }
 
 int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap)

@@ -316,6 +316,18 @@ int rdzv_set_once(rdzv_client *c, const char *key, const void *value, size_t nby
                   size_t *stored_nbytes);
 
 /*
+ * Waits up to timeout_ms for `key` to exist, then GETs it: the wait for one key that someone else
+ * publishes (a leader's address, a failure record) under a bound of the caller's rather than the
+ * client's timeout. timeout_ms < 0 waits the client's timeout; 0 does not wait but looks once
+ * (a CHECK). On success *value receives the value (allocated, NUL-terminated for convenience,
+ * free with rdzv_free()) and *nbytes its length. `key` is borrowed. Returns 0, -ETIMEDOUT (the
+ * key did not appear in time; the client stays usable and rdzv_client_last_error(c) names the
+ * wait, the key and the bound, as in "wait 'job/leader': the key did not appear within 2000
+ * ms"), -EINVAL (NULL argument), or another negative errno from the store.
+ */
+int rdzv_wait_get(rdzv_client *c, const char *key, int timeout_ms, void **value, size_t *nbytes);
+
+/*
  * All-gather over the store. Rank `rank` of `world` publishes `value` (nbytes >= 1) under
  * "<prefix>/<rank>", waits until every rank has published under the same prefix, and fetches
  * all of them in one MULTI_GET: values[i] (allocated, free each with rdzv_free()) and nbytes[i]

@@ -1,9 +1,9 @@
 /*
  * Tests of librendezvous's store helpers (rendezvous/helpers.c: per-rank keys, set-once, the
- * all-gather) against the real server in a child process, and of the torchrun-environment
- * reader (rendezvous/env.c) on environments the test sets itself. Every case runs in its own
- * forked process, so changing the environment here touches no other case. Ranks of an
- * all-gather are threads with a client each; nothing waits on a sleep.
+ * bounded wait-and-get, the all-gather) against the real server in a child process, and of the
+ * torchrun-environment reader (rendezvous/env.c) on environments the test sets itself. Every case
+ * runs in its own forked process, so changing the environment here touches no other case. Ranks of
+ * an all-gather are threads with a client each; nothing waits on a sleep.
  */
 #include <check.h>
 
@@ -104,6 +104,102 @@ START_TEST(test_set_once)
     ck_assert_int_eq(rdzv_set_once(a, "k", "x", 1, &v, NULL), -EINVAL);
     rdzv_client_close(a);
     rdzv_client_close(b);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* rdzv_wait_get                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+struct setter_arg {
+    const char *key, *value;
+    int rc;
+};
+
+/* Publishes one key with a client of its own: what another process does while one waits. */
+static void *setter_main(void *p)
+{
+    struct setter_arg *a = p;
+    rdzv_client *c = client(5000);
+    a->rc = rdzv_set(c, a->key, a->value, strlen(a->value));
+    if (a->rc == 0)
+        a->rc = rdzv_ping(c); /* SET has no reply: make sure the server has it */
+    rdzv_client_close(c);
+    return NULL;
+}
+
+START_TEST(test_wait_get)
+{
+    rdzv_client *c = client(5000);
+    void *v = NULL;
+    size_t n = 0;
+    /* A key that exists: every bound answers it, timeout 0 with one look. */
+    ck_assert_int_eq(rdzv_set(c, "/w/there", "here", 4), 0);
+    ck_assert_int_eq(rdzv_wait_get(c, "/w/there", 0, &v, &n), 0);
+    ck_assert_uint_eq(n, 4);
+    ck_assert_mem_eq(v, "here", 5); /* NUL-terminated */
+    rdzv_free(v);
+    ck_assert_int_eq(rdzv_wait_get(c, "/w/there", -1, &v, &n), 0);
+    rdzv_free(v);
+
+    /* A key another client publishes while this one waits (or just before: either way). */
+    struct setter_arg a = {.key = "/w/later", .value = "leader:1234"};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, setter_main, &a), 0);
+    int rc = rdzv_wait_get(c, "/w/later", 10000, &v, &n);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.rc, 0);
+    ck_assert_msg(rc == 0, "%d %s", rc, rdzv_client_last_error(c));
+    ck_assert_uint_eq(n, strlen("leader:1234"));
+    ck_assert_mem_eq(v, "leader:1234", n);
+    rdzv_free(v);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_wait_get_timeout)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = 5000;
+    o.prefix = "job/";
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", port, &o, &c), 0);
+    void *v = (void *)0x1;
+    size_t n = 7;
+    /* The message names the wait, the key (with the client's prefix) and the bound. */
+    ck_assert_int_eq(rdzv_wait_get(c, "leader", 100, &v, &n), -ETIMEDOUT);
+    ck_assert_msg(strstr(rdzv_client_last_error(c),
+                         "wait 'job/leader': the key did not appear within 100 ms") != NULL,
+                  "message: %s", rdzv_client_last_error(c));
+    ck_assert_int_eq(rdzv_wait_get(c, "leader", 0, &v, &n), -ETIMEDOUT);
+    ck_assert_msg(strstr(rdzv_client_last_error(c), "'job/leader': the key is not there") != NULL,
+                  "message: %s", rdzv_client_last_error(c));
+    ck_assert_ptr_eq(v, (void *)0x1); /* untouched on failure */
+    ck_assert_uint_eq(n, 7);
+    /* The client stays usable, and sees the key once it is there. */
+    ck_assert_int_eq(rdzv_set(c, "leader", "x", 1), 0);
+    ck_assert_int_eq(rdzv_wait_get(c, "leader", 100, &v, &n), 0);
+    ck_assert_uint_eq(n, 1);
+    rdzv_free(v);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_wait_get_bad_args)
+{
+    rdzv_client *c = client(5000);
+    void *v = (void *)0x1;
+    size_t n = 7;
+    ck_assert_int_eq(rdzv_wait_get(NULL, "k", 10, &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_wait_get(c, NULL, 10, &v, &n), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "invalid argument"));
+    ck_assert_int_eq(rdzv_wait_get(c, "k", 10, NULL, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_wait_get(c, "k", 10, &v, NULL), -EINVAL);
+    ck_assert_ptr_eq(v, (void *)0x1);
+    ck_assert_uint_eq(n, 7);
+    ck_assert_int_eq(rdzv_ping(c), 0); /* nothing was sent */
+    rdzv_client_close(c);
 }
 END_TEST
 
@@ -386,6 +482,9 @@ static Suite *helpers_suite(void)
     tcase_add_test(tc, test_rank_keys);
     tcase_add_test(tc, test_rank_list);
     tcase_add_test(tc, test_set_once);
+    tcase_add_test(tc, test_wait_get);
+    tcase_add_test(tc, test_wait_get_timeout);
+    tcase_add_test(tc, test_wait_get_bad_args);
     tcase_add_test(tc, test_allgather);
     tcase_add_test(tc, test_allgather_timeout_names_missing);
     tcase_add_test(tc, test_gather);
