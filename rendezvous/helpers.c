@@ -105,6 +105,21 @@ int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap)
     return count;
 }
 
+int rdzv_missing_ranks(const unsigned char *missing, int n, const char *noun, const char *what,
+                       char *buf, size_t cap)
+{
+    if (!missing || n < 0 || !noun || !what || !buf || cap == 0)
+        return -EINVAL;
+    char list[SHOW_RANKS * 12 + 32];
+    int count = rdzv_rank_list(missing, n, list, sizeof list);
+    if (count == 0)
+        buf[0] = '\0';
+    else
+        snprintf(buf, cap, "%s%s %s %s (%d of %d present)", noun, count == 1 ? "" : "s", list, what,
+                 n - count, n);
+    return count;
+}
+
 /*
  * Waits for the keys, then fetches them in one MULTI_GET. After a timeout, each key is checked
  * on its own (a store need not answer MULTI_GET for missing keys: PyTorch's does not), the
@@ -142,15 +157,14 @@ static int gather(rdzv_client *c, const char *prefix, char **keys, int n, int ti
         nbytes[r] = flags[r] ? 0 : plens[i];
         i += !flags[r];
     }
-    char list[SHOW_RANKS * 12 + 32];
-    int nmissing = rdzv_rank_list(flags, n, list, sizeof list);
     int ms = timeout_ms < 0 ? rdzv__client_timeout_ms(c) : timeout_ms;
-    if (nmissing == 0)
+    char what[400], msg[512];
+    snprintf(what, sizeof what, "did not publish %s within %d ms", prefix, ms);
+    if (rdzv_missing_ranks(flags, n, "rank", what, msg, sizeof msg) == 0)
         /* Everyone arrived between the wait's end and the checks: still a timeout. */
         rdzv__client_error(c, 0, "every rank published %s, but only after %d ms", prefix, ms);
     else
-        rdzv__client_error(c, 0, "rank%s %s did not publish %s within %d ms (%d of %d present)",
-                           nmissing == 1 ? "" : "s", list, prefix, ms, n - nmissing, n);
+        rdzv__client_error(c, 0, "%s", msg);
     rc = -ETIMEDOUT;
 out:
     if (flags != missing)

@@ -1,9 +1,10 @@
 /*
  * Tests of librendezvous's store helpers (rendezvous/helpers.c: per-rank keys, set-once, the
- * bounded wait-and-get, the all-gather) against the real server in a child process, and of the
- * torchrun-environment reader (rendezvous/env.c) on environments the test sets itself. Every case
- * runs in its own forked process, so changing the environment here touches no other case. Ranks of
- * an all-gather are threads with a client each; nothing waits on a sleep.
+ * bounded wait-and-get, the all-gather and its account of missing ranks) against the real server
+ * in a child process, and of the torchrun-environment reader (rendezvous/env.c) on environments
+ * the test sets itself. Every case runs in its own forked process, so changing the environment
+ * here touches no other case. Ranks of an all-gather are threads with a client each; nothing
+ * waits on a sleep.
  */
 #include <check.h>
 
@@ -73,6 +74,36 @@ START_TEST(test_rank_list)
     ck_assert_str_eq(buf, "0, 1, 2");
     ck_assert_int_eq(rdzv_rank_list(NULL, 1, buf, sizeof buf), -EINVAL);
     ck_assert_int_eq(rdzv_rank_list(f, 1, buf, 0), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_missing_ranks)
+{
+    unsigned char f[20] = {0};
+    char buf[256];
+    const char *what = "did not publish /job/x within 300 ms";
+    ck_assert_int_eq(rdzv_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "");
+    f[1] = f[3] = 1;
+    ck_assert_int_eq(rdzv_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 2);
+    ck_assert_str_eq(buf, "ranks 1, 3 did not publish /job/x within 300 ms (3 of 5 present)");
+    f[1] = 0;
+    ck_assert_int_eq(
+        rdzv_missing_ranks(f, 4, "node rank", "did not show up within 0.5 s", buf, sizeof buf), 1);
+    ck_assert_str_eq(buf, "node rank 3 did not show up within 0.5 s (3 of 4 present)");
+    /* Many ranks: the first are named, the rest counted; cut to the buffer, always terminated. */
+    memset(f, 1, sizeof f);
+    f[0] = 0;
+    ck_assert_int_eq(rdzv_missing_ranks(f, 20, "rank", "did not come", buf, sizeof buf), 19);
+    ck_assert_str_eq(buf, "ranks 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 and 3 more "
+                          "did not come (1 of 20 present)");
+    ck_assert_int_eq(rdzv_missing_ranks(f, 20, "rank", "did not come", buf, 10), 19);
+    ck_assert_str_eq(buf, "ranks 1, ");
+    ck_assert_int_eq(rdzv_missing_ranks(NULL, 1, "rank", what, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_missing_ranks(f, -1, "rank", what, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_missing_ranks(f, 1, NULL, what, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_missing_ranks(f, 1, "rank", NULL, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_missing_ranks(f, 1, "rank", what, buf, 0), -EINVAL);
 }
 END_TEST
 
@@ -481,6 +512,7 @@ static Suite *helpers_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_rank_keys);
     tcase_add_test(tc, test_rank_list);
+    tcase_add_test(tc, test_missing_ranks);
     tcase_add_test(tc, test_set_once);
     tcase_add_test(tc, test_wait_get);
     tcase_add_test(tc, test_wait_get_timeout);
