@@ -408,11 +408,13 @@ typedef struct rdzv_env {
 /*
  * Reads the torchrun environment into *env. RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are
  * required together; with none of them set the call succeeds with env->standalone = 1 (a job
- * of one). Integers must be decimal, in range (0 <= RANK < WORLD_SIZE, 0 <= LOCAL_RANK <
- * LOCAL_WORLD_SIZE, 0 < MASTER_PORT < 65536). Returns 0 and fills *env, or -EINVAL with
- * rdzv_client_last_error(NULL) naming the missing or malformed variable and its value (for
- * example "WORLD_SIZE=abc is not an integer" or "RANK is set but MASTER_PORT is not (run under
- * ddprun or torchrun)"). Thread-safe (reads the environment only).
+ * of one) and leaves in rdzv_client_last_error(NULL) the sentence a program that needs a job
+ * prints as it is: "none of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT is set (run under
+ * ddprun or torchrun)". Integers must be decimal, in range (0 <= RANK < WORLD_SIZE,
+ * 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE, 0 < MASTER_PORT < 65536). Returns 0 and fills *env, or
+ * -EINVAL with rdzv_client_last_error(NULL) naming the missing or malformed variable and its
+ * value (for example "WORLD_SIZE=abc is not an integer" or "RANK is set but MASTER_PORT is not
+ * (run under ddprun or torchrun)"). Thread-safe (reads the environment only).
  */
 int rdzv_env_read(rdzv_env *env);
 

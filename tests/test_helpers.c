@@ -448,6 +448,10 @@ START_TEST(test_env_standalone)
     ck_assert_int_eq(e.rank, 0);
     ck_assert_int_eq(e.world_size, 1);
     ck_assert_int_eq(e.local_world_size, 1);
+    /* The sentence a program that needs a job prints. */
+    ck_assert_str_eq(rdzv_client_last_error(NULL), "none of RANK, WORLD_SIZE, MASTER_ADDR and "
+                                                   "MASTER_PORT is set (run under ddprun or "
+                                                   "torchrun)");
     rdzv_client *c = (rdzv_client *)0x1;
     ck_assert_int_eq(rdzv_env_connect(&e, NULL, &c), -EINVAL);
     ck_assert_ptr_eq(c, (rdzv_client *)0x1);

@@ -2326,13 +2326,9 @@ int main(int argc, char **argv)
         }
     }
     rdzv_env env;
-    if (rdzv_env_read(&env) < 0) {
+    if (rdzv_env_read(&env) < 0 || env.standalone) {
+        /* librendezvous' sentence names the variable at fault, or says that none is set. */
         fprintf(stderr, "coll-check: %s\n", rdzv_client_last_error(NULL));
-        return 2;
-    }
-    if (env.standalone) {
-        fprintf(stderr, "coll-check: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
-                        "(run me under ddprun)\n");
         return 2;
     }
     c.rank = env.rank;

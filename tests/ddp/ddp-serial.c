@@ -1188,13 +1188,9 @@ int main(int argc, char **argv)
     }
     model_init_tables();
     rdzv_env env;
-    if (rdzv_env_read(&env) < 0) {
+    if (rdzv_env_read(&env) < 0 || env.standalone) {
+        /* librendezvous' sentence names the variable at fault, or says that none is set. */
         fprintf(stderr, "ddp-serial: %s\n", rdzv_client_last_error(NULL));
-        return 2;
-    }
-    if (env.standalone) {
-        fprintf(stderr, "ddp-serial: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
-                        "(run me under ddprun)\n");
         return 2;
     }
     c.rank = env.rank;
