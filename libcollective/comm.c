@@ -612,9 +612,8 @@ static void cpu_drain(coll_comm *c)
     int64_t deadline = rdzv__deadline_ns(c->opts.timeout_ms);
     pthread_mutex_lock(&c->lock);
     while ((c->head || c->busy) && rdzv__now_ns() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts); /* c->done runs on CLOCK_MONOTONIC */
-        ts.tv_sec += 1;
+        /* c->done runs on CLOCK_MONOTONIC. */
+        struct timespec ts = rdzv__timespec_at(rdzv__deadline_ns(1000));
         pthread_cond_timedwait(&c->done, &c->lock, &ts);
     }
     bool stuck = c->head || c->busy;

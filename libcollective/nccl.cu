@@ -258,15 +258,11 @@ static void *watchdog_main(void *arg)
 
     pthread_mutex_lock(&n->mu);
     while (!n->stop && n->comm != NULL) {
-        struct timespec ts;
+        struct timespec ts = rdzv__timespec_at(rdzv__deadline_ns(WATCHDOG_PERIOD_MS));
         ncclResult_t state = ncclSuccess;
         ncclResult_t r;
 
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += WATCHDOG_PERIOD_MS * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&n->cv, &n->mu, &ts);
+        pthread_cond_timedwait(&n->cv, &n->mu, &ts); /* n->cv runs on CLOCK_MONOTONIC */
         if (n->stop || n->comm == NULL)
             break;
 
