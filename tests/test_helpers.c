@@ -17,14 +17,24 @@
 #include "rdzv.h"
 #include "server_proc.h"
 
-static rdzv_client *client(int timeout_ms)
+/*
+ * Connects to the test's server with call timeout timeout_ms and key prefix `prefix` (NULL:
+ * none). No assertions: the rank threads use it too. Returns rdzv_client_connect()'s code.
+ */
+static int connect_client(int timeout_ms, const char *prefix, rdzv_client **c)
 {
     rdzv_client_options o;
     rdzv_client_options_init(&o);
     o.timeout_ms = timeout_ms;
     o.connect_timeout_ms = 5000;
+    o.prefix = prefix;
+    return rdzv_client_connect("127.0.0.1", port, &o, c);
+}
+
+static rdzv_client *client(int timeout_ms)
+{
     rdzv_client *c = NULL;
-    int rc = rdzv_client_connect("127.0.0.1", port, &o, &c);
+    int rc = connect_client(timeout_ms, NULL, &c);
     ck_assert_msg(rc == 0, "connect: %d %s", rc, rdzv_client_last_error(NULL));
     return c;
 }
@@ -147,11 +157,17 @@ struct setter_arg {
     int rc;
 };
 
-/* Publishes one key with a client of its own: what another process does while one waits. */
+/*
+ * Publishes one key with a client of its own: what another process does while one waits. No
+ * assertions on this thread; the test checks a->rc.
+ */
 static void *setter_main(void *p)
 {
     struct setter_arg *a = p;
-    rdzv_client *c = client(5000);
+    rdzv_client *c = NULL;
+    a->rc = connect_client(5000, NULL, &c);
+    if (a->rc < 0)
+        return NULL;
     a->rc = rdzv_set(c, a->key, a->value, strlen(a->value));
     if (a->rc == 0)
         a->rc = rdzv_ping(c); /* SET has no reply: make sure the server has it */
@@ -190,12 +206,8 @@ END_TEST
 
 START_TEST(test_wait_get_timeout)
 {
-    rdzv_client_options o;
-    rdzv_client_options_init(&o);
-    o.timeout_ms = 5000;
-    o.prefix = "job/";
     rdzv_client *c = NULL;
-    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", port, &o, &c), 0);
+    ck_assert_int_eq(connect_client(5000, "job/", &c), 0);
     void *v = (void *)0x1;
     size_t n = 7;
     /* The message names the wait, the key (with the client's prefix) and the bound. */
@@ -253,11 +265,8 @@ struct rank_arg {
 static void *rank_main(void *p)
 {
     struct rank_arg *r = p;
-    rdzv_client_options o;
-    rdzv_client_options_init(&o);
-    o.timeout_ms = 10000;
     rdzv_client *c = NULL;
-    r->rc = rdzv_client_connect("127.0.0.1", port, &o, &c);
+    r->rc = connect_client(10000, NULL, &c);
     if (r->rc < 0)
         return NULL;
     char val[32];
