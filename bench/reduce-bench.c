@@ -119,10 +119,8 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        if (rc < 0) {
-            fprintf(stderr, "reduce-bench: %s\n", cli_last_error());
+        if (cli_report(stderr, "reduce-bench", rc) < 0)
             return 2;
-        }
     }
     size_t nbytes = kib ? kib << 10 : mib << 20;
     if (nbytes == 0 || reps < 1) {

@@ -13,13 +13,15 @@
  * Only the token holder runs at any time, so with more processes than CPUs the others either
  * spin on a CPU the next holder needs or sleep in the futex.
  *
- * Usage: shm-pingpong [-n 2,4] [-s auto,0,100,20000,-10] [-r rounds] [-k reps]
+ * Usage: shm-pingpong [-n 2,4] [-s auto,0,100,20000,-10] [-r rounds] [-k reps] (see --help)
  */
 #include "cli.h"
 #include "coll_internal.h"
 #include "monoclock.h"
 
+#include <assert.h>
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +35,7 @@ struct boot {
 };
 
 #define NB (sizeof(coll__shm_hdr) + sizeof(struct boot))
-#define SPIN_AUTO INT_MIN
+#define SPIN_AUTO CLI_AUTO /* -s auto: the spin coll__shm_watch() chose */
 
 static struct boot *boot_of(coll__shm *s)
 {
@@ -155,60 +157,82 @@ static int run(int n, int spin, int rounds, int reps)
     return failed;
 }
 
-static int parse_list(char *arg, int *out, int max, int allow_auto)
+/* The option table: getopt_long's tables and --help are both made from it (cli.h). */
+static const cli_option opt_table[] = {
+    {'n', {"-n"}, "LIST", "2,4", 0, "process counts, comma-separated, each from 2 to 64"},
+    {'s',
+     {"-s"},
+     "LIST",
+     "auto",
+     0,
+     "spin settings, comma-separated: auto (what coll__shm_watch() picks), > 0 polls with a "
+     "pause, < 0 that many polls after a sched_yield(), 0 sleep in the futex at once"},
+    {'r', {"-r"}, "N", "20000", 0, "rounds per repetition"},
+    {'k', {"-k"}, "N", "5", 0, "repetitions; the median and the best are printed"},
+    {'h', {"-h", "--help"}, NULL, NULL, 0, "this help"},
+};
+#define NOPTS (sizeof(opt_table) / sizeof(opt_table[0]))
+
+static void usage(FILE *f)
 {
-    int k = 0;
-    for (char *tok = strtok(arg, ","); tok && k < max; tok = strtok(NULL, ",")) {
-        if (allow_auto && strcmp(tok, "auto") == 0) {
-            out[k++] = SPIN_AUTO;
-            continue;
-        }
-        char *end;
-        long v = strtol(tok, &end, 10);
-        if (*end || v < -100000000 || v > 100000000)
-            return -1;
-        out[k++] = (int)v;
-    }
-    return k;
+    fprintf(f, "usage: shm-pingpong [-n LIST] [-s LIST] [-r N] [-k N]\n\n");
+    cli_print_wrapped(f,
+                      "One-way post -> wake latency of libcollective's shared-memory counters "
+                      "between processes on one host, for each process count and spin setting.",
+                      0);
+    fprintf(f, "\n");
+    cli_print_options(f, opt_table, NOPTS, 14, CLI_HELP_WIDTH);
+    fprintf(f, "\nExit status: 0 done, 1 a configuration failed, 2 bad usage.\n");
 }
 
 int main(int argc, char **argv)
 {
     int ns[16] = {2, 4}, nn = 2, spins[16] = {SPIN_AUTO}, nspin = 1, rounds = 20000, reps = 5;
-    int opt, rc = 0;
-    while ((opt = getopt(argc, argv, "n:s:r:k:h")) != -1) {
+    cli_getopt_tables g; /* shorts starts with ':': a missing value returns ':' */
+    int built = cli_getopt_build(&g, opt_table, NOPTS);
+    assert(built == 0); /* the table above is well-formed */
+    (void)built;
+    opterr = 0;
+    int opt;
+    char flag[16] = "";
+    while ((opt = getopt_long(argc, argv, g.shorts, g.longopts, NULL)) != -1) {
+        const cli_option *o = cli_by_id(opt_table, NOPTS, opt == ':' ? optopt : opt);
+        if (o)
+            cli_label(o, flag, sizeof flag);
+        int rc = 0;
         switch (opt) {
         case 'n':
-            nn = parse_list(optarg, ns, 16, 0);
+            rc = cli_parse_int_list(flag, optarg, 2, COLL__MAX_LOCAL, 0, ns, 16);
+            nn = rc > 0 ? rc : nn;
             break;
         case 's':
-            nspin = parse_list(optarg, spins, 16, 1);
+            rc = cli_parse_int_list(flag, optarg, -100000000, 100000000, CLI_ALLOW_AUTO, spins, 16);
+            nspin = rc > 0 ? rc : nspin;
             break;
         case 'r':
-            rc = cli_parse_int("-r", optarg, 1, INT_MAX, &rounds);
+            rc = cli_parse_int(flag, optarg, 1, INT_MAX, &rounds);
             break;
         case 'k':
-            rc = cli_parse_int("-k", optarg, 1, INT_MAX, &reps);
+            rc = cli_parse_int(flag, optarg, 1, INT_MAX, &reps);
             break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        case ':':
+            fprintf(stderr, "shm-pingpong: %s needs a value\n", flag);
+            return 2;
         default:
-            fprintf(stderr, "usage: %s [-n 2,4] [-s auto,0,100,-10,...] [-r rounds] [-k reps]\n",
-                    argv[0]);
-            return opt == 'h' ? 0 : 2;
-        }
-        if (rc < 0) {
-            fprintf(stderr, "shm-pingpong: %s\n", cli_last_error());
+            fprintf(stderr, "shm-pingpong: unknown option '%s'\n", argv[optind - 1]);
+            usage(stderr);
             return 2;
         }
+        if (cli_report(stderr, "shm-pingpong", rc) < 0)
+            return 2;
     }
-    if (nn < 1 || nspin < 1 || rounds < 1 || reps < 1) {
-        fprintf(stderr, "shm-pingpong: bad arguments\n");
+    if (optind < argc) {
+        fprintf(stderr, "shm-pingpong: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
         return 2;
-    }
-    for (int i = 0; i < nn; i++) {
-        if (ns[i] < 2 || ns[i] > COLL__MAX_LOCAL) {
-            fprintf(stderr, "shm-pingpong: process count must be 2..%d\n", COLL__MAX_LOCAL);
-            return 2;
-        }
     }
     printf("# one-way post->wake latency, us (median and best of %d x %d rounds)\n", reps, rounds);
     printf("%5s  %8s  %10s  %10s\n", "procs", "spin", "median", "best");

@@ -1953,10 +1953,8 @@ static int parse_args(int argc, char **argv, struct config *cfg)
             break;
         case OPT_REPS: {
             int n;
-            if (cli_parse_int(a, v, 1, 100, &n) < 0) {
-                fprintf(stderr, "store-bench: %s\n", cli_last_error());
+            if (cli_report(stderr, "store-bench", cli_parse_int(a, v, 1, 100, &n)) < 0)
                 return -EINVAL;
-            }
             cfg->reps = (unsigned)n;
             break;
         }

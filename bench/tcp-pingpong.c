@@ -144,10 +144,8 @@ int main(int argc, char **argv)
                    "[--host ADDR]\n");
             return c == 'h' ? 0 : 2;
         }
-        if (bad < 0) {
-            fprintf(stderr, "tcp-pingpong: %s\n", cli_last_error());
+        if (cli_report(stderr, "tcp-pingpong", bad) < 0)
             return 2;
-        }
     }
     if (nbytes == 0 || reps < 1 || iters < 1) {
         fprintf(stderr, "tcp-pingpong: --bytes, --reps and --iters must be positive\n");

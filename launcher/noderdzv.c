@@ -164,12 +164,12 @@ static bool prefix_sums(const int64_t *nproc, int nnodes, int me, int *offset, i
 static int static_timeout(const unsigned char *missing, int nnodes, int round, double timeout_s,
                           char *err, size_t errlen)
 {
-    char list[256];
-    int n = rdzv_rank_list(missing, nnodes, list, sizeof list);
-    return set_err(err, errlen, -ETIMEDOUT,
-                   "static rendezvous round %d: node rank%s %s did not show up within %g s (%d of "
-                   "%d present)",
-                   round, n == 1 ? "" : "s", list, timeout_s, nnodes - n, nnodes);
+    char what[64], msg[384];
+    snprintf(what, sizeof what, "did not show up within %g s", timeout_s);
+    if (rdzv_missing_ranks(missing, nnodes, "node rank", what, msg, sizeof msg) == 0)
+        /* Every node arrived between the wait's end and the checks: still a timeout. */
+        snprintf(msg, sizeof msg, "every node showed up, but only after %g s", timeout_s);
+    return set_err(err, errlen, -ETIMEDOUT, "static rendezvous round %d: %s", round, msg);
 }
 
 int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes, int node_rank,
@@ -704,9 +704,7 @@ int ddprun_rdzv_wait_failure(rdzv_client *c, const char *prefix, int round, int 
         return -ENOMEM;
     void *v = NULL;
     size_t n = 0;
-    int rc = rdzv_wait(c, (const char *const *)&key, 1, timeout_ms);
-    if (rc == 0)
-        rc = rdzv_get(c, key, &v, &n);
+    int rc = rdzv_wait_get(c, key, timeout_ms, &v, &n);
     free(key);
     if (rc == 0)
         *json = v;

@@ -190,9 +190,9 @@ int ddprun_rdzv_publish_failure(rdzv_client *c, const char *prefix, int round, c
 int ddprun_rdzv_failure_key(const char *prefix, int round, char *buf, size_t buflen);
 
 /*
- * Waits up to timeout_ms (< 0: the client's timeout) for the failure report of round `round` and
- * returns it in *json (NUL-terminated, free with rdzv_free()). Meant for a monitor thread with
- * a client of its own. Returns 0, -ETIMEDOUT (no failure yet; the client stays usable) or another
+ * Waits up to timeout_ms (< 0: the client's timeout; 0: one look, as for rdzv_wait_get()) for the
+ * failure report of round `round` and returns it in *json (NUL-terminated, free with
+ * rdzv_free()). Meant for a monitor thread with a client of its own. Returns 0, -ETIMEDOUT (no failure yet; the client stays usable) or another
  * negative errno.
  */
 int ddprun_rdzv_wait_failure(rdzv_client *c, const char *prefix, int round, int timeout_ms,

@@ -137,20 +137,11 @@ static int exchange_records(coll__cpu *c, rdzv_client *store, const char *prefix
     rc = rdzv_allgather(store, where, c->rank, c->world, own, strlen(own), ms, vals, lens, missing);
     gathered = rc == 0;
     if (rc == -ETIMEDOUT) {
-        char list[256];
-        int n = rdzv_rank_list(missing, c->world, list, sizeof list);
         for (int r = 0; r < c->world && c->culprit < 0; r++)
             if (missing[r])
                 c->culprit = r;
-        char within[48] = "in time";
-        if (ms >= 0)
-            snprintf(within, sizeof within, "within %d ms", ms);
-        if (n > 0)
-            snprintf(err, errlen, "rank%s %s did not join %s (%d of %d present)", n == 1 ? "" : "s",
-                     list, within, c->world - n, c->world);
-        else
-            snprintf(err, errlen, "timed out waiting for the ranks to join: %s",
-                     rdzv_client_last_error(store));
+        /* The helper's account names the missing ranks, as everywhere in the project. */
+        snprintf(err, errlen, "%s", rdzv_client_last_error(store));
         goto out;
     }
     if (rc < 0) {
@@ -232,12 +223,9 @@ static int setup_shm(coll__cpu *c, rdzv_client *store, const char *prefix, int64
             return rc;
         }
     } else {
-        const char *k = key;
-        rc = rdzv_wait(store, &k, 1, wait_ms(deadline));
         void *val = NULL;
         size_t len = 0;
-        if (rc == 0)
-            rc = rdzv_get(store, key, &val, &len);
+        rc = rdzv_wait_get(store, key, wait_ms(deadline), &val, &len);
         if (rc < 0) {
             snprintf(err, errlen, "waiting for rank %d's shared memory segment: %s",
                      c->layout.leaders[c->host],

@@ -258,15 +258,11 @@ static void *watchdog_main(void *arg)
 
     pthread_mutex_lock(&n->mu);
     while (!n->stop && n->comm != NULL) {
-        struct timespec ts;
+        struct timespec ts = rdzv__timespec_at(rdzv__deadline_ns(WATCHDOG_PERIOD_MS));
         ncclResult_t state = ncclSuccess;
         ncclResult_t r;
 
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += WATCHDOG_PERIOD_MS * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&n->cv, &n->mu, &ts);
+        pthread_cond_timedwait(&n->cv, &n->mu, &ts); /* n->cv runs on CLOCK_MONOTONIC */
         if (n->stop || n->comm == NULL)
             break;
 
@@ -338,24 +334,16 @@ static int exchange_id(struct rdzv_client *store, const char *prefix, int rank, 
     }
 
     {
-        const char *keys[1] = {key};
-        int timeout_ms = rdzv__ms_left(deadline_ns); /* 0: passed; -1: no deadline */
+        int timeout_ms = rdzv__ms_left(deadline_ns); /* 0: passed (one look); -1: no deadline */
 
-        ret = timeout_ms == 0 ? -ETIMEDOUT
-                              : rdzv_wait(store, keys, 1, timeout_ms < 0 ? INT_MAX : timeout_ms);
+        ret = rdzv_wait_get(store, key, timeout_ms < 0 ? INT_MAX : timeout_ms, &value, &nbytes);
     }
     if (ret == -ETIMEDOUT) {
         put_err(err, errlen, "rank 0 did not publish the NCCL unique id (%s) in time", key);
         goto out;
     }
     if (ret < 0) {
-        put_err(err, errlen, "store: waiting for %s failed (%d): %s", key, ret,
-                rdzv_client_last_error(store));
-        goto out;
-    }
-    ret = rdzv_get(store, key, &value, &nbytes);
-    if (ret < 0) {
-        put_err(err, errlen, "store: getting %s failed (%d): %s", key, ret,
+        put_err(err, errlen, "store: reading %s failed (%d): %s", key, ret,
                 rdzv_client_last_error(store));
         goto out;
     }

@@ -57,11 +57,8 @@ static bool aborted(const coll__tcp *t)
 /* Milliseconds to wait in one poll(): at most POLL_SLICE_MS, at least 0, never past deadline. */
 static int slice_ms(int64_t deadline_ns)
 {
-    int64_t left = deadline_ns - rdzv__now_ns();
-    if (left <= 0)
-        return 0;
-    int64_t ms = (left + 999999) / 1000000;
-    return ms < POLL_SLICE_MS ? (int)ms : POLL_SLICE_MS;
+    int left = rdzv__ms_left(deadline_ns); /* -1: no deadline */
+    return left < 0 || left > POLL_SLICE_MS ? POLL_SLICE_MS : left;
 }
 
 /* The hello and the ack: magic u32, tag u64, rank u32, little-endian, no padding. */

@@ -2,7 +2,8 @@
  * The programs' shared command-line helpers (see cli.h): value parsers whose errors name the
  * flag, lookups in an option table, getopt_long's tables and --help made from it.
  *
- * Pure: no I/O except the FILE the help printers are given, no exit, no allocation. A failure
+ * Pure: no I/O except the FILE the help printers and cli_report() are given, no exit, no
+ * allocation. A failure
  * leaves one sentence in a per-thread buffer for cli_last_error(); the callers add their
  * program's name. What this file deliberately does not do: decide what a value means (choices,
  * endpoints, lists are the programs'), read the environment, or run a parse loop of its own
@@ -165,6 +166,58 @@ int cli_parse_size(const char *flag, const char *s, size_t min, size_t max, size
                 flag, min, max, s);
 }
 
+/*
+ * Parses the items of s into out[] when `out` is not NULL, else only checks them: the first pass
+ * checks, so that out[] is written only when the whole list is good. Returns the count or
+ * -EINVAL.
+ */
+static int int_list(const char *flag, const char *s, int min, int max, int flags, int *out,
+                    size_t cap)
+{
+    size_t count = 0;
+    for (const char *p = s; *p;) {
+        size_t len = strcspn(p, ",");
+        char item[64];
+        int v;
+        if (len >= sizeof item)
+            return fail("%s: expected an integer from %d to %d, got '%.*s...'", flag, min, max,
+                        (int)sizeof item, p);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        p += len + (p[len] == ',');
+        if (len == 0)
+            continue;
+        if (count == cap)
+            return fail("%s: at most %zu values, got '%s'", flag, cap, s);
+        if ((flags & CLI_ALLOW_AUTO) && strcmp(item, "auto") == 0)
+            v = CLI_AUTO;
+        else if (cli_parse_int(flag, item, min, max, &v) < 0)
+            return -EINVAL;
+        if (out)
+            out[count] = v;
+        count++;
+    }
+    if (count == 0)
+        return fail("%s: expected a comma-separated list of integers, got '%s'", flag, s);
+    return (int)count; /* items are at least 1 byte apart: no more than strlen(s) */
+}
+
+int cli_parse_int_list(const char *flag, const char *s, int min, int max, int flags, int *out,
+                       size_t cap)
+{
+    if (!s)
+        s = "";
+    int rc = int_list(flag, s, min, max, flags, NULL, cap);
+    return rc < 0 ? rc : int_list(flag, s, min, max, flags, out, cap);
+}
+
+int cli_report(FILE *f, const char *prog, int rc)
+{
+    if (rc < 0)
+        fprintf(f, "%s: %s\n", prog, cli_last_error());
+    return rc;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Option tables                                                                              */
 /* ------------------------------------------------------------------------------------------ */
@@ -258,6 +311,14 @@ int cli_getopt(const cli_option *opts, size_t n, struct option *longopts, size_t
     longopts[nl] = (struct option){0};
     shorts[ns] = '\0';
     return 0;
+}
+
+int cli_getopt_build(cli_getopt_tables *t, const cli_option *opts, size_t n)
+{
+    if (n > CLI_GETOPT_MAX)
+        return -ENOSPC;
+    return cli_getopt(opts, n, t->longopts, sizeof t->longopts / sizeof t->longopts[0], t->shorts,
+                      sizeof t->shorts);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -2,7 +2,8 @@
  * cli: the programs' shared command-line helpers. One option-table type that feeds the parser
  * (through getopt_long or a program's own loop) and --help alike, so that --help and, through
  * tests/test_help_man.sh, the man page cannot drift from what the parser accepts; and one parser
- * each for integers, real numbers, seconds and byte sizes, whose error sentences name the flag.
+ * each for integers, lists of integers, real numbers, seconds and byte sizes, whose error
+ * sentences name the flag.
  *
  * Internal to the project's programs (ddprun, ddp-rendezvous, coll-bench, coll-check and the
  * other benchmarks): a static library, not part of librendezvous.so, and not installed.
@@ -10,14 +11,16 @@
  * Conventions: the parsers are pure. They never print and never exit: they return 0, or a
  * negative errno (-EINVAL, -ENOSPC) and leave one sentence for cli_last_error(), which names the
  * flag as the caller spelled it ("--port: expected an integer from 0 to 65535, got 'abc'").
- * The program adds its own name and picks the exit code. Out-parameters are written only on
- * success. Strings passed in are borrowed for the call. Every function is thread-safe; the
- * error sentence is kept per thread. The functions that print write only to the FILE given.
+ * The program adds its own name (cli_report() prints the two together) and picks the exit code.
+ * Out-parameters are written only on success. Strings passed in are borrowed for the call. Every
+ * function is thread-safe; the error sentence is kept per thread. The functions that print write
+ * only to the FILE given.
  */
 #ifndef DDP_CLI_H
 #define DDP_CLI_H
 
 #include <getopt.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -90,6 +93,34 @@ int cli_parse_seconds(const char *flag, const char *s, double min, double max, i
  */
 int cli_parse_size(const char *flag, const char *s, size_t min, size_t max, size_t *out);
 
+/* Flags of cli_parse_int_list(). */
+enum {
+    CLI_ALLOW_AUTO = 1, /* an item may be the word "auto", which stands for CLI_AUTO */
+};
+
+#define CLI_AUTO INT_MIN /* "auto" in a list parsed with CLI_ALLOW_AUTO */
+
+/*
+ * Parses a comma-separated list of decimal integers in [min, max] (min > INT_MIN), each as
+ * cli_parse_int() takes it, into out[0..cap): "2,4,8". Empty items are skipped, as strtok()
+ * skips them. With CLI_ALLOW_AUTO an item may be "auto", stored as CLI_AUTO. Returns the number
+ * of items (at least 1) and fills out[], or -EINVAL with the sentence of cli_parse_int() for a bad
+ * item, "FLAG: at most CAP values, got 'S'" or "FLAG: expected a comma-separated list of
+ * integers, got 'S'" (no item at all).
+ */
+int cli_parse_int_list(const char *flag, const char *s, int min, int max, int flags, int *out,
+                       size_t cap);
+
+/*
+ * Passes `rc`, what a cli_ parser returned, through; when it is negative, first writes
+ * "PROG: <cli_last_error()>" and a newline to f. The step "parse, print the error naming the
+ * flag, fail" of a program's option loop, for every parser:
+ *
+ *     if (cli_report(stderr, "membw", cli_parse_int(flag, optarg, 1, 64, &n)) < 0)
+ *         return 2;
+ */
+int cli_report(FILE *f, const char *prog, int rc);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Option tables                                                                              */
 /* ------------------------------------------------------------------------------------------ */
@@ -132,6 +163,21 @@ int cli_find(const cli_option *opts, size_t n, const char *arg, size_t len, int 
  */
 int cli_getopt(const cli_option *opts, size_t n, struct option *longopts, size_t nlong,
                char *shorts, size_t nshort);
+
+#define CLI_GETOPT_MAX 64 /* options in a table that cli_getopt_tables serves */
+
+/* getopt_long's tables for a table of up to CLI_GETOPT_MAX options, on the program's stack. */
+typedef struct cli_getopt_tables {
+    struct option longopts[CLI_GETOPT_LONG_MAX(CLI_GETOPT_MAX)];
+    char shorts[CLI_GETOPT_SHORT_MAX(CLI_GETOPT_MAX)];
+} cli_getopt_tables;
+
+/*
+ * cli_getopt() into t, sized for the program: then getopt_long(argc, argv, t->shorts,
+ * t->longopts, NULL) parses by opts[0..n). Returns 0, -ENOSPC (n > CLI_GETOPT_MAX) or -EINVAL as
+ * cli_getopt() does.
+ */
+int cli_getopt_build(cli_getopt_tables *t, const cli_option *opts, size_t n);
 
 /* ------------------------------------------------------------------------------------------ */
 /* --help                                                                                     */

@@ -568,7 +568,7 @@ static int handshake(rdzv_client *c, int64_t deadline)
 /* Sleeps until `until` (monotonic nanoseconds). */
 static void sleep_until(int64_t until)
 {
-    struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
+    struct timespec ts = rdzv__timespec_at(until);
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
 }
@@ -1311,4 +1311,9 @@ int rdzv__client_error(rdzv_client *c, int err, const char *fmt, ...)
 int rdzv__client_timeout_ms(const rdzv_client *c)
 {
     return c->timeout_ms;
+}
+
+const char *rdzv__client_what(const rdzv_client *c)
+{
+    return c->what;
 }

@@ -758,9 +758,7 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
         void *val = NULL;
         size_t len = 0;
         /* Wait with the rest of the deadline, so that connect + get keep to --timeout. */
-        rc = rdzv_wait(c, &key, 1, ms_left(deadline));
-        if (rc >= 0)
-            rc = rdzv_get(c, key, &val, &len);
+        rc = rdzv_wait_get(c, key, ms_left(deadline), &val, &len);
         if (rc < 0) {
             code = op_failed(cfg, c, rc, what);
             break;

@@ -4,7 +4,8 @@
  * the per-attempt key prefix, so that a restarted attempt never reads a failed one's keys.
  *
  * Reads the environment only; failures go to the calling thread's last error
- * (rdzv_client_last_error(NULL)), the same account a failed connect leaves.
+ * (rdzv_client_last_error(NULL)), the same account a failed connect leaves, and so does the one
+ * sentence for an environment without a job, so that no program words it again.
  */
 #include "rdzv.h"
 #include "rdzv_internal.h"
@@ -17,6 +18,10 @@
 
 static const char *const required[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
 #define NREQUIRED (sizeof required / sizeof required[0])
+
+/* Why an environment is standalone, for the programs that need a job and for connect. */
+#define NO_JOB                                                                                     \
+    "none of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT is set (run under ddprun or torchrun)"
 
 static const char *get(const char *name)
 {
@@ -60,6 +65,8 @@ int rdzv_env_read(rdzv_env *env)
         }
     }
     if (set == 0) {
+        /* Not a failure, but a program that needs a job prints this account of it. */
+        rdzv__client_error(NULL, 0, "%s", NO_JOB);
         e.standalone = 1;
         e.local_world_size = 1;
         *env = e;
@@ -113,8 +120,6 @@ int rdzv_env_connect(const rdzv_env *env, const rdzv_client_options *opts, rdzv_
     if (!env || !out)
         return -EINVAL;
     if (env->standalone)
-        return rdzv__client_error(NULL, -EINVAL,
-                                  "no store to connect to: MASTER_ADDR and MASTER_PORT are not set "
-                                  "(run under ddprun or torchrun)");
+        return rdzv__client_error(NULL, -EINVAL, "no store to connect to: %s", NO_JOB);
     return rdzv_client_connect(env->master_addr, env->master_port, opts, out);
 }

@@ -1,8 +1,9 @@
 /*
  * Store helpers: the exchanges every component of the project runs through the store, written
  * once on top of the client's public calls. Per-rank key arrays ("<prefix>/<rank>"), set-once
- * (first writer wins, through COMPARE_SET) and the all-gather (publish, wait for every rank, one
- * MULTI_GET, and on a timeout a message naming the ranks that are missing).
+ * (first writer wins, through COMPARE_SET), the wait for one key with a bound of its own followed
+ * by its GET, and the all-gather (publish, wait for every rank, one MULTI_GET, and on a timeout a
+ * message naming the ranks that are missing).
  *
  * Values exchanged here are never empty: MULTI_GET answers a missing key with an empty value
  * and COMPARE_SET treats a missing key as matching "", so an empty value could not be told from
@@ -62,6 +63,28 @@ int rdzv_set_once(rdzv_client *c, const char *key, const void *value, size_t nby
     return same;
 }
 
+/*
+ * A WAIT of 0 ms cannot serve as a look: the wait times out before the server's answer has come
+ * back, present key or not. So timeout 0 is a CHECK, and a missing key times out as a wait would.
+ */
+int rdzv_wait_get(rdzv_client *c, const char *key, int timeout_ms, void **value, size_t *nbytes)
+{
+    if (!c || !key || !value || !nbytes)
+        return c ? rdzv__client_error(c, -EINVAL, "wait_get: invalid argument") : -EINVAL;
+    const char *k = key;
+    int rc;
+    if (timeout_ms != 0)
+        rc = rdzv_wait(c, &k, 1, timeout_ms);
+    else if ((rc = rdzv_check(c, &k, 1)) >= 0)
+        rc = rc == 1 ? 0
+                     : rdzv__client_error(c, -ETIMEDOUT,
+                                          "%s: the key is not there (timeout 0: one look, no wait)",
+                                          rdzv__client_what(c));
+    if (rc == 0)
+        rc = rdzv_get(c, key, value, nbytes);
+    return rc;
+}
+
 int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap)
 {
     if (!flags || n < 0 || !buf || cap == 0)
@@ -79,6 +102,21 @@ int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap)
     }
     if (count > SHOW_RANKS && used < cap)
         snprintf(buf + used, cap - used, " and %d more", count - SHOW_RANKS);
+    return count;
+}
+
+int rdzv_missing_ranks(const unsigned char *missing, int n, const char *noun, const char *what,
+                       char *buf, size_t cap)
+{
+    if (!missing || n < 0 || !noun || !what || !buf || cap == 0)
+        return -EINVAL;
+    char list[SHOW_RANKS * 12 + 32];
+    int count = rdzv_rank_list(missing, n, list, sizeof list);
+    if (count == 0)
+        buf[0] = '\0';
+    else
+        snprintf(buf, cap, "%s%s %s %s (%d of %d present)", noun, count == 1 ? "" : "s", list, what,
+                 n - count, n);
     return count;
 }
 
@@ -119,15 +157,14 @@ static int gather(rdzv_client *c, const char *prefix, char **keys, int n, int ti
         nbytes[r] = flags[r] ? 0 : plens[i];
         i += !flags[r];
     }
-    char list[SHOW_RANKS * 12 + 32];
-    int nmissing = rdzv_rank_list(flags, n, list, sizeof list);
     int ms = timeout_ms < 0 ? rdzv__client_timeout_ms(c) : timeout_ms;
-    if (nmissing == 0)
+    char what[400], msg[512];
+    snprintf(what, sizeof what, "did not publish %s within %d ms", prefix, ms);
+    if (rdzv_missing_ranks(flags, n, "rank", what, msg, sizeof msg) == 0)
         /* Everyone arrived between the wait's end and the checks: still a timeout. */
         rdzv__client_error(c, 0, "every rank published %s, but only after %d ms", prefix, ms);
     else
-        rdzv__client_error(c, 0, "rank%s %s did not publish %s within %d ms (%d of %d present)",
-                           nmissing == 1 ? "" : "s", list, prefix, ms, n - nmissing, n);
+        rdzv__client_error(c, 0, "%s", msg);
     rc = -ETIMEDOUT;
 out:
     if (flags != missing)

@@ -55,4 +55,18 @@ static inline int rdzv__ms_left(int64_t deadline)
     return left > INT32_MAX ? INT32_MAX : (int)left;
 }
 
+/*
+ * The point `ns` of this clock (from rdzv__now_ns() or rdzv__deadline_ns()) as an absolute
+ * struct timespec: for pthread_cond_timedwait() on a condition variable whose clock is
+ * CLOCK_MONOTONIC (pthread_condattr_setclock()), and for clock_nanosleep(CLOCK_MONOTONIC,
+ * TIMER_ABSTIME, ...).
+ */
+static inline struct timespec rdzv__timespec_at(int64_t ns)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)(ns / 1000000000);
+    ts.tv_nsec = (long)(ns % 1000000000);
+    return ts;
+}
+
 #endif /* RDZV_MONOCLOCK_H */

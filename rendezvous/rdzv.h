@@ -316,6 +316,18 @@ int rdzv_set_once(rdzv_client *c, const char *key, const void *value, size_t nby
                   size_t *stored_nbytes);
 
 /*
+ * Waits up to timeout_ms for `key` to exist, then GETs it: the wait for one key that someone else
+ * publishes (a leader's address, a failure record) under a bound of the caller's rather than the
+ * client's timeout. timeout_ms < 0 waits the client's timeout; 0 does not wait but looks once
+ * (a CHECK). On success *value receives the value (allocated, NUL-terminated for convenience,
+ * free with rdzv_free()) and *nbytes its length. `key` is borrowed. Returns 0, -ETIMEDOUT (the
+ * key did not appear in time; the client stays usable and rdzv_client_last_error(c) names the
+ * wait, the key and the bound, as in "wait 'job/leader': the key did not appear within 2000
+ * ms"), -EINVAL (NULL argument), or another negative errno from the store.
+ */
+int rdzv_wait_get(rdzv_client *c, const char *key, int timeout_ms, void **value, size_t *nbytes);
+
+/*
  * All-gather over the store. Rank `rank` of `world` publishes `value` (nbytes >= 1) under
  * "<prefix>/<rank>", waits until every rank has published under the same prefix, and fetches
  * all of them in one MULTI_GET: values[i] (allocated, free each with rdzv_free()) and nbytes[i]
@@ -325,7 +337,7 @@ int rdzv_set_once(rdzv_client *c, const char *key, const void *value, size_t nby
  *
  * timeout_ms bounds the wait for the other ranks (< 0: the client's timeout). On -ETIMEDOUT
  * rdzv_client_last_error(c) names the missing ranks ("ranks 3, 5 did not publish <prefix>
- * within 2000 ms (6 of 8 present)", built by rdzv_rank_list()) and, if `missing` is not NULL
+ * within 2000 ms (6 of 8 present)", built by rdzv_missing_ranks()) and, if `missing` is not NULL
  * (an array of `world` entries), missing[i] is set to 1 for each rank that had not published
  * and to 0 for the others (the one exception to "out-parameters only on success"). Returns 0,
  * -EINVAL (NULL argument, world < 1, rank outside [0, world), nbytes == 0), -ENOMEM,
@@ -358,6 +370,20 @@ int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void 
  */
 int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap);
 
+/*
+ * Writes the one sentence the project gives for ranks that did not arrive in time into buf:
+ * "<noun>s <list> <what> (<k> of <n> present)", with the ranks i < n that have missing[i] != 0
+ * listed as rdzv_rank_list() does, the noun singular for one rank, and k the ranks present. For
+ * example noun "rank" and what "did not publish /job/x within 300 ms" give "ranks 1, 3 did not
+ * publish /job/x within 300 ms (3 of 5 present)"; noun "node rank" and what "did not show up
+ * within 0.5 s" give "node rank 2 did not show up within 0.5 s (3 of 4 present)". With no rank
+ * missing buf receives "". `noun` and `what` are borrowed; buf always receives a NUL-terminated
+ * string (cut to cap). Returns how many ranks are missing, or -EINVAL (NULL argument, n < 0,
+ * cap == 0). Pure; thread-safe.
+ */
+int rdzv_missing_ranks(const unsigned char *missing, int n, const char *noun, const char *what,
+                       char *buf, size_t cap);
+
 /* ------------------------------------------------------------------------------------------ */
 /* The torchrun environment                                                                    */
 /* ------------------------------------------------------------------------------------------ */
@@ -382,11 +408,13 @@ typedef struct rdzv_env {
 /*
  * Reads the torchrun environment into *env. RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are
  * required together; with none of them set the call succeeds with env->standalone = 1 (a job
- * of one). Integers must be decimal, in range (0 <= RANK < WORLD_SIZE, 0 <= LOCAL_RANK <
- * LOCAL_WORLD_SIZE, 0 < MASTER_PORT < 65536). Returns 0 and fills *env, or -EINVAL with
- * rdzv_client_last_error(NULL) naming the missing or malformed variable and its value (for
- * example "WORLD_SIZE=abc is not an integer" or "RANK is set but MASTER_PORT is not (run under
- * ddprun or torchrun)"). Thread-safe (reads the environment only).
+ * of one) and leaves in rdzv_client_last_error(NULL) the sentence a program that needs a job
+ * prints as it is: "none of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT is set (run under
+ * ddprun or torchrun)". Integers must be decimal, in range (0 <= RANK < WORLD_SIZE,
+ * 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE, 0 < MASTER_PORT < 65536). Returns 0 and fills *env, or
+ * -EINVAL with rdzv_client_last_error(NULL) naming the missing or malformed variable and its
+ * value (for example "WORLD_SIZE=abc is not an integer" or "RANK is set but MASTER_PORT is not
+ * (run under ddprun or torchrun)"). Thread-safe (reads the environment only).
  */
 int rdzv_env_read(rdzv_env *env);
 

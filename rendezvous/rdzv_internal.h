@@ -19,4 +19,10 @@ int rdzv__client_error(rdzv_client *c, int err, const char *fmt, ...)
 /* The client's call timeout in milliseconds (< 0: none). */
 int rdzv__client_timeout_ms(const rdzv_client *c);
 
+/*
+ * The client's last call as its error messages name it ("check 'job/key'"): the operation and
+ * its first key, with the client's prefix. Owned by the client, valid until its next call.
+ */
+const char *rdzv__client_what(const rdzv_client *c);
+
 #endif /* RDZV_INTERNAL_H */

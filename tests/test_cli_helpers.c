@@ -1,8 +1,9 @@
 /*
  * Unit tests of the programs' shared command-line helpers (rendezvous/cli.c): the value parsers
  * (ranges, the syntax every program accepted before they were shared, error sentences that name
- * the flag, out-parameters untouched on failure), the table lookups, getopt_long's tables built
- * from a table (and getopt_long run on them), and --help's layout.
+ * the flag, out-parameters untouched on failure), lists of integers, the report of a failed parse,
+ * the table lookups, getopt_long's tables built from a table (and getopt_long run on them), and
+ * --help's layout.
  *
  * Everything here is pure; help output is captured with open_memstream.
  */
@@ -55,6 +56,45 @@ START_TEST(integers)
                      "--max-restarts: expected an integer of at least 0, got '-1'");
     ck_assert_int_eq(cli_parse_int("--x", "3000000000", 0, INT_MAX, &i), -EINVAL);
     ck_assert_int_eq(i, INT_MAX);
+}
+END_TEST
+
+START_TEST(integer_lists)
+{
+    int v[4] = {7, 7, 7, 7};
+    ck_assert_int_eq(cli_parse_int_list("-n", "2,4", 2, 64, 0, v, 4), 2);
+    ck_assert_int_eq(v[0], 2);
+    ck_assert_int_eq(v[1], 4);
+    ck_assert_int_eq(v[2], 7); /* past the count: untouched */
+    /* Empty items are skipped, as strtok() skips them; items take cli_parse_int()'s syntax. */
+    ck_assert_int_eq(cli_parse_int_list("-n", ",3,, +5,", 2, 64, 0, v, 4), 2);
+    ck_assert_int_eq(v[0], 3);
+    ck_assert_int_eq(v[1], 5);
+    ck_assert_int_eq(cli_parse_int_list("-s", "auto,0,-10", -100, 100, CLI_ALLOW_AUTO, v, 4), 3);
+    ck_assert_int_eq(v[0], CLI_AUTO);
+    ck_assert_int_eq(v[1], 0);
+    ck_assert_int_eq(v[2], -10);
+
+    /* Failures name the flag and the bad item, and leave out[] as it was. */
+    int w[2] = {7, 7};
+    ck_assert_int_eq(cli_parse_int_list("-n", "2,1", 2, 64, 0, w, 2), -EINVAL);
+    ck_assert_str_eq(cli_last_error(), "-n: expected an integer from 2 to 64, got '1'");
+    ck_assert_int_eq(w[0], 7);
+    ck_assert_int_eq(cli_parse_int_list("-n", "auto", 2, 64, 0, w, 2), -EINVAL);
+    ck_assert_str_eq(cli_last_error(), "-n: expected an integer from 2 to 64, got 'auto'");
+    ck_assert_int_eq(cli_parse_int_list("--batch", "1,2,3", 1, 9, 0, w, 2), -EINVAL);
+    ck_assert_str_eq(cli_last_error(), "--batch: at most 2 values, got '1,2,3'");
+    ck_assert_int_eq(cli_parse_int_list("--batch", ",,", 1, 9, 0, w, 2), -EINVAL);
+    ck_assert_str_eq(cli_last_error(),
+                     "--batch: expected a comma-separated list of integers, got ',,'");
+    ck_assert_int_eq(cli_parse_int_list("--batch", NULL, 1, 9, 0, w, 2), -EINVAL);
+    char longer[100];
+    memset(longer, '1', sizeof longer - 1);
+    longer[sizeof longer - 1] = '\0';
+    ck_assert_int_eq(cli_parse_int_list("-n", longer, 1, 9, 0, w, 2), -EINVAL);
+    ERR_HAS("-n: expected an integer from 1 to 9, got '1111");
+    ck_assert_int_eq(w[0], 7);
+    ck_assert_int_eq(w[1], 7);
 }
 END_TEST
 
@@ -235,6 +275,29 @@ START_TEST(getopt_tables)
 }
 END_TEST
 
+START_TEST(getopt_build)
+{
+    /* The same tables as cli_getopt() builds, in a struct sized for any program's table. */
+    cli_getopt_tables g;
+    struct option lo[CLI_GETOPT_LONG_MAX(NTABLE)];
+    char sh[CLI_GETOPT_SHORT_MAX(NTABLE)];
+    ck_assert_int_eq(cli_getopt_build(&g, table, NTABLE), 0);
+    ck_assert_int_eq(cli_getopt(table, NTABLE, lo, CLI_GETOPT_LONG_MAX(NTABLE), sh, sizeof sh), 0);
+    ck_assert_str_eq(g.shorts, sh);
+    for (size_t i = 0; i < CLI_GETOPT_LONG_MAX(NTABLE) && lo[i].name; i++) {
+        ck_assert_str_eq(g.longopts[i].name, lo[i].name);
+        ck_assert_int_eq(g.longopts[i].val, lo[i].val);
+    }
+    static cli_option many[CLI_GETOPT_MAX + 1];
+    for (int i = 0; i <= CLI_GETOPT_MAX; i++)
+        many[i] = (cli_option){256 + i, {"--x"}, NULL, NULL, 0, ""};
+    ck_assert_int_eq(cli_getopt_build(&g, many, CLI_GETOPT_MAX), 0);
+    ck_assert_int_eq(cli_getopt_build(&g, many, CLI_GETOPT_MAX + 1), -ENOSPC);
+    static const cli_option low_id[] = {{3, {"--long"}, NULL, NULL, 0, ""}};
+    ck_assert_int_eq(cli_getopt_build(&g, low_id, 1), -EINVAL);
+}
+END_TEST
+
 /* Runs fn(f) on a memory stream and returns what it wrote (static storage). */
 static const char *capture(void (*fn)(FILE *))
 {
@@ -300,22 +363,45 @@ START_TEST(help_layout)
 }
 END_TEST
 
+static void report_ok(FILE *f)
+{
+    ck_assert_int_eq(cli_report(f, "prog", 0), 0);
+    ck_assert_int_eq(cli_report(f, "prog", 3), 3);
+}
+
+static void report_bad(FILE *f)
+{
+    int n = 0;
+    ck_assert_int_eq(cli_report(f, "membw", cli_parse_int("-t", "x", 1, 64, &n)), -EINVAL);
+}
+
+START_TEST(report)
+{
+    /* Success passes through silently; a failure prints the program and the parser's sentence. */
+    ck_assert_str_eq(capture(report_ok), "");
+    ck_assert_str_eq(capture(report_bad), "membw: -t: expected an integer from 1 to 64, got 'x'\n");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cli_helpers");
     TCase *tc = tcase_create("cli");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, integers);
+    tcase_add_test(tc, integer_lists);
+    tcase_add_test(tc, report);
     tcase_add_test(tc, reals_and_seconds);
     tcase_add_test(tc, sizes);
     tcase_add_test(tc, lookups);
     tcase_add_test(tc, getopt_tables);
+    tcase_add_test(tc, getopt_build);
     tcase_add_test(tc, help_layout);
     suite_add_tcase(s, tc);
 
     SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
+    srunner_set_fork_status(sr, CK_FORK_GETENV);
+    srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed ? 1 : 0;

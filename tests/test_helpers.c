@@ -1,9 +1,10 @@
 /*
  * Tests of librendezvous's store helpers (rendezvous/helpers.c: per-rank keys, set-once, the
- * all-gather) against the real server in a child process, and of the torchrun-environment
- * reader (rendezvous/env.c) on environments the test sets itself. Every case runs in its own
- * forked process, so changing the environment here touches no other case. Ranks of an
- * all-gather are threads with a client each; nothing waits on a sleep.
+ * bounded wait-and-get, the all-gather and its account of missing ranks) against the real server
+ * in a child process, and of the torchrun-environment reader (rendezvous/env.c) on environments
+ * the test sets itself. Every case runs in its own forked process, so changing the environment
+ * here touches no other case. Ranks of an all-gather are threads with a client each; nothing
+ * waits on a sleep.
  */
 #include <check.h>
 
@@ -16,14 +17,24 @@
 #include "rdzv.h"
 #include "server_proc.h"
 
-static rdzv_client *client(int timeout_ms)
+/*
+ * Connects to the test's server with call timeout timeout_ms and key prefix `prefix` (NULL:
+ * none). No assertions: the rank threads use it too. Returns rdzv_client_connect()'s code.
+ */
+static int connect_client(int timeout_ms, const char *prefix, rdzv_client **c)
 {
     rdzv_client_options o;
     rdzv_client_options_init(&o);
     o.timeout_ms = timeout_ms;
     o.connect_timeout_ms = 5000;
+    o.prefix = prefix;
+    return rdzv_client_connect("127.0.0.1", port, &o, c);
+}
+
+static rdzv_client *client(int timeout_ms)
+{
     rdzv_client *c = NULL;
-    int rc = rdzv_client_connect("127.0.0.1", port, &o, &c);
+    int rc = connect_client(timeout_ms, NULL, &c);
     ck_assert_msg(rc == 0, "connect: %d %s", rc, rdzv_client_last_error(NULL));
     return c;
 }
@@ -76,6 +87,36 @@ START_TEST(test_rank_list)
 }
 END_TEST
 
+START_TEST(test_missing_ranks)
+{
+    unsigned char f[20] = {0};
+    char buf[256];
+    const char *what = "did not publish /job/x within 300 ms";
+    ck_assert_int_eq(rdzv_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "");
+    f[1] = f[3] = 1;
+    ck_assert_int_eq(rdzv_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 2);
+    ck_assert_str_eq(buf, "ranks 1, 3 did not publish /job/x within 300 ms (3 of 5 present)");
+    f[1] = 0;
+    ck_assert_int_eq(
+        rdzv_missing_ranks(f, 4, "node rank", "did not show up within 0.5 s", buf, sizeof buf), 1);
+    ck_assert_str_eq(buf, "node rank 3 did not show up within 0.5 s (3 of 4 present)");
+    /* Many ranks: the first are named, the rest counted; cut to the buffer, always terminated. */
+    memset(f, 1, sizeof f);
+    f[0] = 0;
+    ck_assert_int_eq(rdzv_missing_ranks(f, 20, "rank", "did not come", buf, sizeof buf), 19);
+    ck_assert_str_eq(buf, "ranks 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 and 3 more "
+                          "did not come (1 of 20 present)");
+    ck_assert_int_eq(rdzv_missing_ranks(f, 20, "rank", "did not come", buf, 10), 19);
+    ck_assert_str_eq(buf, "ranks 1, ");
+    ck_assert_int_eq(rdzv_missing_ranks(NULL, 1, "rank", what, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_missing_ranks(f, -1, "rank", what, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_missing_ranks(f, 1, NULL, what, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_missing_ranks(f, 1, "rank", NULL, buf, sizeof buf), -EINVAL);
+    ck_assert_int_eq(rdzv_missing_ranks(f, 1, "rank", what, buf, 0), -EINVAL);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* rdzv_set_once                                                                               */
 /* ------------------------------------------------------------------------------------------ */
@@ -108,6 +149,104 @@ START_TEST(test_set_once)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
+/* rdzv_wait_get                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+struct setter_arg {
+    const char *key, *value;
+    int rc;
+};
+
+/*
+ * Publishes one key with a client of its own: what another process does while one waits. No
+ * assertions on this thread; the test checks a->rc.
+ */
+static void *setter_main(void *p)
+{
+    struct setter_arg *a = p;
+    rdzv_client *c = NULL;
+    a->rc = connect_client(5000, NULL, &c);
+    if (a->rc < 0)
+        return NULL;
+    a->rc = rdzv_set(c, a->key, a->value, strlen(a->value));
+    if (a->rc == 0)
+        a->rc = rdzv_ping(c); /* SET has no reply: make sure the server has it */
+    rdzv_client_close(c);
+    return NULL;
+}
+
+START_TEST(test_wait_get)
+{
+    rdzv_client *c = client(5000);
+    void *v = NULL;
+    size_t n = 0;
+    /* A key that exists: every bound answers it, timeout 0 with one look. */
+    ck_assert_int_eq(rdzv_set(c, "/w/there", "here", 4), 0);
+    ck_assert_int_eq(rdzv_wait_get(c, "/w/there", 0, &v, &n), 0);
+    ck_assert_uint_eq(n, 4);
+    ck_assert_mem_eq(v, "here", 5); /* NUL-terminated */
+    rdzv_free(v);
+    ck_assert_int_eq(rdzv_wait_get(c, "/w/there", -1, &v, &n), 0);
+    rdzv_free(v);
+
+    /* A key another client publishes while this one waits (or just before: either way). */
+    struct setter_arg a = {.key = "/w/later", .value = "leader:1234"};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, setter_main, &a), 0);
+    int rc = rdzv_wait_get(c, "/w/later", 10000, &v, &n);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.rc, 0);
+    ck_assert_msg(rc == 0, "%d %s", rc, rdzv_client_last_error(c));
+    ck_assert_uint_eq(n, strlen("leader:1234"));
+    ck_assert_mem_eq(v, "leader:1234", n);
+    rdzv_free(v);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_wait_get_timeout)
+{
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(connect_client(5000, "job/", &c), 0);
+    void *v = (void *)0x1;
+    size_t n = 7;
+    /* The message names the wait, the key (with the client's prefix) and the bound. */
+    ck_assert_int_eq(rdzv_wait_get(c, "leader", 100, &v, &n), -ETIMEDOUT);
+    ck_assert_msg(strstr(rdzv_client_last_error(c),
+                         "wait 'job/leader': the key did not appear within 100 ms") != NULL,
+                  "message: %s", rdzv_client_last_error(c));
+    ck_assert_int_eq(rdzv_wait_get(c, "leader", 0, &v, &n), -ETIMEDOUT);
+    ck_assert_msg(strstr(rdzv_client_last_error(c), "'job/leader': the key is not there") != NULL,
+                  "message: %s", rdzv_client_last_error(c));
+    ck_assert_ptr_eq(v, (void *)0x1); /* untouched on failure */
+    ck_assert_uint_eq(n, 7);
+    /* The client stays usable, and sees the key once it is there. */
+    ck_assert_int_eq(rdzv_set(c, "leader", "x", 1), 0);
+    ck_assert_int_eq(rdzv_wait_get(c, "leader", 100, &v, &n), 0);
+    ck_assert_uint_eq(n, 1);
+    rdzv_free(v);
+    rdzv_client_close(c);
+}
+END_TEST
+
+START_TEST(test_wait_get_bad_args)
+{
+    rdzv_client *c = client(5000);
+    void *v = (void *)0x1;
+    size_t n = 7;
+    ck_assert_int_eq(rdzv_wait_get(NULL, "k", 10, &v, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_wait_get(c, NULL, 10, &v, &n), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "invalid argument"));
+    ck_assert_int_eq(rdzv_wait_get(c, "k", 10, NULL, &n), -EINVAL);
+    ck_assert_int_eq(rdzv_wait_get(c, "k", 10, &v, NULL), -EINVAL);
+    ck_assert_ptr_eq(v, (void *)0x1);
+    ck_assert_uint_eq(n, 7);
+    ck_assert_int_eq(rdzv_ping(c), 0); /* nothing was sent */
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
 /* rdzv_allgather                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -126,11 +265,8 @@ struct rank_arg {
 static void *rank_main(void *p)
 {
     struct rank_arg *r = p;
-    rdzv_client_options o;
-    rdzv_client_options_init(&o);
-    o.timeout_ms = 10000;
     rdzv_client *c = NULL;
-    r->rc = rdzv_client_connect("127.0.0.1", port, &o, &c);
+    r->rc = connect_client(10000, NULL, &c);
     if (r->rc < 0)
         return NULL;
     char val[32];
@@ -321,6 +457,10 @@ START_TEST(test_env_standalone)
     ck_assert_int_eq(e.rank, 0);
     ck_assert_int_eq(e.world_size, 1);
     ck_assert_int_eq(e.local_world_size, 1);
+    /* The sentence a program that needs a job prints. */
+    ck_assert_str_eq(rdzv_client_last_error(NULL), "none of RANK, WORLD_SIZE, MASTER_ADDR and "
+                                                   "MASTER_PORT is set (run under ddprun or "
+                                                   "torchrun)");
     rdzv_client *c = (rdzv_client *)0x1;
     ck_assert_int_eq(rdzv_env_connect(&e, NULL, &c), -EINVAL);
     ck_assert_ptr_eq(c, (rdzv_client *)0x1);
@@ -385,7 +525,11 @@ static Suite *helpers_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_rank_keys);
     tcase_add_test(tc, test_rank_list);
+    tcase_add_test(tc, test_missing_ranks);
     tcase_add_test(tc, test_set_once);
+    tcase_add_test(tc, test_wait_get);
+    tcase_add_test(tc, test_wait_get_timeout);
+    tcase_add_test(tc, test_wait_get_bad_args);
     tcase_add_test(tc, test_allgather);
     tcase_add_test(tc, test_allgather_timeout_names_missing);
     tcase_add_test(tc, test_gather);

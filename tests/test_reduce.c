@@ -721,6 +721,21 @@ START_TEST(strerror_and_clock)
     ck_assert(d >= t1 + 1500 * INT64_C(1000000) && d <= t2 + 1500 * INT64_C(1000000));
     ck_assert(rdzv__deadline_ns(0) >= t1);
     ck_assert(rdzv__deadline_ns(INT_MAX) > t1 + INT64_C(2000000000) * 1000000);
+
+    /* Milliseconds left, rounded up; -1 for no deadline, 0 once passed. */
+    ck_assert_int_eq(rdzv__ms_left(INT64_MAX), -1);
+    ck_assert_int_eq(rdzv__ms_left(t0), 0);
+    int left = rdzv__ms_left(rdzv__deadline_ns(1500));
+    ck_assert(left > 1400 && left <= 1500);
+
+    /* Absolute timespecs on the same clock, as condition variables on CLOCK_MONOTONIC take. */
+    struct timespec ts = rdzv__timespec_at(INT64_C(12) * 1000000000 + 345);
+    ck_assert(ts.tv_sec == 12 && ts.tv_nsec == 345);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    ts = rdzv__timespec_at(rdzv__now_ns());
+    ck_assert(ts.tv_sec > now.tv_sec || (ts.tv_sec == now.tv_sec && ts.tv_nsec >= now.tv_nsec));
+    ck_assert(ts.tv_nsec >= 0 && ts.tv_nsec < 1000000000);
 }
 END_TEST
 

@@ -22,13 +22,9 @@ int main(int argc, char **argv)
 {
     int quiet = argc > 1 && !strcmp(argv[1], "--quiet");
     rdzv_env env;
-    if (rdzv_env_read(&env) < 0) {
+    if (rdzv_env_read(&env) < 0 || env.standalone) {
+        /* librendezvous' sentence names the variable at fault, or says that none is set. */
         fprintf(stderr, "ddp-hello: %s\n", rdzv_client_last_error(NULL));
-        return 1;
-    }
-    if (env.standalone) {
-        fprintf(stderr, "ddp-hello: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
-                        "(run me under ddprun)\n");
         return 1;
     }
     int rank = env.rank, world = env.world_size;

@@ -263,33 +263,6 @@ __attribute__((format(printf, 1, 2))) static void err(const char *fmt, ...)
     va_end(ap);
 }
 
-static int parse_int(const char *flag, const char *s, int min, int max, int *out)
-{
-    if (cli_parse_int(flag, s, min, max, out) < 0) {
-        err("%s", cli_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int parse_long(const char *flag, const char *s, long min, long max, long *out)
-{
-    if (cli_parse_long(flag, s, min, max, out) < 0) {
-        err("%s", cli_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int parse_double(const char *flag, const char *s, double min, int flags, double *out)
-{
-    if (cli_parse_double(flag, s, min, HUGE_VAL, flags, out) < 0) {
-        err("%s", cli_last_error());
-        return -1;
-    }
-    return 0;
-}
-
 static int parse_optimizer(const char *flag, const char *s, ddp_optimizer *out)
 {
     if (!strcmp(s, "sgd"))
@@ -340,86 +313,86 @@ static int parse_args(int argc, char **argv, train_args *a)
     assert(ok); /* the defaults above are valid names */
     (void)ok;
 
-    struct option lopts[CLI_GETOPT_LONG_MAX(NOPTS)];
-    char shorts[CLI_GETOPT_SHORT_MAX(NOPTS)];
-    int built =
-        cli_getopt(opt_table, NOPTS, lopts, CLI_GETOPT_LONG_MAX(NOPTS), shorts, sizeof(shorts));
+    cli_getopt_tables g;
+    int built = cli_getopt_build(&g, opt_table, NOPTS);
     assert(built == 0); /* the table above is well-formed */
     (void)built;
 
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, shorts, lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, g.shorts, g.longopts, NULL)) != -1) {
         const cli_option *o = cli_by_id(opt_table, NOPTS, c);
         const char *flag = o ? cli_long_name(o) : "?";
-        long v;
+        long v = 0;
         int rc = 0;
         switch (c) {
         case OPT_ZERO:
-            rc = parse_int(flag, optarg, 0, 3, &a->zero);
+            rc = cli_parse_int(flag, optarg, 0, 3, &a->zero);
             break;
         case OPT_OPTIMIZER:
-            rc = parse_optimizer(flag, optarg, &a->optimizer);
+            if (parse_optimizer(flag, optarg, &a->optimizer) < 0)
+                return EXIT_USAGE;
             break;
         case OPT_LR:
-            rc = parse_double(flag, optarg, 0, CLI_OPEN_MIN, &a->lr);
+            rc = cli_parse_double(flag, optarg, 0, HUGE_VAL, CLI_OPEN_MIN, &a->lr);
             break;
         case OPT_MOMENTUM:
-            rc = parse_double(flag, optarg, 0, 0, &a->momentum);
+            rc = cli_parse_double(flag, optarg, 0, HUGE_VAL, 0, &a->momentum);
             if (rc == 0 && a->momentum >= 1) {
                 err("%s: expected a number from 0 to below 1, got '%s'", flag, optarg);
-                rc = -1;
+                return EXIT_USAGE;
             }
             break;
         case OPT_WEIGHT_DECAY:
-            rc = parse_double(flag, optarg, 0, 0, &a->weight_decay);
+            rc = cli_parse_double(flag, optarg, 0, HUGE_VAL, 0, &a->weight_decay);
             break;
         case OPT_SCHEDULE:
-            rc = parse_schedule(flag, optarg, &a->schedule);
+            if (parse_schedule(flag, optarg, &a->schedule) < 0)
+                return EXIT_USAGE;
             break;
         case OPT_WARMUP:
-            rc = parse_long(flag, optarg, 0, INT_MAX, &a->warmup);
+            rc = cli_parse_long(flag, optarg, 0, INT_MAX, &a->warmup);
             break;
         case OPT_EPOCHS:
-            rc = parse_int(flag, optarg, 1, 100000, &a->epochs);
+            rc = cli_parse_int(flag, optarg, 1, 100000, &a->epochs);
             break;
         case OPT_GLOBAL_BATCH:
-            rc = parse_int(flag, optarg, 1, 1 << 24, &a->global_batch);
+            rc = cli_parse_int(flag, optarg, 1, 1 << 24, &a->global_batch);
             break;
         case OPT_GRAD_ACCUM:
-            rc = parse_int(flag, optarg, 1, 1 << 20, &a->grad_accum);
+            rc = cli_parse_int(flag, optarg, 1, 1 << 20, &a->grad_accum);
             break;
         case OPT_CLIP:
-            rc = parse_double(flag, optarg, 0, 0, &a->clip);
+            rc = cli_parse_double(flag, optarg, 0, HUGE_VAL, 0, &a->clip);
             break;
         case OPT_BUCKET_MB:
-            rc = parse_double(flag, optarg, 0, CLI_OPEN_MIN, &a->bucket_mb);
+            rc = cli_parse_double(flag, optarg, 0, HUGE_VAL, CLI_OPEN_MIN, &a->bucket_mb);
             if (rc == 0 && a->bucket_mb > 4096) {
                 err("%s: expected a number of MiB up to 4096, got '%s'", flag, optarg);
-                rc = -1;
+                return EXIT_USAGE;
             }
             break;
         case OPT_SEED:
-            rc = parse_long(flag, optarg, 0, LONG_MAX, &v);
+            rc = cli_parse_long(flag, optarg, 0, LONG_MAX, &v);
             a->seed = (uint64_t)v;
             break;
         case OPT_HIDDEN:
-            rc = parse_int(flag, optarg, 1, 1 << 16, &a->hidden);
+            rc = cli_parse_int(flag, optarg, 1, 1 << 16, &a->hidden);
             break;
         case OPT_LAYERS:
-            rc = parse_int(flag, optarg, 1, MAX_LAYERS, &a->layers);
+            rc = cli_parse_int(flag, optarg, 1, MAX_LAYERS, &a->layers);
             break;
         case OPT_DATA:
             a->data = optarg;
             break;
         case OPT_THREADS:
-            rc = parse_int(flag, optarg, 1, 1024, &a->threads);
+            rc = cli_parse_int(flag, optarg, 1, 1024, &a->threads);
             break;
         case OPT_MAX_STEPS:
-            rc = parse_long(flag, optarg, 0, LONG_MAX, &a->max_steps);
+            rc = cli_parse_long(flag, optarg, 0, LONG_MAX, &a->max_steps);
             break;
         case OPT_LOG_EVERY:
-            rc = parse_long(flag, optarg, 0, INT_MAX, &a->log_every);
+            rc = cli_parse_long(flag, optarg, 0, INT_MAX, &a->log_every);
             break;
         case OPT_METRICS:
             a->metrics = optarg;
@@ -431,7 +404,7 @@ static int parse_args(int argc, char **argv, train_args *a)
             a->dump_batches = optarg;
             break;
         case OPT_TIMEOUT:
-            rc = parse_int(flag, optarg, -1, INT_MAX, &a->timeout_ms);
+            rc = cli_parse_int(flag, optarg, -1, INT_MAX, &a->timeout_ms);
             break;
         case 'h':
             usage(stdout);
@@ -446,7 +419,7 @@ static int parse_args(int argc, char **argv, train_args *a)
             err("unknown option '%s' (see --help)", argv[optind - 1]);
             return EXIT_USAGE;
         }
-        if (rc < 0)
+        if (cli_report(stderr, "ddp-train", rc) < 0)
             return EXIT_USAGE;
     }
     if (optind < argc) {

@@ -221,25 +221,6 @@ static const char *flag_name(int key, char *buf, size_t len)
     return o ? cli_label(o, buf, len) : "?";
 }
 
-/* cli_parse_size() and cli_parse_long() that print their error; 0 or -1. */
-static int parse_bytes(const char *flag, const char *s, size_t *out)
-{
-    if (cli_parse_size(flag, s, 0, SIZE_MAX, out) < 0) {
-        err("%s", cli_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int parse_long(const char *flag, const char *s, long min, long max, long *out)
-{
-    if (cli_parse_long(flag, s, min, max, out) < 0) {
-        err("%s", cli_last_error());
-        return -1;
-    }
-    return 0;
-}
-
 /* allreduce, all_reduce, all-reduce, AllReduce all name the same collective. */
 static int parse_kind(const char *s, enum coll_kind *out)
 {
@@ -280,49 +261,38 @@ static int parse_args(int argc, char **argv, bench_args *a)
                       .average = 1,
                       .backend = COLL_BACKEND_AUTO,
                       .timeout_ms = 600000};
-    struct option lopts[CLI_GETOPT_LONG_MAX(NOPTS)];
-    char shorts[CLI_GETOPT_SHORT_MAX(NOPTS)]; /* starts with ':': a missing value returns ':' */
-    int built =
-        cli_getopt(opt_table, NOPTS, lopts, CLI_GETOPT_LONG_MAX(NOPTS), shorts, sizeof(shorts));
+    cli_getopt_tables g; /* shorts starts with ':': a missing value returns ':' */
+    int built = cli_getopt_build(&g, opt_table, NOPTS);
     assert(built == 0); /* the table above is well-formed */
     (void)built;
 
     opterr = 0;
     int c;
     char fb[64];
-    while ((c = getopt_long(argc, argv, shorts, lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, g.shorts, g.longopts, NULL)) != -1) {
         const char *flag = flag_name(c, fb, sizeof(fb));
-        long v;
+        int rc = 0;
         switch (c) {
         case 'b':
-            if (parse_bytes(flag, optarg, &a->minbytes) < 0)
-                return EXIT_USAGE;
+            rc = cli_parse_size(flag, optarg, 0, SIZE_MAX, &a->minbytes);
             break;
         case 'e':
-            if (parse_bytes(flag, optarg, &a->maxbytes) < 0)
-                return EXIT_USAGE;
+            rc = cli_parse_size(flag, optarg, 0, SIZE_MAX, &a->maxbytes);
             break;
         case 'f':
-            if (parse_long(flag, optarg, 1, 1 << 20, &a->factor) < 0)
-                return EXIT_USAGE;
+            rc = cli_parse_long(flag, optarg, 1, 1 << 20, &a->factor);
             break;
         case 'i':
-            if (parse_bytes(flag, optarg, &a->stepbytes) < 0)
-                return EXIT_USAGE;
+            rc = cli_parse_size(flag, optarg, 0, SIZE_MAX, &a->stepbytes);
             break;
         case 'n':
-            if (parse_long(flag, optarg, 1, 1 << 24, &v) < 0)
-                return EXIT_USAGE;
-            a->iters = (int)v;
+            rc = cli_parse_int(flag, optarg, 1, 1 << 24, &a->iters);
             break;
         case OPT_ITER_BYTES:
-            if (parse_bytes(flag, optarg, &a->iter_bytes) < 0)
-                return EXIT_USAGE;
+            rc = cli_parse_size(flag, optarg, 0, SIZE_MAX, &a->iter_bytes);
             break;
         case 'w':
-            if (parse_long(flag, optarg, 0, 1 << 24, &v) < 0)
-                return EXIT_USAGE;
-            a->warmup = (int)v;
+            rc = cli_parse_int(flag, optarg, 0, 1 << 24, &a->warmup);
             break;
         case 'd':
             if (coll_dtype_parse(optarg, &a->dtype) < 0) {
@@ -337,24 +307,16 @@ static int parse_args(int argc, char **argv, bench_args *a)
             }
             break;
         case 'r':
-            if (parse_long(flag, optarg, 0, INT_MAX, &v) < 0)
-                return EXIT_USAGE;
-            a->root = (int)v;
+            rc = cli_parse_int(flag, optarg, 0, INT_MAX, &a->root);
             break;
         case 'c':
-            if (parse_long(flag, optarg, 0, 1, &v) < 0)
-                return EXIT_USAGE;
-            a->check = (int)v;
+            rc = cli_parse_int(flag, optarg, 0, 1, &a->check);
             break;
         case 'a':
-            if (parse_long(flag, optarg, 0, 3, &v) < 0)
-                return EXIT_USAGE;
-            a->average = (int)v;
+            rc = cli_parse_int(flag, optarg, 0, 3, &a->average);
             break;
         case 'z':
-            if (parse_long(flag, optarg, 0, 1, &v) < 0)
-                return EXIT_USAGE;
-            a->blocking = (int)v;
+            rc = cli_parse_int(flag, optarg, 0, 1, &a->blocking);
             break;
         case 'I':
             a->inplace = true;
@@ -366,17 +328,13 @@ static int parse_args(int argc, char **argv, bench_args *a)
             }
             break;
         case 'C':
-            if (parse_bytes(flag, optarg, &a->chunk_bytes) < 0)
-                return EXIT_USAGE;
+            rc = cli_parse_size(flag, optarg, 0, SIZE_MAX, &a->chunk_bytes);
             break;
         case OPT_SMALL:
-            if (parse_bytes(flag, optarg, &a->small_bytes) < 0)
-                return EXIT_USAGE;
+            rc = cli_parse_size(flag, optarg, 0, SIZE_MAX, &a->small_bytes);
             break;
         case OPT_TIMEOUT:
-            if (parse_long(flag, optarg, -1, INT_MAX, &v) < 0)
-                return EXIT_USAGE;
-            a->timeout_ms = (int)v;
+            rc = cli_parse_int(flag, optarg, -1, INT_MAX, &a->timeout_ms);
             break;
         case OPT_JSON:
             a->json = optarg;
@@ -397,6 +355,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
                 err("unknown option '%s' (see --help)", argv[optind - 1]);
             return EXIT_USAGE;
         }
+        if (cli_report(stderr, "coll-bench", rc) < 0)
+            return EXIT_USAGE;
     }
     if (optind >= argc) {
         err("no collective given (allreduce, reduce_scatter, allgather, broadcast, reduce)");

@@ -170,16 +170,14 @@ int main(int argc, char **argv)
     size_t bytes = 256u << 20;
     int nthreads = usable_cpus(), reps = 5;
     const char *json = NULL;
-    struct option lopts[CLI_GETOPT_LONG_MAX(NOPTS)];
-    char shorts[CLI_GETOPT_SHORT_MAX(NOPTS)]; /* starts with ':': a missing value returns ':' */
-    int built =
-        cli_getopt(opt_table, NOPTS, lopts, CLI_GETOPT_LONG_MAX(NOPTS), shorts, sizeof(shorts));
+    cli_getopt_tables g; /* shorts starts with ':': a missing value returns ':' */
+    int built = cli_getopt_build(&g, opt_table, NOPTS);
     assert(built == 0); /* the table above is well-formed */
     (void)built;
     opterr = 0;
     int c, rc = 0;
     char flag[32];
-    while ((c = getopt_long(argc, argv, shorts, lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, g.shorts, g.longopts, NULL)) != -1) {
         const cli_option *o = cli_by_id(opt_table, NOPTS, c);
         if (o)
             cli_label(o, flag, sizeof(flag));
@@ -209,10 +207,8 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        if (rc < 0) {
-            fprintf(stderr, "membw: %s\n", cli_last_error());
+        if (cli_report(stderr, "membw", rc) < 0)
             return 2;
-        }
     }
     if (optind < argc) {
         fprintf(stderr, "membw: unexpected argument '%s'\n", argv[optind]);

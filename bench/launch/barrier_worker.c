@@ -46,13 +46,9 @@ int main(int argc, char **argv)
     const char *outdir = argv[1];
     const char *name = argc == 3 ? argv[2] : "launch_bench";
     rdzv_env env;
-    if (rdzv_env_read(&env) < 0) {
+    if (rdzv_env_read(&env) < 0 || env.standalone) {
+        /* librendezvous' sentence names the variable at fault, or says that none is set. */
         fprintf(stderr, "barrier_worker: %s\n", rdzv_client_last_error(NULL));
-        return 1;
-    }
-    if (env.standalone) {
-        fprintf(stderr, "barrier_worker: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not "
-                        "set (run me under a launcher)\n");
         return 1;
     }
     const char *host = env.master_addr;

@@ -144,30 +144,14 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--ms")) {
             rc = cli_parse_int(a, v, 1, 60000, &ms);
         } else if (!strcmp(a, "--batch")) {
-            char *dup = strdup(v), *save = NULL;
-            nb = 0;
-            for (char *t = strtok_r(dup, ",", &save); t && rc == 0;
-                 t = strtok_r(NULL, ",", &save)) {
-                if (nb == MAX_BATCHES) {
-                    fprintf(stderr, "sgemm: --batch: at most %d sizes\n", MAX_BATCHES);
-                    free(dup);
-                    return 2;
-                }
-                rc = cli_parse_int(a, t, 1, 1 << 16, &batches[nb++]);
-            }
-            free(dup);
-            if (rc == 0 && nb == 0) {
-                usage(stderr);
-                return 2;
-            }
+            rc = cli_parse_int_list(a, v, 1, 1 << 16, 0, batches, MAX_BATCHES);
+            nb = rc > 0 ? rc : nb;
         } else {
             usage(stderr);
             return 2;
         }
-        if (rc < 0) {
-            fprintf(stderr, "sgemm: %s\n", cli_last_error());
+        if (cli_report(stderr, "sgemm", rc) < 0)
             return 2;
-        }
         i++;
     }
     openblas_set_num_threads(1);

@@ -2281,11 +2281,7 @@ static int set_option(ctx *c, int opt, const char *val)
         c->verbose = true;
         break;
     }
-    if (rc < 0) {
-        fprintf(stderr, "coll-check: %s\n", cli_last_error());
-        return -1;
-    }
-    return 0;
+    return cli_report(stderr, "coll-check", rc) < 0 ? -1 : 0;
 }
 
 int main(int argc, char **argv)
@@ -2298,15 +2294,13 @@ int main(int argc, char **argv)
              .expect_hosts = -1,
              .big_mib = 64,
              .watchdog_s = 300};
-    struct option longopts[CLI_GETOPT_LONG_MAX(NOPTIONS)];
-    char shorts[CLI_GETOPT_SHORT_MAX(NOPTIONS)];
-    int built = cli_getopt(options, NOPTIONS, longopts, CLI_GETOPT_LONG_MAX(NOPTIONS), shorts,
-                           sizeof(shorts));
+    cli_getopt_tables g;
+    int built = cli_getopt_build(&g, options, NOPTIONS);
     assert(built == 0); /* the table above is well-formed */
     (void)built;
     int opt;
     /* No short options; getopt_long reports unknown options and missing values itself. */
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "", g.longopts, NULL)) != -1) {
         if (opt == O_HELP) {
             usage(stdout);
             return 0;
@@ -2332,13 +2326,9 @@ int main(int argc, char **argv)
         }
     }
     rdzv_env env;
-    if (rdzv_env_read(&env) < 0) {
+    if (rdzv_env_read(&env) < 0 || env.standalone) {
+        /* librendezvous' sentence names the variable at fault, or says that none is set. */
         fprintf(stderr, "coll-check: %s\n", rdzv_client_last_error(NULL));
-        return 2;
-    }
-    if (env.standalone) {
-        fprintf(stderr, "coll-check: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
-                        "(run me under ddprun)\n");
         return 2;
     }
     c.rank = env.rank;

@@ -671,8 +671,8 @@ int main(int argc, char **argv)
     coll_comm *comm = NULL;
     char prefix[256];
     if (rdzv_env_read(&env) < 0 || env.standalone) {
-        fprintf(stderr, "ddp-check: %s\n",
-                env.standalone ? "run me under ddprun" : rdzv_client_last_error(NULL));
+        /* librendezvous' sentence names the variable at fault, or says that none is set. */
+        fprintf(stderr, "ddp-check: %s\n", rdzv_client_last_error(NULL));
         return 2;
     }
     rank = env.rank;

@@ -1152,20 +1152,17 @@ int main(int argc, char **argv)
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         const char *a = argv[i];
+        int rc = 0;
         if (strcmp(a, "--verbose") == 0) {
             c.verbose = true;
         } else if (i + 1 < argc && strcmp(a, "--timeout-ms") == 0) {
-            if (cli_parse_int(a, argv[++i], 1, 3600000, &c.timeout_ms) < 0)
-                goto bad;
+            rc = cli_parse_int(a, argv[++i], 1, 3600000, &c.timeout_ms);
         } else if (i + 1 < argc && strcmp(a, "--victim") == 0) {
-            if (cli_parse_int(a, argv[++i], 0, 1 << 20, &c.victim) < 0)
-                goto bad;
+            rc = cli_parse_int(a, argv[++i], 0, 1 << 20, &c.victim);
         } else if (i + 1 < argc && strcmp(a, "--stage") == 0) {
-            if (cli_parse_int(a, argv[++i], 0, 3, &c.stage) < 0)
-                goto bad;
+            rc = cli_parse_int(a, argv[++i], 0, 3, &c.stage);
         } else if (i + 1 < argc && strcmp(a, "--watchdog-s") == 0) {
-            if (cli_parse_int(a, argv[++i], 1, 3600, &c.watchdog_s) < 0)
-                goto bad;
+            rc = cli_parse_int(a, argv[++i], 1, 3600, &c.watchdog_s);
         } else if (strcmp(a, "--help") == 0) {
             usage(stdout);
             return 0;
@@ -1173,6 +1170,8 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+        if (cli_report(stderr, "ddp-serial", rc) < 0)
+            return 2;
     }
     if (i >= argc) {
         usage(stderr);
@@ -1189,13 +1188,9 @@ int main(int argc, char **argv)
     }
     model_init_tables();
     rdzv_env env;
-    if (rdzv_env_read(&env) < 0) {
+    if (rdzv_env_read(&env) < 0 || env.standalone) {
+        /* librendezvous' sentence names the variable at fault, or says that none is set. */
         fprintf(stderr, "ddp-serial: %s\n", rdzv_client_last_error(NULL));
-        return 2;
-    }
-    if (env.standalone) {
-        fprintf(stderr, "ddp-serial: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
-                        "(run me under ddprun)\n");
         return 2;
     }
     c.rank = env.rank;
@@ -1257,7 +1252,4 @@ int main(int argc, char **argv)
     }
     rdzv_client_close(c.store);
     return status;
-bad:
-    fprintf(stderr, "ddp-serial: %s\n", cli_last_error());
-    return 2;
 }
