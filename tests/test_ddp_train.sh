@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ddp-train end to end, briefly: short runs on Fashion-MNIST alone and on two ranks under
 # ddprun, their metrics and dumps, and the failures a user meets first (missing or malformed
-# data files named, a global batch the ranks do not divide, bad options), with the exit codes
-# ddp-train(1) documents. A few seconds in all.
+# data files named, a global batch the ranks do not divide, bad options) with the exit codes
+# ddp-train(1) documents, and the choice of OpenBLAS's kernels. A few seconds in all.
 #
 # The losses of the world-1 and world-2 runs are compared: the global batch of a step is the
 # same whatever the world size (data.h), so they differ only by the order in which floats are
@@ -105,6 +105,16 @@ h = header(f"{tmp}/batches.safetensors")
 assert h["x"]["shape"] == [20, 256, 784] and h["index"]["dtype"] == "I32", h
 assert h["lr"]["shape"] == [20] and h["label"]["dtype"] == "U8", h
 EOF
+
+# OpenBLAS's kernels: the first line names them; a user's OPENBLAS_CORETYPE is kept, and where
+# OpenBLAS falls back to Prescott on a CPU with AVX2, ddp-train picks a faster set (mlp.h).
+OPENBLAS_CORETYPE=Haswell "$TRAIN" --max-steps 1 --epochs 1 2>"$tmp/err" >/dev/null ||
+    fail "ddp-train under OPENBLAS_CORETYPE=Haswell exited with $?"
+grep -q "; OpenBLAS Haswell kernels$" "$tmp/err" || fail "the first line does not name Haswell"
+"$TRAIN" --max-steps 1 --epochs 1 2>"$tmp/err" >/dev/null || fail "ddp-train exited with $?"
+if grep -qw avx2 /proc/cpuinfo && grep -q "; OpenBLAS Prescott kernels$" "$tmp/err"; then
+    fail "OpenBLAS runs its Prescott kernels on a CPU with AVX2"
+fi
 
 if [[ $fails -ne 0 ]]; then
     echo "FAIL: $fails check(s)" >&2

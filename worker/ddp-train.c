@@ -1116,6 +1116,7 @@ static void trainer_free(trainer *t)
 
 int main(int argc, char **argv)
 {
+    (void)mlp_blas_select(argv); /* OpenBLAS's fast kernels where it does not know the CPU */
     trainer t = {0};
     int status = parse_args(argc, argv, &t.a);
     if (status != 0)
@@ -1142,12 +1143,12 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "ddp-train: %d rank%s, ZeRO-%d, MLP %s (%zu parameters), %s lr %g (%s, "
                 "warmup %ld), global batch %d (%d x %d micro-steps per rank), %d epoch%s of %d "
-                "steps\n",
+                "steps; OpenBLAS %s kernels\n",
                 t.world, t.world == 1 ? "" : "s", t.a.zero, shape, mlp_num_params(&t.cfg),
                 t.a.optimizer == DDP_ADAMW ? "AdamW" : "SGD", t.a.lr,
                 t.a.schedule == DDP_SCHED_COSINE ? "cosine" : "constant", t.a.warmup,
                 t.a.global_batch, t.sampler.micro, t.a.grad_accum, t.epochs,
-                t.epochs == 1 ? "" : "s", t.steps_per_epoch);
+                t.epochs == 1 ? "" : "s", t.steps_per_epoch, mlp_blas_core());
     }
 
     double acc = NAN, train_s = 0;

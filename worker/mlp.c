@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rng.h"
 
@@ -278,4 +279,44 @@ int mlp_backward(mlp *m, const mlp_hooks *h, float loss_scale)
             return rc;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* OpenBLAS's kernels                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+const char *mlp_blas_core(void)
+{
+    return openblas_get_corename();
+}
+
+const char *mlp_blas_core_hint(void)
+{
+    if (strcmp(openblas_get_corename(), "Prescott") != 0)
+        return NULL;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return "Haswell";
+    if (__builtin_cpu_supports("avx"))
+        return "Sandybridge";
+#endif
+    return NULL;
+}
+
+int mlp_blas_select(char **argv)
+{
+    const char *core = getenv("OPENBLAS_CORETYPE") ? NULL : mlp_blas_core_hint();
+    if (!core)
+        return 0;
+    if (setenv("OPENBLAS_CORETYPE", core, 1) < 0)
+        return -errno;
+    execv("/proc/self/exe", argv);
+    int rc = -errno;
+    unsetenv("OPENBLAS_CORETYPE");
+    return rc;
 }

@@ -109,4 +109,25 @@ int mlp_backward(mlp *m, const mlp_hooks *h, float loss_scale);
 /* The latest forward's logits, (B, classes) (softmax probabilities after a forward with labels). */
 const float *mlp_output(const mlp *m);
 
+/*
+ * OpenBLAS's kernels for this CPU. A DYNAMIC_ARCH OpenBLAS picks its kernels from the CPU model
+ * when the library loads, and falls back to its oldest x86-64 set, "Prescott" (SSE3), for a
+ * model it does not know: Debian 12's 0.3.21 does so on Emerald Rapids Xeons, where its
+ * SkylakeX (AVX-512) kernels run sgemm 4.7 times faster. mlp_blas_core_hint() returns the
+ * OpenBLAS core type (OPENBLAS_CORETYPE) that suits this CPU's instruction sets ("SkylakeX",
+ * "Haswell" or "Sandybridge", from __builtin_cpu_supports) when the library fell back to
+ * Prescott, else NULL (the library's own choice stands). Pure but for reading CPUID.
+ *
+ * mlp_blas_select(argv): when OPENBLAS_CORETYPE is unset and mlp_blas_core_hint() names a core,
+ * sets OPENBLAS_CORETYPE to it and re-executes the program (/proc/self/exe, argv, the same
+ * pid), since OpenBLAS reads the variable only when it loads. Call first thing in main(), before
+ * any thread starts. Returns only when there is nothing to do (0) or the exec failed (-errno;
+ * the program goes on with the library's choice).
+ */
+const char *mlp_blas_core_hint(void);
+int mlp_blas_select(char **argv);
+
+/* OpenBLAS's name for the kernels in use ("SkylakeX", "Haswell", "Prescott", ...). */
+const char *mlp_blas_core(void);
+
 #endif /* DDP_TRAIN_MLP_H */

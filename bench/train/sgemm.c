@@ -17,7 +17,7 @@
  * ReLU work of the real step is not counted here or in the trainers' model FLOPs.
  *
  * Output: a table on stdout, or with --json one JSON object on stdout:
- *   {"threads":1,"square_n":2048,"square_gflops":...,"hidden":512,"layers":2,
+ *   {"threads":1,"core":"SkylakeX","square_n":2048,"square_gflops":...,"hidden":512,"layers":2,
  *    "flops_per_sample":...,"model":[{"batch":256,"gflops":...},...]}
  * flops_per_sample is the model GEMMs' flops per sample of a training step (forward and
  * backward), what compare.sh multiplies samples/s by.
@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "mlp.h"
 #include "monoclock.h"
 
 #define MAX_LAYERS 16
@@ -119,6 +120,7 @@ static double square_step(sq *s)
 
 int main(int argc, char **argv)
 {
+    (void)mlp_blas_select(argv); /* the kernels ddp-train runs with (worker/mlp.h) */
     int square = 2048, hidden = 512, layers = 2, reps = 5, ms = 200, json = 0;
     int batches[MAX_BATCHES] = {256, 128, 64}, nb = 3;
     for (int i = 1; i < argc; i++) {
@@ -204,15 +206,16 @@ int main(int argc, char **argv)
     }
 
     if (json) {
-        printf("{\"threads\": 1, \"square_n\": %d, \"square_gflops\": %.3f, \"hidden\": %d, "
+        printf("{\"threads\": 1, \"core\": \"%s\", \"square_n\": %d, \"square_gflops\": %.3f, \"hidden\": %d, "
                "\"layers\": %d, \"flops_per_sample\": %.0f, \"model\": [",
-               square, sq_gflops, hidden, layers, per_sample);
+               mlp_blas_core(), square, sq_gflops, hidden, layers, per_sample);
         for (int k = 0; k < nb; k++)
             printf("%s{\"batch\": %d, \"gflops\": %.3f}", k ? ", " : "", batches[k],
                    model_gflops[k]);
         printf("]}\n");
     } else {
-        printf("sgemm, one OpenBLAS thread, best of %d runs of >= %d ms\n\n", reps, ms);
+        printf("sgemm, one OpenBLAS thread (%s kernels), best of %d runs of >= %d ms\n\n",
+               mlp_blas_core(), reps, ms);
         printf("%-34s %8s\n", "shape", "GFLOP/s");
         printf("square %-27d %8.2f\n", square, sq_gflops);
         for (int k = 0; k < nb; k++) {

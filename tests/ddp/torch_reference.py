@@ -27,14 +27,16 @@ smallest change a wrong formula makes (measured against this run: SGD without it
 3e-3, AMSGrad 4e-3, AdamW without weight decay 5e-3, eps 1e-6 1e-2, the lr of the next step
 6e-2, Nesterov, no clip or coupled weight decay 2e-1 and more).
 
-OpenBLAS picks its kernels by CPU, and the AVX-512 (SkylakeX) sgemm sums in another order than
-the AVX2 (Haswell, also Zen) one: each step still agrees to ~1e-7, but the rounding stream, and
-so where a ReLU input lands within rounding of 0, depends on the machine. On an AVX-512 Xeon,
-seed 7's AdamW run at world 1 met such a switch at step 7 and drifted to 4e-3 by step 28, while
-the Haswell kernels on the same machine stay within 5e-7 for all 50 steps. So that the test
-checks the same arithmetic on every machine CI may run on, ddp-train runs with OpenBLAS's
-Haswell kernels (OPENBLAS_CORETYPE, on any CPU with AVX2; an explicit OPENBLAS_CORETYPE is kept).
-libddp's own kernels still dispatch by CPU as usual (test_ddp_optim covers each set).
+OpenBLAS picks its kernels by CPU (and ddp-train picks for it where it does not know the CPU:
+ddp-train(1), OPENBLAS_CORETYPE), and its sets sum in different orders: each step still agrees
+to ~1e-7, but the rounding stream, and so where a ReLU input lands within rounding of 0, depends
+on the machine. On an Emerald Rapids Xeon, seed 7's AdamW run at world 1 met such a switch at
+step 7 with OpenBLAS's Prescott kernels and drifted to 4e-3 by step 28, while the Haswell
+kernels on the same machine stay within 3e-5 for all 50 steps (as on the AMD EPYC machines,
+whose kernels are Haswell's). So that the test checks the same arithmetic on every machine CI
+may run on, ddp-train runs with OpenBLAS's Haswell kernels (OPENBLAS_CORETYPE, on any CPU with
+AVX2; an explicit OPENBLAS_CORETYPE is kept). libddp's own kernels still dispatch by CPU as
+usual (test_ddp_optim covers each set).
 
 Usage: torch_reference.py DDPRUN DDP_TRAIN
 Exit: 0 pass, 1 fail, 77 skipped (no torch, or Fashion-MNIST is not installed).
