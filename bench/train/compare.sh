@@ -137,6 +137,11 @@ hidden=$(sed -n 's/.*--hidden[ =]\([0-9]*\).*/\1/p' <<<"$TRAIN_ARGS")
 layers=$(sed -n 's/.*--layers[ =]\([0-9]*\).*/\1/p' <<<"$TRAIN_ARGS")
 batches=$(for n in $NPROCS; do echo $((${gb:-256} / n)); done | paste -sd,)
 run sgemm "$sgemm" --json --batch "$batches" --hidden "${hidden:-512}" --layers "${layers:-2}"
+# Every trainer on the OpenBLAS kernels sgemm ran with: ddp-train picks fast ones where OpenBLAS
+# does not know the CPU (worker/mlp.h), and Debian's torch 1.13 computes on the same OpenBLAS,
+# which would otherwise run its slow fallback there.
+core=$(sed -n 's/.*"core": "\([A-Za-z0-9]*\)".*/\1/p' "$OUT/sgemm.out" | tail -n 1)
+[[ -n $core ]] && export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$core}
 for n in $NPROCS; do
     for ((r = 1; r <= REPS; r++)); do
         # shellcheck disable=SC2086 # TRAIN_ARGS is a list of options
@@ -185,7 +190,8 @@ try:
         cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
 except (OSError, StopIteration):
     pass
-print(f"# {cpu}, {cores} cores; {epochs} epochs; single-thread sgemm: {sg['square_gflops']:.1f} "
+print(f"# {cpu}, {cores} cores; {epochs} epochs; OpenBLAS {sg.get('core', '?')} kernels for all; "
+      f"single-thread sgemm: {sg['square_gflops']:.1f} "
       f"GFLOP/s at {sg['square_n']}^3, "
       + ", ".join(f"{g:.1f} at the model's GEMMs (micro-batch {b})" for b, g in model_rate.items()))
 print(f"# model GEMM flops per sample (forward + backward): {fps:.0f}; the limit of n ranks is "
