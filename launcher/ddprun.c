@@ -11,9 +11,12 @@
  * waiting for a failure anywhere in the job or a node's heartbeat to stop, and wakes the loop
  * with uv_async_send().
  *
- * Each worker runs in its own process group, so signals reach its children too. Workers are
- * started through a small exec shim (this same binary, re-executed) that sets a parent-death
- * signal before exec'ing the real program: a SIGKILLed ddprun leaves no worker behind.
+ * Each worker runs in its own session and process group, so signals reach its children too.
+ * Workers are started through a small guard (this same binary, re-executed; shim_main()) that
+ * stays as the worker's parent: a child subreaper that forwards ddprun's signals and, once the
+ * worker has exited or ddprun has died (its parent-death signal), kills every descendant left,
+ * double-forked and setsid()'d daemons included. ddprun is a child subreaper as well, and kills
+ * whatever reaches it from a guard that was itself killed.
  *
  * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c).
  */
@@ -24,6 +27,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <ftw.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -36,8 +40,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -51,25 +58,287 @@
 extern char **environ;
 
 /* ---------------------------------------------------------------------------------------- */
-/* Exec shim                                                                                */
+/* Worker guard                                                                             */
 /* ---------------------------------------------------------------------------------------- */
 
 /*
- * argv: ddprun --ddprun-exec-shim PARENT_PID program args...
- * Runs in the freshly spawned worker (already its own session and process group): asks for
- * SIGKILL when the parent dies, then checks that the parent is still the one that spawned it
- * (closing the race where it died before prctl), then becomes the program.
+ * Lists the children of this process, over all its threads (an orphan may be reparented to any
+ * thread of a subreaper), into *out (malloc'd; free it). Reads /proc/self/task/<tid>/children,
+ * or, where the kernel lacks those files, scans /proc for processes whose parent we are.
+ * Returns the count, or -1 when /proc cannot be read at all.
+ */
+static int list_children(pid_t **out)
+{
+    size_t n = 0, cap = 16;
+    pid_t *v = malloc(cap * sizeof(*v));
+    bool have_children_files = false;
+    DIR *d = opendir("/proc/self/task");
+    if (!v) {
+        if (d)
+            closedir(d);
+        return -1;
+    }
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[sizeof(e->d_name) + 32];
+        snprintf(path, sizeof(path), "/proc/self/task/%s/children", e->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        have_children_files = true;
+        for (long pid; fscanf(f, "%ld", &pid) == 1;) {
+            if (n == cap) {
+                pid_t *w = realloc(v, (cap *= 2) * sizeof(*v));
+                if (!w)
+                    break;
+                v = w;
+            }
+            v[n++] = (pid_t)pid;
+        }
+        fclose(f);
+    }
+    if (d)
+        closedir(d);
+    if (!have_children_files) {
+        pid_t self = getpid();
+        d = opendir("/proc");
+        if (!d) {
+            free(v);
+            return -1;
+        }
+        for (struct dirent *e; (e = readdir(d));) {
+            char path[sizeof(e->d_name) + 16], buf[512];
+            if (e->d_name[0] < '1' || e->d_name[0] > '9')
+                continue;
+            snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                continue;
+            ssize_t k = read(fd, buf, sizeof(buf) - 1);
+            close(fd);
+            if (k <= 0)
+                continue;
+            buf[k] = '\0';
+            /* "pid (comm) state ppid ...": comm may hold anything, so parse after the last ')'. */
+            char *rp = strrchr(buf, ')');
+            char state;
+            long ppid;
+            if (!rp || sscanf(rp + 1, " %c %ld", &state, &ppid) != 2 || ppid != self)
+                continue;
+            if (n == cap) {
+                pid_t *w = realloc(v, (cap *= 2) * sizeof(*v));
+                if (!w)
+                    break;
+                v = w;
+            }
+            v[n++] = (pid_t)strtol(e->d_name, NULL, 10);
+        }
+        closedir(d);
+    }
+    *out = v;
+    return (int)n;
+}
+
+/*
+ * Kills and reaps every descendant of this process, which must be a child subreaper: SIGKILL to
+ * every child, then wait for one to go; the children of a killed process are reparented to us
+ * and killed in the next pass, so the whole tree goes, including what forks while it is being
+ * killed. Stops when no child is left. `reap` decides how: with a pid list known to be ours
+ * alone, waitpid(-1) is fine (the guard); ddprun waits for the listed pids only, since libuv
+ * owns its process handles' pids. Each reaped child's status goes to on_reaped, if set.
+ */
+static void kill_descendants(bool any_child, void (*on_reaped)(pid_t, int, void *), void *arg)
+{
+    for (;;) {
+        pid_t *v = NULL;
+        int n = list_children(&v);
+        if (n < 0)
+            return;
+        for (int i = 0; i < n; i++)
+            kill(v[i], SIGKILL);
+        int st;
+        pid_t r;
+        if (any_child) {
+            free(v);
+            while ((r = waitpid(-1, &st, 0)) < 0 && errno == EINTR)
+                ;
+            if (r < 0)
+                return; /* ECHILD: none left */
+            if (on_reaped)
+                on_reaped(r, st, arg);
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            while ((r = waitpid(v[i], &st, 0)) < 0 && errno == EINTR)
+                ;
+            if (r > 0 && on_reaped)
+                on_reaped(r, st, arg);
+        }
+        free(v);
+        if (n == 0)
+            return;
+    }
+}
+
+/* The signal that asks a guard to kill its worker and everything below it at once: ddprun's
+ * SIGKILL for a worker, and the guard's parent-death signal. A real-time signal, unused else. */
+#define GUARD_KILL_SIG (SIGRTMIN + 2)
+
+typedef struct guard_state {
+    pid_t worker;
+    int status;
+    bool worker_done;
+} guard_state;
+
+static void guard_reaped(pid_t pid, int status, void *arg)
+{
+    guard_state *g = arg;
+    if (pid == g->worker && !g->worker_done) {
+        g->status = status;
+        g->worker_done = true;
+    }
+}
+
+/* Reads the worker's environment, NUL-separated strings, from fd 3 (a memfd ddprun filled). */
+static char **guard_read_env(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0)
+        return NULL;
+    size_t len = (size_t)st.st_size;
+    char *buf = malloc(len + 1);
+    size_t n = 0;
+    if (!buf)
+        return NULL;
+    while (n < len) {
+        ssize_t k = pread(fd, buf + n, len - n, (off_t)n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    buf[n] = '\0';
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++)
+        count += buf[i] == '\0';
+    char **env = calloc(count + 2, sizeof(char *));
+    if (!env) {
+        free(buf);
+        return NULL;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+        env[k++] = buf + i;
+    env[k] = NULL;
+    return env;
+}
+
+/*
+ * argv: ddprun --ddprun-exec-shim PARENT_PID program args...; fd 3: a memfd holding the worker's
+ * environment (NUL-separated), into which the guard writes back the worker's pid.
+ *
+ * ddprun starts each worker through this guard (already in a session and process group of its
+ * own), which stays as the worker's parent instead of exec'ing: ddprun's environment stays the
+ * one its workers' parent shows, while the worker gets its own. The guard
+ *   - is a child subreaper, so whatever the worker double-forks or setsid()s ends up below it;
+ *   - asks for GUARD_KILL_SIG when ddprun dies (and checks ddprun did not die before that);
+ *   - forks the worker, which setsid()s (its own session and process group, as a worker always
+ *     had), asks for SIGKILL when the guard dies, and execs the program;
+ *   - forwards every signal ddprun sends (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) to
+ *     the worker's process group, and on GUARD_KILL_SIG SIGKILLs it;
+ *   - once the worker has exited (or on GUARD_KILL_SIG), SIGKILLs every descendant left, as
+ *     ddprun always did with the leftovers of a worker's process group, waits until none is
+ *     left, and exits as the worker did: its exit code, or its signal, raised again.
+ * Signals are handled synchronously (sigwaitinfo), so nothing runs in a handler.
  */
 static int shim_main(int argc, char **argv)
 {
     if (argc < 4)
         return 127;
+    sigset_t set, old;
+    sigemptyset(&set);
+    static const int handled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof(handled) / sizeof(handled[0]); i++)
+        sigaddset(&set, handled[i]);
+    sigaddset(&set, GUARD_KILL_SIG);
+    sigprocmask(SIG_BLOCK, &set, &old);
+
     pid_t parent = (pid_t)strtol(argv[2], NULL, 10);
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0 || prctl(PR_SET_PDEATHSIG, GUARD_KILL_SIG) != 0 ||
+        getppid() != parent)
         _exit(128 + SIGKILL);
-    execvp(argv[3], argv + 3);
-    fprintf(stderr, PROG ": cannot execute '%s': %s\n", argv[3], strerror(errno));
-    return errno == ENOENT ? 127 : 126;
+    fcntl(3, F_SETFD, FD_CLOEXEC);
+    char **env = guard_read_env(3);
+    if (env)
+        environ = env;
+
+    /* The worker's exec closes `sync`'s write end: until then a signal to its process group
+     * could find none (it has not called setsid() yet), so the guard waits for that first. */
+    int sync[2];
+    if (pipe2(sync, O_CLOEXEC) != 0)
+        sync[0] = sync[1] = -1;
+    guard_state g = {.worker = fork()};
+    if (g.worker < 0) {
+        fprintf(stderr, PROG ": cannot start '%s': %s\n", argv[3], strerror(errno));
+        return 127;
+    }
+    if (g.worker == 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        setsid();
+        pid_t guard = getppid();
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != guard)
+            _exit(128 + SIGKILL);
+        execvp(argv[3], argv + 3);
+        fprintf(stderr, PROG ": cannot execute '%s': %s\n", argv[3], strerror(errno));
+        _exit(errno == ENOENT ? 127 : 126);
+    }
+    if (sync[1] >= 0) {
+        close(sync[1]);
+        char c;
+        while (read(sync[0], &c, 1) < 0 && errno == EINTR)
+            ;
+        close(sync[0]);
+    }
+    char pid[16];
+    int pl = snprintf(pid, sizeof(pid), "%d", (int)g.worker);
+    if (ftruncate(3, 0) == 0 && pwrite(3, pid, (size_t)pl, 0) < 0)
+        (void)0; /* ddprun then names the guard's pid */
+    close(3);
+
+    bool kill_all = false;
+    while (!g.worker_done && !kill_all) {
+        siginfo_t si;
+        int sig = sigwaitinfo(&set, &si);
+        if (sig == SIGCHLD) {
+            int st;
+            pid_t r;
+            while ((r = waitpid(-1, &st, WNOHANG)) > 0)
+                guard_reaped(r, st, &g);
+        } else if (sig == GUARD_KILL_SIG) {
+            kill_all = true;
+        } else if (sig > 0) {
+            kill(-g.worker, sig);
+        }
+    }
+    /* The worker's process group first (it may have left it, but usually has not), then every
+     * descendant: those that left the group or the session were reparented to us. */
+    kill(-g.worker, SIGKILL);
+    kill_descendants(true, guard_reaped, &g);
+    if (WIFSIGNALED(g.status)) {
+        int sig = WTERMSIG(g.status);
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core); /* the worker may have dumped one; we should not */
+        signal(sig, SIG_DFL);
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        sigprocmask(SIG_UNBLOCK, &one, NULL);
+        raise(sig);
+        _exit(128 + sig);
+    }
+    _exit(WIFEXITED(g.status) ? WEXITSTATUS(g.status) : 1);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -93,7 +362,9 @@ typedef struct worker {
     int local_rank, rank;
     uv_process_t proc;
     stream out, err;
-    pid_t pid;
+    pid_t pid;        /* the guard's: ddprun signals it */
+    pid_t worker_pid; /* the program's, as the guard reported it (0: unknown) */
+    int envfd;        /* memfd shared with the guard (environment in, worker pid out); -1 */
     bool running;
     char error_file[PATH_MAX];
 } worker;
@@ -122,7 +393,7 @@ typedef struct agent {
     int nprocs;               /* worker process handles not closed yet */
     uv_timer_t restart_timer; /* starts the next round from a fresh loop iteration */
     bool round_done;          /* round_over() ran for this round */
-    uv_timer_t drain_timer;   /* closes pipes that outlive every worker (setsid'd grandchildren) */
+    uv_timer_t drain_timer;   /* closes pipes that outlive every worker and guard */
     agent_state state;
     bool stop_for_signal;
     int signal_seen; /* the terminating signal that stopped the job, if any */
@@ -505,11 +776,13 @@ static void print_summary(agent *a)
 /* Stopping                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
+/* Signals every running worker through its guard, which forwards the signal to the worker's
+ * process group; SIGKILL becomes the guard's request to kill the worker and all below it. */
 static void signal_workers(agent *a, int sig)
 {
     for (int i = 0; i < a->nworkers; i++)
         if (a->workers[i].running)
-            kill(-a->workers[i].pid, sig); /* the whole process group */
+            kill(a->workers[i].pid, sig == SIGKILL ? GUARD_KILL_SIG : sig);
 }
 
 static void kill_timer_cb(uv_timer_t *t)
@@ -641,12 +914,28 @@ static int spawn_worker(agent *a, worker *w)
     else if (mkdirs(dir) == 0)
         unlink(w->error_file);
 
+    /* The worker's environment goes to the guard through a memfd (its fd 3): the guard itself
+     * runs with ddprun's, which is what the worker finds as its parent's. */
     envb env = worker_env(a, w);
-    uv_stdio_container_t io[3];
+    w->worker_pid = 0;
+    w->envfd = memfd_create("ddprun-worker-env", MFD_CLOEXEC);
+    if (w->envfd < 0) {
+        int rc = -errno;
+        say("cannot start local rank %d: %s", w->local_rank, strerror(-rc));
+        env_free(&env);
+        free(args);
+        free(cmd);
+        return rc;
+    }
+    for (size_t i = 0; i < env.n; i++)
+        write_all(w->envfd, env.v[i], strlen(env.v[i]) + 1);
+    uv_stdio_container_t io[4];
     io[0].flags = UV_INHERIT_FD;
     io[0].data.fd = STDIN_FILENO;
     setup_stream(a, w, &w->out, DDPRUN_STD_OUT, &io[1]);
     setup_stream(a, w, &w->err, DDPRUN_STD_ERR, &io[2]);
+    io[3].flags = UV_INHERIT_FD;
+    io[3].data.fd = w->envfd;
 
     char self[PATH_MAX];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -657,10 +946,10 @@ static int spawn_worker(agent *a, worker *w)
     uv_process_options_t o = {0};
     o.file = self;
     o.args = args;
-    o.env = env.v;
+    o.env = NULL; /* ddprun's own */
     o.exit_cb = on_worker_exit;
     o.flags = UV_PROCESS_DETACHED; /* setsid(): its own session and process group */
-    o.stdio_count = 3;
+    o.stdio_count = 4;
     o.stdio = io;
     w->proc.data = w;
     int rc = uv_spawn(a->loop, &w->proc, &o);
@@ -669,6 +958,8 @@ static int spawn_worker(agent *a, worker *w)
     free(cmd);
     if (rc < 0) {
         say("cannot start local rank %d: %s", w->local_rank, uv_strerror(rc));
+        close(w->envfd);
+        w->envfd = -1;
         stream_close(&w->out);
         stream_close(&w->err);
         return rc;
@@ -798,13 +1089,17 @@ static void drain_timer_cb(uv_timer_t *t)
 }
 
 /*
- * A round is over once every worker has exited and its output has been relayed. Pipes that
- * outlive the workers (held by a grandchild in another session) are closed after a second.
+ * A round is over once every worker has exited and its output has been relayed. The guards kill
+ * every descendant of their workers before they exit; what a guard that was itself killed left
+ * behind was reparented to ddprun (a subreaper), and goes now: with every guard reaped, each
+ * child ddprun still has is such a stray. Pipes that outlive even that (an end passed to a
+ * process outside the tree) are closed after a second.
  */
 static void maybe_round_over(agent *a)
 {
     if (a->round_done || a->nrunning > 0 || a->nprocs > 0)
         return;
+    kill_descendants(false, NULL, NULL);
     if (a->nstreams > 0) {
         if (!uv_is_active((uv_handle_t *)&a->drain_timer))
             uv_timer_start(&a->drain_timer, drain_timer_cb, 1000, 0);
@@ -829,6 +1124,15 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal)
     w->running = false;
     a->nrunning--;
     uv_close((uv_handle_t *)p, proc_closed);
+    if (w->envfd >= 0) {
+        /* The guard wrote the program's pid there; the summary names that process. */
+        char buf[16] = "";
+        ssize_t k = pread(w->envfd, buf, sizeof(buf) - 1, 0);
+        long pid = k > 0 ? strtol(buf, NULL, 10) : 0;
+        w->worker_pid = pid > 0 && pid <= INT_MAX ? (pid_t)pid : 0;
+        close(w->envfd);
+        w->envfd = -1;
+    }
 
     /* A worker we did not stop that exits non-zero or by a signal fails the job. */
     if ((status != 0 || term_signal != 0) && a->state == ST_RUNNING) {
@@ -836,13 +1140,13 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal)
         read_error_file(w->error_file, message, sizeof(message));
         ddprun_failure f;
         ddprun_failure_init(&f, a->hostname, w->rank, w->local_rank,
-                            term_signal ? -term_signal : (int)status, w->pid, message);
+                            term_signal ? -term_signal : (int)status,
+                            w->worker_pid ? w->worker_pid : w->pid, message);
         add_failure(a, &f);
         publish_failure(a, &f);
         stop_workers(a);
     }
-    /* Leftovers in its process group (a grandchild that stayed behind) go with it. */
-    kill(-w->pid, SIGKILL);
+    /* Leftovers of the worker (its process group, daemons it started) went with its guard. */
     maybe_round_over(a);
 }
 
@@ -1219,6 +1523,8 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* What a worker's guard could not kill (the guard itself was killed) is reparented here. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
 
     agent a = {0};
     a.cfg = &cfg;

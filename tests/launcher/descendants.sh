@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# No descendant of a worker outlives ddprun, whatever it did to its process group: each worker
+# starts two double-forked, setsid'd daemons (one ignores SIGTERM and SIGHUP and holds ddprun's
+# output pipe, one has its own stdio) and a plain background child, and records their PIDs.
+#   (a) the workers finish: ddprun exits 0 and every recorded process is gone;
+#   (b) ddprun is SIGKILLed: every recorded process is gone;
+#   (c) a worker fails: ddprun exits with its code and every recorded process is gone.
+# "Gone" is checked within a bound (polling): a zombie counts as gone, since a process that was
+# reparented to an init that does not reap may stay one. Usage: descendants.sh DDPRUN.
+# Exit 0 pass, 1 fail.
+set -uo pipefail
+ddprun=$(readlink -f "$1")
+tmp=$(mktemp -d)
+cleanup() {
+  # Whatever a failed case left behind.
+  cat "$tmp"/pid.* 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { echo "ok: $*"; }
+
+wait_for() { # seconds command...
+  local end=$((SECONDS + $1)); shift
+  until "$@"; do
+    [ $SECONDS -ge $end ] && return 1
+    sleep 0.05
+  done
+}
+
+# A process is alive when /proc has it and it is not a zombie.
+alive() { # pid
+  local st
+  st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ -n "$st" ] && [ "$st" != Z ]
+}
+
+# Lists the recorded PIDs of case $1 that are still alive.
+survivors() { # case
+  local f p out=""
+  for f in "$tmp"/pid."$1".*; do
+    [ -e "$f" ] || continue
+    p=$(cat "$f")
+    [ -n "$p" ] && alive "$p" && out+="$p($(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)) "
+  done
+  echo "$out"
+}
+none_left() { [ -z "$(survivors "$1")" ]; }
+
+# daemon.sh PIDFILE [own]: a grandchild in a session of its own that records its PID and sleeps;
+# the first kind ignores SIGTERM and SIGHUP and keeps the worker's stdout and stderr.
+cat >"$tmp/daemon.sh" <<'EOF'
+if [ "${2:-}" = own ]; then
+  setsid sh -c 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1"; exec sleep 300' sh "$1" </dev/null >/dev/null 2>&1 &
+else
+  setsid sh -c 'trap "" TERM HUP; echo $$ > "$1.tmp" && mv "$1.tmp" "$1"; exec sleep 300' sh "$1" &
+fi
+EOF
+# worker.sh CASE ACTION: starts the daemons and a background child, waits for their PID files,
+# then: "exit" (finish), "sleep" (wait to be killed), or "fail-rank1" (rank 1 exits 3).
+cat >"$tmp/worker.sh" <<'EOF'
+case=$1 action=$2 dir=$3
+sh "$dir/daemon.sh" "$dir/pid.$case.$RANK.a"
+sh "$dir/daemon.sh" "$dir/pid.$case.$RANK.b" own
+sleep 300 &
+echo $! > "$dir/pid.$case.$RANK.c"
+n=0
+while [ ! -e "$dir/pid.$case.$RANK.a" ] || [ ! -e "$dir/pid.$case.$RANK.b" ]; do
+  n=$((n + 1)); [ $n -gt 1000 ] && exit 9; sleep 0.01
+done
+touch "$dir/up.$case.$RANK"
+echo "rank $RANK up"
+case $action in
+  exit) exit 0 ;;
+  sleep) exec sleep 300 ;;
+  fail-rank1)
+    if [ "$RANK" = 1 ]; then
+      while [ ! -e "$dir/up.$case.0" ]; do sleep 0.01; done
+      exit 3
+    fi
+    exec sleep 300 ;;
+esac
+EOF
+
+# (a) The workers finish while their daemons live on.
+timeout 60 "$ddprun" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" a exit "$tmp" >"$tmp/oa" 2>&1
+rc=$?
+if [ $rc = 0 ] && [ -e "$tmp/pid.a.1.b" ] && wait_for 5 none_left a; then
+  ok "(a) ddprun exited normally: no daemon left"
+else
+  fail "(a) rc=$rc, left: $(survivors a); $(cat "$tmp/oa")"
+fi
+
+# (b) ddprun SIGKILLed while the workers and their daemons run.
+"$ddprun" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" b sleep "$tmp" >"$tmp/ob" 2>&1 &
+dp=$!
+if wait_for 30 test -e "$tmp/up.b.0" -a -e "$tmp/up.b.1"; then
+  kill -KILL $dp
+  wait $dp 2>/dev/null
+  if wait_for 5 none_left b; then
+    ok "(b) ddprun SIGKILLed: no daemon left"
+  else
+    fail "(b) left after SIGKILL of ddprun: $(survivors b)"
+  fi
+else
+  fail "(b) workers did not start: $(cat "$tmp/ob")"
+  kill -KILL $dp 2>/dev/null
+fi
+
+# (c) Rank 1 fails: rank 0 is stopped, and everything both started goes.
+timeout 60 "$ddprun" --standalone --nproc-per-node 2 --shutdown-timeout 2 sh "$tmp/worker.sh" c fail-rank1 "$tmp" >"$tmp/oc" 2>&1
+rc=$?
+if [ $rc = 3 ] && [ -e "$tmp/pid.c.0.a" ] && wait_for 5 none_left c; then
+  ok "(c) a worker failed: no daemon left"
+else
+  fail "(c) rc=$rc, left: $(survivors c); $(cat "$tmp/oc")"
+fi
+
+echo "$((3 - fails)) passed, $fails failed"
+[ $fails = 0 ]
