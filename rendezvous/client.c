@@ -734,6 +734,20 @@ int rdzv_client_local_addr(const rdzv_client *c, char *host, size_t hostlen)
     return socket_endpoint(c, false, host, hostlen, NULL);
 }
 
+int rdzv_client_local_endpoint(const rdzv_client *c, char *host, size_t hostlen, int *port)
+{
+    if (!port)
+        return -EINVAL;
+    int p = 0;
+    int rc = socket_endpoint(c, false, host, hostlen, &p);
+    if (rc < 0)
+        return rc;
+    if (strncmp(host, "::ffff:", 7) == 0 && strchr(host + 7, '.'))
+        memmove(host, host + 7, strlen(host + 7) + 1);
+    *port = p;
+    return 0;
+}
+
 int rdzv_client_dup(const rdzv_client *c, rdzv_client **out)
 {
     char host[NI_MAXHOST];

@@ -84,6 +84,15 @@ typedef struct rdzv_server_options {
 
     rdzv_log_fn log; /* optional log hook; NULL: silent */
     void *log_arg;
+
+    /* Optional: called whenever a client connection closes (the peer went away, or the server
+     * closed it), with the peer's numeric address (an IPv4-mapped IPv6 address in its IPv4
+     * form; both borrowed for the call) and port as they were when the connection was
+     * accepted. Runs on the server's thread (the caller's loop thread for an embedded server)
+     * and must not call into the server. An embedding launcher uses it to learn at once that a
+     * process whose connection it knows (rdzv_client_local_endpoint()) has gone. NULL: none. */
+    void (*on_close)(void *arg, const char *host, int port);
+    void *on_close_arg;
 } rdzv_server_options;
 
 /* Fills `opts` with the defaults given in brackets above. */
@@ -190,6 +199,13 @@ int rdzv_client_dup(const rdzv_client *c, rdzv_client **out);
  * Returns 0, -ENOTCONN, -ENOSPC (hostlen too small) or -EINVAL.
  */
 int rdzv_client_local_addr(const rdzv_client *c, char *host, size_t hostlen);
+
+/*
+ * Like rdzv_client_local_addr(), and writes the connection's local port into *port as well,
+ * with an IPv4-mapped IPv6 address in its IPv4 form: the pair the server's on_close hook
+ * reports when this connection closes. Returns 0, -ENOTCONN, -ENOSPC or -EINVAL (NULL port).
+ */
+int rdzv_client_local_endpoint(const rdzv_client *c, char *host, size_t hostlen, int *port);
 
 /* Closes the connection and frees the client. NULL is a no-op. */
 void rdzv_client_close(rdzv_client *c);

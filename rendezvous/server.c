@@ -48,6 +48,8 @@ typedef struct client {
     struct client *prev, *next;
     bool reading, closing;
     char peer[64];
+    char addr[INET6_ADDRSTRLEN]; /* numeric peer address at accept, for opts.on_close */
+    int port;                    /* peer port at accept; 0: unknown */
 } client;
 
 typedef struct write_req {
@@ -165,6 +167,24 @@ static const char *peer_name(client *c)
     return c->peer;
 }
 
+/* Notes the peer's address and port for the on_close hook (the peer may be gone by then). */
+static void remember_peer(client *c)
+{
+    struct sockaddr_storage ss = {0};
+    int sl = sizeof(ss);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) != 0)
+        return;
+    if (ss.ss_family == AF_INET6) {
+        uv_ip6_name((struct sockaddr_in6 *)&ss, c->addr, sizeof(c->addr));
+        c->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        if (strncmp(c->addr, "::ffff:", 7) == 0 && strchr(c->addr + 7, '.'))
+            memmove(c->addr, c->addr + 7, strlen(c->addr + 7) + 1);
+    } else if (ss.ss_family == AF_INET) {
+        uv_ip4_name((struct sockaddr_in *)&ss, c->addr, sizeof(c->addr));
+        c->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    }
+}
+
 /* Closes a client: its waits are dropped now, its memory once libuv lets go of the handle. */
 static void client_close(client *c, const char *why)
 {
@@ -174,6 +194,8 @@ static void client_close(client *c, const char *why)
     c->closing = true;
     if (why)
         logf_(srv, RDZV_LOG_WARN, "closing connection from %s: %s", peer_name(c), why);
+    if (srv->opts.on_close && c->port > 0)
+        srv->opts.on_close(srv->opts.on_close_arg, c->addr, c->port);
     rdzv__conn_release(&srv->store, &c->conn);
     if (c->prev)
         c->prev->next = c->next;
@@ -448,6 +470,8 @@ static void accept_one(rdzv_server *srv, uv_stream_t *listener, int status)
         return;
     }
     srv->accepted++;
+    if (srv->opts.on_close)
+        remember_peer(c);
     /* TCP_NODELAY and keepalive come from the listening socket: Linux copies them to every
      * accepted socket, which saves three system calls per connection. */
     if ((rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb)) < 0) {

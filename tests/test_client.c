@@ -958,6 +958,75 @@ START_TEST(test_connect_retries_until_server_listens)
 }
 END_TEST
 
+/* What the on_close hook saw: the (host, port) pairs of closed connections. */
+struct closed_log {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char host[8][64];
+    int port[8];
+    int n;
+};
+
+static void record_close(void *arg, const char *host, int port)
+{
+    struct closed_log *l = arg;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < 8) {
+        snprintf(l->host[l->n], sizeof(l->host[0]), "%s", host);
+        l->port[l->n++] = port;
+    }
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* The server's on_close hook names the connection a client reports with
+ * rdzv_client_local_endpoint(), as soon as that client goes; on IPv4 and, where there is one,
+ * on the IPv6 loopback. */
+static void check_on_close(const char *bind_host, const char *want_host)
+{
+    struct closed_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    rdzv_server_options so;
+    rdzv_server_options_init(&so);
+    so.host = bind_host;
+    so.on_close = record_close;
+    so.on_close_arg = &l;
+    rdzv_server *s = NULL;
+    if (rdzv_server_start(&so, &s) != 0) {
+        ck_assert_str_eq(bind_host, "::1"); /* no IPv6 loopback here */
+        return;
+    }
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect(bind_host, rdzv_server_port(s), NULL, &c), 0);
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    char host[64];
+    int lport = 0;
+    ck_assert_int_eq(rdzv_client_local_endpoint(c, host, sizeof host, &lport), 0);
+    ck_assert_str_eq(host, want_host);
+    ck_assert_int_gt(lport, 0);
+    ck_assert_int_eq(rdzv_client_local_endpoint(c, host, sizeof host, NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_client_local_endpoint(c, host, 2, &lport), -ENOSPC);
+    rdzv_client_close(c);
+
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* pthread_cond_timedwait's clock */
+    until.tv_sec += 10;
+    pthread_mutex_lock(&l.mu);
+    while (l.n == 0 && pthread_cond_timedwait(&l.cv, &l.mu, &until) == 0)
+        ;
+    ck_assert_int_eq(l.n, 1);
+    ck_assert_str_eq(l.host[0], want_host);
+    ck_assert_int_eq(l.port[0], lport);
+    pthread_mutex_unlock(&l.mu);
+    rdzv_server_stop(s);
+}
+
+START_TEST(test_on_close_hook)
+{
+    check_on_close("127.0.0.1", "127.0.0.1");
+    check_on_close("::1", "::1");
+}
+END_TEST
+
 START_TEST(test_connect_names_and_ipv6)
 {
     /* "localhost" may list ::1 first, where nothing listens: the next address must be tried. */
@@ -1141,6 +1210,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_add);
     tcase_add_test(tc, test_compare_set);
     tcase_add_test(tc, test_dup_and_local_addr);
+    tcase_add_test(tc, test_on_close_hook);
     tcase_add_test(tc, test_check_delete_num_keys);
     tcase_add_test(tc, test_append);
     tcase_add_test(tc, test_multi);
