@@ -51,8 +51,7 @@
 
 #define SHIM_FLAG "--ddprun-exec-shim"
 #define PROG "ddprun"
-#define HEARTBEAT_MS 250
-#define DEAD_AFTER_S 1.0
+#define HEARTBEAT_MS 250 /* the monitor's slice: it looks at failures, beats and joiners */
 #define MEMBERSHIP_CHANGE "nodes are waiting to join"
 
 extern char **environ;
@@ -371,6 +370,13 @@ typedef struct worker {
 
 typedef enum { ST_RUNNING, ST_STOPPING, ST_DONE } agent_state;
 
+/* The far end of a store connection that closed (the store's on_close hook). */
+#define MAX_CLOSED 64
+typedef struct closed_peer {
+    char host[64];
+    int port;
+} closed_peer;
+
 typedef struct agent {
     ddprun_config *cfg;
     uv_loop_t *loop;
@@ -414,6 +420,8 @@ typedef struct agent {
     int monitor_round; /* round the monitor watches; -1: stop */
     char remote_failure[1024];
     int remote_round; /* the round remote_failure belongs to */
+    closed_peer closed[MAX_CLOSED]; /* store connections that closed (ring; under mu) */
+    uint64_t nclosed, closed_seen;  /* ring positions: written, looked at by the monitor */
 } agent;
 
 static void die_oom(void)
@@ -1173,7 +1181,10 @@ static void remote_cb(uv_async_t *h)
     ddprun_failure f;
     if (ddprun_failure_from_json(msg, &f) == 0) {
         add_failure(a, &f);
-        say("rank %d on %s failed: stopping the local workers", f.rank, f.node);
+        if (f.rank >= 0)
+            say("rank %d on %s failed: stopping the local workers", f.rank, f.node);
+        else
+            say("%s: stopping the local workers", f.message);
     } else {
         say("%s: stopping the local workers", msg);
         /* Not a record (a node stopped beating, the store is gone): one without a worker. */
@@ -1189,18 +1200,95 @@ static void remote_cb(uv_async_t *h)
 /* Monitor thread                                                                           */
 /* ---------------------------------------------------------------------------------------- */
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /*
- * Blocks on the store for the current round's failure key and watches the other nodes'
- * heartbeats; either wakes the loop. It uses a connection of its own, and waits in short
- * slices so that it notices a new round or the end of the job.
+ * The store's on_close hook (the store's thread, when this agent hosts it): notes the closed
+ * connection's far end for the monitor, which looks it up among the nodes' connection records.
+ * A ring: if more connections close within one monitor slice than it holds, the oldest are
+ * forgotten, and a node among them counts as dead only once its heartbeats time out.
+ */
+static void store_conn_closed(void *arg, const char *host, int port)
+{
+    agent *a = arg;
+    pthread_mutex_lock(&a->mu);
+    closed_peer *p = &a->closed[a->nclosed++ % MAX_CLOSED];
+    snprintf(p->host, sizeof(p->host), "%s", host);
+    p->port = port;
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* On the hosting agent: the node rank whose monitor connection closed since the last look, or
+ * -1. A connection of this node, or one that is no node's monitor (a worker's), is no news. */
+static int closed_node(agent *a, rdzv_client *c, int round, int nnodes, int me)
+{
+    closed_peer seen[MAX_CLOSED];
+    pthread_mutex_lock(&a->mu);
+    uint64_t n = a->nclosed - a->closed_seen;
+    if (n > MAX_CLOSED)
+        n = MAX_CLOSED;
+    for (uint64_t i = 0; i < n; i++)
+        seen[i] = a->closed[(a->nclosed - n + i) % MAX_CLOSED];
+    a->closed_seen = a->nclosed;
+    pthread_mutex_unlock(&a->mu);
+    for (uint64_t i = 0; i < n; i++) {
+        int r = ddprun_rdzv_conn_owner(c, a->prefix, round, nnodes, seen[i].host, seen[i].port);
+        if (r >= 0 && r != me)
+            return r;
+    }
+    return -1;
+}
+
+/*
+ * A node found dead: unless the round already ended well (every node passed the exit barrier,
+ * after which nodes leave), publish it as the round's failure so that every node stops at once
+ * with the same root cause, and hand the record to the loop. Runs on the monitor's thread with
+ * its own client, so a store that is slow to answer never blocks the loop.
+ */
+static void report_dead_node(agent *a, rdzv_client *c, int round, const char *why, char *report,
+                             size_t n)
+{
+    if (ddprun_rdzv_exit_done(c, a->prefix, round) == 1)
+        return;
+    ddprun_failure f;
+    ddprun_failure_init(&f, "?", -1, -1, 1, 0, why);
+    char *js = ddprun_failure_to_json(&f);
+    if (!js) {
+        snprintf(report, n, "%s", why);
+        return;
+    }
+    ddprun_rdzv_publish_failure(c, a->prefix, round, js);
+    snprintf(report, n, "%s", js);
+    free(js);
+}
+
+/*
+ * Blocks on the store for the current round's failure key, beats, and watches the other nodes:
+ * either wakes the loop. It uses a connection of its own (whose local end it publishes, so that
+ * the store's host knows it when it closes), and waits in short slices so that it notices a new
+ * round or the end of the job. A node is dead when its heartbeats stop for the liveness timeout
+ * (ddprun_liveness()), or, seen by the store's host, at once when its monitor's connection
+ * closes. The client's timeout outlasts the liveness timeout, so an outage the other nodes ride
+ * out does not break this node's connection either.
  */
 static void *monitor_main(void *arg)
 {
     agent *a = arg;
+    double beat_s, dead_s;
+    ddprun_liveness(a->cfg, &beat_s, &dead_s);
+    int slice_ms = beat_s * 1000 < HEARTBEAT_MS ? (int)(beat_s * 1000) : HEARTBEAT_MS;
+    if (slice_ms < 10)
+        slice_ms = 10;
     rdzv_client_options co;
     rdzv_client_options_init(&co);
     co.connect_timeout_ms = 10000;
-    co.timeout_ms = 5000;
+    double timeout_s = dead_s + 2 < 5 ? 5 : dead_s + 2;
+    co.timeout_ms = timeout_s < INT_MAX / 1000 ? (int)(timeout_s * 1000) : -1;
     rdzv_client *c = NULL;
     if (rdzv_client_connect(a->store_host, a->store_port, &co, &c) < 0)
         return NULL;
@@ -1208,6 +1296,7 @@ static void *monitor_main(void *arg)
     int hb_round = -1;
     bool dynamic = a->cfg->rdzv_backend == DDPRUN_BACKEND_C10D;
     bool reported = false;
+    double last_beat = 0;
     for (;;) {
         pthread_mutex_lock(&a->mu);
         int round = a->monitor_round;
@@ -1218,14 +1307,16 @@ static void *monitor_main(void *arg)
         if (round != hb_round) {
             if (hb_round >= 0)
                 ddprun_hb_free(&hb);
-            if (ddprun_hb_init(&hb, a->prefix, round, nnodes, DEAD_AFTER_S) < 0)
+            if (ddprun_hb_init(&hb, a->prefix, round, nnodes, dead_s) < 0)
                 break;
             hb_round = round;
             reported = false;
+            ddprun_rdzv_publish_conn(c, a->prefix, round, me);
+            last_beat = 0;
         }
         char report[1024] = "";
         char *json = NULL;
-        int rc = ddprun_rdzv_wait_failure(c, a->prefix, round, HEARTBEAT_MS, &json);
+        int rc = ddprun_rdzv_wait_failure(c, a->prefix, round, slice_ms, &json);
         if (rc == 0) {
             snprintf(report, sizeof(report), "%s", json);
             rdzv_free(json);
@@ -1233,15 +1324,30 @@ static void *monitor_main(void *arg)
             snprintf(report, sizeof(report), "lost the rendezvous store at %s:%d (%s)",
                      a->store_host, a->store_port, rdzv_strerror(rc));
         } else {
-            ddprun_heartbeat(c, a->prefix, round, me);
+            double now = mono_s();
+            if (now - last_beat >= beat_s) {
+                ddprun_heartbeat(c, a->prefix, round, me);
+                last_beat = now;
+            }
             int dead[16];
             int nd = ddprun_dead_nodes(c, &hb, dead, 16);
+            int gone = a->store ? closed_node(a, c, round, nnodes, me) : -1;
             int64_t waiting = 0;
-            if (nd > 0)
-                snprintf(report, sizeof(report), "node %d stopped sending heartbeats", dead[0]);
-            else if (dynamic && ddprun_rdzv_num_waiting(c, a->prefix, round, &waiting) == 0 &&
-                     waiting > 0)
+            char why[160];
+            if (gone >= 0) {
+                snprintf(why, sizeof(why),
+                         "node %d closed its connection to the store (its ddprun exited or was "
+                         "killed)",
+                         gone);
+                report_dead_node(a, c, round, why, report, sizeof(report));
+            } else if (nd > 0) {
+                snprintf(why, sizeof(why), "node %d stopped sending heartbeats (none for %g s)",
+                         dead[0], dead_s);
+                report_dead_node(a, c, round, why, report, sizeof(report));
+            } else if (dynamic && ddprun_rdzv_num_waiting(c, a->prefix, round, &waiting) == 0 &&
+                       waiting > 0) {
                 snprintf(report, sizeof(report), "%s", MEMBERSHIP_CHANGE);
+            }
         }
         if (report[0] && !reported) {
             reported = true;
@@ -1251,13 +1357,8 @@ static void *monitor_main(void *arg)
             pthread_mutex_unlock(&a->mu);
             uv_async_send(&a->remote);
         }
-        if (report[0] && rc != 0 && rc != -ETIMEDOUT) {
-            /* The store is gone: nothing more to watch this round. */
-            pthread_mutex_lock(&a->mu);
-            while (a->monitor_round == round)
-                pthread_cond_wait(&a->cv, &a->mu);
-            pthread_mutex_unlock(&a->mu);
-        } else if (reported) {
+        if (reported) {
+            /* Reported (or the store is gone): nothing more to watch this round. */
             pthread_mutex_lock(&a->mu);
             while (a->monitor_round == round)
                 pthread_cond_wait(&a->cv, &a->mu);
@@ -1463,6 +1564,8 @@ static int setup_store(agent *a)
                      : "0.0.0.0";
         o.port = port;
         o.log = store_log;
+        o.on_close = store_conn_closed; /* a node whose monitor connection closes is gone */
+        o.on_close_arg = a;
         int rc = rdzv_server_start(&o, &a->store);
         if (rc < 0 && (is_static || cfg->is_host_given)) {
             say("cannot serve the store on %s:%d: %s", o.host, port, rdzv_strerror(rc));

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <netdb.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -618,6 +619,67 @@ int ddprun_heartbeat(rdzv_client *c, const char *prefix, int round, int node_ran
         return -ENOMEM;
     int64_t v = 0;
     int rc = rdzv_add(c, key, 1, &v);
+    free(key);
+    return rc;
+}
+
+int ddprun_rdzv_publish_conn(rdzv_client *c, const char *prefix, int round, int node_rank)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || node_rank < 0)
+        return -EINVAL;
+    char host[NI_MAXHOST + 16];
+    int port = 0;
+    int rc = rdzv_client_local_endpoint(c, host, NI_MAXHOST, &port);
+    if (rc < 0)
+        return rc;
+    snprintf(host + strlen(host), 16, " %d", port);
+    char *key = round_key(prefix, round, "conn/%d", node_rank);
+    if (!key)
+        return -ENOMEM;
+    rc = rdzv_set(c, key, host, strlen(host));
+    free(key);
+    return rc;
+}
+
+int ddprun_rdzv_conn_owner(rdzv_client *c, const char *prefix, int round, int nnodes,
+                           const char *host, int port)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || nnodes < 1 || nnodes > DDPRUN_RDZV_MAX_NODES ||
+        !host || port <= 0)
+        return -EINVAL;
+    char want[NI_MAXHOST + 16];
+    if (snprintf(want, sizeof want, "%s %d", host, port) >= (int)sizeof want)
+        return -ENOENT;
+    char **keys = key_array(prefix, round, "conn", nnodes);
+    void **values = calloc((size_t)nnodes, sizeof *values);
+    size_t *lens = calloc((size_t)nnodes, sizeof *lens);
+    int rc = -ENOMEM;
+    if (!keys || !values || !lens)
+        goto out;
+    rc = rdzv_multi_get(c, (const char *const *)keys, (size_t)nnodes, values, lens);
+    if (rc < 0)
+        goto out;
+    rc = -ENOENT;
+    for (int i = 0; i < nnodes && rc == -ENOENT; i++)
+        if (lens[i] == strlen(want) && memcmp(values[i], want, lens[i]) == 0)
+            rc = i;
+out:
+    if (values)
+        free_values(values, nnodes);
+    free(lens);
+    rdzv_free(keys);
+    return rc;
+}
+
+int ddprun_rdzv_exit_done(rdzv_client *c, const char *prefix, int round)
+{
+    if (!c || bad_prefix(prefix) || round < 0)
+        return -EINVAL;
+    char *key = round_key(prefix, round, "exit/done");
+    if (!key)
+        return -ENOMEM;
+    const char *keys[1] = {key};
+    int rc = rdzv_check(c, keys, 1);
     free(key);
     return rc;
 }

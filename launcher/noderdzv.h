@@ -20,6 +20,9 @@
  *   dyn/closed           "<n>" (closed with slots 0..n-1) or "aborted <n>"; set once (compare_set)
  *   dyn/waiting          ADD counter of nodes that arrived after the round closed
  *   hb/<rank>            ADD counter, advanced by each heartbeat of that node rank
+ *   conn/<rank>          "<host> <port>": the local end of that node's monitor connection to the
+ *                        store (ddprun_rdzv_publish_conn()), so that the store's host can tell
+ *                        whose connection closed
  *   failed               the first failure report of the round (compare_set): the JSON text of
  *                        a ddprun_failure (failure.h)
  *   exit/count           ADD counter of the nodes whose workers all succeeded (exit barrier)
@@ -173,6 +176,29 @@ int ddprun_heartbeat(rdzv_client *c, const char *prefix, int round, int node_ran
  * unchanged).
  */
 int ddprun_dead_nodes(rdzv_client *c, ddprun_hb_state *st, int *dead, int dead_cap);
+
+/*
+ * Connection records. A node publishes the local end of its monitor's connection (`c` itself,
+ * rdzv_client_local_endpoint()) as conn/<node_rank> of round `round`; the agent hosting the store
+ * hears of every connection that closes (the server's on_close hook) and looks the closed end up
+ * with ddprun_rdzv_conn_owner(), which reads every node's record in one MULTI_GET. A node whose
+ * connection closed is gone at once (its ddprun exited or was killed), with no heartbeat timeout
+ * to wait for. Behind a NAT the ends differ and nothing matches: heartbeats still apply.
+ *
+ * publish_conn returns 0, -EINVAL or a negative errno from the client or the store. conn_owner
+ * returns the node rank (0 .. nnodes-1) whose record is host:port (`host` borrowed), -ENOENT if
+ * none is, -EINVAL, -ENOMEM or a negative errno from the store.
+ */
+int ddprun_rdzv_publish_conn(rdzv_client *c, const char *prefix, int round, int node_rank);
+int ddprun_rdzv_conn_owner(rdzv_client *c, const char *prefix, int round, int nnodes,
+                           const char *host, int port);
+
+/*
+ * Whether every node has passed the exit barrier of round `round` (exit/done is set): after that
+ * a node that goes silent or closes its connection has simply finished. Returns 1, 0, -EINVAL or
+ * a negative errno from the store.
+ */
+int ddprun_rdzv_exit_done(rdzv_client *c, const char *prefix, int round);
 
 /*
  * Publishes a failure report of round `round`: sets <prefix>/round_<n>/failed to `json` (any

@@ -134,8 +134,10 @@ static const cli_option options[] = {
      "",
      true,
      "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, read_timeout, "
-     "timeout, heartbeat_timeout (seconds), is_host (true/false), keep_alive_interval, "
-     "keep_alive_max_attempt, cas_backoff_max_seconds, store_type (tcp)."},
+     "timeout (seconds), is_host (true/false), cas_backoff_max_seconds, store_type (tcp); "
+     "node liveness: a node beats every keep_alive_interval seconds (5) and counts as dead "
+     "after heartbeat_timeout seconds without a beat (default keep_alive_interval x "
+     "keep_alive_max_attempt (3)); one whose connection to the store closes, at once."},
     {O_STANDALONE,
      {"--standalone"},
      NULL,
@@ -680,6 +682,15 @@ static int conf_bool(const char *label, const char *key, const char *v, bool *ou
                 label, key, v);
 }
 
+void ddprun_liveness(const ddprun_config *cfg, double *beat_s, double *dead_after_s)
+{
+    int attempts = cfg->keep_alive_max_attempt > 0 ? cfg->keep_alive_max_attempt : 3;
+    double interval = cfg->keep_alive_interval_s > 0 ? cfg->keep_alive_interval_s : 5;
+    double dead = cfg->heartbeat_timeout_s > 0 ? cfg->heartbeat_timeout_s : interval * attempts;
+    *dead_after_s = dead;
+    *beat_s = interval * attempts > dead ? dead / attempts : interval;
+}
+
 /* torchrun's _parse_rendezvous_config(), then the keys its rendezvous backends read. */
 static int get_rdzv_conf(const struct raw *r, ddprun_config *c, char *err, size_t errlen)
 {
@@ -735,7 +746,7 @@ static int get_rdzv_conf(const struct raw *r, ddprun_config *c, char *err, size_
         else if (strcmp(key, "timeout") == 0)
             rc = get_seconds(what, val, false, &c->timeout_s, err, errlen);
         else if (strcmp(key, "heartbeat_timeout") == 0)
-            rc = get_seconds(what, val, false, &d, err, errlen);
+            rc = get_seconds(what, val, false, &c->heartbeat_timeout_s, err, errlen);
         else if (strcmp(key, "keep_alive_interval") == 0)
             rc = get_seconds(what, val, false, &c->keep_alive_interval_s, err, errlen);
         else if (strcmp(key, "cas_backoff_max_seconds") == 0)
@@ -1168,6 +1179,7 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     c->timeout_s = 900;
     c->keep_alive_interval_s = 5;
     c->keep_alive_max_attempt = 3;
+    c->heartbeat_timeout_s = 0; /* unset: keep_alive_interval * keep_alive_max_attempt */
     TRY(get_rdzv_conf(r, c, err, errlen));
 
     if (c->no_python && c->module && !c->run_path)

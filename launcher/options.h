@@ -82,7 +82,17 @@ typedef struct ddprun_config {
     char *event_log_handler;        /* --event-log-handler: accepted, ignored; default "null" */
     char *duplicate_stdout_filters; /* --duplicate-stdout-filters: accepted, ignored */
     char *duplicate_stderr_filters; /* --duplicate-stderr-filters: accepted, ignored */
+    double heartbeat_timeout_s;     /* rdzv_conf heartbeat_timeout; 0: unset (see below) */
 } ddprun_config;
+
+/*
+ * Node liveness from the rendezvous settings: a node beats every *beat_s and is dead after
+ * *dead_after_s without a beat. dead_after_s is heartbeat_timeout when given, else
+ * keep_alive_interval * keep_alive_max_attempt (torchrun's expiry: 15 s by default); beat_s is
+ * keep_alive_interval, shortened where needed so that keep_alive_max_attempt beats fit in
+ * dead_after_s. Pure arithmetic on a parsed config.
+ */
+void ddprun_liveness(const ddprun_config *cfg, double *beat_s, double *dead_after_s);
 
 /*
  * Parses argv (argv[0] is the program name) with PET_<NAME> environment defaults and, when the

@@ -149,6 +149,7 @@ START_TEST(defaults_are_torchrun_defaults)
     ck_assert_double_eq(cfg.timeout_s, 900);
     ck_assert_double_eq(cfg.keep_alive_interval_s, 5);
     ck_assert_int_eq(cfg.keep_alive_max_attempt, 3);
+    ck_assert_double_eq(cfg.heartbeat_timeout_s, 0);
     ck_assert_int_eq(cfg.max_restarts, 0);
     ck_assert_double_eq_tol(cfg.monitor_interval_s, 0.1, 1e-12);
     ck_assert_double_eq(cfg.shutdown_timeout_s, 30);
@@ -554,6 +555,31 @@ START_TEST(module_no_python_run_path)
 }
 END_TEST
 
+/* Liveness: dead after heartbeat_timeout if given, else interval x attempts; the beat interval
+ * shrinks so that keep_alive_max_attempt beats fit in the timeout. */
+START_TEST(liveness_settings)
+{
+    double beat, dead;
+    PARSE_OK("--nnodes", "2", "t");
+    ddprun_liveness(&cfg, &beat, &dead);
+    ck_assert_double_eq_tol(beat, 5, 1e-12);
+    ck_assert_double_eq_tol(dead, 15, 1e-12);
+    PARSE_OK("--nnodes", "2", "--rdzv-conf", "heartbeat_timeout=1", "t");
+    ddprun_liveness(&cfg, &beat, &dead);
+    ck_assert_double_eq_tol(beat, 1.0 / 3, 1e-12);
+    ck_assert_double_eq_tol(dead, 1, 1e-12);
+    PARSE_OK("--nnodes", "2", "--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=4", "t");
+    ddprun_liveness(&cfg, &beat, &dead);
+    ck_assert_double_eq_tol(beat, 0.5, 1e-12);
+    ck_assert_double_eq_tol(dead, 2, 1e-12);
+    /* A long heartbeat_timeout keeps the interval. */
+    PARSE_OK("--nnodes", "2", "--rdzv-conf", "heartbeat_timeout=60,keep_alive_interval=2", "t");
+    ddprun_liveness(&cfg, &beat, &dead);
+    ck_assert_double_eq_tol(beat, 2, 1e-12);
+    ck_assert_double_eq_tol(dead, 60, 1e-12);
+}
+END_TEST
+
 START_TEST(rdzv_conf_parsing)
 {
     PARSE_OK("--rdzv-conf",
@@ -568,6 +594,7 @@ START_TEST(rdzv_conf_parsing)
     ck_assert_double_eq(cfg.timeout_s, 15);
     ck_assert_double_eq(cfg.keep_alive_interval_s, 2);
     ck_assert_int_eq(cfg.keep_alive_max_attempt, 9);
+    ck_assert_double_eq(cfg.heartbeat_timeout_s, 3);
     ck_assert(cfg.is_host);
     ck_assert_int_eq(cfg.is_host_given, 1);
 
@@ -941,6 +968,7 @@ int main(void)
     tcase_add_test(tc, errors_name_their_flag);
     tcase_add_test(tc, module_no_python_run_path);
     tcase_add_test(tc, rdzv_conf_parsing);
+    tcase_add_test(tc, liveness_settings);
     tcase_add_test(tc, redirects_and_tee);
     tcase_add_test(tc, local_ranks_filter);
     tcase_add_test(tc, standalone);

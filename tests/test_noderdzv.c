@@ -619,6 +619,35 @@ static void exit_node(int i, rdzv_client *c, void *arg, node_result *r)
     }
 }
 
+/* Connection records: each node's published end is found again by its host and port; an end
+ * nobody published is no node's; exit/done reads as set only once it is. */
+START_TEST(test_conn_records)
+{
+    rdzv_client *n0 = client(), *n1 = client(), *host = client();
+    ck_assert_int_eq(ddprun_rdzv_publish_conn(n0, PREFIX, 4, 0), 0);
+    ck_assert_int_eq(ddprun_rdzv_publish_conn(n1, PREFIX, 4, 1), 0);
+    char h[64];
+    int p0 = 0, p1 = 0, ph = 0;
+    ck_assert_int_eq(rdzv_client_local_endpoint(n0, h, sizeof h, &p0), 0);
+    ck_assert_int_eq(rdzv_client_local_endpoint(n1, h, sizeof h, &p1), 0);
+    ck_assert_int_eq(rdzv_client_local_endpoint(host, h, sizeof h, &ph), 0);
+    ck_assert_int_eq(ddprun_rdzv_conn_owner(host, PREFIX, 4, 3, h, p1), 1);
+    ck_assert_int_eq(ddprun_rdzv_conn_owner(host, PREFIX, 4, 3, h, p0), 0);
+    ck_assert_int_eq(ddprun_rdzv_conn_owner(host, PREFIX, 4, 3, h, ph), -ENOENT);
+    ck_assert_int_eq(ddprun_rdzv_conn_owner(host, PREFIX, 5, 3, h, p0), -ENOENT); /* round */
+    ck_assert_int_eq(ddprun_rdzv_conn_owner(host, PREFIX, 4, 3, "10.9.9.9", p0), -ENOENT);
+    ck_assert_int_eq(ddprun_rdzv_conn_owner(host, PREFIX, 4, 0, h, p0), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_publish_conn(NULL, PREFIX, 4, 0), -EINVAL);
+
+    ck_assert_int_eq(ddprun_rdzv_exit_done(host, PREFIX, 4), 0);
+    ck_assert_int_eq(rdzv_set(host, PREFIX "/round_4/exit/done", "1", 1), 0);
+    ck_assert_int_eq(ddprun_rdzv_exit_done(host, PREFIX, 4), 1);
+    rdzv_client_close(n0);
+    rdzv_client_close(n1);
+    rdzv_client_close(host);
+}
+END_TEST
+
 START_TEST(test_exit_barrier_all_arrive)
 {
     exit_args e = {0, 3, 5.0};
@@ -975,6 +1004,7 @@ static Suite *noderdzv_suite(void)
     tcase_add_test(tc, test_heartbeat_detects_silent_node);
     tcase_add_test(tc, test_failure_first_writer_wins);
     tcase_add_test(tc, test_failure_record_through_store);
+    tcase_add_test(tc, test_conn_records);
     tcase_add_test(tc, test_exit_barrier_all_arrive);
     tcase_add_test(tc, test_exit_barrier_failure_ends_wait);
     tcase_add_test(tc, test_exit_barrier_timeout);
