@@ -273,12 +273,12 @@ static int shim_main(int argc, char **argv)
     if (env)
         environ = env;
 
-    /* The worker's exec closes `sync`'s write end: until then a signal to its process group
-     * could find none (it has not called setsid() yet), so the guard waits for that first. */
-    int sync[2];
-    if (pipe2(sync, O_CLOEXEC) != 0)
-        sync[0] = sync[1] = -1;
-    guard_state g = {.worker = fork()};
+    /* vfork(): the guard resumes once the worker has exec'd (or failed to), so by then the worker
+     * has its own process group for the guard's signals; and nothing is copied. The child only
+     * makes system calls before exec. */
+    volatile int exec_errno = 0; /* the child's, when exec fails (vfork(): shared memory) */
+    pid_t guard = getpid();
+    guard_state g = {.worker = vfork()};
     if (g.worker < 0) {
         fprintf(stderr, PROG ": cannot start '%s': %s\n", argv[3], strerror(errno));
         return 127;
@@ -286,20 +286,14 @@ static int shim_main(int argc, char **argv)
     if (g.worker == 0) {
         sigprocmask(SIG_SETMASK, &old, NULL);
         setsid();
-        pid_t guard = getppid();
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != guard)
             _exit(128 + SIGKILL);
         execvp(argv[3], argv + 3);
-        fprintf(stderr, PROG ": cannot execute '%s': %s\n", argv[3], strerror(errno));
+        exec_errno = errno;
         _exit(errno == ENOENT ? 127 : 126);
     }
-    if (sync[1] >= 0) {
-        close(sync[1]);
-        char c;
-        while (read(sync[0], &c, 1) < 0 && errno == EINTR)
-            ;
-        close(sync[0]);
-    }
+    if (exec_errno)
+        fprintf(stderr, PROG ": cannot execute '%s': %s\n", argv[3], strerror(exec_errno));
     char pid[16];
     int pl = snprintf(pid, sizeof(pid), "%d", (int)g.worker);
     if (ftruncate(3, 0) == 0 && pwrite(3, pid, (size_t)pl, 0) < 0)
@@ -935,8 +929,16 @@ static int spawn_worker(agent *a, worker *w)
         free(cmd);
         return rc;
     }
+    size_t envlen = 0;
     for (size_t i = 0; i < env.n; i++)
-        write_all(w->envfd, env.v[i], strlen(env.v[i]) + 1);
+        envlen += strlen(env.v[i]) + 1;
+    char *block = malloc(envlen ? envlen : 1), *end = block;
+    if (!block)
+        die_oom();
+    for (size_t i = 0; i < env.n; i++)
+        end = stpcpy(end, env.v[i]) + 1;
+    write_all(w->envfd, block, envlen); /* one write: a memfd takes it whole */
+    free(block);
     uv_stdio_container_t io[4];
     io[0].flags = UV_INHERIT_FD;
     io[0].data.fd = STDIN_FILENO;
