@@ -143,9 +143,9 @@ static int list_children(pid_t **out)
  * Kills and reaps every descendant of this process, which must be a child subreaper: SIGKILL to
  * every child, then wait for one to go; the children of a killed process are reparented to us
  * and killed in the next pass, so the whole tree goes, including what forks while it is being
- * killed. Stops when no child is left. `reap` decides how: with a pid list known to be ours
- * alone, waitpid(-1) is fine (the guard); ddprun waits for the listed pids only, since libuv
- * owns its process handles' pids. Each reaped child's status goes to on_reaped, if set.
+ * killed. Stops when no child is left. `any_child` says how to reap: the guard, all of whose
+ * children are fair game, waits for any (waitpid(-1)); ddprun waits for the listed pids only,
+ * so as never to reap one of libuv's. Each reaped child's status goes to on_reaped, if set.
  */
 static void kill_descendants(bool any_child, void (*on_reaped)(pid_t, int, void *), void *arg)
 {
@@ -243,8 +243,8 @@ static char **guard_read_env(int fd)
  * one its workers' parent shows, while the worker gets its own. The guard
  *   - is a child subreaper, so whatever the worker double-forks or setsid()s ends up below it;
  *   - asks for GUARD_KILL_SIG when ddprun dies (and checks ddprun did not die before that);
- *   - forks the worker, which setsid()s (its own session and process group, as a worker always
- *     had), asks for SIGKILL when the guard dies, and execs the program;
+ *   - vfork()s the worker, which setsid()s (its own session and process group, as a worker
+ *     always had), asks for SIGKILL when the guard dies, and execs the program;
  *   - forwards every signal ddprun sends (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) to
  *     the worker's process group, and on GUARD_KILL_SIG SIGKILLs it;
  *   - once the worker has exited (or on GUARD_KILL_SIG), SIGKILLs every descendant left, as
@@ -296,8 +296,9 @@ static int shim_main(int argc, char **argv)
         fprintf(stderr, PROG ": cannot execute '%s': %s\n", argv[3], strerror(exec_errno));
     char pid[16];
     int pl = snprintf(pid, sizeof(pid), "%d", (int)g.worker);
-    if (ftruncate(3, 0) == 0 && pwrite(3, pid, (size_t)pl, 0) < 0)
-        (void)0; /* ddprun then names the guard's pid */
+    if (ftruncate(3, 0) != 0 || pwrite(3, pid, (size_t)pl, 0) != pl) {
+        /* Nothing to do: ddprun then names the guard's pid instead of the worker's. */
+    }
     close(3);
 
     bool kill_all = false;
@@ -315,9 +316,11 @@ static int shim_main(int argc, char **argv)
             kill(-g.worker, sig);
         }
     }
-    /* The worker's process group first (it may have left it, but usually has not), then every
-     * descendant: those that left the group or the session were reparented to us. */
-    kill(-g.worker, SIGKILL);
+    /* A live worker's process group first (its members may have left it, but usually have
+     * not), then every descendant: whatever lost its parent was reparented to us. Once the
+     * worker is reaped its group's pid may be reused, and its members are our children anyway. */
+    if (!g.worker_done)
+        kill(-g.worker, SIGKILL);
     kill_descendants(true, guard_reaped, &g);
     if (WIFSIGNALED(g.status)) {
         int sig = WTERMSIG(g.status);
@@ -413,7 +416,7 @@ typedef struct agent {
     pthread_cond_t cv;
     int monitor_round; /* round the monitor watches; -1: stop */
     char remote_failure[1024];
-    int remote_round; /* the round remote_failure belongs to */
+    int remote_round;               /* the round remote_failure belongs to */
     closed_peer closed[MAX_CLOSED]; /* store connections that closed (ring; under mu) */
     uint64_t nclosed, closed_seen;  /* ring positions: written, looked at by the monitor */
 } agent;

@@ -568,7 +568,8 @@ START_TEST(liveness_settings)
     ddprun_liveness(&cfg, &beat, &dead);
     ck_assert_double_eq_tol(beat, 1.0 / 3, 1e-12);
     ck_assert_double_eq_tol(dead, 1, 1e-12);
-    PARSE_OK("--nnodes", "2", "--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=4", "t");
+    PARSE_OK("--nnodes", "2", "--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=4",
+             "t");
     ddprun_liveness(&cfg, &beat, &dead);
     ck_assert_double_eq_tol(beat, 0.5, 1e-12);
     ck_assert_double_eq_tol(dead, 2, 1e-12);
