@@ -4,7 +4,9 @@
 # output pipe, one has its own stdio) and a plain background child, and records their PIDs.
 #   (a) the workers finish: ddprun exits 0 and every recorded process is gone;
 #   (b) ddprun is SIGKILLed: every recorded process is gone;
-#   (c) a worker fails: ddprun exits with its code and every recorded process is gone.
+#   (c) a worker fails: ddprun exits with its code and every recorded process is gone;
+#   (d) a worker's guard (the worker's parent, a child subreaper) is SIGKILLed: the worker dies
+#       with it, ddprun (a subreaper too) inherits the daemons and kills them at teardown.
 # "Gone" is checked within a bound (polling): a zombie counts as gone, since a process that was
 # reparented to an init that does not reap may stay one. Usage: descendants.sh DDPRUN.
 # Exit 0 pass, 1 fail.
@@ -69,6 +71,7 @@ n=0
 while [ ! -e "$dir/pid.$case.$RANK.a" ] || [ ! -e "$dir/pid.$case.$RANK.b" ]; do
   n=$((n + 1)); [ $n -gt 1000 ] && exit 9; sleep 0.01
 done
+echo $PPID > "$dir/guard.$case.$RANK"
 touch "$dir/up.$case.$RANK"
 echo "rank $RANK up"
 case $action in
@@ -117,5 +120,23 @@ else
   fail "(c) rc=$rc, left: $(survivors c); $(cat "$tmp/oc")"
 fi
 
-echo "$((3 - fails)) passed, $fails failed"
+# (d) The guard of rank 0 SIGKILLed: rank 0 dies of SIGKILL (its parent-death signal), the job
+#     fails, and what rank 0 started is gone once ddprun has exited.
+"$ddprun" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" d sleep "$tmp" >"$tmp/od" 2>&1 &
+dp=$!
+if wait_for 30 test -e "$tmp/up.d.0" -a -e "$tmp/up.d.1"; then
+  kill -KILL "$(cat "$tmp/guard.d.0")"
+  timeout 30 tail -s 0.05 --pid=$dp -f /dev/null
+  wait $dp; rc=$?
+  if [ $rc = 137 ] && wait_for 5 none_left d; then
+    ok "(d) a guard SIGKILLed: ddprun exited 137, no daemon left"
+  else
+    fail "(d) rc=$rc, left: $(survivors d); $(cat "$tmp/od")"
+  fi
+else
+  fail "(d) workers did not start: $(cat "$tmp/od")"
+  kill -KILL $dp 2>/dev/null
+fi
+
+echo "$((4 - fails)) passed, $fails failed"
 [ $fails = 0 ]
