@@ -5,11 +5,14 @@
  * output line by line, and tears everything down when a worker fails anywhere in the job,
  * restarting the whole job while restarts remain.
  *
- * Event handling is libuv's: process exits, pipes, signals and timers on one loop. Blocking
- * store calls (rendezvous, publishing a failure) happen on the loop thread, which is safe
- * because the store never runs on this loop; a monitor thread blocks on the store instead,
- * waiting for a failure anywhere in the job or a node's heartbeat to stop, and wakes the loop
- * with uv_async_send().
+ * Event handling is libuv's: process exits, pipes, signals and timers on one loop, which never
+ * blocks. The agent's own store calls (connecting, the rendezvous, clearing the workers' keys,
+ * publishing a failure, the exit barrier) block, so they run as jobs on libuv's thread pool, one
+ * at a time and in order (the agent's client is not thread-safe), and the loop goes on handling
+ * signals meanwhile: a signal that arrives while the agent waits on the store (no worker
+ * running) ends the node at once, abandoning the job, whose thread dies with the process. A
+ * monitor thread blocks on the store too, waiting for a failure anywhere in the job or a node's
+ * heartbeat to stop, and wakes the loop with uv_async_send().
  *
  * Each worker runs in its own process group, so signals reach its children too. Workers are
  * started through a small exec shim (this same binary, re-executed) that sets a parent-death
@@ -22,6 +25,7 @@
 #include "options.h"
 #include "rdzv.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -47,6 +51,7 @@
 #define HEARTBEAT_MS 250
 #define DEAD_AFTER_S 1.0
 #define MEMBERSHIP_CHANGE "nodes are waiting to join"
+#define EXIT_WAIT_MS 2000 /* at exit, the most ddprun waits for output and a failure report */
 
 extern char **environ;
 
@@ -98,7 +103,29 @@ typedef struct worker {
     char error_file[PATH_MAX];
 } worker;
 
-typedef enum { ST_RUNNING, ST_STOPPING, ST_DONE } agent_state;
+/*
+ * ST_WAITING: no worker of this node exists and the agent waits on the store (connecting, a
+ * rendezvous, the exit barrier) or for the next round to start. ST_RUNNING: workers run.
+ * ST_STOPPING: they are being stopped. ST_DONE: the loop ends and ddprun exits.
+ */
+typedef enum { ST_WAITING, ST_RUNNING, ST_STOPPING, ST_DONE } agent_state;
+
+struct agent;
+
+/* A blocking store call run off the loop (see the file comment). */
+typedef enum { JOB_CONNECT, JOB_RENDEZVOUS, JOB_PUBLISH, JOB_BARRIER } job_kind;
+
+typedef struct store_job {
+    uv_work_t req;
+    struct agent *a;
+    job_kind kind;
+    struct store_job *next;
+    int rc;
+    int round;             /* RENDEZVOUS: the round to start from; then the round joined */
+    ddprun_assignment asg; /* RENDEZVOUS: the result */
+    char *json;            /* PUBLISH: the record (malloc); BARRIER: a failure (rdzv_free) */
+    char err[640];         /* what went wrong, for the loop thread to print */
+} store_job;
 
 typedef struct agent {
     ddprun_config *cfg;
@@ -108,6 +135,7 @@ typedef struct agent {
     char prefix[DDPRUN_RDZV_MAX_PREFIX + 1]; /* this job's keys: DDPRUN_RDZV_ROOT "/<run_id>" */
     rdzv_server *store;                      /* hosted here (node 0 / c10d host), else NULL */
     char store_host[256];                    /* where agents and workers reach the store */
+    char connect_host[256];                  /* where this agent reaches it */
     int store_port;
     rdzv_client *client; /* the agent's own connection */
     ddprun_assignment asg;
@@ -126,10 +154,13 @@ typedef struct agent {
     agent_state state;
     bool stop_for_signal;
     int signal_seen; /* the terminating signal that stopped the job, if any */
+    bool exit_wait_over; /* EXIT_WAIT_MS passed since the loop ended */
     int sigint_count;
     uv_signal_t sigs[6];
     uv_timer_t kill_timer;
     uv_async_t remote; /* the monitor saw a failure elsewhere */
+    store_job *jobs, *jobs_tail; /* store calls waiting for their turn */
+    store_job *job;              /* the one running on the thread pool, or NULL */
 
     ddprun_failure *failures; /* this round's, local or reported by another node */
     size_t nfailures;
@@ -688,49 +719,27 @@ static int spawn_worker(agent *a, worker *w)
 /* Rounds                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-static int run_round(agent *a);
+static void start_round(agent *a);
+static store_job *job_new(agent *a, job_kind kind);
+static void job_queue(agent *a, store_job *j);
 
+/* Tells the other nodes through the store (a job: the loop does not wait for the reply). */
 static void publish_failure(agent *a, const ddprun_failure *f)
 {
     char *js = ddprun_failure_to_json(f);
     if (!js)
         return;
-    int rc = ddprun_rdzv_publish_failure(a->client, a->prefix, a->round, js);
-    if (rc < 0)
-        say("could not publish the failure through the store: %s", rdzv_strerror(rc));
-    free(js);
-}
-
-/*
- * Torchrun's exit barrier (ddprun_rdzv_exit_barrier()), with an eye on the round's failure key: a
- * failure published by a node still running ends the wait. Returns 0 when all nodes finished (or
- * the barrier itself failed, which the node's own success outlives), -1 when a failure came first
- * (recorded for the summary).
- */
-static int exit_barrier(agent *a)
-{
-    char *json = NULL;
-    int rc = ddprun_rdzv_exit_barrier(a->client, a->prefix, a->round, a->asg.nnodes,
-                                      a->cfg->close_timeout_s + 300.0, HEARTBEAT_MS, &json);
-    if (rc == 1) {
-        ddprun_failure f;
-        if (ddprun_failure_from_json(json, &f) == 0)
-            add_failure(a, &f);
-        rdzv_free(json);
-        return -1;
-    }
-    if (rc < 0)
-        say("exit barrier: %s", rc == -ETIMEDOUT ? "timed out" : rdzv_strerror(rc));
-    return 0;
+    store_job *j = job_new(a, JOB_PUBLISH);
+    j->round = a->round;
+    j->json = js;
+    job_queue(a, j);
 }
 
 static void restart_cb(uv_timer_t *t)
 {
     agent *a = t->data;
-    if (run_round(a) < 0) {
-        a->state = ST_DONE;
-        print_summary(a);
-    }
+    if (a->state == ST_WAITING)
+        start_round(a);
 }
 
 /* Everything of this round has exited: restart, or finish. */
@@ -741,7 +750,7 @@ static void round_over(agent *a)
         /* Nodes are waiting to join: every node re-rendezvous; no restart is used up. */
         a->membership_change = false;
         a->round++;
-        a->state = ST_RUNNING;
+        a->state = ST_WAITING;
         uv_timer_start(&a->restart_timer, restart_cb, 0, 0);
         return;
     }
@@ -750,11 +759,12 @@ static void round_over(agent *a)
     if (!failed) {
         /* Success here: wait for the other nodes before leaving, since node 0's store serves
          * them (torchrun's exit barrier) -- unless one of them fails meanwhile. */
-        if (a->asg.nnodes > 1 && exit_barrier(a) < 0) {
-            a->state = ST_DONE;
-            print_summary(a);
-            qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
-            a->exit_code = ddprun_failure_exit_status(a->nfailures ? &a->failures[0] : NULL);
+        if (a->asg.nnodes > 1) {
+            a->state = ST_WAITING;
+            store_job *j = job_new(a, JOB_BARRIER);
+            j->round = a->round;
+            j->asg = a->asg;
+            job_queue(a, j);
             return;
         }
         a->exit_code = 0;
@@ -770,7 +780,7 @@ static void round_over(agent *a)
         free(a->failures);
         a->failures = NULL;
         a->nfailures = 0;
-        a->state = ST_RUNNING;
+        a->state = ST_WAITING;
         /* From a fresh loop iteration: we may be inside a close callback of this round. */
         uv_timer_start(&a->restart_timer, restart_cb, 0, 0);
         return;
@@ -978,62 +988,73 @@ static void monitor_set_round(agent *a, int round)
 /* Rendezvous and rounds                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
-static int rendezvous(agent *a)
+/*
+ * The node rendezvous of round j->round, then (rounds after the first) the clearing of the
+ * workers' keys. Runs on the thread pool: reads only what the loop does not change while a job
+ * runs (the configuration, the run prefix, the client) and leaves its results in `j`.
+ */
+static int rendezvous_job(agent *a, store_job *j)
 {
     ddprun_config *cfg = a->cfg;
     char err[512] = "";
     int rc;
     if (cfg->nnodes_max == 1) {
         /* A single-node job: nobody else can join, so there is nothing to agree on. */
-        a->asg = (ddprun_assignment){.round = a->round,
+        j->asg = (ddprun_assignment){.round = j->round,
                                      .node_rank = 0,
                                      .nnodes = 1,
                                      .rank_offset = 0,
                                      .world_size = cfg->nproc_per_node};
-        return 0;
-    }
-    if (cfg->rdzv_backend == DDPRUN_BACKEND_STATIC) {
+        rc = 0;
+    } else if (cfg->rdzv_backend == DDPRUN_BACKEND_STATIC) {
         rc =
-            ddprun_rdzv_static(a->client, a->prefix, a->round, cfg->nnodes_max, cfg->node_rank,
-                               cfg->nproc_per_node, cfg->join_timeout_s, &a->asg, err, sizeof(err));
+            ddprun_rdzv_static(a->client, a->prefix, j->round, cfg->nnodes_max, cfg->node_rank,
+                               cfg->nproc_per_node, cfg->join_timeout_s, &j->asg, err, sizeof(err));
     } else {
         char node_id[320];
         snprintf(node_id, sizeof(node_id), "%s:%d", a->hostname, (int)getpid());
         /* A round that closed before we joined: wait for the next one, which the running nodes
          * start when they see us waiting. */
-        while ((rc = ddprun_rdzv_dynamic(a->client, a->prefix, a->round, cfg->nnodes_min,
+        while ((rc = ddprun_rdzv_dynamic(a->client, a->prefix, j->round, cfg->nnodes_min,
                                          cfg->nnodes_max, node_id, cfg->nproc_per_node,
-                                         cfg->join_timeout_s, cfg->last_call_timeout_s, &a->asg,
+                                         cfg->join_timeout_s, cfg->last_call_timeout_s, &j->asg,
                                          err, sizeof(err))) == -EAGAIN)
-            a->round++;
+            j->round++;
     }
-    if (rc < 0)
-        say("rendezvous failed: %s%s%s", rdzv_strerror(rc), err[0] ? ": " : "", err);
-    return rc;
+    if (rc < 0) {
+        snprintf(j->err, sizeof(j->err), "rendezvous failed: %s%s%s", rdzv_strerror(rc),
+                 err[0] ? ": " : "", err);
+        return rc;
+    }
+    /*
+     * Between attempts the workers' keys go (ddprun_rdzv_clear_worker_keys()): the hosting agent
+     * clears everything outside ddprun's own keys once every node has met for the new round,
+     * and the other nodes wait for that before spawning.
+     */
+    if (j->round > 0) {
+        rc = ddprun_rdzv_clear_worker_keys(a->store, a->client, a->prefix, j->round,
+                                           j->asg.nnodes, cfg->join_timeout_s);
+        if (rc < 0)
+            snprintf(j->err, sizeof(j->err), "%s the store for round %d: %s",
+                     a->store ? "clearing" : "waiting for the clearing of", j->round,
+                     rdzv_strerror(rc));
+    }
+    return rc < 0 ? rc : 0;
 }
 
-/*
- * Between attempts the workers' keys go (ddprun_rdzv_clear_worker_keys()): the hosting agent
- * clears everything outside ddprun's own keys once every node has met for the new round, and the
- * other nodes wait for that before spawning.
- */
-static int clear_worker_keys(agent *a)
+/* Starts the rendezvous of round a->round; spawn_round() follows when it succeeds. */
+static void start_round(agent *a)
 {
-    int rc = ddprun_rdzv_clear_worker_keys(a->store, a->client, a->prefix, a->round, a->asg.nnodes,
-                                           a->cfg->join_timeout_s);
-    if (rc < 0)
-        say("%s the store for round %d: %s", a->store ? "clearing" : "waiting for the clearing of",
-            a->round, rdzv_strerror(rc));
-    return rc;
+    a->state = ST_WAITING;
+    store_job *j = job_new(a, JOB_RENDEZVOUS);
+    j->round = a->round;
+    job_queue(a, j);
 }
 
-static int run_round(agent *a)
+/* The rendezvous of this round succeeded: start the workers. */
+static void spawn_round(agent *a)
 {
     ddprun_config *cfg = a->cfg;
-    if (rendezvous(a) < 0 || (a->round > 0 && clear_worker_keys(a) < 0)) {
-        a->exit_code = 1;
-        return -1;
-    }
     /* Watch the other nodes, and for an elastic job that could still grow, late joiners. */
     bool watch = a->asg.nnodes > 1 ||
                  (cfg->rdzv_backend == DDPRUN_BACKEND_C10D && a->asg.nnodes < cfg->nnodes_max);
@@ -1066,18 +1087,201 @@ static int run_round(agent *a)
         }
     }
     maybe_round_over(a);
-    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Store calls off the loop                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+static store_job *job_new(agent *a, job_kind kind)
+{
+    store_job *j = xcalloc(1, sizeof(*j));
+    j->a = a;
+    j->kind = kind;
+    j->req.data = j;
+    return j;
+}
+
+/* Runs on the thread pool. The agent's client is this job's alone until job_after(). */
+static void job_work(uv_work_t *req)
+{
+    store_job *j = req->data;
+    agent *a = j->a;
+    switch (j->kind) {
+    case JOB_CONNECT: {
+        rdzv_client_options co;
+        rdzv_client_options_init(&co);
+        co.connect_timeout_ms = (int)(a->cfg->join_timeout_s * 1000);
+        co.timeout_ms = (int)(a->cfg->timeout_s * 1000);
+        j->rc = rdzv_client_connect(a->connect_host, a->store_port, &co, &a->client);
+        if (j->rc < 0)
+            snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s:%d: %s (%s)",
+                     a->connect_host, a->store_port, rdzv_strerror(j->rc),
+                     rdzv_client_last_error(NULL)); /* thread-local: read here */
+        break;
+    }
+    case JOB_RENDEZVOUS:
+        j->rc = rendezvous_job(a, j);
+        break;
+    case JOB_PUBLISH:
+        j->rc = ddprun_rdzv_publish_failure(a->client, a->prefix, j->round, j->json);
+        if (j->rc < 0)
+            snprintf(j->err, sizeof(j->err),
+                     "could not publish the failure through the store: %s",
+                     rdzv_strerror(j->rc));
+        break;
+    case JOB_BARRIER:
+        /* Torchrun's exit barrier, with an eye on the round's failure key: a failure published
+         * by a node still running ends the wait. */
+        j->rc = ddprun_rdzv_exit_barrier(a->client, a->prefix, j->round, j->asg.nnodes,
+                                         a->cfg->close_timeout_s + 300.0, HEARTBEAT_MS, &j->json);
+        if (j->rc < 0)
+            snprintf(j->err, sizeof(j->err), "exit barrier: %s",
+                     j->rc == -ETIMEDOUT ? "timed out" : rdzv_strerror(j->rc));
+        break;
+    }
+}
+
+static void job_next(agent *a);
+
+/* Back on the loop: hands the job's outcome to the phase that waited for it. */
+static void job_after(uv_work_t *req, int status)
+{
+    store_job *j = req->data;
+    agent *a = j->a;
+    (void)status; /* jobs are never cancelled */
+    a->job = NULL;
+    if (a->state != ST_DONE || j->kind == JOB_PUBLISH) {
+        switch (j->kind) {
+        case JOB_CONNECT:
+            if (j->rc < 0) {
+                say("%s", j->err);
+                a->exit_code = 1;
+                a->state = ST_DONE;
+            } else {
+                start_round(a);
+            }
+            break;
+        case JOB_RENDEZVOUS:
+            pthread_mutex_lock(&a->mu); /* the monitor reads the assignment */
+            a->round = j->round;
+            a->asg = j->asg;
+            pthread_mutex_unlock(&a->mu);
+            if (j->rc < 0) {
+                say("%s", j->err);
+                a->exit_code = 1;
+                a->state = ST_DONE;
+                print_summary(a);
+            } else {
+                spawn_round(a);
+            }
+            break;
+        case JOB_PUBLISH:
+            if (j->rc < 0)
+                say("%s", j->err);
+            break;
+        case JOB_BARRIER:
+            a->state = ST_DONE;
+            a->exit_code = 0;
+            if (j->rc == 1) {
+                /* Our workers succeeded, but a node still running failed. */
+                ddprun_failure f;
+                if (ddprun_failure_from_json(j->json, &f) == 0)
+                    add_failure(a, &f);
+                print_summary(a);
+                qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
+                a->exit_code = ddprun_failure_exit_status(a->nfailures ? &a->failures[0] : NULL);
+            } else if (j->rc < 0) {
+                say("%s", j->err); /* the node's own success outlives the barrier */
+            }
+            break;
+        }
+    }
+    if (j->kind == JOB_PUBLISH)
+        free(j->json);
+    else
+        rdzv_free(j->json);
+    free(j);
+    job_next(a);
+}
+
+/* Starts the next queued job unless one runs. Once the node is done, only publications run. */
+static void job_next(agent *a)
+{
+    while (!a->job && a->jobs) {
+        store_job *j = a->jobs;
+        a->jobs = j->next;
+        if (!a->jobs)
+            a->jobs_tail = NULL;
+        if (a->state == ST_DONE && j->kind != JOB_PUBLISH) {
+            free(j);
+            continue;
+        }
+        a->job = j;
+        int rc = uv_queue_work(a->loop, &j->req, job_work, job_after);
+        assert(rc == 0); /* fails only without a work callback */
+        (void)rc;
+    }
+}
+
+static void job_queue(agent *a, store_job *j)
+{
+    if (a->jobs_tail)
+        a->jobs_tail->next = j;
+    else
+        a->jobs = j;
+    a->jobs_tail = j;
+    job_next(a);
+}
+
+/* True while a failure report is still on its way to the store. */
+static bool publishing(const agent *a)
+{
+    if (a->job && a->job->kind == JOB_PUBLISH)
+        return true;
+    for (const store_job *j = a->jobs; j; j = j->next)
+        if (j->kind == JOB_PUBLISH)
+            return true;
+    return false;
+}
+
+static const char *job_what(const store_job *j)
+{
+    switch (j ? j->kind : JOB_RENDEZVOUS) {
+    case JOB_CONNECT:
+        return "the rendezvous store";
+    case JOB_BARRIER:
+        return "the other nodes to finish";
+    default:
+        return "the rendezvous";
+    }
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Signals                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
+/*
+ * SIGINT, SIGTERM, SIGHUP and SIGQUIT end the node in every phase, with 128 + the signal. While
+ * the agent waits on the store (no worker exists) it ends at once, abandoning the store call;
+ * while workers run or are being stopped, they get the signal, and the node ends (without
+ * restarting) once they are gone.
+ */
 static void on_signal(uv_signal_t *h, int sig)
 {
     agent *a = h->data;
+    if (a->state == ST_DONE)
+        return;
     if (sig == SIGUSR1 || sig == SIGUSR2) {
         signal_workers(a, sig);
+        return;
+    }
+    if (a->state == ST_WAITING) {
+        say("received SIG%s while waiting for %s", sigabbrev_np(sig), job_what(a->job));
+        a->stop_for_signal = true;
+        a->signal_seen = sig;
+        a->exit_code = 128 + sig;
+        a->state = ST_DONE;
         return;
     }
     if (sig == SIGINT && ++a->sigint_count >= 2) {
@@ -1089,9 +1293,12 @@ static void on_signal(uv_signal_t *h, int sig)
     say("received SIG%s: stopping the workers%s", sigabbrev_np(sig),
         sig == SIGINT ? " (SIGINT again kills them)" : "");
     signal_workers(a, sig);
-    if (a->state == ST_RUNNING) {
+    if (!a->stop_for_signal) {
+        /* Also while a failed round is torn down: no restart follows a signal. */
         a->stop_for_signal = true;
         a->signal_seen = sig;
+    }
+    if (a->state == ST_RUNNING) {
         a->state = ST_STOPPING;
         if (a->nrunning > 0)
             uv_timer_start(&a->kill_timer, kill_timer_cb,
@@ -1134,6 +1341,12 @@ static bool is_local_address(const char *host)
     return local;
 }
 
+static void exit_timer_cb(uv_timer_t *t)
+{
+    agent *a = t->data;
+    a->exit_wait_over = true;
+}
+
 /* Node 0 (static) or the rendezvous host (c10d, standalone) serves the store in-process. */
 static int setup_store(agent *a)
 {
@@ -1169,18 +1382,9 @@ static int setup_store(agent *a)
     }
     snprintf(a->store_host, sizeof(a->store_host), "%s", cfg->standalone ? "127.0.0.1" : host);
     a->store_port = port;
-
-    rdzv_client_options co;
-    rdzv_client_options_init(&co);
-    co.connect_timeout_ms = (int)(cfg->join_timeout_s * 1000);
-    co.timeout_ms = (int)(cfg->timeout_s * 1000);
-    const char *connect_host = a->store ? "127.0.0.1" : host;
-    int rc = rdzv_client_connect(connect_host, port, &co, &a->client);
-    if (rc < 0) {
-        say("cannot reach the rendezvous store at %s:%d: %s (%s)", connect_host, port,
-            rdzv_strerror(rc), rdzv_client_last_error(NULL));
-        return rc;
-    }
+    /* The connection itself is a job (JOB_CONNECT): reaching another node's store may take the
+     * whole join timeout. */
+    snprintf(a->connect_host, sizeof(a->connect_host), "%s", a->store ? "127.0.0.1" : host);
     return 0;
 }
 
@@ -1253,12 +1457,23 @@ int main(int argc, char **argv)
         uv_signal_start(&a.sigs[i], on_signal, sigs[i]);
     }
 
-    if (setup_store(&a) < 0 || run_round(&a) < 0) {
-        a.exit_code = a.exit_code ? a.exit_code : 1;
+    if (setup_store(&a) < 0) {
+        a.exit_code = 1;
         a.state = ST_DONE;
+    } else {
+        a.state = ST_WAITING;
+        job_queue(&a, job_new(&a, JOB_CONNECT));
     }
     while (a.state != ST_DONE && uv_run(a.loop, UV_RUN_ONCE))
         ;
+    /* A failure report on its way to the store gets a short while to arrive; a rendezvous or
+     * barrier a signal interrupted is abandoned (its thread ends with the process). */
+    uv_timer_start(&a.kill_timer, exit_timer_cb, EXIT_WAIT_MS, 0);
+    a.exit_wait_over = false;
+    while (publishing(&a) && !a.exit_wait_over && uv_run(a.loop, UV_RUN_ONCE))
+        ;
+    if (a.stop_for_signal)
+        say("stopped by SIG%s", sigabbrev_np(a.signal_seen));
 
     /* The monitor may sit in a store wait for up to HEARTBEAT_MS: tell it to stop but do not
      * wait for it; exit() ends it. Nothing it uses is freed before that. */
