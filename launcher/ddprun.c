@@ -18,8 +18,14 @@
  * started through a small exec shim (this same binary, re-executed) that sets a parent-death
  * signal before exec'ing the real program: a SIGKILLed ddprun leaves no worker behind.
  *
- * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c).
+ * Worker output goes to the console through console.c's bounded, non-blocking queues: when a
+ * console stops taking output, reading stops for the workers that write to it (back-pressure)
+ * and nothing else waits.
+ *
+ * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c), the
+ * console's descriptors and queues (console.c).
  */
+#include "console.h"
 #include "failure.h"
 #include "noderdzv.h"
 #include "options.h"
@@ -51,7 +57,11 @@
 #define HEARTBEAT_MS 250
 #define DEAD_AFTER_S 1.0
 #define MEMBERSHIP_CHANGE "nodes are waiting to join"
-#define EXIT_WAIT_MS 2000 /* at exit, the most ddprun waits for output and a failure report */
+#define STALL_MS 500 /* a console that took no output for this long is stalled: at the end of
+                       a round and at exit, ddprun stops waiting for it */
+#define EXIT_WAIT_MS 1000 /* at exit, the most ddprun waits for a failure report to be sent */
+#define CONSOLE_LIMIT (1u << 20) /* bytes queued per console before the workers writing wait */
+#define LINE_MAX_BYTES (1u << 20) /* longest line assembled; longer ones go out in pieces */
 
 extern char **environ;
 
@@ -91,6 +101,7 @@ typedef struct stream {
     char *line; /* bytes of an unfinished line */
     size_t len, cap;
     bool open;
+    bool paused; /* reading stopped: its console is over its limit (back-pressure) */
 } stream;
 
 typedef struct worker {
@@ -151,10 +162,15 @@ typedef struct agent {
     uv_timer_t restart_timer; /* starts the next round from a fresh loop iteration */
     bool round_done;          /* round_over() ran for this round */
     uv_timer_t drain_timer;   /* closes pipes that outlive every worker (setsid'd grandchildren) */
+    uint64_t drain_written;   /* console bytes written at the drain timer's last tick */
+    int drain_ticks;          /* its ticks (STALL_MS) since the last worker exited */
+    ddprun_console *con[3];   /* [1] standard output, [2] standard error */
     agent_state state;
     bool stop_for_signal;
     int signal_seen; /* the terminating signal that stopped the job, if any */
-    bool exit_wait_over; /* EXIT_WAIT_MS passed since the loop ended */
+    bool exit_wait_over; /* at exit: stop waiting for output and failure reports */
+    uint64_t exit_written; /* console bytes written at the exit timer's last tick */
+    int exit_ticks;        /* its ticks (STALL_MS) */
     int sigint_count;
     uv_signal_t sigs[6];
     uv_timer_t kill_timer;
@@ -190,21 +206,56 @@ static void *xcalloc(size_t n, size_t sz)
     return p;
 }
 
+/*
+ * The agent's own lines go to standard error through its console once it is open (never
+ * blocking the loop; from other threads, such as the store's, by way of the loop), before that
+ * through stdio.
+ */
+static ddprun_console *err_console;
+static pthread_t loop_thread;
+
+static void emit_line(const char *line, size_t n)
+{
+    if (!err_console)
+        fwrite(line, 1, n, stderr);
+    else if (pthread_equal(pthread_self(), loop_thread))
+        ddprun_console_write(err_console, line, n);
+    else
+        ddprun_console_post(err_console, line, n);
+}
+
+/* Formats one line (the newline is added) and emits it, with "ddprun: " in front if `tag`. */
+static void vemit(bool tag, const char *fmt, va_list ap)
+{
+    char line[2048];
+    size_t k = tag ? (size_t)snprintf(line, sizeof(line), PROG ": ") : 0;
+    int n = vsnprintf(line + k, sizeof(line) - k - 1, fmt, ap);
+    if (n < 0)
+        return;
+    k += (size_t)n;
+    if (k > sizeof(line) - 2)
+        k = sizeof(line) - 2;
+    line[k++] = '\n';
+    emit_line(line, k);
+}
+
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
 {
-    char line[2048];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+    vemit(true, fmt, ap);
     va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n > sizeof(line) - 2)
-        n = (int)sizeof(line) - 2;
-    line[n++] = '\n';
-    fputs(PROG ": ", stderr);
-    fwrite(line, 1, (size_t)n, stderr);
+}
+
+/* A line without the "ddprun: " tag (the summary table). */
+static void emit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void emit(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vemit(false, fmt, ap);
+    va_end(ap);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -348,46 +399,93 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
-/* Writes complete lines of `s` (and, at EOF, the rest) to the console with the prefix. */
+/* Stops reading a worker's pipe while its console is over its limit: the worker waits. */
+static void stream_pause(stream *s)
+{
+    if (s->open && !s->paused) {
+        uv_read_stop((uv_stream_t *)&s->pipe);
+        s->paused = true;
+    }
+}
+
+static void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+/* A console drained: the workers whose `which` stream waited for it may go on. */
+static void resume_streams(agent *a, int which)
+{
+    for (int i = 0; i < a->nworkers; i++) {
+        stream *s = which == DDPRUN_STD_OUT ? &a->workers[i].out : &a->workers[i].err;
+        if (s->open && s->paused) {
+            s->paused = false;
+            uv_read_start((uv_stream_t *)&s->pipe, stream_alloc, stream_read);
+        }
+    }
+}
+
+static void stdout_drained(void *arg)
+{
+    resume_streams(arg, DDPRUN_STD_OUT);
+}
+
+static void stderr_drained(void *arg)
+{
+    resume_streams(arg, DDPRUN_STD_ERR);
+}
+
+/*
+ * Queues the complete lines of `s` (and, at EOF, the rest) for the console with the prefix, in
+ * one write so that lines of different workers never interleave. Over the console's limit,
+ * reading this worker's pipe stops until the console drains.
+ */
 static void relay_lines(stream *s, bool eof)
 {
     agent *a = s->w->a;
-    int fd = s->which == DDPRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
+    ddprun_console *con = a->con[s->which == DDPRUN_STD_OUT ? 1 : 2];
     char prefix[256] = "";
     if (a->cfg->prefix_output)
         line_prefix(a, s->w, prefix, sizeof(prefix));
-    size_t pl = strlen(prefix), start = 0;
-    for (size_t i = 0; i < s->len; i++) {
-        if (s->line[i] != '\n')
-            continue;
-        /* One write per line keeps lines of different workers from interleaving. */
-        size_t ll = i + 1 - start;
-        char stackbuf[4096];
-        char *buf = pl + ll <= sizeof(stackbuf) ? stackbuf : malloc(pl + ll);
-        if (buf) {
-            memcpy(buf, prefix, pl);
-            memcpy(buf + pl, s->line + start, ll);
-            write_all(fd, buf, pl + ll);
-            if (buf != stackbuf)
-                free(buf);
+    size_t pl = strlen(prefix), nlines = 0, end = 0;
+    for (size_t i = 0; i < s->len; i++)
+        if (s->line[i] == '\n')
+            nlines++, end = i + 1;
+    bool tail = eof && end < s->len;
+    if (nlines == 0 && !tail)
+        return;
+    size_t total = end + (nlines + tail) * pl + (tail ? s->len - end + 1 : 0);
+    char stackbuf[8192];
+    char *buf = total <= sizeof(stackbuf) ? stackbuf : malloc(total);
+    if (buf) {
+        size_t o = 0, start = 0;
+        for (size_t i = 0; i < end; i++) {
+            if (s->line[i] != '\n')
+                continue;
+            memcpy(buf + o, prefix, pl);
+            memcpy(buf + o + pl, s->line + start, i + 1 - start);
+            o += pl + i + 1 - start;
+            start = i + 1;
         }
-        start = i + 1;
+        if (tail) {
+            memcpy(buf + o, prefix, pl);
+            memcpy(buf + o + pl, s->line + end, s->len - end);
+            o += pl + s->len - end;
+            buf[o++] = '\n';
+        }
+        if (ddprun_console_write(con, buf, o) == 1)
+            stream_pause(s);
+        if (buf != stackbuf)
+            free(buf);
     }
-    if (eof && start < s->len) {
-        write_all(fd, prefix, pl);
-        write_all(fd, s->line + start, s->len - start);
-        write_all(fd, "\n", 1);
-        start = s->len;
-    }
-    memmove(s->line, s->line + start, s->len - start);
-    s->len -= start;
+    size_t used = tail ? s->len : end;
+    memmove(s->line, s->line + used, s->len - used);
+    s->len -= used;
 }
 
 static void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     stream *s = h->data;
     (void)suggested;
-    if (s->cap - s->len < 16384) {
+    if (s->cap - s->len < 16384 && s->cap < LINE_MAX_BYTES) {
         size_t cap = s->cap ? s->cap * 2 : 65536;
         char *p = realloc(s->line, cap);
         if (!p) {
@@ -511,11 +609,10 @@ static void print_summary(agent *a)
     if (a->nfailures == 0)
         return;
     qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
-    fprintf(stderr, "%s\n", "============================================================");
-    fprintf(stderr, PROG ": job failed (attempt %d of %d)\n", a->restart_count,
-            a->cfg->max_restarts + 1);
-    fprintf(stderr, "%-8s %-23s %-16s %5s %5s %-18s %8s  %s\n", "", "time", "node", "rank", "local",
-            "exit", "pid", "message");
+    emit("%s", "============================================================");
+    emit(PROG ": job failed (attempt %d of %d)", a->restart_count, a->cfg->max_restarts + 1);
+    emit("%-8s %-23s %-16s %5s %5s %-18s %8s  %s", "", "time", "node", "rank", "local", "exit",
+         "pid", "message");
     for (size_t i = 0; i < a->nfailures; i++) {
         const ddprun_failure *f = &a->failures[i];
         char when[32], how[48];
@@ -526,10 +623,10 @@ static void print_summary(agent *a)
         snprintf(when + strlen(when), sizeof(when) - strlen(when), ".%03d",
                  (int)((f->time - (double)t) * 1000));
         describe_exit(f->exit_code, how, sizeof(how));
-        fprintf(stderr, "%-8s %-23s %-16s %5d %5d %-18s %8d  %s\n", i == 0 ? "root" : "", when,
-                f->node, f->rank, f->local_rank, how, f->pid, f->message);
+        emit("%-8s %-23s %-16s %5d %5d %-18s %8d  %s", i == 0 ? "root" : "", when, f->node,
+             f->rank, f->local_rank, how, f->pid, f->message);
     }
-    fprintf(stderr, "%s\n", "============================================================");
+    emit("%s", "============================================================");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -634,7 +731,9 @@ static void setup_stream(agent *a, worker *w, stream *s, int which, uv_stdio_con
     s->console = !redirect && (!cfg->local_ranks_filter_set || cfg->show_rank[lr]);
     if ((redirect || tee) && cfg->log_dir)
         s->file = open_log(a, w, which == DDPRUN_STD_OUT ? "stdout.log" : "stderr.log");
-    bool need_pipe = s->file >= 0 || (s->console && (cfg->prefix_output)) || !s->console;
+    /* A console whose file description we made non-blocking is never handed to a worker. */
+    bool need_pipe = s->file >= 0 || (s->console && (cfg->prefix_output)) || !s->console ||
+                     ddprun_console_shared(a->con[which == DDPRUN_STD_OUT ? 1 : 2]);
     if (!need_pipe) {
         /* Nothing to add: the worker writes straight to our terminal, with no relay at all. */
         io->flags = UV_INHERIT_FD;
@@ -798,26 +897,52 @@ static void round_over(agent *a)
     }
 }
 
+static uint64_t console_written(const agent *a)
+{
+    return ddprun_console_written(a->con[1]) + ddprun_console_written(a->con[2]);
+}
+
 static void drain_timer_cb(uv_timer_t *t)
 {
     agent *a = t->data;
+    uint64_t w = console_written(a);
+    bool progress = w != a->drain_written;
+    a->drain_written = w;
+    a->drain_ticks++;
+    bool waiting = false;
     for (int i = 0; i < a->nworkers; i++) {
-        stream_close(&a->workers[i].out);
-        stream_close(&a->workers[i].err);
+        stream *ss[2] = {&a->workers[i].out, &a->workers[i].err};
+        for (int k = 0; k < 2; k++) {
+            if (!ss[k]->open)
+                continue;
+            /* A pipe that waits for a console still taking output gets more time; one that
+             * waits for a stalled console is given up; one a grandchild holds gets a second. */
+            bool keep = ss[k]->paused ? progress : a->drain_ticks * STALL_MS < 1000;
+            if (keep)
+                waiting = true;
+            else
+                stream_close(ss[k]);
+        }
     }
+    if (!waiting)
+        uv_timer_stop(&a->drain_timer);
 }
 
 /*
  * A round is over once every worker has exited and its output has been relayed. Pipes that
- * outlive the workers (held by a grandchild in another session) are closed after a second.
+ * outlive the workers (held by a grandchild in another session) are closed after a second, and
+ * pipes whose reading waits for a console that took nothing for STALL_MS (stalled) are too.
  */
 static void maybe_round_over(agent *a)
 {
     if (a->round_done || a->nrunning > 0 || a->nprocs > 0)
         return;
     if (a->nstreams > 0) {
-        if (!uv_is_active((uv_handle_t *)&a->drain_timer))
-            uv_timer_start(&a->drain_timer, drain_timer_cb, 1000, 0);
+        if (!uv_is_active((uv_handle_t *)&a->drain_timer)) {
+            a->drain_written = console_written(a);
+            a->drain_ticks = 0;
+            uv_timer_start(&a->drain_timer, drain_timer_cb, STALL_MS, STALL_MS);
+        }
         return;
     }
     uv_timer_stop(&a->drain_timer);
@@ -1344,7 +1469,14 @@ static bool is_local_address(const char *host)
 static void exit_timer_cb(uv_timer_t *t)
 {
     agent *a = t->data;
-    a->exit_wait_over = true;
+    uint64_t w = console_written(a);
+    bool output_left = ddprun_console_queued(a->con[1]) + ddprun_console_queued(a->con[2]) > 0;
+    a->exit_ticks++;
+    /* Give up once the consoles took nothing for STALL_MS, and on a failure report after
+     * EXIT_WAIT_MS. */
+    if (output_left ? w == a->exit_written : a->exit_ticks * STALL_MS >= EXIT_WAIT_MS)
+        a->exit_wait_over = true;
+    a->exit_written = w;
 }
 
 /* Node 0 (static) or the rendezvous host (c10d, standalone) serves the store in-process. */
@@ -1442,6 +1574,15 @@ int main(int argc, char **argv)
     if (!mkdtemp(a.tmpdir))
         a.tmpdir[0] = '\0';
 
+    /* From here on the agent's output never blocks its loop (console.h). */
+    loop_thread = pthread_self();
+    for (int fd = 1; fd <= 2; fd++)
+        if (ddprun_console_open(a.loop, fd, CONSOLE_LIMIT, &a.con[fd]) < 0)
+            die_oom();
+    ddprun_console_on_drain(a.con[1], stdout_drained, &a);
+    ddprun_console_on_drain(a.con[2], stderr_drained, &a);
+    fflush(stderr);
+    err_console = a.con[2];
     uv_timer_init(a.loop, &a.kill_timer);
     a.kill_timer.data = &a;
     uv_timer_init(a.loop, &a.drain_timer);
@@ -1466,14 +1607,20 @@ int main(int argc, char **argv)
     }
     while (a.state != ST_DONE && uv_run(a.loop, UV_RUN_ONCE))
         ;
-    /* A failure report on its way to the store gets a short while to arrive; a rendezvous or
-     * barrier a signal interrupted is abandoned (its thread ends with the process). */
-    uv_timer_start(&a.kill_timer, exit_timer_cb, EXIT_WAIT_MS, 0);
-    a.exit_wait_over = false;
-    while (publishing(&a) && !a.exit_wait_over && uv_run(a.loop, UV_RUN_ONCE))
-        ;
     if (a.stop_for_signal)
         say("stopped by SIG%s", sigabbrev_np(a.signal_seen));
+    /* A failure report on its way to the store gets EXIT_WAIT_MS to arrive; queued output as long
+     * as a console keeps taking some every STALL_MS. A rendezvous or barrier a signal
+     * interrupted is abandoned (its thread ends with the process). */
+    a.exit_written = console_written(&a);
+    uv_timer_start(&a.kill_timer, exit_timer_cb, STALL_MS, STALL_MS);
+    while (!a.exit_wait_over &&
+           (publishing(&a) ||
+            ddprun_console_queued(a.con[1]) + ddprun_console_queued(a.con[2]) > 0) &&
+           uv_run(a.loop, UV_RUN_ONCE))
+        ;
+    ddprun_console_close(a.con[1]);
+    ddprun_console_close(a.con[2]);
 
     /* The monitor may sit in a store wait for up to HEARTBEAT_MS: tell it to stop but do not
      * wait for it; exit() ends it. Nothing it uses is freed before that. */
