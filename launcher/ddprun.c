@@ -46,7 +46,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1524,6 +1526,34 @@ static int setup_store(agent *a)
 /* main                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
+/*
+ * Marks every descriptor above standard error close-on-exec, so that what the user's shell passed
+ * to ddprun (`ddprun ... 7>file`) never reaches a worker, as with torchrun; ddprun itself may
+ * still use them. close_range(2) where the kernel has it (5.11), else one fcntl per entry of
+ * /proc/self/fd.
+ */
+static void cloexec_inherited_fds(void)
+{
+#if defined(SYS_close_range)
+    if (syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) == 0)
+        return;
+#endif
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end || fd < 3 || fd == dirfd(d))
+            continue;
+        int fl = fcntl((int)fd, F_GETFD);
+        if (fl >= 0)
+            fcntl((int)fd, F_SETFD, fl | FD_CLOEXEC);
+    }
+    closedir(d);
+}
+
 static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st;
@@ -1555,6 +1585,7 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    cloexec_inherited_fds();
 
     agent a = {0};
     a.cfg = &cfg;
