@@ -35,7 +35,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -149,6 +151,7 @@ typedef struct agent {
     rdzv_server *store;                      /* hosted here (node 0 / c10d host), else NULL */
     char store_host[256];                    /* where agents and workers reach the store */
     char connect_host[256];                  /* where this agent reaches it */
+    char bind_host[64];                      /* the address the store hosted here binds */
     int store_port;
     rdzv_client *client; /* the agent's own connection */
     ddprun_assignment asg;
@@ -1481,6 +1484,43 @@ static void exit_timer_cb(uv_timer_t *t)
     a->exit_written = w;
 }
 
+/*
+ * When every address `host` resolves to is a loopback one (127.0.0.0/8, ::1), writes the one the
+ * store should bind -- the first IPv4 address, else ::1 -- into buf and returns true: then only
+ * this machine can reach the store, as the user asked by naming a loopback host ("localhost",
+ * or a host name that /etc/hosts maps to 127.0.1.1). False when the name does not resolve or any
+ * address is not loopback.
+ */
+static bool loopback_only(const char *host, char *buf, size_t n)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return false;
+    bool all = res != NULL, v4 = false;
+    char first6[INET6_ADDRSTRLEN] = "";
+    for (struct addrinfo *r = res; r && all; r = r->ai_next) {
+        if (r->ai_family == AF_INET) {
+            const struct in_addr *in = &((struct sockaddr_in *)r->ai_addr)->sin_addr;
+            all = (ntohl(in->s_addr) >> 24) == 127;
+            if (all && !v4) {
+                v4 = true;
+                inet_ntop(AF_INET, in, buf, (socklen_t)n);
+            }
+        } else if (r->ai_family == AF_INET6) {
+            const struct in6_addr *in6 = &((struct sockaddr_in6 *)r->ai_addr)->sin6_addr;
+            all = IN6_IS_ADDR_LOOPBACK(in6);
+            if (all && !first6[0])
+                inet_ntop(AF_INET6, in6, first6, sizeof(first6));
+        } else {
+            all = false;
+        }
+    }
+    freeaddrinfo(res);
+    if (all && !v4)
+        snprintf(buf, n, "%s", first6);
+    return all;
+}
+
 /* Node 0 (static) or the rendezvous host (c10d, standalone) serves the store in-process. */
 static int setup_store(agent *a)
 {
@@ -1501,9 +1541,11 @@ static int setup_store(agent *a)
         rdzv_server_options o;
         rdzv_server_options_init(&o);
         /* Bind the wildcard (as PyTorch's store does), except for a loopback endpoint. */
-        o.host = cfg->standalone || !strcmp(host, "127.0.0.1") || !strcmp(host, "localhost")
-                     ? "127.0.0.1"
-                     : "0.0.0.0";
+        if (cfg->standalone)
+            snprintf(a->bind_host, sizeof(a->bind_host), "127.0.0.1");
+        else if (!loopback_only(host, a->bind_host, sizeof(a->bind_host)))
+            snprintf(a->bind_host, sizeof(a->bind_host), "0.0.0.0");
+        o.host = a->bind_host;
         o.port = port;
         o.log = store_log;
         int rc = rdzv_server_start(&o, &a->store);
@@ -1518,7 +1560,10 @@ static int setup_store(agent *a)
     a->store_port = port;
     /* The connection itself is a job (JOB_CONNECT): reaching another node's store may take the
      * whole join timeout. */
-    snprintf(a->connect_host, sizeof(a->connect_host), "%s", a->store ? "127.0.0.1" : host);
+    const char *own = !a->store                        ? host
+                      : strcmp(a->bind_host, "0.0.0.0") ? a->bind_host /* a loopback address */
+                                                        : "127.0.0.1";
+    snprintf(a->connect_host, sizeof(a->connect_host), "%s", own);
     return 0;
 }
 
