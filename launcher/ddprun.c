@@ -116,6 +116,8 @@ typedef struct worker {
     pid_t pid;
     bool running;
     char error_file[PATH_MAX];
+    uint64_t last_output_ms;  /* uv_now() at spawn or at its last output (--hung-timeout) */
+    uint64_t stopped_since_ms; /* uv_now() when first seen stopped (state T), 0 if not */
 } worker;
 
 /*
@@ -179,6 +181,7 @@ typedef struct agent {
     int sigint_count;
     uv_signal_t sigs[6];
     uv_timer_t kill_timer;
+    uv_timer_t hung_timer; /* --hung-timeout: looks at the workers now and then */
     uv_async_t remote; /* the monitor saw a failure elsewhere */
     store_job *jobs, *jobs_tail; /* store calls waiting for their turn */
     store_job *job;              /* the one running on the thread pool, or NULL */
@@ -534,6 +537,7 @@ static void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     stream *s = st->data;
     (void)buf;
     if (nread > 0) {
+        s->w->last_output_ms = uv_now(s->w->a->loop);
         /* Bytes go to the log file as they arrive: no tail thread, no lag. */
         if (s->file >= 0)
             write_all(s->file, s->line + s->len, (size_t)nread);
@@ -662,6 +666,7 @@ static void stop_workers(agent *a)
         return;
     a->state = ST_STOPPING;
     signal_workers(a, SIGTERM);
+    signal_workers(a, SIGCONT); /* a stopped worker could not act on it */
     if (a->nrunning > 0)
         uv_timer_start(&a->kill_timer, kill_timer_cb,
                        (uint64_t)(a->cfg->shutdown_timeout_s * 1000.0), 0);
@@ -810,6 +815,8 @@ static int spawn_worker(agent *a, worker *w)
     }
     a->nprocs++;
     w->pid = w->proc.pid;
+    w->last_output_ms = uv_now(a->loop);
+    w->stopped_since_ms = 0;
     w->running = true;
     a->nrunning++;
     if (w->out.open)
@@ -817,6 +824,79 @@ static int spawn_worker(agent *a, worker *w)
     if (w->err.open)
         uv_read_start((uv_stream_t *)&w->err.pipe, stream_alloc, stream_read);
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Hung workers (--hung-timeout)                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The state letter of process `pid` in /proc/PID/stat ('R', 'S', 'T', ...), or 0 if unknown. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold anything, ')' included */
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+static void publish_failure(agent *a, const ddprun_failure *f);
+
+/*
+ * --hung-timeout: a worker is hung once it has been stopped (state T: SIGSTOP, SIGTSTP, a
+ * debugger) or silent for the timeout. Silence counts only for workers whose output the agent
+ * relays (with --no-prefix and no log files it never sees any). When every running worker of
+ * the node is hung, the node fails as if a worker had: a record without a rank, the other nodes
+ * told, the workers stopped (with SIGCONT after SIGTERM), and a restart if one is left.
+ */
+static void hung_timer_cb(uv_timer_t *t)
+{
+    agent *a = t->data;
+    if (a->state != ST_RUNNING || a->nrunning == 0)
+        return;
+    uint64_t now = uv_now(a->loop), limit = (uint64_t)(a->cfg->hung_timeout_s * 1000.0);
+    char detail[256] = "";
+    size_t o = 0;
+    int listed = 0;
+    bool all = true;
+    for (int i = 0; i < a->nworkers; i++) {
+        worker *w = &a->workers[i];
+        if (!w->running)
+            continue;
+        char st = proc_state(w->pid);
+        bool stopped = st == 'T' || st == 't';
+        if (!stopped)
+            w->stopped_since_ms = 0;
+        else if (!w->stopped_since_ms)
+            w->stopped_since_ms = now;
+        bool observed = w->out.open || w->err.open;
+        bool hung = (stopped && now - w->stopped_since_ms >= limit) ||
+                    (observed && now - w->last_output_ms >= limit);
+        if (!hung)
+            all = false; /* go on updating the others' stopped_since_ms */
+        else if (listed++ < 8 && o < sizeof(detail))
+            o += (size_t)snprintf(detail + o, sizeof(detail) - o, "%slocal rank %d %s",
+                                  listed > 1 ? ", " : "", w->local_rank,
+                                  stopped ? "stopped" : "silent");
+    }
+    if (!all)
+        return;
+    char msg[512];
+    snprintf(msg, sizeof(msg), "workers hung: no output or stopped for %g s (%s%s)",
+             a->cfg->hung_timeout_s, detail, listed > 8 ? ", ..." : "");
+    say("%s: stopping the workers", msg);
+    ddprun_failure f;
+    ddprun_failure_init(&f, a->hostname, -1, -1, 1, 0, msg);
+    add_failure(a, &f);
+    publish_failure(a, &f);
+    stop_workers(a);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -850,6 +930,7 @@ static void restart_cb(uv_timer_t *t)
 static void round_over(agent *a)
 {
     uv_timer_stop(&a->kill_timer);
+    uv_timer_stop(&a->hung_timer);
     if (a->membership_change && !a->stop_for_signal && a->nfailures == 0) {
         /* Nodes are waiting to join: every node re-rendezvous; no restart is used up. */
         a->membership_change = false;
@@ -1216,6 +1297,11 @@ static void spawn_round(agent *a)
             break;
         }
     }
+    if (cfg->hung_timeout_s > 0 && a->state == ST_RUNNING) {
+        double tick_ms = cfg->hung_timeout_s * 250.0; /* a quarter of it, 50 ms to 1 s */
+        uint64_t tick = tick_ms < 50 ? 50 : tick_ms > 1000 ? 1000 : (uint64_t)tick_ms;
+        uv_timer_start(&a->hung_timer, hung_timer_cb, tick, tick);
+    }
     maybe_round_over(a);
 }
 
@@ -1423,6 +1509,7 @@ static void on_signal(uv_signal_t *h, int sig)
     say("received SIG%s: stopping the workers%s", sigabbrev_np(sig),
         sig == SIGINT ? " (SIGINT again kills them)" : "");
     signal_workers(a, sig);
+    signal_workers(a, SIGCONT); /* a stopped worker could not act on it */
     if (!a->stop_for_signal) {
         /* Also while a failed round is torn down: no restart follows a signal. */
         a->stop_for_signal = true;
@@ -1661,6 +1748,8 @@ int main(int argc, char **argv)
     err_console = a.con[2];
     uv_timer_init(a.loop, &a.kill_timer);
     a.kill_timer.data = &a;
+    uv_timer_init(a.loop, &a.hung_timer);
+    a.hung_timer.data = &a;
     uv_timer_init(a.loop, &a.drain_timer);
     a.drain_timer.data = &a;
     uv_timer_init(a.loop, &a.restart_timer);

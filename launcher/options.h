@@ -82,6 +82,8 @@ typedef struct ddprun_config {
     char *event_log_handler;        /* --event-log-handler: accepted, ignored; default "null" */
     char *duplicate_stdout_filters; /* --duplicate-stdout-filters: accepted, ignored */
     char *duplicate_stderr_filters; /* --duplicate-stderr-filters: accepted, ignored */
+    double hung_timeout_s;          /* --hung-timeout: all workers stopped or silent this long
+                                     * fail the node; 0 (default): never */
 } ddprun_config;
 
 /*
