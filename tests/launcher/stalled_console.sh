@@ -3,7 +3,8 @@
 # test holds open and never reads. (1) A rank that exits 7 still stops the job (the chatty rank
 # blocked on its output) within the usual bound, with rc 7 and the summary; (2) SIGTERM is
 # honoured while the console is stalled (143 within 2 s); (3) only the workers writing to the
-# stalled console wait: a rank writing 256 KiB to standard error (a file) finishes meanwhile.
+# stalled console wait: a rank writing 256 KiB to standard error (a file) finishes meanwhile;
+# (4) in a two-node job, node 0 with a stalled console still stops when node 1's rank fails.
 # Usage: stalled_console.sh DDPRUN. Exit 0 pass, 1 fail.
 set -uo pipefail
 ddprun=$1
@@ -98,6 +99,37 @@ else
 fi
 kill -TERM "$p" 2>/dev/null
 reap "$p" 20
+
+# 4. Two nodes: node 0's console is stalled by its flooding worker; node 1's worker exits 7.
+# Node 0 must hear of it through the store and stop too (its loop is not stuck in a write).
+listen_port() { ss -ltnpH 2>/dev/null | grep "pid=$1," | awk '{print $4}' | sed 's/.*://' | head -1; }
+has_port() { [ -n "$(listen_port "$1")" ]; }
+"$ddprun" --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 0 --no-python yes flood \
+  >"$tmp/console" 2>"$tmp/e4" 3>&- &
+p0=$!; pids+=("$p0")
+if wait_for 10 has_port "$p0"; then
+  "$ddprun" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port "$(listen_port "$p0")" \
+    --no-python sh -c "while [ ! -e $tmp/go4 ]; do sleep 0.02; done; exit 7" >"$tmp/o4b" 2>&1 3>&- &
+  p1=$!; pids+=("$p1")
+  if wait_for 10 blocked_writing "$p0" yes; then
+    t0=$(now_ms)
+    touch "$tmp/go4"
+    reap "$p0" 20
+    el=$(( $(now_ms) - t0 ))
+    rc0=$rc
+    reap "$p1" 20
+    if [ $rc0 = 7 ] && [ $rc = 7 ] && [ $el -le 5000 ] && grep -q "rank 1 on .* failed" "$tmp/e4"; then
+      ok "stalled console on node 0: node 1's failure stopped it in $el ms (rc 7 on both)"
+    else
+      fail "two nodes: node 0 rc $rc0 in $el ms, node 1 rc $rc (want 7, 7 within 5000 ms); node 0: $(head -c 2000 "$tmp/e4")"
+    fi
+  else
+    fail "two nodes: node 0's worker never blocked; $(head -c 2000 "$tmp/e4")"
+    kill -KILL "$p0" "$p1" 2>/dev/null
+  fi
+else
+  fail "two nodes: node 0 did not start its store: $(cat "$tmp/e4")"
+fi
 
 [ $fails = 0 ] && echo "all passed" || echo "$fails failed"
 [ $fails = 0 ]
