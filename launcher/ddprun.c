@@ -61,11 +61,14 @@
 #define HEARTBEAT_MS 250
 #define DEAD_AFTER_S 1.0
 #define MEMBERSHIP_CHANGE "nodes are waiting to join"
-#define STALL_MS 500 /* a console that took no output for this long is stalled: at the end of
-                       a round and at exit, ddprun stops waiting for it */
-#define EXIT_WAIT_MS 1000 /* at exit, the most ddprun waits for a failure report to be sent */
-#define CONSOLE_LIMIT (1u << 20) /* bytes queued per console before the workers writing wait */
-#define LINE_MAX_BYTES (1u << 20) /* longest line assembled; longer ones go out in pieces */
+/* A console that took no output for STALL_MS is stalled: at the end of a round and at exit,
+ * ddprun stops waiting for it. At exit a failure report gets EXIT_WAIT_MS to be sent. Each
+ * console queues CONSOLE_LIMIT bytes before the workers writing to it wait; lines are
+ * assembled up to LINE_MAX_BYTES, longer ones go out in pieces. */
+#define STALL_MS 500
+#define EXIT_WAIT_MS 1000
+#define CONSOLE_LIMIT (1u << 20)
+#define LINE_MAX_BYTES (1u << 20)
 
 extern char **environ;
 
@@ -116,7 +119,7 @@ typedef struct worker {
     pid_t pid;
     bool running;
     char error_file[PATH_MAX];
-    uint64_t last_output_ms;  /* uv_now() at spawn or at its last output (--hung-timeout) */
+    uint64_t last_output_ms;   /* uv_now() at spawn or at its last output (--hung-timeout) */
     uint64_t stopped_since_ms; /* uv_now() when first seen stopped (state T), 0 if not */
 } worker;
 
@@ -174,15 +177,15 @@ typedef struct agent {
     ddprun_console *con[3];   /* [1] standard output, [2] standard error */
     agent_state state;
     bool stop_for_signal;
-    int signal_seen; /* the terminating signal that stopped the job, if any */
-    bool exit_wait_over; /* at exit: stop waiting for output and failure reports */
+    int signal_seen;       /* the terminating signal that stopped the job, if any */
+    bool exit_wait_over;   /* at exit: stop waiting for output and failure reports */
     uint64_t exit_written; /* console bytes written at the exit timer's last tick */
     int exit_ticks;        /* its ticks (STALL_MS) */
     int sigint_count;
     uv_signal_t sigs[6];
     uv_timer_t kill_timer;
-    uv_timer_t hung_timer; /* --hung-timeout: looks at the workers now and then */
-    uv_async_t remote; /* the monitor saw a failure elsewhere */
+    uv_timer_t hung_timer;       /* --hung-timeout: looks at the workers now and then */
+    uv_async_t remote;           /* the monitor saw a failure elsewhere */
     store_job *jobs, *jobs_tail; /* store calls waiting for their turn */
     store_job *job;              /* the one running on the thread pool, or NULL */
 
@@ -632,8 +635,8 @@ static void print_summary(agent *a)
         snprintf(when + strlen(when), sizeof(when) - strlen(when), ".%03d",
                  (int)((f->time - (double)t) * 1000));
         describe_exit(f->exit_code, how, sizeof(how));
-        emit("%-8s %-23s %-16s %5d %5d %-18s %8d  %s", i == 0 ? "root" : "", when, f->node,
-             f->rank, f->local_rank, how, f->pid, f->message);
+        emit("%-8s %-23s %-16s %5d %5d %-18s %8d  %s", i == 0 ? "root" : "", when, f->node, f->rank,
+             f->local_rank, how, f->pid, f->message);
     }
     emit("%s", "============================================================");
 }
@@ -1243,8 +1246,8 @@ static int rendezvous_job(agent *a, store_job *j)
      * and the other nodes wait for that before spawning.
      */
     if (j->round > 0) {
-        rc = ddprun_rdzv_clear_worker_keys(a->store, a->client, a->prefix, j->round,
-                                           j->asg.nnodes, cfg->join_timeout_s);
+        rc = ddprun_rdzv_clear_worker_keys(a->store, a->client, a->prefix, j->round, j->asg.nnodes,
+                                           cfg->join_timeout_s);
         if (rc < 0)
             snprintf(j->err, sizeof(j->err), "%s the store for round %d: %s",
                      a->store ? "clearing" : "waiting for the clearing of", j->round,
@@ -1342,8 +1345,7 @@ static void job_work(uv_work_t *req)
     case JOB_PUBLISH:
         j->rc = ddprun_rdzv_publish_failure(a->client, a->prefix, j->round, j->json);
         if (j->rc < 0)
-            snprintf(j->err, sizeof(j->err),
-                     "could not publish the failure through the store: %s",
+            snprintf(j->err, sizeof(j->err), "could not publish the failure through the store: %s",
                      rdzv_strerror(j->rc));
         break;
     case JOB_BARRIER:
@@ -1647,7 +1649,7 @@ static int setup_store(agent *a)
     a->store_port = port;
     /* The connection itself is a job (JOB_CONNECT): reaching another node's store may take the
      * whole join timeout. */
-    const char *own = !a->store                        ? host
+    const char *own = !a->store                         ? host
                       : strcmp(a->bind_host, "0.0.0.0") ? a->bind_host /* a loopback address */
                                                         : "127.0.0.1";
     snprintf(a->connect_host, sizeof(a->connect_host), "%s", own);
@@ -1779,10 +1781,10 @@ int main(int argc, char **argv)
      * interrupted is abandoned (its thread ends with the process). */
     a.exit_written = console_written(&a);
     uv_timer_start(&a.kill_timer, exit_timer_cb, STALL_MS, STALL_MS);
-    while (!a.exit_wait_over &&
-           (publishing(&a) ||
-            ddprun_console_queued(a.con[1]) + ddprun_console_queued(a.con[2]) > 0) &&
-           uv_run(a.loop, UV_RUN_ONCE))
+    while (
+        !a.exit_wait_over &&
+        (publishing(&a) || ddprun_console_queued(a.con[1]) + ddprun_console_queued(a.con[2]) > 0) &&
+        uv_run(a.loop, UV_RUN_ONCE))
         ;
     ddprun_console_close(a.con[1]);
     ddprun_console_close(a.con[2]);
