@@ -41,9 +41,9 @@ else
   fail "silent worker: rc $rc in $el ms; $(cat "$tmp/out")"
 fi
 
-# 3. Not hung: rank 0 prints every 0.2 s for 3 s; rank 1 is silent meanwhile (not all are hung).
-run --standalone --nproc-per-node 2 --hung-timeout 1 --no-python sh -c \
-  'if [ $RANK = 0 ]; then for i in $(seq 15); do echo tick; sleep 0.2; done; else sleep 3; fi'
+# 3. Not hung: rank 0 prints every 0.1 s for 3 s; rank 1 is silent meanwhile (not all are hung).
+run --standalone --nproc-per-node 2 --hung-timeout 2 --no-python sh -c \
+  'if [ $RANK = 0 ]; then for i in $(seq 30); do echo tick; sleep 0.1; done; else sleep 3; fi'
 if [ $rc = 0 ] && ! grep -q "workers hung" "$tmp/out"; then
   ok "a printing worker keeps the job alive (rc 0 after $el ms)"
 else
