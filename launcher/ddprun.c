@@ -77,10 +77,40 @@ extern char **environ;
 /* ---------------------------------------------------------------------------------------- */
 
 /*
+ * Marks every descriptor above standard error close-on-exec, so that what the user's shell passed
+ * to ddprun (`ddprun ... 7>file`) never reaches a worker, as with torchrun; ddprun itself may
+ * still use them. close_range(2) where the kernel has it (5.11), else one fcntl per entry of
+ * /proc/self/fd. The agent calls it at startup; the exec shim again before the worker's exec,
+ * for any descriptor a library opened without O_CLOEXEC since.
+ */
+static void cloexec_inherited_fds(void)
+{
+#if defined(SYS_close_range)
+    if (syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) == 0)
+        return;
+#endif
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end || fd < 3 || fd == dirfd(d))
+            continue;
+        int fl = fcntl((int)fd, F_GETFD);
+        if (fl >= 0)
+            fcntl((int)fd, F_SETFD, fl | FD_CLOEXEC);
+    }
+    closedir(d);
+}
+
+/*
  * argv: ddprun --ddprun-exec-shim PARENT_PID program args...
  * Runs in the freshly spawned worker (already its own session and process group): asks for
  * SIGKILL when the parent dies, then checks that the parent is still the one that spawned it
- * (closing the race where it died before prctl), then becomes the program.
+ * (closing the race where it died before prctl), keeps only descriptors 0-2 across the exec,
+ * then becomes the program.
  */
 static int shim_main(int argc, char **argv)
 {
@@ -89,6 +119,7 @@ static int shim_main(int argc, char **argv)
     pid_t parent = (pid_t)strtol(argv[2], NULL, 10);
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
         _exit(128 + SIGKILL);
+    cloexec_inherited_fds();
     execvp(argv[3], argv + 3);
     fprintf(stderr, PROG ": cannot execute '%s': %s\n", argv[3], strerror(errno));
     return errno == ENOENT ? 127 : 126;
@@ -1659,34 +1690,6 @@ static int setup_store(agent *a)
 /* ---------------------------------------------------------------------------------------- */
 /* main                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
-
-/*
- * Marks every descriptor above standard error close-on-exec, so that what the user's shell passed
- * to ddprun (`ddprun ... 7>file`) never reaches a worker, as with torchrun; ddprun itself may
- * still use them. close_range(2) where the kernel has it (5.11), else one fcntl per entry of
- * /proc/self/fd.
- */
-static void cloexec_inherited_fds(void)
-{
-#if defined(SYS_close_range)
-    if (syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) == 0)
-        return;
-#endif
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char *end;
-        long fd = strtol(e->d_name, &end, 10);
-        if (*end || fd < 3 || fd == dirfd(d))
-            continue;
-        int fl = fcntl((int)fd, F_GETFD);
-        if (fl >= 0)
-            fcntl((int)fd, F_SETFD, fl | FD_CLOEXEC);
-    }
-    closedir(d);
-}
 
 static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
