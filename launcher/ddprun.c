@@ -61,11 +61,12 @@
 #define HEARTBEAT_MS 250
 #define DEAD_AFTER_S 1.0
 #define MEMBERSHIP_CHANGE "nodes are waiting to join"
-/* A console that took no output for STALL_MS is stalled: at the end of a round and at exit,
- * ddprun stops waiting for it. At exit a failure report gets EXIT_WAIT_MS to be sent. Each
- * console queues CONSOLE_LIMIT bytes before the workers writing to it wait; lines are
- * assembled up to LINE_MAX_BYTES, longer ones go out in pieces. */
-#define STALL_MS 500
+/* A console that took no output for STALL_MS (TICK_MS after a signal) is stalled: at the end of
+ * a round and at exit, ddprun stops waiting for it. At exit a failure report gets EXIT_WAIT_MS
+ * to be sent. Each console queues CONSOLE_LIMIT bytes before the workers writing to it wait;
+ * lines are assembled up to LINE_MAX_BYTES, longer ones go out in pieces. */
+#define TICK_MS 500
+#define STALL_MS 2000
 #define EXIT_WAIT_MS 1000
 #define CONSOLE_LIMIT (1u << 20)
 #define LINE_MAX_BYTES (1u << 20)
@@ -204,14 +205,16 @@ typedef struct agent {
     bool round_done;          /* round_over() ran for this round */
     uv_timer_t drain_timer;   /* closes pipes that outlive every worker (setsid'd grandchildren) */
     uint64_t drain_written;   /* console bytes written at the drain timer's last tick */
-    int drain_ticks;          /* its ticks (STALL_MS) since the last worker exited */
+    int drain_ticks;          /* its ticks (TICK_MS) since the last worker exited */
+    int drain_idle;           /* of which the last ones without console progress */
     ddprun_console *con[3];   /* [1] standard output, [2] standard error */
     agent_state state;
     bool stop_for_signal;
     int signal_seen;       /* the terminating signal that stopped the job, if any */
     bool exit_wait_over;   /* at exit: stop waiting for output and failure reports */
     uint64_t exit_written; /* console bytes written at the exit timer's last tick */
-    int exit_ticks;        /* its ticks (STALL_MS) */
+    int exit_ticks;        /* its ticks (TICK_MS) */
+    int exit_idle;         /* of which the last ones without console progress */
     int sigint_count;
     uv_signal_t sigs[6];
     uv_timer_t kill_timer;
@@ -1017,6 +1020,13 @@ static void round_over(agent *a)
     }
 }
 
+/* How long a console may take no output before ddprun stops waiting for it: less once a
+ * signal asked ddprun to stop. */
+static int stall_ms(const agent *a)
+{
+    return a->stop_for_signal ? TICK_MS : STALL_MS;
+}
+
 static uint64_t console_written(const agent *a)
 {
     return ddprun_console_written(a->con[1]) + ddprun_console_written(a->con[2]);
@@ -1029,6 +1039,8 @@ static void drain_timer_cb(uv_timer_t *t)
     bool progress = w != a->drain_written;
     a->drain_written = w;
     a->drain_ticks++;
+    a->drain_idle = progress ? 0 : a->drain_idle + 1;
+    bool stalled = a->drain_idle * TICK_MS >= stall_ms(a);
     bool waiting = false;
     for (int i = 0; i < a->nworkers; i++) {
         stream *ss[2] = {&a->workers[i].out, &a->workers[i].err};
@@ -1037,11 +1049,17 @@ static void drain_timer_cb(uv_timer_t *t)
                 continue;
             /* A pipe that waits for a console still taking output gets more time; one that
              * waits for a stalled console is given up; one a grandchild holds gets a second. */
-            bool keep = ss[k]->paused ? progress : a->drain_ticks * STALL_MS < 1000;
-            if (keep)
+            bool keep = ss[k]->paused ? !stalled : a->drain_ticks * TICK_MS < 1000;
+            if (keep) {
                 waiting = true;
-            else
+            } else {
+                if (ss[k]->paused)
+                    say("local rank %d: the rest of its %s is dropped: the console took no "
+                        "output for %d ms",
+                        a->workers[i].local_rank, k ? "standard error" : "standard output",
+                        stall_ms(a));
                 stream_close(ss[k]);
+            }
         }
     }
     if (!waiting)
@@ -1051,7 +1069,7 @@ static void drain_timer_cb(uv_timer_t *t)
 /*
  * A round is over once every worker has exited and its output has been relayed. Pipes that
  * outlive the workers (held by a grandchild in another session) are closed after a second, and
- * pipes whose reading waits for a console that took nothing for STALL_MS (stalled) are too.
+ * pipes whose reading waits for a console that took nothing for stall_ms() (stalled) are too.
  */
 static void maybe_round_over(agent *a)
 {
@@ -1060,8 +1078,8 @@ static void maybe_round_over(agent *a)
     if (a->nstreams > 0) {
         if (!uv_is_active((uv_handle_t *)&a->drain_timer)) {
             a->drain_written = console_written(a);
-            a->drain_ticks = 0;
-            uv_timer_start(&a->drain_timer, drain_timer_cb, STALL_MS, STALL_MS);
+            a->drain_ticks = a->drain_idle = 0;
+            uv_timer_start(&a->drain_timer, drain_timer_cb, TICK_MS, TICK_MS);
         }
         return;
     }
@@ -1519,8 +1537,12 @@ static const char *job_what(const store_job *j)
 static void on_signal(uv_signal_t *h, int sig)
 {
     agent *a = h->data;
-    if (a->state == ST_DONE)
+    if (a->state == ST_DONE) {
+        /* Waiting at exit for a console or a failure report: give up (the status stands). */
+        if (sig != SIGUSR1 && sig != SIGUSR2)
+            a->exit_wait_over = true;
         return;
+    }
     if (sig == SIGUSR1 || sig == SIGUSR2) {
         signal_workers(a, sig);
         return;
@@ -1597,9 +1619,11 @@ static void exit_timer_cb(uv_timer_t *t)
     uint64_t w = console_written(a);
     bool output_left = ddprun_console_queued(a->con[1]) + ddprun_console_queued(a->con[2]) > 0;
     a->exit_ticks++;
-    /* Give up once the consoles took nothing for STALL_MS, and on a failure report after
+    a->exit_idle = w != a->exit_written ? 0 : a->exit_idle + 1;
+    /* Give up once the consoles took nothing for stall_ms(), and on a failure report after
      * EXIT_WAIT_MS. */
-    if (output_left ? w == a->exit_written : a->exit_ticks * STALL_MS >= EXIT_WAIT_MS)
+    if (output_left ? a->exit_idle * TICK_MS >= stall_ms(a)
+                    : a->exit_ticks * TICK_MS >= EXIT_WAIT_MS)
         a->exit_wait_over = true;
     a->exit_written = w;
 }
@@ -1780,15 +1804,18 @@ int main(int argc, char **argv)
     if (a.stop_for_signal)
         say("stopped by SIG%s", sigabbrev_np(a.signal_seen));
     /* A failure report on its way to the store gets EXIT_WAIT_MS to arrive; queued output as long
-     * as a console keeps taking some every STALL_MS. A rendezvous or barrier a signal
+     * as a console keeps taking some every stall_ms(). A rendezvous or barrier a signal
      * interrupted is abandoned (its thread ends with the process). */
     a.exit_written = console_written(&a);
-    uv_timer_start(&a.kill_timer, exit_timer_cb, STALL_MS, STALL_MS);
+    uv_timer_start(&a.kill_timer, exit_timer_cb, TICK_MS, TICK_MS);
     while (
         !a.exit_wait_over &&
         (publishing(&a) || ddprun_console_queued(a.con[1]) + ddprun_console_queued(a.con[2]) > 0) &&
         uv_run(a.loop, UV_RUN_ONCE))
         ;
+    size_t left = ddprun_console_queued(a.con[1]) + ddprun_console_queued(a.con[2]);
+    if (left > 0)
+        say("%zu bytes of output dropped: the console took none for %d ms", left, stall_ms(&a));
     ddprun_console_close(a.con[1]);
     ddprun_console_close(a.con[2]);
 
