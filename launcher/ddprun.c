@@ -5,11 +5,14 @@
  * output line by line, and tears everything down when a worker fails anywhere in the job,
  * restarting the whole job while restarts remain.
  *
- * Event handling is libuv's: process exits, pipes, signals and timers on one loop. Blocking
- * store calls (rendezvous, publishing a failure) happen on the loop thread, which is safe
- * because the store never runs on this loop; a monitor thread blocks on the store instead,
- * waiting for a failure anywhere in the job or a node's heartbeat to stop, and wakes the loop
- * with uv_async_send().
+ * Event handling is libuv's: process exits, pipes, signals and timers on one loop, which never
+ * blocks. The agent's own store calls (connecting, the rendezvous, clearing the workers' keys,
+ * publishing a failure, the exit barrier) block, so they run as jobs on libuv's thread pool, one
+ * at a time and in order (the agent's client is not thread-safe), and the loop goes on handling
+ * signals meanwhile: a signal that arrives while the agent waits on the store (no worker
+ * running) ends the node at once, abandoning the job, whose thread dies with the process. A
+ * monitor thread blocks on the store too, waiting for a failure anywhere in the job or a node's
+ * heartbeat to stop, and wakes the loop with uv_async_send().
  *
  * Each worker runs in its own session and process group, so signals reach its children too.
  * Workers are started through a small guard (this same binary, re-executed; shim_main()) that
@@ -18,18 +21,27 @@
  * double-forked and setsid()'d daemons included. ddprun is a child subreaper as well, and kills
  * whatever reaches it from a guard that was itself killed.
  *
- * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c).
+ * Worker output goes to the console through console.c's bounded, non-blocking queues: when a
+ * console stops taking output, reading stops for the workers that write to it (back-pressure)
+ * and nothing else waits.
+ *
+ * Not done here: option parsing (options.c), the node rendezvous protocols (noderdzv.c), the
+ * console's descriptors and queues (console.c).
  */
+#include "console.h"
 #include "failure.h"
 #include "noderdzv.h"
 #include "options.h"
 #include "rdzv.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
 #include <ftw.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -43,6 +55,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -53,12 +66,71 @@
 #define PROG "ddprun"
 #define HEARTBEAT_MS 250 /* the monitor's slice: it looks at failures, beats and joiners */
 #define MEMBERSHIP_CHANGE "nodes are waiting to join"
+/* A console that took no output for STALL_MS (TICK_MS after a signal) is stalled: at the end of
+ * a round and at exit, ddprun stops waiting for it. At exit a failure report gets EXIT_WAIT_MS
+ * to be sent. Each console queues CONSOLE_LIMIT bytes before the workers writing to it wait;
+ * lines are assembled up to LINE_MAX_BYTES, longer ones go out in pieces. */
+#define TICK_MS 500
+#define STALL_MS 2000
+#define EXIT_WAIT_MS 1000
+#define CONSOLE_LIMIT (1u << 20)
+#define LINE_MAX_BYTES (1u << 20)
 
 extern char **environ;
 
 /* ---------------------------------------------------------------------------------------- */
 /* Worker guard                                                                             */
 /* ---------------------------------------------------------------------------------------- */
+
+/*
+ * Marks every descriptor above standard error close-on-exec, so that what the user's shell passed
+ * to ddprun (`ddprun ... 7>file`) never reaches a worker, as with torchrun; ddprun itself may
+ * still use them. close_range(2) where the kernel has it (5.11), else one fcntl per entry of
+ * /proc/self/fd. The agent calls it at startup; the exec shim again before the worker's exec,
+ * for any descriptor a library opened without O_CLOEXEC since.
+ */
+static void cloexec_inherited_fds(void)
+{
+#if defined(SYS_close_range)
+    if (syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) == 0)
+        return;
+#endif
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end || fd < 3 || fd == dirfd(d))
+            continue;
+        int fl = fcntl((int)fd, F_GETFD);
+        if (fl >= 0)
+            fcntl((int)fd, F_SETFD, fl | FD_CLOEXEC);
+    }
+    closedir(d);
+}
+
+/*
+ * Reads process `pid`'s state letter ('R', 'S', 'T', ...) and parent from /proc/PID/stat.
+ * Returns 0, or -1 when the process is gone or the file cannot be parsed.
+ */
+static int proc_stat(pid_t pid, char *state, long *ppid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    /* "pid (comm) state ppid ...": comm may hold anything, ')' included: parse after the last. */
+    char *p = strrchr(buf, ')');
+    return p && sscanf(p + 1, " %c %ld", state, ppid) == 2 ? 0 : -1;
+}
 
 /*
  * Lists the children of this process, over all its threads (an orphan may be reparented to any
@@ -107,23 +179,10 @@ static int list_children(pid_t **out)
             return -1;
         }
         for (struct dirent *e; (e = readdir(d));) {
-            char path[sizeof(e->d_name) + 16], buf[512];
-            if (e->d_name[0] < '1' || e->d_name[0] > '9')
-                continue;
-            snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-            int fd = open(path, O_RDONLY | O_CLOEXEC);
-            if (fd < 0)
-                continue;
-            ssize_t k = read(fd, buf, sizeof(buf) - 1);
-            close(fd);
-            if (k <= 0)
-                continue;
-            buf[k] = '\0';
-            /* "pid (comm) state ppid ...": comm may hold anything, so parse after the last ')'. */
-            char *rp = strrchr(buf, ')');
             char state;
             long ppid;
-            if (!rp || sscanf(rp + 1, " %c %ld", &state, &ppid) != 2 || ppid != self)
+            if (e->d_name[0] < '1' || e->d_name[0] > '9' ||
+                proc_stat((pid_t)strtol(e->d_name, NULL, 10), &state, &ppid) != 0 || ppid != self)
                 continue;
             if (n == cap) {
                 pid_t *w = realloc(v, (cap *= 2) * sizeof(*v));
@@ -245,7 +304,8 @@ static char **guard_read_env(int fd)
  *   - asks for GUARD_KILL_SIG when ddprun dies (and checks ddprun did not die before that);
  *   - vfork()s the worker, which setsid()s (its own session and process group, as a worker
  *     always had), asks for SIGKILL when the guard dies, and execs the program;
- *   - forwards every signal ddprun sends (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) to
+ *   - forwards every signal ddprun sends (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
+ *     SIGCONT) to
  *     the worker's process group, and on GUARD_KILL_SIG SIGKILLs it;
  *   - once the worker has exited (or on GUARD_KILL_SIG), SIGKILLs every descendant left, as
  *     ddprun always did with the leftovers of a worker's process group, waits until none is
@@ -258,7 +318,8 @@ static int shim_main(int argc, char **argv)
         return 127;
     sigset_t set, old;
     sigemptyset(&set);
-    static const int handled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    static const int handled[] = {SIGCHLD, SIGINT,  SIGTERM, SIGHUP,
+                                  SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT};
     for (size_t i = 0; i < sizeof(handled) / sizeof(handled[0]); i++)
         sigaddset(&set, handled[i]);
     sigaddset(&set, GUARD_KILL_SIG);
@@ -272,6 +333,7 @@ static int shim_main(int argc, char **argv)
     char **env = guard_read_env(3);
     if (env)
         environ = env;
+    cloexec_inherited_fds(); /* fd 3 included: the worker gets 0-2 only */
 
     /* vfork(): the guard resumes once the worker has exec'd (or failed to), so by then the worker
      * has its own process group for the guard's signals; and nothing is copied. The child only
@@ -351,6 +413,7 @@ typedef struct stream {
     char *line; /* bytes of an unfinished line */
     size_t len, cap;
     bool open;
+    bool paused; /* reading stopped: its console is over its limit (back-pressure) */
 } stream;
 
 typedef struct worker {
@@ -363,9 +426,33 @@ typedef struct worker {
     int envfd;        /* memfd shared with the guard (environment in, worker pid out); -1 */
     bool running;
     char error_file[PATH_MAX];
+    uint64_t last_output_ms;   /* uv_now() at spawn or at its last output (--hung-timeout) */
+    uint64_t stopped_since_ms; /* uv_now() when first seen stopped (state T), 0 if not */
 } worker;
 
-typedef enum { ST_RUNNING, ST_STOPPING, ST_DONE } agent_state;
+/*
+ * ST_WAITING: no worker of this node exists and the agent waits on the store (connecting, a
+ * rendezvous, the exit barrier) or for the next round to start. ST_RUNNING: workers run.
+ * ST_STOPPING: they are being stopped. ST_DONE: the loop ends and ddprun exits.
+ */
+typedef enum { ST_WAITING, ST_RUNNING, ST_STOPPING, ST_DONE } agent_state;
+
+struct agent;
+
+/* A blocking store call run off the loop (see the file comment). */
+typedef enum { JOB_CONNECT, JOB_RENDEZVOUS, JOB_PUBLISH, JOB_BARRIER } job_kind;
+
+typedef struct store_job {
+    uv_work_t req;
+    struct agent *a;
+    job_kind kind;
+    struct store_job *next;
+    int rc;
+    int round;             /* RENDEZVOUS: the round to start from; then the round joined */
+    ddprun_assignment asg; /* RENDEZVOUS: the result */
+    char *json;            /* PUBLISH: the record (malloc); BARRIER: a failure (rdzv_free) */
+    char err[640];         /* what went wrong, for the loop thread to print */
+} store_job;
 
 /* The far end of a store connection that closed (the store's on_close hook). */
 #define MAX_CLOSED 64
@@ -382,6 +469,8 @@ typedef struct agent {
     char prefix[DDPRUN_RDZV_MAX_PREFIX + 1]; /* this job's keys: DDPRUN_RDZV_ROOT "/<run_id>" */
     rdzv_server *store;                      /* hosted here (node 0 / c10d host), else NULL */
     char store_host[256];                    /* where agents and workers reach the store */
+    char connect_host[256];                  /* where this agent reaches it */
+    char bind_host[64];                      /* the address the store hosted here binds */
     int store_port;
     rdzv_client *client; /* the agent's own connection */
     ddprun_assignment asg;
@@ -397,13 +486,24 @@ typedef struct agent {
     uv_timer_t restart_timer; /* starts the next round from a fresh loop iteration */
     bool round_done;          /* round_over() ran for this round */
     uv_timer_t drain_timer;   /* closes pipes that outlive every worker and guard */
+    uint64_t drain_written;   /* console bytes written at the drain timer's last tick */
+    int drain_ticks;          /* its ticks (TICK_MS) since the last worker exited */
+    int drain_idle;           /* of which the last ones without console progress */
+    ddprun_console *con[3];   /* [1] standard output, [2] standard error */
     agent_state state;
     bool stop_for_signal;
-    int signal_seen; /* the terminating signal that stopped the job, if any */
+    int signal_seen;       /* the terminating signal that stopped the job, if any */
+    bool exit_wait_over;   /* at exit: stop waiting for output and failure reports */
+    uint64_t exit_written; /* console bytes written at the exit timer's last tick */
+    int exit_ticks;        /* its ticks (TICK_MS) */
+    int exit_idle;         /* of which the last ones without console progress */
     int sigint_count;
     uv_signal_t sigs[6];
     uv_timer_t kill_timer;
-    uv_async_t remote; /* the monitor saw a failure elsewhere */
+    uv_timer_t hung_timer;       /* --hung-timeout: looks at the workers now and then */
+    uv_async_t remote;           /* the monitor saw a failure elsewhere */
+    store_job *jobs, *jobs_tail; /* store calls waiting for their turn */
+    store_job *job;              /* the one running on the thread pool, or NULL */
 
     ddprun_failure *failures; /* this round's, local or reported by another node */
     size_t nfailures;
@@ -435,21 +535,56 @@ static void *xcalloc(size_t n, size_t sz)
     return p;
 }
 
+/*
+ * The agent's own lines go to standard error through its console once it is open (never
+ * blocking the loop; from other threads, such as the store's, by way of the loop), before that
+ * through stdio.
+ */
+static ddprun_console *err_console;
+static pthread_t loop_thread;
+
+static void emit_line(const char *line, size_t n)
+{
+    if (!err_console)
+        fwrite(line, 1, n, stderr);
+    else if (pthread_equal(pthread_self(), loop_thread))
+        ddprun_console_write(err_console, line, n);
+    else
+        ddprun_console_post(err_console, line, n);
+}
+
+/* Formats one line (the newline is added) and emits it, with "ddprun: " in front if `tag`. */
+static void vemit(bool tag, const char *fmt, va_list ap)
+{
+    char line[2048];
+    size_t k = tag ? (size_t)snprintf(line, sizeof(line), PROG ": ") : 0;
+    int n = vsnprintf(line + k, sizeof(line) - k - 1, fmt, ap);
+    if (n < 0)
+        return;
+    k += (size_t)n;
+    if (k > sizeof(line) - 2)
+        k = sizeof(line) - 2;
+    line[k++] = '\n';
+    emit_line(line, k);
+}
+
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
 {
-    char line[2048];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+    vemit(true, fmt, ap);
     va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n > sizeof(line) - 2)
-        n = (int)sizeof(line) - 2;
-    line[n++] = '\n';
-    fputs(PROG ": ", stderr);
-    fwrite(line, 1, (size_t)n, stderr);
+}
+
+/* A line without the "ddprun: " tag (the summary table). */
+static void emit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void emit(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vemit(false, fmt, ap);
+    va_end(ap);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -593,46 +728,93 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
-/* Writes complete lines of `s` (and, at EOF, the rest) to the console with the prefix. */
+/* Stops reading a worker's pipe while its console is over its limit: the worker waits. */
+static void stream_pause(stream *s)
+{
+    if (s->open && !s->paused) {
+        uv_read_stop((uv_stream_t *)&s->pipe);
+        s->paused = true;
+    }
+}
+
+static void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+/* A console drained: the workers whose `which` stream waited for it may go on. */
+static void resume_streams(agent *a, int which)
+{
+    for (int i = 0; i < a->nworkers; i++) {
+        stream *s = which == DDPRUN_STD_OUT ? &a->workers[i].out : &a->workers[i].err;
+        if (s->open && s->paused) {
+            s->paused = false;
+            uv_read_start((uv_stream_t *)&s->pipe, stream_alloc, stream_read);
+        }
+    }
+}
+
+static void stdout_drained(void *arg)
+{
+    resume_streams(arg, DDPRUN_STD_OUT);
+}
+
+static void stderr_drained(void *arg)
+{
+    resume_streams(arg, DDPRUN_STD_ERR);
+}
+
+/*
+ * Queues the complete lines of `s` (and, at EOF, the rest) for the console with the prefix, in
+ * one write so that lines of different workers never interleave. Over the console's limit,
+ * reading this worker's pipe stops until the console drains.
+ */
 static void relay_lines(stream *s, bool eof)
 {
     agent *a = s->w->a;
-    int fd = s->which == DDPRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
+    ddprun_console *con = a->con[s->which == DDPRUN_STD_OUT ? 1 : 2];
     char prefix[256] = "";
     if (a->cfg->prefix_output)
         line_prefix(a, s->w, prefix, sizeof(prefix));
-    size_t pl = strlen(prefix), start = 0;
-    for (size_t i = 0; i < s->len; i++) {
-        if (s->line[i] != '\n')
-            continue;
-        /* One write per line keeps lines of different workers from interleaving. */
-        size_t ll = i + 1 - start;
-        char stackbuf[4096];
-        char *buf = pl + ll <= sizeof(stackbuf) ? stackbuf : malloc(pl + ll);
-        if (buf) {
-            memcpy(buf, prefix, pl);
-            memcpy(buf + pl, s->line + start, ll);
-            write_all(fd, buf, pl + ll);
-            if (buf != stackbuf)
-                free(buf);
+    size_t pl = strlen(prefix), nlines = 0, end = 0;
+    for (size_t i = 0; i < s->len; i++)
+        if (s->line[i] == '\n')
+            nlines++, end = i + 1;
+    bool tail = eof && end < s->len;
+    if (nlines == 0 && !tail)
+        return;
+    size_t total = end + (nlines + tail) * pl + (tail ? s->len - end + 1 : 0);
+    char stackbuf[8192];
+    char *buf = total <= sizeof(stackbuf) ? stackbuf : malloc(total);
+    if (buf) {
+        size_t o = 0, start = 0;
+        for (size_t i = 0; i < end; i++) {
+            if (s->line[i] != '\n')
+                continue;
+            memcpy(buf + o, prefix, pl);
+            memcpy(buf + o + pl, s->line + start, i + 1 - start);
+            o += pl + i + 1 - start;
+            start = i + 1;
         }
-        start = i + 1;
+        if (tail) {
+            memcpy(buf + o, prefix, pl);
+            memcpy(buf + o + pl, s->line + end, s->len - end);
+            o += pl + s->len - end;
+            buf[o++] = '\n';
+        }
+        if (ddprun_console_write(con, buf, o) == 1)
+            stream_pause(s);
+        if (buf != stackbuf)
+            free(buf);
     }
-    if (eof && start < s->len) {
-        write_all(fd, prefix, pl);
-        write_all(fd, s->line + start, s->len - start);
-        write_all(fd, "\n", 1);
-        start = s->len;
-    }
-    memmove(s->line, s->line + start, s->len - start);
-    s->len -= start;
+    size_t used = tail ? s->len : end;
+    memmove(s->line, s->line + used, s->len - used);
+    s->len -= used;
 }
 
 static void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     stream *s = h->data;
     (void)suggested;
-    if (s->cap - s->len < 16384) {
+    if (s->cap - s->len < 16384 && s->cap < LINE_MAX_BYTES) {
         size_t cap = s->cap ? s->cap * 2 : 65536;
         char *p = realloc(s->line, cap);
         if (!p) {
@@ -676,6 +858,7 @@ static void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     stream *s = st->data;
     (void)buf;
     if (nread > 0) {
+        s->w->last_output_ms = uv_now(s->w->a->loop);
         /* Bytes go to the log file as they arrive: no tail thread, no lag. */
         if (s->file >= 0)
             write_all(s->file, s->line + s->len, (size_t)nread);
@@ -756,11 +939,10 @@ static void print_summary(agent *a)
     if (a->nfailures == 0)
         return;
     qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
-    fprintf(stderr, "%s\n", "============================================================");
-    fprintf(stderr, PROG ": job failed (attempt %d of %d)\n", a->restart_count,
-            a->cfg->max_restarts + 1);
-    fprintf(stderr, "%-8s %-23s %-16s %5s %5s %-18s %8s  %s\n", "", "time", "node", "rank", "local",
-            "exit", "pid", "message");
+    emit("%s", "============================================================");
+    emit(PROG ": job failed (attempt %d of %d)", a->restart_count, a->cfg->max_restarts + 1);
+    emit("%-8s %-23s %-16s %5s %5s %-18s %8s  %s", "", "time", "node", "rank", "local", "exit",
+         "pid", "message");
     for (size_t i = 0; i < a->nfailures; i++) {
         const ddprun_failure *f = &a->failures[i];
         char when[32], how[48];
@@ -771,10 +953,10 @@ static void print_summary(agent *a)
         snprintf(when + strlen(when), sizeof(when) - strlen(when), ".%03d",
                  (int)((f->time - (double)t) * 1000));
         describe_exit(f->exit_code, how, sizeof(how));
-        fprintf(stderr, "%-8s %-23s %-16s %5d %5d %-18s %8d  %s\n", i == 0 ? "root" : "", when,
-                f->node, f->rank, f->local_rank, how, f->pid, f->message);
+        emit("%-8s %-23s %-16s %5d %5d %-18s %8d  %s", i == 0 ? "root" : "", when, f->node, f->rank,
+             f->local_rank, how, f->pid, f->message);
     }
-    fprintf(stderr, "%s\n", "============================================================");
+    emit("%s", "============================================================");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -807,6 +989,7 @@ static void stop_workers(agent *a)
         return;
     a->state = ST_STOPPING;
     signal_workers(a, SIGTERM);
+    signal_workers(a, SIGCONT); /* a stopped worker could not act on it */
     if (a->nrunning > 0)
         uv_timer_start(&a->kill_timer, kill_timer_cb,
                        (uint64_t)(a->cfg->shutdown_timeout_s * 1000.0), 0);
@@ -881,7 +1064,9 @@ static void setup_stream(agent *a, worker *w, stream *s, int which, uv_stdio_con
     s->console = !redirect && (!cfg->local_ranks_filter_set || cfg->show_rank[lr]);
     if ((redirect || tee) && cfg->log_dir)
         s->file = open_log(a, w, which == DDPRUN_STD_OUT ? "stdout.log" : "stderr.log");
-    bool need_pipe = s->file >= 0 || (s->console && (cfg->prefix_output)) || !s->console;
+    /* A console whose file description we made non-blocking is never handed to a worker. */
+    bool need_pipe = s->file >= 0 || (s->console && (cfg->prefix_output)) || !s->console ||
+                     ddprun_console_shared(a->con[which == DDPRUN_STD_OUT ? 1 : 2]);
     if (!need_pipe) {
         /* Nothing to add: the worker writes straight to our terminal, with no relay at all. */
         io->flags = UV_INHERIT_FD;
@@ -979,6 +1164,8 @@ static int spawn_worker(agent *a, worker *w)
     }
     a->nprocs++;
     w->pid = w->proc.pid;
+    w->last_output_ms = uv_now(a->loop);
+    w->stopped_since_ms = 0;
     w->running = true;
     a->nrunning++;
     if (w->out.open)
@@ -989,63 +1176,118 @@ static int spawn_worker(agent *a, worker *w)
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Hung workers (--hung-timeout)                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * The pid of worker w's program, which its guard writes into the memfd they share once the
+ * program has started: read once, then remembered. Returns it, or the guard's pid while unknown.
+ */
+static pid_t worker_program_pid(worker *w)
+{
+    if (!w->worker_pid && w->envfd >= 0) {
+        char buf[16] = "";
+        ssize_t k = pread(w->envfd, buf, sizeof(buf) - 1, 0);
+        char *end = buf;
+        long pid = k > 0 ? strtol(buf, &end, 10) : 0;
+        /* Until the guard writes, the memfd holds the environment, never a bare number. */
+        if (pid > 0 && pid <= INT_MAX && *end == '\0')
+            w->worker_pid = (pid_t)pid;
+    }
+    return w->worker_pid ? w->worker_pid : w->pid;
+}
+
+static void publish_failure(agent *a, const ddprun_failure *f);
+
+/*
+ * --hung-timeout: a worker is hung once it has been stopped (state T: SIGSTOP, SIGTSTP, a
+ * debugger) or silent for the timeout. Silence counts only for workers whose output the agent
+ * relays (with --no-prefix and no log files it never sees any). When every running worker of
+ * the node is hung, the node fails as if a worker had: a record without a rank, the other nodes
+ * told, the workers stopped (with SIGCONT after SIGTERM), and a restart if one is left.
+ */
+static void hung_timer_cb(uv_timer_t *t)
+{
+    agent *a = t->data;
+    if (a->state != ST_RUNNING || a->nrunning == 0)
+        return;
+    uint64_t now = uv_now(a->loop), limit = (uint64_t)(a->cfg->hung_timeout_s * 1000.0);
+    char detail[256] = "";
+    size_t o = 0;
+    int listed = 0;
+    bool all = true;
+    for (int i = 0; i < a->nworkers; i++) {
+        worker *w = &a->workers[i];
+        if (!w->running)
+            continue;
+        char st = 0;
+        long ppid;
+        bool stopped =
+            proc_stat(worker_program_pid(w), &st, &ppid) == 0 && (st == 'T' || st == 't');
+        if (!stopped)
+            w->stopped_since_ms = 0;
+        else if (!w->stopped_since_ms)
+            w->stopped_since_ms = now;
+        bool observed = w->out.open || w->err.open;
+        bool hung = (stopped && now - w->stopped_since_ms >= limit) ||
+                    (observed && now - w->last_output_ms >= limit);
+        if (!hung)
+            all = false; /* go on updating the others' stopped_since_ms */
+        else if (listed++ < 8 && o < sizeof(detail))
+            o += (size_t)snprintf(detail + o, sizeof(detail) - o, "%slocal rank %d %s",
+                                  listed > 1 ? ", " : "", w->local_rank,
+                                  stopped ? "stopped" : "silent");
+    }
+    if (!all)
+        return;
+    char msg[512];
+    snprintf(msg, sizeof(msg), "workers hung: no output or stopped for %g s (%s%s)",
+             a->cfg->hung_timeout_s, detail, listed > 8 ? ", ..." : "");
+    say("%s: stopping the workers", msg);
+    ddprun_failure f;
+    ddprun_failure_init(&f, a->hostname, -1, -1, 1, 0, msg);
+    add_failure(a, &f);
+    publish_failure(a, &f);
+    stop_workers(a);
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* Rounds                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-static int run_round(agent *a);
+static void start_round(agent *a);
+static store_job *job_new(agent *a, job_kind kind);
+static void job_queue(agent *a, store_job *j);
 
+/* Tells the other nodes through the store (a job: the loop does not wait for the reply). */
 static void publish_failure(agent *a, const ddprun_failure *f)
 {
     char *js = ddprun_failure_to_json(f);
     if (!js)
         return;
-    int rc = ddprun_rdzv_publish_failure(a->client, a->prefix, a->round, js);
-    if (rc < 0)
-        say("could not publish the failure through the store: %s", rdzv_strerror(rc));
-    free(js);
-}
-
-/*
- * Torchrun's exit barrier (ddprun_rdzv_exit_barrier()), with an eye on the round's failure key: a
- * failure published by a node still running ends the wait. Returns 0 when all nodes finished (or
- * the barrier itself failed, which the node's own success outlives), -1 when a failure came first
- * (recorded for the summary).
- */
-static int exit_barrier(agent *a)
-{
-    char *json = NULL;
-    int rc = ddprun_rdzv_exit_barrier(a->client, a->prefix, a->round, a->asg.nnodes,
-                                      a->cfg->close_timeout_s + 300.0, HEARTBEAT_MS, &json);
-    if (rc == 1) {
-        ddprun_failure f;
-        if (ddprun_failure_from_json(json, &f) == 0)
-            add_failure(a, &f);
-        rdzv_free(json);
-        return -1;
-    }
-    if (rc < 0)
-        say("exit barrier: %s", rc == -ETIMEDOUT ? "timed out" : rdzv_strerror(rc));
-    return 0;
+    store_job *j = job_new(a, JOB_PUBLISH);
+    j->round = a->round;
+    j->json = js;
+    job_queue(a, j);
 }
 
 static void restart_cb(uv_timer_t *t)
 {
     agent *a = t->data;
-    if (run_round(a) < 0) {
-        a->state = ST_DONE;
-        print_summary(a);
-    }
+    if (a->state == ST_WAITING)
+        start_round(a);
 }
 
 /* Everything of this round has exited: restart, or finish. */
 static void round_over(agent *a)
 {
     uv_timer_stop(&a->kill_timer);
+    uv_timer_stop(&a->hung_timer);
     if (a->membership_change && !a->stop_for_signal && a->nfailures == 0) {
         /* Nodes are waiting to join: every node re-rendezvous; no restart is used up. */
         a->membership_change = false;
         a->round++;
-        a->state = ST_RUNNING;
+        a->state = ST_WAITING;
         uv_timer_start(&a->restart_timer, restart_cb, 0, 0);
         return;
     }
@@ -1054,11 +1296,12 @@ static void round_over(agent *a)
     if (!failed) {
         /* Success here: wait for the other nodes before leaving, since node 0's store serves
          * them (torchrun's exit barrier) -- unless one of them fails meanwhile. */
-        if (a->asg.nnodes > 1 && exit_barrier(a) < 0) {
-            a->state = ST_DONE;
-            print_summary(a);
-            qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
-            a->exit_code = ddprun_failure_exit_status(a->nfailures ? &a->failures[0] : NULL);
+        if (a->asg.nnodes > 1) {
+            a->state = ST_WAITING;
+            store_job *j = job_new(a, JOB_BARRIER);
+            j->round = a->round;
+            j->asg = a->asg;
+            job_queue(a, j);
             return;
         }
         a->exit_code = 0;
@@ -1074,7 +1317,7 @@ static void round_over(agent *a)
         free(a->failures);
         a->failures = NULL;
         a->nfailures = 0;
-        a->state = ST_RUNNING;
+        a->state = ST_WAITING;
         /* From a fresh loop iteration: we may be inside a close callback of this round. */
         uv_timer_start(&a->restart_timer, restart_cb, 0, 0);
         return;
@@ -1092,13 +1335,50 @@ static void round_over(agent *a)
     }
 }
 
+/* How long a console may take no output before ddprun stops waiting for it: less once a
+ * signal asked ddprun to stop. */
+static int stall_ms(const agent *a)
+{
+    return a->stop_for_signal ? TICK_MS : STALL_MS;
+}
+
+static uint64_t console_written(const agent *a)
+{
+    return ddprun_console_written(a->con[1]) + ddprun_console_written(a->con[2]);
+}
+
 static void drain_timer_cb(uv_timer_t *t)
 {
     agent *a = t->data;
+    uint64_t w = console_written(a);
+    bool progress = w != a->drain_written;
+    a->drain_written = w;
+    a->drain_ticks++;
+    a->drain_idle = progress ? 0 : a->drain_idle + 1;
+    bool stalled = a->drain_idle * TICK_MS >= stall_ms(a);
+    bool waiting = false;
     for (int i = 0; i < a->nworkers; i++) {
-        stream_close(&a->workers[i].out);
-        stream_close(&a->workers[i].err);
+        stream *ss[2] = {&a->workers[i].out, &a->workers[i].err};
+        for (int k = 0; k < 2; k++) {
+            if (!ss[k]->open)
+                continue;
+            /* A pipe that waits for a console still taking output gets more time; one that
+             * waits for a stalled console is given up; one a grandchild holds gets a second. */
+            bool keep = ss[k]->paused ? !stalled : a->drain_ticks * TICK_MS < 1000;
+            if (keep) {
+                waiting = true;
+            } else {
+                if (ss[k]->paused)
+                    say("local rank %d: the rest of its %s is dropped: the console took no "
+                        "output for %d ms",
+                        a->workers[i].local_rank, k ? "standard error" : "standard output",
+                        stall_ms(a));
+                stream_close(ss[k]);
+            }
+        }
     }
+    if (!waiting)
+        uv_timer_stop(&a->drain_timer);
 }
 
 /*
@@ -1106,7 +1386,8 @@ static void drain_timer_cb(uv_timer_t *t)
  * every descendant of their workers before they exit; what a guard that was itself killed left
  * behind was reparented to ddprun (a subreaper), and goes now: with every guard reaped, each
  * child ddprun still has is such a stray. Pipes that outlive even that (an end passed to a
- * process outside the tree) are closed after a second.
+ * process outside the tree) are closed after a second, and pipes whose reading waits for a
+ * console that took nothing for stall_ms() (stalled) are too.
  */
 static void maybe_round_over(agent *a)
 {
@@ -1114,8 +1395,11 @@ static void maybe_round_over(agent *a)
         return;
     kill_descendants(false, NULL, NULL);
     if (a->nstreams > 0) {
-        if (!uv_is_active((uv_handle_t *)&a->drain_timer))
-            uv_timer_start(&a->drain_timer, drain_timer_cb, 1000, 0);
+        if (!uv_is_active((uv_handle_t *)&a->drain_timer)) {
+            a->drain_written = console_written(a);
+            a->drain_ticks = a->drain_idle = 0;
+            uv_timer_start(&a->drain_timer, drain_timer_cb, TICK_MS, TICK_MS);
+        }
         return;
     }
     uv_timer_stop(&a->drain_timer);
@@ -1138,11 +1422,7 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal)
     a->nrunning--;
     uv_close((uv_handle_t *)p, proc_closed);
     if (w->envfd >= 0) {
-        /* The guard wrote the program's pid there; the summary names that process. */
-        char buf[16] = "";
-        ssize_t k = pread(w->envfd, buf, sizeof(buf) - 1, 0);
-        long pid = k > 0 ? strtol(buf, NULL, 10) : 0;
-        w->worker_pid = pid > 0 && pid <= INT_MAX ? (pid_t)pid : 0;
+        worker_program_pid(w); /* the summary names the program's process */
         close(w->envfd);
         w->envfd = -1;
     }
@@ -1388,62 +1668,73 @@ static void monitor_set_round(agent *a, int round)
 /* Rendezvous and rounds                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
-static int rendezvous(agent *a)
+/*
+ * The node rendezvous of round j->round, then (rounds after the first) the clearing of the
+ * workers' keys. Runs on the thread pool: reads only what the loop does not change while a job
+ * runs (the configuration, the run prefix, the client) and leaves its results in `j`.
+ */
+static int rendezvous_job(agent *a, store_job *j)
 {
     ddprun_config *cfg = a->cfg;
     char err[512] = "";
     int rc;
     if (cfg->nnodes_max == 1) {
         /* A single-node job: nobody else can join, so there is nothing to agree on. */
-        a->asg = (ddprun_assignment){.round = a->round,
+        j->asg = (ddprun_assignment){.round = j->round,
                                      .node_rank = 0,
                                      .nnodes = 1,
                                      .rank_offset = 0,
                                      .world_size = cfg->nproc_per_node};
-        return 0;
-    }
-    if (cfg->rdzv_backend == DDPRUN_BACKEND_STATIC) {
+        rc = 0;
+    } else if (cfg->rdzv_backend == DDPRUN_BACKEND_STATIC) {
         rc =
-            ddprun_rdzv_static(a->client, a->prefix, a->round, cfg->nnodes_max, cfg->node_rank,
-                               cfg->nproc_per_node, cfg->join_timeout_s, &a->asg, err, sizeof(err));
+            ddprun_rdzv_static(a->client, a->prefix, j->round, cfg->nnodes_max, cfg->node_rank,
+                               cfg->nproc_per_node, cfg->join_timeout_s, &j->asg, err, sizeof(err));
     } else {
         char node_id[320];
         snprintf(node_id, sizeof(node_id), "%s:%d", a->hostname, (int)getpid());
         /* A round that closed before we joined: wait for the next one, which the running nodes
          * start when they see us waiting. */
-        while ((rc = ddprun_rdzv_dynamic(a->client, a->prefix, a->round, cfg->nnodes_min,
+        while ((rc = ddprun_rdzv_dynamic(a->client, a->prefix, j->round, cfg->nnodes_min,
                                          cfg->nnodes_max, node_id, cfg->nproc_per_node,
-                                         cfg->join_timeout_s, cfg->last_call_timeout_s, &a->asg,
+                                         cfg->join_timeout_s, cfg->last_call_timeout_s, &j->asg,
                                          err, sizeof(err))) == -EAGAIN)
-            a->round++;
+            j->round++;
     }
-    if (rc < 0)
-        say("rendezvous failed: %s%s%s", rdzv_strerror(rc), err[0] ? ": " : "", err);
-    return rc;
+    if (rc < 0) {
+        snprintf(j->err, sizeof(j->err), "rendezvous failed: %s%s%s", rdzv_strerror(rc),
+                 err[0] ? ": " : "", err);
+        return rc;
+    }
+    /*
+     * Between attempts the workers' keys go (ddprun_rdzv_clear_worker_keys()): the hosting agent
+     * clears everything outside ddprun's own keys once every node has met for the new round,
+     * and the other nodes wait for that before spawning.
+     */
+    if (j->round > 0) {
+        rc = ddprun_rdzv_clear_worker_keys(a->store, a->client, a->prefix, j->round, j->asg.nnodes,
+                                           cfg->join_timeout_s);
+        if (rc < 0)
+            snprintf(j->err, sizeof(j->err), "%s the store for round %d: %s",
+                     a->store ? "clearing" : "waiting for the clearing of", j->round,
+                     rdzv_strerror(rc));
+    }
+    return rc < 0 ? rc : 0;
 }
 
-/*
- * Between attempts the workers' keys go (ddprun_rdzv_clear_worker_keys()): the hosting agent
- * clears everything outside ddprun's own keys once every node has met for the new round, and the
- * other nodes wait for that before spawning.
- */
-static int clear_worker_keys(agent *a)
+/* Starts the rendezvous of round a->round; spawn_round() follows when it succeeds. */
+static void start_round(agent *a)
 {
-    int rc = ddprun_rdzv_clear_worker_keys(a->store, a->client, a->prefix, a->round, a->asg.nnodes,
-                                           a->cfg->join_timeout_s);
-    if (rc < 0)
-        say("%s the store for round %d: %s", a->store ? "clearing" : "waiting for the clearing of",
-            a->round, rdzv_strerror(rc));
-    return rc;
+    a->state = ST_WAITING;
+    store_job *j = job_new(a, JOB_RENDEZVOUS);
+    j->round = a->round;
+    job_queue(a, j);
 }
 
-static int run_round(agent *a)
+/* The rendezvous of this round succeeded: start the workers. */
+static void spawn_round(agent *a)
 {
     ddprun_config *cfg = a->cfg;
-    if (rendezvous(a) < 0 || (a->round > 0 && clear_worker_keys(a) < 0)) {
-        a->exit_code = 1;
-        return -1;
-    }
     /* Watch the other nodes, and for an elastic job that could still grow, late joiners. */
     bool watch = a->asg.nnodes > 1 ||
                  (cfg->rdzv_backend == DDPRUN_BACKEND_C10D && a->asg.nnodes < cfg->nnodes_max);
@@ -1475,19 +1766,210 @@ static int run_round(agent *a)
             break;
         }
     }
+    if (cfg->hung_timeout_s > 0 && a->state == ST_RUNNING) {
+        double tick_ms = cfg->hung_timeout_s * 250.0; /* a quarter of it, 50 ms to 1 s */
+        uint64_t tick = tick_ms < 50 ? 50 : tick_ms > 1000 ? 1000 : (uint64_t)tick_ms;
+        uv_timer_start(&a->hung_timer, hung_timer_cb, tick, tick);
+    }
     maybe_round_over(a);
-    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Store calls off the loop                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+static store_job *job_new(agent *a, job_kind kind)
+{
+    store_job *j = xcalloc(1, sizeof(*j));
+    j->a = a;
+    j->kind = kind;
+    j->req.data = j;
+    return j;
+}
+
+/* Runs on the thread pool. The agent's client is this job's alone until job_after(). */
+static void job_work(uv_work_t *req)
+{
+    store_job *j = req->data;
+    agent *a = j->a;
+    switch (j->kind) {
+    case JOB_CONNECT: {
+        rdzv_client_options co;
+        rdzv_client_options_init(&co);
+        co.connect_timeout_ms = (int)(a->cfg->join_timeout_s * 1000);
+        co.timeout_ms = (int)(a->cfg->timeout_s * 1000);
+        j->rc = rdzv_client_connect(a->connect_host, a->store_port, &co, &a->client);
+        if (j->rc < 0)
+            snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s:%d: %s (%s)",
+                     a->connect_host, a->store_port, rdzv_strerror(j->rc),
+                     rdzv_client_last_error(NULL)); /* thread-local: read here */
+        break;
+    }
+    case JOB_RENDEZVOUS:
+        j->rc = rendezvous_job(a, j);
+        break;
+    case JOB_PUBLISH:
+        j->rc = ddprun_rdzv_publish_failure(a->client, a->prefix, j->round, j->json);
+        if (j->rc < 0)
+            snprintf(j->err, sizeof(j->err), "could not publish the failure through the store: %s",
+                     rdzv_strerror(j->rc));
+        break;
+    case JOB_BARRIER:
+        /* Torchrun's exit barrier, with an eye on the round's failure key: a failure published
+         * by a node still running ends the wait. */
+        j->rc = ddprun_rdzv_exit_barrier(a->client, a->prefix, j->round, j->asg.nnodes,
+                                         a->cfg->close_timeout_s + 300.0, HEARTBEAT_MS, &j->json);
+        if (j->rc < 0)
+            snprintf(j->err, sizeof(j->err), "exit barrier: %s",
+                     j->rc == -ETIMEDOUT ? "timed out" : rdzv_strerror(j->rc));
+        break;
+    }
+}
+
+static void job_next(agent *a);
+
+/* Back on the loop: hands the job's outcome to the phase that waited for it. */
+static void job_after(uv_work_t *req, int status)
+{
+    store_job *j = req->data;
+    agent *a = j->a;
+    (void)status; /* jobs are never cancelled */
+    a->job = NULL;
+    if (a->state != ST_DONE || j->kind == JOB_PUBLISH) {
+        switch (j->kind) {
+        case JOB_CONNECT:
+            if (j->rc < 0) {
+                say("%s", j->err);
+                a->exit_code = 1;
+                a->state = ST_DONE;
+            } else {
+                start_round(a);
+            }
+            break;
+        case JOB_RENDEZVOUS:
+            pthread_mutex_lock(&a->mu); /* the monitor reads the assignment */
+            a->round = j->round;
+            a->asg = j->asg;
+            pthread_mutex_unlock(&a->mu);
+            if (j->rc < 0) {
+                say("%s", j->err);
+                a->exit_code = 1;
+                a->state = ST_DONE;
+                print_summary(a);
+            } else {
+                spawn_round(a);
+            }
+            break;
+        case JOB_PUBLISH:
+            if (j->rc < 0)
+                say("%s", j->err);
+            break;
+        case JOB_BARRIER:
+            a->state = ST_DONE;
+            a->exit_code = 0;
+            if (j->rc == 1) {
+                /* Our workers succeeded, but a node still running failed. */
+                ddprun_failure f;
+                if (ddprun_failure_from_json(j->json, &f) == 0)
+                    add_failure(a, &f);
+                print_summary(a);
+                qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
+                a->exit_code = ddprun_failure_exit_status(a->nfailures ? &a->failures[0] : NULL);
+            } else if (j->rc < 0) {
+                say("%s", j->err); /* the node's own success outlives the barrier */
+            }
+            break;
+        }
+    }
+    if (j->kind == JOB_PUBLISH)
+        free(j->json);
+    else
+        rdzv_free(j->json);
+    free(j);
+    job_next(a);
+}
+
+/* Starts the next queued job unless one runs. Once the node is done, only publications run. */
+static void job_next(agent *a)
+{
+    while (!a->job && a->jobs) {
+        store_job *j = a->jobs;
+        a->jobs = j->next;
+        if (!a->jobs)
+            a->jobs_tail = NULL;
+        if (a->state == ST_DONE && j->kind != JOB_PUBLISH) {
+            free(j);
+            continue;
+        }
+        a->job = j;
+        int rc = uv_queue_work(a->loop, &j->req, job_work, job_after);
+        assert(rc == 0); /* fails only without a work callback */
+        (void)rc;
+    }
+}
+
+static void job_queue(agent *a, store_job *j)
+{
+    if (a->jobs_tail)
+        a->jobs_tail->next = j;
+    else
+        a->jobs = j;
+    a->jobs_tail = j;
+    job_next(a);
+}
+
+/* True while a failure report is still on its way to the store. */
+static bool publishing(const agent *a)
+{
+    if (a->job && a->job->kind == JOB_PUBLISH)
+        return true;
+    for (const store_job *j = a->jobs; j; j = j->next)
+        if (j->kind == JOB_PUBLISH)
+            return true;
+    return false;
+}
+
+static const char *job_what(const store_job *j)
+{
+    switch (j ? j->kind : JOB_RENDEZVOUS) {
+    case JOB_CONNECT:
+        return "the rendezvous store";
+    case JOB_BARRIER:
+        return "the other nodes to finish";
+    default:
+        return "the rendezvous";
+    }
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Signals                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
+/*
+ * SIGINT, SIGTERM, SIGHUP and SIGQUIT end the node in every phase, with 128 + the signal. While
+ * the agent waits on the store (no worker exists) it ends at once, abandoning the store call;
+ * while workers run or are being stopped, they get the signal, and the node ends (without
+ * restarting) once they are gone.
+ */
 static void on_signal(uv_signal_t *h, int sig)
 {
     agent *a = h->data;
+    if (a->state == ST_DONE) {
+        /* Waiting at exit for a console or a failure report: give up (the status stands). */
+        if (sig != SIGUSR1 && sig != SIGUSR2)
+            a->exit_wait_over = true;
+        return;
+    }
     if (sig == SIGUSR1 || sig == SIGUSR2) {
         signal_workers(a, sig);
+        return;
+    }
+    if (a->state == ST_WAITING) {
+        say("received SIG%s while waiting for %s", sigabbrev_np(sig), job_what(a->job));
+        a->stop_for_signal = true;
+        a->signal_seen = sig;
+        a->exit_code = 128 + sig;
+        a->state = ST_DONE;
         return;
     }
     if (sig == SIGINT && ++a->sigint_count >= 2) {
@@ -1499,9 +1981,13 @@ static void on_signal(uv_signal_t *h, int sig)
     say("received SIG%s: stopping the workers%s", sigabbrev_np(sig),
         sig == SIGINT ? " (SIGINT again kills them)" : "");
     signal_workers(a, sig);
-    if (a->state == ST_RUNNING) {
+    signal_workers(a, SIGCONT); /* a stopped worker could not act on it */
+    if (!a->stop_for_signal) {
+        /* Also while a failed round is torn down: no restart follows a signal. */
         a->stop_for_signal = true;
         a->signal_seen = sig;
+    }
+    if (a->state == ST_RUNNING) {
         a->state = ST_STOPPING;
         if (a->nrunning > 0)
             uv_timer_start(&a->kill_timer, kill_timer_cb,
@@ -1544,6 +2030,58 @@ static bool is_local_address(const char *host)
     return local;
 }
 
+static void exit_timer_cb(uv_timer_t *t)
+{
+    agent *a = t->data;
+    uint64_t w = console_written(a);
+    bool output_left = ddprun_console_queued(a->con[1]) + ddprun_console_queued(a->con[2]) > 0;
+    a->exit_ticks++;
+    a->exit_idle = w != a->exit_written ? 0 : a->exit_idle + 1;
+    /* Give up once the consoles took nothing for stall_ms(), and on a failure report after
+     * EXIT_WAIT_MS. */
+    if (output_left ? a->exit_idle * TICK_MS >= stall_ms(a)
+                    : a->exit_ticks * TICK_MS >= EXIT_WAIT_MS)
+        a->exit_wait_over = true;
+    a->exit_written = w;
+}
+
+/*
+ * When every address `host` resolves to is a loopback one (127.0.0.0/8, ::1), writes the one the
+ * store should bind -- the first IPv4 address, else ::1 -- into buf and returns true: then only
+ * this machine can reach the store, as the user asked by naming a loopback host ("localhost",
+ * or a host name that /etc/hosts maps to 127.0.1.1). False when the name does not resolve or any
+ * address is not loopback.
+ */
+static bool loopback_only(const char *host, char *buf, size_t n)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return false;
+    bool all = res != NULL, v4 = false;
+    char first6[INET6_ADDRSTRLEN] = "";
+    for (struct addrinfo *r = res; r && all; r = r->ai_next) {
+        if (r->ai_family == AF_INET) {
+            const struct in_addr *in = &((struct sockaddr_in *)r->ai_addr)->sin_addr;
+            all = (ntohl(in->s_addr) >> 24) == 127;
+            if (all && !v4) {
+                v4 = true;
+                inet_ntop(AF_INET, in, buf, (socklen_t)n);
+            }
+        } else if (r->ai_family == AF_INET6) {
+            const struct in6_addr *in6 = &((struct sockaddr_in6 *)r->ai_addr)->sin6_addr;
+            all = IN6_IS_ADDR_LOOPBACK(in6);
+            if (all && !first6[0])
+                inet_ntop(AF_INET6, in6, first6, sizeof(first6));
+        } else {
+            all = false;
+        }
+    }
+    freeaddrinfo(res);
+    if (all && !v4)
+        snprintf(buf, n, "%s", first6);
+    return all;
+}
+
 /* Node 0 (static) or the rendezvous host (c10d, standalone) serves the store in-process. */
 static int setup_store(agent *a)
 {
@@ -1564,9 +2102,11 @@ static int setup_store(agent *a)
         rdzv_server_options o;
         rdzv_server_options_init(&o);
         /* Bind the wildcard (as PyTorch's store does), except for a loopback endpoint. */
-        o.host = cfg->standalone || !strcmp(host, "127.0.0.1") || !strcmp(host, "localhost")
-                     ? "127.0.0.1"
-                     : "0.0.0.0";
+        if (cfg->standalone)
+            snprintf(a->bind_host, sizeof(a->bind_host), "127.0.0.1");
+        else if (!loopback_only(host, a->bind_host, sizeof(a->bind_host)))
+            snprintf(a->bind_host, sizeof(a->bind_host), "0.0.0.0");
+        o.host = a->bind_host;
         o.port = port;
         o.log = store_log;
         o.on_close = store_conn_closed; /* a node whose monitor connection closes is gone */
@@ -1581,18 +2121,12 @@ static int setup_store(agent *a)
     }
     snprintf(a->store_host, sizeof(a->store_host), "%s", cfg->standalone ? "127.0.0.1" : host);
     a->store_port = port;
-
-    rdzv_client_options co;
-    rdzv_client_options_init(&co);
-    co.connect_timeout_ms = (int)(cfg->join_timeout_s * 1000);
-    co.timeout_ms = (int)(cfg->timeout_s * 1000);
-    const char *connect_host = a->store ? "127.0.0.1" : host;
-    int rc = rdzv_client_connect(connect_host, port, &co, &a->client);
-    if (rc < 0) {
-        say("cannot reach the rendezvous store at %s:%d: %s (%s)", connect_host, port,
-            rdzv_strerror(rc), rdzv_client_last_error(NULL));
-        return rc;
-    }
+    /* The connection itself is a job (JOB_CONNECT): reaching another node's store may take the
+     * whole join timeout. */
+    const char *own = !a->store                         ? host
+                      : strcmp(a->bind_host, "0.0.0.0") ? a->bind_host /* a loopback address */
+                                                        : "127.0.0.1";
+    snprintf(a->connect_host, sizeof(a->connect_host), "%s", own);
     return 0;
 }
 
@@ -1633,6 +2167,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     /* What a worker's guard could not kill (the guard itself was killed) is reparented here. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
+    cloexec_inherited_fds();
 
     agent a = {0};
     a.cfg = &cfg;
@@ -1652,8 +2187,19 @@ int main(int argc, char **argv)
     if (!mkdtemp(a.tmpdir))
         a.tmpdir[0] = '\0';
 
+    /* From here on the agent's output never blocks its loop (console.h). */
+    loop_thread = pthread_self();
+    for (int fd = 1; fd <= 2; fd++)
+        if (ddprun_console_open(a.loop, fd, CONSOLE_LIMIT, &a.con[fd]) < 0)
+            die_oom();
+    ddprun_console_on_drain(a.con[1], stdout_drained, &a);
+    ddprun_console_on_drain(a.con[2], stderr_drained, &a);
+    fflush(stderr);
+    err_console = a.con[2];
     uv_timer_init(a.loop, &a.kill_timer);
     a.kill_timer.data = &a;
+    uv_timer_init(a.loop, &a.hung_timer);
+    a.hung_timer.data = &a;
     uv_timer_init(a.loop, &a.drain_timer);
     a.drain_timer.data = &a;
     uv_timer_init(a.loop, &a.restart_timer);
@@ -1667,12 +2213,32 @@ int main(int argc, char **argv)
         uv_signal_start(&a.sigs[i], on_signal, sigs[i]);
     }
 
-    if (setup_store(&a) < 0 || run_round(&a) < 0) {
-        a.exit_code = a.exit_code ? a.exit_code : 1;
+    if (setup_store(&a) < 0) {
+        a.exit_code = 1;
         a.state = ST_DONE;
+    } else {
+        a.state = ST_WAITING;
+        job_queue(&a, job_new(&a, JOB_CONNECT));
     }
     while (a.state != ST_DONE && uv_run(a.loop, UV_RUN_ONCE))
         ;
+    if (a.stop_for_signal)
+        say("stopped by SIG%s", sigabbrev_np(a.signal_seen));
+    /* A failure report on its way to the store gets EXIT_WAIT_MS to arrive; queued output as long
+     * as a console keeps taking some every stall_ms(). A rendezvous or barrier a signal
+     * interrupted is abandoned (its thread ends with the process). */
+    a.exit_written = console_written(&a);
+    uv_timer_start(&a.kill_timer, exit_timer_cb, TICK_MS, TICK_MS);
+    while (
+        !a.exit_wait_over &&
+        (publishing(&a) || ddprun_console_queued(a.con[1]) + ddprun_console_queued(a.con[2]) > 0) &&
+        uv_run(a.loop, UV_RUN_ONCE))
+        ;
+    size_t left = ddprun_console_queued(a.con[1]) + ddprun_console_queued(a.con[2]);
+    if (left > 0)
+        say("%zu bytes of output dropped: the console took none for %d ms", left, stall_ms(&a));
+    ddprun_console_close(a.con[1]);
+    ddprun_console_close(a.con[2]);
 
     /* The monitor may sit in a store wait for up to HEARTBEAT_MS: tell it to stop but do not
      * wait for it; exit() ends it. Nothing it uses is freed before that. */

@@ -83,6 +83,7 @@ enum opt_id {
     O_VIRTUAL_LOCAL_RANK,
     O_PRINT_COMPLETION,
     O_NO_PREFIX,
+    O_HUNG_TIMEOUT,
     O_HELP,
     O_VERSION,
     O_COUNT
@@ -302,6 +303,13 @@ static const cli_option options[] = {
      NULL,
      false,
      "Do not prefix console lines with the worker's rank."},
+    {O_HUNG_TIMEOUT,
+     {"--hung-timeout", "--hung_timeout"},
+     "SECONDS",
+     "0",
+     true,
+     "Fail the node when every local worker has been stopped (SIGSTOP) or silent (no output) "
+     "for SECONDS, as when a worker fails; 0 never."},
     {O_HELP, {"-h", "--help"}, NULL, NULL, false, "Show this help and exit."},
     {O_VERSION, {"--version"}, NULL, NULL, false, "Show ddprun's version and exit."},
 };
@@ -1167,6 +1175,8 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
                     &c->shutdown_timeout_s, err, errlen));
     TRY(get_flag(r, O_VIRTUAL_LOCAL_RANK, &c->virtual_local_rank, err, errlen));
     c->prefix_output = r->value[O_NO_PREFIX] == NULL;
+    TRY(get_seconds(r->label[O_HUNG_TIMEOUT], r->value[O_HUNG_TIMEOUT], true, &c->hung_timeout_s,
+                    err, errlen));
     if (r->value[O_MASTER_PORT])
         TRY(get_int(r, O_MASTER_PORT, 0, 65535, &c->master_port, err, errlen));
     else

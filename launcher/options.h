@@ -83,6 +83,8 @@ typedef struct ddprun_config {
     char *duplicate_stdout_filters; /* --duplicate-stdout-filters: accepted, ignored */
     char *duplicate_stderr_filters; /* --duplicate-stderr-filters: accepted, ignored */
     double heartbeat_timeout_s;     /* rdzv_conf heartbeat_timeout; 0: unset (see below) */
+    double hung_timeout_s;          /* --hung-timeout: all workers stopped or silent this long
+                                     * fail the node; 0 (default): never */
 } ddprun_config;
 
 /*

@@ -490,6 +490,28 @@ START_TEST(shutdown_timeout_sources)
 }
 END_TEST
 
+/* --hung-timeout: off (0) by default, seconds from the command line or PET_HUNG_TIMEOUT. */
+START_TEST(hung_timeout)
+{
+    PARSE_OK("t");
+    ck_assert_double_eq(cfg.hung_timeout_s, 0);
+    PARSE_OK("--hung-timeout", "2.5", "t");
+    ck_assert_double_eq(cfg.hung_timeout_s, 2.5);
+    PARSE_OK("--hung_timeout=1", "t");
+    ck_assert_double_eq(cfg.hung_timeout_s, 1);
+    setenv("PET_HUNG_TIMEOUT", "4", 1);
+    PARSE_OK("t");
+    ck_assert_double_eq(cfg.hung_timeout_s, 4);
+    PARSE_OK("--hung-timeout", "0", "t");
+    ck_assert_double_eq(cfg.hung_timeout_s, 0);
+    setenv("PET_HUNG_TIMEOUT", "soon", 1);
+    PARSE_ERR("--hung-timeout (from PET_HUNG_TIMEOUT)", "t");
+    unsetenv("PET_HUNG_TIMEOUT");
+    PARSE_ERR("--hung-timeout: expected a non-negative number", "--hung-timeout", "-1", "t");
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
 START_TEST(errors_name_their_flag)
 {
     PARSE_ERR("--nproc-per-node: expected a positive integer, 'auto', 'cpu' or 'gpu', got 'x'",
@@ -966,6 +988,7 @@ int main(void)
     tcase_add_test(tc, script_and_its_arguments);
     tcase_add_test(tc, pet_defaults_and_precedence);
     tcase_add_test(tc, shutdown_timeout_sources);
+    tcase_add_test(tc, hung_timeout);
     tcase_add_test(tc, errors_name_their_flag);
     tcase_add_test(tc, module_no_python_run_path);
     tcase_add_test(tc, rdzv_conf_parsing);
