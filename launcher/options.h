@@ -82,6 +82,12 @@ typedef struct ddprun_config {
     char *event_log_handler;        /* --event-log-handler: accepted, ignored; default "null" */
     char *duplicate_stdout_filters; /* --duplicate-stdout-filters: accepted, ignored */
     char *duplicate_stderr_filters; /* --duplicate-stderr-filters: accepted, ignored */
+
+    /* The job's control plane (ddprun(1), SECURITY). */
+    char *token_file; /* --token-file, NULL if not given (DDPRUN_TOKEN_FILE, DDPRUN_TOKEN are
+                         read by jobtoken.c) */
+    char **allow;     /* --allow networks ("10.0.0.0/8", an address), nallow of them, checked */
+    int nallow;
 } ddprun_config;
 
 /*
