@@ -8,7 +8,8 @@
 #     by libcollective). Each request is refused (the store closes the connection: the client
 #     sees status 2 and no value), counted (status JSON, security.refused_private) and logged,
 #     and the job finishes with status 0. A PyTorch-style key stays open to that process, and a
-#     client with the secret ddprun gave the workers (DDPRUN_STORE_TOKEN) reads the real key.
+#     client with the secret ddprun gave the workers (DDPRUN_STORE_TOKEN) reads the real key;
+#     the secret appears nowhere in ddprun's output.
 #  2. Another local user (nobody, through setpriv) connects to a ddp-rendezvous store: refused
 #     on connect, logged, counted (security.refused_user); the store's own user still works.
 #  3. Two-node job in network namespaces with a secret from DDPRUN_TOKEN_FILE: an attacker on a
@@ -83,8 +84,9 @@ else
   wait "$job"
   rc_job=$?
   refused=$(grep -o '"refused_private": *[0-9]*' <<<"$status" | grep -o '[0-9]*$')
+  secret=$(cat "$tmp/token" 2>/dev/null)
   if [ "$rc_forge" != 0 ] && [ -z "$stolen" ] && [ "$rc_replace" != 0 ] && [ "$rc_open" = 0 ] &&
-     [ -n "$legit" ] && ! grep -q forged <<<"$legit" &&
+     [ -n "$legit" ] && ! grep -q forged <<<"$legit" && ! grep -qF -- "$secret" "$tmp/job1" &&
      [ "$rc_job" = 0 ] && [ "${refused:-0}" -ge 3 ] &&
      grep -q "is private to the job's authenticated connections" "$tmp/job1"; then
     ok "one node: forged failure and bootstrap-key reads/writes refused ($refused counted, logged), job exit 0"
@@ -179,6 +181,7 @@ else
       far=$(grep -o '"refused_address": *[0-9]*' <<<"$st" | grep -o '[0-9]*$')
       near=$(grep -o '"refused_private": *[0-9]*' <<<"$st" | grep -o '[0-9]*$')
       if [ "$rcs" = "0 0 " ] && [ "$rc_far" != 0 ] && [ "$rc_near" != 0 ] && [ "$rc_open" = 0 ] &&
+         ! grep -qF -- "$(cat "$tmp/job.token")" "$tmp/node0" "$tmp/node1" "$tmp/wrong" &&
          [ "${far:-0}" -ge 1 ] && [ "${near:-0}" -ge 1 ] && [ "$rc_wrong" != 0 ] &&
          grep -q "could not prove that it knows the job's secret" "$tmp/wrong"; then
         ok "two nodes: forged failures from a third address and from node 1's refused; wrong token stops; exit 0 0"
