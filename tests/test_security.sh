@@ -15,7 +15,9 @@
 #  3. Two-node job in network namespaces with a secret from DDPRUN_TOKEN_FILE: an attacker on a
 #     third address forges the failure record (refused: not a node's address, did not
 #     authenticate), one on node 1's address does too (refused: private key); both nodes finish
-#     with status 0. A node given the wrong token stops at once with a clear message.
+#     with status 0. A node given the wrong token stops at once with a clear message. Then
+#     ddp-rendezvous serve with a token and --allow: an allowed network is served without
+#     authenticating, another address only after a connection from it authenticated.
 #
 # Synchronisation is by FIFOs (workers announce themselves and wait for the test), never by
 # sleeping; every wait is bounded by timeout(1).
@@ -190,6 +192,37 @@ else
           "wrong-token rc=$rc_wrong refused_address=${far:-none} refused_private=${near:-none};" \
           "node0: $(tail -5 "$tmp/node0") node1: $(tail -5 "$tmp/node1") wrong: $(cat "$tmp/wrong")"
       fi
+    fi
+
+    # ddp-rendezvous serve with a token and --allow for node 2's address only: node 2 is served
+    # without authenticating, node 1 (neither allowed nor authenticated) only after it does.
+    mkfifo "$tmp/sport"
+    ip netns exec "${nodes[0]}" "$rdzv" serve --bind 0.0.0.0 --port $((port + 1)) \
+      --token-file "$tmp/job.token" --allow "${addr[2]}/32" >"$tmp/sport" 2>"$tmp/serve3.log" &
+    srv=$!
+    pids+=("$srv")
+    timeout 20 head -n1 "$tmp/sport" >/dev/null
+    cli() { # namespace index, then ddp-rendezvous arguments
+      local i=$1; shift
+      timeout 20 ip netns exec "${nodes[$i]}" "$rdzv" --host "${addr[0]}" --port $((port + 1)) \
+        --timeout 2 "$@" 2>>"$tmp/attacker"
+    }
+    cli 2 set open/key from-allowed
+    rc_allowed=$?
+    cli 1 set open/key from-stranger
+    rc_stranger=$?
+    cli 1 --token-file "$tmp/job.token" set open/key from-node
+    rc_node=$?
+    cli 1 set open/key2 node-address-now
+    rc_after=$?
+    kill -TERM "$srv"
+    wait "$srv"
+    if [ "$rc_allowed" = 0 ] && [ "$rc_stranger" != 0 ] && [ "$rc_node" = 0 ] && [ "$rc_after" = 0 ] &&
+       grep -q "not one of the job's nodes" "$tmp/serve3.log"; then
+      ok "serve --allow: an allowed network is served, a stranger only once its address authenticated"
+    else
+      fail "serve --allow: allowed rc=$rc_allowed stranger rc=$rc_stranger node rc=$rc_node" \
+        "after rc=$rc_after; log: $(cat "$tmp/serve3.log")"
     fi
   fi
 fi
