@@ -111,7 +111,7 @@ typedef struct agent {
     char store_host[256];                    /* where agents and workers reach the store */
     int store_port;
     char token[RDZV_TOKEN_MAX_BYTES + 1]; /* the job's secret (jobtoken.h); "": none */
-    rdzv_client *client; /* the agent's own connection */
+    rdzv_client *client;                  /* the agent's own connection */
     ddprun_assignment asg;
     int restart_count;      /* TORCHELASTIC_RESTART_COUNT: failures restarted so far */
     int round;              /* rendezvous round: restarts and membership changes */

@@ -1156,7 +1156,9 @@ static bool is_cidr(const char *s)
         return false;
     memcpy(addr, s, n);
     addr[n] = '\0';
-    long max = inet_pton(AF_INET, addr, bin) == 1 ? 32 : inet_pton(AF_INET6, addr, bin) == 1 ? 128 : -1;
+    long max = inet_pton(AF_INET, addr, bin) == 1    ? 32
+               : inet_pton(AF_INET6, addr, bin) == 1 ? 128
+                                                     : -1;
     long bits;
     return max > 0 && (!slash || (to_long(slash + 1, &bits) && bits >= 0 && bits <= max));
 }

@@ -125,8 +125,8 @@ int rdzv__auth_mac(const char *token, enum rdzv_auth_dir dir, const uint8_t *cn,
     return 0;
 }
 
-int rdzv__auth_server_hello(const char *token, rdzv__auth_conn *a, const uint8_t *cn,
-                            size_t cn_len, uint8_t *reply, size_t *reply_len)
+int rdzv__auth_server_hello(const char *token, rdzv__auth_conn *a, const uint8_t *cn, size_t cn_len,
+                            uint8_t *reply, size_t *reply_len)
 {
     if (cn_len != RDZV_AUTH_NONCE_BYTES || a->state != RDZV_AUTH_NONE)
         return -EPROTO;
@@ -138,7 +138,8 @@ int rdzv__auth_server_hello(const char *token, rdzv__auth_conn *a, const uint8_t
     memcpy(a->cn, cn, RDZV_AUTH_NONCE_BYTES);
     int rc = rdzv__auth_nonce(a->sn);
     if (rc == 0)
-        rc = rdzv__auth_mac(token, RDZV_AUTH_SERVER, a->cn, a->sn, reply + 1 + RDZV_AUTH_NONCE_BYTES);
+        rc = rdzv__auth_mac(token, RDZV_AUTH_SERVER, a->cn, a->sn,
+                            reply + 1 + RDZV_AUTH_NONCE_BYTES);
     if (rc < 0)
         return rc;
     reply[0] = RDZV_AUTH_STATUS_OK;
@@ -194,7 +195,8 @@ static bool has_prefix(const uint8_t *key, size_t n, const char *prefix)
 
 bool rdzv__key_private(const uint8_t *key, size_t n)
 {
-    return has_prefix(key, n, RDZV_PRIVATE_AGENT_ROOT) || has_prefix(key, n, RDZV_PRIVATE_COLL_ROOT);
+    return has_prefix(key, n, RDZV_PRIVATE_AGENT_ROOT) ||
+           has_prefix(key, n, RDZV_PRIVATE_COLL_ROOT);
 }
 
 bool rdzv__request_private(const rdzv__request *r)

@@ -68,8 +68,8 @@ enum { RDZV_AUTH_NONE = 0, RDZV_AUTH_CHALLENGED = 1, RDZV_AUTH_DONE = 2 };
  * *reply_len, and remembers both nonces in `a`. Returns 0, -EPROTO (a nonce of the wrong size, or
  * a second HELLO on the connection) or -EIO.
  */
-int rdzv__auth_server_hello(const char *token, rdzv__auth_conn *a, const uint8_t *cn,
-                            size_t cn_len, uint8_t *reply, size_t *reply_len);
+int rdzv__auth_server_hello(const char *token, rdzv__auth_conn *a, const uint8_t *cn, size_t cn_len,
+                            uint8_t *reply, size_t *reply_len);
 
 /*
  * Server side of AUTH_PROOF: checks the client's proof (`mac`, `mac_len` bytes) in constant time.

@@ -576,9 +576,10 @@ static int read_token(const struct config *cfg, char *buf, size_t cap)
         return 0;
     int rc = rdzv_token_read_file(cfg->token_file, buf, cap);
     if (rc == -EINVAL)
-        complain(EXIT_USAGE, "--token-file %s: the file must hold one token of %d to %d printable "
-                 "characters without spaces", cfg->token_file, RDZV_TOKEN_MIN_BYTES,
-                 RDZV_TOKEN_MAX_BYTES);
+        complain(EXIT_USAGE,
+                 "--token-file %s: the file must hold one token of %d to %d printable "
+                 "characters without spaces",
+                 cfg->token_file, RDZV_TOKEN_MIN_BYTES, RDZV_TOKEN_MAX_BYTES);
     else if (rc < 0)
         complain(EXIT_USAGE, "--token-file %s: %s", cfg->token_file, rdzv_strerror(rc));
     return rc < 0 ? -1 : 0;

@@ -92,15 +92,15 @@ typedef struct rdzv_server_options {
      * is not loopback, this host, an authenticated node's address or in `allow` may do nothing
      * but authenticate. Any other request on such a connection closes it, with one log line.
      */
-    const char *token;         /* the job's secret (rdzv_token_check() rules); copied; NULL:
-                                  no authentication, nothing private (NULL) */
-    const char *const *allow;  /* `nallow` networks ("10.0.0.0/8", "fd00::/8", an address)
-                                  whose peers need not authenticate first; copied (NULL) */
-    size_t nallow;             /* (0); with no token but nallow > 0, peers outside them and
-                                  not local are refused on connect */
-    int allow_other_users;     /* 0: refuse connections from this host owned by a user other
-                                  than the server's (and root), found with NETLINK_SOCK_DIAG
-                                  (0) */
+    const char *token;        /* the job's secret (rdzv_token_check() rules); copied; NULL:
+                                 no authentication, nothing private (NULL) */
+    const char *const *allow; /* `nallow` networks ("10.0.0.0/8", "fd00::/8", an address)
+                                 whose peers need not authenticate first; copied (NULL) */
+    size_t nallow;            /* (0); with no token but nallow > 0, peers outside them and
+                                 not local are refused on connect */
+    int allow_other_users;    /* 0: refuse connections from this host owned by a user other
+                                 than the server's (and root), found with NETLINK_SOCK_DIAG
+                                 (0) */
 } rdzv_server_options;
 
 /* Fills `opts` with the defaults given in brackets above. */
@@ -220,9 +220,10 @@ void rdzv_client_options_init(rdzv_client_options *opts);
  * may be NULL for the defaults; its prefix is copied. Returns 0 and sets *out, or -ETIMEDOUT
  * (deadline passed), -EINVAL, -ENOMEM, -EPROTO (the peer is not a store), -EACCES (with
  * opts->token: the store does not know that token, has none, or refused this client's proof;
- * not retried), or a negative errno for an error that retrying cannot fix (such as EAI_NONAME, mapped to -EHOSTUNREACH). On
- * failure rdzv_client_last_error(NULL) describes it, with the last connection error and the
- * number of attempts. Name resolution itself (getaddrinfo) is not bounded by the deadline.
+ * not retried), or a negative errno for an error that retrying cannot fix (such as EAI_NONAME,
+ * mapped to -EHOSTUNREACH). On failure rdzv_client_last_error(NULL) describes it, with the last
+ * connection error and the number of attempts. Name resolution itself (getaddrinfo) is not bounded
+ * by the deadline.
  *
  * A client is not thread-safe: use one per thread, or serialise calls.
  */

@@ -54,7 +54,7 @@ typedef struct client {
     rdzv__buf pend; /* bytes of an incomplete frame */
     struct client *prev, *next;
     bool reading, closing;
-    bool probation;      /* from an address not (yet) of the job: may only authenticate */
+    bool probation;       /* from an address not (yet) of the job: may only authenticate */
     rdzv__auth_conn auth; /* the handshake's state; auth.state == RDZV_AUTH_DONE: authenticated */
     char peer[64];
 } client;
@@ -81,11 +81,11 @@ struct rdzv_server {
     client *clients;
 
     /* access control (auth.h) */
-    char *token;          /* owned; NULL: no authentication */
-    rdzv__cidr *allow;    /* owned, opts.nallow of them */
-    rdzv__addrset nodes;  /* addresses that authenticated connections came from */
-    uint32_t euid;        /* the server's owner, for the other-user rule */
-    bool owner_warned;    /* logged once that a local peer's owner could not be found */
+    char *token;         /* owned; NULL: no authentication */
+    rdzv__cidr *allow;   /* owned, opts.nallow of them */
+    rdzv__addrset nodes; /* addresses that authenticated connections came from */
+    uint32_t euid;       /* the server's owner, for the other-user rule */
+    bool owner_warned;   /* logged once that a local peer's owner could not be found */
     uint64_t last_refusal_log_ms, refusals_unlogged;
     uint64_t authenticated, auth_failed, refused_address, refused_user, refused_private;
     int open_handles;
@@ -224,8 +224,8 @@ static void refuse(client *c, uint64_t *counter, const char *why)
     }
     char line[320];
     if (srv->refusals_unlogged > 1)
-        snprintf(line, sizeof(line), "%s (and %" PRIu64 " more refusals in the last second)",
-                 why, srv->refusals_unlogged - 1);
+        snprintf(line, sizeof(line), "%s (and %" PRIu64 " more refusals in the last second)", why,
+                 srv->refusals_unlogged - 1);
     else
         snprintf(line, sizeof(line), "%s", why);
     srv->last_refusal_log_ms = now ? now : 1;
@@ -313,8 +313,10 @@ static bool gate(rdzv_server *srv, client *c, const rdzv__request *req)
         /* The first key, made printable: it is the peer's text going into our log. */
         for (size_t i = 0; req->key && i < req->key_len && i < sizeof(key) - 1; i++)
             key[i] = req->key[i] >= ' ' && req->key[i] <= '~' ? (char)req->key[i] : '?';
-        snprintf(why, sizeof(why), "%s refused: '%s%s' is private to the job's authenticated "
-                 "connections", rdzv__op_name(req->op), key, req->key_len >= sizeof(key) ? "..." : "");
+        snprintf(why, sizeof(why),
+                 "%s refused: '%s%s' is private to the job's authenticated "
+                 "connections",
+                 rdzv__op_name(req->op), key, req->key_len >= sizeof(key) ? "..." : "");
         refuse(c, &srv->refused_private, why);
         return false;
     }

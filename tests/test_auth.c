@@ -206,7 +206,7 @@ static rdzv__request parsed(rdzv__wbuf *b)
 START_TEST(private_keys_in_every_field)
 {
     static const enum rdzv_op one_key[] = {
-        RDZV_OP_SET,        RDZV_OP_COMPARE_SET, RDZV_OP_GET,       RDZV_OP_ADD,
+        RDZV_OP_SET,        RDZV_OP_COMPARE_SET, RDZV_OP_GET,        RDZV_OP_ADD,
         RDZV_OP_DELETE_KEY, RDZV_OP_APPEND,      RDZV_OP_QUEUE_PUSH, RDZV_OP_QUEUE_POP,
         RDZV_OP_QUEUE_LEN,  RDZV_OP_BARRIER,
     };
@@ -264,8 +264,8 @@ START_TEST(private_keys_in_every_field)
     r = parsed(&b);
     ck_assert(!rdzv__request_private(&r));
     /* Requests without keys. */
-    static const enum rdzv_op none[] = {RDZV_OP_GETNUMKEYS, RDZV_OP_LIST_KEYS,
-                                        RDZV_OP_CANCEL_WAIT, RDZV_OP_STATUS};
+    static const enum rdzv_op none[] = {RDZV_OP_GETNUMKEYS, RDZV_OP_LIST_KEYS, RDZV_OP_CANCEL_WAIT,
+                                        RDZV_OP_STATUS};
     for (size_t i = 0; i < 4; i++) {
         rdzv__wbuf_reset(&b);
         rdzv__put_op(&b, RDZV_GEN_MODERN, none[i]);

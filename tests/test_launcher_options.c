@@ -697,8 +697,8 @@ START_TEST(control_plane)
     PARSE_OK("t");
     ck_assert_ptr_null(cfg.token_file);
     ck_assert_int_eq(cfg.nallow, 0);
-    PARSE_OK("--token-file", "/run/job.token", "--allow", "10.0.0.0/8", "--allow=192.168.1.5,fd00::/8",
-             "t");
+    PARSE_OK("--token-file", "/run/job.token", "--allow", "10.0.0.0/8",
+             "--allow=192.168.1.5,fd00::/8", "t");
     ck_assert_str_eq(cfg.token_file, "/run/job.token");
     ck_assert_int_eq(cfg.nallow, 3);
     ck_assert_str_eq(cfg.allow[0], "10.0.0.0/8");
