@@ -30,6 +30,7 @@
  */
 #include "console.h"
 #include "failure.h"
+#include "jobtoken.h"
 #include "noderdzv.h"
 #include "options.h"
 #include "rdzv.h"
@@ -472,7 +473,8 @@ typedef struct agent {
     char connect_host[256];                  /* where this agent reaches it */
     char bind_host[64];                      /* the address the store hosted here binds */
     int store_port;
-    rdzv_client *client; /* the agent's own connection */
+    char token[RDZV_TOKEN_MAX_BYTES + 1]; /* the job's secret (jobtoken.h); "": none */
+    rdzv_client *client;                  /* the agent's own connection */
     ddprun_assignment asg;
     int restart_count;      /* TORCHELASTIC_RESTART_COUNT: failures restarted so far */
     int round;              /* rendezvous round: restarts and membership changes */
@@ -667,6 +669,8 @@ static envb worker_env(agent *a, worker *w)
     env_seti(&e, "TORCHELASTIC_MAX_RESTARTS", cfg->max_restarts);
     env_set(&e, "TORCHELASTIC_RUN_ID", a->run_id);
     env_set(&e, "TORCHELASTIC_USE_AGENT_STORE", "True");
+    if (a->token[0]) /* librendezvous clients (rdzv_env_connect) authenticate with it */
+        env_set(&e, RDZV_TOKEN_ENV, a->token);
     env_set(&e, "TORCHELASTIC_ERROR_FILE", w->error_file);
     const char *v = getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
     env_set(&e, "TORCH_NCCL_ASYNC_ERROR_HANDLING", v ? v : "1");
@@ -1574,6 +1578,7 @@ static void *monitor_main(void *arg)
     co.connect_timeout_ms = 10000;
     double timeout_s = dead_s + 2 < 5 ? 5 : dead_s + 2;
     co.timeout_ms = timeout_s < INT_MAX / 1000 ? (int)(timeout_s * 1000) : -1;
+    co.token = a->token[0] ? a->token : NULL;
     rdzv_client *c = NULL;
     if (rdzv_client_connect(a->store_host, a->store_port, &co, &c) < 0)
         return NULL;
@@ -1798,6 +1803,7 @@ static void job_work(uv_work_t *req)
         rdzv_client_options_init(&co);
         co.connect_timeout_ms = (int)(a->cfg->join_timeout_s * 1000);
         co.timeout_ms = (int)(a->cfg->timeout_s * 1000);
+        co.token = a->token[0] ? a->token : NULL;
         j->rc = rdzv_client_connect(a->connect_host, a->store_port, &co, &a->client);
         if (j->rc < 0)
             snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s:%d: %s (%s)",
@@ -2098,9 +2104,25 @@ static int setup_store(agent *a)
     else
         hosting = is_local_address(host); /* then try; if the port is taken, be a client */
 
+    /* The job's secret: given, or made up when only this agent's workers use the store. */
+    ddprun_token_source source;
+    bool loose = false;
+    char err[512] = "";
+    if (ddprun_job_token(cfg->token_file, hosting && cfg->nnodes_max == 1, a->token,
+                         sizeof(a->token), &source, &loose, err, sizeof(err)) < 0) {
+        say("%s", err);
+        return -EINVAL;
+    }
+    if (loose)
+        say("warning: %s is readable by other users: keep the job's secret mode 0600",
+            ddprun_token_source_name(source));
+
     if (hosting) {
         rdzv_server_options o;
         rdzv_server_options_init(&o);
+        o.token = a->token[0] ? a->token : NULL;
+        o.allow = (const char *const *)cfg->allow;
+        o.nallow = (size_t)cfg->nallow;
         /* Bind the wildcard (as PyTorch's store does), except for a loopback endpoint. */
         if (cfg->standalone)
             snprintf(a->bind_host, sizeof(a->bind_host), "127.0.0.1");
@@ -2118,7 +2140,14 @@ static int setup_store(agent *a)
         }
         if (rc == 0)
             port = rdzv_server_port(a->store);
+        else if (source == DDPRUN_TOKEN_GENERATED)
+            a->token[0] = '\0'; /* someone else's store: our random token cannot be its */
     }
+    if (!a->token[0] && !cfg->standalone)
+        say("warning: the job has no secret (--token-file, DDPRUN_TOKEN_FILE or DDPRUN_TOKEN): "
+            "anyone who can reach the store at %s:%d can read and forge the job's control "
+            "keys; see SECURITY in ddprun(1)",
+            host, port);
     snprintf(a->store_host, sizeof(a->store_host), "%s", cfg->standalone ? "127.0.0.1" : host);
     a->store_port = port;
     /* The connection itself is a job (JOB_CONNECT): reaching another node's store may take the

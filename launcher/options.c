@@ -24,6 +24,7 @@
 #include "cli.h"
 #include "version.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -84,6 +85,8 @@ enum opt_id {
     O_PRINT_COMPLETION,
     O_NO_PREFIX,
     O_HUNG_TIMEOUT,
+    O_TOKEN_FILE,
+    O_ALLOW,
     O_HELP,
     O_VERSION,
     O_COUNT
@@ -310,6 +313,21 @@ static const cli_option options[] = {
      true,
      "Fail the node when every local worker has been stopped (SIGSTOP) or silent (no output) "
      "for SECONDS, as when a worker fails; 0 never."},
+    {O_TOKEN_FILE,
+     {"--token-file"},
+     "PATH",
+     NULL,
+     false,
+     "The job's secret, the same file on every node: agents and workers authenticate to the "
+     "store with it. DDPRUN_TOKEN_FILE or DDPRUN_TOKEN may give it instead; a one-node job "
+     "makes a random one. See SECURITY in ddprun(1)."},
+    {O_ALLOW,
+     {"--allow"},
+     "CIDR",
+     NULL,
+     false,
+     "Let the store serve peers in this network (e.g. 10.0.0.0/8) that did not authenticate; "
+     "repeatable, or comma-separated. By default only this host and the job's nodes may."},
     {O_HELP, {"-h", "--help"}, NULL, NULL, false, "Show this help and exit."},
     {O_VERSION, {"--version"}, NULL, NULL, false, "Show ddprun's version and exit."},
 };
@@ -323,6 +341,7 @@ struct raw {
     const char *value[O_COUNT]; /* borrowed: table, environment or argv */
     enum source src[O_COUNT];
     char label[O_COUNT][96]; /* how errors name the option: "--nnodes (from PET_NNODES)" */
+    char allow[4096];        /* every --allow value, comma-joined (the option repeats) */
 };
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
@@ -1060,6 +1079,13 @@ static int read_argv(int argc, char **argv, struct raw *r, char *err, size_t err
         default:
             break;
         }
+        if (o->id == O_ALLOW) {
+            size_t have = strlen(r->allow);
+            if (have + strlen(val) + 2 > sizeof r->allow)
+                return fail(err, errlen, "%s: too many networks", typed);
+            snprintf(r->allow + have, sizeof r->allow - have, "%s%s", have ? "," : "", val);
+            val = r->allow;
+        }
         r->value[o->id] = val;
         r->src[o->id] = SRC_CLI;
         snprintf(r->label[o->id], sizeof r->label[0], "%s", typed);
@@ -1127,11 +1153,61 @@ void ddprun_config_free(ddprun_config *c)
     free(c->log_line_prefix_template);
     free(c->logs_specs);
     free(c->numa_binding);
+    free(c->token_file);
+    for (int i = 0; i < c->nallow; i++)
+        free(c->allow[i]);
+    free(c->allow);
     free(c->signals_to_handle);
     free(c->event_log_handler);
     free(c->duplicate_stdout_filters);
     free(c->duplicate_stderr_filters);
     memset(c, 0, sizeof *c);
+}
+
+/* True for "ADDR" or "ADDR/BITS" with an IPv4 or IPv6 ADDR and BITS within its family's. */
+static bool is_cidr(const char *s)
+{
+    char addr[INET6_ADDRSTRLEN + 1];
+    unsigned char bin[16];
+    const char *slash = strchr(s, '/');
+    size_t n = slash ? (size_t)(slash - s) : strlen(s);
+    if (n == 0 || n >= sizeof addr)
+        return false;
+    memcpy(addr, s, n);
+    addr[n] = '\0';
+    long max = inet_pton(AF_INET, addr, bin) == 1    ? 32
+               : inet_pton(AF_INET6, addr, bin) == 1 ? 128
+                                                     : -1;
+    long bits;
+    return max > 0 && (!slash || (to_long(slash + 1, &bits) && bits >= 0 && bits <= max));
+}
+
+/* --allow: the comma-separated networks, each checked, into c->allow. */
+static int get_allow(const struct raw *r, ddprun_config *c, char *err, size_t errlen)
+{
+    const char *v = r->value[O_ALLOW];
+    c->allow = NULL;
+    c->nallow = 0;
+    if (!v || !*v)
+        return 0;
+    size_t n = 1;
+    for (const char *p = v; *p; p++)
+        n += *p == ',';
+    c->allow = calloc(n, sizeof *c->allow);
+    if (!c->allow)
+        return -ENOMEM;
+    for (const char *p = v; *p;) {
+        size_t len = strcspn(p, ",");
+        char *one = strndup(p, len);
+        if (!one)
+            return -ENOMEM;
+        c->allow[c->nallow++] = one;
+        if (!is_cidr(one))
+            return fail(err, errlen, "%s: expected an address or a network ADDR/BITS, got '%s'",
+                        r->label[O_ALLOW], one);
+        p += len + (p[len] == ',');
+    }
+    return 0;
 }
 
 /* Step 4: converts and checks the final values into c, then applies torchrun's run() rules. */
@@ -1210,6 +1286,8 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     TRY(dup_str(r->value[O_EVENT_LOG_HANDLER], &c->event_log_handler));
     TRY(dup_str(r->value[O_DUPLICATE_STDOUT_FILTERS], &c->duplicate_stdout_filters));
     TRY(dup_str(r->value[O_DUPLICATE_STDERR_FILTERS], &c->duplicate_stderr_filters));
+    TRY(dup_str(r->value[O_TOKEN_FILE], &c->token_file));
+    TRY(get_allow(r, c, err, errlen));
 
     /*
      * torchrun's run(): --standalone, and a one-node static job given neither an endpoint nor a

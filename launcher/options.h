@@ -85,6 +85,12 @@ typedef struct ddprun_config {
     double heartbeat_timeout_s;     /* rdzv_conf heartbeat_timeout; 0: unset (see below) */
     double hung_timeout_s;          /* --hung-timeout: all workers stopped or silent this long
                                      * fail the node; 0 (default): never */
+
+    /* The job's control plane (ddprun(1), SECURITY). */
+    char *token_file; /* --token-file, NULL if not given (DDPRUN_TOKEN_FILE, DDPRUN_TOKEN are
+                         read by jobtoken.c) */
+    char **allow;     /* --allow networks ("10.0.0.0/8", an address), nallow of them, checked */
+    int nallow;
 } ddprun_config;
 
 /*

@@ -146,7 +146,10 @@ void coll_options_init(coll_options *opts);
  * Creates a communicator of `world_size` ranks; call on every rank. Ranks meet in the store
  * through `store` (borrowed for this call; the communicator opens a connection of its own to
  * the same store for later use) under the key prefix `prefix` (copied), which must be unique
- * to this communicator within the store. `device` is a CUDA device ordinal for the nccl backend
+ * to this communicator within the store; its keys are "/ddprun-coll/<prefix>/..."
+ * (RDZV_PRIVATE_COLL_ROOT), which a store with a token keeps private to the job's authenticated
+ * connections (a client connected with the job's token, as rdzv_env_connect() does under
+ * ddprun). `device` is a CUDA device ordinal for the nccl backend
  * and -1 for none. `opts` may be NULL for the defaults.
  *
  * Returns 0 and sets *out, or -EINVAL (bad argument), -ENOTSUP (backend nccl in a build

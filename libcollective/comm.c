@@ -965,6 +965,24 @@ static void free_comm(coll_comm *c)
     free(c);
 }
 
+/*
+ * The communicator's keys live under RDZV_PRIVATE_COLL_ROOT "<prefix>": on a store with a token
+ * only the job's authenticated connections may read or replace them (NCCL unique ids, CPU
+ * addresses, failure records). A prefix already there (coll_comm_split()'s) is kept as it is.
+ * Returns a malloc'd string, or NULL.
+ */
+static char *store_prefix(const char *prefix)
+{
+    const char *root = RDZV_PRIVATE_COLL_ROOT;
+    if (strncmp(prefix, root, strlen(root)) == 0)
+        return strdup(prefix);
+    size_t n = strlen(root) + strlen(prefix) + 1;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s%s", root, prefix);
+    return p;
+}
+
 int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int world_size,
                    coll_backend backend, int device, const coll_options *opts, coll_comm **out)
 {
@@ -1012,7 +1030,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     c->device = device;
     c->backend = backend;
     c->opts = *opts;
-    c->prefix = strdup(prefix);
+    c->prefix = store_prefix(prefix);
     c->bind_addr = opts->bind_addr ? strdup(opts->bind_addr) : NULL;
     c->opts.bind_addr = c->bind_addr;
     if (!c->prefix || (opts->bind_addr && !c->bind_addr)) {

@@ -14,11 +14,17 @@
  * answers -ENOTCONN. A wait that times out is the one failure that restores the invariant
  * instead of breaking it, by cancelling the wait on the server and reading the acknowledgement.
  *
+ * With a token (rdzv_client_options.token) the connection opens with the mutual
+ * challenge-response of auth.h instead of the PING: the client checks that the server knows the
+ * token before it proves that it does, and an authentication failure is final (-EACCES), not
+ * retried.
+ *
  * Non-goals: no legacy (PyTorch 1.x) generation, no queue or list-keys operations, no
  * reconnection after a failure, no thread safety (one client per thread). Nothing here prints,
  * exits or aborts; failures are negative errno values plus a sentence in the client's last error.
  */
 #include "rdzv.h"
+#include "auth.h"
 #include "proto.h"
 #include "monoclock.h"
 #include "rdzv_internal.h"
@@ -62,6 +68,7 @@ struct rdzv_client {
     int timeout_ms;
     char *prefix; /* owned, NULL when empty */
     size_t prefix_len;
+    char *token; /* owned, NULL: the client does not authenticate */
 
     rdzv__wbuf sbuf; /* request under construction */
 
@@ -432,6 +439,14 @@ void rdzv_client_options_init(rdzv_client_options *opts)
     opts->prefix = NULL;
 }
 
+/* Frees a copy of a token, wiping it first. */
+static void free_token(char *token)
+{
+    if (token)
+        explicit_bzero(token, strlen(token));
+    free(token);
+}
+
 /* Connection errors worth another attempt: the server may not be up or reachable yet. */
 static bool retryable(int err)
 {
@@ -565,6 +580,104 @@ static int handshake(rdzv_client *c, int64_t deadline)
     return 0;
 }
 
+/*
+ * Sends `len` bytes of a handshake on the fresh connection. Returns 0 or a negative errno; the
+ * caller closes the socket on failure.
+ */
+static int send_all(rdzv_client *c, const uint8_t *p, size_t len, int64_t deadline)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = send(c->fd, p + off, len - off, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = wait_fd(c->fd, POLLOUT, deadline);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        return (n < 0 && errno != EPIPE) ? -errno : -ECONNRESET;
+    }
+    c->just_sent = true;
+    return 0;
+}
+
+/* Reads a vector reply of at most `cap` bytes of a handshake into buf; -EPROTO if longer. */
+static int recv_small_vec(rdzv_client *c, uint8_t *buf, size_t cap, size_t *len, int64_t deadline)
+{
+    uint8_t b[8];
+    uint64_t n;
+    int rc = recv_raw(c, b, 8, deadline);
+    if (rc < 0)
+        return rc;
+    memcpy(&n, b, 8);
+    if (n > cap)
+        return -EPROTO;
+    if ((rc = recv_raw(c, buf, (size_t)n, deadline)) < 0)
+        return rc;
+    *len = (size_t)n;
+    return 0;
+}
+
+/*
+ * Opens the modern protocol with authentication (auth.h): VALIDATE and AUTH_HELLO with a fresh
+ * nonce in one segment, then the server's proof is checked and ours sent, and the server's
+ * acceptance read. Returns 0; -EACCES with the reason in `why` when either side fails to prove
+ * that it knows the token (not worth retrying); -EPROTO (the peer answered something else); or
+ * an I/O error. The caller closes the socket on failure.
+ */
+static int auth_handshake(rdzv_client *c, int64_t deadline, char *why, size_t whylen)
+{
+    uint8_t cn[RDZV_AUTH_NONCE_BYTES], proof[RDZV_AUTH_MAC_BYTES];
+    uint8_t reply[RDZV_AUTH_HELLO_REPLY_BYTES];
+    uint8_t req[1 + 4 + 1 + 8 + RDZV_AUTH_NONCE_BYTES];
+    size_t n = 0;
+    int rc = rdzv__auth_nonce(cn);
+    if (rc < 0)
+        return rc;
+    rdzv__wbuf w = rdzv__wbuf_fixed(req, sizeof req);
+    rdzv__put_u8(&w, RDZV_M_VALIDATE);
+    rdzv__put_u32(&w, RDZV_VALIDATE_MAGIC);
+    rdzv__put_u8(&w, RDZV_M_AUTH_HELLO);
+    rdzv__put_vec(&w, cn, sizeof cn);
+    assert(w.err == 0 && w.len == sizeof req);
+    if ((rc = send_all(c, req, sizeof req, deadline)) < 0 ||
+        (rc = recv_small_vec(c, reply, sizeof reply, &n, deadline)) < 0)
+        return rc;
+    rc = rdzv__auth_client_check(c->token, cn, reply, n, proof);
+    if (rc == -ENOKEY || rc == -EKEYREJECTED) {
+        snprintf(why, whylen, "%s",
+                 rc == -ENOKEY ? "the store has no secret, so it cannot be this job's (started "
+                                 "without a token?)"
+                               : "the store could not prove that it knows the job's secret "
+                                 "(another job's store, or an impostor)");
+        return -EACCES;
+    }
+    if (rc < 0)
+        return rc;
+    uint8_t msg[1 + 8 + RDZV_AUTH_MAC_BYTES];
+    w = rdzv__wbuf_fixed(msg, sizeof msg);
+    rdzv__put_u8(&w, RDZV_M_AUTH_PROOF);
+    rdzv__put_vec(&w, proof, sizeof proof);
+    assert(w.err == 0 && w.len == sizeof msg);
+    if ((rc = send_all(c, msg, sizeof msg, deadline)) < 0)
+        return rc;
+    rc = recv_small_vec(c, reply, sizeof reply, &n, deadline);
+    if (rc == -ECONNRESET) {
+        /* The store proved itself, then closed on our proof: it holds another secret. */
+        snprintf(why, whylen, "the store refused this client's proof of the job's secret");
+        return -EACCES;
+    }
+    if (rc < 0)
+        return rc;
+    return n == 1 && reply[0] == RDZV_AUTH_STATUS_OK ? 0 : -EPROTO;
+}
+
 /* Sleeps until `until` (monotonic nanoseconds). */
 static void sleep_until(int64_t until)
 {
@@ -627,6 +740,19 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
         }
         c->prefix_len = strlen(c->prefix);
     }
+    if (opts->token) {
+        if (rdzv_token_check(opts->token) < 0) {
+            rc = -EINVAL;
+            snprintf(why, sizeof why, "the token is not %d to %d printable characters",
+                     RDZV_TOKEN_MIN_BYTES, RDZV_TOKEN_MAX_BYTES);
+            goto out;
+        }
+        if (!(c->token = strdup(opts->token))) {
+            rc = -ENOMEM;
+            snprintf(why, sizeof why, "out of memory");
+            goto out;
+        }
+    }
 
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
@@ -658,13 +784,17 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                 int one = 1;
                 setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
                 stage = "handshake with";
-                rc = handshake(c, deadline);
+                why[0] = 0;
+                rc = c->token ? auth_handshake(c, deadline, why, sizeof why)
+                              : handshake(c, deadline);
                 if (rc == 0)
                     break;
                 close(c->fd);
                 c->fd = -1;
             }
-            if (rc == -EPROTO)
+            if (rc == -EACCES && why[0])
+                ; /* auth_handshake() said why */
+            else if (rc == -EPROTO)
                 snprintf(why, sizeof why, "the peer does not answer like a rendezvous store");
             else if (rc == -ETIMEDOUT && strcmp(stage, "handshake with") == 0)
                 snprintf(why, sizeof why, "no answer to the handshake");
@@ -702,6 +832,7 @@ out:
              rc == -ETIMEDOUT && deadline != NO_DEADLINE ? "; connect timeout passed" : "");
     if (c) {
         free(c->prefix);
+        free_token(c->token);
         free(c);
     }
     return rc;
@@ -761,6 +892,7 @@ int rdzv_client_dup(const rdzv_client *c, rdzv_client **out)
     rdzv_client_options_init(&opts);
     opts.timeout_ms = c->timeout_ms;
     opts.prefix = c->prefix;
+    opts.token = c->token;
     if (c->timeout_ms >= 0 && c->timeout_ms < opts.connect_timeout_ms)
         opts.connect_timeout_ms = c->timeout_ms;
     return rdzv_client_connect(host, port, &opts, out);
@@ -773,6 +905,7 @@ void rdzv_client_close(rdzv_client *c)
     if (c->fd >= 0)
         close(c->fd);
     free(c->prefix);
+    free_token(c->token);
     rdzv__wbuf_free(&c->sbuf);
     free(c);
 }

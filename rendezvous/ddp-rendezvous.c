@@ -105,6 +105,9 @@ struct config {
     const char *host;        /* clients */
     double timeout_s;        /* clients */
     const char *prefix;      /* clients */
+    const char *token_file;  /* both: --token-file */
+    const char **allow;      /* serve: every --allow, in order (room for argc of them) */
+    size_t nallow;
     int quiet, verbose, help, version;
 };
 
@@ -120,12 +123,15 @@ enum opt_id {
     O_MAX_TOTAL_BYTES,
     O_MAX_CONNECTIONS,
     O_MAX_PENDING_OUTPUT,
+    O_ALLOW,
+    O_ALLOW_OTHER_USERS,
     O_QUIET,
     O_VERBOSE,
     O_HOST,
     O_TIMEOUT,
     O_PREFIX,
     O_PORT,
+    O_TOKEN_FILE,
     O_HELP,
     O_VERSION,
     O_COUNT
@@ -190,6 +196,18 @@ static const cli_option options[] = {
      NULL,
      ON_SERVE,
      "unsent reply bytes per client before reading pauses"},
+    {O_ALLOW,
+     {"--allow"},
+     "CIDR",
+     NULL,
+     ON_SERVE,
+     "serve unauthenticated peers of this network too (repeatable)"},
+    {O_ALLOW_OTHER_USERS,
+     {"--allow-other-users"},
+     NULL,
+     NULL,
+     ON_SERVE,
+     "serve other local users' connections too"},
     {O_QUIET, {"--quiet"}, NULL, NULL, ON_SERVE, "log warnings and errors only"},
     {O_VERBOSE, {"--verbose"}, NULL, NULL, ON_SERVE, "log debugging detail too"},
     /* clients */
@@ -203,6 +221,12 @@ static const cli_option options[] = {
     {O_PREFIX, {"--prefix"}, "P", NULL, ON_CLIENT, "prepend P to every key"},
     /* both */
     {O_PORT, {"--port"}, "PORT", NULL, ON_ALL, "TCP port (29500); serve --port 0 picks a free one"},
+    {O_TOKEN_FILE,
+     {"--token-file"},
+     "PATH",
+     NULL,
+     ON_ALL,
+     "the job's secret: serve requires it, clients authenticate"},
     {O_HELP, {"-h", "--help"}, NULL, NULL, ON_ALL, "print this help and exit"},
     {O_VERSION, {"--version"}, NULL, NULL, ON_ALL, "print the version and exit"},
 };
@@ -213,6 +237,7 @@ enum kind {
     KIND_INT,     /* int within [min, max] */
     KIND_SIZE,    /* size_t >= 1, optional K/M/G suffix (powers of 1024) */
     KIND_SECONDS, /* double in (0, max] */
+    KIND_LIST,    /* appends the argument (borrowed) to cfg->allow */
 };
 
 /* How the value of each option is checked, and where in struct config it goes. */
@@ -236,12 +261,15 @@ static const struct rule rules[O_COUNT] = {
     [O_MAX_TOTAL_BYTES] = {KIND_SIZE, AT(srv.max_total_bytes), 0, 0},
     [O_MAX_CONNECTIONS] = {KIND_SIZE, AT(srv.max_connections), 0, 0},
     [O_MAX_PENDING_OUTPUT] = {KIND_SIZE, AT(srv.max_pending_output), 0, 0},
+    [O_ALLOW] = {KIND_LIST, AT(allow), 0, 0},
+    [O_ALLOW_OTHER_USERS] = {KIND_FLAG, AT(srv.allow_other_users), 0, 0},
     [O_QUIET] = {KIND_FLAG, AT(quiet), 0, 0},
     [O_VERBOSE] = {KIND_FLAG, AT(verbose), 0, 0},
     [O_HOST] = {KIND_STRING, AT(host), 0, 0},
     [O_TIMEOUT] = {KIND_SECONDS, AT(timeout_s), 0, INT_MAX / 1000},
     [O_PREFIX] = {KIND_STRING, AT(prefix), 0, 0},
     [O_PORT] = {KIND_INT, AT(port), 0, 65535},
+    [O_TOKEN_FILE] = {KIND_STRING, AT(token_file), 0, 0},
     [O_HELP] = {KIND_FLAG, AT(help), 0, 0},
     [O_VERSION] = {KIND_FLAG, AT(version), 0, 0},
 };
@@ -419,6 +447,9 @@ static int set_option(struct config *cfg, const cli_option *o, const char *val)
             return -1;
         }
         return 0;
+    case KIND_LIST:
+        cfg->allow[cfg->nallow++] = val;
+        return 0;
     case KIND_SECONDS:
         if (cli_parse_seconds(flag, val, 0, (double)r->max, CLI_OPEN_MIN, (double *)field) < 0) {
             complain(EXIT_USAGE, "%s", cli_last_error());
@@ -535,6 +566,25 @@ static int parse_args(int argc, char **argv, struct config *cfg, char **pos)
     return npos;
 }
 
+/*
+ * Reads --token-file, when given, into buf. Returns 0, or -1 after printing why (never the
+ * token).
+ */
+static int read_token(const struct config *cfg, char *buf, size_t cap)
+{
+    if (!cfg->token_file)
+        return 0;
+    int rc = rdzv_token_read_file(cfg->token_file, buf, cap);
+    if (rc == -EINVAL)
+        complain(EXIT_USAGE,
+                 "--token-file %s: the file must hold one token of %d to %d printable "
+                 "characters without spaces",
+                 cfg->token_file, RDZV_TOKEN_MIN_BYTES, RDZV_TOKEN_MAX_BYTES);
+    else if (rc < 0)
+        complain(EXIT_USAGE, "--token-file %s: %s", cfg->token_file, rdzv_strerror(rc));
+    return rc < 0 ? -1 : 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* serve                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
@@ -587,6 +637,12 @@ static int cmd_serve(struct config *cfg)
     cfg->srv.port = cfg->port;
     cfg->srv.log = log_line;
     cfg->srv.log_arg = &st.log_level;
+    cfg->srv.allow = cfg->allow;
+    cfg->srv.nallow = cfg->nallow;
+    char token[RDZV_TOKEN_MAX_BYTES + 1];
+    if (read_token(cfg, token, sizeof(token)) < 0)
+        return EXIT_USAGE;
+    cfg->srv.token = cfg->token_file ? token : NULL;
 
     /* A client that vanishes must cost an EPIPE on write, not the whole server. */
     signal(SIGPIPE, SIG_IGN);
@@ -594,8 +650,11 @@ static int cmd_serve(struct config *cfg)
     if (rc < 0)
         return complain(EXIT_FAILED, "serve: cannot create event loop: %s", uv_strerror(rc));
     rc = rdzv_server_create(&loop, &cfg->srv, &st.srv);
+    explicit_bzero(token, sizeof(token)); /* the server keeps its own copy */
     if (rc < 0) {
-        if (cfg->srv.listen_fd >= 0)
+        if (rc == -EINVAL && cfg->nallow > 0)
+            complain(EXIT_FAILED, "serve: --allow: expected an address or a network ADDR/BITS");
+        else if (cfg->srv.listen_fd >= 0)
             complain(EXIT_FAILED, "serve: cannot serve on fd %d: %s", cfg->srv.listen_fd,
                      rdzv_strerror(rc));
         else
@@ -728,7 +787,12 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
     copts.connect_timeout_ms = ms_left(deadline);
     copts.timeout_ms = copts.connect_timeout_ms;
     copts.prefix = cfg->prefix;
+    char token[RDZV_TOKEN_MAX_BYTES + 1];
+    if (read_token(cfg, token, sizeof(token)) < 0)
+        return EXIT_USAGE;
+    copts.token = cfg->token_file ? token : NULL;
     rc = rdzv_client_connect(cfg->host, cfg->port, &copts, &c);
+    explicit_bzero(token, sizeof(token));
     if (rc < 0) {
         snprintf(what, sizeof(what), "cannot connect to %s:%d", cfg->host, cfg->port);
         return op_failed(cfg, NULL, rc, what);
@@ -749,6 +813,9 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
         } else {
             rc = rdzv_set(c, pos[0], pos[1], strlen(pos[1]));
         }
+        /* SET has no reply: a round trip tells whether the server took it or closed on it. */
+        if (rc == 0)
+            rc = rdzv_ping(c);
         if (rc < 0)
             code = op_failed(cfg, c, rc, what);
         break;
@@ -848,29 +915,38 @@ int main(int argc, char **argv)
     cfg.prefix = NULL;
 
     pos = calloc((size_t)argc + 1, sizeof(*pos));
-    if (!pos)
+    cfg.allow = calloc((size_t)argc + 1, sizeof(*cfg.allow));
+    if (!pos || !cfg.allow) {
+        free(pos);
+        free(cfg.allow);
         return complain(EXIT_FAILED, "out of memory");
+    }
     npos = parse_args(argc, argv, &cfg, pos);
     if (npos < 0) {
         free(pos);
+        free(cfg.allow);
         return EXIT_USAGE;
     }
     if (cfg.help) {
         print_help(stdout, cfg.cmd);
         free(pos);
+        free(cfg.allow);
         return finish_stdout();
     }
     if (cfg.version) {
         printf(PROG " " DDPRUN_VERSION "\n");
         free(pos);
+        free(cfg.allow);
         return finish_stdout();
     }
     if (cfg.cmd < 0) {
         free(pos);
+        free(cfg.allow);
         return complain(EXIT_USAGE, "missing command (try '" PROG " --help')");
     }
 
     int code = cfg.cmd == CMD_SERVE ? cmd_serve(&cfg) : cmd_client(&cfg, npos, pos);
     free(pos);
+    free(cfg.allow);
     return code;
 }

@@ -1,7 +1,8 @@
 /*
  * The torchrun environment: the variables torchrun (and ddprun) give each worker, read in one
  * place for every program of the project, with an error that names the variable at fault. Also
- * the per-attempt key prefix, so that a restarted attempt never reads a failed one's keys.
+ * the per-attempt key prefix, so that a restarted attempt never reads a failed one's keys, and
+ * the job's store token (DDPRUN_STORE_TOKEN), so that workers authenticate without being told.
  *
  * Reads the environment only; failures go to the calling thread's last error
  * (rdzv_client_last_error(NULL)), the same account a failed connect leaves, and so does the one
@@ -103,6 +104,16 @@ int rdzv_env_read(rdzv_env *env)
                                       run, sizeof e.run_id - 1);
         snprintf(e.run_id, sizeof e.run_id, "%s", run);
     }
+    /* The job's secret: checked, never echoed into a message. */
+    const char *token = get(RDZV_TOKEN_ENV);
+    if (token) {
+        if (rdzv_token_check(token) < 0)
+            return rdzv__client_error(NULL, -EINVAL,
+                                      "%s is set but is not %d to %d printable characters "
+                                      "without spaces",
+                                      RDZV_TOKEN_ENV, RDZV_TOKEN_MIN_BYTES, RDZV_TOKEN_MAX_BYTES);
+        snprintf(e.token, sizeof e.token, "%s", token);
+    }
     *env = e;
     return 0;
 }
@@ -121,5 +132,14 @@ int rdzv_env_connect(const rdzv_env *env, const rdzv_client_options *opts, rdzv_
         return -EINVAL;
     if (env->standalone)
         return rdzv__client_error(NULL, -EINVAL, "no store to connect to: %s", NO_JOB);
+    if (env->token[0] && (!opts || !opts->token)) {
+        rdzv_client_options with;
+        if (opts)
+            with = *opts;
+        else
+            rdzv_client_options_init(&with);
+        with.token = env->token;
+        return rdzv_client_connect(env->master_addr, env->master_port, &with, out);
+    }
     return rdzv_client_connect(env->master_addr, env->master_port, opts, out);
 }

@@ -31,12 +31,14 @@ static const char *const layouts[RDZV_OP_COUNT] = {
     [RDZV_OP_CANCEL_WAIT] = "", [RDZV_OP_PING] = "u",       [RDZV_OP_QUEUE_PUSH] = "kv",
     [RDZV_OP_QUEUE_POP] = "k",  [RDZV_OP_QUEUE_LEN] = "k",  [RDZV_OP_LIST_KEYS] = "",
     [RDZV_OP_BARRIER] = "kq",   [RDZV_OP_WATCH_KEY] = "k",  [RDZV_OP_STATUS] = "",
+    [RDZV_OP_AUTH_HELLO] = "v", [RDZV_OP_AUTH_PROOF] = "v",
 };
 
 static const char *const op_names[RDZV_OP_COUNT] = {
     "validate",   "set",        "compare_set", "get",       "add",       "check",       "wait",
     "getnumkeys", "delete_key", "append",      "multi_get", "multi_set", "cancel_wait", "ping",
     "queue_push", "queue_pop",  "queue_len",   "list_keys", "barrier",   "watch_key",   "status",
+    "auth_hello", "auth_proof",
 };
 
 const char *rdzv__op_name(enum rdzv_op op)
@@ -73,6 +75,10 @@ static int map_opcode(enum rdzv_gen gen, uint8_t code)
         return code;
     if (code == RDZV_M_STATUS)
         return RDZV_OP_STATUS;
+    if (code == RDZV_M_AUTH_HELLO)
+        return RDZV_OP_AUTH_HELLO;
+    if (code == RDZV_M_AUTH_PROOF)
+        return RDZV_OP_AUTH_PROOF;
     return -1;
 }
 
@@ -254,6 +260,10 @@ int rdzv__opcode(enum rdzv_gen gen, enum rdzv_op op)
         return (int)op;
     if (op == RDZV_OP_STATUS)
         return RDZV_M_STATUS;
+    if (op == RDZV_OP_AUTH_HELLO)
+        return RDZV_M_AUTH_HELLO;
+    if (op == RDZV_OP_AUTH_PROOF)
+        return RDZV_M_AUTH_PROOF;
     return -EINVAL;
 }
 

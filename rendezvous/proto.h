@@ -6,7 +6,9 @@
  * Framing (both generations): one uint8 opcode, then the request's fields. Strings (keys) and
  * byte vectors (values) are a uint64 length followed by that many bytes; counts are uint64,
  * ADD deltas int64, VALIDATE magic and PING nonce uint32. All integers are in the host's byte
- * order (little-endian everywhere PyTorch runs). See rdzv-protocol(7).
+ * order (little-endian everywhere PyTorch runs). See rdzv-protocol(7). The librendezvous
+ * extensions (STATUS, and the AUTH_HELLO/AUTH_PROOF handshake of auth.h) use opcodes from 0xE0
+ * on, far from PyTorch's, in the modern generation only.
  */
 #ifndef RDZV_PROTO_H
 #define RDZV_PROTO_H
@@ -49,8 +51,10 @@ enum rdzv_modern_op {
     RDZV_M_QUEUE_LEN = 16,
     RDZV_M_LIST_KEYS = 17,
     RDZV_M_BARRIER = 18,
-    /* librendezvous extension, far from PyTorch's range */
+    /* librendezvous extensions, far from PyTorch's range */
     RDZV_M_STATUS = 0xE0,
+    RDZV_M_AUTH_HELLO = 0xE1, /* authentication handshake (auth.h) */
+    RDZV_M_AUTH_PROOF = 0xE2,
 };
 
 /* Wire opcodes of PyTorch 1.x. */
@@ -103,6 +107,8 @@ enum rdzv_op {
     RDZV_OP_BARRIER,
     RDZV_OP_WATCH_KEY,
     RDZV_OP_STATUS,
+    RDZV_OP_AUTH_HELLO,
+    RDZV_OP_AUTH_PROOF,
     RDZV_OP_COUNT
 };
 

@@ -93,10 +93,57 @@ typedef struct rdzv_server_options {
      * process whose connection it knows (rdzv_client_local_endpoint()) has gone. NULL: none. */
     void (*on_close)(void *arg, const char *host, int port);
     void *on_close_arg;
+    /*
+     * Access control (see rdzv-protocol(7), AUTHENTICATION). With a token, connections that
+     * complete the handshake with it are authenticated; only they may name keys under
+     * RDZV_PRIVATE_AGENT_ROOT or RDZV_PRIVATE_COLL_ROOT, and a connection from an address that
+     * is not loopback, this host, an authenticated node's address or in `allow` may do nothing
+     * but authenticate. Any other request on such a connection closes it, with one log line.
+     */
+    const char *token;        /* the job's secret (rdzv_token_check() rules); copied; NULL:
+                                 no authentication, nothing private (NULL) */
+    const char *const *allow; /* `nallow` networks ("10.0.0.0/8", "fd00::/8", an address)
+                                 whose peers need not authenticate first; copied (NULL) */
+    size_t nallow;            /* (0); with no token but nallow > 0, peers outside them and
+                                 not local are refused on connect */
+    int allow_other_users;    /* 0: refuse connections from this host owned by a user other
+                                 than the server's (and root), found with NETLINK_SOCK_DIAG
+                                 (0) */
 } rdzv_server_options;
 
 /* Fills `opts` with the defaults given in brackets above. */
 void rdzv_server_options_init(rdzv_server_options *opts);
+
+/*
+ * Keys private to authenticated connections on a store with a token: ddprun's agents' keys
+ * (launcher/noderdzv.h) and libcollective's bootstrap keys (NCCL unique ids, CPU-backend
+ * addresses, failure records; coll_comm_init() puts them under the second root).
+ */
+#define RDZV_PRIVATE_AGENT_ROOT "/ddprun/"
+#define RDZV_PRIVATE_COLL_ROOT "/ddprun-coll/"
+
+/* A token is RDZV_TOKEN_MIN_BYTES to RDZV_TOKEN_MAX_BYTES of printable ASCII, no spaces. */
+#define RDZV_TOKEN_MIN_BYTES 16
+#define RDZV_TOKEN_MAX_BYTES 256
+/* The environment variable through which a launcher hands the token to its workers. */
+#define RDZV_TOKEN_ENV "DDPRUN_STORE_TOKEN"
+
+/* Returns 0 when `token` is a valid token (see above), else -EINVAL. Thread-safe. */
+int rdzv_token_check(const char *token);
+
+/*
+ * Writes a fresh random token (64 hex digits from OpenSSL's RAND_bytes, NUL-terminated) into
+ * buf. Returns 0, -ENOSPC (cap < 65) or -EIO (no randomness). Thread-safe.
+ */
+int rdzv_token_generate(char *buf, size_t cap);
+
+/*
+ * Reads a token from the file at `path` into buf (cap bytes): the file's content without
+ * trailing white space, which must then be a valid token. Never puts the token into an error
+ * message. Returns 0, -EINVAL (not a valid token; also for an empty file), -ENOSPC (cap too
+ * small for it), -EFBIG (file larger than 4 KiB) or the errno of open/read. Thread-safe.
+ */
+int rdzv_token_read_file(const char *path, char *buf, size_t cap);
 
 /*
  * Creates a server on the caller's libuv loop (`loop` is a uv_loop_t *, typed void * so that
@@ -166,6 +213,9 @@ typedef struct rdzv_client_options {
     int backoff_max_ms;     /* retry delays double with jitter up to this (1000) */
     const char *prefix;     /* prepended to every key (like PyTorch's PrefixStore); copied;
                                NULL or "" for none */
+    const char *token;      /* the job's secret: authenticate with it (mutually: the server
+                               must prove it knows it too) when connecting; copied; NULL:
+                               do not authenticate (NULL) */
 } rdzv_client_options;
 
 /* Fills `opts` with the defaults given in brackets above. */
@@ -176,10 +226,12 @@ void rdzv_client_options_init(rdzv_client_options *opts);
  * connections with exponential backoff and jitter until opts->connect_timeout_ms passes (< 0:
  * forever), then opens the modern protocol (VALIDATE, then a PING the peer must echo). `opts`
  * may be NULL for the defaults; its prefix is copied. Returns 0 and sets *out, or -ETIMEDOUT
- * (deadline passed), -EINVAL, -ENOMEM, -EPROTO (the peer is not a store), or a negative errno
- * for an error that retrying cannot fix (such as EAI_NONAME, mapped to -EHOSTUNREACH). On
- * failure rdzv_client_last_error(NULL) describes it, with the last connection error and the
- * number of attempts. Name resolution itself (getaddrinfo) is not bounded by the deadline.
+ * (deadline passed), -EINVAL, -ENOMEM, -EPROTO (the peer is not a store), -EACCES (with
+ * opts->token: the store does not know that token, has none, or refused this client's proof;
+ * not retried), or a negative errno for an error that retrying cannot fix (such as EAI_NONAME,
+ * mapped to -EHOSTUNREACH). On failure rdzv_client_last_error(NULL) describes it, with the last
+ * connection error and the number of attempts. Name resolution itself (getaddrinfo) is not bounded
+ * by the deadline.
  *
  * A client is not thread-safe: use one per thread, or serialise calls.
  */
@@ -419,6 +471,8 @@ typedef struct rdzv_env {
     char run_id[128];      /* TORCHELASTIC_RUN_ID ("none" when unset) */
     int standalone;        /* 1: none of RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT was set and
                               the fields describe a job of one (rank 0 of 1, no store address) */
+    char token[RDZV_TOKEN_MAX_BYTES + 1]; /* RDZV_TOKEN_ENV (DDPRUN_STORE_TOKEN): the job's
+                              secret, which ddprun gives its workers; "" when unset */
 } rdzv_env;
 
 /*
@@ -430,7 +484,9 @@ typedef struct rdzv_env {
  * 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE, 0 < MASTER_PORT < 65536). Returns 0 and fills *env, or
  * -EINVAL with rdzv_client_last_error(NULL) naming the missing or malformed variable and its
  * value (for example "WORLD_SIZE=abc is not an integer" or "RANK is set but MASTER_PORT is not
- * (run under ddprun or torchrun)"). Thread-safe (reads the environment only).
+ * (run under ddprun or torchrun)"). RDZV_TOKEN_ENV, when set, must be a valid token
+ * (rdzv_token_check()); the message about a bad one never quotes it. Thread-safe (reads the
+ * environment only).
  */
 int rdzv_env_read(rdzv_env *env);
 
@@ -442,7 +498,8 @@ int rdzv_env_prefix(const rdzv_env *env, const char *name, char *buf, size_t cap
 
 /*
  * Connects a client to the store at env->master_addr:env->master_port (rdzv_client_connect(),
- * same options, codes and errors). -EINVAL for a standalone environment, which has no store.
+ * same options, codes and errors), authenticating with env->token when it is set and opts
+ * names no token of its own. -EINVAL for a standalone environment, which has no store.
  */
 int rdzv_env_connect(const rdzv_env *env, const rdzv_client_options *opts, rdzv_client **out);
 

@@ -13,15 +13,22 @@
  * are logged, at most once a second, and the server keeps serving; libuv sheds the pending
  * connection it cannot accept.
  *
+ * Access control (a job's control plane, see rdzv-protocol(7) AUTHENTICATION) is decided in
+ * two places: admit() on accept (the peer's address, and the owner of a peer socket on this
+ * host) and gate() before each request (what an unauthenticated connection may do). The
+ * handshake's logic and the rules themselves are auth.c's; this file only applies them.
+ *
  * Threading: an embedded server runs on the caller's loop and is not thread-safe; like any libuv
  * program, its host should ignore SIGPIPE. A server started with rdzv_server_start() runs the
  * loop on its own thread, with SIGPIPE blocked there; its `lock` guards the server's state so
  * that rdzv_server_status() may be called from other threads.
  */
+#include "auth.h"
 #include "rdzv.h"
 #include "store.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
 #include <netdb.h>
@@ -47,6 +54,8 @@ typedef struct client {
     rdzv__buf pend; /* bytes of an incomplete frame */
     struct client *prev, *next;
     bool reading, closing;
+    bool probation;       /* from an address not (yet) of the job: may only authenticate */
+    rdzv__auth_conn auth; /* the handshake's state; auth.state == RDZV_AUTH_DONE: authenticated */
     char peer[64];
     char addr[INET6_ADDRSTRLEN]; /* numeric peer address at accept, for opts.on_close */
     int port;                    /* peer port at accept; 0: unknown */
@@ -72,6 +81,15 @@ struct rdzv_server {
     uint64_t gens[3]; /* connections by detected generation */
     uint64_t last_accept_log_ms;
     client *clients;
+
+    /* access control (auth.h) */
+    char *token;         /* owned; NULL: no authentication */
+    rdzv__cidr *allow;   /* owned, opts.nallow of them */
+    rdzv__addrset nodes; /* addresses that authenticated connections came from */
+    uint32_t euid;       /* the server's owner, for the other-user rule */
+    bool owner_warned;   /* logged once that a local peer's owner could not be found */
+    uint64_t last_refusal_log_ms, refusals_unlogged;
+    uint64_t authenticated, auth_failed, refused_address, refused_user, refused_private;
     int open_handles;
     bool closing;
 
@@ -205,6 +223,162 @@ static void client_close(client *c, const char *why)
         c->next->prev = c->prev;
     srv->nconns--;
     uv_close((uv_handle_t *)&c->tcp, client_closed);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Access control                                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * Closes `c` for a security reason, counting it in *counter. The log line is written at most
+ * once a second (with the number of refusals it stands for), so that a flood of refused
+ * connections cannot flood the log.
+ */
+static void refuse(client *c, uint64_t *counter, const char *why)
+{
+    rdzv_server *srv = c->srv;
+    uint64_t now = uv_now(srv->loop);
+    (*counter)++;
+    srv->refusals_unlogged++;
+    if (srv->last_refusal_log_ms != 0 && now - srv->last_refusal_log_ms < 1000) {
+        client_close(c, NULL);
+        return;
+    }
+    char line[320];
+    if (srv->refusals_unlogged > 1)
+        snprintf(line, sizeof(line), "%s (and %" PRIu64 " more refusals in the last second)", why,
+                 srv->refusals_unlogged - 1);
+    else
+        snprintf(line, sizeof(line), "%s", why);
+    srv->last_refusal_log_ms = now ? now : 1;
+    srv->refusals_unlogged = 0;
+    client_close(c, line);
+}
+
+/*
+ * Decides on accept what a new connection may do. A peer on this host (loopback, our own
+ * address, or a socket the kernel finds here) owned by another user is refused unless
+ * allow_other_users; root's connections are always let in (root can read the store's memory
+ * anyway). With a token or an allow list, a peer that is not on this host, not in `allow` and
+ * not at an address a connection authenticated from is put on probation (token: it may only
+ * authenticate) or refused (no token). Returns false after closing the connection.
+ */
+static bool admit(rdzv_server *srv, client *c)
+{
+    struct sockaddr_storage peer, local;
+    int pl = sizeof(peer), ll = sizeof(local);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &pl) < 0 ||
+        uv_tcp_getsockname(&c->tcp, (struct sockaddr *)&local, &ll) < 0) {
+        client_close(c, "cannot read the connection's addresses");
+        return false;
+    }
+    const struct sockaddr *pa = (const struct sockaddr *)&peer;
+    bool restricted = srv->token || srv->opts.nallow > 0;
+    bool loopback = rdzv__addr_loopback(pa);
+    bool here = loopback || rdzv__addr_same(pa, (const struct sockaddr *)&local);
+    uint32_t uid = 0;
+    int rc = -ENOENT;
+    if (!srv->opts.allow_other_users || (restricted && !here))
+        rc = rdzv__peer_uid(pa, (const struct sockaddr *)&local, &uid);
+    here = here || rc == 0;
+
+    if (here && !srv->opts.allow_other_users) {
+        if (rc == 0 && uid != srv->euid && uid != 0) {
+            char why[160];
+            snprintf(why, sizeof(why),
+                     "refused: the connecting socket belongs to uid %u, the store to uid %u "
+                     "(another user of this host)",
+                     (unsigned)uid, (unsigned)srv->euid);
+            refuse(c, &srv->refused_user, why);
+            return false;
+        }
+        if (rc < 0 && !srv->owner_warned) {
+            srv->owner_warned = true;
+            logf_(srv, RDZV_LOG_WARN,
+                  "cannot find the owner of a connection from %s (sock_diag: %s): connections "
+                  "of other users of this host are not refused",
+                  peer_name(c), rdzv_strerror(rc));
+        }
+    }
+    if (!restricted || here || rdzv__addrset_has(&srv->nodes, pa))
+        return true;
+    for (size_t i = 0; i < srv->opts.nallow; i++)
+        if (rdzv__cidr_match(&srv->allow[i], pa))
+            return true;
+    if (!srv->token) {
+        refuse(c, &srv->refused_address, "refused: the address is not in the allowed networks");
+        return false;
+    }
+    c->probation = true;
+    return true;
+}
+
+/*
+ * Checks a request of `c` before it runs: a connection on probation may only VALIDATE and
+ * authenticate; on a store with a token, an unauthenticated one may not name a private key.
+ * Returns false after closing the connection.
+ */
+static bool gate(rdzv_server *srv, client *c, const rdzv__request *req)
+{
+    if (c->probation && req->op != RDZV_OP_VALIDATE && req->op != RDZV_OP_AUTH_HELLO &&
+        req->op != RDZV_OP_AUTH_PROOF) {
+        char why[160];
+        snprintf(why, sizeof(why),
+                 "%s refused: the address is not one of the job's nodes and the connection "
+                 "did not authenticate",
+                 rdzv__op_name(req->op));
+        refuse(c, &srv->refused_address, why);
+        return false;
+    }
+    if (srv->token && c->auth.state != RDZV_AUTH_DONE && rdzv__request_private(req)) {
+        char why[200], key[65] = "";
+        /* The first key, made printable: it is the peer's text going into our log. */
+        for (size_t i = 0; req->key && i < req->key_len && i < sizeof(key) - 1; i++)
+            key[i] = req->key[i] >= ' ' && req->key[i] <= '~' ? (char)req->key[i] : '?';
+        snprintf(why, sizeof(why),
+                 "%s refused: '%s%s' is private to the job's authenticated "
+                 "connections",
+                 rdzv__op_name(req->op), key, req->key_len >= sizeof(key) ? "..." : "");
+        refuse(c, &srv->refused_private, why);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * Runs one step of the handshake (AUTH_HELLO or AUTH_PROOF) for `c`, queueing its reply.
+ * Returns 0, or -1 after closing the connection (a wrong proof or a malformed step).
+ */
+static int auth_step(rdzv_server *srv, client *c, const rdzv__request *req)
+{
+    int rc;
+    if (req->op == RDZV_OP_AUTH_HELLO) {
+        uint8_t reply[RDZV_AUTH_HELLO_REPLY_BYTES];
+        size_t n = 0;
+        rc = rdzv__auth_server_hello(srv->token, &c->auth, req->key, req->key_len, reply, &n);
+        if (rc == 0)
+            return rdzv__reply_vec(&srv->store, &c->conn, reply, n) < 0 ? -1 : 0;
+    } else {
+        rc = rdzv__auth_server_proof(srv->token, &c->auth, req->key, req->key_len);
+        if (rc == 0) {
+            struct sockaddr_storage peer;
+            int pl = sizeof(peer);
+            srv->authenticated++;
+            c->probation = false;
+            if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &pl) == 0 &&
+                !rdzv__addr_loopback((struct sockaddr *)&peer) &&
+                rdzv__addrset_add(&srv->nodes, (struct sockaddr *)&peer) == 1)
+                logf_(srv, RDZV_LOG_INFO, "%s authenticated: its address is now one of the job's",
+                      peer_name(c));
+            return rdzv__reply_vec(&srv->store, &c->conn, "", 1) < 0 ? -1 : 0;
+        }
+    }
+    refuse(c, &srv->auth_failed,
+           rc == -EACCES   ? "authentication failed: wrong proof (the peer does not know the "
+                             "store's secret)"
+           : rc == -EPROTO ? "authentication failed: handshake out of order or malformed"
+                           : "authentication failed: cannot compute the proof");
+    return -1;
 }
 
 static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
@@ -345,9 +519,15 @@ static ssize_t process(client *c, const uint8_t *buf, size_t len)
             client_close(c, why);
             return -1;
         }
+        if (!gate(srv, c, &req))
+            return -1;
         int rc = rdzv__store_exec(&srv->store, &c->conn, &req);
         if (rc == RDZV__EXEC_STATUS)
             rc = append_status(srv, &c->conn);
+        if (rc == RDZV__EXEC_AUTH && auth_step(srv, c, &req) < 0)
+            return -1;
+        if (rc == RDZV__EXEC_AUTH)
+            rc = 0;
         if (rc < 0) {
             char why[128];
             snprintf(why, sizeof(why), "%s request refused: %s", rdzv__op_name(req.op),
@@ -469,6 +649,8 @@ static void accept_one(rdzv_server *srv, uv_stream_t *listener, int status)
         client_close(c, "connection limit reached");
         return;
     }
+    if (!admit(srv, c))
+        return;
     srv->accepted++;
     if (srv->opts.on_close)
         remember_peer(c);
@@ -515,6 +697,13 @@ static char *status_json(rdzv_server *srv)
     for (client *c = srv->clients; c; c = c->next)
         queued += c->conn.out.len + c->tcp.write_queue_size;
     json_object_set_new(o, "output_queued_bytes", json_integer((json_int_t)queued));
+    json_object_set_new(
+        o, "security",
+        json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I}", "token", srv->token != NULL,
+                  "authenticated", (json_int_t)srv->authenticated, "auth_failed",
+                  (json_int_t)srv->auth_failed, "refused_address", (json_int_t)srv->refused_address,
+                  "refused_user", (json_int_t)srv->refused_user, "refused_private",
+                  (json_int_t)srv->refused_private, "nodes", (json_int_t)srv->nodes.n));
     json_object_set_new(o, "protocol",
                         json_pack("{s:I, s:I}", "legacy", (json_int_t)srv->gens[RDZV_GEN_LEGACY],
                                   "modern", (json_int_t)srv->gens[RDZV_GEN_MODERN]));
@@ -581,6 +770,11 @@ static void server_free(rdzv_server *srv)
     if (srv->lock_made)
         uv_mutex_destroy(&srv->lock);
     rdzv__store_destroy(&srv->store);
+    if (srv->token)
+        explicit_bzero(srv->token, strlen(srv->token));
+    free(srv->token);
+    free(srv->allow);
+    rdzv__addrset_free(&srv->nodes);
     free(srv->host);
     free(srv);
 }
@@ -604,7 +798,8 @@ static int check_options(const rdzv_server_options *o)
         o->keepalive_s < 0 || o->max_key_bytes < 1 || o->max_key_bytes > RDZV_MAX_KEY_LIMIT ||
         o->max_value_bytes < 1 || o->max_keys_per_request < 1 || o->max_connections < 1 ||
         o->max_pending_output < 1 || o->max_request_bytes < 16 ||
-        o->max_request_bytes > ((size_t)1 << 30))
+        o->max_request_bytes > ((size_t)1 << 30) || (o->token && rdzv_token_check(o->token) < 0) ||
+        (o->nallow > 0 && !o->allow) || o->nallow > 4096)
         return -EINVAL;
     return 0;
 }
@@ -733,6 +928,20 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     }
     srv->opts = *opts;
     srv->opts.host = srv->host;
+    srv->opts.token = NULL; /* the copy in srv->token is the one used */
+    srv->opts.allow = NULL; /* parsed into srv->allow */
+    srv->euid = (uint32_t)geteuid();
+    if (opts->token && !(srv->token = strdup(opts->token))) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    if (opts->nallow > 0 && !(srv->allow = calloc(opts->nallow, sizeof(*srv->allow)))) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < opts->nallow; i++)
+        if ((rc = rdzv__cidr_parse(opts->allow[i], &srv->allow[i])) < 0)
+            goto out;
     srv->threaded = threaded;
     srv->limits = (rdzv__limits){opts->max_key_bytes, opts->max_value_bytes,
                                  opts->max_keys_per_request, opts->max_request_bytes};

@@ -853,6 +853,9 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         return do_watch(s, c, r);
     case RDZV_OP_STATUS:
         return RDZV__EXEC_STATUS;
+    case RDZV_OP_AUTH_HELLO:
+    case RDZV_OP_AUTH_PROOF:
+        return RDZV__EXEC_AUTH;
     case RDZV_OP_COUNT:
         break;
     }

@@ -69,11 +69,13 @@ void rdzv__conn_release(rdzv__store *s, rdzv__conn *c);
 
 /* Returned by rdzv__store_exec for a STATUS request: the server builds and appends the reply. */
 #define RDZV__EXEC_STATUS 1
+/* Returned for AUTH_HELLO and AUTH_PROOF: the server runs the handshake (auth.h). */
+#define RDZV__EXEC_AUTH 2
 
 /*
  * Executes one request from connection `c`. Replies (to `c`, and STOP_WAITING or watch
  * notifications to other connections) are appended to output buffers. Returns 0, or
- * RDZV__EXEC_STATUS, or a negative errno meaning that `c` must be closed: -ENOSPC (the total
+ * RDZV__EXEC_STATUS, RDZV__EXEC_AUTH, or a negative errno meaning that `c` must be closed: -ENOSPC (the total
  * size cap would be exceeded), -EINVAL (ADD on a value that is not a decimal integer),
  * -ENOMEM.
  */

@@ -5,12 +5,17 @@
  * connection receives, so frames get split at arbitrary points and waits, cancels and watches
  * interact across connections. Every complete frame is executed as the server would; a parse
  * error or a refused request "closes" the connection (releases it) and opens a fresh one.
+ * As on a server with a token, AUTH_HELLO and AUTH_PROOF run the handshake's server steps
+ * (auth.h), and a request naming a private key on a connection that did not authenticate
+ * closes it instead of running.
  *
  * Build: meson setup build-fuzz -Dfuzz=true (with CC=clang); run build-fuzz/tests/fuzz_parse.
  */
+#include "auth.h"
 #include "proto.h"
 #include "store.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +25,25 @@ typedef struct conn_state {
     rdzv__conn conn;
     rdzv__parser parser;
     rdzv__buf pend;
+    rdzv__auth_conn auth;
 } conn_state;
+
+static const char token[] = "fuzz-token-0123456789";
+
+/* What the server does with one request (server.c's gate() and auth_step()): < 0 closes. */
+static int run(rdzv__store *st, conn_state *c, const rdzv__request *req)
+{
+    uint8_t reply[RDZV_AUTH_HELLO_REPLY_BYTES];
+    size_t n;
+    bool priv = rdzv__request_private(req);
+    if (req->op == RDZV_OP_AUTH_HELLO)
+        return rdzv__auth_server_hello(token, &c->auth, req->key, req->key_len, reply, &n);
+    if (req->op == RDZV_OP_AUTH_PROOF)
+        return rdzv__auth_server_proof(token, &c->auth, req->key, req->key_len);
+    if (priv && c->auth.state != RDZV_AUTH_DONE)
+        return -EACCES;
+    return rdzv__store_exec(st, &c->conn, req);
+}
 
 static const rdzv__limits lim = {256, 4096, 64, 1 << 16};
 
@@ -30,6 +53,7 @@ static void reopen(rdzv__store *st, conn_state *c)
     rdzv__buf_free(&c->pend);
     rdzv__conn_init(&c->conn);
     rdzv__parser_init(&c->parser);
+    memset(&c->auth, 0, sizeof(c->auth));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -60,7 +84,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             int rc = rdzv__parse(&c->parser, &lim, c->pend.data + used, c->pend.len - used, &req);
             if (rc == 0)
                 break;
-            if (rc < 0 || rdzv__store_exec(&st, &c->conn, &req) < 0) {
+            if (rc < 0 || run(&st, c, &req) < 0) {
                 reopen(&st, c);
                 used = 0;
                 break;

@@ -1,18 +1,23 @@
 /*
  * Unit tests of ddprun's option parsing (launcher/options.c) and Slurm host-list expansion
  * (launcher/slurm.c): torchrun's defaults, both spellings, --opt=value, PET_<NAME> defaults and
- * their precedence, Slurm defaults, every error naming its flag, and the value grammars.
+ * their precedence, Slurm defaults, every error naming its flag, and the value grammars; and
+ * where the job's token comes from (launcher/jobtoken.c).
  *
  * Each case runs in its own process (Check's fork mode, the default; CK_FORK=no is for debugging
  * one case, chosen with CK_RUN_CASE), so cases set environment variables freely; the fixture
  * first clears every variable the parser reads, so the tests do not depend on where they run
  * (under srun, say).
  */
+#include "jobtoken.h"
 #include "options.h"
+#include "rdzv.h"
 #include "slurm.h"
 
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -735,6 +740,71 @@ START_TEST(standalone)
 }
 END_TEST
 
+/* --token-file and --allow (repeatable and comma-separated), and where the job's token comes
+ * from (jobtoken.c): --token-file, then DDPRUN_TOKEN_FILE, then DDPRUN_TOKEN, then random. */
+START_TEST(control_plane)
+{
+    PARSE_OK("t");
+    ck_assert_ptr_null(cfg.token_file);
+    ck_assert_int_eq(cfg.nallow, 0);
+    PARSE_OK("--token-file", "/run/job.token", "--allow", "10.0.0.0/8",
+             "--allow=192.168.1.5,fd00::/8", "t");
+    ck_assert_str_eq(cfg.token_file, "/run/job.token");
+    ck_assert_int_eq(cfg.nallow, 3);
+    ck_assert_str_eq(cfg.allow[0], "10.0.0.0/8");
+    ck_assert_str_eq(cfg.allow[1], "192.168.1.5");
+    ck_assert_str_eq(cfg.allow[2], "fd00::/8");
+    PARSE_ERR("--allow: expected an address or a network ADDR/BITS, got '10.0.0.0/33'", "--allow",
+              "10.0.0.0/33", "t");
+    PARSE_ERR("got 'node1'", "--allow", "10.0.0.1,node1", "t");
+    ddprun_config_free(&cfg);
+
+    char tok[RDZV_TOKEN_MAX_BYTES + 1], e[256], path[] = "/tmp/ddprun-token-XXXXXX";
+    ddprun_token_source src;
+    bool loose;
+    unsetenv("DDPRUN_TOKEN");
+    unsetenv("DDPRUN_TOKEN_FILE");
+    ck_assert_int_eq(ddprun_job_token(NULL, false, tok, sizeof tok, &src, &loose, e, sizeof e), 0);
+    ck_assert_int_eq(src, DDPRUN_TOKEN_NONE);
+    ck_assert_str_eq(tok, "");
+    ck_assert_int_eq(ddprun_job_token(NULL, true, tok, sizeof tok, &src, &loose, e, sizeof e), 0);
+    ck_assert_int_eq(src, DDPRUN_TOKEN_GENERATED);
+    ck_assert_uint_eq(strlen(tok), 64);
+    setenv("DDPRUN_TOKEN", "env-token-0123456789", 1);
+    ck_assert_int_eq(ddprun_job_token(NULL, true, tok, sizeof tok, &src, &loose, e, sizeof e), 0);
+    ck_assert_int_eq(src, DDPRUN_TOKEN_ENV);
+    ck_assert_str_eq(tok, "env-token-0123456789");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "file-token-0123456789\n", 22), 22);
+    close(fd);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    setenv("DDPRUN_TOKEN_FILE", path, 1);
+    ck_assert_int_eq(ddprun_job_token(NULL, true, tok, sizeof tok, &src, &loose, e, sizeof e), 0);
+    ck_assert_int_eq(src, DDPRUN_TOKEN_ENV_FILE);
+    ck_assert_str_eq(tok, "file-token-0123456789");
+    ck_assert(loose); /* readable by others: used, and the caller warns */
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    ck_assert_int_eq(ddprun_job_token(path, true, tok, sizeof tok, &src, &loose, e, sizeof e), 0);
+    ck_assert_int_eq(src, DDPRUN_TOKEN_FILE);
+    ck_assert(!loose);
+    /* Bad sources fail, and the message never holds the token. */
+    ck_assert_int_eq(ddprun_job_token("/nonexistent/job.token", true, tok, sizeof tok, &src, &loose,
+                                      e, sizeof e),
+                     -ENOENT);
+    ck_assert_ptr_nonnull(strstr(e, "--token-file /nonexistent/job.token"));
+    unsetenv("DDPRUN_TOKEN_FILE");
+    setenv("DDPRUN_TOKEN", "short secret", 1);
+    ck_assert_int_eq(ddprun_job_token(NULL, true, tok, sizeof tok, &src, &loose, e, sizeof e),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(e, "DDPRUN_TOKEN"));
+    ck_assert_ptr_null(strstr(e, "short secret"));
+    ck_assert_str_eq(tok, "");
+    unsetenv("DDPRUN_TOKEN");
+    unlink(path);
+}
+END_TEST
+
 START_TEST(endpoints)
 {
     PARSE_OK("--rdzv-backend", "c10d", "--nnodes", "1:4", "t");
@@ -997,6 +1067,7 @@ int main(void)
     tcase_add_test(tc, local_ranks_filter);
     tcase_add_test(tc, standalone);
     tcase_add_test(tc, endpoints);
+    tcase_add_test(tc, control_plane);
     tcase_add_test(tc, nproc_auto_cpu_gpu);
     tcase_add_test(tc, slurm_defaults);
     tcase_add_test(tc, help_and_version);

@@ -94,8 +94,10 @@ static void build(frame *f, enum rdzv_gen gen, enum rdzv_op op)
                                                    [RDZV_OP_WATCH_KEY] = RDZV_L_WATCH_KEY + 1,
                                                    [RDZV_OP_DELETE_KEY] = RDZV_L_DELETE_KEY + 1};
     int code = gen == RDZV_GEN_LEGACY ? legacy_code[op] - 1
-               : op == RDZV_OP_STATUS ? RDZV_M_STATUS
-                                      : (int)op;
+               : op == RDZV_OP_STATUS     ? RDZV_M_STATUS
+               : op == RDZV_OP_AUTH_HELLO ? RDZV_M_AUTH_HELLO
+               : op == RDZV_OP_AUTH_PROOF ? RDZV_M_AUTH_PROOF
+                                          : (int)op;
     fr_u8(f, (uint8_t)code);
     switch (op) {
     case RDZV_OP_VALIDATE:
@@ -120,6 +122,8 @@ static void build(frame *f, enum rdzv_gen gen, enum rdzv_op op)
     case RDZV_OP_QUEUE_POP:
     case RDZV_OP_QUEUE_LEN:
     case RDZV_OP_WATCH_KEY:
+    case RDZV_OP_AUTH_HELLO:
+    case RDZV_OP_AUTH_PROOF:
         fr_str(f, "key");
         break;
     case RDZV_OP_ADD:
@@ -434,6 +438,8 @@ START_TEST(opcode_map)
         [RDZV_OP_LIST_KEYS] = RDZV_M_LIST_KEYS + 1,
         [RDZV_OP_BARRIER] = RDZV_M_BARRIER + 1,
         [RDZV_OP_STATUS] = RDZV_M_STATUS + 1,
+        [RDZV_OP_AUTH_HELLO] = RDZV_M_AUTH_HELLO + 1,
+        [RDZV_OP_AUTH_PROOF] = RDZV_M_AUTH_PROOF + 1,
     };
     for (int op = 0; op < RDZV_OP_COUNT; op++) {
         ck_assert_int_eq(rdzv__opcode(RDZV_GEN_LEGACY, op), legacy[op] ? legacy[op] - 1 : -EINVAL);
@@ -482,6 +488,8 @@ static void encode_sample(rdzv__wbuf *b, enum rdzv_gen gen, enum rdzv_op op)
     case RDZV_OP_QUEUE_POP:
     case RDZV_OP_QUEUE_LEN:
     case RDZV_OP_WATCH_KEY:
+    case RDZV_OP_AUTH_HELLO:
+    case RDZV_OP_AUTH_PROOF:
         rdzv__put_key(b, "job/", 4, "key", 3);
         break;
     case RDZV_OP_ADD:

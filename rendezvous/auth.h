@@ -1,0 +1,147 @@
+/*
+ * A job's control plane: the store's authentication handshake and access rules. Internal to
+ * librendezvous (and its tests); see rdzv-protocol(7), "AUTHENTICATION".
+ *
+ * The handshake is a mutual challenge-response over a shared secret (the job's token), never
+ * the token itself on the wire. After VALIDATE, a client that knows the token sends
+ *
+ *     AUTH_HELLO  (opcode 0xE1)  vec: client nonce, 32 random bytes
+ *
+ * and the server answers with one byte vector: status 0, its own 32-byte nonce and the server
+ * proof HMAC-SHA256(token, "rdzv-auth-v1 server" NUL || cn || sn) (65 bytes), or status 1 alone
+ * when it has no secret. The client checks the server proof (a server without the token cannot
+ * make it) and sends
+ *
+ *     AUTH_PROOF  (opcode 0xE2)  vec: HMAC-SHA256(token, "rdzv-auth-v1 client" NUL || cn || sn)
+ *
+ * which the server checks in constant time: a right proof is answered with the one-byte vector
+ * "\0" and marks the connection authenticated; a wrong one closes the connection. Both nonces
+ * are fresh per connection and the two directions have different labels, so neither proof can
+ * be replayed on another connection or reflected to the other side.
+ *
+ * The access rules are pure functions: which keys are private to authenticated connections
+ * (rdzv__request_private()), and the network lists the server checks peers against
+ * (rdzv__cidr, rdzv__addrset). No I/O here except reading random bytes.
+ */
+#ifndef RDZV_AUTH_H
+#define RDZV_AUTH_H
+
+#include "proto.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#define RDZV_AUTH_NONCE_BYTES 32
+#define RDZV_AUTH_MAC_BYTES 32
+#define RDZV_AUTH_HELLO_REPLY_BYTES (1 + RDZV_AUTH_NONCE_BYTES + RDZV_AUTH_MAC_BYTES)
+
+/* Status byte that opens the AUTH_HELLO reply. */
+enum { RDZV_AUTH_STATUS_OK = 0, RDZV_AUTH_STATUS_NO_SECRET = 1 };
+
+/* Which side a proof comes from: part of what is signed, so a proof is never valid both ways. */
+enum rdzv_auth_dir { RDZV_AUTH_SERVER = 0, RDZV_AUTH_CLIENT = 1 };
+
+/* Fills `nonce` with RDZV_AUTH_NONCE_BYTES from OpenSSL's RAND_bytes. Returns 0 or -EIO. */
+int rdzv__auth_nonce(uint8_t nonce[RDZV_AUTH_NONCE_BYTES]);
+
+/*
+ * The proof of side `dir`: HMAC-SHA256 keyed with `token` over that side's label, the client
+ * nonce `cn` and the server nonce `sn`, into `mac`. Returns 0 or -EIO (OpenSSL failed).
+ */
+int rdzv__auth_mac(const char *token, enum rdzv_auth_dir dir, const uint8_t *cn, const uint8_t *sn,
+                   uint8_t mac[RDZV_AUTH_MAC_BYTES]);
+
+/* Per-connection handshake state, on the server. Zero-initialised: nothing happened yet. */
+typedef struct rdzv__auth_conn {
+    int state; /* 0 none, 1 challenged (HELLO answered), 2 authenticated */
+    uint8_t cn[RDZV_AUTH_NONCE_BYTES];
+    uint8_t sn[RDZV_AUTH_NONCE_BYTES];
+} rdzv__auth_conn;
+
+enum { RDZV_AUTH_NONE = 0, RDZV_AUTH_CHALLENGED = 1, RDZV_AUTH_DONE = 2 };
+
+/*
+ * Server side of AUTH_HELLO: `token` is the server's (NULL: none), `cn` the client's nonce of
+ * `cn_len` bytes. Writes the reply into `reply` (RDZV_AUTH_HELLO_REPLY_BYTES) and its length into
+ * *reply_len, and remembers both nonces in `a`. Returns 0, -EPROTO (a nonce of the wrong size, or
+ * a second HELLO on the connection) or -EIO.
+ */
+int rdzv__auth_server_hello(const char *token, rdzv__auth_conn *a, const uint8_t *cn, size_t cn_len,
+                            uint8_t *reply, size_t *reply_len);
+
+/*
+ * Server side of AUTH_PROOF: checks the client's proof (`mac`, `mac_len` bytes) in constant time.
+ * Returns 0 (the connection is authenticated now), -EACCES (wrong proof), -EPROTO (no challenge
+ * was answered on this connection, or a second proof) or -EIO.
+ */
+int rdzv__auth_server_proof(const char *token, rdzv__auth_conn *a, const uint8_t *mac,
+                            size_t mac_len);
+
+/*
+ * Client side: checks the server's AUTH_HELLO reply (`reply`, `reply_len` bytes) against the
+ * client nonce `cn` it sent and, when the server proved that it knows `token`, writes the
+ * client's proof into `proof`. Returns 0, -ENOKEY (the server has no secret), -EKEYREJECTED (the
+ * server's proof is wrong: it does not know this token), -EPROTO (a malformed reply) or -EIO.
+ */
+int rdzv__auth_client_check(const char *token, const uint8_t *cn, const uint8_t *reply,
+                            size_t reply_len, uint8_t proof[RDZV_AUTH_MAC_BYTES]);
+
+/*
+ * True when `key` (`n` bytes) is private to authenticated connections on a store with a secret:
+ * it starts with RDZV_PRIVATE_AGENT_ROOT or RDZV_PRIVATE_COLL_ROOT (rdzv.h).
+ */
+bool rdzv__key_private(const uint8_t *key, size_t n);
+
+/*
+ * True when the validated request `req` names a private key anywhere (a repeated group
+ * included). Requests without keys (PING, GETNUMKEYS, LIST_KEYS, CANCEL_WAIT, STATUS, the
+ * handshake) are never private.
+ */
+bool rdzv__request_private(const rdzv__request *req);
+
+/* An IPv4 or IPv6 network, "10.0.0.0/8", "fd00::/8", or one address ("10.1.2.3"). */
+typedef struct rdzv__cidr {
+    int family; /* AF_INET or AF_INET6 */
+    uint8_t addr[16];
+    int bits; /* prefix length */
+} rdzv__cidr;
+
+/* Parses `s` into *out. Returns 0 or -EINVAL (bad address, or bits beyond the family's). */
+int rdzv__cidr_parse(const char *s, rdzv__cidr *out);
+
+/*
+ * True when the address in `sa` (AF_INET or AF_INET6; an IPv4-mapped IPv6 address counts as its
+ * IPv4 address) lies in `net`.
+ */
+bool rdzv__cidr_match(const rdzv__cidr *net, const struct sockaddr *sa);
+
+/* True for 127.0.0.0/8, ::1 and IPv4-mapped loopback. */
+bool rdzv__addr_loopback(const struct sockaddr *sa);
+
+/* True when two socket addresses hold the same IP address (ports ignored; mapped = IPv4). */
+bool rdzv__addr_same(const struct sockaddr *a, const struct sockaddr *b);
+
+/* A set of IP addresses (the job's nodes), grown on demand. Zero-initialised: empty. */
+typedef struct rdzv__addrset {
+    rdzv__cidr *v; /* each a /32 or /128 */
+    size_t n, cap;
+} rdzv__addrset;
+
+/* Adds the IP of `sa` unless present. Returns 1 (added), 0 (was there), -ENOSPC, -ENOMEM. */
+int rdzv__addrset_add(rdzv__addrset *s, const struct sockaddr *sa);
+bool rdzv__addrset_has(const rdzv__addrset *s, const struct sockaddr *sa);
+void rdzv__addrset_free(rdzv__addrset *s);
+
+/*
+ * Finds the owner of the local TCP socket at the other end of a connection the server
+ * accepted: the socket whose source is `peer` and destination `local` (the accepted socket's
+ * two ends), asked of the kernel with NETLINK_SOCK_DIAG (inet_diag). Returns 0 and sets *uid;
+ * -ENOENT when no such socket exists in this network namespace (the peer is on another host,
+ * another namespace, or already gone); or another negative errno when the kernel cannot be
+ * asked. peercred.c; does one netlink round trip.
+ */
+int rdzv__peer_uid(const struct sockaddr *peer, const struct sockaddr *local, uint32_t *uid);
+
+#endif /* RDZV_AUTH_H */
