@@ -5,12 +5,15 @@
  * connection receives, so frames get split at arbitrary points and waits, cancels and watches
  * interact across connections. Every complete frame is executed as the server would; a parse
  * error or a refused request "closes" the connection (releases it) and opens a fresh one.
+ * The buffer caps are small, so that connections are failed for their replies and partial
+ * requests and the biggest holder is evicted; queued output is "sent" after every other chunk.
  *
  * Build: meson setup build-fuzz -Dfuzz=true (with CC=clang); run build-fuzz/tests/fuzz_parse.
  */
 #include "proto.h"
 #include "store.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +41,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     conn_state cs[NCONN];
     if (rdzv__store_init(&st, 1 << 16) < 0)
         return 0;
+    st.max_conn_output = 3000;
+    st.max_buffered = 6000;
     for (int i = 0; i < NCONN; i++) {
         memset(&cs[i], 0, sizeof(cs[i]));
         rdzv__conn_init(&cs[i].conn);
@@ -52,6 +57,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             n = size - off;
         if (n == 0)
             break;
+        if (rdzv__conn_hold_input(&st, &c->conn, c->pend.len + n) < 0) {
+            reopen(&st, c);
+            off += n;
+            continue;
+        }
         rdzv__buf_append(&c->pend, data + off, n);
         off += n;
         size_t used = 0;
@@ -70,11 +80,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (used) {
             memmove(c->pend.data, c->pend.data + used, c->pend.len - used);
             c->pend.len -= used;
+            rdzv__conn_hold_input(&st, &c->conn, c->pend.len);
         }
-        /* "Send" everything queued, as the server does after each read. */
+        /* Close the connections the store failed; "send" what the others have queued. */
         rdzv__conn *d;
-        while ((d = rdzv__store_pop_dirty(&st)))
-            d->out.len = 0;
+        while ((d = rdzv__store_pop_dirty(&st))) {
+            conn_state *dc = (conn_state *)((char *)d - offsetof(conn_state, conn));
+            if (d->error)
+                reopen(&st, dc);
+            else if (off & 1) {
+                rdzv__conn_sent(&st, d, d->out.len);
+                d->out.len = 0;
+            }
+        }
     }
     for (int i = 0; i < NCONN; i++) {
         rdzv__conn_release(&st, &cs[i].conn);
@@ -82,7 +100,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* Invariants after every connection is gone: no waiters, no watches, and byte
      * accounting consistent with an empty store once every key is deleted. */
-    if (st.nwaiters != 0 || st.nwatches != 0)
+    if (st.nwaiters != 0 || st.nwatches != 0 || st.buffered != 0 || st.holders)
+        abort();
+    static const uint8_t none[300]; /* longer than any key: every key is cleared */
+    rdzv__store_clear(&st, none, sizeof(none));
+    if (st.nentries != 0 || st.bytes != 0 || st.memory != 0)
         abort();
     rdzv__store_destroy(&st);
     return 0;
