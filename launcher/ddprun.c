@@ -1150,18 +1150,30 @@ static int setup_store(agent *a)
     else
         hosting = is_local_address(host); /* then try; if the port is taken, be a client */
 
+    bool v6_loopback = !cfg->standalone && !strcmp(host, "::1");
     if (hosting) {
         rdzv_server_options o;
         rdzv_server_options_init(&o);
-        /* Bind the wildcard (as PyTorch's store does), except for a loopback endpoint. */
+        /* Bind the wildcard of IPv6 and IPv4 (as PyTorch's store binds every interface; the
+         * library falls back to IPv4's on a host without IPv6), except for a loopback
+         * endpoint. */
         o.host = cfg->standalone || !strcmp(host, "127.0.0.1") || !strcmp(host, "localhost")
                      ? "127.0.0.1"
-                     : "0.0.0.0";
+                 : v6_loopback ? "::1"
+                               : "::";
         o.port = port;
         o.log = store_log;
+        /* The connection cap comes from the descriptor limit, less what spawning and watching
+         * the workers needs (two output pipes each, four descriptors while spawning, log and
+         * error files, the exec shim's pipe), so that a connection flood cannot starve a
+         * restart of descriptors. */
+        o.max_connections = 0;
+        o.fd_reserve = 64 + 8 * (size_t)cfg->nproc_per_node;
         int rc = rdzv_server_start(&o, &a->store);
         if (rc < 0 && (is_static || cfg->is_host_given)) {
-            say("cannot serve the store on %s:%d: %s", o.host, port, rdzv_strerror(rc));
+            say(strchr(o.host, ':') ? "cannot serve the store on [%s]:%d: %s"
+                                    : "cannot serve the store on %s:%d: %s",
+                o.host, port, rdzv_strerror(rc));
             return rc;
         }
         if (rc == 0)
@@ -1174,11 +1186,12 @@ static int setup_store(agent *a)
     rdzv_client_options_init(&co);
     co.connect_timeout_ms = (int)(cfg->join_timeout_s * 1000);
     co.timeout_ms = (int)(cfg->timeout_s * 1000);
-    const char *connect_host = a->store ? "127.0.0.1" : host;
+    const char *connect_host = a->store ? (v6_loopback ? "::1" : "127.0.0.1") : host;
     int rc = rdzv_client_connect(connect_host, port, &co, &a->client);
     if (rc < 0) {
-        say("cannot reach the rendezvous store at %s:%d: %s (%s)", connect_host, port,
-            rdzv_strerror(rc), rdzv_client_last_error(NULL));
+        say(strchr(connect_host, ':') ? "cannot reach the rendezvous store at [%s]:%d: %s (%s)"
+                                      : "cannot reach the rendezvous store at %s:%d: %s (%s)",
+            connect_host, port, rdzv_strerror(rc), rdzv_client_last_error(NULL));
         return rc;
     }
     return 0;
