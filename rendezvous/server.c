@@ -293,7 +293,12 @@ static void flush(client *c)
     w->c = c;
     w->n = out->len - off;
     if (off == 0) { /* hand the whole buffer to the write request */
-        w->data = out->data;
+        /* It grew by doubling: give back the unused half of a large one, so that what a
+         * connection holds is close to what max_conn_output and max_buffered_bytes count. */
+        uint8_t *fit = out->cap > 2 * out->len && out->len > READ_BUF_BYTES
+                           ? realloc(out->data, out->len)
+                           : NULL;
+        w->data = fit ? fit : out->data;
         out->data = NULL;
         out->cap = 0;
     } else {
