@@ -34,6 +34,7 @@
 #include "noderdzv.h"
 #include "options.h"
 #include "rdzv.h"
+#include "rdzv_internal.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -1611,8 +1612,10 @@ static void *monitor_main(void *arg)
             snprintf(report, sizeof(report), "%s", json);
             rdzv_free(json);
         } else if (rc != -ETIMEDOUT) {
-            snprintf(report, sizeof(report), "lost the rendezvous store at %s:%d (%s)",
-                     a->store_host, a->store_port, rdzv_strerror(rc));
+            char ep[300];
+            rdzv__format_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
+            snprintf(report, sizeof(report), "lost the rendezvous store at %s (%s)", ep,
+                     rdzv_strerror(rc));
         } else {
             double now = mono_s();
             if (now - last_beat >= beat_s) {
@@ -1805,10 +1808,13 @@ static void job_work(uv_work_t *req)
         co.timeout_ms = (int)(a->cfg->timeout_s * 1000);
         co.token = a->token[0] ? a->token : NULL;
         j->rc = rdzv_client_connect(a->connect_host, a->store_port, &co, &a->client);
-        if (j->rc < 0)
-            snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s:%d: %s (%s)",
-                     a->connect_host, a->store_port, rdzv_strerror(j->rc),
+        if (j->rc < 0) {
+            char ep[300];
+            rdzv__format_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
+            snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s: %s (%s)",
+                     ep, rdzv_strerror(j->rc),
                      rdzv_client_last_error(NULL)); /* thread-local: read here */
+        }
         break;
     }
     case JOB_RENDEZVOUS:
@@ -2123,19 +2129,28 @@ static int setup_store(agent *a)
         o.token = a->token[0] ? a->token : NULL;
         o.allow = (const char *const *)cfg->allow;
         o.nallow = (size_t)cfg->nallow;
-        /* Bind the wildcard (as PyTorch's store does), except for a loopback endpoint. */
+        /* Bind the wildcard of IPv6 and IPv4 (as PyTorch's store binds every interface; the
+         * library falls back to IPv4's on a host without IPv6), except for a loopback endpoint. */
         if (cfg->standalone)
             snprintf(a->bind_host, sizeof(a->bind_host), "127.0.0.1");
         else if (!loopback_only(host, a->bind_host, sizeof(a->bind_host)))
-            snprintf(a->bind_host, sizeof(a->bind_host), "0.0.0.0");
+            snprintf(a->bind_host, sizeof(a->bind_host), "::");
         o.host = a->bind_host;
         o.port = port;
         o.log = store_log;
         o.on_close = store_conn_closed; /* a node whose monitor connection closes is gone */
         o.on_close_arg = a;
+        /* The connection cap comes from the descriptor limit, less what spawning and watching
+         * the workers needs (two output pipes each, four descriptors while spawning, log and
+         * error files, the exec shim's pipe), so that a connection flood cannot starve a
+         * restart of descriptors. */
+        o.max_connections = 0;
+        o.fd_reserve = 64 + 8 * (size_t)cfg->nproc_per_node;
         int rc = rdzv_server_start(&o, &a->store);
         if (rc < 0 && (is_static || cfg->is_host_given)) {
-            say("cannot serve the store on %s:%d: %s", o.host, port, rdzv_strerror(rc));
+            char ep[300];
+            rdzv__format_endpoint(ep, sizeof(ep), o.host, port);
+            say("cannot serve the store on %s: %s", ep, rdzv_strerror(rc));
             return rc;
         }
         if (rc == 0)
@@ -2153,7 +2168,7 @@ static int setup_store(agent *a)
     /* The connection itself is a job (JOB_CONNECT): reaching another node's store may take the
      * whole join timeout. */
     const char *own = !a->store                         ? host
-                      : strcmp(a->bind_host, "0.0.0.0") ? a->bind_host /* a loopback address */
+                      : strcmp(a->bind_host, "::") ? a->bind_host /* a loopback address */
                                                         : "127.0.0.1";
     snprintf(a->connect_host, sizeof(a->connect_host), "%s", own);
     return 0;

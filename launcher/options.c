@@ -248,7 +248,7 @@ static const cli_option options[] = {
      "ADDR",
      "127.0.0.1",
      true,
-     "Address of node 0 (static backend)."},
+     "Address of node 0 (static backend); IPv6 as ::1 or [::1]."},
     {O_MASTER_PORT,
      {"--master-port", "--master_port"},
      "PORT",
@@ -1275,6 +1275,12 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     const char *log_dir = r->value[O_LOG_DIR];
     const char *tmpl = r->value[O_LOG_LINE_PREFIX_TEMPLATE];
     TRY(dup_str(slurm_host ? slurm_host : r->value[O_MASTER_ADDR], &c->master_addr));
+    size_t mlen = c->master_addr ? strlen(c->master_addr) : 0;
+    if (mlen >= 2 && c->master_addr[0] == '[' && c->master_addr[mlen - 1] == ']') {
+        /* An IPv6 literal written as in an endpoint: [::1] is ::1. */
+        memmove(c->master_addr, c->master_addr + 1, mlen - 2);
+        c->master_addr[mlen - 2] = '\0';
+    }
     TRY(dup_str(r->value[O_LOCAL_ADDR], &c->local_addr));
     TRY(dup_str(r->value[O_ROLE], &c->role));
     TRY(dup_str(r->value[O_START_METHOD], &c->start_method));

@@ -686,15 +686,6 @@ static void sleep_until(int64_t until)
         ;
 }
 
-/* Writes "host:port", bracketing IPv6 literals, for messages. */
-static void format_endpoint(char *dst, size_t cap, const char *host, int port)
-{
-    if (strchr(host, ':'))
-        snprintf(dst, cap, "[%s]:%d", host, port);
-    else
-        snprintf(dst, cap, "%s:%d", host, port);
-}
-
 int rdzv_client_connect(const char *host, int port, const rdzv_client_options *opts,
                         rdzv_client **out)
 {
@@ -719,7 +710,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                  host ? host : "NULL", port, opts->backoff_initial_ms, opts->backoff_max_ms);
         return -EINVAL;
     }
-    format_endpoint(endpoint, sizeof endpoint, host, port);
+    rdzv__format_endpoint(endpoint, sizeof endpoint, host, port);
     int64_t deadline = rdzv__deadline_ns(opts->connect_timeout_ms);
 
     c = calloc(1, sizeof *c);

@@ -125,6 +125,10 @@ enum opt_id {
     O_MAX_PENDING_OUTPUT,
     O_ALLOW,
     O_ALLOW_OTHER_USERS,
+    O_MAX_CONN_OUTPUT,
+    O_MAX_BUFFERED,
+    O_IDLE_TIMEOUT,
+    O_REQUEST_TIMEOUT,
     O_QUIET,
     O_VERBOSE,
     O_HOST,
@@ -183,13 +187,13 @@ static const cli_option options[] = {
      "SIZE",
      NULL,
      ON_SERVE,
-     "keys and values stored, all together"},
+     "keys, values and their overhead stored, all together"},
     {O_MAX_CONNECTIONS,
      {"--max-connections"},
      "N",
      NULL,
      ON_SERVE,
-     "simultaneous client connections"},
+     "simultaneous client connections; 0: from the descriptor limit"},
     {O_MAX_PENDING_OUTPUT,
      {"--max-pending-output"},
      "SIZE",
@@ -208,6 +212,30 @@ static const cli_option options[] = {
      NULL,
      ON_SERVE,
      "serve other local users' connections too"},
+    {O_MAX_CONN_OUTPUT,
+     {"--max-conn-output"},
+     "SIZE",
+     NULL,
+     ON_SERVE,
+     "unsent reply bytes per client before it is disconnected"},
+    {O_MAX_BUFFERED,
+     {"--max-buffered"},
+     "SIZE",
+     NULL,
+     ON_SERVE,
+     "unsent replies and partial requests of all clients together"},
+    {O_IDLE_TIMEOUT,
+     {"--idle-timeout"},
+     "SECONDS",
+     NULL,
+     ON_SERVE,
+     "disconnect clients silent this long that wait for nothing; 0: never"},
+    {O_REQUEST_TIMEOUT,
+     {"--request-timeout"},
+     "SECONDS",
+     NULL,
+     ON_SERVE,
+     "disconnect clients whose request stays incomplete this long; 0: never"},
     {O_QUIET, {"--quiet"}, NULL, NULL, ON_SERVE, "log warnings and errors only"},
     {O_VERBOSE, {"--verbose"}, NULL, NULL, ON_SERVE, "log debugging detail too"},
     /* clients */
@@ -236,6 +264,7 @@ enum kind {
     KIND_STRING,  /* stores the argument (borrowed from argv) */
     KIND_INT,     /* int within [min, max] */
     KIND_SIZE,    /* size_t >= 1, optional K/M/G suffix (powers of 1024) */
+    KIND_SIZE0,   /* the same, 0 allowed */
     KIND_SECONDS, /* double in (0, max] */
     KIND_LIST,    /* appends the argument (borrowed) to cfg->allow */
 };
@@ -259,10 +288,14 @@ static const struct rule rules[O_COUNT] = {
     [O_MAX_KEYS_PER_REQUEST] = {KIND_SIZE, AT(srv.max_keys_per_request), 0, 0},
     [O_MAX_REQUEST_BYTES] = {KIND_SIZE, AT(srv.max_request_bytes), 0, 0},
     [O_MAX_TOTAL_BYTES] = {KIND_SIZE, AT(srv.max_total_bytes), 0, 0},
-    [O_MAX_CONNECTIONS] = {KIND_SIZE, AT(srv.max_connections), 0, 0},
+    [O_MAX_CONNECTIONS] = {KIND_SIZE0, AT(srv.max_connections), 0, 0},
     [O_MAX_PENDING_OUTPUT] = {KIND_SIZE, AT(srv.max_pending_output), 0, 0},
     [O_ALLOW] = {KIND_LIST, AT(allow), 0, 0},
     [O_ALLOW_OTHER_USERS] = {KIND_FLAG, AT(srv.allow_other_users), 0, 0},
+    [O_MAX_CONN_OUTPUT] = {KIND_SIZE, AT(srv.max_conn_output), 0, 0},
+    [O_MAX_BUFFERED] = {KIND_SIZE, AT(srv.max_buffered_bytes), 0, 0},
+    [O_IDLE_TIMEOUT] = {KIND_INT, AT(srv.idle_timeout_s), 0, INT_MAX / 1000},
+    [O_REQUEST_TIMEOUT] = {KIND_INT, AT(srv.request_timeout_s), 0, INT_MAX / 1000},
     [O_QUIET] = {KIND_FLAG, AT(quiet), 0, 0},
     [O_VERBOSE] = {KIND_FLAG, AT(verbose), 0, 0},
     [O_HOST] = {KIND_STRING, AT(host), 0, 0},
@@ -350,7 +383,7 @@ static void print_option(FILE *f, const cli_option *o, const rdzv_server_options
     enum kind kind = rules[o->id].kind;
 
     /* Server limits show the library's own defaults, so they cannot go stale here. */
-    if (o->tag == ON_SERVE && kind == KIND_SIZE) {
+    if (o->tag == ON_SERVE && (kind == KIND_SIZE || kind == KIND_SIZE0)) {
         char n[32];
         format_size(n, sizeof(n), *(const size_t *)server_default(defs, o));
         snprintf(def, sizeof(def), " (%s)", n);
@@ -442,7 +475,8 @@ static int set_option(struct config *cfg, const cli_option *o, const char *val)
         return 0;
     }
     case KIND_SIZE:
-        if (cli_parse_size(flag, val, 1, SIZE_MAX, (size_t *)field) < 0) {
+    case KIND_SIZE0:
+        if (cli_parse_size(flag, val, r->kind == KIND_SIZE, SIZE_MAX, (size_t *)field) < 0) {
             complain(EXIT_USAGE, "%s", cli_last_error());
             return -1;
         }
@@ -794,7 +828,7 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
     rc = rdzv_client_connect(cfg->host, cfg->port, &copts, &c);
     explicit_bzero(token, sizeof(token));
     if (rc < 0) {
-        snprintf(what, sizeof(what), "cannot connect to %s:%d", cfg->host, cfg->port);
+        snprintf(what, sizeof(what), strchr(cfg->host, ':') ? "cannot connect to [%s]:%d" : "cannot connect to %s:%d", cfg->host, cfg->port);
         return op_failed(cfg, NULL, rc, what);
     }
 

@@ -63,7 +63,8 @@ typedef struct rdzv_server rdzv_server;
 
 /* Server settings. Fill with rdzv_server_options_init(), then change what you need. */
 typedef struct rdzv_server_options {
-    const char *host; /* bind address, IPv4 or IPv6 literal or name ("127.0.0.1") */
+    const char *host; /* bind address, IPv4 or IPv6 literal or name ("127.0.0.1"); "::"
+                         listens on IPv6 and IPv4, or IPv4 alone where the host has no IPv6 */
     int port;         /* 0 picks a free port; read it back with rdzv_server_port() */
     int listen_fd;    /* >= 0: an already bound (and possibly listening) TCP socket to serve
                          on instead of binding host:port; the server owns it from the call
@@ -76,8 +77,11 @@ typedef struct rdzv_server_options {
     size_t max_value_bytes;      /* longest value in one request (8 MiB) */
     size_t max_keys_per_request; /* keys in one CHECK/WAIT/MULTI_GET/MULTI_SET (128 Ki) */
     size_t max_request_bytes;    /* largest single request frame (64 MiB) */
-    size_t max_total_bytes;      /* keys + values + queued items stored (1 GiB) */
-    size_t max_connections;      /* simultaneous client connections (65536) */
+    size_t max_total_bytes;      /* keys, values and queued items stored, with the memory each
+                                    takes beyond its bytes (about 150 bytes a key), and pending
+                                    WAIT and watch records (1 GiB) */
+    size_t max_connections;      /* simultaneous client connections; 0 derives it from the
+                                    descriptor limit, see fd_reserve (0) */
     size_t max_pending_output;   /* unsent reply bytes per connection past which the server
                                     runs none of its requests and stops reading from it until
                                     the peer has taken half of them (64 MiB) */
@@ -109,6 +113,20 @@ typedef struct rdzv_server_options {
     int allow_other_users;    /* 0: refuse connections from this host owned by a user other
                                  than the server's (and root), found with NETLINK_SOCK_DIAG
                                  (0) */
+    size_t max_conn_output;    /* unsent reply bytes one connection may have queued; a reply or
+                                  watch notification that would queue more closes it (256 MiB) */
+    size_t max_buffered_bytes; /* unsent replies and partly received requests of all
+                                  connections together; past it the connection holding the most
+                                  is closed (1 GiB) */
+    size_t fd_reserve;         /* with max_connections 0: descriptors kept free for the host
+                                  program. The cap is then the soft RLIMIT_NOFILE, less the
+                                  descriptors open when the server starts, less 16 for the
+                                  server, less this (64) */
+    int idle_timeout_s;        /* close a connection that has sent nothing for this long and has
+                                  no WAIT or watch pending; 0: never (0) */
+    int request_timeout_s;     /* close a connection whose request has stayed incomplete this
+                                  long since its last progress past a whole request; 0: never
+                                  (60) */
 } rdzv_server_options;
 
 /* Fills `opts` with the defaults given in brackets above. */
@@ -151,10 +169,9 @@ int rdzv_token_read_file(const char *path, char *buf, size_t cap);
  * while the caller runs the loop. `opts` is copied (its strings too).
  *
  * Returns 0 and sets *out, or -EINVAL (bad option), -EADDRINUSE, -EADDRNOTAVAIL, -EACCES,
- * -ENOMEM or another negative errno from socket setup. A failure never runs `loop` and leaves
- * nothing on it, with one exception: when libuv refuses the socket it was handed (-EEXIST: a
- * listen_fd that `loop` already watches), a closing handle stays on the loop, and the server's
- * memory is freed when the caller next runs it. Not thread-safe: call on the loop thread.
+ * -EEXIST (a listen_fd that `loop` already watches), -ENOMEM or another negative errno from
+ * socket setup. A failure never runs `loop` and leaves nothing on it. Not thread-safe: call on
+ * the loop thread.
  */
 int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server **out);
 

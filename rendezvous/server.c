@@ -8,13 +8,20 @@
  * uv_try_write, and what the kernel did not take goes to uv_write. A peer that stops reading
  * its replies is itself no longer read once max_pending_output bytes are queued for it.
  *
- * Bad input closes that one connection with one log line. Nothing a client sends can block
- * another: the loop never waits on a single connection. Accept failures (EMFILE and the like)
- * are logged, at most once a second, and the server keeps serving; libuv sheds the pending
- * connection it cannot accept.
+ * Every byte held for a client is counted (store.h): replies queued, the partial request kept
+ * in `pend`, and through the store's memory cap its WAIT and watch records. Over a cap, bad
+ * input, or past a timeout (the sweep timer), that one connection is closed with one log line.
+ * Nothing a client sends can block another: the loop never waits on a single connection.
+ *
+ * Accepting is ours rather than uv_listen()'s: libuv sheds connections it cannot accept for
+ * want of descriptors without telling anyone. The listening socket is watched with a uv_poll_t
+ * and accept4() runs here. Over max_connections, or with no descriptor left (EMFILE/ENFILE:
+ * the spare descriptor kept open for this is closed, the connection accepted and closed, the
+ * spare reopened; with no spare, accepting pauses for 100 ms), the connection is refused:
+ * counted in `rejected` and logged once per burst (the first refusal, then a count a second).
  *
  * Access control (a job's control plane, see rdzv-protocol(7) AUTHENTICATION) is decided in
- * two places: admit() on accept (the peer's address, and the owner of a peer socket on this
+ * two places: admit_peer() on accept (the peer's address, and the owner of a peer socket on this
  * host) and gate() before each request (what an unauthenticated connection may do). The
  * handshake's logic and the rules themselves are auth.c's; this file only applies them.
  *
@@ -31,6 +38,8 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -40,6 +49,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
@@ -56,6 +67,9 @@ typedef struct client {
     bool reading, closing;
     bool probation;       /* from an address not (yet) of the job: may only authenticate */
     rdzv__auth_conn auth; /* the handshake's state; auth.state == RDZV_AUTH_DONE: authenticated */
+    bool awaiting;             /* the last parse stopped inside a frame: waiting on the peer */
+    uint64_t last_read_ms;     /* uv_now() of the last bytes received (or of the accept) */
+    uint64_t partial_since_ms; /* while `awaiting`: since when; 0 otherwise */
     char peer[64];
     char addr[INET6_ADDRSTRLEN]; /* numeric peer address at accept, for opts.on_close */
     int port;                    /* peer port at accept; 0: unknown */
@@ -65,11 +79,22 @@ typedef struct write_req {
     uv_write_t req;
     client *c;
     uint8_t *data; /* owned */
+    size_t n;
 } write_req;
 
 struct rdzv_server {
     uv_loop_t *loop;
-    uv_tcp_t listener;
+    uv_poll_t listener;
+    int listen_fd; /* ours: closed once the listener handle is */
+    int spare_fd;  /* kept open to be closed when descriptors run out; -1 if none */
+    uv_timer_t sweep;        /* timeouts; runs only when one is set */
+    uv_timer_t refuse_timer; /* rate-limits the log lines of refused connections */
+    uv_timer_t resume_timer; /* resumes accepting after a pause for want of descriptors */
+    bool refusing;           /* refuse_timer is running: a burst of refusals is under way */
+    uint64_t refused_unlogged;
+    const char *refuse_why;
+    int refuse_level;
+    size_t max_connections; /* in force: the option, or derived from RLIMIT_NOFILE */
     rdzv_server_options opts;
     char *host;
     rdzv__limits limits;
@@ -79,7 +104,6 @@ struct rdzv_server {
     size_t nconns;
     uint64_t accepted, rejected, closed_bad_input;
     uint64_t gens[3]; /* connections by detected generation */
-    uint64_t last_accept_log_ms;
     client *clients;
 
     /* access control (auth.h) */
@@ -145,8 +169,13 @@ void rdzv_server_options_init(rdzv_server_options *o)
     o->max_keys_per_request = 128 << 10;
     o->max_request_bytes = 64 << 20;
     o->max_total_bytes = (size_t)1 << 30;
-    o->max_connections = 65536;
+    o->max_connections = 0;
     o->max_pending_output = 64 << 20;
+    o->max_conn_output = 256 << 20;
+    o->max_buffered_bytes = (size_t)1 << 30;
+    o->fd_reserve = 64;
+    o->idle_timeout_s = 0;
+    o->request_timeout_s = 60;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -173,9 +202,15 @@ static const char *peer_name(client *c)
     int port = 0;
 
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
-        if (ss.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof(ip));
-            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+        if (ss.ss_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+            /* An IPv4 peer of a dual-stack listener: name it as IPv4. */
+            inet_ntop(AF_INET, &a6->sin6_addr.s6_addr[12], ip, sizeof(ip));
+            port = ntohs(a6->sin6_port);
+            ss.ss_family = AF_INET;
+        } else if (ss.ss_family == AF_INET6) {
+            uv_ip6_name(a6, ip, sizeof(ip));
+            port = ntohs(a6->sin6_port);
         } else {
             uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
             port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
@@ -263,7 +298,7 @@ static void refuse(client *c, uint64_t *counter, const char *why)
  * not at an address a connection authenticated from is put on probation (token: it may only
  * authenticate) or refused (no token). Returns false after closing the connection.
  */
-static bool admit(rdzv_server *srv, client *c)
+static bool admit_peer(rdzv_server *srv, client *c)
 {
     struct sockaddr_storage peer, local;
     int pl = sizeof(peer), ll = sizeof(local);
@@ -396,14 +431,16 @@ static void write_cb(uv_write_t *req, int status)
     write_req *w = (write_req *)req;
     client *c = w->c;
     rdzv_server *srv = c->srv;
+    size_t n = w->n;
     free(w->data);
     free(w);
     if (c->closing)
-        return;
+        return; /* its bytes were written off when it closed */
     lock(srv);
+    rdzv__conn_sent(&srv->store, &c->conn, n);
     if (status < 0) {
         client_close(c, uv_strerror(status));
-    } else if (!c->reading && c->tcp.write_queue_size <= srv->opts.max_pending_output / 2) {
+    } else if (!c->reading && c->conn.out_held <= srv->opts.max_pending_output / 2) {
         /* Resume a peer we paused once its backlog has halved: first the requests it already
          * sent, then reading. */
         if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) == 0)
@@ -422,7 +459,7 @@ static void flush(client *c)
     if (c->closing)
         return;
     if (c->conn.error) {
-        client_close(c, rdzv_strerror(c->conn.error));
+        client_close(c, c->conn.why ? c->conn.why : rdzv_strerror(c->conn.error));
         return;
     }
     if (out->len == 0)
@@ -430,9 +467,10 @@ static void flush(client *c)
     if (c->tcp.write_queue_size == 0) {
         uv_buf_t b = uv_buf_init((char *)out->data, (unsigned)out->len);
         int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-        if (n > 0)
+        if (n > 0) {
             off = (size_t)n;
-        else if (n != UV_EAGAIN) {
+            rdzv__conn_sent(&c->srv->store, &c->conn, off);
+        } else if (n != UV_EAGAIN) {
             client_close(c, uv_strerror(n));
             return;
         }
@@ -449,8 +487,14 @@ static void flush(client *c)
         return;
     }
     w->c = c;
+    w->n = out->len - off;
     if (off == 0) { /* hand the whole buffer to the write request */
-        w->data = out->data;
+        /* It grew by doubling: give back the unused half of a large one, so that what a
+         * connection holds is close to what max_conn_output and max_buffered_bytes count. */
+        uint8_t *fit = out->cap > 2 * out->len && out->len > READ_BUF_BYTES
+                           ? realloc(out->data, out->len)
+                           : NULL;
+        w->data = fit ? fit : out->data;
         out->data = NULL;
         out->cap = 0;
     } else {
@@ -471,7 +515,7 @@ static void flush(client *c)
         client_close(c, uv_strerror(rc));
         return;
     }
-    if (c->reading && c->tcp.write_queue_size > c->srv->opts.max_pending_output) {
+    if (c->reading && c->conn.out_held > c->srv->opts.max_pending_output) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->reading = false;
     }
@@ -489,7 +533,7 @@ static int append_status(rdzv_server *srv, rdzv__conn *conn);
 /* True when `c` has more reply bytes waiting than it may: run no more of its requests. */
 static bool backlogged(const client *c)
 {
-    return c->conn.out.len + c->tcp.write_queue_size > c->srv->opts.max_pending_output;
+    return c->conn.out_held > c->srv->opts.max_pending_output;
 }
 
 /*
@@ -502,6 +546,7 @@ static ssize_t process(client *c, const uint8_t *buf, size_t len)
     size_t off = 0;
     enum rdzv_gen before = c->parser.gen;
 
+    c->awaiting = false;
     while (off < len && !c->closing && !backlogged(c)) {
         rdzv__request req;
         int n = rdzv__parse(&c->parser, &srv->limits, buf + off, len - off, &req);
@@ -509,8 +554,10 @@ static ssize_t process(client *c, const uint8_t *buf, size_t len)
             srv->gens[c->parser.gen]++;
             before = c->parser.gen;
         }
-        if (n == 0)
+        if (n == 0) {
+            c->awaiting = true;
             break;
+        }
         if (n < 0) {
             char why[128];
             snprintf(why, sizeof(why), "%s (opcode %u, %s protocol)", rdzv__parse_strerror(n),
@@ -529,18 +576,52 @@ static ssize_t process(client *c, const uint8_t *buf, size_t len)
         if (rc == RDZV__EXEC_AUTH)
             rc = 0;
         if (rc < 0) {
-            char why[128];
+            char why[192];
             snprintf(why, sizeof(why), "%s request refused: %s", rdzv__op_name(req.op),
                      rc == -ENOSPC   ? "the store's size limit would be exceeded"
                      : rc == -EINVAL ? "ADD on a value that is not a decimal integer"
+                     : c->conn.why   ? c->conn.why
                                      : rdzv_strerror(rc));
             srv->closed_bad_input++;
             client_close(c, why);
             return -1;
         }
+        c->partial_since_ms = 0; /* a whole request came: the peer is making progress */
         off += (size_t)n;
     }
     return (ssize_t)off;
+}
+
+/*
+ * Keeps buf[0..n) in c->pend after what it holds, counting it against the buffer caps first.
+ * Returns 0, or -1 after closing `c`.
+ */
+static int keep(client *c, const uint8_t *buf, size_t n)
+{
+    if (c->closing)
+        return -1;
+    if (rdzv__conn_hold_input(&c->srv->store, &c->conn, c->pend.len + n) < 0) {
+        client_close(c, c->conn.why ? c->conn.why : "out of buffer space");
+        return -1;
+    }
+    if (rdzv__buf_append(&c->pend, buf, n) < 0) {
+        client_close(c, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* Starts or stops the clock of request_timeout_s after a parse. */
+static void note_progress(client *c)
+{
+    if (c->closing)
+        return;
+    if (c->awaiting && c->pend.len > 0) {
+        if (c->partial_since_ms == 0)
+            c->partial_since_ms = uv_now(c->srv->loop) | 1; /* never 0 */
+    } else {
+        c->partial_since_ms = 0;
+    }
 }
 
 /* Runs the frames held in c->pend; returns the bytes consumed (> 0: progress). */
@@ -550,9 +631,11 @@ static ssize_t consume_pending(client *c)
     if (used > 0) {
         memmove(c->pend.data, c->pend.data + used, c->pend.len - (size_t)used);
         c->pend.len -= (size_t)used;
+        rdzv__conn_hold_input(&c->srv->store, &c->conn, c->pend.len); /* shrinking: no fail */
     }
     if (!c->closing && c->pend.len == 0 && c->pend.cap > READ_BUF_BYTES)
         rdzv__buf_free(&c->pend);
+    note_progress(c);
     return used;
 }
 
@@ -582,15 +665,14 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
     const uint8_t *data = (const uint8_t *)buf->base;
     size_t len = (size_t)nread;
+    c->last_read_ms = uv_now(srv->loop);
     if (c->pend.len == 0) {
         /* Fast path: parse straight from the shared buffer, keep only what is left over. */
         ssize_t used = process(c, data, len);
-        if (used >= 0 && (size_t)used < len &&
-            rdzv__buf_append(&c->pend, data + used, len - (size_t)used) < 0)
-            client_close(c, "out of memory");
-    } else if (rdzv__buf_append(&c->pend, data, len) < 0) {
-        client_close(c, "out of memory");
-    } else {
+        if (used >= 0 && (size_t)used < len)
+            keep(c, data + used, len - (size_t)used);
+        note_progress(c);
+    } else if (keep(c, data, len) == 0) {
         consume_pending(c);
     }
     flush_dirty(srv);
@@ -598,36 +680,118 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     unlock(srv);
 }
 
-static void accept_one(rdzv_server *srv, uv_stream_t *listener, int status);
+/* ---------------------------------------------------------------------------------------- */
+/* Accepting and refusing                                                                   */
+/* ---------------------------------------------------------------------------------------- */
 
-static void on_connection(uv_stream_t *listener, int status)
+#define REFUSE_LOG_MS 1000 /* at most one line a second about refused connections */
+#define ACCEPT_PAUSE_MS 100
+#define ACCEPT_BATCH 64 /* connections accepted per readiness callback, for fairness */
+
+static void refuse_timer_cb(uv_timer_t *t)
 {
-    rdzv_server *srv = listener->data;
+    rdzv_server *srv = t->data;
     lock(srv);
-    accept_one(srv, listener, status);
+    if (srv->refused_unlogged > 0) {
+        logf_(srv, srv->refuse_level, "refused %llu more connections in the last second: %s",
+              (unsigned long long)srv->refused_unlogged, srv->refuse_why);
+        srv->refused_unlogged = 0;
+        uv_timer_start(&srv->refuse_timer, refuse_timer_cb, REFUSE_LOG_MS, 0);
+    } else {
+        srv->refusing = false; /* the burst is over */
+    }
     unlock(srv);
 }
 
-static void accept_one(rdzv_server *srv, uv_stream_t *listener, int status)
+/*
+ * Counts one refused connection (when `count`) and logs it: the first refusal of a burst at
+ * once, later ones summed up in one line a second for as long as the burst lasts. Without
+ * `count` it only logs (accepting paused: nothing was refused yet).
+ */
+static void refusal(rdzv_server *srv, int level, const char *why, bool count)
 {
-    if (status < 0) {
-        /* EMFILE/ENFILE/ENOMEM: libuv already dropped the connection it could not accept. */
-        uint64_t now = uv_now(srv->loop);
-        srv->rejected++;
-        if (now - srv->last_accept_log_ms >= 1000 || srv->last_accept_log_ms == 0) {
-            srv->last_accept_log_ms = now;
-            logf_(srv, RDZV_LOG_ERROR, "cannot accept a connection: %s", uv_strerror(status));
+    srv->rejected += count;
+    srv->refuse_why = why;
+    srv->refuse_level = level;
+    if (srv->refusing) {
+        srv->refused_unlogged += count;
+        return;
+    }
+    logf_(srv, level,
+          "refusing connections: %s (refusals are counted in the status's \"rejected\" and "
+          "logged at most once a second)",
+          why);
+    srv->refusing = true;
+    srv->refused_unlogged = 0;
+    uv_timer_start(&srv->refuse_timer, refuse_timer_cb, REFUSE_LOG_MS, 0);
+}
+
+static void on_listen_ready(uv_poll_t *h, int status, int events);
+
+static void resume_cb(uv_timer_t *t)
+{
+    rdzv_server *srv = t->data;
+    lock(srv);
+    if (!srv->closing)
+        uv_poll_start(&srv->listener, UV_READABLE, on_listen_ready);
+    unlock(srv);
+}
+
+/* Stops accepting for ACCEPT_PAUSE_MS (rather than spin on a socket that stays readable). */
+static void pause_accepting(rdzv_server *srv)
+{
+    uv_poll_stop(&srv->listener);
+    uv_timer_start(&srv->resume_timer, resume_cb, ACCEPT_PAUSE_MS, 0);
+}
+
+/*
+ * Out of descriptors with connections waiting: frees the spare descriptor to accept one of them
+ * and close it at once, so that it is refused rather than left hanging, then takes the spare
+ * back. Returns true if a connection was refused so (the caller goes on accepting); false if
+ * none was waiting, or if there was no spare (accepting is then paused).
+ */
+static bool shed_one(rdzv_server *srv, int err)
+{
+    const char *why = err == EMFILE ? "too many open files (EMFILE)"
+                                    : "too many open files in the system (ENFILE)";
+    if (srv->spare_fd >= 0) {
+        close(srv->spare_fd);
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int aerr = errno;
+        if (fd >= 0)
+            close(fd);
+        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            refusal(srv, RDZV_LOG_ERROR, why, true);
+            return true;
         }
+        if (aerr == EAGAIN || aerr == EWOULDBLOCK)
+            return false;
+        /* Still out (another thread took the descriptor): pause below. */
+    }
+    refusal(srv, RDZV_LOG_ERROR, why, false);
+    pause_accepting(srv);
+    return false;
+}
+
+/* Takes an accepted socket into service, or refuses it. */
+static void admit(rdzv_server *srv, int fd)
+{
+    if (srv->nconns >= srv->max_connections) {
+        close(fd);
+        refusal(srv, RDZV_LOG_WARN, "connection limit reached (max_connections)", true);
         return;
     }
     client *c = calloc(1, sizeof(*c));
     if (!c) {
-        srv->rejected++;
+        close(fd);
+        refusal(srv, RDZV_LOG_ERROR, "out of memory", true);
         return;
     }
     c->srv = srv;
     rdzv__conn_init(&c->conn);
     rdzv__parser_init(&c->parser);
+    c->last_read_ms = uv_now(srv->loop);
     uv_tcp_init(srv->loop, &c->tcp);
     c->tcp.data = c;
     srv->open_handles++;
@@ -638,18 +802,14 @@ static void accept_one(rdzv_server *srv, uv_stream_t *listener, int status)
     srv->clients = c;
     srv->nconns++;
 
-    int rc = uv_accept(listener, (uv_stream_t *)&c->tcp);
+    int rc = uv_tcp_open(&c->tcp, fd);
     if (rc < 0) {
+        close(fd);
         srv->rejected++;
         client_close(c, NULL);
         return;
     }
-    if (srv->nconns > srv->opts.max_connections) {
-        srv->rejected++;
-        client_close(c, "connection limit reached");
-        return;
-    }
-    if (!admit(srv, c))
+    if (!admit_peer(srv, c))
         return;
     srv->accepted++;
     if (srv->opts.on_close)
@@ -663,6 +823,66 @@ static void accept_one(rdzv_server *srv, uv_stream_t *listener, int status)
     c->reading = true;
 }
 
+static void on_listen_ready(uv_poll_t *h, int status, int events)
+{
+    rdzv_server *srv = h->data;
+    (void)events;
+    lock(srv);
+    if (status < 0) {
+        logf_(srv, RDZV_LOG_ERROR, "cannot watch the listening socket: %s", uv_strerror(status));
+        unlock(srv);
+        return;
+    }
+    for (int i = 0; i < ACCEPT_BATCH && !srv->closing; i++) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            admit(srv, fd);
+            continue;
+        }
+        int err = errno;
+        if (err == EINTR || err == ECONNABORTED)
+            continue;
+        if (err == EAGAIN || err == EWOULDBLOCK)
+            break;
+        if ((err == EMFILE || err == ENFILE) && shed_one(srv, err))
+            continue;
+        if (err != EMFILE && err != ENFILE) {
+            /* ENOBUFS, ENOMEM and the like: say so (once per burst) and look again later. */
+            refusal(srv, RDZV_LOG_ERROR, "accept failed (out of memory or buffers)", false);
+            pause_accepting(srv);
+        }
+        break;
+    }
+    unlock(srv);
+}
+
+/*
+ * Closes connections past their timeouts: a request incomplete for request_timeout_s, or
+ * nothing received for idle_timeout_s by a connection that waits for nothing.
+ */
+static void sweep_cb(uv_timer_t *t)
+{
+    rdzv_server *srv = t->data;
+    char why[96];
+    lock(srv);
+    uint64_t now = uv_now(srv->loop);
+    uint64_t req_ms = (uint64_t)srv->opts.request_timeout_s * 1000;
+    uint64_t idle_ms = (uint64_t)srv->opts.idle_timeout_s * 1000;
+    for (client *c = srv->clients, *next; c; c = next) {
+        next = c->next;
+        if (req_ms && c->partial_since_ms && now - c->partial_since_ms >= req_ms) {
+            snprintf(why, sizeof(why), "request incomplete for %d s (request_timeout_s)",
+                     srv->opts.request_timeout_s);
+            client_close(c, why);
+        } else if (idle_ms && !c->conn.waits && !c->conn.watches &&
+                   now - c->last_read_ms >= idle_ms) {
+            snprintf(why, sizeof(why), "idle for %d s (idle_timeout_s)", srv->opts.idle_timeout_s);
+            client_close(c, why);
+        }
+    }
+    unlock(srv);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Status                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
@@ -674,14 +894,18 @@ static char *status_json(rdzv_server *srv)
     for (int i = 0; i < RDZV_OP_COUNT; i++)
         json_object_set_new(ops, rdzv__op_name((enum rdzv_op)i),
                             json_integer((json_int_t)st->ops[i]));
-    json_t *limits = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "max_key_bytes",
-                               (json_int_t)srv->opts.max_key_bytes, "max_value_bytes",
-                               (json_int_t)srv->opts.max_value_bytes, "max_keys_per_request",
-                               (json_int_t)srv->opts.max_keys_per_request, "max_request_bytes",
-                               (json_int_t)srv->opts.max_request_bytes, "max_total_bytes",
-                               (json_int_t)srv->opts.max_total_bytes, "max_connections",
-                               (json_int_t)srv->opts.max_connections, "max_pending_output",
-                               (json_int_t)srv->opts.max_pending_output);
+    json_t *limits = json_pack(
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i}", "max_key_bytes",
+        (json_int_t)srv->opts.max_key_bytes, "max_value_bytes",
+        (json_int_t)srv->opts.max_value_bytes, "max_keys_per_request",
+        (json_int_t)srv->opts.max_keys_per_request, "max_request_bytes",
+        (json_int_t)srv->opts.max_request_bytes, "max_total_bytes",
+        (json_int_t)srv->opts.max_total_bytes, "max_connections",
+        (json_int_t)srv->max_connections, "max_pending_output",
+        (json_int_t)srv->opts.max_pending_output, "max_conn_output",
+        (json_int_t)srv->opts.max_conn_output, "max_buffered_bytes",
+        (json_int_t)srv->opts.max_buffered_bytes, "idle_timeout_s", srv->opts.idle_timeout_s,
+        "request_timeout_s", srv->opts.request_timeout_s);
     json_t *o =
         json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:f, s:I, s:{s:I, s:I, s:I}, s:o}", "keys",
                   (json_int_t)st->nkeys, "bytes", (json_int_t)st->bytes, "connections",
@@ -695,7 +919,7 @@ static char *status_json(rdzv_server *srv)
         return NULL;
     size_t queued = 0; /* reply bytes not yet taken by the kernel, over all connections */
     for (client *c = srv->clients; c; c = c->next)
-        queued += c->conn.out.len + c->tcp.write_queue_size;
+        queued += c->conn.out_held;
     json_object_set_new(o, "output_queued_bytes", json_integer((json_int_t)queued));
     json_object_set_new(
         o, "security",
@@ -704,6 +928,8 @@ static char *status_json(rdzv_server *srv)
                   (json_int_t)srv->auth_failed, "refused_address", (json_int_t)srv->refused_address,
                   "refused_user", (json_int_t)srv->refused_user, "refused_private",
                   (json_int_t)srv->refused_private, "nodes", (json_int_t)srv->nodes.n));
+    json_object_set_new(o, "buffered_bytes", json_integer((json_int_t)st->buffered));
+    json_object_set_new(o, "memory", json_integer((json_int_t)st->memory));
     json_object_set_new(o, "protocol",
                         json_pack("{s:I, s:I}", "legacy", (json_int_t)srv->gens[RDZV_GEN_LEGACY],
                                   "modern", (json_int_t)srv->gens[RDZV_GEN_MODERN]));
@@ -769,6 +995,8 @@ static void server_free(rdzv_server *srv)
         uv_loop_close(&srv->own_loop);
     if (srv->lock_made)
         uv_mutex_destroy(&srv->lock);
+    if (srv->spare_fd >= 0)
+        close(srv->spare_fd);
     rdzv__store_destroy(&srv->store);
     if (srv->token)
         explicit_bzero(srv->token, strlen(srv->token));
@@ -789,6 +1017,9 @@ static void handle_closed(uv_handle_t *h)
 
 static void listener_closed(uv_handle_t *h)
 {
+    rdzv_server *srv = h->data;
+    close(srv->listen_fd); /* a uv_poll_t does not close its descriptor */
+    srv->listen_fd = -1;
     handle_closed(h);
 }
 
@@ -796,9 +1027,11 @@ static int check_options(const rdzv_server_options *o)
 {
     if (!o || (!o->host && o->listen_fd < 0) || o->port < 0 || o->port > 65535 || o->backlog < 1 ||
         o->keepalive_s < 0 || o->max_key_bytes < 1 || o->max_key_bytes > RDZV_MAX_KEY_LIMIT ||
-        o->max_value_bytes < 1 || o->max_keys_per_request < 1 || o->max_connections < 1 ||
-        o->max_pending_output < 1 || o->max_request_bytes < 16 ||
-        o->max_request_bytes > ((size_t)1 << 30) || (o->token && rdzv_token_check(o->token) < 0) ||
+        o->max_value_bytes < 1 || o->max_keys_per_request < 1 || o->max_pending_output < 1 ||
+        o->max_request_bytes < 16 || o->max_request_bytes > ((size_t)1 << 30) ||
+        o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->idle_timeout_s < 0 ||
+        o->request_timeout_s < 0 || o->idle_timeout_s > INT_MAX / 1000 ||
+        o->request_timeout_s > INT_MAX / 1000 || (o->token && rdzv_token_check(o->token) < 0) ||
         (o->nallow > 0 && !o->allow) || o->nallow > 4096)
         return -EINVAL;
     return 0;
@@ -853,6 +1086,11 @@ static int listen_socket(const rdzv_server_options *o, int *fd, int *port)
         if (rc < 0)
             return rc;
         *fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (*fd < 0 && errno == EAFNOSUPPORT && strcmp(o->host, "::") == 0) {
+            /* The IPv6 wildcard on a host without IPv6: IPv4's wildcard is what is left. */
+            resolve("0.0.0.0", o->port, &ss);
+            *fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        }
         if (*fd < 0)
             return -errno;
         rc = set_int_opt(*fd, SOL_SOCKET, SO_REUSEADDR, 1);
@@ -898,11 +1136,44 @@ static void server_discard(rdzv_server *srv)
     if (srv->open_handles > 0) {
         srv->closing = true;
         uv_close((uv_handle_t *)&srv->listener, listener_closed);
+        uv_close((uv_handle_t *)&srv->sweep, handle_closed);
+        uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
+        uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
         if (!srv->threaded)
             return; /* handle_closed() frees it */
         uv_run(srv->loop, UV_RUN_DEFAULT);
     }
     server_free(srv);
+}
+
+/* Counts the descriptors this process has open now (/proc/self/fd); 0 if it cannot tell. */
+static size_t open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    size_t n = 0;
+    if (!d)
+        return 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n > 0 ? n - 1 : 0; /* less opendir()'s own */
+}
+
+/*
+ * max_connections 0: what the descriptor limit leaves once the descriptors open now, 16 for the
+ * server itself (its loop, the listener, the spare, timers) and the host program's reserve are
+ * set aside; at least 1. Each connection takes one descriptor.
+ */
+static size_t derive_max_connections(size_t reserve)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur > (rlim_t)1 << 24)
+        rl.rlim_cur = (rlim_t)1 << 24;
+    size_t have = (size_t)rl.rlim_cur, taken = open_fds() + 16;
+    if (reserve >= have || taken >= have - reserve)
+        return 1;
+    return have - reserve - taken;
 }
 
 /*
@@ -922,6 +1193,8 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
         goto out;
     }
     srv = calloc(1, sizeof(*srv));
+    if (srv)
+        srv->listen_fd = srv->spare_fd = -1;
     if (!srv || (opts->host && !(srv->host = strdup(opts->host)))) {
         rc = -ENOMEM;
         goto out;
@@ -961,15 +1234,38 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     srv->loop = loop;
     srv->start_ms = uv_hrtime() / 1000000;
 
-    /* The handle adopts the ready socket; uv_listen() only starts watching it. */
-    if ((rc = uv_tcp_init(loop, &srv->listener)) < 0)
+    srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* -1: pause instead */
+    srv->max_connections =
+        opts->max_connections ? opts->max_connections : derive_max_connections(opts->fd_reserve);
+    srv->store.max_conn_output = opts->max_conn_output;
+    srv->store.max_buffered = opts->max_buffered_bytes;
+
+    /* A poll handle watches the ready socket (see the top of the file for why not
+     * uv_listen()). Its failure (-EEXIST: a descriptor the loop already watches) leaves no
+     * handle behind; after it nothing fails. */
+    if ((rc = uv_poll_init_socket(loop, &srv->listener, fd)) < 0)
         goto out;
+    srv->listen_fd = fd;
+    fd = -1; /* closed in listener_closed() */
     srv->listener.data = srv;
-    srv->open_handles = 1;
-    if ((rc = uv_tcp_open(&srv->listener, fd)) < 0)
-        goto out;
-    fd = -1; /* the handle's now: uv_close() closes it */
-    rc = uv_listen((uv_stream_t *)&srv->listener, opts->backlog, on_connection);
+    uv_timer_t *timers[] = {&srv->sweep, &srv->refuse_timer, &srv->resume_timer};
+    for (size_t i = 0; i < sizeof(timers) / sizeof(timers[0]); i++) {
+        uv_timer_init(loop, timers[i]);
+        timers[i]->data = srv;
+        uv_unref((uv_handle_t *)timers[i]); /* they never keep a loop alive on their own */
+    }
+    srv->open_handles = 4;
+    rc = uv_poll_start(&srv->listener, UV_READABLE, on_listen_ready);
+    int shortest = 0; /* seconds: the shortest timeout in force */
+    if (opts->request_timeout_s > 0)
+        shortest = opts->request_timeout_s;
+    if (opts->idle_timeout_s > 0 && (shortest == 0 || opts->idle_timeout_s < shortest))
+        shortest = opts->idle_timeout_s;
+    if (rc == 0 && shortest > 0) {
+        uint64_t every = (uint64_t)shortest * 250; /* a quarter of it, 100 ms to 1 s */
+        every = every < 100 ? 100 : every > 1000 ? 1000 : every;
+        uv_timer_start(&srv->sweep, sweep_cb, every, every);
+    }
 out:
     if (rc < 0) {
         if (fd >= 0)
@@ -978,11 +1274,13 @@ out:
         return rc;
     }
     if (opts->listen_fd >= 0)
-        logf_(srv, RDZV_LOG_INFO, "listening on fd %d, port %d", opts->listen_fd, srv->port);
+        logf_(srv, RDZV_LOG_INFO, "listening on fd %d, port %d (at most %zu connections)",
+              opts->listen_fd, srv->port, srv->max_connections);
     else
         logf_(srv, RDZV_LOG_INFO,
-              strchr(opts->host, ':') ? "listening on [%s]:%d" : "listening on %s:%d", opts->host,
-              srv->port);
+              strchr(opts->host, ':') ? "listening on [%s]:%d (at most %zu connections)"
+                                      : "listening on %s:%d (at most %zu connections)",
+              opts->host, srv->port, srv->max_connections);
     *out = srv;
     return 0;
 }
@@ -999,6 +1297,9 @@ static void begin_close(rdzv_server *srv)
     while (srv->clients)
         client_close(srv->clients, NULL);
     uv_close((uv_handle_t *)&srv->listener, listener_closed);
+    uv_close((uv_handle_t *)&srv->sweep, handle_closed);
+    uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
+    uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
 }
 
 void rdzv_server_close(rdzv_server *srv)

@@ -10,8 +10,13 @@
  *    sits on its entry's waiter list until the key appears (the node "fires") or the WAIT is
  *    cancelled; the WAIT is answered when its last node fires. A closing connection drops its
  *    own WAITs by walking its own list, never the whole table;
- *  - `bytes` counts every entry's key plus values and queued items, and never exceeds
- *    max_total_bytes after a request that was accepted.
+ *  - `bytes` counts every entry's key plus values and queued items; `memory` counts the same
+ *    plus an estimate of what each allocation costs beyond its bytes (allocator chunk
+ *    rounding, the entry struct and its share of the hash table, WAIT and watch records), and
+ *    never exceeds max_total_bytes after a request that was accepted. Without that estimate
+ *    3M empty keys would pass a 16 MiB cap while taking 450 MiB;
+ *  - `buffered` is the sum of out_held + in_held over all connections, and every connection
+ *    holding any is on the `holders` list (see store.h for the caps on them).
  *
  * No I/O here: replies are appended to the connections' output buffers.
  */
@@ -66,6 +71,51 @@ struct rdzv__entry {
     size_t klen;
     uint8_t key[];
 };
+
+/* ---------------------------------------------------------------------------------------- */
+/* Memory estimates                                                                         */
+/* ---------------------------------------------------------------------------------------- */
+
+/* What malloc(n) takes with glibc's allocator: n plus an 8-byte header, in 16-byte steps, at
+ * least 32. An estimate for other allocators, close enough for a cap. */
+static size_t chunk(size_t n)
+{
+    size_t c = (n + 8 + 15) & ~(size_t)15;
+    return c < 32 ? 32 : c;
+}
+
+/* An entry: its struct and key in one allocation, plus up to two hash-table slots (the table
+ * doubles when it is full). */
+static size_t entry_cost(size_t klen)
+{
+    return chunk(sizeof(rdzv__entry) + klen) + 2 * sizeof(rdzv__entry *);
+}
+
+static size_t value_cost(size_t n)
+{
+    return chunk(n ? n : 1);
+}
+
+static size_t qitem_cost(size_t n)
+{
+    return chunk(sizeof(rdzv__qitem) + n);
+}
+
+static size_t wait_cost(size_t nodes)
+{
+    return chunk(sizeof(rdzv__wait) + nodes * sizeof(rdzv__wnode));
+}
+
+static size_t watch_cost(void)
+{
+    return chunk(sizeof(rdzv__watch));
+}
+
+/* True if `more` bytes more of memory fit under the cap. */
+static bool fits(const rdzv__store *s, size_t more)
+{
+    return more <= s->max_total_bytes && s->memory <= s->max_total_bytes - more;
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Buffers                                                                                  */
@@ -136,16 +186,139 @@ rdzv__conn *rdzv__store_pop_dirty(rdzv__store *s)
     return c;
 }
 
+/* Records that `c` must be closed (the first reason wins) and puts it on the dirty list. */
+static int fail_conn(rdzv__store *s, rdzv__conn *c, int err, const char *why)
+{
+    if (!c->error) {
+        c->error = err;
+        c->why = why;
+    }
+    mark_dirty(s, c);
+    return c->error;
+}
+
+static void held_link(rdzv__store *s, rdzv__conn *c)
+{
+    if (c->holding)
+        return;
+    c->holding = true;
+    c->held_prev = NULL;
+    c->held_next = s->holders;
+    if (s->holders)
+        s->holders->held_prev = c;
+    s->holders = c;
+}
+
+static void held_unlink(rdzv__store *s, rdzv__conn *c)
+{
+    if (!c->holding)
+        return;
+    if (c->held_prev)
+        c->held_prev->held_next = c->held_next;
+    else
+        s->holders = c->held_next;
+    if (c->held_next)
+        c->held_next->held_prev = c->held_prev;
+    c->holding = false;
+    c->held_prev = c->held_next = NULL;
+}
+
+/* Writes off everything `c` holds (it is failing or closing) and frees its unsent replies. */
+static void drop_held(rdzv__store *s, rdzv__conn *c)
+{
+    s->buffered -= c->out_held + c->in_held;
+    c->out_held = c->in_held = 0;
+    held_unlink(s, c);
+    rdzv__buf_free(&c->out);
+}
+
+static const char why_conn_output[] = "its unsent replies would exceed max_conn_output";
+static const char why_buffered[] =
+    "the server's buffers for all clients are full (max_buffered_bytes) and this connection "
+    "holds the most";
+
+/*
+ * Makes room for `n` more bytes held for `c` (`in` says whether they are input or output):
+ * returns 0, or fails `c` and returns -ENOBUFS. Over max_buffered, the connection holding the
+ * most goes first, which is `c` when it would hold the most itself; so a client that floods
+ * the server loses its own connections before a well-behaved one loses anything.
+ */
+static int make_room(rdzv__store *s, rdzv__conn *c, size_t n, bool in)
+{
+    if (c->error)
+        return c->error;
+    if (!in && (n > s->max_conn_output || c->out_held > s->max_conn_output - n))
+        return fail_conn(s, c, -ENOBUFS, why_conn_output);
+    while (n > s->max_buffered || s->buffered > s->max_buffered - n) {
+        size_t mine = c->out_held + c->in_held + n;
+        rdzv__conn *worst = NULL;
+        for (rdzv__conn *h = s->holders; h; h = h->held_next)
+            if (h != c && (!worst || h->out_held + h->in_held > worst->out_held + worst->in_held))
+                worst = h;
+        if (!worst || worst->out_held + worst->in_held <= mine) {
+            fail_conn(s, c, -ENOBUFS, why_buffered);
+            drop_held(s, c);
+            return -ENOBUFS;
+        }
+        fail_conn(s, worst, -ENOBUFS, why_buffered);
+        drop_held(s, worst);
+    }
+    return 0;
+}
+
+/* Charges n reply bytes to `c`; on failure `c` is failed (it will be closed). */
+static int charge(rdzv__store *s, rdzv__conn *c, size_t n)
+{
+    int rc = make_room(s, c, n, false);
+    if (rc < 0)
+        return rc;
+    c->out_held += n;
+    s->buffered += n;
+    if (n)
+        held_link(s, c);
+    return 0;
+}
+
+void rdzv__conn_sent(rdzv__store *s, rdzv__conn *c, size_t n)
+{
+    if (n > c->out_held) /* written off already: the connection is failing */
+        n = c->out_held;
+    c->out_held -= n;
+    s->buffered -= n;
+    if (c->out_held == 0 && c->in_held == 0)
+        held_unlink(s, c);
+}
+
+int rdzv__conn_hold_input(rdzv__store *s, rdzv__conn *c, size_t n)
+{
+    if (n > c->in_held) {
+        int rc = make_room(s, c, n - c->in_held, true);
+        if (rc < 0)
+            return rc;
+        s->buffered += n - c->in_held;
+        held_link(s, c);
+    } else {
+        s->buffered -= c->in_held - n;
+    }
+    c->in_held = n;
+    if (c->out_held == 0 && c->in_held == 0)
+        held_unlink(s, c);
+    return 0;
+}
+
 /* Appends raw bytes for `c`. A failure is recorded on `c` (it will be closed) and returned. */
 static int reply(rdzv__store *s, rdzv__conn *c, const void *p, size_t n)
 {
     mark_dirty(s, c);
     if (c->error)
         return c->error;
-    int rc = rdzv__buf_append(&c->out, p, n);
+    int rc = charge(s, c, n);
     if (rc < 0)
-        c->error = rc;
-    return rc;
+        return rc;
+    rc = rdzv__buf_append(&c->out, p, n);
+    if (rc < 0)
+        return fail_conn(s, c, rc, NULL);
+    return 0;
 }
 
 static int reply_u8(rdzv__store *s, rdzv__conn *c, uint8_t v)
@@ -161,14 +334,20 @@ static int reply_i64(rdzv__store *s, rdzv__conn *c, int64_t v)
 int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n)
 {
     uint64_t len = n;
-    int rc = rdzv__buf_reserve(&c->out, 8 + n);
-    if (rc < 0) {
-        c->error = rc;
-        mark_dirty(s, c);
+    mark_dirty(s, c);
+    if (c->error)
+        return c->error;
+    /* Charge and reserve the whole vector first, so that a refusal queues none of it. */
+    int rc = charge(s, c, 8 + n);
+    if (rc < 0)
         return rc;
-    }
-    reply(s, c, &len, 8);
-    return reply(s, c, p, n);
+    if ((rc = rdzv__buf_reserve(&c->out, 8 + n)) < 0)
+        return fail_conn(s, c, rc, NULL);
+    memcpy(c->out.data + c->out.len, &len, 8);
+    if (n)
+        memcpy(c->out.data + c->out.len + 8, p, n);
+    c->out.len += 8 + n;
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -259,7 +438,7 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     rdzv__entry *e = find(s, key, klen, h);
     if (e)
         return e;
-    if (s->bytes + klen > s->max_total_bytes) {
+    if (!fits(s, entry_cost(klen))) {
         *err = -ENOSPC;
         return NULL;
     }
@@ -275,6 +454,7 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     s->buckets[h & (s->nbuckets - 1)] = e;
     s->nentries++;
     s->bytes += klen;
+    s->memory += entry_cost(klen);
     if (s->nentries > s->nbuckets)
         grow(s);
     return e;
@@ -291,6 +471,7 @@ static void maybe_free(rdzv__store *s, rdzv__entry *e)
     *pp = e->hnext;
     s->nentries--;
     s->bytes -= e->klen;
+    s->memory -= entry_cost(e->klen);
     free(e);
 }
 
@@ -337,6 +518,7 @@ static void fire(rdzv__store *s, rdzv__wnode *n)
     if (--w->remaining == 0) {
         reply_u8(s, w->conn, RDZV_WAIT_STOP_WAITING);
         unlink_wait(w);
+        s->memory -= wait_cost(w->n);
         free(w);
     }
 }
@@ -395,6 +577,7 @@ static void cancel_waits(rdzv__store *s, rdzv__conn *c)
             s->nwaiters--;
             maybe_free(s, e);
         }
+        s->memory -= wait_cost(w->n);
         free(w);
     }
     c->waits = NULL;
@@ -424,7 +607,8 @@ static void notify(rdzv__store *s, rdzv__entry *e, uint8_t type, const uint8_t *
 static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
 {
     size_t old = e->present ? e->vlen : 0;
-    if (s->bytes - old + n > s->max_total_bytes) {
+    size_t old_cost = e->present ? value_cost(old) : 0;
+    if (value_cost(n) > old_cost && !fits(s, value_cost(n) - old_cost)) {
         free(buf);
         return -ENOSPC;
     }
@@ -435,6 +619,7 @@ static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
     if (!e->present)
         s->nkeys++;
     s->bytes = s->bytes - old + n;
+    s->memory = s->memory - old_cost + value_cost(n);
     e->val = buf;
     e->vlen = n;
     e->present = true;
@@ -577,6 +762,7 @@ static int do_append(rdzv__store *s, const rdzv__request *r)
 static void drop_value(rdzv__store *s, rdzv__entry *e)
 {
     s->bytes -= e->vlen;
+    s->memory -= value_cost(e->vlen);
     s->nkeys--;
     free(e->val);
     e->val = NULL;
@@ -649,9 +835,12 @@ static int do_barrier(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         return err;
     if (count >= r->i64)
         return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
+    if (!fits(s, wait_cost(1)))
+        return -ENOSPC;
     rdzv__wait *w = calloc(1, sizeof(*w) + sizeof(rdzv__wnode));
     if (!w)
         return -ENOMEM;
+    s->memory += wait_cost(1);
     w->conn = c;
     w->threshold = r->i64;
     w->remaining = 1;
@@ -673,9 +862,13 @@ static int do_wait(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     if (missing == 0)
         return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
 
+    /* The record is charged before the names it creates, so that both fit under the cap. */
+    if (!fits(s, wait_cost(missing)))
+        return -ENOSPC;
     rdzv__wait *w = calloc(1, sizeof(*w) + missing * sizeof(rdzv__wnode));
     if (!w)
         return -ENOMEM;
+    s->memory += wait_cost(missing);
     w->conn = c;
     w->remaining = missing;
     w->n = 0;
@@ -692,6 +885,7 @@ static int do_wait(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
                 s->nwaiters--;
                 maybe_free(s, ej);
             }
+            s->memory -= wait_cost(missing);
             free(w);
             return err;
         }
@@ -708,11 +902,12 @@ static int do_watch(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
     if (!e)
         return err;
-    rdzv__watch *w = calloc(1, sizeof(*w));
+    rdzv__watch *w = fits(s, watch_cost()) ? calloc(1, sizeof(*w)) : NULL;
     if (!w) {
         maybe_free(s, e);
-        return -ENOMEM;
+        return fits(s, watch_cost()) ? -ENOMEM : -ENOSPC;
     }
+    s->memory += watch_cost();
     w->conn = c;
     w->e = e;
     w->enext = e->watchers;
@@ -732,7 +927,7 @@ static int do_queue_push(rdzv__store *s, const rdzv__request *r)
     if (!e)
         return err;
     rdzv__qitem *q = NULL;
-    if (s->bytes + r->val_len > s->max_total_bytes)
+    if (!fits(s, qitem_cost(r->val_len)))
         err = -ENOSPC;
     else if (!(q = malloc(sizeof(*q) + r->val_len)))
         err = -ENOMEM;
@@ -751,6 +946,7 @@ static int do_queue_push(rdzv__store *s, const rdzv__request *r)
     e->qtail = q;
     e->qlen++;
     s->bytes += q->n;
+    s->memory += qitem_cost(q->n);
     wake_one(s, e);
     return 0;
 }
@@ -768,6 +964,7 @@ static int do_queue_pop(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         e->qtail = NULL;
     e->qlen--;
     s->bytes -= q->n;
+    s->memory -= qitem_cost(q->n);
     rc = rdzv__reply_vec(s, c, q->data, q->n);
     free(q);
     maybe_free(s, e);
@@ -782,6 +979,28 @@ static int do_list_keys(rdzv__store *s, rdzv__conn *c)
             if (e->present)
                 rc = rdzv__reply_vec(s, c, e->key, e->klen);
     return rc;
+}
+
+/*
+ * MULTI_GET may name one large value many times: 1000 names of a 1 MiB value make a 1 GiB
+ * reply from 12 KB of request. Its reply size is summed before any of it is built, and a reply
+ * that could not be queued is refused whole.
+ */
+static int multi_get_room(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
+{
+    const uint8_t *cur = r->items, *k;
+    size_t kl, total = 0;
+    for (uint64_t i = 0; i < r->count; i++) {
+        rdzv__next_str(&cur, &k, &kl);
+        rdzv__entry *e = lookup(s, k, kl);
+        size_t n = 8 + (e && e->present ? e->vlen : 0);
+        total = n > SIZE_MAX - total ? SIZE_MAX : total + n;
+    }
+    if (c->error)
+        return c->error;
+    if (total > s->max_conn_output || c->out_held > s->max_conn_output - total)
+        return fail_conn(s, c, -ENOBUFS, why_conn_output);
+    return 0;
 }
 
 int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
@@ -816,6 +1035,8 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     case RDZV_OP_APPEND:
         return do_append(s, r);
     case RDZV_OP_MULTI_GET:
+        if ((rc = multi_get_room(s, c, r)) < 0)
+            return rc;
         cur = r->items;
         for (uint64_t i = 0; i < r->count && rc == 0; i++) {
             rdzv__next_str(&cur, &k, &kl);
@@ -878,6 +1099,7 @@ size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len)
             for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
                 qn = q->next;
                 s->bytes -= q->n;
+                s->memory -= qitem_cost(q->n);
                 free(q);
             }
             e->qhead = e->qtail = NULL;
@@ -901,6 +1123,8 @@ int rdzv__store_init(rdzv__store *s, size_t max_total_bytes)
     if (!s->buckets)
         return -ENOMEM;
     s->max_total_bytes = max_total_bytes;
+    s->max_conn_output = SIZE_MAX;
+    s->max_buffered = SIZE_MAX;
     if (getrandom(s->seed, sizeof(s->seed), GRND_NONBLOCK) != (ssize_t)sizeof(s->seed)) {
         /* No entropy yet (early boot): fall back to something that still differs per run. */
         struct timespec ts;
@@ -947,6 +1171,7 @@ void rdzv__conn_release(rdzv__store *s, rdzv__conn *c)
         if (w->enext)
             w->enext->eprev = w->eprev;
         s->nwatches--;
+        s->memory -= watch_cost();
         free(w);
         maybe_free(s, e);
     }
@@ -960,5 +1185,5 @@ void rdzv__conn_release(rdzv__store *s, rdzv__conn *c)
             c->dirty_next->dirty_prev = c->dirty_prev;
         c->dirty = false;
     }
-    rdzv__buf_free(&c->out);
+    drop_held(s, c);
 }

@@ -38,7 +38,14 @@ typedef struct rdzv__conn {
     rdzv__watch *watches; /* legacy WATCH_KEY registrations */
     struct rdzv__conn *dirty_prev, *dirty_next;
     bool dirty;
-    int error; /* set when a reply could not be queued: close this connection */
+    int error;       /* set when a reply could not be queued: close this connection */
+    const char *why; /* with `error`: a static reason for the log line, or NULL */
+    /* Bytes held on this connection's behalf and counted against the store's buffer caps:
+     * replies queued and not yet reported sent (rdzv__conn_sent()), and the partly received
+     * request the server keeps (rdzv__conn_hold_input()). */
+    size_t out_held, in_held;
+    struct rdzv__conn *held_prev, *held_next; /* on the store's list while holding any */
+    bool holding;
 } rdzv__conn;
 
 typedef struct rdzv__store {
@@ -47,15 +54,22 @@ typedef struct rdzv__store {
     size_t nentries; /* hash entries (keys, queues, or names with waiters) */
     size_t nkeys;    /* keys holding a value */
     size_t bytes;    /* key + value bytes of stored keys, plus queued items */
+    size_t memory;   /* what max_total_bytes caps: `bytes` plus the estimated memory of every
+                        entry, value, queued item, WAIT and watch record beyond its bytes */
     size_t nwaiters; /* keys awaited by pending WAITs, over all connections */
     size_t nwatches;
     size_t max_total_bytes;
+    size_t max_conn_output; /* out_held one connection may reach (SIZE_MAX: no cap) */
+    size_t max_buffered;    /* out_held + in_held of all connections together (SIZE_MAX) */
+    size_t buffered;        /* out_held + in_held of all connections */
+    rdzv__conn *holders;    /* connections holding any buffered bytes */
     uint64_t seed[2]; /* SipHash key, random per store */
     uint64_t ops[RDZV_OP_COUNT];
     rdzv__conn *dirty; /* connections with output to send */
 } rdzv__store;
 
-/* Initialises an empty store. Returns 0 or -ENOMEM. */
+/* Initialises an empty store, with no cap on buffered bytes (set max_conn_output and
+ * max_buffered afterwards). Returns 0 or -ENOMEM. */
 int rdzv__store_init(rdzv__store *s, size_t max_total_bytes);
 
 /* Frees every key, queue and wait. Connections must have been released first. */
@@ -67,6 +81,21 @@ void rdzv__conn_init(rdzv__conn *c);
  * list and frees its output buffer. */
 void rdzv__conn_release(rdzv__store *s, rdzv__conn *c);
 
+/*
+ * Buffer accounting. Every reply byte the store queues for a connection is charged to it
+ * (out_held) and to the store (buffered); the server reports bytes the kernel took with
+ * rdzv__conn_sent() and the size of the partial request it keeps with rdzv__conn_hold_input().
+ * A connection that would go over max_conn_output gets error -ENOBUFS. When `buffered` would
+ * go over max_buffered, the connection holding the most (the one asking included) is failed
+ * with -ENOBUFS and its bytes written off, until the new bytes fit: a failed connection is put
+ * on the dirty list so that the server closes it. Its `why` says which cap it hit.
+ */
+void rdzv__conn_sent(rdzv__store *s, rdzv__conn *c, size_t n);
+
+/* Sets the partial-request bytes the server holds for `c` to n. Returns 0, or -ENOBUFS when
+ * `c` itself must be closed (other connections may have been failed to make room). */
+int rdzv__conn_hold_input(rdzv__store *s, rdzv__conn *c, size_t n);
+
 /* Returned by rdzv__store_exec for a STATUS request: the server builds and appends the reply. */
 #define RDZV__EXEC_STATUS 1
 /* Returned for AUTH_HELLO and AUTH_PROOF: the server runs the handshake (auth.h). */
@@ -75,9 +104,9 @@ void rdzv__conn_release(rdzv__store *s, rdzv__conn *c);
 /*
  * Executes one request from connection `c`. Replies (to `c`, and STOP_WAITING or watch
  * notifications to other connections) are appended to output buffers. Returns 0, or
- * RDZV__EXEC_STATUS, RDZV__EXEC_AUTH, or a negative errno meaning that `c` must be closed: -ENOSPC (the total
- * size cap would be exceeded), -EINVAL (ADD on a value that is not a decimal integer),
- * -ENOMEM.
+ * RDZV__EXEC_STATUS, RDZV__EXEC_AUTH, or a negative errno meaning that `c` must be closed:
+ * -ENOSPC (the total size cap would be exceeded), -ENOBUFS (its replies would exceed a buffer
+ * cap), -EINVAL (ADD on a value that is not a decimal integer), -ENOMEM.
  */
 int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *req);
 

@@ -8,6 +8,8 @@
  * As on a server with a token, AUTH_HELLO and AUTH_PROOF run the handshake's server steps
  * (auth.h), and a request naming a private key on a connection that did not authenticate
  * closes it instead of running.
+ * The buffer caps are small, so that connections are failed for their replies and partial
+ * requests and the biggest holder is evicted; queued output is "sent" after every other chunk.
  *
  * Build: meson setup build-fuzz -Dfuzz=true (with CC=clang); run build-fuzz/tests/fuzz_parse.
  */
@@ -16,6 +18,7 @@
 #include "store.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +65,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     conn_state cs[NCONN];
     if (rdzv__store_init(&st, 1 << 16) < 0)
         return 0;
+    st.max_conn_output = 3000;
+    st.max_buffered = 6000;
     for (int i = 0; i < NCONN; i++) {
         memset(&cs[i], 0, sizeof(cs[i]));
         rdzv__conn_init(&cs[i].conn);
@@ -76,6 +81,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             n = size - off;
         if (n == 0)
             break;
+        if (rdzv__conn_hold_input(&st, &c->conn, c->pend.len + n) < 0) {
+            reopen(&st, c);
+            off += n;
+            continue;
+        }
         rdzv__buf_append(&c->pend, data + off, n);
         off += n;
         size_t used = 0;
@@ -94,11 +104,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (used) {
             memmove(c->pend.data, c->pend.data + used, c->pend.len - used);
             c->pend.len -= used;
+            rdzv__conn_hold_input(&st, &c->conn, c->pend.len);
         }
-        /* "Send" everything queued, as the server does after each read. */
+        /* Close the connections the store failed; "send" what the others have queued. */
         rdzv__conn *d;
-        while ((d = rdzv__store_pop_dirty(&st)))
-            d->out.len = 0;
+        while ((d = rdzv__store_pop_dirty(&st))) {
+            conn_state *dc = (conn_state *)((char *)d - offsetof(conn_state, conn));
+            if (d->error)
+                reopen(&st, dc);
+            else if (off & 1) {
+                rdzv__conn_sent(&st, d, d->out.len);
+                d->out.len = 0;
+            }
+        }
     }
     for (int i = 0; i < NCONN; i++) {
         rdzv__conn_release(&st, &cs[i].conn);
@@ -106,7 +124,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* Invariants after every connection is gone: no waiters, no watches, and byte
      * accounting consistent with an empty store once every key is deleted. */
-    if (st.nwaiters != 0 || st.nwatches != 0)
+    if (st.nwaiters != 0 || st.nwatches != 0 || st.buffered != 0 || st.holders)
+        abort();
+    static const uint8_t none[300]; /* longer than any key: every key is cleared */
+    rdzv__store_clear(&st, none, sizeof(none));
+    if (st.nentries != 0 || st.bytes != 0 || st.memory != 0)
         abort();
     rdzv__store_destroy(&st);
     return 0;

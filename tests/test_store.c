@@ -637,6 +637,7 @@ START_TEST(many_keys)
     frame fr = {0};
     char k[32];
     fake_init(&a, RDZV_GEN_MODERN);
+    st.max_total_bytes = 64 << 20; /* 20000 keys take ~4 MiB with their overhead counted */
     for (int i = 0; i < 20000; i++) {
         snprintf(k, sizeof(k), "key/%d", i);
         op_set(&fr, k, k);

@@ -1,0 +1,763 @@
+/*
+ * The server's caps on what clients make it hold, and its refusals, tried the way an attacker
+ * would: one MULTI_GET naming a large value a thousand times, legacy WATCH notifications to a
+ * client that never reads, many connections pipelining GETs of a large value, WAITs naming one
+ * key 128K times, half-sent requests on many connections, millions of empty keys, requests that
+ * never finish and connections that never speak, a connection flood in a process out of
+ * descriptors, and a connection cap derived from the descriptor limit.
+ *
+ * The server runs in a child process (forked while this process has no threads), so that its
+ * memory can be measured (VmRSS from /proc/PID/statm) and its descriptor limit lowered; its log
+ * lines come back through a pipe. Each test checks that the offending connection is closed,
+ * that another client is still served, and that the server's resident memory stays bounded; it
+ * prints the figures it measured.
+ */
+#include "frames.h"
+#include "proto.h"
+#include "rdzv.h"
+
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MiB (1 << 20)
+
+/* AddressSanitizer keeps freed memory in quarantine (256 MiB by default), which makes the
+ * server's resident size say nothing about what it holds: the RSS bounds are checked in
+ * ordinary builds only. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RSS_CHECKED 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RSS_CHECKED 0
+#endif
+#endif
+#ifndef RSS_CHECKED
+#define RSS_CHECKED 1
+#endif
+#define ck_assert_rss_grew_less(grew, limit)                                                       \
+    do {                                                                                           \
+        if (RSS_CHECKED)                                                                           \
+            ck_assert_double_lt(grew, limit);                                                      \
+    } while (0)
+
+/* ---- the server process ---- */
+
+static pid_t srv_pid = -1;
+static int srv_port, srv_ctl = -1, srv_log = -1;
+static char log_text[1 << 16];
+static size_t log_len;
+
+static void child_log(void *arg, int level, const char *msg)
+{
+    (void)level;
+    char line[600];
+    int n = snprintf(line, sizeof(line), "%s\n", msg);
+    if (write(*(int *)arg, line, (size_t)n) < 0)
+        return;
+}
+
+/* Starts a server with `o` in a child process whose descriptor limit is `nofile` (0: as is). */
+static void server_start(rdzv_server_options *o, rlim_t nofile)
+{
+    int up[2], down[2], logp[2];
+    ck_assert_int_eq(pipe(up), 0);
+    ck_assert_int_eq(pipe(down), 0);
+    ck_assert_int_eq(pipe2(logp, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(up[0]);
+        close(down[1]);
+        close(logp[0]);
+        if (nofile) {
+            struct rlimit rl = {nofile, nofile};
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        o->log = child_log;
+        o->log_arg = &logp[1];
+        rdzv_server *srv = NULL;
+        int p = rdzv_server_start(o, &srv) == 0 ? rdzv_server_port(srv) : -1;
+        if (write(up[1], &p, sizeof p) != (ssize_t)sizeof p)
+            _exit(1);
+        char c;
+        while (read(down[0], &c, 1) > 0)
+            ;
+        rdzv_server_stop(srv);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    close(logp[1]);
+    ck_assert_int_eq(read(up[0], &srv_port, sizeof srv_port), (ssize_t)sizeof srv_port);
+    close(up[0]);
+    ck_assert_int_gt(srv_port, 0);
+    srv_pid = pid;
+    srv_ctl = down[1];
+    srv_log = logp[0];
+    fcntl(srv_log, F_SETFL, O_NONBLOCK);
+    log_len = 0;
+    log_text[0] = 0;
+}
+
+static void teardown(void)
+{
+    if (srv_pid > 0) {
+        close(srv_ctl);
+        waitpid(srv_pid, NULL, 0);
+        close(srv_log);
+    }
+    srv_pid = -1;
+}
+
+/* Collects what the server logged so far. */
+static const char *server_log(void)
+{
+    ssize_t k;
+    while (log_len < sizeof(log_text) - 1 &&
+           (k = read(srv_log, log_text + log_len, sizeof(log_text) - 1 - log_len)) > 0)
+        log_len += (size_t)k;
+    log_text[log_len] = 0;
+    return log_text;
+}
+
+static int count_lines(const char *needle)
+{
+    int n = 0;
+    for (const char *p = server_log(); (p = strstr(p, needle)); p++)
+        n++;
+    return n;
+}
+
+/* Polls the log (bounded, 10 s) for a line containing `needle`. */
+static bool log_shows(const char *needle)
+{
+    for (int i = 0; i < 2000; i++) {
+        if (strstr(server_log(), needle))
+            return true;
+        poll(NULL, 0, 5);
+    }
+    return false;
+}
+
+/* The server process's resident memory, in MiB. */
+static double server_rss_mib(void)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/statm", (int)srv_pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    long size = 0, rss = 0;
+    ck_assert_int_eq(fscanf(f, "%ld %ld", &size, &rss), 2);
+    fclose(f);
+    return (double)rss * (double)sysconf(_SC_PAGESIZE) / MiB;
+}
+
+static json_t *server_status(void)
+{
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", srv_port, NULL, &c), 0);
+    char *js = NULL;
+    ck_assert_int_eq(rdzv_status(c, &js), 0);
+    json_t *o = json_loads(js, 0, NULL);
+    ck_assert_ptr_nonnull(o);
+    rdzv_free(js);
+    rdzv_client_close(c);
+    return o;
+}
+
+static json_int_t status_int(const char *path1, const char *path2)
+{
+    json_t *o = server_status();
+    json_t *v = json_object_get(o, path1);
+    if (path2)
+        v = json_object_get(v, path2);
+    json_int_t n = json_integer_value(v);
+    json_decref(o);
+    return n;
+}
+
+/*
+ * Waits (bounded, 8 s) until the server has taken in what clients sent: its resident memory
+ * and `member` of its status stay the same over 300 ms. Returns that member.
+ */
+static json_int_t settle(const char *member)
+{
+    json_int_t v = -1, prev;
+    double rss = -1, prev_rss;
+    for (int i = 0, same = 0; i < 80 && same < 3; i++) {
+        prev = v;
+        prev_rss = rss;
+        poll(NULL, 0, 100);
+        v = status_int(member, NULL);
+        rss = server_rss_mib();
+        same = v == prev && rss == prev_rss ? same + 1 : 0;
+    }
+    return v;
+}
+
+/* ---- raw clients ---- */
+
+static int connect_raw(int port, int rcvbuf)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    if (rcvbuf > 0) /* before connecting, so that the window stays small */
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    struct timeval tv = {10, 0}; /* bound every read: a hang fails the test */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+static int modern(int port, int rcvbuf)
+{
+    int fd = connect_raw(port, rcvbuf);
+    frame f = {0};
+    fr_u8(&f, RDZV_M_VALIDATE);
+    fr_u32(&f, RDZV_VALIDATE_MAGIC);
+    ck_assert_int_eq(send(fd, f.data, f.len, MSG_NOSIGNAL), (ssize_t)f.len);
+    fr_free(&f);
+    return fd;
+}
+
+/* Sends all of f (stopping quietly if the server closes); returns the bytes sent. */
+static size_t send_frame(int fd, frame *f)
+{
+    size_t off = 0;
+    while (off < f->len) {
+        ssize_t k = send(fd, f->data + off, f->len - off, MSG_NOSIGNAL);
+        if (k <= 0)
+            break;
+        off += (size_t)k;
+    }
+    fr_reset(f);
+    return off;
+}
+
+/* Reads and discards until the server closes fd; false if it has not within 10 s or after
+ * `limit` bytes. */
+static bool closed_by_server(int fd, size_t limit)
+{
+    static char sink[1 << 16];
+    size_t got = 0;
+    for (;;) {
+        ssize_t k = recv(fd, sink, sizeof(sink), 0);
+        if (k == 0 || (k < 0 && errno == ECONNRESET))
+            return true;
+        if (k < 0)
+            return false; /* timeout */
+        got += (size_t)k;
+        if (got > limit)
+            return false;
+    }
+}
+
+/* A SET then a GET on a fresh connection (when the store has room): the server still serves. */
+static void still_serving_room(bool room)
+{
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", srv_port, NULL, &c), 0);
+    if (!room) { /* a full store refuses SETs: read a key the test stored */
+        void *v = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(rdzv_get(c, "k0000000", &v, &n), 0);
+        ck_assert_uint_eq(n, 0);
+        rdzv_free(v);
+        rdzv_client_close(c);
+        return;
+    }
+    ck_assert_int_eq(rdzv_set(c, "alive", "yes", 3), 0);
+    void *v = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(rdzv_get(c, "alive", &v, &n), 0);
+    ck_assert_uint_eq(n, 3);
+    rdzv_free(v);
+    rdzv_client_close(c);
+}
+
+static void still_serving(void)
+{
+    still_serving_room(true);
+}
+
+static void set_big(int fd, const char *key, size_t n)
+{
+    char *big = malloc(n);
+    memset(big, 'b', n);
+    frame f = {0};
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, key);
+    fr_bytes(&f, big, n);
+    size_t len = f.len;
+    ck_assert_uint_eq(send_frame(fd, &f), len);
+    fr_free(&f);
+    free(big);
+}
+
+/* ---- tests ---- */
+
+/* One MULTI_GET naming a 1 MiB value 1000 times: 12 KB of request, a 1 GiB reply. */
+START_TEST(multi_get_amplification)
+{
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_conn_output = 64 * MiB;
+    server_start(&o, 0);
+    double base = server_rss_mib();
+    int fd = modern(srv_port, 4096);
+    set_big(fd, "big", MiB);
+    frame f = {0};
+    fr_u8(&f, RDZV_M_MULTI_GET);
+    fr_u64(&f, 1000);
+    for (int i = 0; i < 1000; i++)
+        fr_str(&f, "big");
+    printf("multi_get: %zu bytes of request\n", f.len);
+    send_frame(fd, &f);
+    bool closed = closed_by_server(fd, 256 * MiB);
+    double rss = server_rss_mib();
+    printf("multi_get: server RSS %.1f MiB before, %.1f MiB after; closed: %d\n", base, rss,
+           closed);
+    ck_assert(closed);
+    ck_assert(log_shows("max_conn_output"));
+    ck_assert_rss_grew_less(rss - base, 80);
+    close(fd);
+    still_serving();
+    fr_free(&f);
+}
+END_TEST
+
+/* Legacy watch notifications to a client that never reads: each SET of a 1 MiB value queues
+ * 2 MiB (old and new value) for the watcher, whatever max_pending_output says. */
+START_TEST(watch_backlog)
+{
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_pending_output = 4 * MiB;
+    o.max_conn_output = 16 * MiB;
+    server_start(&o, 0);
+    double base = server_rss_mib();
+
+    int watcher = connect_raw(srv_port, 4096);
+    frame f = {0};
+    fr_u8(&f, RDZV_L_WATCH_KEY);
+    fr_str(&f, "w");
+    send_frame(watcher, &f);
+    uint8_t reg;
+    ck_assert_int_eq(recv(watcher, &reg, 1, MSG_WAITALL), 1);
+    ck_assert_int_eq(reg, RDZV_WATCH_CALLBACK_REGISTERED);
+
+    int setter = modern(srv_port, 0);
+    for (int i = 0; i < 100; i++)
+        set_big(setter, "w", MiB);
+    /* The setter's requests have all run once its PING is answered. */
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, 7);
+    send_frame(setter, &f);
+    uint32_t echo = 0;
+    ck_assert_int_eq(recv(setter, &echo, 4, MSG_WAITALL), 4);
+    ck_assert_uint_eq(echo, 7);
+    double rss = server_rss_mib();
+    json_int_t watchers = status_int("watchers", NULL);
+    printf("watch: 100 notifications of 2 MiB; server RSS %.1f MiB before, %.1f MiB after; "
+           "watchers left %lld\n",
+           base, rss, (long long)watchers);
+    ck_assert_int_eq(watchers, 0);
+    ck_assert(closed_by_server(watcher, 64 * MiB));
+    ck_assert(log_shows("max_conn_output"));
+    ck_assert_rss_grew_less(rss - base, 60);
+    close(watcher);
+    close(setter);
+    still_serving();
+    fr_free(&f);
+}
+END_TEST
+
+/* Many connections each pipeline GETs of a 1 MiB value and never read: each stays under
+ * max_pending_output, but together they would hold 40 x 5 MiB. */
+START_TEST(get_amplification)
+{
+    enum { HOGS = 40 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_pending_output = 4 * MiB;
+    o.max_buffered_bytes = 32 * MiB;
+    server_start(&o, 0);
+    double base = server_rss_mib();
+    int w = modern(srv_port, 0);
+    set_big(w, "big", MiB);
+    int hogs[HOGS];
+    frame f = {0};
+    /* The value is stored before any hog asks for it: a PING on the same connection after the
+     * SET is answered only once the SET has run. */
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, 3);
+    send_frame(w, &f);
+    uint32_t echo = 0;
+    ck_assert_int_eq(recv(w, &echo, 4, MSG_WAITALL), 4);
+    for (int h = 0; h < HOGS; h++) {
+        hogs[h] = modern(srv_port, 4096);
+        for (int i = 0; i < 16; i++) {
+            fr_u8(&f, RDZV_M_GET);
+            fr_str(&f, "big");
+        }
+        send_frame(hogs[h], &f);
+    }
+    json_int_t buffered = settle("output_queued_bytes");
+    double rss = server_rss_mib();
+    json_int_t closed = HOGS + 1 - (status_int("connections", NULL) - 1);
+    printf("get: %d connections x 16 GETs of 1 MiB; replies queued %lld bytes; server RSS %.1f MiB "
+           "before, %.1f MiB after; %lld connections closed\n",
+           HOGS, (long long)buffered, base, rss, (long long)closed);
+    ck_assert_int_le(buffered, 32 * MiB);
+    ck_assert_int_gt(closed, 0);
+    ck_assert(log_shows("max_buffered_bytes"));
+    /* Reply buffers grow by doubling and the allocator keeps freed memory: up to about twice
+     * the cap, against 40 x 5 MiB and more without it. */
+    ck_assert_rss_grew_less(rss - base, 96);
+    still_serving();
+    for (int h = 0; h < HOGS; h++)
+        close(hogs[h]);
+    close(w);
+    fr_free(&f);
+}
+END_TEST
+
+/* WAITs naming one missing key 128K times, pipelined: 4 MiB of records per 1.1 MiB WAIT. */
+START_TEST(wait_records)
+{
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_total_bytes = 16 * MiB;
+    server_start(&o, 0);
+    double base = server_rss_mib();
+    int fd = modern(srv_port, 0);
+    frame f = {0};
+    size_t sent = 0;
+    for (int w = 0; w < 40; w++) {
+        fr_u8(&f, RDZV_M_WAIT);
+        fr_u64(&f, 128 << 10);
+        for (int i = 0; i < (128 << 10); i++)
+            fr_str(&f, "x");
+        size_t len = f.len;
+        if (send_frame(fd, &f) < len)
+            break;
+        sent++;
+    }
+    bool closed = closed_by_server(fd, 0);
+    double rss = server_rss_mib();
+    json_int_t waiters = status_int("waiters", NULL);
+    printf("wait: %zu WAITs of 128K names sent; server RSS %.1f MiB before, %.1f MiB after; "
+           "waiters left %lld; closed: %d\n",
+           sent, base, rss, (long long)waiters, closed);
+    ck_assert(closed);
+    ck_assert_int_eq(waiters, 0);
+    ck_assert(log_shows("size limit"));
+    ck_assert_rss_grew_less(rss - base, 60);
+    close(fd);
+    still_serving();
+    fr_free(&f);
+}
+END_TEST
+
+/* Connections that each send half of a 16 MiB SET and stop. */
+START_TEST(partial_requests)
+{
+    enum { N = 24 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_value_bytes = 16 * MiB;
+    o.max_buffered_bytes = 32 * MiB;
+    server_start(&o, 0);
+    double base = server_rss_mib();
+    char *half = malloc(8 * MiB);
+    memset(half, 'h', 8 * MiB);
+    int fds[N];
+    frame f = {0};
+    for (int i = 0; i < N; i++) {
+        fds[i] = modern(srv_port, 0);
+        fr_u8(&f, RDZV_M_SET);
+        fr_str(&f, "half");
+        fr_u64(&f, 16 * MiB);
+        fr_raw(&f, half, 8 * MiB);
+        send_frame(fds[i], &f);
+    }
+    settle("connections");
+    json_int_t buffered = status_int("buffered_bytes", NULL);
+    double rss = server_rss_mib();
+    json_int_t conns = status_int("connections", NULL) - 1;
+    printf("partial: %d connections x 8 MiB of a 16 MiB SET; buffered %lld bytes; server RSS "
+           "%.1f MiB before, %.1f MiB after; %lld of them still open\n",
+           N, (long long)buffered, base, rss, (long long)conns);
+    ck_assert_int_le(buffered, 32 * MiB);
+    ck_assert_int_lt(conns, N);
+    ck_assert(log_shows("max_buffered_bytes"));
+    ck_assert_rss_grew_less(rss - base, 100);
+    still_serving();
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    free(half);
+    fr_free(&f);
+}
+END_TEST
+
+/* Empty keys until the 16 MiB cap refuses: each costs ~150 bytes that were not counted. */
+START_TEST(per_key_overhead)
+{
+    enum { BATCH = 10000, MAX_KEYS = 1000000 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_total_bytes = 16 * MiB;
+    server_start(&o, 0);
+    double base = server_rss_mib();
+    int fd = modern(srv_port, 0);
+    frame f = {0};
+    char k[32];
+    int sent = 0;
+    for (; sent < MAX_KEYS; sent += BATCH) {
+        fr_u8(&f, RDZV_M_MULTI_SET);
+        fr_u64(&f, BATCH);
+        for (int i = 0; i < BATCH; i++) {
+            snprintf(k, sizeof(k), "k%07d", sent + i);
+            fr_str(&f, k);
+            fr_bytes(&f, "", 0);
+        }
+        size_t len = f.len;
+        if (send_frame(fd, &f) < len)
+            break;
+    }
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, 1);
+    send_frame(fd, &f);
+    bool closed = closed_by_server(fd, 4);
+    double rss = server_rss_mib();
+    json_int_t keys = status_int("keys", NULL), memory = status_int("memory", NULL);
+    printf("keys: %d empty keys sent; %lld stored (memory %lld bytes); server RSS %.1f MiB "
+           "before, %.1f MiB after; closed: %d\n",
+           sent, (long long)keys, (long long)memory, base, rss, closed);
+    ck_assert(closed);
+    ck_assert_int_le(memory, 16 * MiB);
+    ck_assert_rss_grew_less(rss - base, 40);
+    close(fd);
+    still_serving_room(false);
+    fr_free(&f);
+}
+END_TEST
+
+/* A request that never completes is closed after request_timeout_s; a silent connection after
+ * idle_timeout_s, unless it waits for something. */
+START_TEST(timeouts)
+{
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.request_timeout_s = 1;
+    o.idle_timeout_s = 2;
+    server_start(&o, 0);
+    int half = modern(srv_port, 0);
+    frame f = {0};
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, "k");
+    fr_u64(&f, 10);
+    fr_raw(&f, "12345", 5); /* 5 of 10 value bytes */
+    send_frame(half, &f);
+    int idle = modern(srv_port, 0);
+    int waiting = modern(srv_port, 0);
+    fr_u8(&f, RDZV_M_WAIT);
+    fr_u64(&f, 1);
+    fr_str(&f, "never");
+    send_frame(waiting, &f);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert(closed_by_server(half, 0));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double half_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert(closed_by_server(idle, 0));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double idle_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    printf("timeouts: half-sent request closed after %.2f s, idle connection after %.2f s\n",
+           half_s, idle_s);
+    ck_assert_double_ge(half_s, 0.9);
+    ck_assert_double_lt(half_s, 3);
+    ck_assert_double_ge(idle_s, 1.9);
+    ck_assert_double_lt(idle_s, 4);
+    ck_assert(log_shows("request_timeout_s"));
+    ck_assert(log_shows("idle_timeout_s"));
+    /* The waiting connection is still there: its WAIT is answered. */
+    still_serving();
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", srv_port, NULL, &c), 0);
+    ck_assert_int_eq(rdzv_set(c, "never", "now", 3), 0);
+    rdzv_client_close(c);
+    uint8_t r = 9;
+    ck_assert_int_eq(recv(waiting, &r, 1, MSG_WAITALL), 1);
+    ck_assert_int_eq(r, RDZV_WAIT_STOP_WAITING);
+    close(half);
+    close(idle);
+    close(waiting);
+    fr_free(&f);
+}
+END_TEST
+
+/* Connects n sockets, waiting (bounded) for each handshake; returns how many connected. */
+static int flood(int *fds, int n)
+{
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        fds[i] = connect_raw(srv_port, 0);
+        ok++;
+    }
+    return ok;
+}
+
+/* Sends VALIDATE + PING on each socket and counts the ones answered. */
+static int count_served(const int *fds, int n)
+{
+    int served = 0;
+    for (int i = 0; i < n; i++) {
+        frame f = {0};
+        fr_u8(&f, RDZV_M_VALIDATE);
+        fr_u32(&f, RDZV_VALIDATE_MAGIC);
+        fr_u8(&f, RDZV_M_PING);
+        fr_u32(&f, 9);
+        send(fds[i], f.data, f.len, MSG_NOSIGNAL);
+        fr_free(&f);
+        struct timeval tv = {0, 300000};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        uint32_t echo;
+        served += recv(fds[i], &echo, 4, MSG_WAITALL) == 4;
+    }
+    return served;
+}
+
+/* Retries a fresh STATUS (bounded) until the server has noticed closed connections. */
+static json_int_t rejected_after_closes(void)
+{
+    for (int i = 0; i < 300; i++) {
+        int fd = modern(srv_port, 0);
+        frame f = {0};
+        fr_u8(&f, RDZV_M_STATUS);
+        send(fd, f.data, f.len, MSG_NOSIGNAL);
+        fr_free(&f);
+        struct timeval tv = {0, 200000};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        uint64_t n;
+        static char js[8192];
+        if (recv(fd, &n, 8, MSG_WAITALL) == 8 && n < sizeof(js) &&
+            recv(fd, js, n, MSG_WAITALL) == (ssize_t)n) {
+            js[n] = 0;
+            close(fd);
+            json_t *o = json_loads(js, 0, NULL);
+            json_int_t r =
+                json_integer_value(json_object_get(json_object_get(o, "connections_total"),
+                                                   "rejected"));
+            json_decref(o);
+            return r;
+        }
+        close(fd);
+        poll(NULL, 0, 10);
+    }
+    ck_abort_msg("the server never answered STATUS again");
+    return -1;
+}
+
+/* Out of descriptors: the connections the server cannot take are refused, counted in
+ * `rejected` and logged once per burst; the server keeps serving. */
+START_TEST(emfile_refusals_counted)
+{
+    enum { N = 100 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_connections = 65536; /* not derived from the limit: run out of descriptors */
+    server_start(&o, 32);
+    int fds[N];
+    flood(fds, N);
+    int served = count_served(fds, N);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    json_int_t rejected = rejected_after_closes();
+    int lines = count_lines("too many open files");
+    printf("emfile: %d connections, %d served, %lld rejected, %d log lines\n", N, served,
+           (long long)rejected, lines);
+    ck_assert_int_gt(served, 0);
+    ck_assert_int_lt(served, N);
+    ck_assert_int_ge(rejected, N - served - 2); /* a couple may be caught mid-handshake */
+    ck_assert_int_ge(lines, 1);
+    ck_assert_int_le(lines, 4);
+    still_serving();
+}
+END_TEST
+
+/* max_connections 0: the cap comes from the descriptor limit, less fd_reserve; a flood is
+ * refused there (logged once per burst), and the process keeps descriptors to spare. */
+START_TEST(derived_connection_cap)
+{
+    enum { N = 150 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.fd_reserve = 40;
+    server_start(&o, 128);
+    json_int_t cap = status_int("limits", "max_connections");
+    printf("derived cap with RLIMIT_NOFILE 128 and fd_reserve 40: %lld\n", (long long)cap);
+    ck_assert_int_gt(cap, 20);
+    ck_assert_int_le(cap, 128 - 40 - 16);
+    int fds[N];
+    flood(fds, N);
+    int served = count_served(fds, N);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    json_int_t rejected = rejected_after_closes();
+    int lines = count_lines("connection limit");
+    printf("flood: %d connections, %d served, %lld rejected, %d log lines, none for want of "
+           "descriptors: %d\n",
+           N, served, (long long)rejected, lines, !strstr(server_log(), "too many open files"));
+    ck_assert_int_le(served, cap);
+    ck_assert_int_ge(served, cap - 2); /* the status connection may not be reaped yet */
+    ck_assert_int_ge(rejected, N - cap);
+    ck_assert_int_ge(lines, 1);
+    ck_assert_int_le(lines, 4);
+    ck_assert(!strstr(server_log(), "too many open files"));
+    still_serving();
+}
+END_TEST
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    setvbuf(stdout, NULL, _IONBF, 0); /* the figures also when a check fails */
+    Suite *s = suite_create("caps");
+    TCase *tc = tcase_create("caps");
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, multi_get_amplification);
+    tcase_add_test(tc, watch_backlog);
+    tcase_add_test(tc, get_amplification);
+    tcase_add_test(tc, wait_records);
+    tcase_add_test(tc, partial_requests);
+    tcase_add_test(tc, per_key_overhead);
+    tcase_add_test(tc, timeouts);
+    tcase_add_test(tc, emfile_refusals_counted);
+    tcase_add_test(tc, derived_connection_cap);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
