@@ -626,6 +626,9 @@ START_TEST(test_conn_records)
     rdzv_client *n0 = client(), *n1 = client(), *host = client();
     ck_assert_int_eq(ddprun_rdzv_publish_conn(n0, PREFIX, 4, 0), 0);
     ck_assert_int_eq(ddprun_rdzv_publish_conn(n1, PREFIX, 4, 1), 0);
+    /* SET has no reply: a round trip on each publisher's connection makes its record visible. */
+    ck_assert_int_eq(rdzv_ping(n0), 0);
+    ck_assert_int_eq(rdzv_ping(n1), 0);
     char h[64];
     int p0 = 0, p1 = 0, ph = 0;
     ck_assert_int_eq(rdzv_client_local_endpoint(n0, h, sizeof h, &p0), 0);
