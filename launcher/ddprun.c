@@ -37,6 +37,7 @@
 #include "rdzv_internal.h"
 
 #include <assert.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
@@ -71,14 +72,37 @@
 /* A console that took no output for STALL_MS (TICK_MS after a signal) is stalled: at the end of
  * a round and at exit, ddprun stops waiting for it. At exit a failure report gets EXIT_WAIT_MS
  * to be sent. Each console queues CONSOLE_LIMIT bytes before the workers writing to it wait;
- * lines are assembled up to LINE_MAX_BYTES, longer ones go out in pieces. */
+ * lines are assembled up to LINE_MAX_BYTES, longer ones go out in pieces; an unfinished line
+ * goes out once it has waited PARTIAL_MS for its newline. */
 #define TICK_MS 500
 #define STALL_MS 2000
 #define EXIT_WAIT_MS 1000
 #define CONSOLE_LIMIT (1u << 20)
 #define LINE_MAX_BYTES (1u << 20)
+#define PARTIAL_MS 50
 
 extern char **environ;
+
+/*
+ * The time of ddprun's own messages and of its failure summary: local wall-clock time to the
+ * millisecond, "2026-11-24 21:03:04.123", the format of the summary's time column.
+ */
+static double wall_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void format_time(double t, char *buf, size_t n)
+{
+    time_t sec = (time_t)t;
+    struct tm tm;
+    localtime_r(&sec, &tm);
+    size_t k = strftime(buf, n, "%Y-%m-%d %H:%M:%S", &tm);
+    int ms = (int)((t - (double)sec) * 1000);
+    snprintf(buf + k, n - k, ".%03d", ms < 0 ? 0 : ms > 999 ? 999 : ms);
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Worker guard                                                                             */
@@ -344,7 +368,9 @@ static int shim_main(int argc, char **argv)
     pid_t guard = getpid();
     guard_state g = {.worker = vfork()};
     if (g.worker < 0) {
-        fprintf(stderr, PROG ": cannot start '%s': %s\n", argv[3], strerror(errno));
+        char when[32];
+        format_time(wall_now_s(), when, sizeof(when));
+        fprintf(stderr, "[%s] " PROG ": cannot start '%s': %s\n", when, argv[3], strerror(errno));
         return 127;
     }
     if (g.worker == 0) {
@@ -356,8 +382,12 @@ static int shim_main(int argc, char **argv)
         exec_errno = errno;
         _exit(errno == ENOENT ? 127 : 126);
     }
-    if (exec_errno)
-        fprintf(stderr, PROG ": cannot execute '%s': %s\n", argv[3], strerror(exec_errno));
+    if (exec_errno) {
+        char when[32];
+        format_time(wall_now_s(), when, sizeof(when));
+        fprintf(stderr, "[%s] " PROG ": cannot execute '%s': %s\n", when, argv[3],
+                strerror(exec_errno));
+    }
     char pid[16];
     int pl = snprintf(pid, sizeof(pid), "%d", (int)g.worker);
     if (ftruncate(3, 0) != 0 || pwrite(3, pid, (size_t)pl, 0) != pl) {
@@ -405,28 +435,37 @@ static int shim_main(int argc, char **argv)
 /* Agent state                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
-/* A line assembler for one output stream of one worker. */
+/*
+ * A line assembler for one output stream of one worker (see relay()). `col0` and `after_cr` are
+ * where the stream's console output stands: at the start of a line (its prefix is due before
+ * the next byte) and just after a carriage return.
+ */
 typedef struct stream {
     struct worker *w;
     uv_pipe_t pipe;
-    int which; /* DDPRUN_STD_OUT or DDPRUN_STD_ERR */
-    int file;  /* log file fd, -1 if none */
+    uv_timer_t partial_timer; /* flushes a partial line that waited PARTIAL_MS */
+    int which;                /* DDPRUN_STD_OUT or DDPRUN_STD_ERR */
+    int file;                 /* log file fd, -1 if none */
     bool console;
-    char *line; /* bytes of an unfinished line */
+    char *line; /* bytes not yet relayed: an unfinished line */
     size_t len, cap;
     bool open;
+    int closing; /* handles (pipe, timer) whose close callback is still due */
     bool paused; /* reading stopped: its console is over its limit (back-pressure) */
+    bool col0, after_cr;
 } stream;
 
 typedef struct worker {
     struct agent *a;
     int local_rank, rank;
+    char prefix[256]; /* of its console lines (--log-line-prefix-template); "": none */
     uv_process_t proc;
     stream out, err;
     pid_t pid;        /* the guard's: ddprun signals it */
     pid_t worker_pid; /* the program's, as the guard reported it (0: unknown) */
     int envfd;        /* memfd shared with the guard (environment in, worker pid out); -1 */
     bool running;
+    bool exited_unstopped; /* had exited already when ddprun began stopping the workers */
     char error_file[PATH_MAX];
     uint64_t last_output_ms;   /* uv_now() at spawn or at its last output (--hung-timeout) */
     uint64_t stopped_since_ms; /* uv_now() when first seen stopped (state T), 0 if not */
@@ -480,7 +519,9 @@ typedef struct agent {
     int restart_count;      /* TORCHELASTIC_RESTART_COUNT: failures restarted so far */
     int round;              /* rendezvous round: restarts and membership changes */
     bool membership_change; /* this round ends to admit nodes waiting to join */
-    char tmpdir[PATH_MAX];  /* per-run directory of the workers' error files */
+    char logdir[PATH_MAX];  /* this run's directory of worker files (setup_log_dir()); "": none */
+    bool keep_logs;         /* log files were asked for: logdir must exist, and is kept */
+    char tmpbase[PATH_MAX]; /* a temporary directory to remove at exit; "": none */
 
     worker *workers;
     int nworkers, nrunning;
@@ -493,6 +534,7 @@ typedef struct agent {
     int drain_ticks;          /* its ticks (TICK_MS) since the last worker exited */
     int drain_idle;           /* of which the last ones without console progress */
     ddprun_console *con[3];   /* [1] standard output, [2] standard error */
+    stream *partial[3];       /* per console: the stream whose bytes there end mid-line */
     agent_state state;
     bool stop_for_signal;
     int signal_seen;       /* the terminating signal that stopped the job, if any */
@@ -556,11 +598,16 @@ static void emit_line(const char *line, size_t n)
         ddprun_console_post(err_console, line, n);
 }
 
-/* Formats one line (the newline is added) and emits it, with "ddprun: " in front if `tag`. */
+/*
+ * Formats one line (the newline is added) and emits it, with "[<time>] ddprun: " in front if
+ * `tag` (format_time()).
+ */
 static void vemit(bool tag, const char *fmt, va_list ap)
 {
-    char line[2048];
-    size_t k = tag ? (size_t)snprintf(line, sizeof(line), PROG ": ") : 0;
+    char line[2048], when[32] = "";
+    if (tag)
+        format_time(wall_now_s(), when, sizeof(when));
+    size_t k = tag ? (size_t)snprintf(line, sizeof(line), "[%s] " PROG ": ", when) : 0;
     int n = vsnprintf(line + k, sizeof(line) - k - 1, fmt, ap);
     if (n < 0)
         return;
@@ -688,49 +735,73 @@ static envb worker_env(agent *a, worker *w)
 /* Output relay                                                                             */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Expands the prefix template (${rank}, ${local_rank}, ${role_name}) for one worker. */
+/*
+ * Expands the prefix template for one worker as torchrun's string.Template.safe_substitute() does:
+ * ${name} and $name for role_name, rank and local_rank, and (ddprun's own) hostname; "$$" is
+ * "$"; anything else stays as written.
+ */
 static void line_prefix(const agent *a, const worker *w, char *out, size_t n)
 {
     const char *t =
         a->cfg->log_line_prefix_template ? a->cfg->log_line_prefix_template : "[${rank}]:";
     size_t o = 0;
     while (*t && o + 1 < n) {
-        char val[64];
-        const char *sub = NULL;
-        size_t skip = 0;
-        if (!strncmp(t, "${rank}", 7)) {
-            snprintf(val, sizeof(val), "%d", w->rank);
-            sub = val, skip = 7;
-        } else if (!strncmp(t, "${local_rank}", 13)) {
-            snprintf(val, sizeof(val), "%d", w->local_rank);
-            sub = val, skip = 13;
-        } else if (!strncmp(t, "${role_name}", 12)) {
-            sub = a->cfg->role, skip = 12;
+        if (t[0] == '$' && t[1] == '$') {
+            out[o++] = '$';
+            t += 2;
+            continue;
         }
-        if (sub) {
-            o += (size_t)snprintf(out + o, n - o, "%s", sub);
-            if (o >= n)
-                o = n - 1;
-            t += skip;
-        } else {
-            out[o++] = *t++;
+        if (t[0] == '$') {
+            bool braced = t[1] == '{';
+            const char *name = t + 1 + braced;
+            size_t len = 0;
+            if (isalpha((unsigned char)name[0]) || name[0] == '_')
+                while (isalnum((unsigned char)name[len]) || name[len] == '_')
+                    len++;
+            char val[64];
+            const char *sub = NULL;
+#define IS(key) (len == sizeof(key) - 1 && !strncmp(name, key, len))
+            if (IS("rank"))
+                snprintf(val, sizeof(val), "%d", w->rank), sub = val;
+            else if (IS("local_rank"))
+                snprintf(val, sizeof(val), "%d", w->local_rank), sub = val;
+            else if (IS("role_name"))
+                sub = a->cfg->role;
+            else if (IS("hostname"))
+                sub = a->hostname;
+#undef IS
+            if (sub && (!braced || name[len] == '}')) {
+                o += (size_t)snprintf(out + o, n - o, "%s", sub);
+                if (o >= n)
+                    o = n - 1;
+                t = name + len + braced;
+                continue;
+            }
         }
+        out[o++] = *t++;
     }
     out[o] = '\0';
 }
 
-static void write_all(int fd, const char *p, size_t n)
+/* Writes all `n` bytes; returns 0, or -errno with *done set to the bytes written before. */
+static int write_all(int fd, const char *p, size_t n, size_t *done)
 {
+    size_t k0 = n;
     while (n) {
         ssize_t k = write(fd, p, n);
         if (k < 0) {
             if (errno == EINTR)
                 continue;
-            return;
+            if (done)
+                *done = k0 - n;
+            return -errno;
         }
         p += k;
         n -= (size_t)k;
     }
+    if (done)
+        *done = k0;
+    return 0;
 }
 
 /* Stops reading a worker's pipe while its console is over its limit: the worker waits. */
@@ -768,51 +839,78 @@ static void stderr_drained(void *arg)
 }
 
 /*
- * Queues the complete lines of `s` (and, at EOF, the rest) for the console with the prefix, in
- * one write so that lines of different workers never interleave. Over the console's limit,
- * reading this worker's pipe stops until the console drains.
+ * Queues the first `n` bytes held for stream `s` for its console, in one write so that they
+ * never interleave with another worker's, and drops them from the stream's buffer. Every line
+ * starts with the worker's prefix, and so does every stretch after a carriage return (a
+ * progress bar's redraw: "\r[0]: 40%|####"), except a "\n" that ends "\r\n"; the prefix goes
+ * out with the line's first byte, so a line flushed in parts (a partial line, then the rest)
+ * carries it once. When the console's last bytes are another worker's unfinished line, a
+ * newline ends that line first (with a prefix on; that worker's next bytes then start a line of
+ * their own). Over the console's limit, reading this worker's pipe stops until it drains.
  */
-static void relay_lines(stream *s, bool eof)
+static void relay(stream *s, size_t n)
 {
-    agent *a = s->w->a;
-    ddprun_console *con = a->con[s->which == DDPRUN_STD_OUT ? 1 : 2];
-    char prefix[256] = "";
-    if (a->cfg->prefix_output)
-        line_prefix(a, s->w, prefix, sizeof(prefix));
-    size_t pl = strlen(prefix), nlines = 0, end = 0;
-    for (size_t i = 0; i < s->len; i++)
-        if (s->line[i] == '\n')
-            nlines++, end = i + 1;
-    bool tail = eof && end < s->len;
-    if (nlines == 0 && !tail)
+    if (n == 0)
         return;
-    size_t total = end + (nlines + tail) * pl + (tail ? s->len - end + 1 : 0);
+    agent *a = s->w->a;
+    int c = s->which == DDPRUN_STD_OUT ? 1 : 2;
+    const char *prefix = a->cfg->prefix_output ? s->w->prefix : "";
+    size_t pl = strlen(prefix), starts = 1;
+    for (size_t i = 0; i < n; i++)
+        starts += s->line[i] == '\n' || s->line[i] == '\r';
+    size_t total = 1 + n + starts * pl;
     char stackbuf[8192];
     char *buf = total <= sizeof(stackbuf) ? stackbuf : malloc(total);
-    if (buf) {
-        size_t o = 0, start = 0;
-        for (size_t i = 0; i < end; i++) {
-            if (s->line[i] != '\n')
-                continue;
-            memcpy(buf + o, prefix, pl);
-            memcpy(buf + o + pl, s->line + start, i + 1 - start);
-            o += pl + i + 1 - start;
-            start = i + 1;
-        }
-        if (tail) {
-            memcpy(buf + o, prefix, pl);
-            memcpy(buf + o + pl, s->line + end, s->len - end);
-            o += pl + s->len - end;
-            buf[o++] = '\n';
-        }
-        if (ddprun_console_write(con, buf, o) == 1)
-            stream_pause(s);
-        if (buf != stackbuf)
-            free(buf);
+    if (!buf)
+        die_oom();
+    size_t o = 0;
+    stream *other = a->partial[c];
+    if (pl && other && other != s) {
+        buf[o++] = '\n';
+        other->col0 = true;
+        other->after_cr = false;
     }
-    size_t used = tail ? s->len : end;
-    memmove(s->line, s->line + used, s->len - used);
-    s->len -= used;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s->line[i];
+        if (s->col0 && ch != '\r' && !(ch == '\n' && s->after_cr)) {
+            memcpy(buf + o, prefix, pl);
+            o += pl;
+            s->col0 = false;
+        }
+        buf[o++] = ch;
+        s->col0 = ch == '\n' || ch == '\r';
+        s->after_cr = ch == '\r';
+    }
+    a->partial[c] = buf[o - 1] == '\n' ? NULL : s;
+    if (ddprun_console_write(a->con[c], buf, o) == 1)
+        stream_pause(s);
+    if (buf != stackbuf)
+        free(buf);
+    memmove(s->line, s->line + n, s->len - n);
+    s->len -= n;
+}
+
+/* A partial line waited PARTIAL_MS for its newline: out with it (a prompt, a progress bar). */
+static void partial_timer_cb(uv_timer_t *t)
+{
+    stream *s = t->data;
+    relay(s, s->len);
+}
+
+/*
+ * Relays the complete lines held for `s`, and arms its timer for what is left: an unfinished
+ * line goes out PARTIAL_MS after its first byte arrived unless its newline comes first.
+ */
+static void relay_lines(stream *s)
+{
+    size_t end = s->len;
+    while (end > 0 && s->line[end - 1] != '\n')
+        end--;
+    relay(s, end);
+    if (s->len == 0)
+        uv_timer_stop(&s->partial_timer);
+    else if (end > 0 || !uv_is_active((uv_handle_t *)&s->partial_timer))
+        uv_timer_start(&s->partial_timer, partial_timer_cb, PARTIAL_MS, 0);
 }
 
 static void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -837,6 +935,8 @@ static void maybe_round_over(struct agent *a);
 static void stream_closed(uv_handle_t *h)
 {
     stream *s = h->data;
+    if (--s->closing > 0)
+        return;
     free(s->line);
     s->line = NULL;
     s->len = s->cap = 0;
@@ -844,18 +944,42 @@ static void stream_closed(uv_handle_t *h)
     maybe_round_over(s->w->a);
 }
 
+/* At the end of a stream: what is held goes out, and a line it left unfinished is ended. */
 static void stream_close(stream *s)
 {
     if (!s->open)
         return;
-    if (s->console)
-        relay_lines(s, true);
+    if (s->console) {
+        relay(s, s->len);
+        agent *a = s->w->a;
+        int c = s->which == DDPRUN_STD_OUT ? 1 : 2;
+        if (a->partial[c] == s) {
+            ddprun_console_write(a->con[c], "\n", 1);
+            a->partial[c] = NULL;
+        }
+    }
     s->len = 0;
     if (s->file >= 0)
         close(s->file);
     s->file = -1;
     s->open = false;
+    s->closing = 2;
+    uv_close((uv_handle_t *)&s->partial_timer, stream_closed);
     uv_close((uv_handle_t *)&s->pipe, stream_closed);
+}
+
+/* The log file of `s` cannot be written: say so, and send the rest to the console instead. */
+static void log_write_failed(stream *s, int err)
+{
+    worker *w = s->w;
+    agent *a = w->a;
+    say("rank %d: cannot write %s/attempt_%d/%d/%s: %s; the rest of its output goes to the "
+        "console",
+        w->rank, a->logdir, a->restart_count, w->local_rank,
+        s->which == DDPRUN_STD_OUT ? "stdout.log" : "stderr.log", strerror(-err));
+    close(s->file);
+    s->file = -1;
+    s->console = true;
 }
 
 static void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
@@ -863,20 +987,29 @@ static void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     stream *s = st->data;
     (void)buf;
     if (nread > 0) {
+        size_t n = (size_t)nread;
         s->w->last_output_ms = uv_now(s->w->a->loop);
         /* Bytes go to the log file as they arrive: no tail thread, no lag. */
-        if (s->file >= 0)
-            write_all(s->file, s->line + s->len, (size_t)nread);
-        s->len += (size_t)nread;
-        if (s->console)
-            relay_lines(s, false);
-        else
-            s->len = 0;
-        if (s->len == s->cap) { /* a line longer than the buffer: pass it on as it is */
-            if (s->console)
-                relay_lines(s, true);
-            s->len = 0;
+        if (s->file >= 0) {
+            size_t done;
+            bool console = s->console;
+            int rc = write_all(s->file, s->line + s->len, n, &done);
+            if (rc < 0) {
+                log_write_failed(s, rc);
+                if (!console) { /* what the file did not take goes to the console */
+                    memmove(s->line + s->len, s->line + s->len + done, n - done);
+                    n -= done;
+                }
+            }
         }
+        s->len += n;
+        if (!s->console) {
+            s->len = 0;
+            return;
+        }
+        if (s->len == s->cap) /* a line longer than the buffer: pass it on as it is */
+            relay(s, s->len);
+        relay_lines(s);
         return;
     }
     if (nread < 0)
@@ -924,12 +1057,6 @@ static void add_failure(agent *a, const ddprun_failure *f)
     a->failures[a->nfailures++] = *f;
 }
 
-static int cmp_failure(const void *x, const void *y)
-{
-    const ddprun_failure *a = x, *b = y;
-    return a->time < b->time ? -1 : a->time > b->time;
-}
-
 static void describe_exit(int code, char *buf, size_t n)
 {
     if (code >= 0)
@@ -938,30 +1065,64 @@ static void describe_exit(int code, char *buf, size_t n)
         snprintf(buf, n, "signal %d (%s)", -code, sigabbrev_np(-code) ? sigabbrev_np(-code) : "?");
 }
 
-/* Prints the failure table, the root cause (earliest failure) first. */
-static void print_summary(agent *a)
+/*
+ * Prints the failure table under the line `title` (what happens next): every failure of the
+ * round, local or reported by another node, the root cause (the earliest failure of its own)
+ * first and marked "root", the failures that came with the teardown (teardown) last.
+ */
+static void print_summary(agent *a, const char *title)
 {
-    if (a->nfailures == 0)
+    if (a->nfailures == 0) {
+        say("%s", title);
         return;
-    qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
+    }
+    qsort(a->failures, a->nfailures, sizeof(ddprun_failure), ddprun_failure_cmp);
     emit("%s", "============================================================");
-    emit(PROG ": job failed (attempt %d of %d)", a->restart_count, a->cfg->max_restarts + 1);
+    say("%s", title);
     emit("%-8s %-23s %-16s %5s %5s %-18s %8s  %s", "", "time", "node", "rank", "local", "exit",
          "pid", "message");
+    bool teardown = false;
     for (size_t i = 0; i < a->nfailures; i++) {
         const ddprun_failure *f = &a->failures[i];
         char when[32], how[48];
-        time_t t = (time_t)f->time;
-        struct tm tm;
-        localtime_r(&t, &tm);
-        strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
-        snprintf(when + strlen(when), sizeof(when) - strlen(when), ".%03d",
-                 (int)((f->time - (double)t) * 1000));
+        format_time(f->time, when, sizeof(when));
         describe_exit(f->exit_code, how, sizeof(how));
-        emit("%-8s %-23s %-16s %5d %5d %-18s %8d  %s", i == 0 ? "root" : "", when, f->node, f->rank,
-             f->local_rank, how, f->pid, f->message);
+        teardown |= f->teardown;
+        const char *mark = i == 0 ? "root" : f->teardown ? "teardown" : "";
+        emit("%-8s %-23s %-16s %5d %5d %-18s %8d  %s", mark, when, f->node, f->rank, f->local_rank,
+             how, f->pid, f->message);
     }
+    if (teardown)
+        emit("(teardown: ended after " PROG " had begun stopping the workers)");
     emit("%s", "============================================================");
+}
+
+/*
+ * The node's job succeeded; after a restart, says so, since the summaries before it said that
+ * the worker group had failed.
+ */
+static void job_succeeded(agent *a)
+{
+    if (a->restart_count > 0)
+        say("job succeeded after %d restart%s", a->restart_count, a->restart_count == 1 ? "" : "s");
+}
+
+/* The summary of a job that failed for good (nothing when a signal stopped it and nothing
+ * failed: the line saying so follows). */
+static void print_final_summary(agent *a)
+{
+    if (a->nfailures == 0 && a->stop_for_signal)
+        return;
+    char title[128];
+    if (a->stop_for_signal)
+        snprintf(title, sizeof(title), "job failed; no restart after SIG%s",
+                 sigabbrev_np(a->signal_seen));
+    else if (a->cfg->max_restarts > 0)
+        snprintf(title, sizeof(title), "job failed: no restart left (%d of %d used)",
+                 a->restart_count, a->cfg->max_restarts);
+    else
+        snprintf(title, sizeof(title), "job failed");
+    print_summary(a, title);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -977,22 +1138,62 @@ static void signal_workers(agent *a, int sig)
             kill(a->workers[i].pid, sig == SIGKILL ? GUARD_KILL_SIG : sig);
 }
 
+static pid_t worker_program_pid(worker *w);
+
+/*
+ * Lists the workers still running as "rank 1 (pid 4242), rank 2 (pid 4243)", for the lines that
+ * say whom ddprun signals; returns how many. A worker whose guard has exited already (a zombie
+ * that libuv reaps in a moment) is not running any more: it is left out, and marked as having
+ * exited before ddprun stopped anyone when `mark` is set.
+ */
+static int running_list(agent *a, bool mark, char *buf, size_t n)
+{
+    int count = 0;
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < a->nworkers; i++) {
+        worker *w = &a->workers[i];
+        char st = 0;
+        long ppid;
+        if (!w->running)
+            continue;
+        if (proc_stat(w->pid, &st, &ppid) == 0 && st == 'Z') {
+            w->exited_unstopped |= mark;
+            continue;
+        }
+        if (++count <= 16 && o < n)
+            o += (size_t)snprintf(buf + o, n - o, "%srank %d (pid %d)", count > 1 ? ", " : "",
+                                  w->rank, (int)worker_program_pid(w));
+    }
+    if (count > 16 && o < n)
+        snprintf(buf + o, n - o, " and %d more", count - 16);
+    return count;
+}
+
 static void kill_timer_cb(uv_timer_t *t)
 {
     agent *a = t->data;
-    if (a->nrunning > 0) {
-        say("workers still running %.0f s after SIGTERM: sending SIGKILL",
+    char list[1024];
+    if (running_list(a, false, list, sizeof(list)) > 0)
+        say("sending SIGKILL to %s: still running %g s after SIGTERM", list,
             a->cfg->shutdown_timeout_s);
+    if (a->nrunning > 0)
         signal_workers(a, SIGKILL);
-    }
 }
 
-/* Stops every local worker: SIGTERM to each process group, SIGKILL after the grace period. */
+/*
+ * Stops every local worker: SIGTERM to each process group, SIGKILL after the grace period; the
+ * line saying so names the workers signalled.
+ */
 static void stop_workers(agent *a)
 {
     if (a->state != ST_RUNNING)
         return;
     a->state = ST_STOPPING;
+    char list[1024];
+    if (running_list(a, true, list, sizeof(list)) > 0)
+        say("sending SIGTERM to %s; SIGKILL to any still running in %g s", list,
+            a->cfg->shutdown_timeout_s);
     signal_workers(a, SIGTERM);
     signal_workers(a, SIGCONT); /* a stopped worker could not act on it */
     if (a->nrunning > 0)
@@ -1048,17 +1249,14 @@ static int mkdirs(const char *path)
     return 0;
 }
 
-static int open_log(agent *a, worker *w, const char *name)
-{
-    char dir[PATH_MAX], path[PATH_MAX];
-    if (snprintf(dir, sizeof(dir), "%s/attempt_%d/rank_%d", a->cfg->log_dir, a->restart_count,
-                 w->rank) >= (int)sizeof(dir) ||
-        mkdirs(dir) < 0 || snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path))
-        return -1;
-    return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-}
-
-static void setup_stream(agent *a, worker *w, stream *s, int which, uv_stdio_container_t *io)
+/*
+ * Sets up stream `which` of worker w: a pipe to the agent when there is anything to do with its
+ * bytes (a prefix, a log file, a console to keep from the worker), else the console itself.
+ * `dir` is the worker's directory for log files. Returns 0, or -errno after saying why when the
+ * log file cannot be opened.
+ */
+static int setup_stream(agent *a, worker *w, stream *s, int which, const char *dir,
+                        uv_stdio_container_t *io)
 {
     ddprun_config *cfg = a->cfg;
     int lr = w->local_rank;
@@ -1067,8 +1265,20 @@ static void setup_stream(agent *a, worker *w, stream *s, int which, uv_stdio_con
     s->which = which;
     s->file = -1;
     s->console = !redirect && (!cfg->local_ranks_filter_set || cfg->show_rank[lr]);
-    if ((redirect || tee) && cfg->log_dir)
-        s->file = open_log(a, w, which == DDPRUN_STD_OUT ? "stdout.log" : "stderr.log");
+    s->col0 = true;
+    s->after_cr = false;
+    if (redirect || tee) {
+        /* setup_log_dir() made a directory for them, or ddprun did not start. */
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", dir,
+                 which == DDPRUN_STD_OUT ? "stdout.log" : "stderr.log");
+        s->file = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (s->file < 0) {
+            int rc = -errno;
+            say("cannot open %s: %s", path, strerror(-rc));
+            return rc;
+        }
+    }
     /* A console whose file description we made non-blocking is never handed to a worker. */
     bool need_pipe = s->file >= 0 || (s->console && (cfg->prefix_output)) || !s->console ||
                      ddprun_console_shared(a->con[which == DDPRUN_STD_OUT ? 1 : 2]);
@@ -1076,18 +1286,43 @@ static void setup_stream(agent *a, worker *w, stream *s, int which, uv_stdio_con
         /* Nothing to add: the worker writes straight to our terminal, with no relay at all. */
         io->flags = UV_INHERIT_FD;
         io->data.fd = which == DDPRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
-        return;
+        return 0;
     }
     uv_pipe_init(a->loop, &s->pipe, 0);
     s->pipe.data = s;
+    uv_timer_init(a->loop, &s->partial_timer);
+    s->partial_timer.data = s;
     s->open = true;
     a->nstreams++;
     io->flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
     io->data.stream = (uv_stream_t *)&s->pipe;
+    return 0;
 }
 
 static int spawn_worker(agent *a, worker *w)
 {
+    /* torchrun's layout (setup_log_dir()): <run dir>/attempt_<k>/<local rank>/error.json, next
+     * to the log files. */
+    char dir[PATH_MAX];
+    w->error_file[0] = '\0';
+    if (a->logdir[0]) {
+        int rc = snprintf(dir, sizeof(dir), "%s/attempt_%d/%d", a->logdir, a->restart_count,
+                          w->local_rank) >= (int)sizeof(dir)
+                     ? -ENAMETOOLONG
+                     : mkdirs(dir);
+        if (rc < 0 && a->keep_logs) {
+            say("cannot create %s/attempt_%d/%d: %s", a->logdir, a->restart_count, w->local_rank,
+                strerror(-rc));
+            return rc;
+        }
+        if (rc == 0 && snprintf(w->error_file, sizeof(w->error_file), "%s/error.json", dir) <
+                           (int)sizeof(w->error_file))
+            unlink(w->error_file);
+        else
+            w->error_file[0] = '\0'; /* no error file: the summary goes without its message */
+    }
+    line_prefix(a, w, w->prefix, sizeof(w->prefix));
+
     int argc;
     char **cmd = worker_argv(a, &argc);
     char parent[32];
@@ -1098,16 +1333,6 @@ static int spawn_worker(agent *a, worker *w)
     args[2] = parent;
     for (int i = 0; i < argc; i++)
         args[3 + i] = cmd[i];
-
-    /* torchrun's layout: <tmp>/<run id>/attempt_<k>/<local rank>/error.json. */
-    char dir[PATH_MAX];
-    if (snprintf(dir, sizeof(dir), "%s/%s/attempt_%d/%d", a->tmpdir, a->run_id, a->restart_count,
-                 w->local_rank) >= (int)sizeof(dir) ||
-        snprintf(w->error_file, sizeof(w->error_file), "%s/error.json", dir) >=
-            (int)sizeof(w->error_file))
-        w->error_file[0] = '\0'; /* path too long: no error file */
-    else if (mkdirs(dir) == 0)
-        unlink(w->error_file);
 
     /* The worker's environment goes to the guard through a memfd (its fd 3): the guard itself
      * runs with ddprun's, which is what the worker finds as its parent's. */
@@ -1130,15 +1355,31 @@ static int spawn_worker(agent *a, worker *w)
         die_oom();
     for (size_t i = 0; i < env.n; i++)
         end = stpcpy(end, env.v[i]) + 1;
-    write_all(w->envfd, block, envlen); /* one write: a memfd takes it whole */
+    /* A memfd takes it whole, up to RLIMIT_FSIZE: a cut environment must not go unnoticed. */
+    int rc = write_all(w->envfd, block, envlen, NULL);
     free(block);
+    if (rc < 0)
+        say("cannot start local rank %d: writing its environment: %s", w->local_rank,
+            strerror(-rc));
     uv_stdio_container_t io[4];
     io[0].flags = UV_INHERIT_FD;
     io[0].data.fd = STDIN_FILENO;
-    setup_stream(a, w, &w->out, DDPRUN_STD_OUT, &io[1]);
-    setup_stream(a, w, &w->err, DDPRUN_STD_ERR, &io[2]);
     io[3].flags = UV_INHERIT_FD;
     io[3].data.fd = w->envfd;
+    if (rc == 0)
+        rc = setup_stream(a, w, &w->out, DDPRUN_STD_OUT, dir, &io[1]);
+    if (rc == 0)
+        rc = setup_stream(a, w, &w->err, DDPRUN_STD_ERR, dir, &io[2]);
+    if (rc < 0) {
+        close(w->envfd);
+        w->envfd = -1;
+        stream_close(&w->out);
+        stream_close(&w->err);
+        env_free(&env);
+        free(args);
+        free(cmd);
+        return rc;
+    }
 
     char self[PATH_MAX];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -1155,7 +1396,7 @@ static int spawn_worker(agent *a, worker *w)
     o.stdio_count = 4;
     o.stdio = io;
     w->proc.data = w;
-    int rc = uv_spawn(a->loop, &w->proc, &o);
+    rc = uv_spawn(a->loop, &w->proc, &o);
     env_free(&env);
     free(args);
     free(cmd);
@@ -1311,12 +1552,14 @@ static void round_over(agent *a)
         }
         a->exit_code = 0;
         a->state = ST_DONE;
+        job_succeeded(a);
         return;
     }
     if (!a->stop_for_signal && a->restart_count < a->cfg->max_restarts) {
-        print_summary(a);
-        say("restarting the job (%d of %d restarts left)",
-            a->cfg->max_restarts - a->restart_count - 1, a->cfg->max_restarts);
+        char title[128];
+        snprintf(title, sizeof(title), "worker group failed: restarting it (restart %d of %d)",
+                 a->restart_count + 1, a->cfg->max_restarts);
+        print_summary(a, title);
         a->restart_count++;
         a->round++;
         free(a->failures);
@@ -1328,12 +1571,12 @@ static void round_over(agent *a)
         return;
     }
     a->state = ST_DONE;
-    print_summary(a);
+    print_final_summary(a);
     if (a->stop_for_signal)
         a->exit_code = 128 + a->signal_seen;
     else if (a->nfailures) {
         /* The root cause decides the exit code: the worker's code, or 128 + its signal. */
-        qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
+        qsort(a->failures, a->nfailures, sizeof(ddprun_failure), ddprun_failure_cmp);
         a->exit_code = ddprun_failure_exit_status(&a->failures[0]);
     } else if (a->exit_code == 0) {
         a->exit_code = 1;
@@ -1432,17 +1675,29 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal)
         w->envfd = -1;
     }
 
-    /* A worker we did not stop that exits non-zero or by a signal fails the job. */
-    if ((status != 0 || term_signal != 0) && a->state == ST_RUNNING) {
-        char message[512];
+    /*
+     * A worker we did not stop that exits non-zero or by a signal fails the job. One that does
+     * so while a failure is being torn down is listed too, as a teardown failure, unless it had
+     * exited before the teardown began; the summary shows every worker that failed. (Workers
+     * stopped for a signal to ddprun or to admit new nodes are not failures.)
+     */
+    bool own = a->state == ST_RUNNING || w->exited_unstopped;
+    if ((status != 0 || term_signal != 0) &&
+        (a->state == ST_RUNNING || (a->state == ST_STOPPING && a->nfailures > 0))) {
+        char message[512], how[48];
+        int code = term_signal ? -term_signal : (int)status;
         read_error_file(w->error_file, message, sizeof(message));
         ddprun_failure f;
-        ddprun_failure_init(&f, a->hostname, w->rank, w->local_rank,
-                            term_signal ? -term_signal : (int)status,
+        ddprun_failure_init(&f, a->hostname, w->rank, w->local_rank, code,
                             w->worker_pid ? w->worker_pid : w->pid, message);
+        f.teardown = !own;
         add_failure(a, &f);
-        publish_failure(a, &f);
-        stop_workers(a);
+        if (a->state == ST_RUNNING) {
+            describe_exit(code, how, sizeof(how));
+            say("rank %d (local rank %d, pid %d) failed: %s", w->rank, w->local_rank, f.pid, how);
+            publish_failure(a, &f);
+            stop_workers(a);
+        }
     }
     /* Leftovers of the worker (its process group, daemons it started) went with its guard. */
     maybe_round_over(a);
@@ -1867,7 +2122,8 @@ static void job_after(uv_work_t *req, int status)
                 say("%s", j->err);
                 a->exit_code = 1;
                 a->state = ST_DONE;
-                print_summary(a);
+                if (a->nfailures)
+                    print_final_summary(a);
             } else {
                 spawn_round(a);
             }
@@ -1884,11 +2140,13 @@ static void job_after(uv_work_t *req, int status)
                 ddprun_failure f;
                 if (ddprun_failure_from_json(j->json, &f) == 0)
                     add_failure(a, &f);
-                print_summary(a);
-                qsort(a->failures, a->nfailures, sizeof(ddprun_failure), cmp_failure);
+                print_final_summary(a);
+                qsort(a->failures, a->nfailures, sizeof(ddprun_failure), ddprun_failure_cmp);
                 a->exit_code = ddprun_failure_exit_status(a->nfailures ? &a->failures[0] : NULL);
-            } else if (j->rc < 0) {
-                say("%s", j->err); /* the node's own success outlives the barrier */
+            } else {
+                if (j->rc < 0)
+                    say("%s", j->err); /* the node's own success outlives the barrier */
+                job_succeeded(a);
             }
             break;
         }
@@ -1984,14 +2242,23 @@ static void on_signal(uv_signal_t *h, int sig)
         a->state = ST_DONE;
         return;
     }
+    char list[1024];
+    int nlisted = running_list(a, false, list, sizeof(list));
     if (sig == SIGINT && ++a->sigint_count >= 2) {
-        say("second SIGINT: killing the workers");
+        if (nlisted > 0)
+            say("second SIGINT: sending SIGKILL to %s", list);
         signal_workers(a, SIGKILL);
         return;
     }
     /* Forward to every worker's process group and stop the job without restarting. */
-    say("received SIG%s: stopping the workers%s", sigabbrev_np(sig),
-        sig == SIGINT ? " (SIGINT again kills them)" : "");
+    if (nlisted > 0 && a->state == ST_RUNNING)
+        say("received SIG%s: stopping the workers: sending SIG%s to %s; SIGKILL to any still "
+            "running in %g s%s",
+            sigabbrev_np(sig), sigabbrev_np(sig), list, a->cfg->shutdown_timeout_s,
+            sig == SIGINT ? " (SIGINT again kills them)" : "");
+    else
+        say("received SIG%s: stopping the workers%s", sigabbrev_np(sig),
+            sig == SIGINT ? " (SIGINT again kills them)" : "");
     signal_workers(a, sig);
     signal_workers(a, SIGCONT); /* a stopped worker could not act on it */
     if (!a->stop_for_signal) {
@@ -2187,11 +2454,81 @@ static int remove_one(const char *path, const struct stat *st, int flag, struct 
     return 0;
 }
 
-/* Removes the per-run directory of error files (attempt_N/rank_M/error.json). */
+/* Removes a temporary directory that held only error files. */
 static void cleanup_tmpdir(const char *dir)
 {
     if (dir[0])
         nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/*
+ * Makes this run's directory for the workers' files, as torchrun lays them out:
+ * <base>/<run id>_XXXXXX/attempt_<restart count>/<local rank>/{stdout.log,stderr.log,error.json}.
+ * The run directory is new (mkdtemp), so a run never writes into an earlier run's. The base is
+ * --log-dir, created if missing; without it, a new temporary directory $TMPDIR/ddprun_XXXXXX,
+ * kept when --redirects or --tee asked for log files (torchrun keeps its torchelastic_XXXXXX
+ * too), and removed at exit when it held only the error files. Says where the logs go.
+ * Returns 0, or -1 after saying why (naming the flag) when the log files asked for cannot have
+ * a directory; a missing directory for error files alone is only a warning.
+ */
+static int setup_log_dir(agent *a)
+{
+    const ddprun_config *cfg = a->cfg;
+    const char *flag = cfg->log_dir ? "--log-dir" : "--redirects/--tee without --log-dir";
+    char base[PATH_MAX];
+    for (int i = 0; i < cfg->nproc_per_node && i < DDPRUN_MAX_LOCAL; i++)
+        a->keep_logs |= (cfg->redirects[i] | cfg->tee[i]) != 0;
+    a->keep_logs |= cfg->log_dir != NULL;
+    if (cfg->log_dir) {
+        int rc = snprintf(base, sizeof(base), "%s", cfg->log_dir) >= (int)sizeof(base)
+                     ? -ENAMETOOLONG
+                     : mkdirs(base);
+        if (rc < 0) {
+            say("%s: cannot create '%s': %s", flag, cfg->log_dir, strerror(-rc));
+            return -1;
+        }
+    } else {
+        const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        int e = 0;
+        if (snprintf(base, sizeof(base), "%s/ddprun_XXXXXX", tmp) >= (int)sizeof(base))
+            e = ENAMETOOLONG;
+        else if (!mkdtemp(base))
+            e = errno;
+        if (e && a->keep_logs) {
+            say("%s: cannot create a temporary directory in '%s': %s", flag, tmp, strerror(e));
+            return -1;
+        }
+        if (e) {
+            say("warning: cannot create a temporary directory in '%s' (%s): the workers get no "
+                "TORCHELASTIC_ERROR_FILE",
+                tmp, strerror(e));
+            return 0;
+        }
+        if (!a->keep_logs)
+            snprintf(a->tmpbase, sizeof(a->tmpbase), "%s", base);
+    }
+    /* The run id names the directory; a '/' in it would name another one. */
+    char id[sizeof(a->run_id)];
+    snprintf(id, sizeof(id), "%s", a->run_id);
+    for (char *p = id; *p; p++)
+        if (*p == '/')
+            *p = '_';
+    int e = 0;
+    if (snprintf(a->logdir, sizeof(a->logdir), "%s/%s_XXXXXX", base, id) >= (int)sizeof(a->logdir))
+        e = ENAMETOOLONG;
+    else if (!mkdtemp(a->logdir))
+        e = errno;
+    if (e) {
+        a->logdir[0] = '\0';
+        if (a->keep_logs) {
+            say("%s: cannot create a directory in '%s': %s", flag, base, strerror(e));
+            return -1;
+        }
+        return 0;
+    }
+    if (a->keep_logs)
+        say("worker logs and error files: %s", a->logdir);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -2209,6 +2546,9 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* A log file past RLIMIT_FSIZE fails with EFBIG, which ddprun reports, instead of killing
+     * it. (Workers start with default dispositions: libuv resets them in the child.) */
+    signal(SIGXFSZ, SIG_IGN);
     /* What a worker's guard could not kill (the guard itself was killed) is reparented here. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     cloexec_inherited_fds();
@@ -2226,10 +2566,6 @@ int main(int argc, char **argv)
                 cfg.rdzv_id);
         return 2;
     }
-    snprintf(a.tmpdir, sizeof(a.tmpdir), "%s/ddprun-XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(a.tmpdir))
-        a.tmpdir[0] = '\0';
 
     /* From here on the agent's output never blocks its loop (console.h). */
     loop_thread = pthread_self();
@@ -2257,7 +2593,7 @@ int main(int argc, char **argv)
         uv_signal_start(&a.sigs[i], on_signal, sigs[i]);
     }
 
-    if (setup_store(&a) < 0) {
+    if (setup_log_dir(&a) < 0 || setup_store(&a) < 0) {
         a.exit_code = 1;
         a.state = ST_DONE;
     } else {
@@ -2288,7 +2624,7 @@ int main(int argc, char **argv)
      * wait for it; exit() ends it. Nothing it uses is freed before that. */
     if (a.monitor_started)
         monitor_set_round(&a, -1);
-    cleanup_tmpdir(a.tmpdir);
+    cleanup_tmpdir(a.tmpbase);
     fflush(NULL);
     _exit(a.exit_code);
 }

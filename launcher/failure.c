@@ -35,9 +35,10 @@ char *ddprun_failure_to_json(const ddprun_failure *f)
 {
     if (!f)
         return NULL;
-    json_t *o = json_pack("{s:f, s:s, s:i, s:i, s:i, s:i, s:s}", "time", f->time, "node", f->node,
-                          "rank", f->rank, "local_rank", f->local_rank, "exit_code", f->exit_code,
-                          "pid", f->pid, "message", f->message);
+    json_t *o =
+        json_pack("{s:f, s:s, s:i, s:i, s:i, s:i, s:s, s:b}", "time", f->time, "node", f->node,
+                  "rank", f->rank, "local_rank", f->local_rank, "exit_code", f->exit_code, "pid",
+                  f->pid, "message", f->message, "teardown", f->teardown);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s;
@@ -53,12 +54,14 @@ int ddprun_failure_from_json(const char *json, ddprun_failure *f)
     ddprun_failure r;
     memset(&r, 0, sizeof r);
     const char *node = NULL, *msg = NULL;
-    int rc = json_unpack(o, "{s:F, s:s, s:i, s:i, s:i, s:i, s?s}", "time", &r.time, "node", &node,
-                         "rank", &r.rank, "local_rank", &r.local_rank, "exit_code", &r.exit_code,
-                         "pid", &r.pid, "message", &msg) == 0
+    int teardown = 0;
+    int rc = json_unpack(o, "{s:F, s:s, s:i, s:i, s:i, s:i, s?s, s?b}", "time", &r.time, "node",
+                         &node, "rank", &r.rank, "local_rank", &r.local_rank, "exit_code",
+                         &r.exit_code, "pid", &r.pid, "message", &msg, "teardown", &teardown) == 0
                  ? 0
                  : -EPROTO;
     if (rc == 0) {
+        r.teardown = teardown != 0;
         snprintf(r.node, sizeof r.node, "%s", node);
         snprintf(r.message, sizeof r.message, "%s", msg ? msg : "");
         *f = r;
@@ -73,4 +76,12 @@ int ddprun_failure_exit_status(const ddprun_failure *f)
         return 1;
     int code = f->exit_code >= 0 ? f->exit_code : 128 - f->exit_code;
     return code == 0 ? 1 : code;
+}
+
+int ddprun_failure_cmp(const void *x, const void *y)
+{
+    const ddprun_failure *a = x, *b = y;
+    if (a->teardown != b->teardown)
+        return a->teardown ? 1 : -1;
+    return a->time < b->time ? -1 : a->time > b->time;
 }

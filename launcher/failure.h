@@ -6,12 +6,14 @@
  * so the fields and their encoding are defined once.
  *
  * The JSON is one compact object: {"time": 1700000000.25, "node": "host", "rank": 3,
- * "local_rank": 1, "exit_code": -9, "pid": 4242, "message": "..."}; "message" may be absent
- * when read. Pure: no I/O, no store; the only clock read is the wall clock, for the timestamp.
- * Internal to the launcher.
+ * "local_rank": 1, "exit_code": -9, "pid": 4242, "message": "...", "teardown": false};
+ * "message" and "teardown" may be absent when read. Pure: no I/O, no store; the only clock read is
+ * the wall clock, for the timestamp. Internal to the launcher.
  */
 #ifndef DDPRUN_FAILURE_H
 #define DDPRUN_FAILURE_H
+
+#include <stdbool.h>
 
 typedef struct ddprun_failure {
     double time;       /* wall-clock seconds since the epoch: a timestamp people read, and the
@@ -22,11 +24,14 @@ typedef struct ddprun_failure {
     int exit_code;     /* >= 0: the worker's exit code; < 0: minus the signal that ended it */
     int pid;           /* the worker's pid; 0 when it never started */
     char message[512]; /* the first line of the worker's error, or what went wrong */
+    bool teardown;     /* the worker ended after ddprun had begun stopping it because of another
+                          failure: killed by ddprun's signal, or failing on its way out */
 } ddprun_failure;
 
 /*
- * Fills *f with a record stamped with the wall clock now. `node` and `message` are borrowed and
- * copied, cut to fit the fields (NULL node: "?"; NULL message: ""). Cannot fail.
+ * Fills *f with a record stamped with the wall clock now, not a teardown one. `node` and
+ * `message` are borrowed and copied, cut to fit the fields (NULL node: "?"; NULL message: "").
+ * Cannot fail.
  */
 void ddprun_failure_init(ddprun_failure *f, const char *node, int rank, int local_rank,
                          int exit_code, int pid, const char *message);
@@ -38,9 +43,10 @@ void ddprun_failure_init(ddprun_failure *f, const char *node, int rank, int loca
 char *ddprun_failure_to_json(const ddprun_failure *f);
 
 /*
- * Parses a record from JSON text (as ddprun_failure_to_json() writes it; "message" may be
- * absent, extra members are ignored). Returns 0 and fills *f; -EINVAL (NULL argument) or -EPROTO
- * (not JSON, or a member missing or of the wrong type), and then *f is unchanged.
+ * Parses a record from JSON text (as ddprun_failure_to_json() writes it; "message" and
+ * "teardown" may be absent, extra members are ignored). Returns 0 and fills *f; -EINVAL (NULL
+ * argument) or -EPROTO (not JSON, or a member missing or of the wrong type), and then *f is
+ * unchanged.
  */
 int ddprun_failure_from_json(const char *json, ddprun_failure *f);
 
@@ -49,5 +55,11 @@ int ddprun_failure_from_json(const char *json, ddprun_failure *f);
  * 128 plus the signal number; 1 when that would be 0 (a failed job never exits 0) or f is NULL.
  */
 int ddprun_failure_exit_status(const ddprun_failure *f);
+
+/*
+ * qsort() order of a failure summary: failures of their own (the earliest, the root cause,
+ * first) before teardown ones, each by time.
+ */
+int ddprun_failure_cmp(const void *x, const void *y);
 
 #endif /* DDPRUN_FAILURE_H */

@@ -198,14 +198,15 @@ static const cli_option options[] = {
      "DIR",
      NULL,
      true,
-     "Directory for the workers' log files (see --redirects and --tee)."},
+     "Base directory for the workers' log and error files; each run writes into a new "
+     "<run id>_XXXXXX directory in it, named at start."},
     {O_REDIRECTS,
      {"-r", "--redirects"},
      "STD|MAP",
      "0",
      true,
-     "Redirect workers' streams to files under --log-dir: 0 none, 1 stdout, 2 stderr, 3 both; "
-     "or per local rank, e.g. 0:1,1:2."},
+     "Redirect workers' streams to files under --log-dir (else a new temporary directory): "
+     "0 none, 1 stdout, 2 stderr, 3 both; or per local rank, e.g. 0:1,1:2."},
     {O_TEE,
      {"-t", "--tee"},
      "STD|MAP",

@@ -80,10 +80,12 @@ else
   fail "restart (rc=$rc): $out"
 fi
 
-# 6. --log-dir with -t 3: per-attempt, per-rank files, written as the bytes arrive.
+# 6. --log-dir with -t 3: per-run, per-attempt, per-local-rank files (torchrun's layout),
+# written as the bytes arrive.
 timeout 20 "$ddprun" --standalone --nproc-per-node 2 --log-dir "$tmp/logs" -t 3 sh -c 'echo "out $RANK"; echo "err $RANK" >&2' >"$tmp/o6" 2>&1
 rc=$?
-if [ $rc = 0 ] && grep -qx 'out 1' "$tmp/logs/attempt_0/rank_1/stdout.log" && grep -qx 'err 0' "$tmp/logs/attempt_0/rank_0/stderr.log" && grep -q '\[1\]:out 1' "$tmp/o6"; then
+run=$(echo "$tmp"/logs/*_*)
+if [ $rc = 0 ] && grep -qx 'out 1' "$run/attempt_0/1/stdout.log" && grep -qx 'err 0' "$run/attempt_0/0/stderr.log" && grep -q '\[1\]:out 1' "$tmp/o6"; then
   ok "log files and tee"
 else
   fail "log dir (rc=$rc): $(ls -R "$tmp/logs" 2>&1) $(cat "$tmp/o6")"

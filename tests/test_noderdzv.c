@@ -826,6 +826,7 @@ static void check_same_failure(const ddprun_failure *x, const ddprun_failure *y)
     ck_assert_int_eq(x->exit_code, y->exit_code);
     ck_assert_int_eq(x->pid, y->pid);
     ck_assert_str_eq(x->message, y->message);
+    ck_assert_int_eq(x->teardown, y->teardown);
 }
 
 START_TEST(test_failure_record_init)
@@ -843,6 +844,7 @@ START_TEST(test_failure_record_init)
     ck_assert_int_eq(f.exit_code, -9);
     ck_assert_int_eq(f.pid, 4242);
     ck_assert_str_eq(f.message, "CUDA error: out of memory");
+    ck_assert(!f.teardown);
 
     /* Unknown node and no message; overlong strings are cut to the fields. */
     ddprun_failure_init(&f, NULL, -1, -1, 1, 0, NULL);
@@ -863,13 +865,14 @@ START_TEST(test_failure_record_json)
     ddprun_failure_init(&f, "gpu-node-07", 13, 5, -11, 31337,
                         "RuntimeError: \"quoted\", tab\t, unicode \xc3\xa9");
     f.time = 1700000000.125;
+    f.teardown = true;
     char *js = ddprun_failure_to_json(&f);
     ck_assert_ptr_nonnull(js);
     /* The members other nodes (and other builds of ddprun) read, one compact object. */
     json_error_t jerr;
     json_t *o = json_loads(js, 0, &jerr);
     ck_assert_msg(o != NULL, "%s: %s", js, jerr.text);
-    ck_assert_int_eq(json_object_size(o), 7);
+    ck_assert_int_eq(json_object_size(o), 8);
     ck_assert_double_eq_tol(json_real_value(json_object_get(o, "time")), 1700000000.125, 1e-6);
     ck_assert_str_eq(json_string_value(json_object_get(o, "node")), "gpu-node-07");
     ck_assert_int_eq(json_integer_value(json_object_get(o, "rank")), 13);
@@ -877,6 +880,7 @@ START_TEST(test_failure_record_json)
     ck_assert_int_eq(json_integer_value(json_object_get(o, "exit_code")), -11);
     ck_assert_int_eq(json_integer_value(json_object_get(o, "pid")), 31337);
     ck_assert_str_eq(json_string_value(json_object_get(o, "message")), f.message);
+    ck_assert(json_is_true(json_object_get(o, "teardown")));
     json_decref(o);
     ck_assert_ptr_null(strchr(js, '\n'));
     memset(&g, 0x5a, sizeof g);
@@ -884,7 +888,8 @@ START_TEST(test_failure_record_json)
     check_same_failure(&f, &g);
     free(js);
 
-    /* "message" may be absent (an integer time is accepted); extra members are ignored. */
+    /* "message" and "teardown" may be absent (an integer time is accepted); extra members are
+     * ignored. */
     ck_assert_int_eq(ddprun_failure_from_json("{\"time\": 5, \"node\": \"n\", \"rank\": 0, "
                                               "\"local_rank\": 0, \"exit_code\": 2, \"pid\": 7, "
                                               "\"extra\": [1]}",
@@ -893,6 +898,7 @@ START_TEST(test_failure_record_json)
     ck_assert_double_eq(g.time, 5.0);
     ck_assert_str_eq(g.message, "");
     ck_assert_int_eq(g.exit_code, 2);
+    ck_assert(!g.teardown);
 
     /* Anything else is refused and leaves the record as it was. */
     static const char *bad[] = {
@@ -928,6 +934,27 @@ START_TEST(test_failure_record_exit_status)
     f.exit_code = 0; /* a failure never exits 0 */
     ck_assert_int_eq(ddprun_failure_exit_status(&f), 1);
     ck_assert_int_eq(ddprun_failure_exit_status(NULL), 1);
+}
+END_TEST
+
+START_TEST(test_failure_summary_order)
+{
+    /* The summary's order: failures of their own by time (the root cause first), then the
+     * teardown ones by time, however early those are stamped. */
+    ddprun_failure v[4];
+    ddprun_failure_init(&v[0], "n", 0, 0, -15, 1, NULL);
+    v[0].time = 1.0, v[0].teardown = true;
+    ddprun_failure_init(&v[1], "n", 1, 1, 3, 2, NULL);
+    v[1].time = 3.0;
+    ddprun_failure_init(&v[2], "n", 2, 2, 4, 3, NULL);
+    v[2].time = 2.0;
+    ddprun_failure_init(&v[3], "n", 3, 3, -9, 4, NULL);
+    v[3].time = 0.5, v[3].teardown = true;
+    qsort(v, 4, sizeof v[0], ddprun_failure_cmp);
+    ck_assert_int_eq(v[0].rank, 2);
+    ck_assert_int_eq(v[1].rank, 1);
+    ck_assert_int_eq(v[2].rank, 3);
+    ck_assert_int_eq(v[3].rank, 0);
 }
 END_TEST
 
@@ -1022,6 +1049,7 @@ static Suite *noderdzv_suite(void)
     tcase_add_test(pure, test_failure_record_init);
     tcase_add_test(pure, test_failure_record_json);
     tcase_add_test(pure, test_failure_record_exit_status);
+    tcase_add_test(pure, test_failure_summary_order);
     suite_add_tcase(s, pure);
     return s;
 }

@@ -53,7 +53,7 @@ fi
 # 4. A restart follows, as for a failed worker.
 run --standalone --nproc-per-node 1 --hung-timeout 1 --max-restarts 1 --no-python sh -c \
   'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then kill -STOP $$; fi; echo "attempt $TORCHELASTIC_RESTART_COUNT"'
-if [ $rc = 0 ] && grep -q "restarting the job" "$tmp/out" && grep -q '^\[0\]:attempt 1$' "$tmp/out"; then
+if [ $rc = 0 ] && grep -q "worker group failed: restarting it (restart 1 of 1)" "$tmp/out" && grep -q '^\[0\]:attempt 1$' "$tmp/out"; then
   ok "hung then restarted: rc 0"
 else
   fail "hung then restarted: rc $rc; $(cat "$tmp/out")"

@@ -79,7 +79,7 @@ if wait_for 10 has_port "$p0"; then
   # Both nodes run their workers (each has a `sleep 60` child), then node 1 dies.
   if wait_for 10 sh -c "pgrep -P $p0 >/dev/null && pgrep -P $p1 >/dev/null"; then
     kill -KILL "$p1"
-    if wait_for 10 grep -q "restarting the job" "$tmp/e2"; then
+    if wait_for 10 grep -q "worker group failed: restarting it" "$tmp/e2"; then
       check_stop "restart wait" "$p0" SIGTERM 143 "$tmp/e2"
     else
       fail "restart wait: node 0 did not restart: $(cat "$tmp/e2")"
@@ -113,7 +113,7 @@ if wait_for 10 sh -c "[ -e $tmp/t4 ] && [ \$(pgrep -P $p | wc -l) -eq 1 ]"; then
   reap "$p" 20
   el=$(( $(now_ms) - t0 ))
   # The grace period (1 s) is the worker's; then ddprun must stop, not restart.
-  if [ $rc = 143 ] && [ $el -le 3000 ] && ! grep -q "restarting the job" "$tmp/e4" &&
+  if [ $rc = 143 ] && [ $el -le 3000 ] && ! grep -q "worker group failed: restarting it" "$tmp/e4" &&
      grep -q "ddprun: stopped by SIGTERM" "$tmp/e4"; then
     ok "teardown: SIGTERM -> rc 143 in $el ms, no restart"
   else
