@@ -660,8 +660,8 @@ static envb worker_env(agent *a, worker *w)
         /* torchrun's: the worker sees only its own device, as device 0 (checked by options.c). */
         const char *hip = getenv("HIP_VISIBLE_DEVICES");
         char dev[64];
-        if (ddprun_virtual_device(hip && *hip ? hip : getenv("CUDA_VISIBLE_DEVICES"),
-                                  w->local_rank, dev, sizeof(dev)) == 0) {
+        if (ddprun_virtual_device(hip && *hip ? hip : getenv("CUDA_VISIBLE_DEVICES"), w->local_rank,
+                                  dev, sizeof(dev)) == 0) {
             env_set(&e, "CUDA_VISIBLE_DEVICES", dev);
             if (hip && *hip)
                 env_set(&e, "HIP_VISIBLE_DEVICES", dev);

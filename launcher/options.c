@@ -1159,8 +1159,8 @@ static int read_slurm(struct raw *r, ddprun_config *c, char **first_host, char *
     }
     if (!nn || !id || !list)
         return 0;
-    bool per_task = tasks && procid && to_long(nn, &nodes) && to_long(tasks, &ntasks) &&
-                    ntasks > nodes;
+    bool per_task =
+        tasks && procid && to_long(nn, &nodes) && to_long(tasks, &ntasks) && ntasks > nodes;
     if (r->src[O_NNODES] == SRC_DEFAULT) {
         r->value[O_NNODES] = per_task ? tasks : nn;
         r->src[O_NNODES] = SRC_SLURM;
@@ -1542,8 +1542,8 @@ static int choose_program(const struct raw *r, ddprun_config *c, const char *scr
  */
 static int check_extras(const struct raw *r, ddprun_config *c, char *err, size_t errlen)
 {
-    static const char *forwarded[] = {"SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1",
-                                      "SIGUSR2"};
+    static const char *forwarded[] = {"SIGINT",  "SIGTERM", "SIGHUP",
+                                      "SIGQUIT", "SIGUSR1", "SIGUSR2"};
     int rc = 0;
     char dev[64];
 
@@ -1566,11 +1566,15 @@ static int check_extras(const struct raw *r, ddprun_config *c, char *err, size_t
                   r->label[O_EVENT_LOG_HANDLER]);
     for (int id = O_DUPLICATE_STDOUT_FILTERS; !rc && id <= O_DUPLICATE_STDERR_FILTERS; id++)
         if (*r->value[id])
-            rc = warn(c, "%s has no effect in ddprun: matching lines are not copied to a file "
-                         "of their own", r->label[id]);
+            rc = warn(c,
+                      "%s has no effect in ddprun: matching lines are not copied to a file "
+                      "of their own",
+                      r->label[id]);
     if (!rc && r->value[O_LOCAL_ADDR])
-        rc = warn(c, "%s has no effect in ddprun: workers reach the store at the rendezvous "
-                     "address", r->label[O_LOCAL_ADDR]);
+        rc = warn(c,
+                  "%s has no effect in ddprun: workers reach the store at the rendezvous "
+                  "address",
+                  r->label[O_LOCAL_ADDR]);
     const char *sigs = r->value[O_SIGNALS_TO_HANDLE];
     for (const char *p = sigs; !rc && *p;) {
         size_t n = strcspn(p, ",");
@@ -1584,8 +1588,10 @@ static int check_extras(const struct raw *r, ddprun_config *c, char *err, size_t
         for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0] && !known; i++)
             known = strlen(forwarded[i]) == n && strncmp(forwarded[i], q, n) == 0;
         if (!known)
-            rc = warn(c, "%s: ddprun does not forward %.*s (it forwards SIGINT, SIGTERM, SIGHUP, "
-                         "SIGQUIT, SIGUSR1 and SIGUSR2)", r->label[O_SIGNALS_TO_HANDLE], (int)n, q);
+            rc = warn(c,
+                      "%s: ddprun does not forward %.*s (it forwards SIGINT, SIGTERM, SIGHUP, "
+                      "SIGQUIT, SIGUSR1 and SIGUSR2)",
+                      r->label[O_SIGNALS_TO_HANDLE], (int)n, q);
     }
     return rc;
 }

@@ -1175,8 +1175,8 @@ START_TEST(ignored_options_warn)
     PARSE_OK("--monitor-interval", "1", "--start-method", "fork", "t");
     ck_assert_ptr_null(cfg.warnings);
     PARSE_OK("--numa-binding", "node", "--logs-specs", "x", "--event-log-handler", "console",
-             "--duplicate-stdout-filters", "a", "--duplicate-stderr-filters", "b",
-             "--local-addr", "10.0.0.1", "--signals-to-handle", "SIGTERM,SIGUSR1, SIGALRM", "t");
+             "--duplicate-stdout-filters", "a", "--duplicate-stderr-filters", "b", "--local-addr",
+             "10.0.0.1", "--signals-to-handle", "SIGTERM,SIGUSR1, SIGALRM", "t");
     const char *want[] = {
         "ddprun: warning: --numa-binding has no effect in ddprun",
         "ddprun: warning: --logs-specs has no effect in ddprun",
