@@ -702,7 +702,18 @@ static envb worker_env(agent *a, worker *w)
         name[nl] = '\0';
         env_set(&e, name, eq + 1);
     }
-    env_seti(&e, "LOCAL_RANK", w->local_rank);
+    env_seti(&e, "LOCAL_RANK", cfg->virtual_local_rank ? 0 : w->local_rank);
+    if (cfg->virtual_local_rank) {
+        /* torchrun's: the worker sees only its own device, as device 0 (checked by options.c). */
+        const char *hip = getenv("HIP_VISIBLE_DEVICES");
+        char dev[64];
+        if (ddprun_virtual_device(hip && *hip ? hip : getenv("CUDA_VISIBLE_DEVICES"), w->local_rank,
+                                  dev, sizeof(dev)) == 0) {
+            env_set(&e, "CUDA_VISIBLE_DEVICES", dev);
+            if (hip && *hip)
+                env_set(&e, "HIP_VISIBLE_DEVICES", dev);
+        }
+    }
     env_seti(&e, "RANK", w->rank);
     env_seti(&e, "GROUP_RANK", a->asg.node_rank);
     env_seti(&e, "ROLE_RANK", w->rank);
@@ -1207,7 +1218,8 @@ static void stop_workers(agent *a)
 
 static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal);
 
-/* Builds the command: python3 -u script, python3 -u -m module, or the program itself. */
+/* Builds the command: python3 -u script, python3 -u -m module, or the program itself (options.c
+ * chose which). */
 static char **worker_argv(agent *a, int *argc_out)
 {
     ddprun_config *cfg = a->cfg;
@@ -1215,17 +1227,16 @@ static char **worker_argv(agent *a, int *argc_out)
     size_t n = (size_t)cfg->argc;
     char **v = xcalloc(n + 8, sizeof(char *));
     int k = 0;
-    const char *script = cfg->argv[0];
-    size_t sl = strlen(script);
-    bool python = !cfg->no_python &&
-                  (cfg->module || cfg->run_path || (sl > 3 && !strcmp(script + sl - 3, ".py")));
-    if (python) {
+    if (cfg->python) {
         v[k++] = (char *)py;
         v[k++] = "-u";
         if (cfg->module)
             v[k++] = "-m";
+        v[k++] = cfg->argv[0];
+    } else {
+        v[k++] = cfg->program;
     }
-    for (int i = 0; i < cfg->argc; i++)
+    for (int i = 1; i < cfg->argc; i++)
         v[k++] = cfg->argv[i];
     v[k] = NULL;
     *argc_out = k;
@@ -2545,6 +2556,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", err[0] ? err : PROG ": bad arguments");
         return 2;
     }
+    if (cfg.warnings)
+        fputs(cfg.warnings, stderr);
     signal(SIGPIPE, SIG_IGN);
     /* A log file past RLIMIT_FSIZE fails with EFBIG, which ddprun reports, instead of killing
      * it. (Workers start with default dispositions: libuv resets them in the child.) */

@@ -15,9 +15,10 @@
  * is not one (the training script) or at `--`; the rest belongs to the script. Long options may
  * be abbreviated to an unambiguous prefix, as argparse allows.
  *
- * Not done here: anything with side effects beyond reading the environment, /dev and the CPU
- * affinity mask. Nothing is printed except by --help, --version and --print-completion; errors go
- * to the caller's buffer. *cfg is written only on success.
+ * Not done here: anything with side effects beyond reading the environment, /dev, the CPU
+ * affinity mask and the first bytes of the training script (whether it is a Python script). Nothing
+ * is printed except by --help, --version and --print-completion; errors go to the caller's buffer,
+ * warnings to cfg->warnings for ddprun to print. *cfg is written only on success.
  */
 #include "options.h"
 #include "slurm.h"
@@ -38,6 +39,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -172,7 +174,8 @@ static const cli_option options[] = {
      "NAME",
      "null",
      true,
-     "Accepted for torchrun compatibility and ignored."},
+     "Accepted for torchrun compatibility; a name other than 'null' is warned of (no "
+     "effect)."},
     {O_ROLE, {"--role"}, "ROLE", "default", true, "Role name of the workers (ROLE_NAME)."},
     {O_MODULE,
      {"-m", "--module"},
@@ -185,14 +188,15 @@ static const cli_option options[] = {
      NULL,
      NULL,
      true,
-     "Run the training script as a program, without 'python -u' in front."},
+     "Run the training script as a program, without 'python -u' in front. Without it, "
+     "binaries and scripts whose '#!' line names no python also run as programs."},
     {O_RUN_PATH,
      {"--run-path", "--run_path"},
      NULL,
      NULL,
      true,
-     "Run the training script as runpy.run_path would; it must be an absolute path. Takes "
-     "precedence over --no-python."},
+     "Run the training script, an absolute path, with 'python -u' (torchrun runs it with "
+     "runpy.run_path in its own interpreter). Takes precedence over --no-python."},
     {O_LOG_DIR,
      {"--log-dir", "--log_dir"},
      "DIR",
@@ -231,13 +235,13 @@ static const cli_option options[] = {
      "TEXT,...",
      "",
      true,
-     "Accepted for torchrun compatibility and ignored."},
+     "Accepted for torchrun compatibility; warned of (no effect)."},
     {O_DUPLICATE_STDERR_FILTERS,
      {"--duplicate-stderr-filters", "--duplicate_stderr_filters"},
      "TEXT,...",
      "",
      true,
-     "Accepted for torchrun compatibility and ignored."},
+     "Accepted for torchrun compatibility; warned of (no effect)."},
     {O_NODE_RANK,
      {"--node-rank", "--node_rank"},
      "N",
@@ -262,26 +266,27 @@ static const cli_option options[] = {
      "ADDR",
      NULL,
      true,
-     "Address other nodes reach this one by; default: this host's name."},
+     "Accepted for torchrun compatibility; warned of (no effect: workers reach the store at "
+     "the rendezvous address)."},
     {O_LOGS_SPECS,
      {"--logs-specs", "--logs_specs"},
      "NAME",
      NULL,
      false,
-     "Accepted for torchrun compatibility and ignored (ddprun has no plug-ins)."},
+     "Accepted for torchrun compatibility; warned of (no effect: ddprun has no plug-ins)."},
     {O_NUMA_BINDING,
      {"--numa-binding", "--numa_binding"},
      "node|socket|exclusive|core-complex",
      NULL,
      false,
-     "Accepted for torchrun compatibility and ignored (no NUMA binding)."},
+     "Accepted for torchrun compatibility; warned of (no effect: no NUMA binding)."},
     {O_SIGNALS_TO_HANDLE,
      {"--signals-to-handle", "--signals_to_handle"},
      "SIG,...",
      "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      true,
-     "Accepted and checked; ddprun forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and "
-     "SIGUSR2 to the workers whatever this says."},
+     "Checked; ddprun forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the "
+     "workers whatever this says, and warns of any other signal named."},
     {O_SHUTDOWN_TIMEOUT,
      {"--shutdown-timeout", "--shutdown_timeout"},
      "SECONDS",
@@ -294,7 +299,8 @@ static const cli_option options[] = {
      NULL,
      NULL,
      true,
-     "Accepted for torchrun compatibility and ignored."},
+     "Every worker gets LOCAL_RANK 0 and sees only its own GPU: entry LOCAL_RANK of "
+     "CUDA_VISIBLE_DEVICES (or HIP_VISIBLE_DEVICES), or GPU LOCAL_RANK when unset."},
     {O_PRINT_COMPLETION,
      {"--print-completion", "--print_completion"},
      "bash|zsh|tcsh",
@@ -359,6 +365,26 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
         va_end(ap);
     }
     return -EINVAL;
+}
+
+/* Appends "ddprun: warning: MESSAGE\n" to c->warnings. Returns 0 or -ENOMEM. */
+static int warn(ddprun_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int warn(ddprun_config *c, const char *fmt, ...)
+{
+    char line[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    size_t have = c->warnings ? strlen(c->warnings) : 0;
+    size_t add = sizeof "ddprun: warning: \n" + strlen(line);
+    char *w = realloc(c->warnings, have + add);
+    if (!w)
+        return -ENOMEM;
+    snprintf(w + have, add, "ddprun: warning: %s\n", line);
+    c->warnings = w;
+    return 0;
 }
 
 /* PET_ + the first long spelling, upper-cased, '-' as '_' (argparse's dest). */
@@ -895,10 +921,12 @@ void ddprun_print_help(void)
 {
     printf("usage: ddprun [OPTIONS] TRAINING_SCRIPT [SCRIPT_ARGS ...]\n\n");
     cli_print_wrapped(stdout,
-                      "Starts --nproc-per-node workers of TRAINING_SCRIPT on this node (with "
-                      "'python -u' in front unless --no-python) as torchrun does, with the same "
-                      "options and environment. Options end at the training script or at '--'. "
-                      "A value may also follow an '=', as in --nnodes=2.",
+                      "Starts --nproc-per-node workers of TRAINING_SCRIPT on this node as torchrun "
+                      "does, with the same options and environment: '$PYTHON_EXEC -u "
+                      "TRAINING_SCRIPT' (python3 by default), whatever the script's name, unless "
+                      "--no-python is given or the script is a binary or a script whose '#!' line "
+                      "names no python: those run as they are. Options end at the training "
+                      "script or at '--'. A value may also follow an '=', as in --nnodes=2.",
                       0);
     printf("\noptions:\n");
     for (size_t i = 0; i < NOPTIONS; i++) {
@@ -917,10 +945,11 @@ void ddprun_print_help(void)
     }
     printf("\n");
     cli_print_wrapped(stdout,
-                      "Slurm: under srun, when SLURM_JOB_ID, SLURM_NNODES, SLURM_NODEID and "
-                      "SLURM_JOB_NODELIST are set, --nnodes, --node-rank and --master-addr default "
-                      "to the job's node count, this node's index and the first host of the node "
-                      "list. See ddprun(1).",
+                      "Slurm: in a step (srun, one task per node), --nnodes, --node-rank and "
+                      "--master-addr default to the step's node count, this node's index in the "
+                      "step and the step's first host (SLURM_STEP_NUM_NODES, SLURM_NODEID, "
+                      "SLURM_STEP_NODELIST). Outside a step (a batch script) ddprun runs on this "
+                      "node alone. See ddprun(1).",
                       0);
 }
 
@@ -1097,27 +1126,66 @@ static int read_argv(int argc, char **argv, struct raw *r, char *err, size_t err
 }
 
 /*
- * Slurm defaults: only when all four variables are set, and for each option only where neither
- * the command line nor PET_<NAME> gave one. Returns 1 when anything was taken from Slurm.
+ * Slurm defaults, for a step only: srun sets SLURM_STEP_ID, and the step's own node count, node
+ * index and node list (SLURM_STEP_NUM_NODES, SLURM_NODEID, SLURM_STEP_NODELIST), which differ from
+ * the job's (SLURM_JOB_NUM_NODES, SLURM_JOB_NODELIST; in a step SLURM_NODELIST is the job's too)
+ * when the step runs on part of the allocation. A batch script or an salloc shell has SLURM_JOB_ID
+ * but no SLURM_STEP_ID and runs on one node: ddprun is then a one-node job, with a warning when
+ * the allocation has more nodes. A step that runs more tasks than nodes makes each task a node of
+ * the job (SLURM_STEP_NUM_TASKS nodes, SLURM_PROCID its rank), with a warning, instead of giving
+ * two agents one node rank. Each option is taken only where neither the command line nor
+ * PET_<NAME> gave one. Returns 1 when anything was taken from Slurm, 0, or a negative errno.
  */
-static int read_slurm(struct raw *r, char **first_host, char *err, size_t errlen)
+static int read_slurm(struct raw *r, ddprun_config *c, char **first_host, char *err, size_t errlen)
 {
-    const char *job = getenv("SLURM_JOB_ID"), *nn = getenv("SLURM_NNODES");
-    const char *id = getenv("SLURM_NODEID"), *list = getenv("SLURM_JOB_NODELIST");
+    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    const char *nn = getenv("SLURM_STEP_NUM_NODES"), *id = getenv("SLURM_NODEID");
+    const char *list = getenv("SLURM_STEP_NODELIST");
+    const char *tasks = getenv("SLURM_STEP_NUM_TASKS"), *procid = getenv("SLURM_PROCID");
+    bool unset = r->src[O_NNODES] == SRC_DEFAULT && r->src[O_NODE_RANK] == SRC_DEFAULT;
     int used = 0;
-    if (!job || !nn || !id || !list)
+    long nodes, ntasks;
+    if (!job)
         return 0;
+    if (!step) {
+        const char *jn = getenv("SLURM_JOB_NUM_NODES");
+        if (unset && jn && to_long(jn, &nodes) && nodes > 1)
+            return warn(c,
+                        "Slurm job %s has %ld nodes, but this is not a step of it (no "
+                        "SLURM_STEP_ID, as in a batch script or an salloc shell): ddprun runs "
+                        "the job on this node alone; start it with srun --ntasks-per-node=1 to "
+                        "run on every node",
+                        job, nodes);
+        return 0;
+    }
+    if (!nn || !id || !list)
+        return 0;
+    bool per_task =
+        tasks && procid && to_long(nn, &nodes) && to_long(tasks, &ntasks) && ntasks > nodes;
     if (r->src[O_NNODES] == SRC_DEFAULT) {
-        r->value[O_NNODES] = nn;
+        r->value[O_NNODES] = per_task ? tasks : nn;
         r->src[O_NNODES] = SRC_SLURM;
-        snprintf(r->label[O_NNODES], sizeof r->label[0], "--nnodes (from SLURM_NNODES)");
+        snprintf(r->label[O_NNODES], sizeof r->label[0], "--nnodes (from %s)",
+                 per_task ? "SLURM_STEP_NUM_TASKS" : "SLURM_STEP_NUM_NODES");
         used = 1;
     }
     if (r->src[O_NODE_RANK] == SRC_DEFAULT) {
-        r->value[O_NODE_RANK] = id;
+        r->value[O_NODE_RANK] = per_task ? procid : id;
         r->src[O_NODE_RANK] = SRC_SLURM;
-        snprintf(r->label[O_NODE_RANK], sizeof r->label[0], "--node-rank (from SLURM_NODEID)");
+        snprintf(r->label[O_NODE_RANK], sizeof r->label[0], "--node-rank (from %s)",
+                 per_task ? "SLURM_PROCID" : "SLURM_NODEID");
         used = 1;
+    }
+    if (per_task && unset && strcmp(procid, "0") == 0) {
+        const char *tpn = getenv("SLURM_STEP_TASKS_PER_NODE");
+        int rc = warn(c,
+                      "the Slurm step runs %ld tasks on %ld nodes (SLURM_STEP_TASKS_PER_NODE=%s): "
+                      "each task is a ddprun of its own, a node of the job, so the workers of "
+                      "tasks that share a host all count LOCAL_RANK from 0; ddprun, like "
+                      "torchrun, expects one task per node (srun --ntasks-per-node=1)",
+                      ntasks, nodes, tpn ? tpn : "?");
+        if (rc < 0)
+            return rc;
     }
     if (r->src[O_MASTER_ADDR] == SRC_DEFAULT) {
         char **hosts;
@@ -1127,7 +1195,7 @@ static int read_slurm(struct raw *r, char **first_host, char *err, size_t errlen
             return rc;
         if (rc < 0)
             return fail(err, errlen,
-                        "--master-addr (from SLURM_JOB_NODELIST): malformed host list "
+                        "--master-addr (from SLURM_STEP_NODELIST): malformed host list "
                         "'%s'",
                         list);
         *first_host = hosts[0];
@@ -1162,6 +1230,8 @@ void ddprun_config_free(ddprun_config *c)
     free(c->event_log_handler);
     free(c->duplicate_stdout_filters);
     free(c->duplicate_stderr_filters);
+    free(c->program);
+    free(c->warnings);
     memset(c, 0, sizeof *c);
 }
 
@@ -1357,6 +1427,176 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
 #undef TRY
 }
 
+int ddprun_virtual_device(const char *visible, int local_rank, char *buf, size_t len)
+{
+    if (!visible) {
+        int k = snprintf(buf, len, "%d", local_rank);
+        return k >= 0 && (size_t)k < len ? 0 : -ERANGE;
+    }
+    const char *p = visible;
+    for (int i = 0; i < local_rank; i++) {
+        p = strchr(p, ',');
+        if (!p)
+            return -ERANGE;
+        p++;
+    }
+    size_t n = strcspn(p, ",");
+    while (n && isspace((unsigned char)*p))
+        p++, n--;
+    while (n && isspace((unsigned char)p[n - 1]))
+        n--;
+    if (n >= len)
+        return -ERANGE;
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    return 0;
+}
+
+/*
+ * Whether the file at path is a program that torchrun's "python -u path" could not run but exec
+ * can: executable, and a binary (ELF) or a script whose '#!' line names no python. A file that
+ * cannot be read counts as not a program.
+ */
+static bool is_program(const char *path)
+{
+    struct stat st;
+    char head[256];
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || access(path, X_OK) != 0)
+        return false;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, head, sizeof head - 1);
+    close(fd);
+    if (n < 4)
+        return false;
+    head[n] = '\0';
+    if (memcmp(head, "\177ELF", 4) == 0)
+        return true;
+    if (head[0] != '#' || head[1] != '!')
+        return false;
+    head[strcspn(head, "\n")] = '\0';
+    return strstr(head, "python") == NULL;
+}
+
+/* The executable execvp() would run for a name without a slash, in buf; false if none. */
+static bool find_on_path(const char *name, char *buf, size_t len)
+{
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : "/bin:/usr/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        struct stat st;
+        int k = snprintf(buf, len, "%.*s%s%s", (int)n, p, n ? "/" : "", name);
+        if (k > 0 && (size_t)k < len && stat(buf, &st) == 0 && S_ISREG(st.st_mode) &&
+            access(buf, X_OK) == 0)
+            return true;
+        p += n + (p[n] == ':');
+    }
+    return false;
+}
+
+/*
+ * What runs (c->python, c->program). torchrun puts "python -u" in front of every training script
+ * unless --no-python. ddprun does the same, except for programs python cannot run (is_program()),
+ * which run as they are, so that binaries work without --no-python. The file looked at is the one
+ * python would open: the script itself when its name has a slash or a file of that name is in
+ * the working directory (run as "./NAME" then), else the command PATH finds. A name ending in
+ * .py, -m and --run-path always mean python.
+ */
+static int choose_program(const struct raw *r, ddprun_config *c, const char *script, char *err,
+                          size_t errlen)
+{
+    char found[4096];
+    struct stat st;
+    const char *path = NULL;
+    bool here = false;
+    size_t len = strlen(script);
+
+    if (c->run_path && script[0] != '/')
+        return fail(err, errlen, "%s: the training script must be an absolute path, got '%s'",
+                    r->label[O_RUN_PATH], script);
+    c->python = !c->no_python || c->run_path;
+    if (c->python && !c->module && !c->run_path &&
+        !(len > 3 && strcmp(script + len - 3, ".py") == 0)) {
+        if (strchr(script, '/'))
+            path = script;
+        else if (stat(script, &st) == 0 && S_ISREG(st.st_mode))
+            path = script, here = true;
+        else if (find_on_path(script, found, sizeof found))
+            path = found;
+        c->python = !(path && is_program(path));
+    }
+    if (here && !c->python) {
+        c->program = malloc(len + 3);
+        if (c->program)
+            snprintf(c->program, len + 3, "./%s", script);
+    } else {
+        c->program = strdup(script);
+    }
+    return c->program ? 0 : -ENOMEM;
+}
+
+/*
+ * --virtual-local-rank: every local rank must have a device in the list torchrun reads (its
+ * ValueError at worker start is a usage error here). Then one warning per option that is
+ * accepted but changes nothing in ddprun, so that torchrun command lines keep working but say so.
+ */
+static int check_extras(const struct raw *r, ddprun_config *c, char *err, size_t errlen)
+{
+    static const char *forwarded[] = {"SIGINT",  "SIGTERM", "SIGHUP",
+                                      "SIGQUIT", "SIGUSR1", "SIGUSR2"};
+    int rc = 0;
+    char dev[64];
+
+    if (c->virtual_local_rank) {
+        const char *hip = getenv("HIP_VISIBLE_DEVICES");
+        const char *var = hip && *hip ? "HIP_VISIBLE_DEVICES" : "CUDA_VISIBLE_DEVICES";
+        const char *list = getenv(var);
+        int last = c->nproc_per_node - 1;
+        if (ddprun_virtual_device(list, last, dev, sizeof dev) < 0)
+            return fail(err, errlen, "%s: local rank %d has no device in %s=%s",
+                        r->label[O_VIRTUAL_LOCAL_RANK], last, var, list);
+    }
+    if (r->value[O_NUMA_BINDING])
+        rc = warn(c, "%s has no effect in ddprun: workers are not bound to NUMA nodes",
+                  r->label[O_NUMA_BINDING]);
+    if (!rc && r->value[O_LOGS_SPECS])
+        rc = warn(c, "%s has no effect in ddprun: it has no log plug-ins", r->label[O_LOGS_SPECS]);
+    if (!rc && strcmp(r->value[O_EVENT_LOG_HANDLER], "null") != 0)
+        rc = warn(c, "%s has no effect in ddprun: it has no event log handlers",
+                  r->label[O_EVENT_LOG_HANDLER]);
+    for (int id = O_DUPLICATE_STDOUT_FILTERS; !rc && id <= O_DUPLICATE_STDERR_FILTERS; id++)
+        if (*r->value[id])
+            rc = warn(c,
+                      "%s has no effect in ddprun: matching lines are not copied to a file "
+                      "of their own",
+                      r->label[id]);
+    if (!rc && r->value[O_LOCAL_ADDR])
+        rc = warn(c,
+                  "%s has no effect in ddprun: workers reach the store at the rendezvous "
+                  "address",
+                  r->label[O_LOCAL_ADDR]);
+    const char *sigs = r->value[O_SIGNALS_TO_HANDLE];
+    for (const char *p = sigs; !rc && *p;) {
+        size_t n = strcspn(p, ",");
+        const char *q = p;
+        p += n + (p[n] == ',');
+        while (n && isspace((unsigned char)*q))
+            q++, n--;
+        while (n && isspace((unsigned char)q[n - 1]))
+            n--;
+        bool known = false;
+        for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0] && !known; i++)
+            known = strlen(forwarded[i]) == n && strncmp(forwarded[i], q, n) == 0;
+        if (!known)
+            rc = warn(c,
+                      "%s: ddprun does not forward %.*s (it forwards SIGINT, SIGTERM, SIGHUP, "
+                      "SIGQUIT, SIGUSR1 and SIGUSR2)",
+                      r->label[O_SIGNALS_TO_HANDLE], (int)n, q);
+    }
+    return rc;
+}
+
 int ddprun_config_parse(int argc, char **argv, ddprun_config *cfg, char *err, size_t errlen)
 {
     struct raw *r = NULL;
@@ -1388,23 +1628,31 @@ int ddprun_config_parse(int argc, char **argv, ddprun_config *cfg, char *err, si
     if (r->value[O_STANDALONE] && !to_long(r->value[O_STANDALONE], &standalone))
         standalone = 0; /* resolve() reports it */
     if (!standalone) {
-        rc = read_slurm(r, &slurm_host, err, errlen);
+        rc = read_slurm(r, c, &slurm_host, err, errlen);
         if (rc < 0)
             goto out;
         c->from_slurm = rc > 0;
     }
     rc = resolve(r, slurm_host, c, err, errlen);
-    if (rc < 0) {
-        ddprun_config_free(c);
+    if (rc < 0)
         goto out;
-    }
+    rc = choose_program(r, c, argv[script], err, errlen);
+    if (rc < 0)
+        goto out;
+    rc = check_extras(r, c, err, errlen);
+    if (rc < 0)
+        goto out;
     c->argv = argv + script;
     c->argc = argc - script;
     *cfg = *c;
+    free(c);
+    c = NULL;
     rc = 0;
 out:
     if (rc == -ENOMEM && err && errlen && !err[0])
         fail(err, errlen, "out of memory");
+    if (c)
+        ddprun_config_free(c);
     free(slurm_host);
     free(r);
     free(c);

@@ -75,13 +75,13 @@ typedef struct ddprun_config {
     /* Added by options.c (extensions at the end, per house rules). */
     double keep_alive_interval_s;   /* rdzv_conf keep_alive_interval, default 5 */
     int keep_alive_max_attempt;     /* rdzv_conf keep_alive_max_attempt, default 3 */
-    bool virtual_local_rank;        /* --virtual-local-rank: accepted, ignored */
-    char *logs_specs;               /* --logs-specs: accepted, ignored; NULL if unset */
-    char *numa_binding;             /* --numa-binding: checked, ignored; NULL if unset */
+    bool virtual_local_rank;        /* --virtual-local-rank: LOCAL_RANK 0, one GPU per worker */
+    char *logs_specs;               /* --logs-specs: accepted, warned of; NULL if unset */
+    char *numa_binding;             /* --numa-binding: checked, warned of; NULL if unset */
     char *signals_to_handle;        /* --signals-to-handle: checked; default torchrun's list */
-    char *event_log_handler;        /* --event-log-handler: accepted, ignored; default "null" */
-    char *duplicate_stdout_filters; /* --duplicate-stdout-filters: accepted, ignored */
-    char *duplicate_stderr_filters; /* --duplicate-stderr-filters: accepted, ignored */
+    char *event_log_handler;        /* --event-log-handler: accepted; default "null" */
+    char *duplicate_stdout_filters; /* --duplicate-stdout-filters: accepted, warned of */
+    char *duplicate_stderr_filters; /* --duplicate-stderr-filters: accepted, warned of */
     double heartbeat_timeout_s;     /* rdzv_conf heartbeat_timeout; 0: unset (see below) */
     double hung_timeout_s;          /* --hung-timeout: all workers stopped or silent this long
                                      * fail the node; 0 (default): never */
@@ -91,6 +91,14 @@ typedef struct ddprun_config {
                          read by jobtoken.c) */
     char **allow;     /* --allow networks ("10.0.0.0/8", an address), nallow of them, checked */
     int nallow;
+
+    /* What runs, resolved from the training script (ddprun(1), DESCRIPTION). */
+    bool python;    /* run "$PYTHON_EXEC -u [-m] argv..." */
+    char *program;  /* else exec this with argv[1...]: argv[0], or "./" argv[0] for a program
+                     * in the working directory named without a slash */
+    char *warnings; /* lines for ddprun to print on standard error before it starts, each
+                     * "ddprun: warning: ...\n" (options that change nothing, Slurm settings
+                     * it did not use); NULL if none */
 } ddprun_config;
 
 /*
@@ -103,8 +111,11 @@ typedef struct ddprun_config {
 void ddprun_liveness(const ddprun_config *cfg, double *beat_s, double *dead_after_s);
 
 /*
- * Parses argv (argv[0] is the program name) with PET_<NAME> environment defaults and, when the
- * user did not pass them, Slurm's SLURM_JOB_ID/SLURM_NNODES/SLURM_NODEID/SLURM_JOB_NODELIST.
+ * Parses argv (argv[0] is the program name) with PET_<NAME> environment defaults and, in a Slurm
+ * step (SLURM_JOB_ID and SLURM_STEP_ID set) where the user did not pass them, the step's
+ * SLURM_STEP_NUM_NODES/SLURM_NODEID/SLURM_STEP_NODELIST (SLURM_STEP_NUM_TASKS/SLURM_PROCID when
+ * the step runs more tasks than nodes). Decides whether the training script runs under Python,
+ * which reads the script's first bytes.
  * Returns 0 and fills *cfg; 1 when --help, --version or --print-completion printed its text
  * (exit 0); -EINVAL with a message naming the offending flag in err (exit 2, as argparse); or
  * -ENOMEM. *cfg is written only when 0 is returned. Strings in *cfg are owned by it: free with
@@ -114,6 +125,14 @@ void ddprun_liveness(const ddprun_config *cfg, double *beat_s, double *dead_afte
 int ddprun_config_parse(int argc, char **argv, ddprun_config *cfg, char *err, size_t errlen);
 
 void ddprun_config_free(ddprun_config *cfg);
+
+/*
+ * The device a worker of local rank local_rank sees as its only one under --virtual-local-rank,
+ * as torchrun picks it: entry local_rank of visible (CUDA_VISIBLE_DEVICES or
+ * HIP_VISIBLE_DEVICES, comma-separated), or local_rank itself when visible is NULL. Writes it to
+ * buf. Returns 0, or -ERANGE when visible has no such entry or buf is too small. Pure.
+ */
+int ddprun_virtual_device(const char *visible, int local_rank, char *buf, size_t len);
 
 /* Writes --help to stdout, from the same option table the parser uses. */
 void ddprun_print_help(void);

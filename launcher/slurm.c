@@ -1,6 +1,6 @@
 /*
  * Slurm host-list expansion for ddprun's Slurm defaults (the master address is the first host
- * of SLURM_JOB_NODELIST).
+ * of the step's SLURM_STEP_NODELIST).
  *
  * The grammar is Slurm's: a list is comma-separated items; an item is literal text with bracket
  * groups in it; a group is comma-separated numbers and LO-HI ranges. A range prints its numbers

@@ -11,7 +11,7 @@
 #define DDPRUN_SLURM_MAX_HOSTS 65536
 
 /*
- * Expands a Slurm host list as SLURM_JOB_NODELIST carries it: comma-separated items, each of
+ * Expands a Slurm host list as SLURM_STEP_NODELIST carries it: comma-separated items, each of
  * literal text and bracket groups of numbers and ranges (`node[1-3,7]`, `rack[1-2]-n[01-02]`,
  * `x[1,3-4]y`). A range keeps the width of its lower bound, so `gpu[08-11]` gives gpu08 ... gpu11.
  * Several bracket groups in one item expand as their product, the leftmost varying slowest.

@@ -39,7 +39,8 @@ static void setup(void)
         char name[256] = "";
         for (char **e = environ; *e; e++)
             if (strncmp(*e, "PET_", 4) == 0 || strncmp(*e, "SLURM_", 6) == 0 ||
-                strncmp(*e, "TORCH", 5) == 0 || strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0) {
+                strncmp(*e, "TORCH", 5) == 0 || strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0 ||
+                strncmp(*e, "HIP_VISIBLE_DEVICES=", 20) == 0) {
                 snprintf(name, sizeof name, "%.*s", (int)strcspn(*e, "="), *e);
                 break;
             }
@@ -883,12 +884,20 @@ START_TEST(nproc_auto_cpu_gpu)
 }
 END_TEST
 
+/* A step of `srun --ntasks-per-node=1` on the whole allocation, as Slurm 22.05 sets it. */
 static void slurm_env(const char *nodes, const char *id, const char *list)
 {
     setenv("SLURM_JOB_ID", "4242", 1);
+    setenv("SLURM_STEP_ID", "0", 1);
+    setenv("SLURM_JOB_NUM_NODES", nodes, 1);
     setenv("SLURM_NNODES", nodes, 1);
+    setenv("SLURM_STEP_NUM_NODES", nodes, 1);
+    setenv("SLURM_STEP_NUM_TASKS", nodes, 1);
     setenv("SLURM_NODEID", id, 1);
+    setenv("SLURM_PROCID", id, 1);
     setenv("SLURM_JOB_NODELIST", list, 1);
+    setenv("SLURM_NODELIST", list, 1);
+    setenv("SLURM_STEP_NODELIST", list, 1);
 }
 
 START_TEST(slurm_defaults)
@@ -931,28 +940,263 @@ START_TEST(slurm_defaults)
     ck_assert_int_eq(cfg.nnodes_max, 1);
     ck_assert_int_eq(cfg.rdzv_port, 0);
 
-    /* All four variables, or none is used. */
+    /* All the step's variables, or none is used. */
     slurm_env("4", "2", "a[1-4]");
     unsetenv("SLURM_JOB_ID");
     PARSE_OK("t");
     ck_assert(!cfg.from_slurm);
     ck_assert_int_eq(cfg.nnodes_max, 1);
     slurm_env("4", "2", "a[1-4]");
-    unsetenv("SLURM_JOB_NODELIST");
+    unsetenv("SLURM_STEP_NODELIST");
     PARSE_OK("t");
     ck_assert(!cfg.from_slurm);
+    ck_assert_ptr_null(cfg.warnings);
 
     /* Bad Slurm values name the variable and the option. */
     slurm_env("4", "2", "a[1-");
-    PARSE_ERR("--master-addr (from SLURM_JOB_NODELIST): malformed host list 'a[1-'", "t");
+    PARSE_ERR("--master-addr (from SLURM_STEP_NODELIST): malformed host list 'a[1-'", "t");
     PARSE_OK("--master-addr", "ok", "t"); /* not looked at */
     slurm_env("x", "0", "a");
-    PARSE_ERR("--nnodes (from SLURM_NNODES)", "t");
+    PARSE_ERR("--nnodes (from SLURM_STEP_NUM_NODES)", "t");
     slurm_env("2", "2", "a,b");
     PARSE_ERR("--node-rank (from SLURM_NODEID): 2 is not below the node count 2", "t");
     slurm_env("2", "1", "a[1-2],b[3-4]");
     PARSE_OK("t");
     ck_assert_str_eq(cfg.master_addr, "a1");
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
+/* `salloc -N2 srun -N1 -w node2 ddprun ...`: the step's node list and counts, not the job's (in
+ * such a step SLURM_NODELIST is the job's list too). */
+START_TEST(slurm_subset_step)
+{
+    slurm_env("1", "0", "node2");
+    setenv("SLURM_JOB_NUM_NODES", "2", 1);
+    setenv("SLURM_JOB_NODELIST", "node[1-2]", 1);
+    setenv("SLURM_NODELIST", "node[1-2]", 1);
+    PARSE_OK("--nnodes", "1", "--master-port", "29501", "t");
+    ck_assert(cfg.from_slurm);
+    ck_assert_str_eq(cfg.master_addr, "node2");
+    ck_assert_int_eq(cfg.node_rank, 0);
+    /* Two of three nodes, this one the second of the step. */
+    slurm_env("2", "1", "n[2-3]");
+    setenv("SLURM_JOB_NUM_NODES", "3", 1);
+    setenv("SLURM_JOB_NODELIST", "n[1-3]", 1);
+    setenv("SLURM_NODELIST", "n[1-3]", 1);
+    PARSE_OK("t");
+    ck_assert_int_eq(cfg.nnodes_max, 2);
+    ck_assert_int_eq(cfg.node_rank, 1);
+    ck_assert_str_eq(cfg.master_addr, "n2");
+    ck_assert_ptr_null(cfg.warnings);
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
+/* A batch script (or an salloc shell): SLURM_JOB_ID and the job's variables, no SLURM_STEP_ID.
+ * ddprun is then a one-node job, and says so when the allocation has more nodes. */
+START_TEST(slurm_batch_script)
+{
+    setenv("SLURM_JOB_ID", "77", 1);
+    setenv("SLURM_JOB_NUM_NODES", "2", 1);
+    setenv("SLURM_NNODES", "2", 1);
+    setenv("SLURM_NODEID", "0", 1);
+    setenv("SLURM_PROCID", "0", 1);
+    setenv("SLURM_JOB_NODELIST", "b[1-2]", 1);
+    setenv("SLURM_NODELIST", "b[1-2]", 1);
+    PARSE_OK("t");
+    ck_assert(!cfg.from_slurm);
+    ck_assert_int_eq(cfg.nnodes_max, 1);
+    ck_assert_int_eq(cfg.rdzv_port, 0); /* torchrun's one-node rule: a local store */
+    ck_assert_ptr_nonnull(cfg.warnings);
+    ck_assert_msg(strstr(cfg.warnings, "ddprun: warning: Slurm job 77 has 2 nodes, but this is "
+                                       "not a step of it") &&
+                      strstr(cfg.warnings, "srun --ntasks-per-node=1"),
+                  "%s", cfg.warnings);
+    /* Told the node count, no warning. */
+    PARSE_OK("--nnodes", "1", "t");
+    ck_assert_ptr_null(cfg.warnings);
+    /* A one-node allocation: nothing to say. */
+    setenv("SLURM_JOB_NUM_NODES", "1", 1);
+    PARSE_OK("t");
+    ck_assert_ptr_null(cfg.warnings);
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
+/* `srun -N2 -n4 ddprun ...`: two tasks per node. Each task is a node of the job, ranked by
+ * SLURM_PROCID, and task 0 warns (once for the step). */
+START_TEST(slurm_tasks_per_node)
+{
+    slurm_env("2", "1", "m[1-2]");
+    setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+    setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2)", 1);
+    setenv("SLURM_PROCID", "3", 1);
+    PARSE_OK("t");
+    ck_assert(cfg.from_slurm);
+    ck_assert_int_eq(cfg.nnodes_max, 4);
+    ck_assert_int_eq(cfg.node_rank, 3);
+    ck_assert_str_eq(cfg.master_addr, "m1");
+    ck_assert_ptr_null(cfg.warnings);
+    setenv("SLURM_PROCID", "0", 1);
+    setenv("SLURM_NODEID", "0", 1);
+    PARSE_OK("t");
+    ck_assert_int_eq(cfg.node_rank, 0);
+    ck_assert_ptr_nonnull(cfg.warnings);
+    ck_assert_msg(strstr(cfg.warnings, "the Slurm step runs 4 tasks on 2 nodes "
+                                       "(SLURM_STEP_TASKS_PER_NODE=2(x2))") &&
+                      strstr(cfg.warnings, "one task per node"),
+                  "%s", cfg.warnings);
+    setenv("SLURM_PROCID", "5", 1);
+    PARSE_ERR("--node-rank (from SLURM_PROCID): 5 is not below the node count 4", "t");
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
+/* Writes a file of `mode` holding `text` under dir; returns its path (static buffer). */
+static const char *make_file(const char *dir, const char *name, const char *text, mode_t mode)
+{
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+    ck_assert_int_eq(chmod(path, mode), 0);
+    return path;
+}
+
+/* What runs: torchrun's "python -u SCRIPT" for any name, except programs python cannot run. */
+START_TEST(python_or_program)
+{
+    char dir[] = "/tmp/ddprun-test-prog-XXXXXX", path[300], cwd[4096];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    ck_assert_int_eq(chdir(dir), 0);
+
+    /* A Python script named trainer, no .py: python, with or without the execute bit or a
+     * python '#!' line, named with or without a directory. */
+    make_file(dir, "trainer", "import os\nprint(os.environ['RANK'])\n", 0644);
+    PARSE_OK("trainer", "--lr", "1");
+    ck_assert(cfg.python);
+    ck_assert_str_eq(cfg.argv[0], "trainer");
+    make_file(dir, "trainer", "#!/usr/bin/env python3\nprint(1)\n", 0755);
+    PARSE_OK("trainer");
+    ck_assert(cfg.python);
+    snprintf(path, sizeof path, "%s/trainer", dir);
+    PARSE_OK(path);
+    ck_assert(cfg.python);
+    make_file(dir, "trainer", "print(1)\n", 0755);
+    PARSE_OK("./trainer");
+    ck_assert(cfg.python);
+    /* A file that does not exist anywhere: python, which says so (as torchrun). */
+    PARSE_OK("no-such-trainer");
+    ck_assert(cfg.python);
+    PARSE_OK("t.py");
+    ck_assert(cfg.python);
+
+    /* Programs: binaries, scripts with another interpreter; on PATH or in the directory. */
+    make_file(dir, "run.sh", "#!/bin/sh\necho hi\n", 0755);
+    PARSE_OK("./run.sh");
+    ck_assert(!cfg.python);
+    ck_assert_str_eq(cfg.program, "./run.sh");
+    PARSE_OK("run.sh");
+    ck_assert(!cfg.python);
+    ck_assert_str_eq(cfg.program, "./run.sh"); /* exec would not look in the directory */
+    PARSE_OK("/bin/false");
+    ck_assert(!cfg.python);
+    ck_assert_str_eq(cfg.program, "/bin/false");
+    PARSE_OK("sh", "-c", "true");
+    ck_assert(!cfg.python);
+    ck_assert_str_eq(cfg.program, "sh");
+    /* ...but not without the execute bit, and not .py, -m or --run-path. */
+    make_file(dir, "run.sh", "#!/bin/sh\necho hi\n", 0644);
+    PARSE_OK("./run.sh");
+    ck_assert(cfg.python);
+    make_file(dir, "x.py", "#!/bin/sh\necho hi\n", 0755);
+    PARSE_OK("x.py");
+    ck_assert(cfg.python);
+    PARSE_OK("-m", "sh");
+    ck_assert(cfg.python && cfg.module);
+
+    /* --no-python: the program as named, looked up on PATH by exec. */
+    PARSE_OK("--no-python", "trainer");
+    ck_assert(!cfg.python);
+    ck_assert_str_eq(cfg.program, "trainer");
+
+    /* --run-path: python, on an absolute path only. */
+    PARSE_OK("--run-path", "--no-python", path);
+    ck_assert(cfg.python);
+    PARSE_ERR("--run-path: the training script must be an absolute path, got 'trainer'",
+              "--run-path", "trainer");
+    setenv("PET_RUN_PATH", "1", 1);
+    PARSE_ERR("--run-path (from PET_RUN_PATH): the training script must be an absolute path",
+              "t.py");
+    unsetenv("PET_RUN_PATH");
+
+    ck_assert_int_eq(chdir(cwd), 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
+/* --virtual-local-rank: torchrun's device choice, and a usage error when a rank has none. */
+START_TEST(virtual_local_rank)
+{
+    char dev[16];
+    ck_assert_int_eq(ddprun_virtual_device(NULL, 3, dev, sizeof dev), 0);
+    ck_assert_str_eq(dev, "3");
+    ck_assert_int_eq(ddprun_virtual_device("4,5, 6 ,GPU-ab", 2, dev, sizeof dev), 0);
+    ck_assert_str_eq(dev, "6");
+    ck_assert_int_eq(ddprun_virtual_device("4,5, 6 ,GPU-ab", 3, dev, sizeof dev), 0);
+    ck_assert_str_eq(dev, "GPU-ab");
+    ck_assert_int_eq(ddprun_virtual_device("4,5", 2, dev, sizeof dev), -ERANGE);
+    ck_assert_int_eq(ddprun_virtual_device("4,5", 0, dev, 1), -ERANGE);
+
+    PARSE_OK("--virtual-local-rank", "--nproc-per-node", "4", "t");
+    ck_assert(cfg.virtual_local_rank);
+    setenv("CUDA_VISIBLE_DEVICES", "1,3", 1);
+    PARSE_OK("--virtual-local-rank", "--nproc-per-node", "2", "t");
+    PARSE_ERR("--virtual-local-rank: local rank 2 has no device in CUDA_VISIBLE_DEVICES=1,3",
+              "--virtual-local-rank", "--nproc-per-node", "3", "t");
+    setenv("HIP_VISIBLE_DEVICES", "0", 1);
+    PARSE_ERR("local rank 1 has no device in HIP_VISIBLE_DEVICES=0", "--virtual-local-rank",
+              "--nproc-per-node", "2", "t");
+    unsetenv("HIP_VISIBLE_DEVICES");
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
+/* Options that change nothing in ddprun: accepted, with one warning line each. */
+START_TEST(ignored_options_warn)
+{
+    PARSE_OK("--monitor-interval", "1", "--start-method", "fork", "t");
+    ck_assert_ptr_null(cfg.warnings);
+    PARSE_OK("--numa-binding", "node", "--logs-specs", "x", "--event-log-handler", "console",
+             "--duplicate-stdout-filters", "a", "--duplicate-stderr-filters", "b", "--local-addr",
+             "10.0.0.1", "--signals-to-handle", "SIGTERM,SIGUSR1, SIGALRM", "t");
+    const char *want[] = {
+        "ddprun: warning: --numa-binding has no effect in ddprun",
+        "ddprun: warning: --logs-specs has no effect in ddprun",
+        "ddprun: warning: --event-log-handler has no effect in ddprun",
+        "ddprun: warning: --duplicate-stdout-filters has no effect in ddprun",
+        "ddprun: warning: --duplicate-stderr-filters has no effect in ddprun",
+        "ddprun: warning: --local-addr has no effect in ddprun",
+        "ddprun: warning: --signals-to-handle: ddprun does not forward SIGALRM ",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        ck_assert_msg(strstr(cfg.warnings, want[i]), "'%s' not in '%s'", want[i], cfg.warnings);
+    int lines = 0;
+    for (const char *p = cfg.warnings; *p; p++)
+        lines += *p == '\n';
+    ck_assert_int_eq(lines, 7);
+    setenv("PET_EVENT_LOG_HANDLER", "console", 1);
+    PARSE_OK("t");
+    ck_assert_str_eq(cfg.warnings, "ddprun: warning: --event-log-handler (from "
+                                   "PET_EVENT_LOG_HANDLER) has no effect in ddprun: it has no "
+                                   "event log handlers\n");
     ddprun_config_free(&cfg);
 }
 END_TEST
@@ -1070,6 +1314,12 @@ int main(void)
     tcase_add_test(tc, control_plane);
     tcase_add_test(tc, nproc_auto_cpu_gpu);
     tcase_add_test(tc, slurm_defaults);
+    tcase_add_test(tc, slurm_subset_step);
+    tcase_add_test(tc, slurm_batch_script);
+    tcase_add_test(tc, slurm_tasks_per_node);
+    tcase_add_test(tc, python_or_program);
+    tcase_add_test(tc, virtual_local_rank);
+    tcase_add_test(tc, ignored_options_warn);
     tcase_add_test(tc, help_and_version);
     suite_add_tcase(s, tc);
 
