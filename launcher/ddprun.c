@@ -2556,8 +2556,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", err[0] ? err : PROG ": bad arguments");
         return 2;
     }
-    if (cfg.warnings)
-        fputs(cfg.warnings, stderr);
+    for (const char *w = cfg.warnings, *nl; w && (nl = strchr(w, '\n')); w = nl + 1)
+        say("%.*s", (int)(nl - w), w);
     signal(SIGPIPE, SIG_IGN);
     /* A log file past RLIMIT_FSIZE fails with EFBIG, which ddprun reports, instead of killing
      * it. (Workers start with default dispositions: libuv resets them in the child.) */

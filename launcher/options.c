@@ -367,7 +367,7 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
     return -EINVAL;
 }
 
-/* Appends "ddprun: warning: MESSAGE\n" to c->warnings. Returns 0 or -ENOMEM. */
+/* Appends "warning: MESSAGE\n" to c->warnings (ddprun prints each line as its own message). Returns 0 or -ENOMEM. */
 static int warn(ddprun_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static int warn(ddprun_config *c, const char *fmt, ...)
@@ -378,11 +378,11 @@ static int warn(ddprun_config *c, const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     size_t have = c->warnings ? strlen(c->warnings) : 0;
-    size_t add = sizeof "ddprun: warning: \n" + strlen(line);
+    size_t add = sizeof "warning: \n" + strlen(line);
     char *w = realloc(c->warnings, have + add);
     if (!w)
         return -ENOMEM;
-    snprintf(w + have, add, "ddprun: warning: %s\n", line);
+    snprintf(w + have, add, "warning: %s\n", line);
     c->warnings = w;
     return 0;
 }

@@ -96,9 +96,9 @@ typedef struct ddprun_config {
     bool python;    /* run "$PYTHON_EXEC -u [-m] argv..." */
     char *program;  /* else exec this with argv[1...]: argv[0], or "./" argv[0] for a program
                      * in the working directory named without a slash */
-    char *warnings; /* lines for ddprun to print on standard error before it starts, each
-                     * "ddprun: warning: ...\n" (options that change nothing, Slurm settings
-                     * it did not use); NULL if none */
+    char *warnings; /* lines "warning: ...\n" that ddprun prints as its own messages before
+                     * it starts (options that change nothing, Slurm settings it did not
+                     * use); NULL if none */
 } ddprun_config;
 
 /*

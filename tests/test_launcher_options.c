@@ -1009,7 +1009,7 @@ START_TEST(slurm_batch_script)
     ck_assert_int_eq(cfg.nnodes_max, 1);
     ck_assert_int_eq(cfg.rdzv_port, 0); /* torchrun's one-node rule: a local store */
     ck_assert_ptr_nonnull(cfg.warnings);
-    ck_assert_msg(strstr(cfg.warnings, "ddprun: warning: Slurm job 77 has 2 nodes, but this is "
+    ck_assert_msg(strstr(cfg.warnings, "warning: Slurm job 77 has 2 nodes, but this is "
                                        "not a step of it") &&
                       strstr(cfg.warnings, "srun --ntasks-per-node=1"),
                   "%s", cfg.warnings);
@@ -1178,13 +1178,13 @@ START_TEST(ignored_options_warn)
              "--duplicate-stdout-filters", "a", "--duplicate-stderr-filters", "b", "--local-addr",
              "10.0.0.1", "--signals-to-handle", "SIGTERM,SIGUSR1, SIGALRM", "t");
     const char *want[] = {
-        "ddprun: warning: --numa-binding has no effect in ddprun",
-        "ddprun: warning: --logs-specs has no effect in ddprun",
-        "ddprun: warning: --event-log-handler has no effect in ddprun",
-        "ddprun: warning: --duplicate-stdout-filters has no effect in ddprun",
-        "ddprun: warning: --duplicate-stderr-filters has no effect in ddprun",
-        "ddprun: warning: --local-addr has no effect in ddprun",
-        "ddprun: warning: --signals-to-handle: ddprun does not forward SIGALRM ",
+        "warning: --numa-binding has no effect in ddprun",
+        "warning: --logs-specs has no effect in ddprun",
+        "warning: --event-log-handler has no effect in ddprun",
+        "warning: --duplicate-stdout-filters has no effect in ddprun",
+        "warning: --duplicate-stderr-filters has no effect in ddprun",
+        "warning: --local-addr has no effect in ddprun",
+        "warning: --signals-to-handle: ddprun does not forward SIGALRM ",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         ck_assert_msg(strstr(cfg.warnings, want[i]), "'%s' not in '%s'", want[i], cfg.warnings);
@@ -1194,7 +1194,7 @@ START_TEST(ignored_options_warn)
     ck_assert_int_eq(lines, 7);
     setenv("PET_EVENT_LOG_HANDLER", "console", 1);
     PARSE_OK("t");
-    ck_assert_str_eq(cfg.warnings, "ddprun: warning: --event-log-handler (from "
+    ck_assert_str_eq(cfg.warnings, "warning: --event-log-handler (from "
                                    "PET_EVENT_LOG_HANDLER) has no effect in ddprun: it has no "
                                    "event log handlers\n");
     ddprun_config_free(&cfg);
