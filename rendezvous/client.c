@@ -1120,6 +1120,24 @@ int rdzv_add(rdzv_client *c, const char *key, int64_t delta, int64_t *result)
     return rc;
 }
 
+/* COMPARE_SET without the public checks; used by rdzv_compare_set() and the barrier. */
+static int do_compare_set(rdzv_client *c, const char *key, const void *expected,
+                          size_t expected_nbytes, const void *desired, size_t desired_nbytes,
+                          void **value, size_t *nbytes, int64_t deadline)
+{
+    rdzv__wbuf_reset(&c->sbuf);
+    rdzv__put_u8(&c->sbuf, RDZV_M_COMPARE_SET);
+    put_key(c, key);
+    rdzv__put_vec(&c->sbuf, expected, expected_nbytes);
+    rdzv__put_vec(&c->sbuf, desired, desired_nbytes);
+    int rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, deadline);
+    if (rc == 0)
+        rc = recv_vec(c, value, nbytes, deadline);
+    return rc;
+}
+
 int rdzv_compare_set(rdzv_client *c, const char *key, const void *expected, size_t expected_nbytes,
                      const void *desired, size_t desired_nbytes, void **value, size_t *nbytes)
 {
@@ -1127,19 +1145,9 @@ int rdzv_compare_set(rdzv_client *c, const char *key, const void *expected, size
         !nbytes)
         return invalid(c, "compare_set");
     int rc = op_begin(c, "compare_set", &key, 1);
-    if (rc < 0)
-        goto out;
-    int64_t deadline = call_deadline(c);
-    rdzv__put_u8(&c->sbuf, RDZV_M_COMPARE_SET);
-    put_key(c, key);
-    rdzv__put_vec(&c->sbuf, expected, expected_nbytes);
-    rdzv__put_vec(&c->sbuf, desired, desired_nbytes);
-    rc = encoded(c);
     if (rc == 0)
-        rc = send_request(c, deadline);
-    if (rc == 0)
-        rc = recv_vec(c, value, nbytes, deadline);
-out:
+        rc = do_compare_set(c, key, expected, expected_nbytes, desired, desired_nbytes, value,
+                            nbytes, call_deadline(c));
     op_end(c);
     return rc;
 }
@@ -1370,62 +1378,183 @@ static char *key_printf(const char *fmt, ...)
 }
 
 /*
- * The barrier's keys, all under the client's prefix:
- *   <name>/arrived    an ADD counter; arrival n belongs to generation (n - 1) / world_size
- *   <name>/gen/<g>    set by the last arrival of generation g; everyone waits on it
- * The last arrival of generation g also deletes <name>/gen/<g-1>. That is safe: all members
- * of g - 1 have left it, since each arrived at g after returning from g - 1.
+ * The barrier. Its keys, all under the client's prefix:
+ *   <name>/state     "<gen> <world> <count> <tag>": round <gen> is under way with <count> of
+ *                    <world> callers in it (count 0, world 0: nobody is waiting, and the next
+ *                    caller opens round <gen> with its own world size). Changed only by
+ *                    COMPARE_SET; <tag> is fresh randomness of each writer, so that a writer
+ *                    can tell its own successful swap from another's identical one.
+ *   <name>/done/<g>  set by the caller that completed round g; the others wait for it.
+ * A caller joins the current round with one successful COMPARE_SET. The caller completing a
+ * round moves the state on to the next generation (count 0) in the same swap, so a stale
+ * arrival can never count towards a later round. A caller whose wait times out withdraws its
+ * arrival with another swap, unless the state has moved on meanwhile: then its round completed
+ * with it, and it succeeds. Either way its arrival is settled before it returns.
+ *
+ * The completing caller deletes done/<g-1>. A caller of round g-1 still on its way to the WAIT
+ * then (it would have to be overtaken by a whole round) waits until its timeout and succeeds on
+ * finding the state moved on; a slow return, never a wrong one.
  */
+#define BARRIER_STATE_BYTES 96
+
+typedef struct barrier_round {
+    int64_t gen, world, count;
+} barrier_round;
+
+/* Parses a state value ("" for a missing key: round 0, empty). Returns 0 or -1 if malformed. */
+static int parse_round(const char *s, size_t n, barrier_round *r)
+{
+    *r = (barrier_round){0, 0, 0};
+    if (n == 0)
+        return 0;
+    char buf[BARRIER_STATE_BYTES];
+    if (n >= sizeof buf || memchr(s, 0, n))
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    int used = 0;
+    if (sscanf(buf, "%" SCNd64 " %" SCNd64 " %" SCNd64 " %*16[0-9a-f]%n", &r->gen, &r->world,
+               &r->count, &used) != 3 ||
+        (size_t)used != n)
+        return -1;
+    if (r->gen < 0 || r->count < 0 || r->world < 0 || r->world > INT_MAX ||
+        (r->count == 0) != (r->world == 0) || (r->count > 0 && r->count >= r->world))
+        return -1;
+    return 0;
+}
+
+/*
+ * Swaps the state from `cur` (curlen bytes, "" for missing) to `next`. Returns 1 if this call
+ * made the swap, 0 if not (then `cur` holds the state found, NUL-terminated, up to
+ * BARRIER_STATE_BYTES - 1 bytes, and *curlen its length), or a negative errno. A state longer
+ * than the buffer is reported as a malformed one of BARRIER_STATE_BYTES bytes.
+ */
+static int swap_round(rdzv_client *c, const char *key, char *cur, size_t *curlen,
+                      const barrier_round *next, int64_t deadline)
+{
+    char want[BARRIER_STATE_BYTES];
+    int n = snprintf(want, sizeof want, "%" PRId64 " %" PRId64 " %" PRId64 " %016" PRIx64,
+                     next->gen, next->world, next->count, rng_next(&c->rng));
+    assert(n > 0 && (size_t)n < sizeof want);
+    void *got = NULL;
+    size_t gotlen = 0;
+    int rc = do_compare_set(c, key, cur, *curlen, want, (size_t)n, &got, &gotlen, deadline);
+    if (rc < 0)
+        return rc;
+    if (gotlen == (size_t)n && memcmp(got, want, gotlen) == 0) {
+        memcpy(cur, want, (size_t)n + 1);
+        *curlen = (size_t)n;
+        rc = 1;
+    } else if (*curlen > 0 && gotlen == *curlen && memcmp(got, cur, gotlen) == 0) {
+        /* PyTorch's answer when the key is missing and `expected` is not empty. */
+        cur[0] = 0;
+        *curlen = 0;
+    } else {
+        *curlen = gotlen < BARRIER_STATE_BYTES ? gotlen : BARRIER_STATE_BYTES;
+        memcpy(cur, got, *curlen < BARRIER_STATE_BYTES ? *curlen : BARRIER_STATE_BYTES - 1);
+        cur[*curlen < BARRIER_STATE_BYTES ? *curlen : BARRIER_STATE_BYTES - 1] = 0;
+    }
+    free(got);
+    return rc;
+}
+
+static int bad_state(rdzv_client *c, const char *key, const char *cur)
+{
+    return fail(c, -EPROTO, "barrier state '%.64s' holds '%.40s', not a barrier round; was it "
+                "changed by hand?", key, cur);
+}
+
+/* Withdraws this caller's arrival in round `gen` after its wait timed out (see above). */
+static int barrier_withdraw(rdzv_client *c, const char *key, char *cur, size_t curlen, int64_t gen,
+                            int world_size, int ms)
+{
+    int64_t deadline = call_deadline(c);
+    for (;;) {
+        barrier_round r;
+        if (parse_round(cur, curlen, &r) < 0)
+            return bad_state(c, key, cur);
+        if (r.gen > gen)
+            return 0; /* the round completed with this caller in it */
+        if (r.gen < gen || r.count == 0)
+            break; /* reset by hand: nothing of ours to withdraw */
+        barrier_round next = {r.gen, r.count > 1 ? r.world : 0, r.count - 1};
+        int rc = swap_round(c, key, cur, &curlen, &next, deadline);
+        if (rc < 0)
+            return rc;
+        if (rc == 1) {
+            r = next;
+            return fail(c, -ETIMEDOUT,
+                        "round %" PRId64 " not complete within %d ms: %" PRId64 " of %d arrived "
+                        "besides this caller, which has withdrawn",
+                        gen, ms, r.count, world_size);
+        }
+    }
+    return fail(c, -ETIMEDOUT, "round %" PRId64 " not complete within %d ms", gen, ms);
+}
+
 int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms)
 {
     if (!c || !name || world_size < 1)
         return invalid(c, "barrier");
-    char *arrived = NULL, *gen_key = NULL, *old_key = NULL;
+    char *state = NULL, *done = NULL, *old = NULL;
+    char cur[BARRIER_STATE_BYTES] = "";
+    size_t curlen = 0;
     int rc = op_begin(c, "barrier", &name, 1);
     if (rc < 0)
         goto out;
     int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
     int64_t deadline = rdzv__deadline_ns(ms);
-
-    arrived = key_printf("%s/arrived", name);
-    if (!arrived) {
+    state = key_printf("%s/state", name);
+    if (!state) {
         rc = fail(c, -ENOMEM, "out of memory");
         goto out;
     }
-    int64_t n;
-    rc = do_add(c, arrived, 1, &n, deadline);
+
+    /* Join the round under way, or open one; the last caller of a round completes it. */
+    barrier_round r, next;
+    do {
+        if (parse_round(cur, curlen, &r) < 0) {
+            rc = bad_state(c, state, cur);
+            goto out;
+        }
+        if (r.count > 0 && r.world != world_size) {
+            rc = fail(c, -EINVAL,
+                      "round %" PRId64 " of this barrier is for %" PRId64 " callers (%" PRId64
+                      " waiting), not %d: every caller of a round must pass the same world size",
+                      r.gen, r.world, r.count, world_size);
+            goto out;
+        }
+        if (r.count + 1 == world_size)
+            next = (barrier_round){r.gen + 1, 0, 0};
+        else
+            next = (barrier_round){r.gen, world_size, r.count + 1};
+        rc = swap_round(c, state, cur, &curlen, &next, deadline);
+    } while (rc == 0);
     if (rc < 0)
         goto out;
-    if (n < 1) {
-        rc = fail(c, -EPROTO, "arrival counter '%s' holds %" PRId64 "; was it changed by hand?",
-                  arrived, n);
-        goto out;
-    }
-    int64_t gen = (n - 1) / world_size;
-    gen_key = key_printf("%s/gen/%" PRId64, name, gen);
-    old_key = gen > 0 ? key_printf("%s/gen/%" PRId64, name, gen - 1) : NULL;
-    if (!gen_key || (gen > 0 && !old_key)) {
+
+    done = key_printf("%s/done/%" PRId64, name, r.gen);
+    old = r.gen > 0 ? key_printf("%s/done/%" PRId64, name, r.gen - 1) : NULL;
+    if (!done || (r.gen > 0 && !old)) {
         rc = fail(c, -ENOMEM, "out of memory");
         goto out;
     }
-    if (n % world_size == 0) {
-        rc = do_set(c, gen_key, "1", 1, deadline);
-        if (rc == 0 && old_key)
-            rc = do_delete(c, old_key, deadline);
-        if (rc < 0)
-            goto out;
+    if (next.gen > r.gen) {
+        rc = do_set(c, done, "1", 1, deadline);
+        if (rc == 0 && old)
+            rc = do_delete(c, old, deadline);
+        if (rc > 0)
+            rc = 0;
+        goto out;
     }
-    const char *keys[1] = {gen_key};
+    const char *keys[1] = {done};
     rc = do_wait(c, keys, 1, deadline, ms);
-    if (rc == -ETIMEDOUT)
-        fail(c, rc,
-             "generation %" PRId64 " not complete within %d ms (this caller arrived %" PRId64
-             " of %d)",
-             gen, ms, n - gen * world_size, world_size);
+    if (rc == -ETIMEDOUT && !c->broken)
+        rc = barrier_withdraw(c, state, cur, curlen, r.gen, world_size, ms);
 out:
-    free(arrived);
-    free(gen_key);
-    free(old_key);
+    free(state);
+    free(done);
+    free(old);
     op_end(c);
     return rc;
 }
