@@ -368,11 +368,15 @@ int rdzv_ping(rdzv_client *c);
 int rdzv_status(rdzv_client *c, char **json);
 
 /*
- * A reusable barrier: returns once `world_size` callers (all using the same `name` and
- * `world_size`) have entered it, or after timeout_ms (< 0: the client's timeout) with
- * -ETIMEDOUT. Each use of a name is a new generation, so a barrier name can be reused
- * without stale keys from an earlier round releasing anyone early; keys of finished generations
- * are deleted. Call on all participating ranks. Returns 0 or a negative errno.
+ * A reusable barrier: returns 0 once `world_size` callers (all using the same `name` and
+ * `world_size`) have entered the same round of it. A name serves any number of rounds, one after
+ * another; callers that arrive once a round has completed join the next. After timeout_ms (< 0:
+ * the client's timeout) the caller withdraws its arrival and gets -ETIMEDOUT, so a retry is a
+ * new arrival and a lone caller never passes; a caller killed while waiting stays counted. A
+ * round under way for another world size answers -EINVAL at once (client usable). Keys, under
+ * the client's prefix: "<name>/state" and "<name>/done/<round>" (see librendezvous(3),
+ * Barriers). Call on all participating ranks. Returns 0, -ETIMEDOUT, -EINVAL, -EPROTO (the state
+ * key was changed by hand) or another negative errno.
  */
 int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms);
 
