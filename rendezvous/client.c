@@ -19,7 +19,7 @@
  * token before it proves that it does, and an authentication failure is final (-EACCES), not
  * retried.
  *
- * Non-goals: no legacy (PyTorch 1.x) generation, no queue or list-keys operations, no
+ * Non-goals: no legacy (PyTorch 1.x) generation, no queue operations, no
  * reconnection after a failure, no thread safety (one client per thread). Nothing here prints,
  * exits or aborts; failures are negative errno values plus a sentence in the client's last error.
  */
@@ -437,6 +437,8 @@ void rdzv_client_options_init(rdzv_client_options *opts)
     opts->backoff_initial_ms = 10;
     opts->backoff_max_ms = 1000;
     opts->prefix = NULL;
+    opts->refused_timeout_ms = -1;
+    opts->handshake_timeout_ms = 5000;
 }
 
 /* Frees a copy of a token, wiping it first. */
@@ -693,7 +695,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
     rdzv_client *c = NULL;
     struct addrinfo *list = NULL;
     char endpoint[300];
-    char why[160] = "";
+    char why[300] = "";
     const char *stage = "connect to";
     int rc = 0;
     int attempts = 0;
@@ -752,6 +754,11 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                              .ai_protocol = IPPROTO_TCP,
                              .ai_flags = AI_NUMERICSERV};
     int64_t backoff_ms = opts->backoff_initial_ms;
+    int64_t start = rdzv__now_ns();
+    /* The handshake window opens at the first accepted connection (and again after a refusal:
+     * whatever held the port went away). 0: not open. */
+    int64_t hs_end = 0;
+    int hs_closed = 0; /* handshakes the peer closed within the window */
     for (;;) {
         /* One attempt: resolve (names may appear late), connect, then the handshake. */
         attempts++;
@@ -769,6 +776,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
             rc = connect_addrs(list, deadline);
             freeaddrinfo(list);
             list = NULL;
+            int64_t hs_deadline = deadline;
             if (rc >= 0) {
                 c->fd = rc;
                 c->rpos = c->rlen = 0;
@@ -776,22 +784,61 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                 setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
                 stage = "handshake with";
                 why[0] = 0;
-                rc = c->token ? auth_handshake(c, deadline, why, sizeof why)
-                              : handshake(c, deadline);
+                if (opts->handshake_timeout_ms >= 0) {
+                    if (hs_end == 0)
+                        hs_end = rdzv__now_ns() + (int64_t)opts->handshake_timeout_ms * 1000000;
+                    if (hs_end < hs_deadline)
+                        hs_deadline = hs_end;
+                }
+                rc = c->token ? auth_handshake(c, hs_deadline, why, sizeof why)
+                              : handshake(c, hs_deadline);
                 if (rc == 0)
                     break;
                 close(c->fd);
                 c->fd = -1;
+            } else if (rc == -ECONNREFUSED) {
+                hs_end = 0;
+                hs_closed = 0;
             }
-            if (rc == -EACCES && why[0])
-                ; /* auth_handshake() said why */
-            else if (rc == -EPROTO)
-                snprintf(why, sizeof why, "the peer does not answer like a rendezvous store");
-            else if (rc == -ETIMEDOUT && strcmp(stage, "handshake with") == 0)
-                snprintf(why, sizeof why, "no answer to the handshake");
-            else
-                snprintf(why, sizeof why, "%s", rdzv_strerror(rc));
             retry = retryable(-rc);
+            bool in_handshake = strcmp(stage, "handshake with") == 0;
+            bool closed = rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED;
+            if (in_handshake && closed)
+                hs_closed++;
+            if (rc == -EACCES && why[0]) {
+                ; /* auth_handshake() said why */
+            } else if (rc == -EPROTO) {
+                snprintf(why, sizeof why,
+                         "the peer answered the handshake with something else: not a ddprun or "
+                         "PyTorch store (another service on this port?)");
+            } else if (in_handshake && hs_end != 0 &&
+                       ((rc == -ETIMEDOUT && hs_deadline < deadline) ||
+                        (closed && rdzv__now_ns() >= hs_end))) {
+                if (hs_closed > 0)
+                    snprintf(why, sizeof why,
+                             "the peer accepted and closed %d connection%s without answering the "
+                             "handshake within %d ms: not a ddprun or PyTorch store (another "
+                             "service on this port?), or a store refusing connections (at its "
+                             "connection limit?)",
+                             hs_closed, hs_closed == 1 ? "" : "s", opts->handshake_timeout_ms);
+                else
+                    snprintf(why, sizeof why,
+                             "the peer accepted the connection but did not answer the handshake "
+                             "within %d ms: not a ddprun or PyTorch store (another service on "
+                             "this port?), or a store that has stopped serving",
+                             opts->handshake_timeout_ms);
+                rc = -EPROTO;
+                retry = false;
+            } else if (rc == -ETIMEDOUT && in_handshake) {
+                snprintf(why, sizeof why, "no answer to the handshake");
+            } else if (rc == -ECONNREFUSED && opts->refused_timeout_ms >= 0 &&
+                       rdzv__now_ns() - start >= (int64_t)opts->refused_timeout_ms * 1000000) {
+                snprintf(why, sizeof why, "%s: nothing listens there%s", rdzv_strerror(rc),
+                         opts->refused_timeout_ms > 0 ? " (still, after waiting for it)" : "");
+                retry = false;
+            } else {
+                snprintf(why, sizeof why, "%s", rdzv_strerror(rc));
+            }
         }
         if (!retry)
             goto out;
@@ -1220,6 +1267,78 @@ int rdzv_num_keys(rdzv_client *c, int64_t *count)
     if (rc == 0)
         rc = recv_i64(c, count, deadline);
 out:
+    op_end(c);
+    return rc;
+}
+
+/*
+ * LIST_KEYS: the count, then each key as a vector. The keys under the client's prefix are kept,
+ * the prefix cut off, and packed as rdzv_rank_keys() packs its keys: pointers (NULL-terminated)
+ * then the strings, in one allocation. Keys holding a NUL byte cannot be returned as strings
+ * and are skipped.
+ */
+int rdzv_list_keys(rdzv_client *c, char ***keys, size_t *nkeys)
+{
+    if (!c || !keys || !nkeys)
+        return invalid(c, "list_keys");
+    char **names = NULL; /* the kept keys, each malloc'd */
+    size_t n = 0, chars = 0;
+    int64_t count = 0;
+    int rc = op_begin(c, "list_keys", NULL, 0);
+    if (rc < 0)
+        goto out;
+    int64_t deadline = call_deadline(c);
+    rdzv__put_u8(&c->sbuf, RDZV_M_LIST_KEYS);
+    rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, deadline);
+    if (rc == 0)
+        rc = recv_i64(c, &count, deadline);
+    if (rc < 0)
+        goto out;
+    if (count < 0 || (uint64_t)count > MAX_REPLY_BYTES / 8) {
+        rc = fail_broken(c, -EPROTO, "list_keys answered a count of %" PRId64, count);
+        goto out;
+    }
+    for (int64_t i = 0; i < count; i++) {
+        void *k;
+        size_t len;
+        if ((rc = recv_vec(c, &k, &len, deadline)) < 0)
+            goto out;
+        if (len < c->prefix_len || memchr(k, 0, len) ||
+            (c->prefix_len && memcmp(k, c->prefix, c->prefix_len) != 0)) {
+            free(k);
+            continue;
+        }
+        memmove(k, (char *)k + c->prefix_len, len - c->prefix_len + 1);
+        char **more = (n & (n - 1)) == 0 ? realloc(names, (n ? 2 * n : 1) * sizeof *names) : names;
+        if (!more) {
+            free(k);
+            rc = fail_broken(c, -ENOMEM, "out of memory");
+            goto out;
+        }
+        names = more;
+        names[n++] = k;
+        chars += len - c->prefix_len + 1;
+    }
+    char **packed = malloc((n + 1) * sizeof *packed + chars);
+    if (!packed) {
+        rc = fail(c, -ENOMEM, "out of memory");
+        goto out;
+    }
+    char *text = (char *)(packed + n + 1);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(names[i]) + 1;
+        packed[i] = memcpy(text, names[i], len);
+        text += len;
+    }
+    packed[n] = NULL;
+    *keys = packed;
+    *nkeys = n;
+out:
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
     op_end(c);
     return rc;
 }

@@ -354,6 +354,8 @@ START_TEST(test_options_defaults)
     ck_assert_int_eq(o.backoff_initial_ms, 10);
     ck_assert_int_eq(o.backoff_max_ms, 1000);
     ck_assert_ptr_null(o.prefix);
+    ck_assert_int_eq(o.refused_timeout_ms, -1);
+    ck_assert_int_eq(o.handshake_timeout_ms, 5000);
 }
 END_TEST
 
@@ -1246,6 +1248,96 @@ START_TEST(test_connect_not_a_store)
 }
 END_TEST
 
+/* A peer that accepts every connection and closes it at once, until `stop` is set. */
+struct closer {
+    int lfd, port;
+    volatile int stop;
+    int accepted;
+    pthread_t thread;
+};
+
+static void *closer_main(void *arg)
+{
+    struct closer *k = arg;
+    while (!k->stop) {
+        int fd = accept(k->lfd, NULL, NULL);
+        if (fd < 0)
+            break;
+        k->accepted++;
+        close(fd);
+    }
+    return NULL;
+}
+
+/*
+ * Issue 11, item 8: a port held by something that is not a store fails the connect within the
+ * handshake bound, not the (long) connect timeout, with a sentence saying so: a listener that
+ * never answers (nobody accepts: the kernel completes the connection), and one that closes
+ * every connection at once.
+ */
+START_TEST(test_connect_handshake_bound)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.connect_timeout_ms = 60000;
+    o.handshake_timeout_ms = 300;
+    rdzv_client *c = NULL;
+
+    int lport;
+    int lfd = refusing_socket(&lport);
+    ck_assert_int_eq(listen(lfd, 4), 0);
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", lport, &o, &c), -EPROTO);
+    double t = rdzv__now_s() - t0;
+    ck_assert_msg(t >= 0.29 && t < 5, "silent listener: failed after %.2f s", t);
+    ck_assert_ptr_null(c);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "did not answer the handshake"));
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "not a ddprun or PyTorch store"));
+    close(lfd);
+
+    struct closer k = {0};
+    k.lfd = refusing_socket(&k.port);
+    ck_assert_int_eq(listen(k.lfd, 16), 0);
+    ck_assert_int_eq(pthread_create(&k.thread, NULL, closer_main, &k), 0);
+    t0 = rdzv__now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", k.port, &o, &c), -EPROTO);
+    t = rdzv__now_s() - t0;
+    ck_assert_msg(t >= 0.29 && t < 5, "closing peer: failed after %.2f s", t);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "closed"));
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "not a ddprun or PyTorch store"));
+    k.stop = 1;
+    shutdown(k.lfd, SHUT_RDWR); /* wakes the accept() */
+    pthread_join(k.thread, NULL);
+    close(k.lfd);
+}
+END_TEST
+
+/* refused_timeout_ms = 0: a refused connection fails at once, not at the connect timeout. */
+START_TEST(test_connect_refused_at_once)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.connect_timeout_ms = 60000;
+    o.refused_timeout_ms = 0;
+    int rport;
+    int fd = refusing_socket(&rport);
+    rdzv_client *c = NULL;
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", rport, &o, &c), -ECONNREFUSED);
+    ck_assert(rdzv__now_s() - t0 < 2);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "nothing listens there"));
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "1 attempt"));
+
+    /* With 200 ms, refusals are retried that long, then fail the same way. */
+    o.refused_timeout_ms = 200;
+    t0 = rdzv__now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", rport, &o, &c), -ECONNREFUSED);
+    double t = rdzv__now_s() - t0;
+    ck_assert_msg(t >= 0.19 && t < 3, "refused for 200 ms: failed after %.2f s", t);
+    close(fd);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* Broken peers                                                                                */
 /* ------------------------------------------------------------------------------------------ */
@@ -1393,6 +1485,8 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_connect_retries_until_server_listens);
     tcase_add_test(tc, test_connect_unknown_host);
     tcase_add_test(tc, test_connect_not_a_store);
+    tcase_add_test(tc, test_connect_handshake_bound);
+    tcase_add_test(tc, test_connect_refused_at_once);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("broken_peers");
