@@ -1579,8 +1579,10 @@ static int swap_round(rdzv_client *c, const char *key, char *cur, size_t *curlen
 
 static int bad_state(rdzv_client *c, const char *key, const char *cur)
 {
-    return fail(c, -EPROTO, "barrier state '%.64s' holds '%.40s', not a barrier round; was it "
-                "changed by hand?", key, cur);
+    return fail(c, -EPROTO,
+                "barrier state '%.64s' holds '%.40s', not a barrier round; was it "
+                "changed by hand?",
+                key, cur);
 }
 
 /* Withdraws this caller's arrival in round `gen` after its wait timed out (see above). */

@@ -269,14 +269,14 @@ static const cli_option options[] = {
 };
 
 enum kind {
-    KIND_FLAG,    /* no argument; increments an int */
-    KIND_STRING,  /* stores the argument (borrowed from argv) */
-    KIND_INT,     /* int within [min, max] */
-    KIND_SIZE,    /* size_t >= 1, optional K/M/G suffix (powers of 1024) */
-    KIND_SIZE0,   /* the same, 0 allowed */
-    KIND_SECONDS, /* double in (0, max] */
+    KIND_FLAG,     /* no argument; increments an int */
+    KIND_STRING,   /* stores the argument (borrowed from argv) */
+    KIND_INT,      /* int within [min, max] */
+    KIND_SIZE,     /* size_t >= 1, optional K/M/G suffix (powers of 1024) */
+    KIND_SIZE0,    /* the same, 0 allowed */
+    KIND_SECONDS,  /* double in (0, max] */
     KIND_SECONDS0, /* double in [0, max] */
-    KIND_LIST,    /* appends the argument (borrowed) to cfg->allow */
+    KIND_LIST,     /* appends the argument (borrowed) to cfg->allow */
 };
 
 /* How the value of each option is checked, and where in struct config it goes. */
@@ -810,8 +810,10 @@ static int read_stdin(char **buf, size_t *len, size_t cap, int64_t deadline,
             continue;
         if (rc == 0) {
             free(p);
-            return complain(EXIT_TIMEOUT, "set: timed out after %g s reading the value from stdin "
-                            "(%zu bytes so far)", cfg->timeout_s, n);
+            return complain(EXIT_TIMEOUT,
+                            "set: timed out after %g s reading the value from stdin "
+                            "(%zu bytes so far)",
+                            cfg->timeout_s, n);
         }
         ssize_t got = rc < 0 ? -1 : read(STDIN_FILENO, p + n, have - n);
         if (got < 0 && (errno == EINTR || errno == EAGAIN))
@@ -826,9 +828,11 @@ static int read_stdin(char **buf, size_t *len, size_t cap, int64_t deadline,
         n += (size_t)got;
         if (n > cap) {
             free(p);
-            return complain(EXIT_FAILED, "set: the value on stdin is longer than %s bytes, the "
+            return complain(EXIT_FAILED,
+                            "set: the value on stdin is longer than %s bytes, the "
                             "longest value a store takes by default (--max-value-bytes raises "
-                            "this limit, for a store served with a higher one)", cap_text);
+                            "this limit, for a store served with a higher one)",
+                            cap_text);
         }
     }
     *buf = p;
@@ -918,8 +922,8 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
     copts.refused_timeout_ms = 0;
     rc = rdzv_client_connect(cfg->host, cfg->port, &copts, &c);
     if (rc == -ECONNREFUSED && cfg->connect_timeout_s > 0) {
-        double wait_s = cfg->connect_timeout_s < cfg->timeout_s ? cfg->connect_timeout_s
-                                                                : cfg->timeout_s;
+        double wait_s =
+            cfg->connect_timeout_s < cfg->timeout_s ? cfg->connect_timeout_s : cfg->timeout_s;
         fprintf(stderr,
                 PROG ": %s refused the connection; waiting up to %g s for a store to listen "
                      "there (--connect-timeout)\n",

@@ -353,9 +353,9 @@ int rdzv_num_keys(rdzv_client *c, int64_t *count);
 /*
  * Lists the keys that hold a value under the client's prefix, the prefix cut off (all keys
  * without a prefix), in no particular order (LIST_KEYS, a recent addition to PyTorch's protocol;
- * servers without it close the connection). *keys receives an array of *nkeys + 1 pointers (the last
- * NULL) followed by the strings, in one allocation: free it with one rdzv_free(). Keys holding a
- * NUL byte are left out. Returns 0 or a negative errno.
+ * servers without it close the connection). *keys receives an array of *nkeys + 1 pointers (the
+ * last NULL) followed by the strings, in one allocation: free it with one rdzv_free(). Keys holding
+ * a NUL byte are left out. Returns 0 or a negative errno.
  */
 int rdzv_list_keys(rdzv_client *c, char ***keys, size_t *nkeys);
 

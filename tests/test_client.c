@@ -822,10 +822,37 @@ static void expect_round(rdzv_client *c, const char *name, int64_t gen)
     int64_t g = -1, w = -1, cnt = -1;
     ck_assert_msg(sscanf(v, "%" SCNd64 " %" SCNd64 " %" SCNd64, &g, &w, &cnt) == 3, "state '%s'",
                   (char *)v);
-    ck_assert_msg(g == gen && w == 0 && cnt == 0, "barrier %s: state '%s', expected round %" PRId64
-                  " and nobody waiting", name, (char *)v, gen);
+    ck_assert_msg(g == gen && w == 0 && cnt == 0,
+                  "barrier %s: state '%s', expected round %" PRId64 " and nobody waiting", name,
+                  (char *)v, gen);
     rdzv_free(v);
 }
+
+/* rdzv_list_keys(): every key without a prefix; with one, the keys under it, prefix cut off. */
+START_TEST(test_list_keys)
+{
+    rdzv_client *plain = client();
+    rdzv_client *a = client_with("jobA/", 5000);
+    set_str(plain, "top", "1");
+    set_str(a, "x", "2");
+    set_str(a, "y/z", "3");
+    char **keys = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(rdzv_list_keys(a, &keys, &n), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_ptr_null(keys[2]);
+    bool x = strcmp(keys[0], "x") == 0 || strcmp(keys[1], "x") == 0;
+    bool yz = strcmp(keys[0], "y/z") == 0 || strcmp(keys[1], "y/z") == 0;
+    ck_assert(x && yz);
+    rdzv_free(keys);
+    ck_assert_int_eq(rdzv_list_keys(plain, &keys, &n), 0);
+    ck_assert_uint_eq(n, 3);
+    rdzv_free(keys);
+    ck_assert_int_eq(rdzv_list_keys(plain, NULL, &n), -EINVAL);
+    rdzv_client_close(a);
+    rdzv_client_close(plain);
+}
+END_TEST
 
 /* One rank of the multi-process barrier test; returns its exit status. */
 static int barrier_rank(int rounds, int world)
@@ -1468,6 +1495,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_multi);
     tcase_add_test(tc, test_ping_status);
     tcase_add_test(tc, test_prefix_isolation);
+    tcase_add_test(tc, test_list_keys);
     tcase_add_test(tc, test_barrier_reuse_multiprocess);
     tcase_add_test(tc, test_barrier_single_and_timeout);
     tcase_add_test(tc, test_barrier_retry_alone);
