@@ -20,9 +20,11 @@ ok() { echo "ok: $*"; }
 
 for mode in silent close; do
   # The listener binds port 0 and prints it; "silent" accepts and holds every connection,
-  # "close" closes each at once. It runs for at most 60 s.
-  exec {lfd}< <(exec timeout 60 python3 -c '
-import socket, sys
+  # "close" closes each at once. It runs for at most 60 s (its own alarm, so that killing it
+  # leaves no child holding the test's output open).
+  exec {lfd}< <(exec python3 -c '
+import signal, socket, sys
+signal.alarm(60)
 mode = sys.argv[1]
 s = socket.socket()
 s.bind(("127.0.0.1", 0))
