@@ -19,7 +19,7 @@
  * token before it proves that it does, and an authentication failure is final (-EACCES), not
  * retried.
  *
- * Non-goals: no legacy (PyTorch 1.x) generation, no queue or list-keys operations, no
+ * Non-goals: no legacy (PyTorch 1.x) generation, no queue operations, no
  * reconnection after a failure, no thread safety (one client per thread). Nothing here prints,
  * exits or aborts; failures are negative errno values plus a sentence in the client's last error.
  */
@@ -437,6 +437,8 @@ void rdzv_client_options_init(rdzv_client_options *opts)
     opts->backoff_initial_ms = 10;
     opts->backoff_max_ms = 1000;
     opts->prefix = NULL;
+    opts->refused_timeout_ms = -1;
+    opts->handshake_timeout_ms = 5000;
 }
 
 /* Frees a copy of a token, wiping it first. */
@@ -693,7 +695,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
     rdzv_client *c = NULL;
     struct addrinfo *list = NULL;
     char endpoint[300];
-    char why[160] = "";
+    char why[300] = "";
     const char *stage = "connect to";
     int rc = 0;
     int attempts = 0;
@@ -752,6 +754,11 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                              .ai_protocol = IPPROTO_TCP,
                              .ai_flags = AI_NUMERICSERV};
     int64_t backoff_ms = opts->backoff_initial_ms;
+    int64_t start = rdzv__now_ns();
+    /* The handshake window opens at the first accepted connection (and again after a refusal:
+     * whatever held the port went away). 0: not open. */
+    int64_t hs_end = 0;
+    int hs_closed = 0; /* handshakes the peer closed within the window */
     for (;;) {
         /* One attempt: resolve (names may appear late), connect, then the handshake. */
         attempts++;
@@ -769,6 +776,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
             rc = connect_addrs(list, deadline);
             freeaddrinfo(list);
             list = NULL;
+            int64_t hs_deadline = deadline;
             if (rc >= 0) {
                 c->fd = rc;
                 c->rpos = c->rlen = 0;
@@ -776,22 +784,61 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                 setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
                 stage = "handshake with";
                 why[0] = 0;
-                rc = c->token ? auth_handshake(c, deadline, why, sizeof why)
-                              : handshake(c, deadline);
+                if (opts->handshake_timeout_ms >= 0) {
+                    if (hs_end == 0)
+                        hs_end = rdzv__now_ns() + (int64_t)opts->handshake_timeout_ms * 1000000;
+                    if (hs_end < hs_deadline)
+                        hs_deadline = hs_end;
+                }
+                rc = c->token ? auth_handshake(c, hs_deadline, why, sizeof why)
+                              : handshake(c, hs_deadline);
                 if (rc == 0)
                     break;
                 close(c->fd);
                 c->fd = -1;
+            } else if (rc == -ECONNREFUSED) {
+                hs_end = 0;
+                hs_closed = 0;
             }
-            if (rc == -EACCES && why[0])
-                ; /* auth_handshake() said why */
-            else if (rc == -EPROTO)
-                snprintf(why, sizeof why, "the peer does not answer like a rendezvous store");
-            else if (rc == -ETIMEDOUT && strcmp(stage, "handshake with") == 0)
-                snprintf(why, sizeof why, "no answer to the handshake");
-            else
-                snprintf(why, sizeof why, "%s", rdzv_strerror(rc));
             retry = retryable(-rc);
+            bool in_handshake = strcmp(stage, "handshake with") == 0;
+            bool closed = rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED;
+            if (in_handshake && closed)
+                hs_closed++;
+            if (rc == -EACCES && why[0]) {
+                ; /* auth_handshake() said why */
+            } else if (rc == -EPROTO) {
+                snprintf(why, sizeof why,
+                         "the peer answered the handshake with something else: not a ddprun or "
+                         "PyTorch store (another service on this port?)");
+            } else if (in_handshake && hs_end != 0 &&
+                       ((rc == -ETIMEDOUT && hs_deadline < deadline) ||
+                        (closed && rdzv__now_ns() >= hs_end))) {
+                if (hs_closed > 0)
+                    snprintf(why, sizeof why,
+                             "the peer accepted and closed %d connection%s without answering the "
+                             "handshake within %d ms: not a ddprun or PyTorch store (another "
+                             "service on this port?), or a store refusing connections (at its "
+                             "connection limit?)",
+                             hs_closed, hs_closed == 1 ? "" : "s", opts->handshake_timeout_ms);
+                else
+                    snprintf(why, sizeof why,
+                             "the peer accepted the connection but did not answer the handshake "
+                             "within %d ms: not a ddprun or PyTorch store (another service on "
+                             "this port?), or a store that has stopped serving",
+                             opts->handshake_timeout_ms);
+                rc = -EPROTO;
+                retry = false;
+            } else if (rc == -ETIMEDOUT && in_handshake) {
+                snprintf(why, sizeof why, "no answer to the handshake");
+            } else if (rc == -ECONNREFUSED && opts->refused_timeout_ms >= 0 &&
+                       rdzv__now_ns() - start >= (int64_t)opts->refused_timeout_ms * 1000000) {
+                snprintf(why, sizeof why, "%s: nothing listens there%s", rdzv_strerror(rc),
+                         opts->refused_timeout_ms > 0 ? " (still, after waiting for it)" : "");
+                retry = false;
+            } else {
+                snprintf(why, sizeof why, "%s", rdzv_strerror(rc));
+            }
         }
         if (!retry)
             goto out;
@@ -1120,6 +1167,24 @@ int rdzv_add(rdzv_client *c, const char *key, int64_t delta, int64_t *result)
     return rc;
 }
 
+/* COMPARE_SET without the public checks; used by rdzv_compare_set() and the barrier. */
+static int do_compare_set(rdzv_client *c, const char *key, const void *expected,
+                          size_t expected_nbytes, const void *desired, size_t desired_nbytes,
+                          void **value, size_t *nbytes, int64_t deadline)
+{
+    rdzv__wbuf_reset(&c->sbuf);
+    rdzv__put_u8(&c->sbuf, RDZV_M_COMPARE_SET);
+    put_key(c, key);
+    rdzv__put_vec(&c->sbuf, expected, expected_nbytes);
+    rdzv__put_vec(&c->sbuf, desired, desired_nbytes);
+    int rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, deadline);
+    if (rc == 0)
+        rc = recv_vec(c, value, nbytes, deadline);
+    return rc;
+}
+
 int rdzv_compare_set(rdzv_client *c, const char *key, const void *expected, size_t expected_nbytes,
                      const void *desired, size_t desired_nbytes, void **value, size_t *nbytes)
 {
@@ -1127,19 +1192,9 @@ int rdzv_compare_set(rdzv_client *c, const char *key, const void *expected, size
         !nbytes)
         return invalid(c, "compare_set");
     int rc = op_begin(c, "compare_set", &key, 1);
-    if (rc < 0)
-        goto out;
-    int64_t deadline = call_deadline(c);
-    rdzv__put_u8(&c->sbuf, RDZV_M_COMPARE_SET);
-    put_key(c, key);
-    rdzv__put_vec(&c->sbuf, expected, expected_nbytes);
-    rdzv__put_vec(&c->sbuf, desired, desired_nbytes);
-    rc = encoded(c);
     if (rc == 0)
-        rc = send_request(c, deadline);
-    if (rc == 0)
-        rc = recv_vec(c, value, nbytes, deadline);
-out:
+        rc = do_compare_set(c, key, expected, expected_nbytes, desired, desired_nbytes, value,
+                            nbytes, call_deadline(c));
     op_end(c);
     return rc;
 }
@@ -1212,6 +1267,78 @@ int rdzv_num_keys(rdzv_client *c, int64_t *count)
     if (rc == 0)
         rc = recv_i64(c, count, deadline);
 out:
+    op_end(c);
+    return rc;
+}
+
+/*
+ * LIST_KEYS: the count, then each key as a vector. The keys under the client's prefix are kept,
+ * the prefix cut off, and packed as rdzv_rank_keys() packs its keys: pointers (NULL-terminated)
+ * then the strings, in one allocation. Keys holding a NUL byte cannot be returned as strings
+ * and are skipped.
+ */
+int rdzv_list_keys(rdzv_client *c, char ***keys, size_t *nkeys)
+{
+    if (!c || !keys || !nkeys)
+        return invalid(c, "list_keys");
+    char **names = NULL; /* the kept keys, each malloc'd */
+    size_t n = 0, chars = 0;
+    int64_t count = 0;
+    int rc = op_begin(c, "list_keys", NULL, 0);
+    if (rc < 0)
+        goto out;
+    int64_t deadline = call_deadline(c);
+    rdzv__put_u8(&c->sbuf, RDZV_M_LIST_KEYS);
+    rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, deadline);
+    if (rc == 0)
+        rc = recv_i64(c, &count, deadline);
+    if (rc < 0)
+        goto out;
+    if (count < 0 || (uint64_t)count > MAX_REPLY_BYTES / 8) {
+        rc = fail_broken(c, -EPROTO, "list_keys answered a count of %" PRId64, count);
+        goto out;
+    }
+    for (int64_t i = 0; i < count; i++) {
+        void *k;
+        size_t len;
+        if ((rc = recv_vec(c, &k, &len, deadline)) < 0)
+            goto out;
+        if (len < c->prefix_len || memchr(k, 0, len) ||
+            (c->prefix_len && memcmp(k, c->prefix, c->prefix_len) != 0)) {
+            free(k);
+            continue;
+        }
+        memmove(k, (char *)k + c->prefix_len, len - c->prefix_len + 1);
+        char **more = (n & (n - 1)) == 0 ? realloc(names, (n ? 2 * n : 1) * sizeof *names) : names;
+        if (!more) {
+            free(k);
+            rc = fail_broken(c, -ENOMEM, "out of memory");
+            goto out;
+        }
+        names = more;
+        names[n++] = k;
+        chars += len - c->prefix_len + 1;
+    }
+    char **packed = malloc((n + 1) * sizeof *packed + chars);
+    if (!packed) {
+        rc = fail(c, -ENOMEM, "out of memory");
+        goto out;
+    }
+    char *text = (char *)(packed + n + 1);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(names[i]) + 1;
+        packed[i] = memcpy(text, names[i], len);
+        text += len;
+    }
+    packed[n] = NULL;
+    *keys = packed;
+    *nkeys = n;
+out:
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
     op_end(c);
     return rc;
 }
@@ -1370,62 +1497,185 @@ static char *key_printf(const char *fmt, ...)
 }
 
 /*
- * The barrier's keys, all under the client's prefix:
- *   <name>/arrived    an ADD counter; arrival n belongs to generation (n - 1) / world_size
- *   <name>/gen/<g>    set by the last arrival of generation g; everyone waits on it
- * The last arrival of generation g also deletes <name>/gen/<g-1>. That is safe: all members
- * of g - 1 have left it, since each arrived at g after returning from g - 1.
+ * The barrier. Its keys, all under the client's prefix:
+ *   <name>/state     "<gen> <world> <count> <tag>": round <gen> is under way with <count> of
+ *                    <world> callers in it (count 0, world 0: nobody is waiting, and the next
+ *                    caller opens round <gen> with its own world size). Changed only by
+ *                    COMPARE_SET; <tag> is fresh randomness of each writer, so that a writer
+ *                    can tell its own successful swap from another's identical one.
+ *   <name>/done/<g>  set by the caller that completed round g; the others wait for it.
+ * A caller joins the current round with one successful COMPARE_SET. The caller completing a
+ * round moves the state on to the next generation (count 0) in the same swap, so a stale
+ * arrival can never count towards a later round. A caller whose wait times out withdraws its
+ * arrival with another swap, unless the state has moved on meanwhile: then its round completed
+ * with it, and it succeeds. Either way its arrival is settled before it returns.
+ *
+ * The completing caller deletes done/<g-1>. A caller of round g-1 still on its way to the WAIT
+ * then (it would have to be overtaken by a whole round) waits until its timeout and succeeds on
+ * finding the state moved on; a slow return, never a wrong one.
  */
+#define BARRIER_STATE_BYTES 96
+
+typedef struct barrier_round {
+    int64_t gen, world, count;
+} barrier_round;
+
+/* Parses a state value ("" for a missing key: round 0, empty). Returns 0 or -1 if malformed. */
+static int parse_round(const char *s, size_t n, barrier_round *r)
+{
+    *r = (barrier_round){0, 0, 0};
+    if (n == 0)
+        return 0;
+    char buf[BARRIER_STATE_BYTES];
+    if (n >= sizeof buf || memchr(s, 0, n))
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    int used = 0;
+    if (sscanf(buf, "%" SCNd64 " %" SCNd64 " %" SCNd64 " %*16[0-9a-f]%n", &r->gen, &r->world,
+               &r->count, &used) != 3 ||
+        (size_t)used != n)
+        return -1;
+    if (r->gen < 0 || r->count < 0 || r->world < 0 || r->world > INT_MAX ||
+        (r->count == 0) != (r->world == 0) || (r->count > 0 && r->count >= r->world))
+        return -1;
+    return 0;
+}
+
+/*
+ * Swaps the state from `cur` (curlen bytes, "" for missing) to `next`. Returns 1 if this call
+ * made the swap, 0 if not (then `cur` holds the state found, NUL-terminated, up to
+ * BARRIER_STATE_BYTES - 1 bytes, and *curlen its length), or a negative errno. A state longer
+ * than the buffer is reported as a malformed one of BARRIER_STATE_BYTES bytes.
+ */
+static int swap_round(rdzv_client *c, const char *key, char *cur, size_t *curlen,
+                      const barrier_round *next, int64_t deadline)
+{
+    char want[BARRIER_STATE_BYTES];
+    int n = snprintf(want, sizeof want, "%" PRId64 " %" PRId64 " %" PRId64 " %016" PRIx64,
+                     next->gen, next->world, next->count, rng_next(&c->rng));
+    assert(n > 0 && (size_t)n < sizeof want);
+    void *got = NULL;
+    size_t gotlen = 0;
+    int rc = do_compare_set(c, key, cur, *curlen, want, (size_t)n, &got, &gotlen, deadline);
+    if (rc < 0)
+        return rc;
+    if (gotlen == (size_t)n && memcmp(got, want, gotlen) == 0) {
+        memcpy(cur, want, (size_t)n + 1);
+        *curlen = (size_t)n;
+        rc = 1;
+    } else if (*curlen > 0 && gotlen == *curlen && memcmp(got, cur, gotlen) == 0) {
+        /* PyTorch's answer when the key is missing and `expected` is not empty. */
+        cur[0] = 0;
+        *curlen = 0;
+    } else {
+        *curlen = gotlen < BARRIER_STATE_BYTES ? gotlen : BARRIER_STATE_BYTES;
+        memcpy(cur, got, *curlen < BARRIER_STATE_BYTES ? *curlen : BARRIER_STATE_BYTES - 1);
+        cur[*curlen < BARRIER_STATE_BYTES ? *curlen : BARRIER_STATE_BYTES - 1] = 0;
+    }
+    free(got);
+    return rc;
+}
+
+static int bad_state(rdzv_client *c, const char *key, const char *cur)
+{
+    return fail(c, -EPROTO,
+                "barrier state '%.64s' holds '%.40s', not a barrier round; was it "
+                "changed by hand?",
+                key, cur);
+}
+
+/* Withdraws this caller's arrival in round `gen` after its wait timed out (see above). */
+static int barrier_withdraw(rdzv_client *c, const char *key, char *cur, size_t curlen, int64_t gen,
+                            int world_size, int ms)
+{
+    int64_t deadline = call_deadline(c);
+    for (;;) {
+        barrier_round r;
+        if (parse_round(cur, curlen, &r) < 0)
+            return bad_state(c, key, cur);
+        if (r.gen > gen)
+            return 0; /* the round completed with this caller in it */
+        if (r.gen < gen || r.count == 0)
+            break; /* reset by hand: nothing of ours to withdraw */
+        barrier_round next = {r.gen, r.count > 1 ? r.world : 0, r.count - 1};
+        int rc = swap_round(c, key, cur, &curlen, &next, deadline);
+        if (rc < 0)
+            return rc;
+        if (rc == 1) {
+            r = next;
+            return fail(c, -ETIMEDOUT,
+                        "round %" PRId64 " not complete within %d ms: %" PRId64 " of %d arrived "
+                        "besides this caller, which has withdrawn",
+                        gen, ms, r.count, world_size);
+        }
+    }
+    return fail(c, -ETIMEDOUT, "round %" PRId64 " not complete within %d ms", gen, ms);
+}
+
 int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms)
 {
     if (!c || !name || world_size < 1)
         return invalid(c, "barrier");
-    char *arrived = NULL, *gen_key = NULL, *old_key = NULL;
+    char *state = NULL, *done = NULL, *old = NULL;
+    char cur[BARRIER_STATE_BYTES] = "";
+    size_t curlen = 0;
     int rc = op_begin(c, "barrier", &name, 1);
     if (rc < 0)
         goto out;
     int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
     int64_t deadline = rdzv__deadline_ns(ms);
-
-    arrived = key_printf("%s/arrived", name);
-    if (!arrived) {
+    state = key_printf("%s/state", name);
+    if (!state) {
         rc = fail(c, -ENOMEM, "out of memory");
         goto out;
     }
-    int64_t n;
-    rc = do_add(c, arrived, 1, &n, deadline);
+
+    /* Join the round under way, or open one; the last caller of a round completes it. */
+    barrier_round r, next;
+    do {
+        if (parse_round(cur, curlen, &r) < 0) {
+            rc = bad_state(c, state, cur);
+            goto out;
+        }
+        if (r.count > 0 && r.world != world_size) {
+            rc = fail(c, -EINVAL,
+                      "round %" PRId64 " of this barrier is for %" PRId64 " callers (%" PRId64
+                      " waiting), not %d: every caller of a round must pass the same world size",
+                      r.gen, r.world, r.count, world_size);
+            goto out;
+        }
+        if (r.count + 1 == world_size)
+            next = (barrier_round){r.gen + 1, 0, 0};
+        else
+            next = (barrier_round){r.gen, world_size, r.count + 1};
+        rc = swap_round(c, state, cur, &curlen, &next, deadline);
+    } while (rc == 0);
     if (rc < 0)
         goto out;
-    if (n < 1) {
-        rc = fail(c, -EPROTO, "arrival counter '%s' holds %" PRId64 "; was it changed by hand?",
-                  arrived, n);
-        goto out;
-    }
-    int64_t gen = (n - 1) / world_size;
-    gen_key = key_printf("%s/gen/%" PRId64, name, gen);
-    old_key = gen > 0 ? key_printf("%s/gen/%" PRId64, name, gen - 1) : NULL;
-    if (!gen_key || (gen > 0 && !old_key)) {
+
+    done = key_printf("%s/done/%" PRId64, name, r.gen);
+    old = r.gen > 0 ? key_printf("%s/done/%" PRId64, name, r.gen - 1) : NULL;
+    if (!done || (r.gen > 0 && !old)) {
         rc = fail(c, -ENOMEM, "out of memory");
         goto out;
     }
-    if (n % world_size == 0) {
-        rc = do_set(c, gen_key, "1", 1, deadline);
-        if (rc == 0 && old_key)
-            rc = do_delete(c, old_key, deadline);
-        if (rc < 0)
-            goto out;
+    if (next.gen > r.gen) {
+        rc = do_set(c, done, "1", 1, deadline);
+        if (rc == 0 && old)
+            rc = do_delete(c, old, deadline);
+        if (rc > 0)
+            rc = 0;
+        goto out;
     }
-    const char *keys[1] = {gen_key};
+    const char *keys[1] = {done};
     rc = do_wait(c, keys, 1, deadline, ms);
-    if (rc == -ETIMEDOUT)
-        fail(c, rc,
-             "generation %" PRId64 " not complete within %d ms (this caller arrived %" PRId64
-             " of %d)",
-             gen, ms, n - gen * world_size, world_size);
+    if (rc == -ETIMEDOUT && !c->broken)
+        rc = barrier_withdraw(c, state, cur, curlen, r.gen, world_size, ms);
 out:
-    free(arrived);
-    free(gen_key);
-    free(old_key);
+    free(state);
+    free(done);
+    free(old);
     op_end(c);
     return rc;
 }

@@ -9,8 +9,8 @@
  * driven by them, and tests/test_cli.sh checks that every option --help prints is in
  * ddp-rendezvous(1), so the three cannot drift apart.
  *
- * Exit codes (documented in the man page; keep the two in step): 0 success, 1 usage error,
- * 2 operation failed, 3 timed out.
+ * Exit codes (documented in the man page; keep the two in step): 0 success, 1 operation failed,
+ * 2 usage error (as ddprun's), 3 timed out.
  *
  * Not here: daemonising, pid files, log files (the scheduler or service manager owns those), and
  * environment variables (scripts pass --host "$MASTER_ADDR" --port "$MASTER_PORT" explicitly).
@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -42,7 +43,7 @@
 
 #define PROG "ddp-rendezvous"
 
-enum exit_code { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAILED = 2, EXIT_TIMEOUT = 3 };
+enum exit_code { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_TIMEOUT = 3 };
 
 #define DEFAULT_HOST "127.0.0.1"
 #define DEFAULT_PORT 29500 /* torchrun's */
@@ -89,7 +90,7 @@ static const struct command commands[CMD_COUNT] = {
     [CMD_BARRIER] = {"barrier", "NAME WORLD_SIZE", 2, 2,
                      "wait until WORLD_SIZE processes entered barrier NAME"},
     [CMD_DEL] = {"del", "KEY", 1, 1, "delete KEY, print 1 if it existed, 0 if not"},
-    [CMD_KEYS] = {"keys", "", 0, 0, "print the number of keys in the store"},
+    [CMD_KEYS] = {"keys", "", 0, 0, "print the keys (under --prefix), one a line, sorted"},
     [CMD_STATUS] = {"status", "", 0, 0, "print the server's status as JSON"},
 };
 
@@ -104,6 +105,7 @@ struct config {
     int port;                /* both: --port */
     const char *host;        /* clients */
     double timeout_s;        /* clients */
+    double connect_timeout_s; /* clients: how long refused connections are retried */
     const char *prefix;      /* clients */
     const char *token_file;  /* both: --token-file */
     const char **allow;      /* serve: every --allow, in order (room for argc of them) */
@@ -133,6 +135,7 @@ enum opt_id {
     O_VERBOSE,
     O_HOST,
     O_TIMEOUT,
+    O_CONNECT_TIMEOUT,
     O_PREFIX,
     O_PORT,
     O_TOKEN_FILE,
@@ -173,8 +176,8 @@ static const cli_option options[] = {
      {"--max-value-bytes"},
      "SIZE",
      NULL,
-     ON_SERVE,
-     "longest value in one request"},
+     ON_SERVE | ON(CMD_SET),
+     "longest value in one request; set: most read from stdin"},
     {O_MAX_KEYS_PER_REQUEST,
      {"--max-keys-per-request"},
      "N",
@@ -246,6 +249,12 @@ static const cli_option options[] = {
      NULL,
      ON_CLIENT,
      "give up after this long, connecting included (300)"},
+    {O_CONNECT_TIMEOUT,
+     {"--connect-timeout"},
+     "SECONDS",
+     NULL,
+     ON_CLIENT,
+     "retry refused connections this long, for a store starting up (0)"},
     {O_PREFIX, {"--prefix"}, "P", NULL, ON_CLIENT, "prepend P to every key"},
     /* both */
     {O_PORT, {"--port"}, "PORT", NULL, ON_ALL, "TCP port (29500); serve --port 0 picks a free one"},
@@ -260,13 +269,14 @@ static const cli_option options[] = {
 };
 
 enum kind {
-    KIND_FLAG,    /* no argument; increments an int */
-    KIND_STRING,  /* stores the argument (borrowed from argv) */
-    KIND_INT,     /* int within [min, max] */
-    KIND_SIZE,    /* size_t >= 1, optional K/M/G suffix (powers of 1024) */
-    KIND_SIZE0,   /* the same, 0 allowed */
-    KIND_SECONDS, /* double in (0, max] */
-    KIND_LIST,    /* appends the argument (borrowed) to cfg->allow */
+    KIND_FLAG,     /* no argument; increments an int */
+    KIND_STRING,   /* stores the argument (borrowed from argv) */
+    KIND_INT,      /* int within [min, max] */
+    KIND_SIZE,     /* size_t >= 1, optional K/M/G suffix (powers of 1024) */
+    KIND_SIZE0,    /* the same, 0 allowed */
+    KIND_SECONDS,  /* double in (0, max] */
+    KIND_SECONDS0, /* double in [0, max] */
+    KIND_LIST,     /* appends the argument (borrowed) to cfg->allow */
 };
 
 /* How the value of each option is checked, and where in struct config it goes. */
@@ -300,6 +310,7 @@ static const struct rule rules[O_COUNT] = {
     [O_VERBOSE] = {KIND_FLAG, AT(verbose), 0, 0},
     [O_HOST] = {KIND_STRING, AT(host), 0, 0},
     [O_TIMEOUT] = {KIND_SECONDS, AT(timeout_s), 0, INT_MAX / 1000},
+    [O_CONNECT_TIMEOUT] = {KIND_SECONDS0, AT(connect_timeout_s), 0, INT_MAX / 1000},
     [O_PREFIX] = {KIND_STRING, AT(prefix), 0, 0},
     [O_PORT] = {KIND_INT, AT(port), 0, 65535},
     [O_TOKEN_FILE] = {KIND_STRING, AT(token_file), 0, 0},
@@ -372,7 +383,7 @@ static void format_size(char *buf, size_t len, size_t n)
 static const void *server_default(const rdzv_server_options *defs, const cli_option *o)
 {
     size_t offset = rules[o->id].offset;
-    assert(o->tag == ON_SERVE && offset >= offsetof(struct config, srv));
+    assert((o->tag & ON_SERVE) && offset >= offsetof(struct config, srv));
     return (const char *)defs + (offset - offsetof(struct config, srv));
 }
 
@@ -383,7 +394,7 @@ static void print_option(FILE *f, const cli_option *o, const rdzv_server_options
     enum kind kind = rules[o->id].kind;
 
     /* Server limits show the library's own defaults, so they cannot go stale here. */
-    if (o->tag == ON_SERVE && (kind == KIND_SIZE || kind == KIND_SIZE0)) {
+    if ((o->tag & ON_SERVE) && (kind == KIND_SIZE || kind == KIND_SIZE0)) {
         char n[32];
         format_size(n, sizeof(n), *(const size_t *)server_default(defs, o));
         snprintf(def, sizeof(def), " (%s)", n);
@@ -394,11 +405,15 @@ static void print_option(FILE *f, const cli_option *o, const rdzv_server_options
     cli_print_option(f, o, text, 33, 0);
 }
 
+/* The options of one group: those for `mask` exactly, and with ON_SERVE those of serve that
+ * some client commands take too (listed with serve, their help saying which). */
 static void print_options(FILE *f, unsigned mask, const rdzv_server_options *defs)
 {
-    for (size_t i = 0; i < NOPTIONS; i++)
-        if ((unsigned)options[i].tag == mask)
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        unsigned tag = (unsigned)options[i].tag;
+        if (tag == mask || (mask == ON_SERVE && (tag & ON_SERVE) && tag != ON_ALL))
             print_option(f, &options[i], defs);
+    }
 }
 
 static void print_help(FILE *f, int cmd)
@@ -434,7 +449,7 @@ static void print_help(FILE *f, int cmd)
               "be fractional. Options may come before or after the command; \"--\" ends them.\n",
               f);
     }
-    fputs("\nExit status: 0 success, 1 usage error, 2 operation failed, 3 timed out.\n"
+    fputs("\nExit status: 0 success, 1 operation failed, 2 usage error, 3 timed out.\n"
           "See ddp-rendezvous(1).\n",
           f);
 }
@@ -485,7 +500,9 @@ static int set_option(struct config *cfg, const cli_option *o, const char *val)
         cfg->allow[cfg->nallow++] = val;
         return 0;
     case KIND_SECONDS:
-        if (cli_parse_seconds(flag, val, 0, (double)r->max, CLI_OPEN_MIN, (double *)field) < 0) {
+    case KIND_SECONDS0:
+        if (cli_parse_seconds(flag, val, 0, (double)r->max,
+                              r->kind == KIND_SECONDS ? CLI_OPEN_MIN : 0, (double *)field) < 0) {
             complain(EXIT_USAGE, "%s", cli_last_error());
             return -1;
         }
@@ -754,40 +771,107 @@ static int op_failed(const struct config *cfg, const rdzv_client *c, int rc, con
         return complain(EXIT_TIMEOUT, "%s: timed out after %g s%s%s%s", what, cfg->timeout_s,
                         detail && *detail ? " (" : "", detail ? detail : "",
                         detail && *detail ? ")" : "");
+    if (rc == -ECONNREFUSED)
+        return complain(EXIT_FAILED, "%s: %s%s", what, detail && *detail ? detail : "refused",
+                        cfg->connect_timeout_s > 0 ? ""
+                                                   : "; --connect-timeout SECONDS waits for a "
+                                                     "store that is starting up");
     if (detail && *detail)
         return complain(EXIT_FAILED, "%s: %s (%s)", what, rdzv_strerror(rc), detail);
     return complain(EXIT_FAILED, "%s: %s", what, rdzv_strerror(rc));
 }
 
-/* Reads all of stdin into *buf (malloc'd) and *len. Returns 0 or -1 (message printed). */
-static int read_stdin(char **buf, size_t *len)
+/*
+ * Reads all of stdin into *buf (malloc'd) and *len: at most `cap` bytes (the value limit), and
+ * only until `deadline` (--timeout). Returns EXIT_OK, or the exit code after printing why.
+ */
+static int read_stdin(char **buf, size_t *len, size_t cap, int64_t deadline,
+                      const struct config *cfg)
 {
-    size_t cap = 0, n = 0;
+    size_t have = 0, n = 0;
     char *p = NULL;
+    char cap_text[32];
 
+    format_size(cap_text, sizeof cap_text, cap);
     for (;;) {
-        if (n == cap) {
-            char *q = cap <= SIZE_MAX / 2 ? realloc(p, cap ? cap * 2 : 65536) : NULL;
+        if (n == have) {
+            size_t more = have ? (have < cap / 2 ? have * 2 : cap + 1) : 65536;
+            char *q = realloc(p, more);
             if (!q) {
                 free(p);
-                complain(EXIT_FAILED, "set: value on stdin: out of memory");
-                return -1;
+                return complain(EXIT_FAILED, "set: value on stdin: out of memory");
             }
             p = q;
-            cap = cap ? cap * 2 : 65536;
+            have = more;
         }
-        n += fread(p + n, 1, cap - n, stdin);
-        if (ferror(stdin)) {
+        struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
+        int rc = poll(&pfd, 1, rdzv__ms_left(deadline));
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc == 0) {
             free(p);
-            complain(EXIT_FAILED, "set: cannot read the value from stdin: %s", strerror(errno));
-            return -1;
+            return complain(EXIT_TIMEOUT,
+                            "set: timed out after %g s reading the value from stdin "
+                            "(%zu bytes so far)",
+                            cfg->timeout_s, n);
         }
-        if (feof(stdin))
+        ssize_t got = rc < 0 ? -1 : read(STDIN_FILENO, p + n, have - n);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (got < 0) {
+            free(p);
+            return complain(EXIT_FAILED, "set: cannot read the value from stdin: %s",
+                            strerror(errno));
+        }
+        if (got == 0)
             break;
+        n += (size_t)got;
+        if (n > cap) {
+            free(p);
+            return complain(EXIT_FAILED,
+                            "set: the value on stdin is longer than %s bytes, the "
+                            "longest value a store takes by default (--max-value-bytes raises "
+                            "this limit, for a store served with a higher one)",
+                            cap_text);
+        }
     }
     *buf = p;
     *len = n;
-    return 0;
+    return EXIT_OK;
+}
+
+/*
+ * After an ADD the store closed the connection on: finds out why on a new connection, since the
+ * protocol has no error reply. Prints the reason and returns EXIT_FAILED.
+ */
+static int explain_add(const struct config *cfg, const rdzv_client_options *copts, const char *key,
+                       const rdzv_client *failed, int rc)
+{
+    rdzv_client *c = NULL;
+    void *val = NULL;
+    size_t len = 0;
+    int found = -1;
+
+    if (rdzv_client_connect(cfg->host, cfg->port, copts, &c) == 0) {
+        found = rdzv_check(c, &key, 1);
+        if (found == 1 && rdzv_get(c, key, &val, &len) < 0)
+            found = -1;
+    }
+    rdzv_client_close(c);
+    if (found == 1) {
+        char shown[48];
+        size_t k = 0;
+        for (size_t i = 0; i < len && k + 5 < sizeof shown; i++) {
+            unsigned char ch = ((unsigned char *)val)[i];
+            k += (size_t)snprintf(shown + k, sizeof shown - k, isprint(ch) ? "%c" : "\\x%02x", ch);
+        }
+        rdzv_free(val);
+        return complain(EXIT_FAILED,
+                        "add: the store refused it and closed the connection: the value under "
+                        "'%s' (%zu bytes: '%s%s') is not a decimal integer in the 64-bit range",
+                        key, len, shown, k + 5 >= sizeof shown ? "..." : "");
+    }
+    return op_failed(cfg, failed, rc, "add");
 }
 
 /* Writes to stdout and flushes; a full disk or closed pipe is an operation failure. */
@@ -796,6 +880,11 @@ static int finish_stdout(void)
     if (fflush(stdout) != 0 || ferror(stdout))
         return complain(EXIT_FAILED, "cannot write to stdout: %s", strerror(errno));
     return EXIT_OK;
+}
+
+static int compare_strings(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 static int cmd_client(const struct config *cfg, int npos, char **pos)
@@ -825,10 +914,26 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
     if (read_token(cfg, token, sizeof(token)) < 0)
         return EXIT_USAGE;
     copts.token = cfg->token_file ? token : NULL;
+    /* A refused connection fails at once, unless --connect-timeout says to wait for a store
+     * that is starting up: then say so, and retry within both bounds. */
+    snprintf(what, sizeof(what),
+             strchr(cfg->host, ':') ? "cannot connect to [%s]:%d" : "cannot connect to %s:%d",
+             cfg->host, cfg->port);
+    copts.refused_timeout_ms = 0;
     rc = rdzv_client_connect(cfg->host, cfg->port, &copts, &c);
-    explicit_bzero(token, sizeof(token));
+    if (rc == -ECONNREFUSED && cfg->connect_timeout_s > 0) {
+        double wait_s =
+            cfg->connect_timeout_s < cfg->timeout_s ? cfg->connect_timeout_s : cfg->timeout_s;
+        fprintf(stderr,
+                PROG ": %s refused the connection; waiting up to %g s for a store to listen "
+                     "there (--connect-timeout)\n",
+                what + strlen("cannot connect to "), wait_s);
+        copts.connect_timeout_ms = ms_left(deadline);
+        copts.refused_timeout_ms = (int)(wait_s * 1000);
+        rc = rdzv_client_connect(cfg->host, cfg->port, &copts, &c);
+    }
     if (rc < 0) {
-        snprintf(what, sizeof(what), strchr(cfg->host, ':') ? "cannot connect to [%s]:%d" : "cannot connect to %s:%d", cfg->host, cfg->port);
+        explicit_bzero(token, sizeof(token));
         return op_failed(cfg, NULL, rc, what);
     }
 
@@ -836,12 +941,11 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
     switch (cfg->cmd) {
     case CMD_SET: {
         char *buf = NULL;
-        size_t len;
+        size_t len = 0;
         if (strcmp(pos[1], "-") == 0) {
-            if (read_stdin(&buf, &len) < 0) {
-                code = EXIT_FAILED;
+            code = read_stdin(&buf, &len, cfg->srv.max_value_bytes, deadline, cfg);
+            if (code != EXIT_OK)
                 break;
-            }
             rc = rdzv_set(c, pos[0], buf, len);
             free(buf);
         } else {
@@ -871,7 +975,11 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
     }
     case CMD_ADD:
         rc = rdzv_add(c, pos[0], (int64_t)delta, &n);
-        if (rc < 0)
+        if (rc == -ECONNRESET) {
+            copts.connect_timeout_ms = ms_left(deadline);
+            copts.timeout_ms = copts.connect_timeout_ms;
+            code = explain_add(cfg, &copts, pos[0], c, rc);
+        } else if (rc < 0)
             code = op_failed(cfg, c, rc, what);
         else
             printf("%" PRId64 "\n", n);
@@ -893,13 +1001,20 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
         else
             printf("%d\n", rc ? 1 : 0);
         break;
-    case CMD_KEYS:
-        rc = rdzv_num_keys(c, &n);
-        if (rc < 0)
+    case CMD_KEYS: {
+        char **keys = NULL;
+        size_t nkeys = 0;
+        rc = rdzv_list_keys(c, &keys, &nkeys);
+        if (rc < 0) {
             code = op_failed(cfg, c, rc, what);
-        else
-            printf("%" PRId64 "\n", n);
+            break;
+        }
+        qsort(keys, nkeys, sizeof(*keys), compare_strings);
+        for (size_t i = 0; i < nkeys; i++)
+            printf("%s\n", keys[i]);
+        rdzv_free(keys);
         break;
+    }
     case CMD_STATUS: {
         char *json = NULL;
         json_t *root;
@@ -913,7 +1028,8 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
         if (!root) {
             code = complain(EXIT_FAILED, "status: the server sent malformed JSON: %s", err.text);
         } else {
-            if (json_dumpf(root, stdout, JSON_INDENT(2)) < 0)
+            /* 15 digits: an uptime in milliseconds prints as 0.831, not 0.83099999999999996. */
+            if (json_dumpf(root, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) < 0)
                 code = complain(EXIT_FAILED, "cannot write to stdout: %s", strerror(errno));
             else
                 putchar('\n');
@@ -926,6 +1042,7 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
     case CMD_COUNT:
         break;
     }
+    explicit_bzero(token, sizeof(token)); /* kept until here for explain_add()'s connection */
     rdzv_client_close(c);
     if (code == EXIT_OK)
         code = finish_stdout();

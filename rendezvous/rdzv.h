@@ -233,6 +233,13 @@ typedef struct rdzv_client_options {
     const char *token;      /* the job's secret: authenticate with it (mutually: the server
                                must prove it knows it too) when connecting; copied; NULL:
                                do not authenticate (NULL) */
+    int refused_timeout_ms; /* stop retrying once connections have been refused for this long
+                               since the call began, and fail with -ECONNREFUSED; 0: at the
+                               first refusal; < 0: retry until connect_timeout_ms (-1) */
+    int handshake_timeout_ms; /* bound on answering the handshake, from the first connection the
+                                 peer accepts (a refusal starts it afresh): a peer silent that
+                                 long, or closing every connection unanswered, is not a store
+                                 (-EPROTO, not retried); < 0: only connect_timeout_ms (5000) */
 } rdzv_client_options;
 
 /* Fills `opts` with the defaults given in brackets above. */
@@ -243,9 +250,11 @@ void rdzv_client_options_init(rdzv_client_options *opts);
  * connections with exponential backoff and jitter until opts->connect_timeout_ms passes (< 0:
  * forever), then opens the modern protocol (VALIDATE, then a PING the peer must echo). `opts`
  * may be NULL for the defaults; its prefix is copied. Returns 0 and sets *out, or -ETIMEDOUT
- * (deadline passed), -EINVAL, -ENOMEM, -EPROTO (the peer is not a store), -EACCES (with
+ * (deadline passed), -EINVAL, -ENOMEM, -EPROTO (the peer is not a store: it answered something
+ * else, stayed silent or closed every connection for opts->handshake_timeout_ms), -EACCES (with
  * opts->token: the store does not know that token, has none, or refused this client's proof;
- * not retried), or a negative errno for an error that retrying cannot fix (such as EAI_NONAME,
+ * not retried), -ECONNREFUSED (refused for opts->refused_timeout_ms), or a negative errno for an
+ * error that retrying cannot fix (such as EAI_NONAME,
  * mapped to -EHOSTUNREACH). On failure rdzv_client_last_error(NULL) describes it, with the last
  * connection error and the number of attempts. Name resolution itself (getaddrinfo) is not bounded
  * by the deadline.
@@ -341,6 +350,15 @@ int rdzv_delete(rdzv_client *c, const char *key);
 /* Sets *count to the number of keys in the store (all prefixes). Returns 0 or a negative errno. */
 int rdzv_num_keys(rdzv_client *c, int64_t *count);
 
+/*
+ * Lists the keys that hold a value under the client's prefix, the prefix cut off (all keys
+ * without a prefix), in no particular order (LIST_KEYS, a recent addition to PyTorch's protocol;
+ * servers without it close the connection). *keys receives an array of *nkeys + 1 pointers (the
+ * last NULL) followed by the strings, in one allocation: free it with one rdzv_free(). Keys holding
+ * a NUL byte are left out. Returns 0 or a negative errno.
+ */
+int rdzv_list_keys(rdzv_client *c, char ***keys, size_t *nkeys);
+
 /* Appends `value` to the value of `key` (creating it). Returns 0 or a negative errno. */
 int rdzv_append(rdzv_client *c, const char *key, const void *value, size_t nbytes);
 
@@ -368,11 +386,15 @@ int rdzv_ping(rdzv_client *c);
 int rdzv_status(rdzv_client *c, char **json);
 
 /*
- * A reusable barrier: returns once `world_size` callers (all using the same `name` and
- * `world_size`) have entered it, or after timeout_ms (< 0: the client's timeout) with
- * -ETIMEDOUT. Each use of a name is a new generation, so a barrier name can be reused
- * without stale keys from an earlier round releasing anyone early; keys of finished generations
- * are deleted. Call on all participating ranks. Returns 0 or a negative errno.
+ * A reusable barrier: returns 0 once `world_size` callers (all using the same `name` and
+ * `world_size`) have entered the same round of it. A name serves any number of rounds, one after
+ * another; callers that arrive once a round has completed join the next. After timeout_ms (< 0:
+ * the client's timeout) the caller withdraws its arrival and gets -ETIMEDOUT, so a retry is a
+ * new arrival and a lone caller never passes; a caller killed while waiting stays counted. A
+ * round under way for another world size answers -EINVAL at once (client usable). Keys, under
+ * the client's prefix: "<name>/state" and "<name>/done/<round>" (see librendezvous(3),
+ * Barriers). Call on all participating ranks. Returns 0, -ETIMEDOUT, -EINVAL, -EPROTO (the state
+ * key was changed by hand) or another negative errno.
  */
 int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms);
 

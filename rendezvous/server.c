@@ -933,7 +933,8 @@ static char *status_json(rdzv_server *srv)
     json_object_set_new(o, "protocol",
                         json_pack("{s:I, s:I}", "legacy", (json_int_t)srv->gens[RDZV_GEN_LEGACY],
                                   "modern", (json_int_t)srv->gens[RDZV_GEN_MODERN]));
-    char *s = json_dumps(o, JSON_COMPACT);
+    /* 15 digits: uptime_s, whole milliseconds, prints as 0.831, not 0.83099999999999996. */
+    char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(o);
     return s;
 }

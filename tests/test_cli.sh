@@ -49,7 +49,7 @@ ok() { echo "ok: $*"; }
 
 # A watchdog, in case something escapes the per-command timeouts. Its sleep must not hold the
 # test's stdout or stderr open, or a harness reading them would wait for it after the test ends.
-(sleep 28 >/dev/null 2>&1 && echo "FAIL: watchdog: test ran for 28 s" >&2 &&
+(sleep 50 >/dev/null 2>&1 && echo "FAIL: watchdog: test ran for 50 s" >&2 &&
     kill -TERM $$) &
 pids+=($!)
 
@@ -98,40 +98,42 @@ grep -qF -- '--host' "$tmp/out" || fail "get --help lacks --host"
 ok "$(wc -l <"$tmp/help-opts") options in --help all documented in the man page, and no others"
 
 # ---------------------------------------------------------------------------------------------
-# Usage errors: exit 1 with the culprit named, before any connection is tried.
-expect 1 "$BIN" keys --bogus
+# Usage errors: exit 2 (as ddprun's) with the culprit named, before any connection is tried.
+expect 2 "$BIN" keys --bogus
 stderr_has "ddp-rendezvous: unknown option '--bogus'"
-expect 1 "$BIN" keys --bogus=3
+expect 2 "$BIN" keys --bogus=3
 stderr_has "unknown option '--bogus'"
-expect 1 "$BIN" keys --port abc
+expect 2 "$BIN" keys --port abc
 stderr_has "ddp-rendezvous: --port: expected an integer 0..65535, got 'abc'"
-expect 1 "$BIN" keys --port=70000
+expect 2 "$BIN" keys --port=70000
 stderr_has "--port"
-expect 1 "$BIN" keys --timeout -1
+expect 2 "$BIN" keys --timeout -1
 stderr_has "--timeout"
-expect 1 "$BIN" serve --max-key-bytes 12Q
+expect 2 "$BIN" serve --max-key-bytes 12Q
 stderr_has "--max-key-bytes"
-expect 1 "$BIN" serve --max-value-bytes 0
+expect 2 "$BIN" serve --max-value-bytes 0
 stderr_has "--max-value-bytes"
-expect 1 "$BIN" get k --bind 0.0.0.0
+expect 2 "$BIN" get k --bind 0.0.0.0
 stderr_has "--bind"
-expect 1 "$BIN" serve --listen-fd 3 --port 1
+expect 2 "$BIN" serve --listen-fd 3 --port 1
 stderr_has "--listen-fd"
-expect 1 "$BIN" keys --port
+expect 2 "$BIN" keys --port
 stderr_has "--port: missing argument"
-expect 1 "$BIN" keys --quiet
-expect 1 "$BIN" get
-expect 1 "$BIN" set onlykey
-expect 1 "$BIN" add k notanumber
+expect 2 "$BIN" keys --quiet
+expect 2 "$BIN" get
+expect 2 "$BIN" set onlykey
+expect 2 "$BIN" add k notanumber
 stderr_has "DELTA"
-expect 1 "$BIN" barrier b 0
+expect 2 "$BIN" barrier b 0
 stderr_has "WORLD_SIZE"
-expect 1 "$BIN" frobnicate
+expect 2 "$BIN" frobnicate
 stderr_has "frobnicate"
-expect 1 "$BIN"
-expect 1 "$BIN" -x
+expect 2 "$BIN"
+expect 2 "$BIN" -x
 stderr_has "'-x'"
-ok "usage errors exit 1 and name the flag"
+expect 2 "$BIN" keys --connect-timeout -1
+stderr_has "--connect-timeout"
+ok "usage errors exit 2 and name the flag"
 
 # ---------------------------------------------------------------------------------------------
 # The server. Its stdout is a FIFO held open on fd 3: the first line is the port, and EOF later
@@ -154,9 +156,9 @@ ok "serve --port 0 listens on $PORT"
 rdzv() { timeout 10 "$BIN" --port "$PORT" --timeout 5 "$@"; }
 
 # A second server on the same port cannot bind: operation failed.
-expect 2 timeout 5 "$BIN" serve --port "$PORT" --quiet >/dev/null
+expect 1 timeout 5 "$BIN" serve --port "$PORT" --quiet >/dev/null
 stderr_has "$PORT"
-ok "serve on a busy port exits 2"
+ok "serve on a busy port exits 1"
 
 # set/get round trips: text, the empty value, a value that starts with '-', binary on stdin.
 expect 0 rdzv set greeting hello
@@ -196,9 +198,29 @@ expect 0 rdzv add counter -2 >"$tmp/out"
 [[ $(cat "$tmp/out") == 3 ]] || fail "add counter -2 printed '$(cat "$tmp/out")'"
 expect 0 rdzv get counter >"$tmp/out"
 [[ $(cat "$tmp/out") == 3 ]] || fail "counter holds '$(cat "$tmp/out")'"
-# Adding to a value that is not an integer: the server drops the connection -> exit 2.
-expect 2 rdzv add greeting 1
-ok "add, and add on a non-integer exits 2"
+# Adding to a value that is not an integer, or out of the 64-bit range: the server drops the
+# connection, and the message says why -> exit 1.
+expect 1 rdzv add greeting 1
+stderr_has "the value under 'greeting' (5 bytes: 'hello') is not a decimal integer"
+expect 0 rdzv set huge 99999999999999999999
+expect 1 rdzv add huge 1
+stderr_has "not a decimal integer in the 64-bit range"
+expect 0 rdzv del huge >/dev/null
+ok "add, and add on a non-integer or out-of-range value exits 1 saying why"
+
+# set KEY - reads at most --max-value-bytes (8M by default) and keeps to --timeout.
+head -c $((8 * 1024 * 1024 + 1)) /dev/zero >"$tmp/over.in"
+expect 1 rdzv set over - <"$tmp/over.in"
+stderr_has "longer than 8M"
+head -c $((4 * 1024 * 1024)) /dev/zero >"$tmp/four.in"
+expect 1 rdzv set over - --max-value-bytes 2M <"$tmp/four.in"
+stderr_has "longer than 2M"
+t0=$(now_ms)
+expect 3 timeout 10 "$BIN" --port "$PORT" --timeout 0.5 set over - < <(sleep 8)
+t=$(($(now_ms) - t0))
+((t < 3000)) || fail "set - with a silent stdin and --timeout 0.5 took $t ms"
+stderr_has "reading the value from stdin"
+ok "set - caps stdin at --max-value-bytes and keeps to --timeout ($t ms for 0.5 s)"
 
 # status is JSON with at least keys, connections and waiters.
 json_field() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
@@ -212,7 +234,10 @@ for field in ("keys", "connections"):
     assert isinstance(d[field], int) and d[field] >= 0, field
 assert d["keys"] >= 6, "keys %d after six sets" % d["keys"]
 EOF
-ok "status prints JSON with keys and connections"
+# Floats print as short as they are: uptime_s in whole milliseconds, never 0.83099999999999996.
+grep -E '"uptime_s": [0-9]+(\.[0-9]{1,3})?,?$' "$tmp/status.json" >/dev/null ||
+    fail "status: uptime_s printed as $(grep uptime_s "$tmp/status.json")"
+ok "status prints JSON with keys and connections, uptime_s to the millisecond"
 
 # wait that succeeds because a set arrives while it blocks. The waiter is known to be blocked
 # once the server counts it (polling the status, not sleeping a guessed time).
@@ -260,19 +285,49 @@ for round in 1 2; do
 done
 ok "barrier with 3 processes, two rounds"
 
-# del prints 1 then 0, exit 0 both times; keys counts.
+# Issue 11 item 1: a lone caller retrying a barrier never passes; a name reused with another
+# world size after a completed round does not pass alone; a caller with another world size
+# than the round under way fails at once (exit 1).
+for try in 1 2; do
+    expect 3 rdzv barrier retry 2 --timeout 0.5
+    stderr_has "withdrawn"
+done
+expect 3 rdzv barrier b3 2 --timeout 0.5
+expect 3 rdzv barrier b3 3 --timeout 0.5
+timeout 10 "$BIN" --port "$PORT" --timeout 8 barrier mixed 2 2>"$tmp/mixed.err" &
+mixed=$!
+pids+=("$mixed")
+deadline=$(($(now_ms) + 5000))
+until rdzv status >"$tmp/status.json" 2>/dev/null &&
+    (($(json_field waiters <"$tmp/status.json") >= 1)); do
+    (($(now_ms) < deadline)) || fail "the server never counted the barrier's waiter"
+    sleep 0.02 # poll interval, not synchronisation
+done
+expect 1 rdzv barrier mixed 3
+stderr_has "not 3"
+expect 0 rdzv barrier mixed 2
+rc=0
+wait "$mixed" || rc=$?
+((rc == 0)) || fail "the first caller of barrier mixed exited $rc: $(cat "$tmp/mixed.err")"
+ok "barrier: lone retries time out, a reused name with another size does not pass alone, a mismatched size fails"
+
+# del prints 1 then 0, exit 0 both times; keys lists the keys, sorted, under --prefix.
 expect 0 rdzv del greeting >"$tmp/out"
 [[ $(cat "$tmp/out") == 1 ]] || fail "del of an existing key printed '$(cat "$tmp/out")'"
 expect 0 rdzv del greeting >"$tmp/out"
 [[ $(cat "$tmp/out") == 0 ]] || fail "del of a missing key printed '$(cat "$tmp/out")'"
 expect 0 rdzv keys >"$tmp/out"
-n1=$(cat "$tmp/out")
-[[ $n1 =~ ^[0-9]+$ ]] || fail "keys printed '$n1'"
+grep -qx 'counter' "$tmp/out" || fail "keys does not list 'counter': $(cat "$tmp/out")"
+! grep -qx 'greeting' "$tmp/out" || fail "keys lists the deleted 'greeting'"
+LC_ALL=C sort -c "$tmp/out" 2>/dev/null || fail "keys are not sorted: $(cat "$tmp/out")"
+n1=$(wc -l <"$tmp/out")
 expect 0 rdzv set one-more 1
 expect 0 rdzv keys >"$tmp/out"
-n2=$(cat "$tmp/out")
-((n2 == n1 + 1)) || fail "keys went from $n1 to $n2 after one set"
-ok "del (1, then 0), keys ($n1 -> $n2)"
+n2=$(wc -l <"$tmp/out")
+((n2 == n1 + 1)) || fail "keys went from $n1 to $n2 lines after one set"
+expect 0 rdzv keys --prefix job1/ >"$tmp/out"
+[[ $(cat "$tmp/out") == a ]] || fail "keys --prefix job1/ printed '$(cat "$tmp/out")'"
+ok "del (1, then 0), keys ($n1 -> $n2 lines, --prefix)"
 
 # SIGTERM: the server exits 0 within 2 s; its exit closes the FIFO (EOF on fd 3).
 t0=$(now_ms)
@@ -286,9 +341,20 @@ wait "$SRV" || rc=$?
 exec 3<&-
 ok "SIGTERM: server exited 0 in $(($(now_ms) - t0)) ms"
 
-# Nobody listens any more: connecting runs into the deadline -> exit 3.
-expect 3 timeout 10 "$BIN" --port "$PORT" --timeout 0.3 keys
-ok "connect deadline exits 3"
+# Nobody listens any more: a refused connection fails at once (exit 1) with a hint, not after
+# --timeout; with --connect-timeout it is retried that long, saying what it waits for.
+t0=$(now_ms)
+expect 1 timeout 10 "$BIN" --port "$PORT" --timeout 300 keys
+t=$(($(now_ms) - t0))
+((t < 2000)) || fail "a refused connection took $t ms to fail"
+stderr_has "Connection refused"
+stderr_has "--connect-timeout"
+t0=$(now_ms)
+expect 1 timeout 10 "$BIN" --port "$PORT" --connect-timeout 0.5 keys
+t=$(($(now_ms) - t0))
+((t >= 400 && t < 3000)) || fail "--connect-timeout 0.5 took $t ms"
+stderr_has "waiting up to 0.5 s for a store to listen there"
+ok "a refused connection fails at once; --connect-timeout 0.5 waits $t ms"
 
 # SIGINT, --quiet (no info lines), and --listen-fd with an inherited socket, in one server that
 # python3 starts on a socket it bound itself.
@@ -310,7 +376,7 @@ try:
         sys.exit("--listen-fd: port line %r, socket bound to %d" % (line, port))
     got = subprocess.run([binary, "--port", str(port), "--timeout", "5", "keys"],
                          capture_output=True, timeout=10)
-    if got.returncode != 0 or got.stdout != b"0\n":
+    if got.returncode != 0 or got.stdout != b"":
         sys.exit("keys on the --listen-fd server: %r" % (got,))
     p.send_signal(signal.SIGINT)
     rc = p.wait(timeout=2)

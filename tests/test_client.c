@@ -354,6 +354,8 @@ START_TEST(test_options_defaults)
     ck_assert_int_eq(o.backoff_initial_ms, 10);
     ck_assert_int_eq(o.backoff_max_ms, 1000);
     ck_assert_ptr_null(o.prefix);
+    ck_assert_int_eq(o.refused_timeout_ms, -1);
+    ck_assert_int_eq(o.handshake_timeout_ms, 5000);
 }
 END_TEST
 
@@ -797,11 +799,57 @@ START_TEST(test_prefix_isolation)
 
     /* Barrier keys live under the prefix too. */
     ck_assert_int_eq(rdzv_barrier(a, "bar", 1, 1000), 0);
-    const char *bk[2] = {"jobA/bar/arrived", "jobA/bar/gen/0"};
+    const char *bk[2] = {"jobA/bar/state", "jobA/bar/done/0"};
     ck_assert_int_eq(rdzv_check(plain, bk, 2), 1);
 
     rdzv_client_close(a);
     rdzv_client_close(b);
+    rdzv_client_close(plain);
+}
+END_TEST
+
+/* Checks that barrier `name` is between rounds, `gen` of them completed: "<gen> 0 0 <tag>". */
+static void expect_round(rdzv_client *c, const char *name, int64_t gen)
+{
+    char key[64];
+    snprintf(key, sizeof key, "%s/state", name);
+    const char *k = key;
+    if (gen == 0 && rdzv_check(c, &k, 1) == 0)
+        return;
+    void *v = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(rdzv_get(c, key, &v, &n), 0);
+    int64_t g = -1, w = -1, cnt = -1;
+    ck_assert_msg(sscanf(v, "%" SCNd64 " %" SCNd64 " %" SCNd64, &g, &w, &cnt) == 3, "state '%s'",
+                  (char *)v);
+    ck_assert_msg(g == gen && w == 0 && cnt == 0,
+                  "barrier %s: state '%s', expected round %" PRId64 " and nobody waiting", name,
+                  (char *)v, gen);
+    rdzv_free(v);
+}
+
+/* rdzv_list_keys(): every key without a prefix; with one, the keys under it, prefix cut off. */
+START_TEST(test_list_keys)
+{
+    rdzv_client *plain = client();
+    rdzv_client *a = client_with("jobA/", 5000);
+    set_str(plain, "top", "1");
+    set_str(a, "x", "2");
+    set_str(a, "y/z", "3");
+    char **keys = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(rdzv_list_keys(a, &keys, &n), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_ptr_null(keys[2]);
+    bool x = strcmp(keys[0], "x") == 0 || strcmp(keys[1], "x") == 0;
+    bool yz = strcmp(keys[0], "y/z") == 0 || strcmp(keys[1], "y/z") == 0;
+    ck_assert(x && yz);
+    rdzv_free(keys);
+    ck_assert_int_eq(rdzv_list_keys(plain, &keys, &n), 0);
+    ck_assert_uint_eq(n, 3);
+    rdzv_free(keys);
+    ck_assert_int_eq(rdzv_list_keys(plain, NULL, &n), -EINVAL);
+    rdzv_client_close(a);
     rdzv_client_close(plain);
 }
 END_TEST
@@ -852,10 +900,8 @@ START_TEST(test_barrier_reuse_multiprocess)
 
     /* Finished generations were cleaned up; the last one remains for late readers. */
     rdzv_client *c = client_with("job/", 2000);
-    int64_t arrived;
-    ck_assert_int_eq(rdzv_add(c, "bar/arrived", 0, &arrived), 0);
-    ck_assert_int_eq(arrived, WORLD * ROUNDS);
-    const char *g0[1] = {"bar/gen/0"}, *g1[1] = {"bar/gen/1"}, *g2[1] = {"bar/gen/2"};
+    expect_round(c, "bar", ROUNDS);
+    const char *g0[1] = {"bar/done/0"}, *g1[1] = {"bar/done/1"}, *g2[1] = {"bar/done/2"};
     ck_assert_int_eq(rdzv_check(c, g0, 1), 0);
     ck_assert_int_eq(rdzv_check(c, g1, 1), 0);
     ck_assert_int_eq(rdzv_check(c, g2, 1), 1);
@@ -868,7 +914,7 @@ START_TEST(test_barrier_single_and_timeout)
     rdzv_client *c = client_with(NULL, 5000);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(rdzv_barrier(c, "solo", 1, 1000), 0);
-    const char *g[2] = {"solo/gen/1", "solo/gen/2"};
+    const char *g[2] = {"solo/done/1", "solo/done/2"};
     ck_assert_int_eq(rdzv_check(c, g, 1), 0);
     ck_assert_int_eq(rdzv_check(c, g + 1, 1), 1);
 
@@ -878,6 +924,149 @@ START_TEST(test_barrier_single_and_timeout)
     ck_assert(rdzv__now_s() - t0 >= 0.14);
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "pair"));
     ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/*
+ * Issue 11, item 1: a caller that retries a barrier after timing out, alone, never gets
+ * through, however often it retries (before, its second try completed a round of two).
+ */
+START_TEST(test_barrier_retry_alone)
+{
+    rdzv_client *c = client_with(NULL, 5000);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(rdzv_barrier(c, "retry", 2, 100), -ETIMEDOUT);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "withdrawn"));
+    expect_round(c, "retry", 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* The retrier of test_barrier_retry_then_partner: tries until it passes, counting timeouts. */
+static int retrier(void)
+{
+    rdzv_client *c = NULL;
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = 5000;
+    if (rdzv_client_connect("127.0.0.1", port, &o, &c) != 0)
+        return 10;
+    int timeouts = 0, rc;
+    while ((rc = rdzv_barrier(c, "r", 2, 50)) == -ETIMEDOUT)
+        if (++timeouts == 3 && rdzv_set(c, "tried3", "1", 1) != 0)
+            return 11;
+    rdzv_client_close(c);
+    return rc == 0 && timeouts >= 3 ? 0 : 12;
+}
+
+/*
+ * A retry loop and a partner that arrives after three of its timeouts: they pass together, in
+ * the barrier's first round; the timed-out tries completed nothing.
+ */
+START_TEST(test_barrier_retry_then_partner)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        _exit(retrier());
+    rdzv_client *c = client_with(NULL, 10000);
+    void *v;
+    size_t n;
+    ck_assert_int_eq(rdzv_get(c, "tried3", &v, &n), 0);
+    rdzv_free(v);
+    ck_assert_int_eq(rdzv_barrier(c, "r", 2, 10000), 0);
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "retrier: status %d", st);
+    expect_round(c, "r", 1);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* A child that enters barrier `name` of `world` once and exits with 0 on success. */
+static pid_t barrier_child(const char *name, int world, int timeout_ms)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        rdzv_client *c = NULL;
+        rdzv_client_options o;
+        rdzv_client_options_init(&o);
+        o.timeout_ms = 10000;
+        if (rdzv_client_connect("127.0.0.1", port, &o, &c) != 0)
+            _exit(10);
+        int rc = rdzv_barrier(c, name, world, timeout_ms);
+        rdzv_client_close(c);
+        _exit(rc == 0 ? 0 : rc == -ETIMEDOUT ? 3 : 4);
+    }
+    return pid;
+}
+
+static int child_status(pid_t pid)
+{
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st), "child %d: status %d", (int)pid, st);
+    return WEXITSTATUS(st);
+}
+
+/*
+ * A name reused with another world size: after a barrier of three, a lone caller of a round of
+ * two, and then one of a round of three, each time out (before, both passed at once); a caller
+ * with another size than the round in progress fails with -EINVAL at once.
+ */
+START_TEST(test_barrier_world_size_change)
+{
+    pid_t p[3];
+    for (int i = 0; i < 3; i++)
+        p[i] = barrier_child("stage", 3, 10000);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(child_status(p[i]), 0);
+
+    rdzv_client *c = client_with(NULL, 5000);
+    ck_assert_int_eq(rdzv_barrier(c, "stage", 2, 100), -ETIMEDOUT);
+    ck_assert_int_eq(rdzv_barrier(c, "stage", 3, 100), -ETIMEDOUT);
+    expect_round(c, "stage", 1);
+
+    /* A round of two in progress refuses a caller that asks for three, and leaves it usable. */
+    pid_t waiting = barrier_child("stage", 2, 10000);
+    await_waiters(1);
+    ck_assert_int_eq(rdzv_barrier(c, "stage", 3, 1000), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "not 3"));
+    ck_assert_int_eq(rdzv_barrier(c, "stage", 2, 1000), 0);
+    ck_assert_int_eq(child_status(waiting), 0);
+    expect_round(c, "stage", 2);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/*
+ * Late joiners: three callers of a barrier for two arrive together; two complete round 0 and
+ * the third opens round 1, which a fourth, arriving once round 0 is done, completes.
+ */
+START_TEST(test_barrier_late_joiners)
+{
+    pid_t p[4];
+    for (int i = 0; i < 3; i++)
+        p[i] = barrier_child("late", 2, 10000);
+    rdzv_client *c = client_with(NULL, 10000);
+    void *v;
+    size_t n;
+    ck_assert_int_eq(rdzv_get(c, "late/done/0", &v, &n), 0);
+    rdzv_free(v);
+    p[3] = barrier_child("late", 2, 10000);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(child_status(p[i]), 0);
+    expect_round(c, "late", 2);
+
+    /* Eight callers of a barrier for four, all at once: two rounds, nobody left waiting. */
+    pid_t q[8];
+    for (int i = 0; i < 8; i++)
+        q[i] = barrier_child("crowd", 4, 10000);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(child_status(q[i]), 0);
+    expect_round(c, "crowd", 2);
     rdzv_client_close(c);
 }
 END_TEST
@@ -1086,6 +1275,96 @@ START_TEST(test_connect_not_a_store)
 }
 END_TEST
 
+/* A peer that accepts every connection and closes it at once, until `stop` is set. */
+struct closer {
+    int lfd, port;
+    volatile int stop;
+    int accepted;
+    pthread_t thread;
+};
+
+static void *closer_main(void *arg)
+{
+    struct closer *k = arg;
+    while (!k->stop) {
+        int fd = accept(k->lfd, NULL, NULL);
+        if (fd < 0)
+            break;
+        k->accepted++;
+        close(fd);
+    }
+    return NULL;
+}
+
+/*
+ * Issue 11, item 8: a port held by something that is not a store fails the connect within the
+ * handshake bound, not the (long) connect timeout, with a sentence saying so: a listener that
+ * never answers (nobody accepts: the kernel completes the connection), and one that closes
+ * every connection at once.
+ */
+START_TEST(test_connect_handshake_bound)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.connect_timeout_ms = 60000;
+    o.handshake_timeout_ms = 300;
+    rdzv_client *c = NULL;
+
+    int lport;
+    int lfd = refusing_socket(&lport);
+    ck_assert_int_eq(listen(lfd, 4), 0);
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", lport, &o, &c), -EPROTO);
+    double t = rdzv__now_s() - t0;
+    ck_assert_msg(t >= 0.29 && t < 5, "silent listener: failed after %.2f s", t);
+    ck_assert_ptr_null(c);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "did not answer the handshake"));
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "not a ddprun or PyTorch store"));
+    close(lfd);
+
+    struct closer k = {0};
+    k.lfd = refusing_socket(&k.port);
+    ck_assert_int_eq(listen(k.lfd, 16), 0);
+    ck_assert_int_eq(pthread_create(&k.thread, NULL, closer_main, &k), 0);
+    t0 = rdzv__now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", k.port, &o, &c), -EPROTO);
+    t = rdzv__now_s() - t0;
+    ck_assert_msg(t >= 0.29 && t < 5, "closing peer: failed after %.2f s", t);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "closed"));
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "not a ddprun or PyTorch store"));
+    k.stop = 1;
+    shutdown(k.lfd, SHUT_RDWR); /* wakes the accept() */
+    pthread_join(k.thread, NULL);
+    close(k.lfd);
+}
+END_TEST
+
+/* refused_timeout_ms = 0: a refused connection fails at once, not at the connect timeout. */
+START_TEST(test_connect_refused_at_once)
+{
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.connect_timeout_ms = 60000;
+    o.refused_timeout_ms = 0;
+    int rport;
+    int fd = refusing_socket(&rport);
+    rdzv_client *c = NULL;
+    double t0 = rdzv__now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", rport, &o, &c), -ECONNREFUSED);
+    ck_assert(rdzv__now_s() - t0 < 2);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "nothing listens there"));
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "1 attempt"));
+
+    /* With 200 ms, refusals are retried that long, then fail the same way. */
+    o.refused_timeout_ms = 200;
+    t0 = rdzv__now_s();
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", rport, &o, &c), -ECONNREFUSED);
+    double t = rdzv__now_s() - t0;
+    ck_assert_msg(t >= 0.19 && t < 3, "refused for 200 ms: failed after %.2f s", t);
+    close(fd);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* Broken peers                                                                                */
 /* ------------------------------------------------------------------------------------------ */
@@ -1216,8 +1495,13 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_multi);
     tcase_add_test(tc, test_ping_status);
     tcase_add_test(tc, test_prefix_isolation);
+    tcase_add_test(tc, test_list_keys);
     tcase_add_test(tc, test_barrier_reuse_multiprocess);
     tcase_add_test(tc, test_barrier_single_and_timeout);
+    tcase_add_test(tc, test_barrier_retry_alone);
+    tcase_add_test(tc, test_barrier_retry_then_partner);
+    tcase_add_test(tc, test_barrier_world_size_change);
+    tcase_add_test(tc, test_barrier_late_joiners);
     tcase_add_test(tc, test_server_gone);
     tcase_add_test(tc, test_connect_names_and_ipv6);
     suite_add_tcase(s, tc);
@@ -1229,6 +1513,8 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_connect_retries_until_server_listens);
     tcase_add_test(tc, test_connect_unknown_host);
     tcase_add_test(tc, test_connect_not_a_store);
+    tcase_add_test(tc, test_connect_handshake_bound);
+    tcase_add_test(tc, test_connect_refused_at_once);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("broken_peers");
