@@ -61,4 +61,11 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # torch 2.x's gloo can abort in the interpreter's finalization ("terminate called without an
+    # active exception", SIGABRT), after destroy_process_group() and after the rank has reported:
+    # a torch bug (pytorch/pytorch#179291), not the launcher's. The rank's work is done and its
+    # output flushed, so it leaves without finalization.
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
