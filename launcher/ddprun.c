@@ -321,7 +321,7 @@ static char **guard_read_env(int fd)
 
 /*
  * argv: ddprun --ddprun-exec-shim PARENT_PID program args...; fd 3: a memfd holding the worker's
- * environment (NUL-separated), into which the guard writes back the worker's pid.
+ * environment (NUL-separated), into which the worker writes its pid before it execs.
  *
  * ddprun starts each worker through this guard (already in a session and process group of its
  * own), which stays as the worker's parent instead of exec'ing: ddprun's environment stays the
@@ -378,6 +378,16 @@ static int shim_main(int argc, char **argv)
         setsid();
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != guard)
             _exit(128 + SIGKILL);
+        /* The worker's pid goes into the memfd before the program runs, so that ddprun names it
+         * from the first line the program writes (the guard itself may not run again for a
+         * while). Only system calls: no stdio after vfork(). */
+        char pid[16];
+        size_t pl = 0;
+        for (unsigned long v = (unsigned long)getpid(); v || pl == 0; v /= 10)
+            pid[sizeof(pid) - ++pl] = (char)('0' + v % 10);
+        if (ftruncate(3, 0) != 0 || pwrite(3, pid + sizeof(pid) - pl, pl, 0) != (ssize_t)pl) {
+            /* Nothing to do: ddprun then names the guard's pid instead of the worker's. */
+        }
         execvp(argv[3], argv + 3);
         exec_errno = errno;
         _exit(errno == ENOENT ? 127 : 126);
@@ -387,11 +397,6 @@ static int shim_main(int argc, char **argv)
         format_time(wall_now_s(), when, sizeof(when));
         fprintf(stderr, "[%s] " PROG ": cannot execute '%s': %s\n", when, argv[3],
                 strerror(exec_errno));
-    }
-    char pid[16];
-    int pl = snprintf(pid, sizeof(pid), "%d", (int)g.worker);
-    if (ftruncate(3, 0) != 0 || pwrite(3, pid, (size_t)pl, 0) != pl) {
-        /* Nothing to do: ddprun then names the guard's pid instead of the worker's. */
     }
     close(3);
 
