@@ -537,52 +537,6 @@ static int gai_errno(int gai, bool *retry)
 }
 
 /*
- * Opens the modern protocol on a fresh connection: VALIDATE with the magic, then a PING whose
- * nonce must come back, both in one segment. Returns 0, -EPROTO (the peer answered something
- * else), -ETIMEDOUT, or an I/O error such as -ECONNRESET. Leaves the client unbroken either
- * way; the caller closes the socket on failure.
- */
-static int handshake(rdzv_client *c, int64_t deadline)
-{
-    uint32_t nonce = (uint32_t)rng_next(&c->rng);
-    uint8_t req[10];
-    rdzv__wbuf w = rdzv__wbuf_fixed(req, sizeof req);
-    rdzv__put_u8(&w, RDZV_M_VALIDATE);
-    rdzv__put_u32(&w, RDZV_VALIDATE_MAGIC);
-    rdzv__put_u8(&w, RDZV_M_PING);
-    rdzv__put_u32(&w, nonce);
-    assert(w.err == 0 && w.len == sizeof req);
-
-    size_t off = 0;
-    while (off < sizeof req) {
-        ssize_t n = send(c->fd, req + off, sizeof req - off, MSG_NOSIGNAL);
-        if (n > 0) {
-            off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int rc = wait_fd(c->fd, POLLOUT, deadline);
-            if (rc < 0)
-                return rc;
-            continue;
-        }
-        return (n < 0 && errno != EPIPE) ? -errno : -ECONNRESET;
-    }
-    c->just_sent = true;
-    uint8_t b[4];
-    int rc = recv_raw(c, b, 4, deadline);
-    if (rc < 0)
-        return rc;
-    uint32_t echo;
-    memcpy(&echo, b, 4);
-    if (echo != nonce)
-        return -EPROTO;
-    return 0;
-}
-
-/*
  * Sends `len` bytes of a handshake on the fresh connection. Returns 0 or a negative errno; the
  * caller closes the socket on failure.
  */
@@ -606,6 +560,36 @@ static int send_all(rdzv_client *c, const uint8_t *p, size_t len, int64_t deadli
         return (n < 0 && errno != EPIPE) ? -errno : -ECONNRESET;
     }
     c->just_sent = true;
+    return 0;
+}
+
+/*
+ * Opens the modern protocol on a fresh connection: VALIDATE with the magic, then a PING whose
+ * nonce must come back, both in one segment. Returns 0, -EPROTO (the peer answered something
+ * else), -ETIMEDOUT, or an I/O error such as -ECONNRESET. Leaves the client unbroken either
+ * way; the caller closes the socket on failure.
+ */
+static int handshake(rdzv_client *c, int64_t deadline)
+{
+    uint32_t nonce = (uint32_t)rng_next(&c->rng);
+    uint8_t req[10];
+    rdzv__wbuf w = rdzv__wbuf_fixed(req, sizeof req);
+    rdzv__put_u8(&w, RDZV_M_VALIDATE);
+    rdzv__put_u32(&w, RDZV_VALIDATE_MAGIC);
+    rdzv__put_u8(&w, RDZV_M_PING);
+    rdzv__put_u32(&w, nonce);
+    assert(w.err == 0 && w.len == sizeof req);
+    int rc = send_all(c, req, sizeof req, deadline);
+    if (rc < 0)
+        return rc;
+    uint8_t b[4];
+    rc = recv_raw(c, b, 4, deadline);
+    if (rc < 0)
+        return rc;
+    uint32_t echo;
+    memcpy(&echo, b, 4);
+    if (echo != nonce)
+        return -EPROTO;
     return 0;
 }
 
