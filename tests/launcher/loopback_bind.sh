@@ -6,26 +6,8 @@
 # the two-node job runs to completion. Usage: loopback_bind.sh DDPRUN. Exit 0 pass, 1 fail.
 set -uo pipefail
 ddprun=$1
-tmp=$(mktemp -d)
-pids=()
-main=$BASHPID
-cleanup() { # bash runs the EXIT trap in subshells too: only the main shell cleans up
-  [ "$BASHPID" = "$main" ] || return 0
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+. "$(dirname "$0")/lib.sh"
 
-wait_for() { # seconds command...: polls until the command succeeds
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do
-    [ $SECONDS -ge $end ] && return 1
-    sleep 0.05
-  done
-}
 listen_addr() { ss -ltnpH 2>/dev/null | grep "pid=$1," | awk '{print $4}' | head -1; }
 has_port() { [ -n "$(listen_addr "$1")" ]; }
 

@@ -7,26 +7,8 @@
 # Usage: worker_fds.sh DDPRUN. Exit 0 pass, 1 fail.
 set -uo pipefail
 ddprun=$1
-tmp=$(mktemp -d)
-pids=()
-main=$BASHPID
-cleanup() { # bash runs the EXIT trap in subshells too: only the main shell cleans up
-  [ "$BASHPID" = "$main" ] || return 0
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+. "$(dirname "$0")/lib.sh"
 
-wait_for() { # seconds command...: polls until the command succeeds
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do
-    [ $SECONDS -ge $end ] && return 1
-    sleep 0.05
-  done
-}
 # The workers of ddprun PID: `sleep`s whose parent (the worker's guard) is a child of ddprun.
 workers_of() { local g; for g in $(pgrep -P "$1"); do pgrep -P "$g" -x sleep; done; }
 nworkers() { [ "$(workers_of "$1" | wc -l)" -ge "$2" ]; }

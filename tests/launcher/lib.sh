@@ -1,0 +1,23 @@
+# Shared preamble of the launcher shell tests; source it after setting -uo pipefail. Gives a
+# temporary directory $tmp, an array pids of processes to SIGKILL at exit, fail/ok reporting
+# (failures counted in $fails) and wait_for SECONDS COMMAND..., which polls until COMMAND succeeds.
+tmp=$(mktemp -d)
+pids=()
+main=$BASHPID
+cleanup() { # bash runs the EXIT trap in subshells too: only the main shell cleans up
+  [ "$BASHPID" = "$main" ] || return 0
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { echo "ok: $*"; }
+
+wait_for() { # seconds command...: polls until the command succeeds
+  local end=$((SECONDS + $1)); shift
+  until "$@"; do
+    [ $SECONDS -ge $end ] && return 1
+    sleep 0.05
+  done
+}
