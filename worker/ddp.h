@@ -303,6 +303,98 @@ typedef struct ddp_memory {
 /* Fills *out. Returns 0 or -EINVAL (NULL argument, or not committed). */
 int ddp_memory_stats(const ddp_model *m, ddp_memory *out);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Checkpoints                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * A checkpoint is a directory ROOT/step-NNNNNNNNNNNN (the optimizer step, 12 digits) holding one
+ * shard file per rank of the saving job, shard-RRRRR-of-WWWWW.bin, and manifest.json, which
+ * rank 0 writes last: the checkpoint is complete exactly when its manifest exists (written to a
+ * temporary name, fsynced, renamed, the directory fsynced). Each rank writes only what it owns:
+ * for every group (bucket or unit) of the saving layout, part `rank` of the fp32 parameters and
+ * of each optimizer state array, at every stage (stage 0 and the replicated parameters of
+ * stages 1-2 are written once, split as stage 1 splits them). The manifest (JSON) describes the
+ * layout, the optimizer, the progress and a CRC32C per shard file and per chunk of it; worker/
+ * ckpt.h gives its exact format. A checkpoint loads at any world size and any stage.
+ */
+
+/* Where training stands, saved with the model and given back by ddp_checkpoint_load(). */
+typedef struct ddp_checkpoint_progress {
+    int64_t epoch;    /* the epoch to resume in */
+    int64_t position; /* the sampler's position in that epoch (the caller's unit: e.g. the next
+                         step of the epoch) */
+    uint64_t seed;    /* the run's seed (data order, initial values) */
+} ddp_checkpoint_progress;
+
+/* ddp_checkpoint_save() flags. */
+#define DDP_CKPT_SYNC 1u /* return only when the checkpoint is complete (ddp_checkpoint_wait()) */
+
+/* ddp_checkpoint_load() flags. */
+#define DDP_CKPT_PARAMS_ONLY 1u /* load the parameters only: optimizer state zero, step 0 */
+
+/*
+ * Saves the model's state as checkpoint ROOT/step-<steps taken> (ROOT is created if absent).
+ * First waits for the previous save of this model to complete (as ddp_checkpoint_wait()
+ * does). Then copies the owned state into a host snapshot and hands it to a writer thread, so
+ * training goes on while it is written; the checkpoint becomes complete (rank 0 writes its
+ * manifest) once every rank's writer has finished, which ddp_step() notices at no cost (one
+ * small allreduce per step while a save is in flight) or ddp_checkpoint_wait() waits for.
+ * `progress` (NULL: zeros) and `user_json` (a JSON object as text, copied; NULL: none: the
+ * caller's own state, given back by ddp_checkpoint_load()) go into the manifest. `keep` > 0
+ * removes the oldest complete checkpoints under ROOT beyond the newest `keep`, once this one is
+ * complete (0: keep all). A save of a step that already has a checkpoint replaces it (its
+ * manifest is removed first, so that no manifest ever describes shards being rewritten).
+ * Returns 0; -EINVAL (bad argument, user_json not a JSON object, model not committed or inside
+ * a micro-step); -ENOMEM; the previous save's failure (see ddp_checkpoint_wait(); this save
+ * did not start); or a collective's failure (the model is broken, as after ddp_step()).
+ * Every rank, between steps (not between ddp_micro_begin() and ddp_step()).
+ */
+int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_progress *progress,
+                        const char *user_json, int keep, unsigned flags);
+
+/*
+ * Waits until the last save is complete: every rank's shard written and fsynced, and rank 0's
+ * manifest renamed into place. Returns 0 (also when no save is in flight); a write failure on
+ * any rank (-EIO, -ENOSPC, ... on every rank alike; ddp_last_error() names the rank and the
+ * file; the checkpoint stays incomplete and is ignored by readers); or a collective's failure.
+ * Every rank. ddp_model_free() joins a writer still running but writes no manifest: call this
+ * first so that the last save completes.
+ */
+int ddp_checkpoint_wait(ddp_model *m);
+
+/*
+ * Finds the newest complete checkpoint under `root`: the step-* directory with the highest
+ * step whose manifest.json exists and parses. Directories without a manifest (a save that
+ * crashed or is in flight) or with a malformed one are skipped, each with a COLL_LOG_WARN line
+ * through `log` (may be NULL) naming it. Writes its path into path[cap]. Returns 1 (found), 0
+ * (none, or `root` does not exist), -ENAMETOOLONG, or another negative errno (root unreadable).
+ * Local (no communication); thread-safe.
+ */
+int ddp_checkpoint_latest(const char *root, char *path, size_t cap, ddp_log_fn log,
+                          void *log_arg);
+
+/*
+ * Loads the checkpoint at `path` (a step-* directory) into the committed model: parameters,
+ * optimizer state and the step count, whatever world size and stage saved it. Each rank reads
+ * only the byte ranges it owns in its own layout (each chunk read is checked against the
+ * manifest's CRC32C), then stages 0-2 allgather the parameters (stage 0 also the optimizer
+ * state). Same world size and stage as the save: training continues bit for bit. Checks that
+ * the manifest describes this model (parameter names, shapes, dtypes) and optimizer (kind;
+ * differing hyper-parameters are logged as warnings). `progress` (may be NULL) receives the
+ * saved progress; `user_json` (may be NULL) receives the saved user state as a malloc'ed JSON
+ * text (the caller frees it) or NULL if none. Every rank must pass the same checkpoint (checked:
+ * rank 0's step is compared). Returns 0, and on failure the same code on every rank, with
+ * ddp_last_error() naming the file and what is wrong: -ENOENT (no manifest, a missing shard),
+ * -EPROTO (malformed manifest, a shard of the wrong size), -EBADMSG (a CRC32C mismatch),
+ * -EINVAL (another model or optimizer, different checkpoints on different ranks, not
+ * committed, inside a micro-step), -EIO, -ENOMEM, or a collective's failure (the model is
+ * broken). On failure the model's state is unspecified unless the code is -EINVAL from the
+ * checks made before reading; load again or free it. Every rank, between steps.
+ */
+int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
+                        ddp_checkpoint_progress *progress, char **user_json);
+
 #ifdef __cplusplus
 }
 #endif
