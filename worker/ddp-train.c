@@ -45,6 +45,7 @@
 #include "mlp.h"
 #include "monoclock.h"
 #include "rdzv.h"
+#include "safetensors.h"
 #include "version.h"
 
 enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAIL = 2 };
@@ -541,74 +542,17 @@ static int hook_end(void *arg, int l, int backward)
 /* Files: safetensors dumps and JSON Lines metrics                                             */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct tensor {
-    const char *name;
-    const char *dtype; /* "F32", "I32", "U8" */
-    int ndim;
-    int64_t shape[3];
-    const void *data;
-    size_t nbytes;
-} tensor;
+typedef st_tensor tensor;
 
-/*
- * Writes a safetensors file: an 8-byte little-endian header length, a JSON header (jansson)
- * naming each tensor's dtype, shape and [begin, end) byte offsets in the data that follows,
- * padded with spaces to a multiple of 8, then the tensors' bytes in order. Readable by the
- * safetensors package or by numpy from the header alone. `meta` (string pairs, NULL-ended)
- * goes into "__metadata__". Returns 0 or -1 with the error printed.
- */
+/* Writes a safetensors file (safetensors.h); `meta`: string pairs, NULL-ended. Returns 0 or -1
+   with the error printed. */
 static int write_safetensors(const char *path, const tensor *ts, int n, const char **meta)
 {
-    json_t *root = json_object(), *md = json_object();
-    char *hdr = NULL;
-    FILE *f = NULL;
-    int rc = -1;
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        json_t *shape = json_array();
-        for (int d = 0; d < ts[i].ndim; d++)
-            json_array_append_new(shape, json_integer(ts[i].shape[d]));
-        json_object_set_new(root, ts[i].name,
-                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", ts[i].dtype, "shape", shape,
-                                      "data_offsets", (json_int_t)off,
-                                      (json_int_t)(off + ts[i].nbytes)));
-        off += ts[i].nbytes;
+    if (st_write(path, ts, n, meta) < 0) {
+        err("%s", st_last_error());
+        return -1;
     }
-    for (int i = 0; meta && meta[i]; i += 2)
-        json_object_set_new(md, meta[i], json_string(meta[i + 1]));
-    json_object_set_new(root, "__metadata__", md);
-    hdr = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
-    if (!hdr) {
-        err("%s: cannot build the header", path);
-        goto out;
-    }
-    size_t hlen = strlen(hdr), padded = (hlen + 7) / 8 * 8;
-    uint8_t len8[8];
-    for (int i = 0; i < 8; i++)
-        len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    if (!(f = fopen(path, "wb"))) {
-        err("%s: cannot create: %s", path, strerror(errno));
-        goto out;
-    }
-    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hlen, f) == hlen;
-    for (size_t i = hlen; ok && i < padded; i++)
-        ok = fputc(' ', f) != EOF;
-    for (int i = 0; ok && i < n; i++)
-        ok = fwrite(ts[i].data, 1, ts[i].nbytes, f) == ts[i].nbytes;
-    if (fclose(f) != 0)
-        ok = 0;
-    f = NULL;
-    if (!ok) {
-        err("%s: cannot write: %s", path, strerror(errno));
-        goto out;
-    }
-    rc = 0;
-out:
-    if (f)
-        fclose(f);
-    free(hdr);
-    json_decref(root);
-    return rc;
+    return 0;
 }
 
 static int dump_init(trainer *t)
