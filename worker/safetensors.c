@@ -8,7 +8,6 @@
  * Not here: memory-mapping (files are read whole), dtype conversion (callers check the dtype
  * they need) and big-endian hosts.
  */
-#define _POSIX_C_SOURCE 200809L
 #include "safetensors.h"
 
 #include <errno.h>
