@@ -987,7 +987,7 @@ static int train(trainer *t, double *final_acc, double *train_s)
      * global batch: the result is the gradient of the mean loss over the global batch. */
     const float loss_scale = (float)t->world / (float)a->global_batch;
     int rc =
-        data_loader_create(&t->train, &t->sampler, a->epochs, (int64_t)t->total_steps, &t->loader);
+        data_loader_create(&t->train, &t->sampler, 0, 0, a->epochs, t->total_steps, &t->loader);
     if (rc < 0) {
         err("rank %d: %s", t->rank, data_last_error());
         return EXIT_FAIL;
