@@ -79,6 +79,37 @@
 uint32_t ddp__crc32c(uint32_t crc, const void *buf, size_t n);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Loading's range arithmetic (ckpt.c)                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+struct ddp__ckpt_manifest;
+struct ddp__plan;
+
+/*
+ * One contiguous piece of a load: `count` elements that go to element `dst` of the range asked
+ * for, held by shard file `shard` at element `src` of each state array (byte
+ * 4 * (s * shard_total + src) of the file for array s).
+ */
+typedef struct ddp__ckpt_run {
+    size_t dst;
+    int shard;
+    size_t src;
+    size_t count;
+} ddp__ckpt_run;
+
+/*
+ * Maps the elements [begin, end) of the arena of `plan` (the loading layout) to where the
+ * checkpoint `mf` holds them, in increasing dst order, splitting where a parameter ends and where
+ * the saving layout's parts end, merging what is contiguous on both sides. Elements that are
+ * padding in the loading layout get no run (they stay zero). The two must have the same
+ * parameters in the same order (same counts: the caller checks names and shapes). Writes the
+ * first min(*n, cap) runs to runs[cap] and sets *n to the number there are (cap 0 counts them).
+ * Returns 0, or -EINVAL (the range leaves the arena, or the parameters differ in number). Pure.
+ */
+int ddp__ckpt_map_range(const struct ddp__ckpt_manifest *mf, const struct ddp__plan *plan,
+                        size_t begin, size_t end, ddp__ckpt_run *runs, size_t cap, size_t *n);
+
+/* ------------------------------------------------------------------------------------------ */
 /* The manifest (ckpt_manifest.c)                                                              */
 /* ------------------------------------------------------------------------------------------ */
 

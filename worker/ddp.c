@@ -22,10 +22,14 @@
  *    marked twice) breaks the model likewise and aborts the communicator, so that the peers
  *    fail at once naming this rank rather than at the timeout (misuse()).
  *
- * Not here: checkpoints and device (CUDA) memory have their own issues; the ops are f32 on the
- * host. Nothing is printed: the log hook gets skipped steps, the trace hook timestamps.
+ * Not here: checkpoints live in ckpt.c (this file only polls an asynchronous save after each
+ * step, through ddp_internal.h, and joins its writer at free); device (CUDA) memory has its own
+ * issue; the ops are f32 on the host. Nothing is printed: the log hook gets skipped steps, the
+ * trace hook timestamps.
  */
 #include "ddp.h"
+
+#include "ddp_internal.h"
 
 #include "monoclock.h"
 #include "optim.h"
@@ -100,6 +104,7 @@ struct ddp_model {
     int64_t micro;
     int64_t steps;     /* optimizer steps taken (skipped ones excluded) */
     int64_t attempted; /* ddp_step() calls, for the trace */
+    struct ddp__ckpt_state *ck; /* checkpoints (ckpt.c): NULL until the first save */
     char err[512];
 };
 
@@ -302,6 +307,7 @@ void ddp_model_free(ddp_model *m)
 {
     if (!m)
         return;
+    ddp__ckpt_state_free(m->ck);
     /* Requests still in flight (after a failure, say) are waited for: each is released once. */
     for (int g = 0; m->req && g < m->plan.ngroups; g++)
         if (m->req[g])
@@ -910,7 +916,7 @@ int ddp_unit_release(ddp_model *m, int u)
 }
 
 /* Releases every gathered unit, waiting for prefetches still in flight (at the step). */
-static int drop_units(ddp_model *m)
+int ddp__drop_units(ddp_model *m)
 {
     for (int s = 0; s < m->nuslots; s++) {
         slot *sl = &m->uslots[s];
@@ -1012,7 +1018,7 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
         return fail(m, -EINVAL,
                     "ddp_step: no complete micro-step with sync = 1 since the last "
                     "step");
-    if ((rc = finish_reductions(m)) < 0 || (rc = drop_units(m)) < 0)
+    if ((rc = finish_reductions(m)) < 0 || (rc = ddp__drop_units(m)) < 0)
         return rc;
     int stage = m->o.zero_stage;
 
@@ -1047,6 +1053,8 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
     m->synced = false;
     in.step = m->steps;
     trace(m, DDP_EV_STEP_END, (int)m->attempted++);
+    if (m->ck && (rc = ddp__ckpt_poll(m)) < 0)
+        return rc;
     if (info)
         *info = in;
     return 0;
@@ -1070,4 +1078,59 @@ int ddp_memory_stats(const ddp_model *m, ddp_memory *out)
     s.model_state_bytes = s.param_bytes + s.grad_bytes + s.optimizer_bytes;
     *out = s;
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* For ckpt.c (ddp_internal.h)                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+int ddp__model_view_get(ddp_model *m, ddp__model_view *v)
+{
+    int rc = usable(m);
+    if (rc < 0)
+        return rc;
+    if (m->in_micro)
+        return fail(m, -EINVAL, "a checkpoint is taken between steps, not inside a micro-step");
+    *v = (ddp__model_view){
+        .comm = m->comm,
+        .rank = m->rank,
+        .world = m->world,
+        .stage = m->o.zero_stage,
+        .o = &m->o,
+        .plan = &m->plan,
+        .param = m->param,
+        .opt = {m->opt1, m->opt2},
+        .opt_elems = m->opt_elems,
+        .steps = &m->steps,
+        .attempted = &m->attempted,
+        .ck = &m->ck,
+    };
+    return 0;
+}
+
+void ddp__param_shape(const ddp_model *m, int p, int *unit, int *ndim, int64_t *shape)
+{
+    const param *pa = &m->params[p];
+    *unit = pa->unit;
+    *ndim = pa->ndim;
+    memcpy(shape, pa->shape, (size_t)pa->ndim * sizeof *shape);
+}
+
+const char *ddp__unit_name(const ddp_model *m, int u)
+{
+    return m->unit_names[u];
+}
+
+int ddp__fail(ddp_model *m, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->err, sizeof m->err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int ddp__coll_failed(ddp_model *m, int rc, const char *what)
+{
+    return coll_failed(m, rc, what);
 }
