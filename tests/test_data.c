@@ -465,7 +465,7 @@ START_TEST(loader_matches_synchronous)
     ck_assert_int_eq(data_sampler_init(&s, N, G, W, rank, A, 1234), 0);
     ck_assert_int_eq(data_sampler_init(&ref, N, G, W, rank, A, 1234), 0);
     data_loader *ld;
-    ck_assert_int_eq(data_loader_create(&ds, &s, epochs, 0, &ld), 0);
+    ck_assert_int_eq(data_loader_create(&ds, &s, 0, 0, epochs, 0, &ld), 0);
     float *x = malloc(sizeof(float) * (size_t)s.micro * ds.dim);
     uint8_t *y = malloc((size_t)s.micro);
     int64_t n = 0;
@@ -495,7 +495,7 @@ START_TEST(loader_matches_synchronous)
     data_loader_free(ld);
 
     /* max_steps: 25 steps cross into the second epoch, then stop. */
-    ck_assert_int_eq(data_loader_create(&ds, &s, epochs, 25, &ld), 0);
+    ck_assert_int_eq(data_loader_create(&ds, &s, 0, 0, epochs, 25, &ld), 0);
     n = 0;
     int last_epoch = -1;
     while (data_loader_next(ld, &b) == 0) {
@@ -507,16 +507,69 @@ START_TEST(loader_matches_synchronous)
     data_loader_free(ld);
 
     /* Freed before the end, with the thread waiting on a full slot: no hang. */
-    ck_assert_int_eq(data_loader_create(&ds, &s, epochs, 0, &ld), 0);
+    ck_assert_int_eq(data_loader_create(&ds, &s, 0, 0, epochs, 0, &ld), 0);
     ck_assert_int_eq(data_loader_next(ld, &b), 0);
     data_loader_free(ld);
-    ck_assert_int_eq(data_loader_create(&ds, &s, epochs, 0, &ld), 0);
+    ck_assert_int_eq(data_loader_create(&ds, &s, 0, 0, epochs, 0, &ld), 0);
     data_loader_free(ld);
     data_loader_free(NULL);
 
     free(x);
     free(y);
     data_sampler_free(&s);
+    data_sampler_free(&ref);
+    data_set_free(&ds);
+}
+END_TEST
+
+/*
+ * A loader started mid-run, as a resumed ddp-train starts it: from step 5 of epoch 1 on, at
+ * another world size and accumulation count than the run that saved the position (W = 3,
+ * A = 2 there), every rank's micro-batches are slices of the same global batches as a world-1
+ * sampler's, and max_steps still counts from epoch 0's step 0.
+ */
+START_TEST(loader_starts_mid_run)
+{
+    data_set ds;
+    synthetic_set(&ds, N, 5);
+    data_sampler ref;
+    ck_assert_int_eq(data_sampler_init(&ref, N, G, 1, 0, 1, 1234), 0);
+    int spe = data_sampler_steps(&ref), epochs = 3, E0 = 1, S0 = 5;
+    int64_t max_steps = (int64_t)2 * spe + 7; /* ends at step 7 of epoch 2 */
+    int W = 2, A = 4;
+    for (int rank = 0; rank < W; rank++) {
+        data_sampler s;
+        ck_assert_int_eq(data_sampler_init(&s, N, G, W, rank, A, 1234), 0);
+        data_loader *ld;
+        ck_assert_int_eq(data_loader_create(&ds, &s, E0, S0, epochs, max_steps, &ld), 0);
+        int64_t g = (int64_t)E0 * spe + S0, n = 0;
+        const data_batch *b;
+        while (data_loader_next(ld, &b) == 0) {
+            int k = (int)(n % A);
+            ck_assert_int_eq(b->global_step, g);
+            ck_assert_int_eq(b->epoch, (int)(g / spe));
+            ck_assert_int_eq(b->step, (int)(g % spe));
+            ck_assert_int_eq(b->micro, k);
+            if (ref.epoch != b->epoch)
+                data_sampler_set_epoch(&ref, b->epoch);
+            const int32_t *glob = data_sampler_global(&ref, b->step);
+            ck_assert_int_eq(
+                memcmp(b->index, glob + (size_t)rank * (G / W) + (size_t)k * s.micro,
+                       sizeof(int32_t) * (size_t)s.micro),
+                0);
+            if (++n % A == 0)
+                g++;
+        }
+        ck_assert_int_eq(g, max_steps);
+        ck_assert_int_eq(n, (max_steps - (int64_t)E0 * spe - S0) * A);
+        data_loader_free(ld);
+
+        /* A position past the epoch's steps, or before epoch 0, is refused. */
+        ck_assert_int_eq(data_loader_create(&ds, &s, 0, spe, epochs, 0, &ld), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(data_last_error(), "no step"));
+        ck_assert_int_eq(data_loader_create(&ds, &s, -1, 0, epochs, 0, &ld), -EINVAL);
+        data_sampler_free(&s);
+    }
     data_sampler_free(&ref);
     data_set_free(&ds);
 }
@@ -541,6 +594,7 @@ static Suite *data_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("loader");
     tcase_add_test(tc, loader_matches_synchronous);
+    tcase_add_test(tc, loader_starts_mid_run);
     tcase_set_timeout(tc, 30);
     suite_add_tcase(s, tc);
     return s;

@@ -333,6 +333,7 @@ typedef struct slot {
 struct data_loader {
     const data_set *ds;
     data_sampler s; /* the thread's own copy: its own permutation */
+    int start_epoch, start_step;
     int epochs;
     int64_t max_steps;
 
@@ -363,10 +364,11 @@ static void *loader_main(void *arg)
 {
     data_loader *ld = arg;
     data_sampler *s = &ld->s;
-    int64_t i = 0, step_count = 0;
-    for (int e = 0; e < ld->epochs; e++) {
+    int spe = data_sampler_steps(s);
+    int64_t i = 0, step_count = (int64_t)ld->start_epoch * spe + ld->start_step;
+    for (int e = ld->start_epoch; e < ld->epochs; e++) {
         data_sampler_set_epoch(s, e);
-        for (int st = 0; st < data_sampler_steps(s); st++, step_count++) {
+        for (int st = e == ld->start_epoch ? ld->start_step : 0; st < spe; st++, step_count++) {
             if (ld->max_steps > 0 && step_count >= ld->max_steps)
                 goto done;
             for (int k = 0; k < s->grad_accum; k++, i++) {
@@ -422,17 +424,22 @@ void data_loader_free(data_loader *ld)
     free(ld);
 }
 
-int data_loader_create(const data_set *ds, const data_sampler *s, int epochs, int64_t max_steps,
-                       data_loader **out)
+int data_loader_create(const data_set *ds, const data_sampler *s, int start_epoch, int start_step,
+                       int epochs, int64_t max_steps, data_loader **out)
 {
     if (!ds || !s || !out || epochs < 0 || s->n != ds->n)
         return fail(-EINVAL, "loader: bad arguments");
+    if (start_epoch < 0 || start_step < 0 || start_step >= data_sampler_steps(s))
+        return fail(-EINVAL, "loader: no step %d in epoch %d (an epoch has %d steps)", start_step,
+                    start_epoch, data_sampler_steps(s));
     data_loader *ld = calloc(1, sizeof *ld);
     if (!ld)
         return fail(-ENOMEM, "loader: out of memory");
     pthread_mutex_init(&ld->mu, NULL);
     pthread_cond_init(&ld->cv, NULL);
     ld->ds = ds;
+    ld->start_epoch = start_epoch;
+    ld->start_step = start_step;
     ld->epochs = epochs;
     ld->max_steps = max_steps;
     ld->held = -1;

@@ -118,7 +118,7 @@ const int32_t *data_sampler_micro(const data_sampler *s, int step, int k);
 typedef struct data_batch {
     int epoch;
     int step;             /* within the epoch */
-    int64_t global_step;  /* counted from the first batch of the loader */
+    int64_t global_step;  /* epoch * steps per epoch + step: counted from epoch 0's step 0 */
     int micro;            /* the micro-step k */
     int count;            /* rows */
     const int32_t *index; /* (count) the rows' indices in the data set */
@@ -130,13 +130,17 @@ typedef struct data_loader data_loader;
 
 /*
  * Starts a thread that walks this rank's micro-batches of `s` (its configuration is copied; the
- * loader draws its own permutations) for epochs [0, epochs), stopping early after max_steps
- * optimizer steps when max_steps > 0, and gathers them from `ds` (borrowed: it must outlive
- * the loader) into two buffers: while the caller trains on one, the thread fills the other.
- * Returns 0 and sets *out, -EINVAL, -ENOMEM or a pthread error (negated).
+ * loader draws its own permutations) from step `start_step` of epoch `start_epoch` to the end
+ * of epoch `epochs` - 1, stopping early before global step max_steps (epoch * steps per epoch
+ * + step, counted from epoch 0's step 0) when max_steps > 0, and gathers them from `ds`
+ * (borrowed: it must outlive the loader) into two buffers: while the caller trains on one, the
+ * thread fills the other. A resumed run passes the position its checkpoint saved: since the
+ * global batches do not depend on the world size, it trains on the samples the interrupted run
+ * would have trained on, at any world size. Returns 0 and sets *out, -EINVAL (a start before
+ * epoch 0 or past the epoch's steps, ...), -ENOMEM or a pthread error (negated).
  */
-int data_loader_create(const data_set *ds, const data_sampler *s, int epochs, int64_t max_steps,
-                       data_loader **out);
+int data_loader_create(const data_set *ds, const data_sampler *s, int start_epoch, int start_step,
+                       int epochs, int64_t max_steps, data_loader **out);
 
 /*
  * Waits for the next micro-batch and sets *out to it; the batch stays valid until the next
