@@ -313,7 +313,7 @@ static int open_checkpoint(const char *dir, ddp__ckpt_manifest *mf, skipped *sk)
     if (!has_manifest(path) && !is_step_dir_name(path)) {
         int rc = ddp_checkpoint_latest(dir, path, sizeof path, collect, sk);
         for (int i = 0; i < sk->n; i++)
-            err("skipped %s", sk->lines[i]);
+            err("%s", sk->lines[i]);
         if (rc == 0) {
             err("%s: no complete checkpoint (no step-* directory with a %s)", dir,
                 DDP__CKPT_MANIFEST);
@@ -468,18 +468,16 @@ static int cmd_inspect(const args *a)
         printf("  %-*s  float32  %-20s %zu\n", w, p->name,
                shape_str(sbuf, sizeof sbuf, p->ndim, p->shape), p->count);
     }
-    printf("layout       %d groups, %zu elements padded, %zu per shard and state array\n",
-           mf.ngroups, mf.total, mf.shard_total);
+    printf("layout       %d group%s, %zu elements padded, %zu per shard and state array\n",
+           mf.ngroups, mf.ngroups == 1 ? "" : "s", mf.total, mf.shard_total);
     uint64_t bytes = shard_bytes(&mf);
-    printf("shards       %d files, %" PRIu64 " bytes (%.1f MiB)\n", mf.world, bytes,
-           (double)bytes / 1048576);
+    printf("shards       %d file%s, %" PRIu64 " bytes (%.1f MiB)\n", mf.world,
+           mf.world == 1 ? "" : "s", bytes, (double)bytes / 1048576);
     for (int r = 0; r < mf.world; r++)
         printf("  %s  %" PRIu64 " bytes  crc32c %08" PRIx32 "\n", mf.shards[r].file,
                mf.shards[r].bytes, mf.shards[r].crc32c);
     if (mf.user_json)
         printf("user state   %s\n", mf.user_json);
-    for (int i = 0; i < sk.n; i++)
-        printf("skipped      %s\n", sk.lines[i]);
 out:
     skipped_free(&sk);
     ddp__ckpt_manifest_free(&mf);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ddp-ckpt end to end (worker/ddp-ckpt.c, ddp-ckpt(1)), on checkpoints ddp-train writes under
-# ddprun at world size 2, ZeRO-2 (small buckets: several groups, odd sizes padded), and at world
-# size 3, ZeRO-3 (units, uneven padding):
+# ddprun at world size 2, ZeRO-2 (small buckets: several groups, in reverse arena order), and at
+# world size 3, ZeRO-3 (units); a width of 99 gives groups of odd sizes, padded to the world:
 #  1. inspect (text and --json): step, world size, stage, tensors and shapes as ddp-train
 #     registered them; a root stands for its newest complete checkpoint, a torn one (no
 #     manifest) is passed over with a line naming it, and inspecting it directly fails;
@@ -54,7 +54,7 @@ expect() {
     ok "$(basename "$1") ${*:2} -> $want: $(grep -m1 -E -- "$pattern" "$tmp/out")"
 }
 
-common=(--max-steps 6 --global-batch 96 --hidden 100 --warmup 2 --log-every 3 --timeout-ms 30000)
+common=(--max-steps 6 --global-batch 96 --hidden 99 --warmup 2 --log-every 3 --timeout-ms 30000)
 train() { # NAME WORLD ARGS...
     local name=$1 world=$2
     shift 2
@@ -75,8 +75,8 @@ step6=$tmp/z2/step-000000000006
 # 1. inspect.
 expect 0 "^zero stage   2" "$CKPT" inspect "$tmp/z2"
 grep -q "^step         6 " "$tmp/out" && grep -q "^world size   2" "$tmp/out" &&
-    grep -qE "^  fc1.weight +float32 +\(100, 784\) +78400" "$tmp/out" ||
-    fail "inspect's text lacks step 6, world 2 or fc1.weight (100, 784)"
+    grep -qE "^  fc1.weight +float32 +\(99, 784\) +77616" "$tmp/out" ||
+    fail "inspect's text lacks step 6, world 2 or fc1.weight (99, 784)"
 expect 0 "^step         3 " "$CKPT" inspect "$step3"
 "$CKPT" inspect --json "$tmp/z2" >"$tmp/z2.json" || fail "inspect --json"
 "$CKPT" inspect --json "$tmp/z3" >"$tmp/z3.json" || fail "inspect --json (z3)"
@@ -95,6 +95,8 @@ for name, world, stage in (("z2", 2, 2), ("z3", 3, 3)):
     assert j["elements"] == sum(a.size for a in init.values())
     assert len(j["shards"]) == world and j["bytes"] == sum(s["bytes"] for s in j["shards"])
     assert j["bytes"] == 3 * 4 * j["padded_elements"], j
+    # Several groups (small buckets, or units), and odd sizes padded to the world size.
+    assert j["groups"] >= 2 and j["padded_elements"] > j["elements"], j
 print(f"ok: inspect --json: step, world, stage, optimizer and {len(init)} tensors as registered")
 PY
 
@@ -194,10 +196,11 @@ new = {k: (v * 0.5 + 0.01).astype(np.float32) for k, v in init.items()}
 import json, struct
 def write(path, tensors, header_len=None, bad_offsets=False):
     hdr, off = {}, 0
-    for k, v in tensors.items():
+    for i, (k, v) in enumerate(tensors.items()):
         end = off + v.nbytes
+        beyond = 8 if bad_offsets and i == len(tensors) - 1 else 0  # the last one past the end
         hdr[k] = {"dtype": {"float32": "F32", "float16": "F16"}[str(v.dtype)],
-                  "shape": list(v.shape), "data_offsets": [off, end + (999 if bad_offsets else 0)]}
+                  "shape": list(v.shape), "data_offsets": [off + beyond, end + beyond]}
         off = end
     h = json.dumps(hdr).encode()
     h += b" " * (-len(h) % 8)
@@ -238,7 +241,7 @@ print("ok: import -> export and import -> ddp-train --init-from give the file's 
 PY
 expect 1 "badlen.safetensors: header length 1099511627776 is beyond" \
     "$CKPT" import "$tmp/badlen.safetensors" -o "$tmp/bad"
-expect 1 "badoff.safetensors: tensor 'fc1.weight': data_offsets \[0, [0-9]+\) out of range" \
+expect 1 "badoff.safetensors: tensor 'fc3.bias': data_offsets \[[0-9]+, [0-9]+\) out of range" \
     "$CKPT" import "$tmp/badoff.safetensors" -o "$tmp/bad"
 expect 1 "f16.safetensors: tensor 'fc1.weight' is F16; import takes F32 only" \
     "$CKPT" import "$tmp/f16.safetensors" -o "$tmp/bad"
