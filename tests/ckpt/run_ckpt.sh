@@ -114,6 +114,8 @@ rm -r "$tmp/z2/step-000000000009"
 expect 0 "step-000000000006: step 6, 2 shard files, [0-9]+ bytes: intact" "$CKPT" verify "$tmp/z2"
 expect 0 "step-000000000003: step 3, .*intact" "$CKPT" verify --all "$tmp/z2"
 expect 0 "intact" "$CKPT" verify "$tmp/z3"
+"$CKPT" verify --quiet --all "$tmp/z2" >"$tmp/out" 2>&1 && [[ ! -s $tmp/out ]] ||
+    fail "verify --quiet of intact checkpoints printed something or failed: $(cat "$tmp/out")"
 damaged() { # NAME: a fresh copy of step 6 under $tmp/NAME/
     rm -rf "$tmp/$1"
     mkdir -p "$tmp/$1"
@@ -127,6 +129,7 @@ with open(sys.argv[1], "r+b") as f:
     "$d/shard-00001-of-00002.bin"
 expect 1 "shard-00001-of-00002.bin: CRC32C mismatch in bytes \[0, [0-9]+\)" "$CKPT" verify "$d"
 grep -q "DAMAGED" "$tmp/out" || fail "verify's verdict is not DAMAGED"
+expect 1 "shard-00001-of-00002.bin: CRC32C mismatch" "$CKPT" verify --quiet "$d"
 expect 1 "shard-00001-of-00002.bin: CRC32C mismatch" "$CKPT" export "$d" -o "$tmp/bad.safetensors"
 [[ ! -e $tmp/bad.safetensors ]] || fail "a damaged checkpoint was exported"
 d=$(damaged trunc)
