@@ -16,8 +16,13 @@
  * Test accuracy is measured after each epoch over the 10,000 test images, each rank a shard,
  * the sums allreduced. Rank 0 alone prints and writes files.
  *
- * Not here: checkpoints and the GPU path (their own issues), and any data set but IDX images
- * with ten classes.
+ * Checkpoints go through libddp (ddp_checkpoint_save(), asynchronous): the model's state and
+ * the sampler's position, plus the trainer's own state (train_state.h: the step that drives the
+ * schedule, and the settings a resume must share). --resume auto continues from the newest
+ * complete one at whatever world size and stage the job now has; with --micro-batch the
+ * global batch, and so the samples of every step, stay the same.
+ *
+ * Not here: the GPU path (its own issue), and any data set but IDX images with ten classes.
  *
  * Exit status: 0 trained; 1 bad usage, environment or data; 2 the job failed (store,
  * communicator, a peer, the library), with the culprit rank named when libddp knows it.

@@ -10,8 +10,11 @@
 #     percentage points. Only the order of float sums differs between the layouts (~1e-7
 #     relative per step); after 78 AdamW steps the parameters differ by ~1e-5 relative, which
 #     moves a handful of the 10,000 test images across a decision boundary (0.01 pp each).
+#     --init-from loads the same parameters (only).
 #  3. refusals: resuming with another --hidden, --seed or --global-batch, or from a path that
-#     is no checkpoint, exits 1 naming the setting or the file.
+#     is no checkpoint, exits 1 naming the setting or the file; so do option combinations
+#     that make no sense (--micro-batch with --grad-accum, --checkpoint-every without a
+#     directory, a --micro-batch that does not divide the global batch).
 # The schedule is constant (with warmup) because the legs' --max-steps differ: a cosine decay
 # spans the run's length, so a longer second leg would change every learning rate (ddp-train
 # warns about that on resume).
@@ -65,7 +68,12 @@ train save-w2z1 2 --zero 1 --max-steps 78 --checkpoint-dir "$tmp/ck" --checkpoin
     --dump-final "$tmp/saved.st"
 train resume-w3z3 3 --zero 3 --checkpoint-dir "$tmp/ck" --resume auto --dump-init "$tmp/w3.st"
 train resume-w1z0 1 --zero 0 --checkpoint-dir "$tmp/ck" --resume auto --dump-init "$tmp/w1.st"
-python3 - "$tmp/saved.st" "$tmp/w3.st" "$tmp/w1.st" <<'PY' || fail "parameters after a resharded load"
+# --init-from: the parameters only (training starts at step 0 with a fresh optimizer).
+train init-w2z2 2 --zero 2 --init-from "$tmp/ck/step-000000000078" --max-steps 1 \
+    --dump-init "$tmp/init.st"
+grep -q "parameters from $tmp/ck/step-000000000078; optimizer state from scratch" \
+    "$tmp/init-w2z2.log" || fail "--init-from: no line naming the checkpoint"
+python3 - "$tmp/saved.st" "$tmp/w3.st" "$tmp/w1.st" "$tmp/init.st" <<'PY' || fail "parameters after a resharded load"
 import json, struct, sys
 def tensors(path):
     with open(path, "rb") as f:
@@ -81,7 +89,8 @@ for path in sys.argv[2:]:
     assert got.keys() == saved.keys(), (path, sorted(got))
     for k in saved:
         assert got[k] == saved[k], f"{path}: {k} differs from the saved values"
-print(f"  parameters loaded at world 3 (ZeRO-3) and world 1 (ZeRO-0) = saved at world 2 (ZeRO-1): {len(saved)} tensors, byte for byte")
+print(f"  parameters loaded at world 3 (ZeRO-3), world 1 (ZeRO-0) and by --init-from at world 2 (ZeRO-2)"
+      f" = saved at world 2 (ZeRO-1): {len(saved)} tensors, byte for byte")
 PY
 ref=$(accuracy whole-w2z1)
 for run in resume-w3z3 resume-w1z0; do
@@ -112,6 +121,14 @@ refuse "seed 1, this run has 2" --resume auto --seed 2
 refuse "global-batch 384, this run has 256" --resume auto --global-batch 256
 refuse "fc1" --resume auto --hidden 64
 refuse "$tmp/none" --resume "$tmp/none"
+# Combinations parse_args() refuses, before any rank starts work.
+for bad in "--micro-batch 64 --grad-accum 2|exclude each other" \
+    "--checkpoint-every 10|needs --checkpoint-dir" "--resume auto|needs --checkpoint-dir" \
+    "--micro-batch 100|not a multiple of world size x micro-batch"; do
+    st=0
+    "$TRAIN" ${bad%|*} >"$tmp/bad.log" 2>&1 || st=$?
+    grep -q -- "${bad#*|}" "$tmp/bad.log" && [[ $st -eq 1 ]] || fail "ddp-train ${bad%|*}: exit $st"
+done
 
 if [[ $fails -ne 0 ]]; then
     echo "FAIL: $fails check(s)"
