@@ -580,7 +580,7 @@ typedef struct trainer {
     FILE *metrics;
     int tty; /* rank 0's stderr is a terminal: a progress bar */
 
-    struct {           /* --dump-batches: every step's global batch, rank 0 */
+    struct { /* --dump-batches: every step's global batch, rank 0 */
         data_sampler global;
         int32_t *index; /* (steps, G) */
         uint8_t *y;     /* (steps, G) */
@@ -762,8 +762,8 @@ static int dump_params(trainer *t, const char *path, const char *what)
         snprintf(seed, sizeof seed, "%" PRIu64, t->a.seed);
         snprintf(hidden, sizeof hidden, "%d", t->a.hidden);
         snprintf(layers, sizeof layers, "%d", t->a.layers);
-        const char *meta[] = {
-            "format", what, "seed", seed, "hidden", hidden, "layers", layers, NULL};
+        const char *meta[] = {"format", what,     "seed", seed, "hidden",
+                              hidden,   "layers", layers, NULL};
         rc = write_safetensors(path, ts, 2 * t->L, meta);
     }
     for (int i = 0; i < 2 * t->L; i++)
@@ -1176,7 +1176,7 @@ static int restore(trainer *t)
     const train_args *a = &t->a;
     if (!a->resume && !a->init_from)
         return 0;
-    static char buf[PATH_MAX + 1]; /* buf[0]: the choice; then the path */
+    char buf[PATH_MAX + 1] = {0}; /* buf[0]: the choice; then the path */
     if (t->rank == 0)
         buf[0] = (char)restore_choice(t, buf + 1, sizeof buf - 1);
     int rc = coll_broadcast(t->comm, buf, buf, sizeof buf, COLL_U8, 0);
@@ -1236,8 +1236,8 @@ static int restore(trainer *t)
     t->start_step = saved.step;
     if (t->rank == 0)
         fprintf(stderr,
-                "ddp-train: resuming from %s at step %" PRId64 " (epoch %" PRId64
-                ", step %" PRId64 " of it), saved by %d rank%s at ZeRO-%d\n",
+                "ddp-train: resuming from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64
+                " of it), saved by %d rank%s at ZeRO-%d\n",
                 path, saved.step, pr.epoch + 1, pr.position, saved.world,
                 saved.world == 1 ? "" : "s", saved.zero);
     return 0;
