@@ -553,10 +553,9 @@ START_TEST(loader_starts_mid_run)
             if (ref.epoch != b->epoch)
                 data_sampler_set_epoch(&ref, b->epoch);
             const int32_t *glob = data_sampler_global(&ref, b->step);
-            ck_assert_int_eq(
-                memcmp(b->index, glob + (size_t)rank * (G / W) + (size_t)k * s.micro,
-                       sizeof(int32_t) * (size_t)s.micro),
-                0);
+            ck_assert_int_eq(memcmp(b->index, glob + (size_t)rank * (G / W) + (size_t)k * s.micro,
+                                    sizeof(int32_t) * (size_t)s.micro),
+                             0);
             if (++n % A == 0)
                 g++;
         }

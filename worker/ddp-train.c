@@ -16,8 +16,13 @@
  * Test accuracy is measured after each epoch over the 10,000 test images, each rank a shard,
  * the sums allreduced. Rank 0 alone prints and writes files.
  *
- * Not here: checkpoints and the GPU path (their own issues), and any data set but IDX images
- * with ten classes.
+ * Checkpoints go through libddp (ddp_checkpoint_save(), asynchronous): the model's state and
+ * the sampler's position, plus the trainer's own state (train_state.h: the step that drives the
+ * schedule, and the settings a resume must share). --resume auto continues from the newest
+ * complete one at whatever world size and stage the job now has; with --micro-batch the
+ * global batch, and so the samples of every step, stay the same.
+ *
+ * Not here: the GPU path (its own issue), and any data set but IDX images with ten classes.
  *
  * Exit status: 0 trained; 1 bad usage, environment or data; 2 the job failed (store,
  * communicator, a peer, the library), with the culprit rank named when libddp knows it.
@@ -576,7 +581,7 @@ typedef struct trainer {
     FILE *metrics;
     int tty; /* rank 0's stderr is a terminal: a progress bar */
 
-    struct {           /* --dump-batches: every step's global batch, rank 0 */
+    struct { /* --dump-batches: every step's global batch, rank 0 */
         data_sampler global;
         int32_t *index; /* (steps, G) */
         uint8_t *y;     /* (steps, G) */
@@ -701,8 +706,8 @@ static int dump_params(trainer *t, const char *path, const char *what)
         snprintf(seed, sizeof seed, "%" PRIu64, t->a.seed);
         snprintf(hidden, sizeof hidden, "%d", t->a.hidden);
         snprintf(layers, sizeof layers, "%d", t->a.layers);
-        const char *meta[] = {
-            "format", what, "seed", seed, "hidden", hidden, "layers", layers, NULL};
+        const char *meta[] = {"format", what,     "seed", seed, "hidden",
+                              hidden,   "layers", layers, NULL};
         rc = write_safetensors(path, ts, 2 * t->L, meta);
     }
     for (int i = 0; i < 2 * t->L; i++)
@@ -1115,7 +1120,7 @@ static int restore(trainer *t)
     const train_args *a = &t->a;
     if (!a->resume && !a->init_from)
         return 0;
-    static char buf[PATH_MAX + 1]; /* buf[0]: the choice; then the path */
+    char buf[PATH_MAX + 1] = {0}; /* buf[0]: the choice; then the path */
     if (t->rank == 0)
         buf[0] = (char)restore_choice(t, buf + 1, sizeof buf - 1);
     int rc = coll_broadcast(t->comm, buf, buf, sizeof buf, COLL_U8, 0);
@@ -1175,8 +1180,8 @@ static int restore(trainer *t)
     t->start_step = saved.step;
     if (t->rank == 0)
         fprintf(stderr,
-                "ddp-train: resuming from %s at step %" PRId64 " (epoch %" PRId64
-                ", step %" PRId64 " of it), saved by %d rank%s at ZeRO-%d\n",
+                "ddp-train: resuming from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64
+                " of it), saved by %d rank%s at ZeRO-%d\n",
                 path, saved.step, pr.epoch + 1, pr.position, saved.world,
                 saved.world == 1 ? "" : "s", saved.zero);
     return 0;

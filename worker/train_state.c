@@ -16,7 +16,7 @@
 
 #define STATE_VERSION 1
 
-static const char *const optimizers[] = {"sgd", "adamw"};   /* DDP_SGD, DDP_ADAMW */
+static const char *const optimizers[] = {"sgd", "adamw"};      /* DDP_SGD, DDP_ADAMW */
 static const char *const schedules[] = {"constant", "cosine"}; /* DDP_SCHED_* */
 #define SCHED_COSINE 1 /* its length shapes every learning rate */
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -33,11 +33,11 @@ int train_state_json(const train_state *st, char **out)
         "s:{s:s, s:f, s:I, s:I}}",
         "trainer", "ddp-train", "version", STATE_VERSION, "step", (json_int_t)st->step, "world",
         st->world, "zero", st->zero, "grad_accum", st->grad_accum, "model", "in_dim", st->in_dim,
-        "hidden", st->hidden, "layers", st->layers, "classes", st->classes, "data",
-        "global_batch", st->global_batch, "train_samples", st->train_samples, "seed",
-        (json_int_t)st->seed, "optimizer", name_of(optimizers, COUNT(optimizers), st->optimizer),
-        "schedule", "kind", name_of(schedules, COUNT(schedules), st->schedule), "lr", st->lr,
-        "warmup", (json_int_t)st->warmup, "total_steps", (json_int_t)st->total_steps);
+        "hidden", st->hidden, "layers", st->layers, "classes", st->classes, "data", "global_batch",
+        st->global_batch, "train_samples", st->train_samples, "seed", (json_int_t)st->seed,
+        "optimizer", name_of(optimizers, COUNT(optimizers), st->optimizer), "schedule", "kind",
+        name_of(schedules, COUNT(schedules), st->schedule), "lr", st->lr, "warmup",
+        (json_int_t)st->warmup, "total_steps", (json_int_t)st->total_steps);
     char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(o);
     if (!text)
@@ -72,28 +72,30 @@ int train_state_parse(const char *json, train_state *out, char *err, size_t cap)
     int version = 0;
     json_int_t step = 0, seed = 0, warmup = 0, total = 0;
     int rc = -EPROTO;
-    if (json_unpack_ex(o, &je, JSON_STRICT, "{s:s, s:i, s:I, s:i, s:i, s:i, s:{s:i, s:i, s:i, s:i}, "
-                                            "s:{s:i, s:i, s:I}, s:s, s:{s:s, s:F, s:I, s:I}}",
-                       "trainer", &trainer, "version", &version, "step", &step, "world",
-                       &st.world, "zero", &st.zero, "grad_accum", &st.grad_accum, "model",
-                       "in_dim", &st.in_dim, "hidden", &st.hidden, "layers", &st.layers,
-                       "classes", &st.classes, "data", "global_batch", &st.global_batch,
-                       "train_samples", &st.train_samples, "seed", &seed, "optimizer", &opt,
-                       "schedule", "kind", &sched, "lr", &st.lr, "warmup", &warmup,
-                       "total_steps", &total) < 0) {
+    if (json_unpack_ex(o, &je, JSON_STRICT,
+                       "{s:s, s:i, s:I, s:i, s:i, s:i, s:{s:i, s:i, s:i, s:i}, "
+                       "s:{s:i, s:i, s:I}, s:s, s:{s:s, s:F, s:I, s:I}}",
+                       "trainer", &trainer, "version", &version, "step", &step, "world", &st.world,
+                       "zero", &st.zero, "grad_accum", &st.grad_accum, "model", "in_dim",
+                       &st.in_dim, "hidden", &st.hidden, "layers", &st.layers, "classes",
+                       &st.classes, "data", "global_batch", &st.global_batch, "train_samples",
+                       &st.train_samples, "seed", &seed, "optimizer", &opt, "schedule", "kind",
+                       &sched, "lr", &st.lr, "warmup", &warmup, "total_steps", &total) < 0) {
         snprintf(err, cap, "the user state is not ddp-train's: %s", je.text);
         goto out;
     }
     if (strcmp(trainer, "ddp-train") || version != STATE_VERSION) {
-        snprintf(err, cap, "the user state is %s's version %d, not ddp-train's version %d",
-                 trainer, version, STATE_VERSION);
+        snprintf(err, cap, "the user state is %s's version %d, not ddp-train's version %d", trainer,
+                 version, STATE_VERSION);
         goto out;
     }
     st.optimizer = index_of(optimizers, COUNT(optimizers), opt);
     st.schedule = index_of(schedules, COUNT(schedules), sched);
     if (st.optimizer < 0 || st.schedule < 0 || step < 0 || seed < 0) {
-        snprintf(err, cap, "the user state has an unknown optimizer '%s' or schedule '%s', or a "
-                           "negative step or seed", opt, sched);
+        snprintf(err, cap,
+                 "the user state has an unknown optimizer '%s' or schedule '%s', or a "
+                 "negative step or seed",
+                 opt, sched);
         goto out;
     }
     st.step = step;
@@ -142,8 +144,7 @@ int train_state_compare(const train_state *saved, const train_state *now, char *
         return -EINVAL;
     }
     /* The schedule may change on purpose (a longer run: --max-steps); say so, then go on. */
-    if (saved->schedule != now->schedule || saved->lr != now->lr ||
-        saved->warmup != now->warmup ||
+    if (saved->schedule != now->schedule || saved->lr != now->lr || saved->warmup != now->warmup ||
         (now->schedule == SCHED_COSINE && saved->total_steps != now->total_steps)) {
         snprintf(err, cap,
                  "the learning-rate schedule differs from the interrupted run's (%s, lr %g, "

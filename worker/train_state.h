@@ -19,15 +19,15 @@
 #include <stdint.h>
 
 typedef struct train_state {
-    int64_t step; /* the next step to train, counted from epoch 0's step 0 */
-    int world, zero, grad_accum;               /* of the saving run: informational */
-    int in_dim, hidden, layers, classes;       /* the model: must match */
-    int global_batch, train_samples;           /* the data order: must match ... */
-    uint64_t seed;                             /* ... */
-    int optimizer;                             /* ddp_optimizer: must match */
-    int schedule;                              /* ddp_schedule_kind: a warning if it differs */
-    double lr;                                 /* ... */
-    int64_t warmup, total_steps;               /* ... */
+    int64_t step;                        /* the next step to train, counted from epoch 0's step 0 */
+    int world, zero, grad_accum;         /* of the saving run: informational */
+    int in_dim, hidden, layers, classes; /* the model: must match */
+    int global_batch, train_samples;     /* the data order: must match ... */
+    uint64_t seed;                       /* ... */
+    int optimizer;                       /* ddp_optimizer: must match */
+    int schedule;                        /* ddp_schedule_kind: a warning if it differs */
+    double lr;                           /* ... */
+    int64_t warmup, total_steps;         /* ... */
 } train_state;
 
 /*
