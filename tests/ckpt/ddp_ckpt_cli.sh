@@ -16,10 +16,10 @@
 #     --dump-init after the load equals the file); F32 only, a malformed file (header length
 #     beyond the file, offsets out of range) and names without a unit are refused, named;
 #  5. usage errors (exit 2).
-# Usage: run_ckpt.sh DDPRUN DDP_TRAIN DDP_CKPT
+# Usage: ddp_ckpt_cli.sh DDPRUN DDP_TRAIN DDP_CKPT
 # Exit: 0 pass, 1 fail, 77 skipped (no Fashion-MNIST, or no python3 with safetensors and numpy).
 set -uo pipefail
-DDPRUN=${1:?usage: run_ckpt.sh DDPRUN DDP_TRAIN DDP_CKPT}
+DDPRUN=${1:?usage: ddp_ckpt_cli.sh DDPRUN DDP_TRAIN DDP_CKPT}
 TRAIN=${2:?usage}
 CKPT=${3:?usage}
 DATA=/usr/share/datasets/fashion-mnist
