@@ -48,8 +48,7 @@ static int parse(const char *hdr, size_t ndata)
 #define BAD(hdr, ndata, words)                                                                     \
     do {                                                                                           \
         ck_assert_int_eq(parse(hdr, ndata), -EPROTO);                                              \
-        ck_assert_msg(strstr(st_last_error(), "x.safetensors") &&                                  \
-                          strstr(st_last_error(), words),                                          \
+        ck_assert_msg(strstr(st_last_error(), "x.safetensors") && strstr(st_last_error(), words),  \
                       "error '%s' lacks '%s'", st_last_error(), words);                            \
     } while (0)
 
@@ -102,11 +101,10 @@ START_TEST(test_valid_edge_cases)
     ck_assert_int_eq(parse("{}", 0), 0);
     ck_assert_int_eq(parse("{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]}}   ", 8),
                      0);
-    ck_assert_int_eq(
-        parse("{\"e\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[0,0]},"
-              "\"x\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]}}",
-              4),
-        0);
+    ck_assert_int_eq(parse("{\"e\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[0,0]},"
+                           "\"x\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]}}",
+                           4),
+                     0);
     /* Out of key order in the header, in offset order in the result. */
     size_t len;
     void *b = image("{\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[1,3]},"

@@ -119,8 +119,9 @@ int ddp__ckpt_verify_shard(const ddp__ckpt_manifest *mf, int rank, char *err, si
         /* Every chunk matches but the whole does not: the manifest's list disagrees with its
            own file CRC (or the file changed between chunks). */
         rc = -EBADMSG;
-        set_err(err, cap, "%s: CRC32C of the whole file is %08" PRIx32 ", the manifest says %08" PRIx32,
-                path, whole, sh->crc32c);
+        set_err(err, cap,
+                "%s: CRC32C of the whole file is %08" PRIx32 ", the manifest says %08" PRIx32, path,
+                whole, sh->crc32c);
     }
 out:
     free(buf);

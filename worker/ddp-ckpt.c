@@ -346,16 +346,6 @@ static int open_checkpoint(const char *dir, ddp__ckpt_manifest *mf, skipped *sk)
 /* inspect                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-static const char *shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
-{
-    size_t k = (size_t)snprintf(buf, cap, "(");
-    for (int d = 0; d < ndim && k < cap; d++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%" PRId64, d ? ", " : "", shape[d]);
-    if (k < cap)
-        snprintf(buf + k, cap - k, ")");
-    return buf;
-}
-
 static uint64_t shard_bytes(const ddp__ckpt_manifest *mf)
 {
     uint64_t b = 0;
@@ -375,17 +365,16 @@ static size_t param_elements(const ddp__ckpt_manifest *mf)
 static json_t *inspect_json(const ddp__ckpt_manifest *mf, const skipped *sk)
 {
     json_t *o = json_pack("{s:s, s:I, s:I, s:{s:I, s:I, s:I}, s:i, s:i}", "path", mf->dir, "step",
-                          (json_int_t)mf->step, "attempted", (json_int_t)mf->attempted,
-                          "progress", "epoch", (json_int_t)mf->progress.epoch, "position",
-                          (json_int_t)mf->progress.position, "seed",
-                          (json_int_t)mf->progress.seed, "world_size", mf->world, "zero_stage",
-                          mf->stage);
-    json_t *opt = mf->optimizer == DDP_ADAMW
-                      ? json_pack("{s:s, s:f, s:f, s:f}", "kind", "adamw", "beta1",
-                                  (double)mf->beta1, "beta2", (double)mf->beta2, "eps",
-                                  (double)mf->eps)
-                      : json_pack("{s:s, s:f, s:b}", "kind", "sgd", "momentum",
-                                  (double)mf->momentum, "nesterov", mf->nesterov);
+                          (json_int_t)mf->step, "attempted", (json_int_t)mf->attempted, "progress",
+                          "epoch", (json_int_t)mf->progress.epoch, "position",
+                          (json_int_t)mf->progress.position, "seed", (json_int_t)mf->progress.seed,
+                          "world_size", mf->world, "zero_stage", mf->stage);
+    json_t *opt =
+        mf->optimizer == DDP_ADAMW
+            ? json_pack("{s:s, s:f, s:f, s:f}", "kind", "adamw", "beta1", (double)mf->beta1,
+                        "beta2", (double)mf->beta2, "eps", (double)mf->eps)
+            : json_pack("{s:s, s:f, s:b}", "kind", "sgd", "momentum", (double)mf->momentum,
+                        "nesterov", mf->nesterov);
     json_object_set_new(opt, "weight_decay", json_real(mf->weight_decay));
     json_object_set_new(opt, "clip_norm", json_real(mf->clip_norm));
     json_object_set_new(o, "optimizer", opt);
@@ -430,8 +419,8 @@ static int cmd_inspect(const args *a)
         goto out;
     if (a->json) {
         json_t *o = inspect_json(&mf, &sk);
-        if (!o || json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER |
-                                            JSON_REAL_PRECISION(9)) < 0) {
+        if (!o || json_dumpf(o, stdout,
+                             JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) < 0) {
             err("out of memory");
             rc = EXIT_BAD;
         }
@@ -447,8 +436,8 @@ static int cmd_inspect(const args *a)
     printf("world size   %d\n", mf.world);
     printf("zero stage   %d\n", mf.stage);
     if (mf.optimizer == DDP_ADAMW)
-        printf("optimizer    adamw: beta1 %g, beta2 %g, eps %g", (double)mf.beta1,
-               (double)mf.beta2, (double)mf.eps);
+        printf("optimizer    adamw: beta1 %g, beta2 %g, eps %g", (double)mf.beta1, (double)mf.beta2,
+               (double)mf.eps);
     else
         printf("optimizer    sgd: momentum %g%s", (double)mf.momentum,
                mf.nesterov ? " (nesterov)" : "");
@@ -466,7 +455,7 @@ static int cmd_inspect(const args *a)
     for (int i = 0; i < mf.nparams; i++) {
         const ddp__ckpt_param *p = &mf.params[i];
         printf("  %-*s  float32  %-20s %zu\n", w, p->name,
-               shape_str(sbuf, sizeof sbuf, p->ndim, p->shape), p->count);
+               st_shape_str(sbuf, sizeof sbuf, p->ndim, p->shape), p->count);
     }
     printf("layout       %d group%s, %zu elements padded, %zu per shard and state array\n",
            mf.ngroups, mf.ngroups == 1 ? "" : "s", mf.total, mf.shard_total);
@@ -508,8 +497,7 @@ static int verify_one(const char *dir, const args *a)
         rc = EXIT_BAD;
     if (bad || !a->quiet)
         printf("%s: step %" PRId64 ", %d shard file%s, %" PRIu64 " bytes: %s\n", mf.dir, mf.step,
-               mf.world, mf.world == 1 ? "" : "s", shard_bytes(&mf),
-               bad ? "DAMAGED" : "intact");
+               mf.world, mf.world == 1 ? "" : "s", shard_bytes(&mf), bad ? "DAMAGED" : "intact");
 out:
     skipped_free(&sk);
     ddp__ckpt_manifest_free(&mf);
@@ -694,9 +682,13 @@ static int cmd_export(const args *a)
     snprintf(step, sizeof step, "%" PRId64, mf.step);
     snprintf(world, sizeof world, "%d", mf.world);
     snprintf(stage, sizeof stage, "%d", mf.stage);
-    const char *meta[] = {"format", "ddp-ckpt export", "source", mf.dir,       "step",
-                          step,     "world_size",      world,    "zero_stage", stage,
-                          "optimizer", mf.optimizer == DDP_ADAMW ? "adamw" : "sgd", NULL};
+    const char *meta[] = {"format",     "ddp-ckpt export",
+                          "source",     mf.dir,
+                          "step",       step,
+                          "world_size", world,
+                          "zero_stage", stage,
+                          "optimizer",  mf.optimizer == DDP_ADAMW ? "adamw" : "sgd",
+                          NULL};
     /* Written beside the output and renamed: a failed export leaves no half file behind. */
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", a->output, (long)getpid());
     if (st_write(tmp, ts, nt, meta) < 0) {
@@ -822,8 +814,8 @@ static int import_plan(const char *path, const st_file *f, int *order)
         const st_tensor *t = &f->tensors[i];
         const char *dot = strrchr(t->name, '.');
         if (strcmp(t->dtype, "F32") != 0) {
-            err("%s: tensor '%s' is %s; import takes F32 only (convert it to float32 first)",
-                path, t->name, t->dtype);
+            err("%s: tensor '%s' is %s; import takes F32 only (convert it to float32 first)", path,
+                t->name, t->dtype);
             return -EINVAL;
         }
         if (t->ndim == 0) {
@@ -1001,8 +993,7 @@ static int cmd_import(const args *a)
         err("%s: cannot rename to %s: %s", made, final, strerror(errno));
         goto out;
     }
-    printf("%s: %d tensors in %d units from %s\n", final, f.ntensors, ddp_num_units(s.m),
-           a->arg);
+    printf("%s: %d tensors in %d units from %s\n", final, f.ntensors, ddp_num_units(s.m), a->arg);
     rc = EXIT_OK;
 out:
     if (stage[0]) {

@@ -42,9 +42,9 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[] = {
-    {"F64", 8},  {"F32", 4},  {"F16", 2},     {"BF16", 2},    {"I64", 8},
-    {"I32", 4},  {"I16", 2},  {"I8", 1},      {"U64", 8},     {"U32", 4},
-    {"U16", 2},  {"U8", 1},   {"BOOL", 1},    {"F8_E4M3", 1}, {"F8_E5M2", 1},
+    {"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+    {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
+    {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
 };
 
 size_t st_dtype_size(const char *dtype)
@@ -70,8 +70,7 @@ static uint64_t shape_bytes(size_t esize, int ndim, const int64_t *shape, int *o
     return n;
 }
 
-/* "(3, 4)" into buf. */
-static const char *shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
+const char *st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
     size_t k = (size_t)snprintf(buf, cap, "(");
     for (int d = 0; d < ndim && k < cap; d++)
@@ -108,8 +107,7 @@ int st_write(const char *path, const st_tensor *ts, int n, const char *const *me
             json_array_append_new(shape, json_integer(ts[i].shape[d]));
         if (!shape || json_object_set_new(root, ts[i].name,
                                           json_pack("{s:s, s:o, s:[I, I]}", "dtype", ts[i].dtype,
-                                                    "shape", shape, "data_offsets",
-                                                    (json_int_t)off,
+                                                    "shape", shape, "data_offsets", (json_int_t)off,
                                                     (json_int_t)(off + ts[i].nbytes))) < 0) {
             rc = fail(-ENOMEM, "%s: cannot build the header", path);
             goto out;
@@ -207,8 +205,10 @@ static int parse_tensor(const char *what, const char *name, json_t *v, uint64_t 
         return fail(-EPROTO, "%s: tensor '%s': unknown dtype '%s'", what, name,
                     json_string_value(dt));
     if (!json_is_array(shape) || json_array_size(shape) > ST_MAX_DIMS)
-        return fail(-EPROTO, "%s: tensor '%s': \"shape\" missing, not an array or of more than %d "
-                    "dimensions", what, name, ST_MAX_DIMS);
+        return fail(-EPROTO,
+                    "%s: tensor '%s': \"shape\" missing, not an array or of more than %d "
+                    "dimensions",
+                    what, name, ST_MAX_DIMS);
     t->ndim = (int)json_array_size(shape);
     for (int d = 0; d < t->ndim; d++) {
         json_t *e = json_array_get(shape, (size_t)d);
@@ -234,7 +234,7 @@ static int parse_tensor(const char *what, const char *name, json_t *v, uint64_t 
                     "%s: tensor '%s': data_offsets [%" JSON_INTEGER_FORMAT ", %" JSON_INTEGER_FORMAT
                     ") hold %" PRIu64 " bytes, %s %s needs %s%" PRIu64,
                     what, name, b, e, (uint64_t)(e - b), json_string_value(dt),
-                    shape_str(sbuf, sizeof sbuf, t->ndim, t->shape), ok ? "" : "more than ",
+                    st_shape_str(sbuf, sizeof sbuf, t->ndim, t->shape), ok ? "" : "more than ",
                     ok ? need : UINT64_MAX);
     if (!(t->name = strdup(name)) || !(t->dtype = strdup(json_string_value(dt))))
         return fail(-ENOMEM, "%s: out of memory", what);
@@ -251,9 +251,9 @@ static int parse_meta(const char *what, json_t *v, st_file *f)
     f->meta = calloc(2 * json_object_size(v) + 1, sizeof(char *));
     if (!f->meta)
         return fail(-ENOMEM, "%s: out of memory", what);
-    const char *k;
-    json_t *s;
-    json_object_foreach(v, k, s) {
+    for (void *it = json_object_iter(v); it; it = json_object_iter_next(v, it)) {
+        const char *k = json_object_iter_key(it);
+        json_t *s = json_object_iter_value(it);
         if (!json_is_string(s))
             return fail(-EPROTO, "%s: __metadata__ \"%s\" is not a string", what, k);
         f->meta[2 * f->nmeta] = strdup(k);
@@ -283,8 +283,7 @@ int st_parse(void *buf, size_t len, const char *what, st_file *out)
         hlen = hlen << 8 | p[i];
     if (hlen > len - 8 || hlen > ST_MAX_HEADER_BYTES) {
         rc = fail(-EPROTO, "%s: header length %" PRIu64 " is beyond %s (%zu bytes)", what, hlen,
-                  hlen > ST_MAX_HEADER_BYTES ? "the format's limit of 100 MiB" : "the file",
-                  len);
+                  hlen > ST_MAX_HEADER_BYTES ? "the format's limit of 100 MiB" : "the file", len);
         goto out;
     }
     if (hlen == 0 || p[8] != '{') {
@@ -306,9 +305,9 @@ int st_parse(void *buf, size_t len, const char *what, st_file *out)
         rc = fail(-ENOMEM, "%s: out of memory", what);
         goto out;
     }
-    const char *key;
-    json_t *v;
-    json_object_foreach(root, key, v) {
+    for (void *it = json_object_iter(root); it; it = json_object_iter_next(root, it)) {
+        const char *key = json_object_iter_key(it);
+        json_t *v = json_object_iter_value(it);
         if (!strcmp(key, "__metadata__")) {
             if ((rc = parse_meta(what, v, &f)) < 0)
                 goto out;

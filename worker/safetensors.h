@@ -43,6 +43,9 @@ const char *st_last_error(void);
 /* The bytes of one element of `dtype` ("F32": 4, "BF16": 2, "BOOL": 1, ...), or 0 if unknown. */
 size_t st_dtype_size(const char *dtype);
 
+/* Writes a shape as "(3, 4)" ("()" for a scalar) into buf[cap] and returns buf. */
+const char *st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
+
 /*
  * Writes ts[0..n) (borrowed) to `path` (created or truncated): the header built with jansson,
  * keys sorted, padded with spaces to a multiple of 8 bytes, then each tensor's bytes in the
