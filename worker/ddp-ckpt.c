@@ -310,6 +310,12 @@ static int open_checkpoint(const char *dir, ddp__ckpt_manifest *mf, skipped *sk)
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/')
         path[--n] = '\0';
+    struct stat st;
+    int serr = stat(path, &st) < 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (serr) {
+        err("%s: %s", path, strerror(serr));
+        return EXIT_BAD;
+    }
     if (!has_manifest(path) && !is_step_dir_name(path)) {
         int rc = ddp_checkpoint_latest(dir, path, sizeof path, collect, sk);
         for (int i = 0; i < sk->n; i++)
@@ -325,14 +331,10 @@ static int open_checkpoint(const char *dir, ddp__ckpt_manifest *mf, skipped *sk)
         }
     }
     int rc = ddp__ckpt_manifest_read(path, mf, e, sizeof e);
-    if (rc == -ENOENT && is_step_dir_name(path) && !has_manifest(path)) {
-        struct stat st;
-        if (stat(path, &st) < 0)
-            err("%s: %s", path, strerror(errno));
-        else
-            err("%s: no %s: the checkpoint is incomplete (a save that crashed or is still "
-                "being written)",
-                path, DDP__CKPT_MANIFEST);
+    if (rc == -ENOENT && !has_manifest(path)) {
+        err("%s: no %s: the checkpoint is incomplete (a save that crashed or is still being "
+            "written)",
+            path, DDP__CKPT_MANIFEST);
         return EXIT_BAD;
     }
     if (rc < 0) {
