@@ -149,6 +149,26 @@ static float *owned_part(const ddp__model_view *v, int s, int g)
            (arena ? gr->offset + (size_t)v->rank * gr->shard : v->plan->shard_offset[g]);
 }
 
+/*
+ * The shard files and the manifest list the groups in arena order (groups contiguous from
+ * element 0, as ckpt.h's reader checks), while the plan numbers buckets in the order backward
+ * completes them (bucket 0 at the arena's end). pos[g]: group g's place in arena order; at[g]:
+ * its part's first element in each state array of a shard file. Both [ngroups].
+ */
+static void file_layout(const ddp__plan *pl, int *pos, size_t *at)
+{
+    int k = 0;
+    size_t sum = 0;
+    for (int p = 0; p < pl->nparams; p++) {
+        int g = pl->param_group[p];
+        if (p > 0 && g == pl->param_group[p - 1])
+            continue;
+        pos[g] = k++;
+        at[g] = sum;
+        sum += pl->groups[g].shard;
+    }
+}
+
 static void log_line(const ddp__model_view *v, int level, const char *msg)
 {
     if (v->o->log)
@@ -239,7 +259,8 @@ static int agree(ddp_model *m, const ddp__model_view *v, int rc, const char *msg
 
 /* Rank 0, at the save: every key of the manifest but "shards". NULL on out-of-memory. */
 static json_t *build_manifest(ddp_model *m, const ddp__model_view *v, const char **names,
-                              int nstate, const ddp_checkpoint_progress *pr, json_t *user)
+                              int nstate, const int *pos, const size_t *at,
+                              const ddp_checkpoint_progress *pr, json_t *user)
 {
     const ddp__plan *pl = v->plan;
     const ddp_options *o = v->o;
@@ -271,16 +292,19 @@ static json_t *build_manifest(ddp_model *m, const ddp__model_view *v, const char
                                                            "dtype", "float32", "offset",
                                                            (json_int_t)pl->param_offset[p], "count",
                                                            (json_int_t)ddp_param_count(m, p),
-                                                           "group", pl->param_group[p])) == 0;
+                                                           "group", pos[pl->param_group[p]])) == 0;
     }
-    for (int g = 0; ok && g < pl->ngroups; g++) {
+    for (int k = 0; ok && k < pl->ngroups; k++) {
+        int g = 0;
+        while (pos[g] != k)
+            g++;
         const ddp__group *gr = &pl->groups[g];
         ok = json_array_append_new(
-                 groups, json_pack("{s:I, s:I, s:I, s:I, s:I, s:i, s:i}", "offset",
-                                   (json_int_t)gr->offset, "count", (json_int_t)gr->count, "padded",
-                                   (json_int_t)gr->padded, "shard", (json_int_t)gr->shard,
-                                   "shard_offset", (json_int_t)pl->shard_offset[g], "first",
-                                   gr->first, "last", gr->last)) == 0;
+                 groups,
+                 json_pack("{s:I, s:I, s:I, s:I, s:I, s:i, s:i}", "offset", (json_int_t)gr->offset,
+                           "count", (json_int_t)gr->count, "padded", (json_int_t)gr->padded,
+                           "shard", (json_int_t)gr->shard, "shard_offset", (json_int_t)at[g],
+                           "first", gr->first, "last", gr->last)) == 0;
     }
     if (ok)
         ok =
@@ -680,14 +704,14 @@ int ddp_checkpoint_wait(ddp_model *m)
 /* ------------------------------------------------------------------------------------------ */
 
 /* Copies this rank's parts of every state array into the snapshot, in the shard's layout. */
-static void take_snapshot(const ddp__model_view *v, struct ddp__ckpt_state *ck, int nstate)
+static void take_snapshot(const ddp__model_view *v, struct ddp__ckpt_state *ck, int nstate,
+                          const size_t *at)
 {
     const ddp__plan *pl = v->plan;
     for (int s = 0; s < nstate; s++) {
         float *dst = ck->snap + (size_t)s * pl->shard_total;
         for (int g = 0; g < pl->ngroups; g++)
-            memcpy(dst + pl->shard_offset[g], owned_part(v, s, g),
-                   pl->groups[g].shard * sizeof(float));
+            memcpy(dst + at[g], owned_part(v, s, g), pl->groups[g].shard * sizeof(float));
     }
 }
 
@@ -718,7 +742,8 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
                         const char *user_json, int keep, unsigned flags)
 {
     ddp__model_view v;
-    int rc = ddp__model_view_get(m, &v);
+    int rc = ddp__model_view_get(m, &v), *pos = NULL;
+    size_t *at = NULL;
     if (rc < 0)
         return rc;
     if (!root || !*root || keep < 0 || (flags & ~DDP_CKPT_SYNC))
@@ -774,15 +799,19 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
     if (local == 0) {
         free(ck->chunks);
         ck->chunks = calloc(ck->nchunks ? ck->nchunks : 1, sizeof *ck->chunks);
-        if (!ck->snap || !ck->chunks) {
+        pos = malloc((size_t)v.plan->ngroups * sizeof *pos);
+        at = malloc((size_t)v.plan->ngroups * sizeof *at);
+        if (!ck->snap || !ck->chunks || !pos || !at) {
             local = -ENOMEM;
             snprintf(msg, sizeof msg, "ddp_checkpoint_save: out of memory for the snapshot");
         }
     }
+    if (local == 0)
+        file_layout(v.plan, pos, at);
     if (local == 0 && v.rank == 0) {
         ddp_checkpoint_progress zero = {0};
-        if (!(ck->manifest =
-                  build_manifest(m, &v, names, nstate, progress ? progress : &zero, user))) {
+        if (!(ck->manifest = build_manifest(m, &v, names, nstate, pos, at,
+                                            progress ? progress : &zero, user))) {
             local = -ENOMEM;
             snprintf(msg, sizeof msg, "ddp_checkpoint_save: out of memory for the manifest");
         }
@@ -795,13 +824,15 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
         ck->manifest = NULL;
         goto out;
     }
-    take_snapshot(&v, ck, nstate);
+    take_snapshot(&v, ck, nstate, at);
     ck->phase = SHARDS;
     start_job(ck, write_shard);
     if (flags & DDP_CKPT_SYNC)
         rc = ddp_checkpoint_wait(m);
 out:
     json_decref(user);
+    free(pos);
+    free(at);
     return rc;
 }
 

@@ -102,8 +102,8 @@ struct ddp_model {
 
     bool in_micro, sync, synced;
     int64_t micro;
-    int64_t steps;     /* optimizer steps taken (skipped ones excluded) */
-    int64_t attempted; /* ddp_step() calls, for the trace */
+    int64_t steps;              /* optimizer steps taken (skipped ones excluded) */
+    int64_t attempted;          /* ddp_step() calls, for the trace */
     struct ddp__ckpt_state *ck; /* checkpoints (ckpt.c): NULL until the first save */
     char err[512];
 };

@@ -1,0 +1,507 @@
+/*
+ * ddp-ckpt-check: libddp's checkpoints with a real communicator, run under ddprun (see
+ * tests/ddp/run_ckpt.sh). One scenario per run, every file under DIR:
+ *
+ *   resume DIR     every stage, SGD with momentum and AdamW: 2K steps in one go against K steps,
+ *                  a save, a new model that loads it, K more steps: the two final checkpoints'
+ *                  shard files (parameters and optimizer state) are identical byte for byte;
+ *                  progress and the user state come back
+ *   save DIR       every stage (AdamW): 3 steps, then DIR/wNsS (the checkpoint) and
+ *                  DIR/wNsS.params (rank 0's dump of the full parameters)
+ *   load DIR N...  every checkpoint DIR/wNsS of the worlds N listed into every stage T: the
+ *                  parameters right after the load to DIR/wNsS-wMtT.params, then a save to
+ *                  DIR/wNsS-wMtT (run_ckpt.sh compares the dumps and consolidates the optimizer
+ *                  state of both checkpoints)
+ *   async DIR      a save returns before its manifest exists, steps run while the writer writes,
+ *                  the step's poll completes it; a second save completes in
+ *                  ddp_checkpoint_wait(); `keep` removes the oldest
+ *   bad DIR        a torn checkpoint (no manifest) and a malformed manifest skipped by
+ *                  ddp_checkpoint_latest() with a log line naming each; a flipped byte
+ *                  (-EBADMSG), a truncated shard (-EPROTO), a missing one (-ENOENT), another
+ *                  model (-EINVAL naming the parameter), another optimizer, different
+ *                  checkpoints on different ranks: the same code on every rank, each message
+ *                  naming the file; then a good load still works
+ *
+ * Prints "ddp-ckpt-check: rank R/W SCENARIO: PASS" or FAIL lines; exit status 0 when every check
+ * passed, 1 when one failed, 2 on a setup error.
+ */
+#include "ddp.h"
+#include "rdzv.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int rank, world, failures;
+static coll_comm *comm;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            printf("ddp-ckpt-check: rank %d/%d: FAIL %s:%d: ", rank, world, __FILE__, __LINE__);   \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+        }                                                                                          \
+    } while (0)
+
+/* Layers of rows[l] x cols weights and rows[l] biases: sizes that pad unevenly. */
+typedef struct shape {
+    int nlayers;
+    int64_t rows[4], cols;
+} shape;
+
+static const shape small = {4, {37, 19, 64, 5}, 7};
+
+static int init_fn(void *arg, int param, const char *name, void *data, size_t count)
+{
+    (void)arg, (void)name;
+    float *x = data;
+    for (size_t i = 0; i < count; i++)
+        x[i] = (float)((i * 2654435761u + (size_t)param * 97) % 2000) * 1e-3f - 1.0f;
+    return 0;
+}
+
+static ddp_model *build(int stage, int adamw, const shape *sh, int init)
+{
+    ddp_options o;
+    ddp_options_init(&o);
+    o.zero_stage = stage;
+    o.first_bucket_bytes = 256;
+    o.bucket_bytes = 1024; /* several buckets at stages 0-2 */
+    o.optimizer = adamw ? DDP_ADAMW : DDP_SGD;
+    o.momentum = adamw ? 0 : 0.9f;
+    o.weight_decay = 0.01f;
+    ddp_model *m = NULL;
+    if (ddp_model_create(comm, &o, &m) < 0)
+        return NULL;
+    for (int l = 0; l < sh->nlayers; l++) {
+        char name[16];
+        snprintf(name, sizeof name, "fc%d", l);
+        int u = ddp_unit_add(m, name);
+        ddp_param_add(m, u, "weight", 2, (int64_t[]){sh->rows[l], sh->cols}, COLL_F32);
+        ddp_param_add(m, u, "bias", 1, (int64_t[]){sh->rows[l]}, COLL_F32);
+    }
+    if (ddp_model_commit(m, init ? init_fn : NULL, NULL) < 0) {
+        printf("ddp-ckpt-check: rank %d: commit: %s\n", rank, ddp_last_error(m));
+        ddp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/*
+ * `steps` steps, numbered from t0; each rank's gradient is a function of the parameter, the
+ * step's number and the rank, so two runs of the same configuration compute the same values.
+ */
+static int train_from(ddp_model *m, int t0, int steps, int64_t *stepno)
+{
+    int rc = 0;
+    for (int t = 0; rc == 0 && t < steps; t++) {
+        ddp_step_info info;
+        rc = ddp_micro_begin(m, 1);
+        for (int u = ddp_num_units(m) - 1; rc == 0 && u >= 0; u--) {
+            rc = ddp_unit_gather(m, u);
+            for (int p = 2 * u + 1; rc == 0 && p >= 2 * u; p--) {
+                const float *x = ddp_param_data(m, p);
+                float *g = ddp_grad_buffer(m, p);
+                if (!x || !g) {
+                    rc = -EINVAL;
+                    break;
+                }
+                for (size_t i = 0; i < ddp_param_count(m, p); i++)
+                    g[i] = sinf(0.7f * x[i] + 0.1f * (float)(t0 + t) + 0.3f * (float)rank +
+                                1e-3f * (float)i);
+                rc = ddp_grad_ready(m, p);
+            }
+            if (rc == 0)
+                rc = ddp_unit_release(m, u);
+        }
+        if (rc == 0)
+            rc = ddp_micro_end(m);
+        if (rc == 0)
+            rc = ddp_step(m, 0.01f, &info);
+        if (rc == 0 && stepno)
+            *stepno = info.step;
+    }
+    if (rc < 0)
+        printf("ddp-ckpt-check: rank %d: training: %s\n", rank, ddp_last_error(m));
+    return rc;
+}
+
+static int train(ddp_model *m, int steps, int64_t *stepno)
+{
+    return train_from(m, 0, steps, stepno);
+}
+
+/* Rank 0 writes every parameter, in order, to `path` (every rank gathers at stage 3). */
+static int dump_params(ddp_model *m, const char *path)
+{
+    FILE *f = rank == 0 ? fopen(path, "wb") : NULL;
+    int rc = rank == 0 && !f ? -errno : 0;
+    for (int u = 0; u < ddp_num_units(m); u++) {
+        int g = ddp_unit_gather(m, u);
+        for (int p = 2 * u; g == 0 && p <= 2 * u + 1; p++) {
+            const float *x = ddp_param_data(m, p);
+            if (f &&
+                (!x || fwrite(x, sizeof *x, ddp_param_count(m, p), f) != ddp_param_count(m, p)))
+                rc = -EIO;
+        }
+        if (g == 0)
+            g = ddp_unit_release(m, u);
+        if (g < 0)
+            rc = g;
+    }
+    if (f && fclose(f) != 0)
+        rc = -EIO;
+    CHECK(rc == 0, "dumping the parameters to %s: %s", path, ddp_strerror(rc));
+    return rc;
+}
+
+static int same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb;
+    while (same) {
+        int ca = getc(fa), cb = getc(fb);
+        same = ca == cb;
+        if (ca == EOF)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static void scen_resume(const char *dir)
+{
+    const int K = 3;
+    for (int stage = 0; stage < 4; stage++) {
+        for (int adamw = 0; adamw < 2; adamw++) {
+            char a[512], b[512], c[512], sa[640], sc[640];
+            const char *opt = adamw ? "adamw" : "sgd";
+            snprintf(a, sizeof a, "%s/s%d-%s-straight", dir, stage, opt);
+            snprintf(b, sizeof b, "%s/s%d-%s-half", dir, stage, opt);
+            snprintf(c, sizeof c, "%s/s%d-%s-resumed", dir, stage, opt);
+            ddp_model *m = build(stage, adamw, &small, 1);
+            CHECK(m && train(m, 2 * K, NULL) == 0, "stage %d %s: straight", stage, opt);
+            int rc = m ? ddp_checkpoint_save(m, a, NULL, NULL, 0, DDP_CKPT_SYNC) : -1;
+            CHECK(rc == 0, "save %s: %s", a, m ? ddp_last_error(m) : "");
+            ddp_model_free(m);
+
+            m = build(stage, adamw, &small, 1);
+            CHECK(m && train(m, K, NULL) == 0, "stage %d %s: first half", stage, opt);
+            ddp_checkpoint_progress pr = {1, 17, 42};
+            rc = m ? ddp_checkpoint_save(m, b, &pr, "{\"lr\": 0.5, \"name\": \"x\"}", 0,
+                                         DDP_CKPT_SYNC)
+                   : -1;
+            CHECK(rc == 0, "save %s: %s", b, m ? ddp_last_error(m) : "");
+            ddp_model_free(m);
+
+            m = build(stage, adamw, &small, 0); /* zeros: everything comes from the load */
+            char path[600];
+            CHECK(ddp_checkpoint_latest(b, path, sizeof path, NULL, NULL) == 1, "latest %s", b);
+            ddp_checkpoint_progress got = {0};
+            char *user = NULL;
+            rc = m ? ddp_checkpoint_load(m, path, 0, &got, &user) : -1;
+            CHECK(rc == 0, "load %s: %s", path, m ? ddp_last_error(m) : "");
+            CHECK(got.epoch == 1 && got.position == 17 && got.seed == 42,
+                  "progress %" PRId64 " %" PRId64 " %" PRIu64, got.epoch, got.position, got.seed);
+            CHECK(user && strstr(user, "\"lr\"") && strstr(user, "\"x\""), "user state %s",
+                  user ? user : "NULL");
+            free(user);
+            int64_t step = -1;
+            CHECK(rc == 0 && train_from(m, K, K, &step) == 0 && step == 2 * K,
+                  "stage %d %s: second half ends at step %" PRId64, stage, opt, step);
+            rc = m ? ddp_checkpoint_save(m, c, NULL, NULL, 0, DDP_CKPT_SYNC) : -1;
+            CHECK(rc == 0, "save %s: %s", c, m ? ddp_last_error(m) : "");
+            ddp_model_free(m);
+
+            snprintf(sa, sizeof sa, "%s/step-%012d/shard-%05d-of-%05d.bin", a, 2 * K, rank, world);
+            snprintf(sc, sizeof sc, "%s/step-%012d/shard-%05d-of-%05d.bin", c, 2 * K, rank, world);
+            int same = same_file(sa, sc);
+            CHECK(same, "stage %d %s: %s and %s differ", stage, opt, sa, sc);
+            if (rank == 0 && same)
+                printf("ddp-ckpt-check: resume world %d stage %d %-5s: %d steps straight and "
+                       "%d + load + %d: parameters and optimizer state identical\n",
+                       world, stage, opt, 2 * K, K, K);
+        }
+    }
+}
+
+static void scen_save(const char *dir)
+{
+    for (int stage = 0; stage < 4; stage++) {
+        char ck[512], dump[600];
+        snprintf(ck, sizeof ck, "%s/w%ds%d", dir, world, stage);
+        snprintf(dump, sizeof dump, "%s.params", ck);
+        ddp_model *m = build(stage, 1, &small, 1);
+        CHECK(m && train(m, 3, NULL) == 0, "stage %d: training", stage);
+        int rc = m ? ddp_checkpoint_save(m, ck, NULL, NULL, 0, DDP_CKPT_SYNC) : -1;
+        CHECK(rc == 0, "save %s: %s", ck, m ? ddp_last_error(m) : "");
+        if (m)
+            dump_params(m, dump);
+        ddp_model_free(m);
+    }
+}
+
+static void scen_load(const char *dir, int argc, char **argv)
+{
+    int loads = 0;
+    for (int a = 0; a < argc; a++) {
+        int n = atoi(argv[a]);
+        for (int s = 0; s < 4; s++) {
+            for (int t = 0; t < 4; t++) {
+                char path[512], out[600], dump[700];
+                snprintf(path, sizeof path, "%s/w%ds%d/step-%012d", dir, n, s, 3);
+                snprintf(out, sizeof out, "%s/w%ds%d-w%dt%d", dir, n, s, world, t);
+                snprintf(dump, sizeof dump, "%s.params", out);
+                ddp_model *m = build(t, 1, &small, 0);
+                int rc = m ? ddp_checkpoint_load(m, path, 0, NULL, NULL) : -1;
+                CHECK(rc == 0, "load %s at stage %d: %s", path, t, m ? ddp_last_error(m) : "");
+                if (rc == 0 && dump_params(m, dump) == 0) {
+                    rc = ddp_checkpoint_save(m, out, NULL, NULL, 0, DDP_CKPT_SYNC);
+                    CHECK(rc == 0, "save %s: %s", out, ddp_last_error(m));
+                    loads += rc == 0;
+                }
+                ddp_model_free(m);
+            }
+        }
+    }
+    if (rank == 0)
+        printf("ddp-ckpt-check: load world %d: %d checkpoints loaded and saved again\n", world,
+               loads);
+}
+
+/* Collects the log hook's lines for ddp_checkpoint_latest(). */
+static char logged[4096];
+static void log_fn(void *arg, int level, const char *msg)
+{
+    (void)arg;
+    size_t n = strlen(logged);
+    snprintf(logged + n, sizeof logged - n, "%d %s\n", level, msg);
+}
+
+static void scen_async(const char *dir)
+{
+    /* 4 x 1024 x 1024 weights, AdamW: 48 MiB of state, half per rank at world 2. */
+    shape big = {4, {1024, 1024, 1024, 1024}, 1024};
+    ddp_model *m = build(2, 1, &big, 1);
+    CHECK(m != NULL, "build");
+    if (!m)
+        return;
+    char man[600];
+    int rc = train(m, 1, NULL);
+    CHECK(rc == 0 && ddp_checkpoint_save(m, dir, NULL, NULL, 2, 0) == 0, "save: %s",
+          ddp_last_error(m));
+    snprintf(man, sizeof man, "%s/step-%012d/manifest.json", dir, 1);
+    CHECK(!exists(man), "%s exists as the save returns", man);
+    int steps = 0;
+    while (rc == 0 && !exists(man) && steps < 2000) {
+        rc = train(m, 1, NULL);
+        steps++;
+    }
+    CHECK(rc == 0 && exists(man), "no manifest after %d steps", steps);
+    if (rank == 0)
+        printf("ddp-ckpt-check: async: the save returned, %d training steps ran until the "
+               "step's poll completed it\n",
+               steps);
+    /* Two more saves with keep 2: the first one goes. */
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        int64_t step = 0;
+        rc = train(m, 1, &step);
+        CHECK(rc == 0 && ddp_checkpoint_save(m, dir, NULL, NULL, 2, 0) == 0, "save: %s",
+              ddp_last_error(m));
+        snprintf(man, sizeof man, "%s/step-%012" PRId64 "/manifest.json", dir, step);
+        CHECK(!exists(man), "%s exists as the save returns", man);
+        rc = ddp_checkpoint_wait(m);
+        CHECK(rc == 0 && exists(man), "wait: %d (%s); %s %s", rc, ddp_last_error(m), man,
+              exists(man) ? "exists" : "missing");
+    }
+    snprintf(man, sizeof man, "%s/step-%012d", dir, 1);
+    CHECK(!exists(man), "keep 2: %s is still there", man);
+    ddp_model_free(m);
+}
+
+/* Every rank loads `path` into m: the code and a piece of the message must be as wanted. */
+static void expect_load(ddp_model *m, const char *path, unsigned flags, int want, const char *in)
+{
+    int rc = ddp_checkpoint_load(m, path, flags, NULL, NULL);
+    const char *err = ddp_last_error(m);
+    CHECK(rc == want && strstr(err, in), "load %s: %d (%s), want %d (%s) naming \"%s\"", path, rc,
+          err, want, ddp_strerror(want), in);
+    int all = rc == want;
+    coll_allreduce(comm, &all, &all, 1, COLL_I32, COLL_MIN);
+    if (rank == 0)
+        printf("ddp-ckpt-check: bad: %s on every rank alike: %s%s%s\n", ddp_strerror(want),
+               all ? "yes" : "NO", want ? "; rank 0: " : "", want ? err : "");
+}
+
+static void scen_bad(const char *dir)
+{
+    char root[512], other[512], bad[4][512], path[700], file[800];
+    snprintf(root, sizeof root, "%s/good", dir);
+    snprintf(other, sizeof other, "%s/other", dir);
+    ddp_model *m = build(1, 1, &small, 1);
+    CHECK(m && train(m, 2, NULL) == 0, "training");
+    if (!m)
+        return;
+    CHECK(ddp_checkpoint_save(m, root, NULL, NULL, 0, DDP_CKPT_SYNC) == 0, "save: %s",
+          ddp_last_error(m));
+    for (int k = 0; k < 4; k++) {
+        snprintf(bad[k], sizeof bad[k], "%s/bad%d", dir, k);
+        CHECK(ddp_checkpoint_save(m, bad[k], NULL, NULL, 0, DDP_CKPT_SYNC) == 0, "save: %s",
+              ddp_last_error(m));
+    }
+    CHECK(train(m, 2, NULL) == 0, "training");
+    CHECK(ddp_checkpoint_save(m, root, NULL, NULL, 0, DDP_CKPT_SYNC) == 0, "save: %s",
+          ddp_last_error(m));
+    CHECK(ddp_checkpoint_save(m, other, NULL, NULL, 0, DDP_CKPT_SYNC) == 0, "save: %s",
+          ddp_last_error(m));
+    CHECK(train(m, 2, NULL) == 0, "training");
+    CHECK(ddp_checkpoint_save(m, root, NULL, NULL, 0, DDP_CKPT_SYNC) == 0, "save: %s",
+          ddp_last_error(m));
+    int last = world - 1;
+    if (rank == 0) {
+        /* Torn: step 6 loses its manifest (a crash before the rename); step 4 gets a broken one. */
+        snprintf(file, sizeof file, "%s/step-%012d/manifest.json", root, 6);
+        CHECK(unlink(file) == 0, "unlink %s", file);
+        snprintf(file, sizeof file, "%s/step-%012d/manifest.json", root, 4);
+        FILE *f = fopen(file, "w");
+        CHECK(f && fputs("{\"format\": \"ddp-checkpoint\"", f) >= 0 && fclose(f) == 0, "%s", file);
+        /* bad0: a flipped byte; bad1: 4 bytes short; bad2: a shard missing. */
+        snprintf(file, sizeof file, "%s/step-%012d/shard-%05d-of-%05d.bin", bad[0], 2, last, world);
+        f = fopen(file, "r+b");
+        int c = f ? (fseek(f, 100, SEEK_SET), getc(f)) : EOF;
+        CHECK(c != EOF && fseek(f, 100, SEEK_SET) == 0 && putc(c ^ 0x10, f) != EOF &&
+                  fclose(f) == 0,
+              "flipping a byte of %s", file);
+        snprintf(file, sizeof file, "%s/step-%012d/shard-%05d-of-%05d.bin", bad[1], 2, last, world);
+        struct stat st;
+        CHECK(stat(file, &st) == 0 && truncate(file, st.st_size - 4) == 0, "truncating %s", file);
+        snprintf(file, sizeof file, "%s/step-%012d/shard-%05d-of-%05d.bin", bad[2], 2, last, world);
+        CHECK(unlink(file) == 0, "unlink %s", file);
+    }
+    CHECK(coll_barrier(comm) == 0, "barrier");
+
+    logged[0] = 0;
+    int rc = ddp_checkpoint_latest(root, path, sizeof path, log_fn, NULL);
+    snprintf(file, sizeof file, "%s/step-%012d", root, 2);
+    CHECK(rc == 1 && !strcmp(path, file), "latest: %d %s, want %s", rc, rc == 1 ? path : "", file);
+    CHECK(strstr(logged, "step-000000000006 skipped: no manifest") &&
+              strstr(logged, "step-000000000004 skipped") && strstr(logged, "manifest.json"),
+          "the log: %s", logged);
+    if (rank == 0)
+        for (char *line = strtok(logged, "\n"); line; line = strtok(NULL, "\n"))
+            printf("ddp-ckpt-check: bad: latest found %s; logged: %s\n", path, line);
+
+    ddp_model *l = build(1, 1, &small, 0);
+    CHECK(l != NULL, "build");
+    if (l) {
+        char shard[64];
+        snprintf(shard, sizeof shard, "shard-%05d-of-%05d.bin", last, world);
+        snprintf(path, sizeof path, "%s/step-%012d", bad[0], 2);
+        expect_load(l, path, 0, -EBADMSG, shard);
+        snprintf(path, sizeof path, "%s/step-%012d", bad[1], 2);
+        expect_load(l, path, 0, -EPROTO, shard);
+        snprintf(path, sizeof path, "%s/step-%012d", bad[2], 2);
+        expect_load(l, path, 0, -ENOENT, shard);
+        snprintf(path, sizeof path, "%s/step-%012d", root, 4);
+        expect_load(l, path, 0, -EPROTO, "manifest.json");
+        snprintf(path, sizeof path, "%s/step-%012d", root, 6);
+        expect_load(l, path, 0, -ENOENT, "manifest.json");
+        /* Different checkpoints on different ranks. */
+        if (rank == 0)
+            snprintf(path, sizeof path, "%s/step-%012d", root, 2);
+        else
+            snprintf(path, sizeof path, "%s/step-%012d", other, 4);
+        expect_load(l, path, 0, world > 1 ? -EINVAL : 0, world > 1 ? "rank 0's of step 2" : "");
+        snprintf(path, sizeof path, "%s/step-%012d", bad[3], 2);
+        expect_load(l, path, 0, 0, "");
+        int64_t step = 0;
+        CHECK(train(l, 1, &step) == 0 && step == 3, "a step after the load: step %" PRId64, step);
+    }
+    ddp_model_free(l);
+
+    /* Another model: unit 1 is 20 x 7. Another optimizer: SGD. */
+    shape sh = small;
+    sh.rows[1] = 20;
+    l = build(1, 1, &sh, 0);
+    snprintf(path, sizeof path, "%s/step-%012d", bad[3], 2);
+    if (l)
+        expect_load(l, path, 0, -EINVAL,
+                    "parameter 2 is 'fc1.weight' [19, 7], the model's is "
+                    "'fc1.weight' [20, 7]");
+    ddp_model_free(l);
+    l = build(3, 0, &small, 0);
+    if (l) {
+        expect_load(l, path, 0, -EINVAL, "the optimizer is adamw");
+        expect_load(l, path, DDP_CKPT_PARAMS_ONLY, 0, "");
+    }
+    ddp_model_free(l);
+    ddp_model_free(m);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: ddp-ckpt-check resume|save|load|async|bad DIR [N...]   (under "
+                        "ddprun)\n");
+        return 2;
+    }
+    rdzv_env env;
+    rdzv_client *store = NULL;
+    char prefix[256];
+    if (rdzv_env_read(&env) < 0 || env.standalone) {
+        fprintf(stderr, "ddp-ckpt-check: %s\n", rdzv_client_last_error(NULL));
+        return 2;
+    }
+    rank = env.rank;
+    world = env.world_size;
+    rdzv_env_prefix(&env, "ddp-ckpt-check", prefix, sizeof prefix);
+    strncat(prefix, "/", sizeof prefix - strlen(prefix) - 1);
+    strncat(prefix, argv[1], sizeof prefix - strlen(prefix) - 1);
+    coll_options co;
+    coll_options_init(&co);
+    co.timeout_ms = 60000;
+    if (rdzv_env_connect(&env, NULL, &store) < 0 ||
+        coll_comm_init(store, prefix, rank, world, COLL_BACKEND_CPU, -1, &co, &comm) < 0) {
+        fprintf(stderr, "ddp-ckpt-check: rank %d: setup: %s %s\n", rank,
+                rdzv_client_last_error(NULL), coll_last_error(NULL));
+        return 2;
+    }
+    rdzv_client_close(store);
+    const char *dir = argv[2];
+    if (!strcmp(argv[1], "resume"))
+        scen_resume(dir);
+    else if (!strcmp(argv[1], "save"))
+        scen_save(dir);
+    else if (!strcmp(argv[1], "load"))
+        scen_load(dir, argc - 3, argv + 3);
+    else if (!strcmp(argv[1], "async"))
+        scen_async(dir);
+    else if (!strcmp(argv[1], "bad"))
+        scen_bad(dir);
+    else {
+        fprintf(stderr, "ddp-ckpt-check: unknown scenario %s\n", argv[1]);
+        return 2;
+    }
+    coll_comm_destroy(comm);
+    printf("ddp-ckpt-check: rank %d/%d %s: %s\n", rank, world, argv[1], failures ? "FAIL" : "PASS");
+    return failures ? 1 : 0;
+}

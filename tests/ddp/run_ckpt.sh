@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# libddp's checkpoints end to end, ddp-ckpt-check under ddprun (tests/ddp/ddp-ckpt-check.c says
+# what each scenario checks):
+#  1. resume: 2K steps straight against K, save, load into a new model, K more: identical shard
+#     files (parameters and optimizer state), every stage, SGD with momentum and AdamW, worlds 2
+#     and 3;
+#  2. reshard: checkpoints saved at worlds 1-4 and every stage, each loaded at worlds 1-4 into
+#     every stage: the parameters right after the load equal the saver's dump byte for byte, and
+#     the optimizer state (the loaded model saved again, both checkpoints consolidated here)
+#     equals the saver's;
+#  3. async: a save returns before its manifest exists, training goes on, the step's poll or
+#     ddp_checkpoint_wait() completes it; keep;
+#  4. bad: torn and malformed checkpoints skipped with a log line; a flipped byte, a truncated
+#     shard, a missing one, another model, another optimizer: the same error on every rank.
+# Usage: run_ckpt.sh DDPRUN DDP_CKPT_CHECK
+set -uo pipefail
+DDPRUN=${1:?usage}; CHECK=${2:?usage}
+command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+check() { # SCENARIO WORLD DIR [ARGS...]
+    local scen=$1 n=$2 out
+    shift 2
+    mkdir -p "$1"
+    out=$(timeout 180 "$DDPRUN" --standalone --nproc-per-node "$n" "$CHECK" "$scen" "$@" 2>&1)
+    if [[ $(grep -c "ddp-ckpt-check: rank [0-9]*/$n $scen: PASS" <<<"$out") -ne $n ]]; then
+        fail "ddp-ckpt-check $scen on $n ranks"
+        sed 's/^/    /' <<<"$out" >&2
+    fi
+    grep -E "^\[0\]:ddp-ckpt-check: (resume|load|async|bad)" <<<"$out" | sed 's/^\[0\]:/  /'
+}
+
+# 1.
+for n in 2 3; do check resume "$n" "$tmp/resume$n"; done
+# 2.
+for n in 1 2 3 4; do check save "$n" "$tmp/reshard"; done
+for n in 1 2 3 4; do check load "$n" "$tmp/reshard" 1 2 3 4; done
+python3 - "$tmp/reshard" <<'PY' || fail "reshard: the loaded state differs from the saved"
+import array, json, os, sys
+root = sys.argv[1]
+def consolidate(ckpt):
+    """Every state array of a checkpoint, parameter by parameter, as the arena would hold it."""
+    step = sorted(d for d in os.listdir(ckpt) if d.startswith("step-"))[-1]
+    d = os.path.join(ckpt, step)
+    mf = json.load(open(os.path.join(d, "manifest.json")))
+    files = []
+    for sh in mf["shards"]:
+        a = array.array("f")
+        a.frombytes(open(os.path.join(d, sh["file"]), "rb").read())
+        files.append(a)
+    out = {}
+    st = mf["shard_total"]
+    for s, name in enumerate(mf["state"]):
+        vals = []
+        for p in mf["params"]:
+            g = mf["groups"][p["group"]]
+            k0 = p["offset"] - g["offset"]
+            for k in range(k0, k0 + p["count"]):
+                q, i = divmod(k, g["shard"])
+                vals.append(files[q][s * st + g["shard_offset"] + i])
+        out[name] = array.array("f", vals).tobytes()
+    return mf, out
+bad = checked = 0
+for n in (1, 2, 3, 4):
+    for s in range(4):
+        saved = f"{root}/w{n}s{s}"
+        smf, sstate = consolidate(saved)
+        dump = open(saved + ".params", "rb").read()
+        if dump != sstate["param"]:
+            print(f"  {saved}: the saver's dump differs from its checkpoint"); bad += 1
+        for m in (1, 2, 3, 4):
+            for t in range(4):
+                loaded = f"{saved}-w{m}t{t}"
+                lmf, lstate = consolidate(loaded)
+                checked += 1
+                if open(loaded + ".params", "rb").read() != dump:
+                    print(f"  w{n}s{s} -> w{m}t{t}: parameters after the load differ"); bad += 1
+                elif lstate != sstate:
+                    print(f"  w{n}s{s} -> w{m}t{t}: optimizer state differs"); bad += 1
+                elif (lmf["step"], lmf["world_size"], lmf["zero_stage"]) != (smf["step"], m, t):
+                    print(f"  w{n}s{s} -> w{m}t{t}: manifest {lmf['step']} {lmf['world_size']} {lmf['zero_stage']}"); bad += 1
+print(f"  reshard: {checked} loads (worlds 1-4 x stages 0-3, both sides): parameters and "
+      f"AdamW state identical in {checked - bad}")
+sys.exit(1 if bad else 0)
+PY
+# 3. and 4.
+check async 2 "$tmp/async"
+for n in 1 3; do check bad "$n" "$tmp/bad$n"; done
+
+if [[ $fails -ne 0 ]]; then
+    echo "FAIL: $fails check(s)"
+    exit 1
+fi
+echo "PASS"
