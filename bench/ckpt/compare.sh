@@ -109,7 +109,8 @@ done
 echo
 echo "MB: the bytes of one checkpoint (every rank's files). save/load: MB/s (load may come from"
 echo "the page cache). stall: what one asynchronous save cost the training loop (ms and share of"
-echo "a synchronous save; target <= 5%); blocked: the share the calls themselves blocked. tsave/tload/dcpsave/dcpload: torch.save/torch.load and"
-echo "torch.distributed.checkpoint MB/s of the same tensors. x*: our save MB/s over dd's, over"
-echo "torch.save's, over dcp's."
+echo "a synchronous save; target <= 5%); blocked: the share the calls themselves blocked (the"
+echo "save, the optimizer's wait for the writer's copy, the final wait). tsave/tload/dcpsave/"
+echo "dcpload: torch.save/torch.load and torch.distributed.checkpoint MB/s of the same tensors."
+echo "x*: our save MB/s over dd's, over torch.save's, over dcp's."
 exit $status
