@@ -22,10 +22,11 @@
  *    marked twice) breaks the model likewise and aborts the communicator, so that the peers
  *    fail at once naming this rank rather than at the timeout (misuse()).
  *
- * Not here: checkpoints live in ckpt.c (this file only polls an asynchronous save after each
- * step, through ddp_internal.h, and joins its writer at free); device (CUDA) memory has its own
- * issue; the ops are f32 on the host. Nothing is printed: the log hook gets skipped steps, the
- * trace hook timestamps.
+ * Not here: checkpoints live in ckpt.c (this file only waits, before the optimizer, for an
+ * asynchronous save's writer to have copied the state, polls the save after each step, through
+ * ddp_internal.h, and joins its writer at free); device (CUDA) memory has its own issue; the
+ * ops are f32 on the host. Nothing is printed: the log hook gets skipped steps, the trace hook
+ * timestamps.
  */
 #include "ddp.h"
 
@@ -1044,6 +1045,7 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
             for_owned(m, scale, &s);
             in.clipped = 1;
         }
+        ddp__ckpt_wait_copied(m->ck); /* an asynchronous save's writer may still read it */
         for_owned(m, optimize, &lr);
         m->steps++;
         if ((stage == 1 || stage == 2) && (rc = gather_params(m)) < 0)

@@ -336,10 +336,16 @@ typedef struct ddp_checkpoint_progress {
 /*
  * Saves the model's state as checkpoint ROOT/step-<steps taken> (ROOT is created if absent).
  * First waits for the previous save of this model to complete (as ddp_checkpoint_wait()
- * does). Then copies the owned state into a host snapshot and hands it to a writer thread, so
- * training goes on while it is written; the checkpoint becomes complete (rank 0 writes its
- * manifest) once every rank's writer has finished, which ddp_step() notices at no cost (one
- * small allreduce per step while a save is in flight) or ddp_checkpoint_wait() waits for.
+ * does). Then starts a writer thread and returns: the thread copies the owned state into a
+ * host snapshot, then writes that, so training goes on during both. The checkpoint holds the
+ * state as it is at this call, bit for bit: the next ddp_step() waits, just before its
+ * optimizer changes the state, until the copy is done (normally it already is: a memcpy takes
+ * less than the forward and backward in between; a step that did wait says so through the
+ * log hook, COLL_LOG_INFO, with the time), and so does ddp_checkpoint_load(). Until then the
+ * caller must not write into the parameters (ddp_param_data()) itself. The checkpoint
+ * becomes complete (rank 0 writes its manifest) once every rank's writer has finished, which
+ * ddp_step() notices at no cost (one small allreduce per step while a save is in flight) or
+ * ddp_checkpoint_wait() waits for.
  * `progress` (NULL: zeros) and `user_json` (a JSON object as text, copied; NULL: none: the
  * caller's own state, given back by ddp_checkpoint_load()) go into the manifest. `keep` > 0
  * removes the oldest complete checkpoints under ROOT beyond the newest `keep`, once this one is
