@@ -1049,8 +1049,22 @@ static int read_range(reader *rd, int q, uint64_t off, size_t len, void *dst)
     return 0;
 }
 
-/* The model's parameters against the manifest's, and the optimizer; -EINVAL names what. */
-static int check_model(ddp_model *m, const ddp__model_view *v, const ddp__ckpt_manifest *mf,
+/* "[a, b, c]" of a shape, for messages. */
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    buf[0] = '\0';
+    for (int d = 0, n = 0; d < ndim && n >= 0 && (size_t)n < cap; d++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%" PRId64, d ? ", " : "", shape[d]);
+}
+
+/*
+ * The model's parameters against the manifest's, matched by name ("unit.param"), and the
+ * optimizer; -EINVAL names what differs. Names, not positions, because the saving side's order
+ * need not be the model's (a file imported by ddp-ckpt keeps its own order; the layout is
+ * remapped anyway). On success mf->params is put in the model's order, which is what the
+ * range arithmetic (ddp__ckpt_map_range) expects: params[p] is the model's parameter p.
+ */
+static int check_model(ddp_model *m, const ddp__model_view *v, ddp__ckpt_manifest *mf,
                        unsigned flags, char *msg, size_t cap)
 {
     int np = ddp_num_params(m);
@@ -1058,29 +1072,57 @@ static int check_model(ddp_model *m, const ddp__model_view *v, const ddp__ckpt_m
         return snprintf(msg, cap, "%s/" DDP__CKPT_MANIFEST ": %d parameters, the model has %d",
                         mf->dir, mf->nparams, np),
                -EINVAL;
-    for (int p = 0; p < np; p++) {
+    ddp__ckpt_param *order = malloc((size_t)np * sizeof *order);
+    bool *taken = calloc((size_t)np, sizeof *taken);
+    int rc = 0;
+    if (!order || !taken) {
+        snprintf(msg, cap, "ddp_checkpoint_load: out of memory");
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (int p = 0; p < np && rc == 0; p++) {
         int unit, ndim;
         int64_t shape[DDP__CKPT_MAX_DIMS];
         ddp__param_shape(m, p, &unit, &ndim, shape);
         char name[2 * 128 + 2];
         snprintf(name, sizeof name, "%s.%s", ddp__unit_name(m, unit), ddp_param_name(m, p));
-        const ddp__ckpt_param *c = &mf->params[p];
-        bool same = !strcmp(c->name, name) && c->ndim == ndim &&
-                    !memcmp(c->shape, shape, (size_t)ndim * sizeof *shape);
-        if (!same) {
-            char a[160] = "", b[160] = "";
-            for (int d = 0, n = 0; d < c->ndim && n < (int)sizeof a; d++)
-                n +=
-                    snprintf(a + n, sizeof a - (size_t)n, "%s%" PRId64, d ? ", " : "", c->shape[d]);
-            for (int d = 0, n = 0; d < ndim && n < (int)sizeof b; d++)
-                n += snprintf(b + n, sizeof b - (size_t)n, "%s%" PRId64, d ? ", " : "", shape[d]);
-            snprintf(msg, cap,
-                     "%s/" DDP__CKPT_MANIFEST ": parameter %d is '%s' [%s], the model's is '%s' "
-                     "[%s] float32: a checkpoint of another model",
-                     mf->dir, p, c->name, a, name, b);
-            return -EINVAL;
+        int k = !taken[p] && !strcmp(mf->params[p].name, name) ? p : -1; /* the usual case */
+        for (int j = 0; j < np && k < 0; j++)
+            if (!taken[j] && !strcmp(mf->params[j].name, name))
+                k = j;
+        char a[160], b[160];
+        shape_str(b, sizeof b, ndim, shape);
+        if (k < 0) {
+            say(msg, cap,
+                "%s/" DDP__CKPT_MANIFEST ": the model's parameter '%s' [%s] is not in it: "
+                "a checkpoint of another model",
+                mf->dir, name, b);
+            rc = -EINVAL;
+            break;
         }
+        const ddp__ckpt_param *c = &mf->params[k];
+        if (c->ndim != ndim || memcmp(c->shape, shape, (size_t)ndim * sizeof *shape) != 0) {
+            shape_str(a, sizeof a, c->ndim, c->shape);
+            say(msg, cap,
+                "%s/" DDP__CKPT_MANIFEST ": parameter '%s' is [%s], the model's is [%s] "
+                "float32: a checkpoint of another model",
+                mf->dir, name, a, b);
+            rc = -EINVAL;
+            break;
+        }
+        taken[k] = true;
+        order[p] = *c;
     }
+    if (rc == 0) {
+        free(mf->params); /* the names move to `order` */
+        mf->params = order;
+        order = NULL;
+    }
+out:
+    free(order);
+    free(taken);
+    if (rc < 0)
+        return rc;
     const ddp_options *o = v->o;
     if (!(flags & DDP_CKPT_PARAMS_ONLY) && mf->optimizer != o->optimizer) {
         snprintf(msg, cap,

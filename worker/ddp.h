@@ -386,8 +386,9 @@ int ddp_checkpoint_latest(const char *root, char *path, size_t cap, ddp_log_fn l
  * only the byte ranges it owns in its own layout (each chunk read is checked against the
  * manifest's CRC32C), then stages 0-2 allgather the parameters (stage 0 also the optimizer
  * state). Same world size and stage as the save: training continues bit for bit. Checks that
- * the manifest describes this model (parameter names, shapes, dtypes) and optimizer (kind;
- * differing hyper-parameters are logged as warnings). `progress` (may be NULL) receives the
+ * the manifest describes this model (every parameter, matched by its name "unit.param", with
+ * its shape and dtype; the order may differ) and optimizer (kind; differing hyper-parameters
+ * are logged as warnings). `progress` (may be NULL) receives the
  * saved progress; `user_json` (may be NULL) receives the saved user state as a malloc'ed JSON
  * text (the caller frees it) or NULL if none. Every rank must pass the same checkpoint (checked:
  * rank 0's step is compared). Returns 0, and on failure the same code on every rank, with
