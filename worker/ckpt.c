@@ -527,8 +527,8 @@ static void *write_shard(void *arg)
         rc = -errno;
     if (fd >= 0 && close(fd) < 0 && rc == 0)
         rc = -errno;
-    if (rc == 0)
-        rc = fsync_dir(ck->dir); /* the file's name, too, survives a crash */
+    /* The file's name is made durable by rank 0's fsync of this directory after it renames
+     * the manifest into place (a directory's fsync covers every entry made before it). */
     if (rc < 0)
         say(ck->msg, sizeof ck->msg, "writing %s: %s", ck->file, strerror(-rc));
     ck->crc = whole;
@@ -536,7 +536,7 @@ static void *write_shard(void *arg)
     return NULL;
 }
 
-/* Rank 0: manifest.json.tmp, fsync, rename, fsync of the directory; then `keep`. */
+/* Rank 0: manifest.json.tmp, fsync, rename, fsync of the directory and of the root; then `keep`. */
 static void *write_manifest(void *arg)
 {
     struct ddp__ckpt_state *ck = arg;
@@ -558,7 +558,9 @@ static void *write_manifest(void *arg)
     if (rc == 0 && rename(tmp, fin) < 0)
         rc = -errno;
     if (rc == 0)
-        rc = fsync_dir(ck->dir);
+        rc = fsync_dir(ck->dir); /* the manifest's name and the shards' names */
+    if (rc == 0)
+        rc = fsync_dir(ck->root); /* the step directory's name */
     free(text);
     if (rc < 0) {
         say(ck->msg, sizeof ck->msg, "writing %s: %s", fin, strerror(-rc));
@@ -795,11 +797,9 @@ static int prepare_dir(const ddp__model_view *v, struct ddp__ckpt_state *ck, cha
     char man[PATH_MAX + 32];
     snprintf(man, sizeof man, "%s/" DDP__CKPT_MANIFEST, ck->dir);
     if (unlink(man) == 0)
-        rc = fsync_dir(ck->dir);
+        rc = fsync_dir(ck->dir); /* gone for good before any shard is rewritten */
     else if (errno != ENOENT)
         rc = -errno;
-    if (rc == 0)
-        rc = fsync_dir(ck->root); /* the step directory's name */
     if (rc < 0)
         say(msg, cap, "preparing %s: %s", ck->dir, strerror(-rc));
     return rc;
