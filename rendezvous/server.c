@@ -758,13 +758,13 @@ static bool shed_one(rdzv_server *srv, int err)
         close(srv->spare_fd);
         int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         int aerr = errno;
-        if (fd >= 0)
-            close(fd);
-        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
-            refusal(srv, RDZV_LOG_ERROR, why, true);
-            return true;
+            refusal(srv, RDZV_LOG_ERROR, why, true); /* logged before the client sees it */
+            close(fd);
         }
+        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0)
+            return true;
         if (aerr == EAGAIN || aerr == EWOULDBLOCK)
             return false;
         /* Still out (another thread took the descriptor): pause below. */
@@ -777,15 +777,17 @@ static bool shed_one(rdzv_server *srv, int err)
 /* Takes an accepted socket into service, or refuses it. */
 static void admit(rdzv_server *srv, int fd)
 {
+    /* A refusal is logged before the socket is closed, so that whoever sees the close (a test,
+     * an operator) finds the line already there. */
     if (srv->nconns >= srv->max_connections) {
-        close(fd);
         refusal(srv, RDZV_LOG_WARN, "connection limit reached (max_connections)", true);
+        close(fd);
         return;
     }
     client *c = calloc(1, sizeof(*c));
     if (!c) {
-        close(fd);
         refusal(srv, RDZV_LOG_ERROR, "out of memory", true);
+        close(fd);
         return;
     }
     c->srv = srv;
