@@ -1405,6 +1405,7 @@ int ddp__model_view_get(ddp_model *m, ddp__model_view *v)
         .plan = &m->plan,
         .param = m->param,
         .opt = {m->opt1, m->opt2},
+        .compute = m->cparam,
         .opt_elems = m->opt_elems,
         .steps = &m->steps,
         .attempted = &m->attempted,

@@ -24,6 +24,8 @@ typedef struct ddp__model_view {
     const ddp__plan *plan;
     float *param;     /* stages 0-2: the arena (plan.total); stage 3: the owned parts (compact) */
     float *opt[2];    /* momentum or AdamW's m, AdamW's v; NULL where the optimizer has none */
+    const uint16_t *compute; /* the bf16 compute copy (param's layout), or NULL at f32; model
+                                memory (device memory for a device model) */
     size_t opt_elems; /* elements of each: plan.total at stage 0, else plan.shard_total */
     int64_t *steps, *attempted;  /* the step counters (ddp_step_info.step, ddp_step() calls) */
     struct ddp__ckpt_state **ck; /* the checkpoint state the model owns (ckpt.c), or NULL */
