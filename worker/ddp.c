@@ -1376,10 +1376,15 @@ int ddp_memory_stats(const ddp_model *m, ddp_memory *out)
     int stage = m->o.zero_stage;
     size_t f = sizeof(float), full = m->plan.total * f, owned = m->plan.shard_total * f;
     ddp_memory s = {0};
-    s.param_bytes = stage == 3 ? owned : full;
+    size_t h = sizeof(uint16_t), np = stage == 3 ? m->plan.shard_total : m->plan.total;
+    s.param_bytes = (stage == 3 ? owned : full) + (m->cparam ? np * h : 0); /* + compute copy */
     s.grad_bytes = stage >= 2 ? owned : full;
     s.optimizer_bytes = ((m->opt1 ? 1u : 0u) + (m->opt2 ? 1u : 0u)) * m->opt_elems * f;
-    s.pool_bytes = (size_t)(m->ngslots + m->nuslots) * m->plan.max_padded * f;
+    /* Gradient slots (and their bf16 copies), gathered units (in the compute precision), and
+     * stages 0-1's bf16 reduction copy of the arena. */
+    s.pool_bytes = (size_t)m->ngslots * m->plan.max_padded * (f + (m->rbf16 ? h : 0)) +
+                   (size_t)m->nuslots * m->plan.max_padded * (m->bf16 ? h : f) +
+                   (m->rgrad ? m->plan.total * h : 0);
     s.model_state_bytes = s.param_bytes + s.grad_bytes + s.optimizer_bytes;
     *out = s;
     return 0;

@@ -370,10 +370,12 @@ float ddp_schedule_lr(const ddp_schedule *s, int64_t step);
 
 /* Bytes held by this rank, by kind. */
 typedef struct ddp_memory {
-    size_t param_bytes;       /* persistent parameters (stage 3: the owned part) */
+    size_t param_bytes;       /* persistent parameters (stage 3: the owned part), f32 masters
+                                 and, at bf16, the compute copy */
     size_t grad_bytes;        /* persistent gradients (stages 2-3: the owned part) */
     size_t optimizer_bytes;   /* optimizer state (stages 1-3: the owned part) */
-    size_t pool_bytes;        /* transient pools: staging and gathered units */
+    size_t pool_bytes;        /* transient pools: staging and gathered units (and the bf16
+                                 copies reduce_dtype bf16 reduces) */
     size_t model_state_bytes; /* param + grad + optimizer, the ZeRO paper's model states */
 } ddp_memory;
 
