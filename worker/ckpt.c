@@ -16,11 +16,18 @@
  *    issues one is taken from a collective's result, so the ranks stay in step however fast
  *    their writers are. The writer thread touches only the snapshot, its files and its own
  *    result fields, which the training thread reads after `finished` is set;
+ *  - the writer thread, not the save, copies the owned state into the snapshot, first thing, so
+ *    that the save returns at once; it only reads the model's memory. The state changes only in
+ *    ddp_step()'s optimizer and in ddp_checkpoint_load() (forward and backward read the
+ *    parameters, stages 1-2's allgather never writes a rank's own part), and both call
+ *    ddp__ckpt_wait_copied() first, so the snapshot is the state of the step the checkpoint
+ *    names, bit for bit. ddp_model_free() joins the writer before freeing that memory;
  *  - a failed write never breaks the model: it is kept and returned by the next save or wait,
  *    on every rank alike. A failed collective breaks it, as in ddp_step().
  */
 #include "ckpt.h"
 #include "ddp_internal.h"
+#include "monoclock.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -93,6 +100,12 @@ int ddp__ckpt_map_range(const ddp__ckpt_manifest *mf, const ddp__plan *plan, siz
 
 enum phase { IDLE, SHARDS, MANIFEST };
 
+/* One piece of the snapshot: `count` elements from the model's memory to element `to`. */
+struct copy {
+    const float *from;
+    size_t to, count;
+};
+
 struct ddp__ckpt_state {
     enum phase phase;
     int64_t step;
@@ -114,6 +127,16 @@ struct ddp__ckpt_state {
     uint32_t *chunks;
     size_t nchunks;
     uint64_t bytes;
+
+    /* The shard's writer copies the owned state first: copies[ncopies] say what goes where, and
+     * `copied` (under `lock`, signalled on `cond`) is set once the model's memory is no longer
+     * read. The training thread waits for it before the state changes. */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool copied;
+    const ddp_options *o; /* the model's: the log hook for a wait */
+    struct copy *copies;
+    size_t ncopies;
 
     int failed_rc; /* a completed save's failure, returned once by the next save or wait */
     char failed_msg[512];
@@ -447,10 +470,47 @@ static int finish_job(struct ddp__ckpt_state *ck, int rc)
     return rc;
 }
 
-/* Writes the snapshot as this rank's shard, CRC32C per chunk and whole, fsynced. */
+static void set_copied(struct ddp__ckpt_state *ck)
+{
+    pthread_mutex_lock(&ck->lock);
+    ck->copied = true;
+    pthread_cond_broadcast(&ck->cond);
+    pthread_mutex_unlock(&ck->lock);
+}
+
+void ddp__ckpt_wait_copied(struct ddp__ckpt_state *ck)
+{
+    if (!ck)
+        return;
+    pthread_mutex_lock(&ck->lock);
+    if (ck->copied) {
+        pthread_mutex_unlock(&ck->lock);
+        return;
+    }
+    int64_t t0 = rdzv__now_ns();
+    while (!ck->copied)
+        pthread_cond_wait(&ck->cond, &ck->lock);
+    pthread_mutex_unlock(&ck->lock);
+    if (ck->o->log) {
+        char line[PATH_MAX + 128];
+        say(line, sizeof line, "checkpoint %s: waited %.3f ms for the writer's copy of the state",
+            ck->dir, (double)(rdzv__now_ns() - t0) / 1e6);
+        ck->o->log(ck->o->log_arg, COLL_LOG_INFO, line);
+    }
+}
+
+/*
+ * Copies this rank's parts of every state array into the snapshot, in the shard's layout (the
+ * model's memory is read here and nowhere else in the thread), then writes the snapshot as this
+ * rank's shard, CRC32C per chunk and whole, fsynced.
+ */
 static void *write_shard(void *arg)
 {
     struct ddp__ckpt_state *ck = arg;
+    for (size_t i = 0; i < ck->ncopies; i++)
+        memcpy(ck->snap + ck->copies[i].to, ck->copies[i].from,
+               ck->copies[i].count * sizeof(float));
+    set_copied(ck);
     const unsigned char *p = (const unsigned char *)ck->snap;
     uint64_t bytes = ck->bytes;
     int fd = open(ck->file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -518,6 +578,7 @@ static void start_job(struct ddp__ckpt_state *ck, void *(*fn)(void *))
     int rc = pthread_create(&ck->thread, NULL, fn, ck);
     if (rc != 0) {
         snprintf(ck->msg, sizeof ck->msg, "starting the checkpoint writer: %s", strerror(rc));
+        set_copied(ck); /* nothing reads the model: the save fails */
         finish_job(ck, -rc);
         return;
     }
@@ -537,9 +598,12 @@ void ddp__ckpt_state_free(struct ddp__ckpt_state *ck)
     if (!ck)
         return;
     join_job(ck);
+    pthread_cond_destroy(&ck->cond);
+    pthread_mutex_destroy(&ck->lock);
     json_decref(ck->manifest);
     free(ck->snap);
     free(ck->chunks);
+    free(ck->copies);
     free(ck);
 }
 
@@ -703,16 +767,19 @@ int ddp_checkpoint_wait(ddp_model *m)
 /* Saving                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Copies this rank's parts of every state array into the snapshot, in the shard's layout. */
-static void take_snapshot(const ddp__model_view *v, struct ddp__ckpt_state *ck, int nstate,
-                          const size_t *at)
+/*
+ * What the writer copies: this rank's part of every group of every state array, in the shard's
+ * layout (ck->copies[nstate * ngroups], allocated by the caller).
+ */
+static void plan_copies(const ddp__model_view *v, struct ddp__ckpt_state *ck, int nstate,
+                        const size_t *at)
 {
     const ddp__plan *pl = v->plan;
-    for (int s = 0; s < nstate; s++) {
-        float *dst = ck->snap + (size_t)s * pl->shard_total;
+    ck->ncopies = 0;
+    for (int s = 0; s < nstate; s++)
         for (int g = 0; g < pl->ngroups; g++)
-            memcpy(dst + at[g], owned_part(v, s, g), pl->groups[g].shard * sizeof(float));
-    }
+            ck->copies[ck->ncopies++] = (struct copy){
+                owned_part(v, s, g), (size_t)s * pl->shard_total + at[g], pl->groups[g].shard};
 }
 
 /* Every rank: mkdir -p ROOT/step-N; rank 0 removes a manifest of the same step. */
@@ -768,6 +835,10 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
             rc = ddp__fail(m, -ENOMEM, "ddp_checkpoint_save: out of memory");
             goto out;
         }
+        pthread_mutex_init(&ck->lock, NULL);
+        pthread_cond_init(&ck->cond, NULL);
+        ck->copied = true;
+        ck->o = v.o;
         *v.ck = ck;
     }
     const char *names[DDP__CKPT_MAX_STATE];
@@ -798,10 +869,12 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
     }
     if (local == 0) {
         free(ck->chunks);
+        free(ck->copies);
         ck->chunks = calloc(ck->nchunks ? ck->nchunks : 1, sizeof *ck->chunks);
+        ck->copies = malloc((size_t)nstate * (size_t)v.plan->ngroups * sizeof *ck->copies);
         pos = malloc((size_t)v.plan->ngroups * sizeof *pos);
         at = malloc((size_t)v.plan->ngroups * sizeof *at);
-        if (!ck->snap || !ck->chunks || !pos || !at) {
+        if (!ck->snap || !ck->chunks || !ck->copies || !pos || !at) {
             local = -ENOMEM;
             snprintf(msg, sizeof msg, "ddp_checkpoint_save: out of memory for the snapshot");
         }
@@ -824,7 +897,8 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
         ck->manifest = NULL;
         goto out;
     }
-    take_snapshot(&v, ck, nstate, at);
+    plan_copies(&v, ck, nstate, at);
+    ck->copied = false; /* no writer runs (the wait above joined it) */
     ck->phase = SHARDS;
     start_job(ck, write_shard);
     if (flags & DDP_CKPT_SYNC)
@@ -975,8 +1049,22 @@ static int read_range(reader *rd, int q, uint64_t off, size_t len, void *dst)
     return 0;
 }
 
-/* The model's parameters against the manifest's, and the optimizer; -EINVAL names what. */
-static int check_model(ddp_model *m, const ddp__model_view *v, const ddp__ckpt_manifest *mf,
+/* "[a, b, c]" of a shape, for messages. */
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    buf[0] = '\0';
+    for (int d = 0, n = 0; d < ndim && n >= 0 && (size_t)n < cap; d++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%" PRId64, d ? ", " : "", shape[d]);
+}
+
+/*
+ * The model's parameters against the manifest's, matched by name ("unit.param"), and the
+ * optimizer; -EINVAL names what differs. Names, not positions, because the saving side's order
+ * need not be the model's (a file imported by ddp-ckpt keeps its own order; the layout is
+ * remapped anyway). On success mf->params is put in the model's order, which is what the
+ * range arithmetic (ddp__ckpt_map_range) expects: params[p] is the model's parameter p.
+ */
+static int check_model(ddp_model *m, const ddp__model_view *v, ddp__ckpt_manifest *mf,
                        unsigned flags, char *msg, size_t cap)
 {
     int np = ddp_num_params(m);
@@ -984,29 +1072,57 @@ static int check_model(ddp_model *m, const ddp__model_view *v, const ddp__ckpt_m
         return snprintf(msg, cap, "%s/" DDP__CKPT_MANIFEST ": %d parameters, the model has %d",
                         mf->dir, mf->nparams, np),
                -EINVAL;
-    for (int p = 0; p < np; p++) {
+    ddp__ckpt_param *order = malloc((size_t)np * sizeof *order);
+    bool *taken = calloc((size_t)np, sizeof *taken);
+    int rc = 0;
+    if (!order || !taken) {
+        snprintf(msg, cap, "ddp_checkpoint_load: out of memory");
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (int p = 0; p < np && rc == 0; p++) {
         int unit, ndim;
         int64_t shape[DDP__CKPT_MAX_DIMS];
         ddp__param_shape(m, p, &unit, &ndim, shape);
         char name[2 * 128 + 2];
         snprintf(name, sizeof name, "%s.%s", ddp__unit_name(m, unit), ddp_param_name(m, p));
-        const ddp__ckpt_param *c = &mf->params[p];
-        bool same = !strcmp(c->name, name) && c->ndim == ndim &&
-                    !memcmp(c->shape, shape, (size_t)ndim * sizeof *shape);
-        if (!same) {
-            char a[160] = "", b[160] = "";
-            for (int d = 0, n = 0; d < c->ndim && n < (int)sizeof a; d++)
-                n +=
-                    snprintf(a + n, sizeof a - (size_t)n, "%s%" PRId64, d ? ", " : "", c->shape[d]);
-            for (int d = 0, n = 0; d < ndim && n < (int)sizeof b; d++)
-                n += snprintf(b + n, sizeof b - (size_t)n, "%s%" PRId64, d ? ", " : "", shape[d]);
-            snprintf(msg, cap,
-                     "%s/" DDP__CKPT_MANIFEST ": parameter %d is '%s' [%s], the model's is '%s' "
-                     "[%s] float32: a checkpoint of another model",
-                     mf->dir, p, c->name, a, name, b);
-            return -EINVAL;
+        int k = !taken[p] && !strcmp(mf->params[p].name, name) ? p : -1; /* the usual case */
+        for (int j = 0; j < np && k < 0; j++)
+            if (!taken[j] && !strcmp(mf->params[j].name, name))
+                k = j;
+        char a[160], b[160];
+        shape_str(b, sizeof b, ndim, shape);
+        if (k < 0) {
+            say(msg, cap,
+                "%s/" DDP__CKPT_MANIFEST ": the model's parameter '%s' [%s] is not in it: "
+                "a checkpoint of another model",
+                mf->dir, name, b);
+            rc = -EINVAL;
+            break;
         }
+        const ddp__ckpt_param *c = &mf->params[k];
+        if (c->ndim != ndim || memcmp(c->shape, shape, (size_t)ndim * sizeof *shape) != 0) {
+            shape_str(a, sizeof a, c->ndim, c->shape);
+            say(msg, cap,
+                "%s/" DDP__CKPT_MANIFEST ": parameter '%s' is [%s], the model's is [%s] "
+                "float32: a checkpoint of another model",
+                mf->dir, name, a, b);
+            rc = -EINVAL;
+            break;
+        }
+        taken[k] = true;
+        order[p] = *c;
     }
+    if (rc == 0) {
+        free(mf->params); /* the names move to `order` */
+        mf->params = order;
+        order = NULL;
+    }
+out:
+    free(order);
+    free(taken);
+    if (rc < 0)
+        return rc;
     const ddp_options *o = v->o;
     if (!(flags & DDP_CKPT_PARAMS_ONLY) && mf->optimizer != o->optimizer) {
         snprintf(msg, cap,
@@ -1157,7 +1273,8 @@ int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
     if ((rc = agree(m, &v, local, msg)) < 0)
         goto out;
 
-    /* From here on the model's state changes. */
+    /* From here on the model's state changes: a save's writer must have copied it. */
+    ddp__ckpt_wait_copied(*v.ck);
     if ((rc = ddp__drop_units(m)) < 0)
         goto out;
     memset(v.param, 0, (v.stage == 3 ? v.plan->shard_total : v.plan->total) * sizeof(float));

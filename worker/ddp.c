@@ -22,10 +22,11 @@
  *    marked twice) breaks the model likewise and aborts the communicator, so that the peers
  *    fail at once naming this rank rather than at the timeout (misuse()).
  *
- * Not here: checkpoints live in ckpt.c (this file only polls an asynchronous save after each
- * step, through ddp_internal.h, and joins its writer at free); device (CUDA) memory has its own
- * issue; the ops are f32 on the host. Nothing is printed: the log hook gets skipped steps, the
- * trace hook timestamps.
+ * Not here: checkpoints live in ckpt.c (this file only waits, before the optimizer, for an
+ * asynchronous save's writer to have copied the state, polls the save after each step, through
+ * ddp_internal.h, and joins its writer at free); device (CUDA) memory has its own issue; the
+ * ops are f32 on the host. Nothing is printed: the log hook gets skipped steps, the trace hook
+ * timestamps.
  */
 #include "ddp.h"
 
@@ -104,6 +105,7 @@ struct ddp_model {
     int64_t micro;
     int64_t steps;              /* optimizer steps taken (skipped ones excluded) */
     int64_t attempted;          /* ddp_step() calls, for the trace */
+    ddp_step_info last;         /* the last step's info (ddp_step_info_get()) */
     struct ddp__ckpt_state *ck; /* checkpoints (ckpt.c): NULL until the first save */
     char err[512];
 };
@@ -270,10 +272,18 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
                       : o.pool_slots < 2 ? "pool_slots must be >= 2"
                       : o.optimizer != DDP_SGD && o.optimizer != DDP_ADAMW ? "unknown optimizer"
                       : o.nesterov && o.momentum <= 0 ? "Nesterov needs momentum > 0"
-                                                      : NULL;
+                      : o.precision != DDP_PREC_F32 && o.precision != DDP_PREC_BF16
+                          ? "precision must be DDP_PREC_F32 or DDP_PREC_BF16"
+                      : o.reduce_dtype != COLL_F32 && o.reduce_dtype != COLL_BF16
+                          ? "reduce_dtype must be COLL_F32 or COLL_BF16"
+                          : NULL;
     if (bad) {
         snprintf(create_err, sizeof create_err, "ddp_model_create: %s", bad);
         return -EINVAL;
+    }
+    if (o.precision == DDP_PREC_BF16 || o.reduce_dtype == COLL_BF16) { /* the next commit */
+        snprintf(create_err, sizeof create_err, "ddp_model_create: bf16 is not built yet");
+        return -ENOTSUP;
     }
     if (o.device >= 0) {
         snprintf(create_err, sizeof create_err,
@@ -646,6 +656,11 @@ void *ddp_param_data(ddp_model *m, int p)
     if (s < 0 || m->uslots[s].req) /* not gathered, or gathered but not waited for */
         return NULL;
     return m->uslots[s].buf + (m->plan.param_offset[p] - m->plan.groups[g].offset);
+}
+
+coll_dtype ddp_param_dtype(const ddp_model *m)
+{
+    return m && m->o.precision == DDP_PREC_BF16 ? COLL_BF16 : COLL_F32;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1044,6 +1059,7 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
             for_owned(m, scale, &s);
             in.clipped = 1;
         }
+        ddp__ckpt_wait_copied(m->ck); /* an asynchronous save's writer may still read it */
         for_owned(m, optimize, &lr);
         m->steps++;
         if ((stage == 1 || stage == 2) && (rc = gather_params(m)) < 0)
@@ -1055,8 +1071,17 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
     trace(m, DDP_EV_STEP_END, (int)m->attempted++);
     if (m->ck && (rc = ddp__ckpt_poll(m)) < 0)
         return rc;
+    m->last = in;
     if (info)
         *info = in;
+    return 0;
+}
+
+int ddp_step_info_get(ddp_model *m, ddp_step_info *out)
+{
+    if (!m || !out || m->state == BUILDING)
+        return m ? fail(m, -EINVAL, "ddp_step_info_get: NULL out, or not committed") : -EINVAL;
+    *out = m->last;
     return 0;
 }
 

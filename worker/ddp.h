@@ -52,9 +52,47 @@
  * ddp_last_error() naming the misusing rank. The check itself is local and costs no collective.
  *
  * Buffers: ddp_param_data() and ddp_grad_buffer() return memory of the library, valid until the
- * call named with each. The CPU build keeps it in host memory; the device build (its own issue)
- * will keep it on the GPU, so callers pass these pointers to their compute without assuming a
- * host address when opts.device >= 0.
+ * call named with each: host memory when opts.device is -1, device memory when it is >= 0.
+ *
+ * Mixed precision (opts.precision = DDP_PREC_BF16, at either device): master parameters and
+ * optimizer state stay f32, and checkpoints hold the f32 masters. The library keeps a bf16 compute
+ * copy of the parameters (stages 0-2: of the whole arena; stage 3: of the owned part, and units
+ * are gathered as bf16), which ddp_param_data() returns (ddp_param_dtype() says COLL_BF16) and
+ * the optimizer refreshes, rounding each updated master to nearest even. Gradients are always
+ * f32: backward accumulates f32 products of the bf16 values into ddp_grad_buffer(). Gradients are
+ * reduced in f32 unless opts.reduce_dtype is COLL_BF16 (each bucket cast to bf16 pre-divided by
+ * the world size, summed as bf16, cast back). On the host bf16 is emulated: a uint16_t holding
+ * the upper half of the f32 bit pattern, rounded to nearest even (NaN stays NaN).
+ *
+ * The device path (opts.device >= 0, a CUDA build): the arenas are cudaMalloc'ed on that device
+ * and every pointer the model hands out is a device pointer. Work is ordered by streams, not by
+ * host waits:
+ *  - the caller's compute stream (opts.stream) runs its forward and backward, and the library
+ *    enqueues on it the gradients' zeroing, the casts and the optimizer;
+ *  - the library sets the communicator's stream (coll_comm_set_stream()) to a communication
+ *    stream of its own at ddp_model_create() (the caller must not change it afterwards);
+ *  - ddp_grad_ready() records an event on the compute stream: the caller has enqueued the
+ *    kernels that write that gradient before calling it. A bucket's reduction is enqueued on the
+ *    communication stream after a wait on the event of its last gradient, so it overlaps the rest
+ *    of backward;
+ *  - ddp_step() makes the compute stream wait for the reductions (a stream wait, with the nccl
+ *    backend; the cpu backend, which stages device buffers through the host, completes them on
+ *    the host), computes the norm, the clip factor and the finite flag on the device and runs
+ *    fused optimizer kernels that read them there: a non-finite norm makes the kernels no-ops,
+ *    so a skipped step needs no host decision. Stages 1-2 then allgather the parameters on the
+ *    communication stream after an event recorded behind the optimizer, and the compute stream
+ *    waits for that allgather. Stage 3's gathers likewise wait for the optimizer, and the compute
+ *    stream for them;
+ *  - so the host never waits for the device inside a step, except ddp_step() with info != NULL
+ *    (it synchronises the compute stream to fill *info: pass NULL and call ddp_step_info_get()
+ *    when you want the numbers), ddp_step_info_get(), and the checkpoint calls (a save's snapshot
+ *    is copied from the device after the compute stream's work; a load copies back).
+ * What the caller synchronises: it must not read ddp_param_data() or the gradients from another
+ * stream or from the host without first waiting for the compute stream (the optimizer and the
+ * gathers are behind it). CUDA failures are COLL_ECUDA with CUDA's message in ddp_last_error();
+ * the model is broken after one, as after a failed collective. Several ranks may share one GPU
+ * through the cpu backend (which accepts device buffers); the nccl backend needs one GPU per
+ * rank. A build without CUDA refuses device >= 0 with -ENOTSUP.
  *
  * The header compiles as C99 and C++.
  */
@@ -75,6 +113,12 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 typedef enum ddp_optimizer { DDP_SGD = 0, DDP_ADAMW = 1 } ddp_optimizer;
+
+/*
+ * The parameters' precision for compute. Master parameters, gradients and optimizer state are
+ * f32 at both; DDP_PREC_BF16 adds a bf16 compute copy of the parameters (see ddp_param_data()).
+ */
+typedef enum ddp_precision { DDP_PREC_F32 = 0, DDP_PREC_BF16 = 1 } ddp_precision;
 
 /* Log hook: one line (no newline), borrowed for the call. Levels are COLL_LOG_* values. */
 typedef void (*ddp_log_fn)(void *arg, int level, const char *msg);
@@ -106,12 +150,24 @@ typedef struct ddp_options {
     float beta1, beta2, eps; /* AdamW (0.9, 0.999, 1e-8) */
     float clip_norm;         /* clip the global gradient norm to this; <= 0: off (0) */
 
-    int device; /* -1: host memory (the only one built today) (-1) */
+    int device; /* -1: host memory; >= 0: the CUDA device ordinal whose memory holds the arenas
+                   (a CUDA build; see "The device path" above) (-1) */
 
     ddp_log_fn log; /* optional; NULL: silent */
     void *log_arg;
     ddp_trace_fn trace; /* optional; NULL: none */
     void *trace_arg;
+
+    void *stream;            /* device >= 0: the caller's compute stream (a cudaStream_t), on
+                                which it runs forward and backward and on which the library
+                                enqueues zeroing, casts and the optimizer; NULL: the legacy
+                                default stream. Borrowed: it must outlive the model. Ignored on
+                                the host (NULL) */
+    ddp_precision precision; /* DDP_PREC_F32 or DDP_PREC_BF16: a bf16 compute copy of the
+                                parameters, f32 master weights (DDP_PREC_F32) */
+    coll_dtype reduce_dtype; /* COLL_F32, or COLL_BF16: each bucket's gradients are cast to bf16
+                                pre-divided by the world size, summed in bf16 and cast back to
+                                f32 (half the traffic, about 3 significant digits) (COLL_F32) */
 } ddp_options;
 
 /* Fills `opts` with the defaults given in brackets above. */
@@ -140,8 +196,10 @@ const char *ddp_last_error(const ddp_model *m);
  * Creates an empty model on `comm` (borrowed: it must outlive the model; the model issues its
  * collectives on it, so the caller must not run collectives of its own on `comm` between
  * ddp_micro_begin() and ddp_step(), and aborts it on misuse, see above). `opts` is copied
- * (NULL: defaults). Returns 0 and sets *out, -EINVAL (bad option), -ENOTSUP (opts->device >= 0:
- * device memory comes with the CUDA build) or -ENOMEM. Every rank.
+ * (NULL: defaults). Returns 0 and sets *out, -EINVAL (bad option: also a host model, device
+ * -1, on an nccl communicator, whose collectives need device memory), -ENOTSUP (opts->device >= 0
+ * in a build without CUDA, or no GPU), COLL_ECUDA (the device cannot be used, or the
+ * communication stream not made) or -ENOMEM. Every rank.
  */
 int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out);
 
@@ -195,14 +253,21 @@ size_t ddp_param_count(const ddp_model *m, int param);
 const char *ddp_param_name(const ddp_model *m, int param);
 
 /*
- * The parameter's values: stages 0-2, valid from commit to free (updated by ddp_step());
+ * The parameter's values for compute: f32 (`float *`) at DDP_PREC_F32, the bf16 compute copy
+ * (`uint16_t *` holding bf16; `__nv_bfloat16` on the device) at DDP_PREC_BF16, device memory
+ * when opts.device >= 0. Stages 0-2, valid from commit to free (updated by ddp_step());
  * stage 3, valid between ddp_unit_gather() and ddp_unit_release() of its unit. NULL for a bad
- * index or outside that window.
+ * index or outside that window. The caller must not write into it.
  */
 void *ddp_param_data(ddp_model *m, int param);
 
+/* The element type of ddp_param_data(): COLL_F32 or COLL_BF16 (opts.precision); COLL_F32 for
+ * NULL. */
+coll_dtype ddp_param_dtype(const ddp_model *m);
+
 /*
- * Where backward adds (+=) the parameter's gradient for the current micro-step. The library
+ * Where backward adds (+=) the parameter's f32 gradient for the current micro-step (`float *`,
+ * whatever opts.precision; device memory when opts.device >= 0). The library
  * zeroes it when it hands it out. Stages 0-1: the parameter's view of the gradient arena, where
  * micro-steps accumulate; stages 2-3: a slot of a bounded staging pool, valid until
  * ddp_grad_ready() of the last parameter of its bucket (or unit). NULL for a bad index, outside
@@ -266,9 +331,21 @@ typedef struct ddp_step_info {
  * 1-2) and zeroes the gradients. `info` may be NULL. Returns 0; -EINVAL (misuse: no micro-step
  * with sync = 1 since the last step); or a collective's failure: -ETIMEDOUT (a peer did not take
  * part in time), COLL_EREMOTE (a peer died or aborted), -ECANCELED, with ddp_last_error() naming
- * the culprit rank; after a failure the model is unusable (free it). Every rank.
+ * the culprit rank; after a failure the model is unusable (free it); COLL_ECUDA (a CUDA call
+ * failed; the model is broken likewise). Every rank.
+ * Device models (opts.device >= 0): everything is enqueued on the streams and ddp_step()
+ * returns without waiting for the device, unless `info` is not NULL: then it synchronises the
+ * compute stream to fill *info (the norm, the skip and the step counter live on the device).
+ * Host models fill *info at no extra cost.
  */
 int ddp_step(ddp_model *m, float lr, ddp_step_info *info);
+
+/*
+ * The last ddp_step()'s info (all zeros before the first step). Device models synchronise the
+ * compute stream to read it. Returns 0, -EINVAL (NULL, not committed) or COLL_ECUDA. Local (no
+ * collective).
+ */
+int ddp_step_info_get(ddp_model *m, ddp_step_info *out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Learning-rate schedules                                                                     */
@@ -336,10 +413,16 @@ typedef struct ddp_checkpoint_progress {
 /*
  * Saves the model's state as checkpoint ROOT/step-<steps taken> (ROOT is created if absent).
  * First waits for the previous save of this model to complete (as ddp_checkpoint_wait()
- * does). Then copies the owned state into a host snapshot and hands it to a writer thread, so
- * training goes on while it is written; the checkpoint becomes complete (rank 0 writes its
- * manifest) once every rank's writer has finished, which ddp_step() notices at no cost (one
- * small allreduce per step while a save is in flight) or ddp_checkpoint_wait() waits for.
+ * does). Then starts a writer thread and returns: the thread copies the owned state into a
+ * host snapshot, then writes that, so training goes on during both. The checkpoint holds the
+ * state as it is at this call, bit for bit: the next ddp_step() waits, just before its
+ * optimizer changes the state, until the copy is done (normally it already is: a memcpy takes
+ * less than the forward and backward in between; a step that did wait says so through the
+ * log hook, COLL_LOG_INFO, with the time), and so does ddp_checkpoint_load(). Until then the
+ * caller must not write into the parameters (ddp_param_data()) itself. The checkpoint
+ * becomes complete (rank 0 writes its manifest) once every rank's writer has finished, which
+ * ddp_step() notices at no cost (one small allreduce per step while a save is in flight) or
+ * ddp_checkpoint_wait() waits for.
  * `progress` (NULL: zeros) and `user_json` (a JSON object as text, copied; NULL: none: the
  * caller's own state, given back by ddp_checkpoint_load()) go into the manifest. `keep` > 0
  * removes the oldest complete checkpoints under ROOT beyond the newest `keep`, once this one is
@@ -380,8 +463,9 @@ int ddp_checkpoint_latest(const char *root, char *path, size_t cap, ddp_log_fn l
  * only the byte ranges it owns in its own layout (each chunk read is checked against the
  * manifest's CRC32C), then stages 0-2 allgather the parameters (stage 0 also the optimizer
  * state). Same world size and stage as the save: training continues bit for bit. Checks that
- * the manifest describes this model (parameter names, shapes, dtypes) and optimizer (kind;
- * differing hyper-parameters are logged as warnings). `progress` (may be NULL) receives the
+ * the manifest describes this model (every parameter, matched by its name "unit.param", with
+ * its shape and dtype; the order may differ) and optimizer (kind; differing hyper-parameters
+ * are logged as warnings). `progress` (may be NULL) receives the
  * saved progress; `user_json` (may be NULL) receives the saved user state as a malloc'ed JSON
  * text (the caller frees it) or NULL if none. Every rank must pass the same checkpoint (checked:
  * rank 0's step is compared). Returns 0, and on failure the same code on every rank, with

@@ -1,6 +1,6 @@
 /*
  * What ddp.c shares with the rest of libddp (today ckpt.c) without opening its struct: a view of
- * the committed model's memory and layout, its error helpers, and the two hooks checkpoints need
+ * the committed model's memory and layout, its error helpers, and the hooks checkpoints need
  * in the step's life cycle. Internal (ddp__ prefix); nothing here is exported.
  *
  * The view's pointers are the model's own memory, valid until ddp_model_free(); it is taken
@@ -57,6 +57,16 @@ int ddp__drop_units(ddp_model *m);
  * Returns 0, or a collective's failure (the model is then broken). Every rank.
  */
 int ddp__ckpt_poll(ddp_model *m);
+
+/*
+ * Called by ddp_step() just before its optimizer changes the owned state (and by the load):
+ * blocks until an asynchronous save's writer thread has copied that state into its snapshot.
+ * Returns at once when no save is in flight or the copy is done (normally: the forward and
+ * backward after a save take longer than the copy); a wait that blocked is reported to the log
+ * hook (COLL_LOG_INFO, "checkpoint DIR: waited T ms for the writer's copy of the state"). NULL
+ * is a no-op. Local, no collective.
+ */
+void ddp__ckpt_wait_copied(struct ddp__ckpt_state *ck);
 
 /* Joins a writer still running and frees the checkpoint state; NULL is a no-op. */
 void ddp__ckpt_state_free(struct ddp__ckpt_state *ck);

@@ -233,7 +233,7 @@ train initfrom 2 --zero 3 --max-steps 1 --init-from "$tmp/imp/step-000000000000"
 "$PY" - "$tmp" <<'PY' || fail "import round trip"
 import sys
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 tmp = sys.argv[1]
 new = load_file(f"{tmp}/new.safetensors")
 for other in ("imp-export", "initfrom"):
@@ -241,6 +241,20 @@ for other in ("imp-export", "initfrom"):
     assert list(got) == list(new), (other, list(got))
     assert all(np.array_equal(got[k], new[k]) for k in new), other
 print("ok: import -> export and import -> ddp-train --init-from give the file's tensors back")
+save_file(new, f"{tmp}/sorted.safetensors")  # the package's own writer: its order, not ours
+PY
+# libddp matches parameters by name: a file in another order loads just the same.
+expect 0 "6 tensors" "$CKPT" import "$tmp/sorted.safetensors" -o "$tmp/imp-sorted"
+train initsorted 2 --zero 1 --max-steps 1 --init-from "$tmp/imp-sorted/step-000000000000" \
+    --dump-init "$tmp/initsorted.safetensors"
+"$PY" - "$tmp" <<'PY' || fail "import of a file in the safetensors package's order"
+import sys
+import numpy as np
+from safetensors.numpy import load_file
+tmp = sys.argv[1]
+new, got = load_file(f"{tmp}/new.safetensors"), load_file(f"{tmp}/initsorted.safetensors")
+assert sorted(got) == sorted(new) and all(np.array_equal(got[k], new[k]) for k in new)
+print("ok: a file written by safetensors.numpy.save_file (name order) -> import -> --init-from")
 PY
 expect 1 "badlen.safetensors: header length 1099511627776 is beyond" \
     "$CKPT" import "$tmp/badlen.safetensors" -o "$tmp/bad"
