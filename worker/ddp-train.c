@@ -22,7 +22,12 @@
  * complete one at whatever world size and stage the job now has; with --micro-batch the
  * global batch, and so the samples of every step, stay the same.
  *
- * Not here: the GPU path (its own issue), and any data set but IDX images with ten classes.
+ * On a GPU (--device cuda, mlp_cuda.h) the same loop runs with the compute on the device: one
+ * table of operations (compute_ops) is chosen at set-up, the hooks hand libddp's device
+ * pointers to the model, and the host waits for the device only when it reports.
+ * --precision bf16 is mixed precision on either device (mlp.h, libddp's compute copy).
+ *
+ * Not here: any data set but IDX images with ten classes.
  *
  * Exit status: 0 trained; 1 bad usage, environment or data; 2 the job failed (store,
  * communicator, a peer, the library), with the culprit rank named when libddp knows it.
@@ -779,7 +784,7 @@ static int hook_begin(void *arg, int l, int backward, mlp_layer *io)
     }
     /* The compute copy: f32, or bf16 with --precision bf16 (libddp keeps the f32 master). */
     void *W = ddp_param_data(t->m, t->pW[l]), *b = ddp_param_data(t->m, t->pb[l]);
-    if (t->a.bf16) {
+    if (ddp_param_dtype(t->m) == COLL_BF16) {
         io->W16 = W;
         io->b16 = b;
     } else {
