@@ -266,6 +266,19 @@ int coll_test(coll_request *req, bool *done);
  */
 int coll_wait(coll_request *req);
 
+/*
+ * Makes the CUDA stream `stream` (a cudaStream_t; NULL: the legacy default stream) wait for the
+ * request's operation, so that work enqueued on it later sees the result, without releasing the
+ * request (coll_wait() still must, once). nccl: enqueues a wait on the operation's completion
+ * event (cudaStreamWaitEvent) and returns at once; a failure that happens after (a peer dies,
+ * the timeout passes) is seen by coll_test() or coll_wait() on the request, which the caller
+ * must still call. cpu: the host runs the operation (device buffers are staged and copied back
+ * synchronously), so this waits for it on the host like coll_wait() and returns its result.
+ * Returns 0; the operation's failure (cpu; nccl when its enqueue had failed); -EINVAL (NULL);
+ * COLL_ECUDA (the stream wait could not be enqueued; coll_last_error() has CUDA's message).
+ */
+int coll_request_stream_wait(coll_request *req, void *stream);
+
 /* Blocking forms: issue and wait. Return what coll_wait() would. */
 int coll_allreduce(coll_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                    coll_dtype dtype, coll_op op);

@@ -360,6 +360,8 @@ int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **eve
 /* Polls: 1 done, 0 pending, or COLL_ENCCL (async NCCL error) / COLL_ECUDA. */
 int coll__nccl_query(coll__nccl *n, void *event, char *err, size_t errlen);
 void coll__nccl_event_free(void *event);
+/* Makes `stream` wait for the event (cudaStreamWaitEvent). Returns 0 or COLL_ECUDA. */
+int coll__nccl_stream_wait(void *event, void *stream, char *err, size_t errlen);
 /* ncclCommAbort; safe from any thread. */
 void coll__nccl_abort(coll__nccl *n);
 /* ncclCommDestroy (or abort if it failed) and free. NULL is a no-op. */

@@ -65,6 +65,8 @@ typedef struct backend_ops {
     void (*poll)(coll_request *req);
     /* Blocks until the request is done and releases what the backend holds for it. */
     void (*wait)(coll_request *req);
+    /* Makes a CUDA stream wait for the request without releasing it: 0 or a failure. */
+    int (*stream_wait)(coll_request *req, void *stream);
     /* Before teardown: lets pending operations finish, for at most the timeout. */
     void (*drain)(coll_comm *c);
     /* Makes this rank's failure seen: local waits end, peers see it naming culprit. */
@@ -606,6 +608,14 @@ static void cpu_wait(coll_request *req)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* The host runs the operation, so a stream can only be made to wait by waiting here. */
+static int cpu_stream_wait(coll_request *req, void *stream)
+{
+    (void)stream;
+    cpu_wait(req);
+    return req->result;
+}
+
 /* Waits for the queue to empty, for at most the timeout; aborts what is still stuck then. */
 static void cpu_drain(coll_comm *c)
 {
@@ -661,6 +671,7 @@ static const backend_ops cpu_ops = {
     .run = cpu_run,
     .poll = cpu_poll,
     .wait = cpu_wait,
+    .stream_wait = cpu_stream_wait,
     .drain = cpu_drain,
     .abort = cpu_abort,
     .destroy = cpu_destroy,
@@ -758,6 +769,23 @@ static void nccl_wait(coll_request *req)
     req->event = NULL;
 }
 
+/* A stream wait on the operation's event; a request that failed to enqueue has its result. */
+static int nccl_stream_wait(coll_request *req, void *stream)
+{
+    coll_comm *c = req->comm;
+    if (req->done || !req->event)
+        return req->result;
+    char detail[256] = "";
+    int rc = coll__nccl_stream_wait(req->event, stream, detail, sizeof detail);
+    if (rc < 0) {
+        pthread_mutex_lock(&c->lock);
+        if (!c->sticky)
+            snprintf(c->err, sizeof c->err, "%s", detail);
+        pthread_mutex_unlock(&c->lock);
+    }
+    return rc;
+}
+
 /* Nothing is queued on the host side: the stream holds the pending operations. */
 static void nccl_drain(coll_comm *c)
 {
@@ -801,6 +829,7 @@ static const backend_ops nccl_ops = {
     .run = nccl_run,
     .poll = nccl_poll,
     .wait = nccl_wait,
+    .stream_wait = nccl_stream_wait,
     .drain = nccl_drain,
     .abort = nccl_abort,
     .destroy = nccl_destroy,
@@ -857,6 +886,13 @@ int coll_wait(coll_request *req)
     int rc = req->result;
     free(req);
     return rc;
+}
+
+int coll_request_stream_wait(coll_request *req, void *stream)
+{
+    if (!req)
+        return -EINVAL;
+    return req->comm->ops->stream_wait(req, stream);
 }
 
 #define OP(...) ((coll__op){__VA_ARGS__})

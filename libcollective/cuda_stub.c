@@ -114,6 +114,15 @@ void coll__nccl_event_free(void *event)
     (void)event;
 }
 
+int coll__nccl_stream_wait(void *event, void *stream, char *err, size_t errlen)
+{
+    (void)event;
+    (void)stream;
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "built without NCCL");
+    return -ENOTSUP;
+}
+
 void coll__nccl_abort(coll__nccl *n)
 {
     (void)n;

@@ -694,3 +694,21 @@ void coll__nccl_event_free(void *event)
     (void)cudaGetLastError();
     free(ev);
 }
+
+int coll__nccl_stream_wait(void *event, void *stream, char *err, size_t errlen)
+{
+    nccl_event *ev = (nccl_event *)event;
+    cudaError_t e;
+
+    if (ev == NULL) {
+        put_err(err, errlen, "invalid argument");
+        return -EINVAL;
+    }
+    e = use_device(ev->device);
+    if (e != cudaSuccess)
+        return cuda_fail(err, errlen, "cudaSetDevice", e);
+    e = cudaStreamWaitEvent((cudaStream_t)stream, ev->ev, 0);
+    if (e != cudaSuccess)
+        return cuda_fail(err, errlen, "cudaStreamWaitEvent", e);
+    return 0;
+}

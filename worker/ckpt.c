@@ -257,10 +257,11 @@ static int agree(ddp_model *m, const ddp__model_view *v, int rc, const char *msg
     rec *all = calloc((size_t)v->world, sizeof *all);
     if (!all)
         return ddp__coll_failed(m, -ENOMEM, "checkpoint: agreeing on the outcome");
-    int c = coll_allgather(v->comm, &mine, all, sizeof mine, COLL_U8);
+    int c = ddp__host_coll(m, DDP__HOST_ALLGATHER, &mine, all, sizeof mine, COLL_U8, COLL_SUM,
+                           "checkpoint: agreeing on the outcome");
     if (c < 0) {
         free(all);
-        return ddp__coll_failed(m, c, "checkpoint: agreeing on the outcome");
+        return c;
     }
     int out = 0;
     for (int r = 0; r < v->world && out == 0; r++) {
@@ -644,11 +645,12 @@ static int shards_written(ddp_model *m, const ddp__model_view *v, struct ddp__ck
     memcpy(mine, head, 16);
     memcpy(mine + 16, ck->msg, MSG_BYTES);
     memcpy(mine + 16 + MSG_BYTES, ck->chunks, ck->nchunks * 4);
-    int rc = coll_allgather(v->comm, mine, all, rec, COLL_U8);
+    int rc = ddp__host_coll(m, DDP__HOST_ALLGATHER, mine, all, rec, COLL_U8, COLL_SUM,
+                            "checkpoint: gathering the shards' CRCs");
     free(mine);
     if (rc < 0) {
         free(all);
-        return ddp__coll_failed(m, rc, "checkpoint: gathering the shards' CRCs");
+        return rc;
     }
     for (int r = 0; r < v->world; r++) {
         memcpy(head, all + (size_t)r * rec, 16);
@@ -708,9 +710,10 @@ static int advance(ddp_model *m, const ddp__model_view *v, struct ddp__ckpt_stat
             join_job(ck);
         int fin = atomic_load(&ck->finished);
         int64_t mine[2] = {fin, fin ? ck->rc : 0}, all[2];
-        int rc = coll_allreduce(v->comm, mine, all, 2, COLL_I64, COLL_MIN);
+        int rc = ddp__host_coll(m, DDP__HOST_ALLREDUCE, mine, all, 2, COLL_I64, COLL_MIN,
+                                "checkpoint: polling the writers");
         if (rc < 0)
-            return ddp__coll_failed(m, rc, "checkpoint: polling the writers");
+            return rc;
         if (all[0] == 0)
             return 0; /* some rank's writer is still at work (never when blocking) */
         join_job(ck);
@@ -826,7 +829,7 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
                              user ? "" : ": ", user ? "" : je.text);
         }
     }
-    if ((rc = ddp_checkpoint_wait(m)) < 0)
+    if ((rc = ddp_checkpoint_wait(m)) < 0 || (rc = ddp__model_view_host(m, &v, true)) < 0)
         goto out;
 
     struct ddp__ckpt_state *ck = *v.ck;
@@ -1217,29 +1220,11 @@ out:
     return rc;
 }
 
-/* Stages 0-2: every rank's parts of the parameters (stage 0: also the optimizer's arrays). */
-static int gather_arena(ddp_model *m, const ddp__model_view *v)
-{
-    const ddp__plan *pl = v->plan;
-    for (int s = 0; s < 1 + (v->stage == 0 ? 2 : 0); s++) {
-        float *arr = state_array(v, s);
-        for (int g = 0; arr && g < pl->ngroups; g++) {
-            const ddp__group *gr = &pl->groups[g];
-            float *b = arr + gr->offset;
-            int rc =
-                coll_allgather(v->comm, b + (size_t)v->rank * gr->shard, b, gr->shard, COLL_F32);
-            if (rc < 0)
-                return ddp__coll_failed(m, rc, "checkpoint: gathering the loaded state");
-        }
-    }
-    return 0;
-}
-
 int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
                         ddp_checkpoint_progress *progress, char **user_json)
 {
     ddp__model_view v;
-    int rc = ddp__model_view_get(m, &v);
+    int rc = ddp__model_view_host(m, &v, false);
     if (rc < 0)
         return rc;
     if (!path || (flags & ~DDP_CKPT_PARAMS_ONLY))
@@ -1254,10 +1239,9 @@ int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
         goto out;
     /* Every rank must load the same checkpoint: rank 0's step is the reference. */
     int64_t step0 = mf.step;
-    if ((rc = coll_broadcast(v.comm, &step0, &step0, 1, COLL_I64, 0)) < 0) {
-        rc = ddp__coll_failed(m, rc, "checkpoint: comparing the steps");
+    if ((rc = ddp__host_coll(m, DDP__HOST_BROADCAST, &step0, &step0, 1, COLL_I64, COLL_SUM,
+                             "checkpoint: comparing the steps")) < 0)
         goto out;
-    }
     local = 0;
     if (step0 != mf.step) {
         snprintf(msg, sizeof msg,
@@ -1284,11 +1268,11 @@ int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
     local = read_owned(&v, &mf, flags, msg, sizeof msg);
     if ((rc = agree(m, &v, local, msg)) < 0)
         goto out;
-    if (v.stage < 3 && (rc = gather_arena(m, &v)) < 0)
-        goto out;
     bool params_only = flags & DDP_CKPT_PARAMS_ONLY;
     *v.steps = params_only ? 0 : mf.step;
     *v.attempted = params_only ? 0 : mf.attempted;
+    if ((rc = ddp__state_loaded(m)) < 0)
+        goto out;
     if (progress)
         *progress = mf.progress;
     if (user_json) {

@@ -32,6 +32,7 @@
 
 #include "ddp_internal.h"
 
+#include "ddp_ops.h"
 #include "monoclock.h"
 #include "optim.h"
 #include "plan.h"
@@ -59,7 +60,8 @@ typedef struct param {
 
 /* A buffer of the size of the largest group and what occupies it. */
 typedef struct slot {
-    float *buf;
+    float *buf;        /* f32 gradients; stage 3's units: the compute precision's values */
+    uint16_t *bf;      /* gradient slots with reduce_dtype bf16: the bf16 copy reduced */
     int group;         /* -1: free */
     coll_request *req; /* reduce-scatter (gradients) or allgather (units) in flight */
     uint64_t seq;      /* issue order, to wait for the oldest first */
@@ -80,6 +82,15 @@ struct ddp_model {
     int nunits, cap_units;
 
     ddp__plan plan;
+    const ddp__ops *ops; /* host or CUDA, chosen at create (ddp_ops.h) */
+    ddp__dev dev;
+    bool bf16;           /* precision bf16: the compute copy below */
+    bool rbf16;          /* reduce_dtype bf16 */
+    uint16_t *cparam;    /* bf16 compute copy of param (same layout), or NULL */
+    uint16_t *rgrad;     /* stages 0-1, reduce_dtype bf16: the bf16 copy of grad reduced */
+    float *hparam, *hopt1, *hopt2; /* device: host mirrors for checkpoints, made at the first */
+    coll_request **retire; /* device: requests the streams wait on, released later */
+    int nretire, cap_retire;
     float *param;     /* stages 0-2: arena; stage 3: owned parts (compact) */
     float *grad;      /* stages 0-1: arena; stages 2-3: owned parts (compact) */
     float *opt1;      /* momentum, or AdamW's m */
@@ -105,7 +116,6 @@ struct ddp_model {
     int64_t micro;
     int64_t steps;              /* optimizer steps taken (skipped ones excluded) */
     int64_t attempted;          /* ddp_step() calls, for the trace */
-    ddp_step_info last;         /* the last step's info (ddp_step_info_get()) */
     struct ddp__ckpt_state *ck; /* checkpoints (ckpt.c): NULL until the first save */
     char err[512];
 };
@@ -158,6 +168,86 @@ static int coll_failed(ddp_model *m, int rc, const char *what)
         break_model(m, rc);
     }
     return m->broken_rc;
+}
+
+/*
+ * A device operation failed (COLL_ECUDA; its message is in m->dev.err, which is m->err): the
+ * model is broken from now on, as after a failed collective. rc 0 passes through.
+ */
+static int dev_check(ddp_model *m, int rc, const char *what)
+{
+    if (rc >= 0 || m->state == BROKEN)
+        return rc < 0 ? m->broken_rc : rc;
+    char detail[sizeof m->err];
+    snprintf(detail, sizeof detail, "%s", m->err);
+    fail(m, rc, "%s: %s: %s", what, ddp_strerror(rc), detail);
+    return break_model(m, rc);
+}
+
+/*
+ * Releases the requests that the streams already wait on (device models): those done, or all
+ * of them (a host wait) when `all`. A failure found here is the collective's, as at a wait.
+ */
+static int retire(ddp_model *m, bool all)
+{
+    int kept = 0, rc = 0;
+    for (int i = 0; i < m->nretire; i++) {
+        coll_request *r = m->retire[i];
+        bool done = all;
+        if (!all && coll_test(r, &done) < 0)
+            done = true;
+        if (!done) {
+            m->retire[kept++] = r;
+            continue;
+        }
+        int w = coll_wait(r);
+        if (w < 0 && rc == 0)
+            rc = w;
+    }
+    m->nretire = kept;
+    return rc < 0 ? coll_failed(m, rc, "a collective") : 0;
+}
+
+/*
+ * Waits for *req and clears it: on the host, coll_wait(); on the device, the compute stream
+ * waits for it (coll_request_stream_wait(): no host wait with nccl) and the request joins the
+ * retire list, released once done. The list is bounded: when it is full, its oldest half is
+ * waited for on the host (the host is then steps ahead of the device).
+ */
+static int await_req(ddp_model *m, coll_request **req, const char *what)
+{
+    coll_request *r = *req;
+    *req = NULL;
+    if (!m->ops->is_device) {
+        int rc = coll_wait(r);
+        return rc < 0 ? coll_failed(m, rc, what) : 0;
+    }
+    int rc = coll_request_stream_wait(r, m->dev.stream);
+    if (rc < 0) {
+        (void)coll_wait(r);
+        return coll_failed(m, rc, what);
+    }
+    if (m->nretire == m->cap_retire) {
+        int half = m->cap_retire / 2, w = 0;
+        for (int i = 0; i < half; i++) {
+            int x = coll_wait(m->retire[i]);
+            w = w < 0 ? w : x;
+        }
+        memmove(m->retire, m->retire + half, (size_t)(m->nretire - half) * sizeof *m->retire);
+        m->nretire -= half;
+        if (w < 0) {
+            (void)coll_wait(r);
+            return coll_failed(m, w, what);
+        }
+    }
+    m->retire[m->nretire++] = r;
+    return 0;
+}
+
+/* Device models: the communication stream waits for the compute stream's work so far. */
+static int to_comm(ddp_model *m)
+{
+    return dev_check(m, m->ops->to_comm(&m->dev), "ordering the streams");
 }
 
 /*
@@ -281,20 +371,41 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
         snprintf(create_err, sizeof create_err, "ddp_model_create: %s", bad);
         return -EINVAL;
     }
-    if (o.precision == DDP_PREC_BF16 || o.reduce_dtype == COLL_BF16) { /* the next commit */
-        snprintf(create_err, sizeof create_err, "ddp_model_create: bf16 is not built yet");
+    const ddp__ops *ops = o.device >= 0 ? ddp__cuda_ops() : &ddp__host_ops;
+    if (!ops) {
+        snprintf(create_err, sizeof create_err,
+                 "ddp_model_create: device %d: libddp was built without CUDA", o.device);
         return -ENOTSUP;
     }
-    if (o.device >= 0) {
+    if (o.device < 0 && coll_comm_backend(comm) == COLL_BACKEND_NCCL) {
         snprintf(create_err, sizeof create_err,
-                 "ddp_model_create: device memory is not built yet (device %d)", o.device);
-        return -ENOTSUP;
+                 "ddp_model_create: a host model (device -1) cannot use an nccl communicator");
+        return -EINVAL;
     }
     ddp_model *m = calloc(1, sizeof *m);
     if (!m)
         return -ENOMEM;
     m->comm = comm;
     m->o = o;
+    m->ops = ops;
+    m->bf16 = o.precision == DDP_PREC_BF16;
+    m->rbf16 = o.reduce_dtype == COLL_BF16;
+    m->dev.device = o.device;
+    m->dev.stream = o.stream;
+    m->dev.err = m->err;
+    m->dev.errlen = sizeof m->err;
+    int rc = ops->open(&m->dev);
+    if (rc == 0 && ops->is_device && coll_comm_set_stream(comm, m->dev.comm_stream) < 0)
+        rc = -EINVAL;
+    if (rc < 0) {
+        snprintf(create_err, sizeof create_err, "ddp_model_create: device %d: %.200s", o.device,
+                 m->err[0] ? m->err : ddp_strerror(rc));
+        if (ops->is_device)
+        (void)coll_comm_set_stream(m->comm, NULL); /* the stream is closed below */
+    ops->close(&m->dev);
+        free(m);
+        return rc;
+    }
     m->rank = coll_comm_rank(comm);
     m->world = coll_comm_size(comm);
     m->last_gathered = -1;
@@ -303,12 +414,13 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
     return 0;
 }
 
-static void free_slots(slot *s, int n)
+static void free_slots(ddp_model *m, slot *s, int n)
 {
     for (int i = 0; s && i < n; i++) {
         if (s[i].req)
             (void)coll_wait(s[i].req);
-        free(s[i].buf);
+        m->ops->release(&m->dev, s[i].buf);
+        m->ops->release(&m->dev, s[i].bf);
     }
     free(s);
 }
@@ -322,15 +434,27 @@ void ddp_model_free(ddp_model *m)
     for (int g = 0; m->req && g < m->plan.ngroups; g++)
         if (m->req[g])
             (void)coll_wait(m->req[g]);
-    free_slots(m->gslots, m->ngslots);
-    free_slots(m->uslots, m->nuslots);
+    for (int i = 0; i < m->nretire; i++)
+        (void)coll_wait(m->retire[i]);
+    free(m->retire);
+    /* The device's queued work may still use the memory: let it finish first. */
+    (void)m->ops->sync(&m->dev);
+    free_slots(m, m->gslots, m->ngslots);
+    free_slots(m, m->uslots, m->nuslots);
     ddp__plan_free(&m->plan);
     free(m->params);
     free(m->unit_names);
-    free(m->param);
-    free(m->grad);
-    free(m->opt1);
-    free(m->opt2);
+    const ddp__ops *ops = m->ops;
+    ops->release(&m->dev, m->param);
+    ops->release(&m->dev, m->grad);
+    ops->release(&m->dev, m->opt1);
+    ops->release(&m->dev, m->opt2);
+    ops->release(&m->dev, m->cparam);
+    ops->release(&m->dev, m->rgrad);
+    free(m->hparam);
+    free(m->hopt1);
+    free(m->hopt2);
+    ops->close(&m->dev);
     free(m->ready);
     free(m->req);
     free(m->grad_slot);
@@ -426,31 +550,77 @@ static void describe_param(const param *p, char *buf, size_t cap)
         snprintf(buf + n, cap - (size_t)n, "] %s", coll_dtype_name(p->dtype));
 }
 
+/* One blocking collective, as ddp__host_coll() names it. */
+static int run_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out,
+                    size_t count, coll_dtype dt, coll_op op)
+{
+    switch (kind) {
+    case DDP__HOST_ALLGATHER:
+        return coll_allgather(m->comm, in, out, count, dt);
+    case DDP__HOST_BROADCAST:
+        return coll_broadcast(m->comm, in, out, count, dt, 0);
+    case DDP__HOST_ALLREDUCE:
+        return coll_allreduce(m->comm, in, out, count, dt, op);
+    }
+    return -EINVAL;
+}
+
+int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out,
+                   size_t count, coll_dtype dt, coll_op op, const char *what)
+{
+    bool gather = kind == DDP__HOST_ALLGATHER;
+    size_t esz = coll_dtype_size(dt), nin = count * esz, nout = gather ? nin * m->world : nin;
+    if (!m->ops->is_device) {
+        int rc = run_coll(m, kind, in, out, count, dt, op);
+        return rc < 0 ? coll_failed(m, rc, what) : 0;
+    }
+    unsigned char *buf = NULL;
+    int rc = m->ops->alloc(&m->dev, nout, (void **)&buf);
+    unsigned char *mine = gather ? buf + (size_t)m->rank * nin : buf;
+    if (rc == 0)
+        rc = m->ops->upload(&m->dev, mine, in, nin);
+    if (rc < 0) {
+        m->ops->release(&m->dev, buf);
+        return dev_check(m, rc, what);
+    }
+    rc = run_coll(m, kind, mine, buf, count, dt, op);
+    if (rc < 0)
+        rc = coll_failed(m, rc, what);
+    else
+        rc = dev_check(m, m->ops->download(&m->dev, out, buf, nout), what);
+    m->ops->release(&m->dev, buf);
+    return rc;
+}
+
 /* Every rank checks that every rank registered this layout; the message is the same on all. */
 static int check_layout(ddp_model *m)
 {
     /* What every rank must share besides the parameters: the stage and the bucket caps, which
      * decide the collectives; then the parameter count. */
-    int64_t mine[4] = {m->o.zero_stage, (int64_t)m->o.first_bucket_bytes,
-                       (int64_t)m->o.bucket_bytes, m->nparams};
-    int64_t *counts = calloc((size_t)m->world * 4, sizeof *counts);
+    enum { NX = 6 };
+    int64_t mine[NX] = {m->o.zero_stage,      (int64_t)m->o.first_bucket_bytes,
+                        (int64_t)m->o.bucket_bytes, m->nparams,
+                        m->o.precision,       m->o.reduce_dtype};
+    int64_t *counts = calloc((size_t)m->world * NX, sizeof *counts);
     uint64_t *hashes = NULL, *all = NULL;
     int rc = -ENOMEM;
     if (!counts)
         goto out;
-    rc = coll_allgather(m->comm, mine, counts, 4, COLL_I64);
-    if (rc < 0) {
-        rc = coll_failed(m, rc, "ddp_model_commit: exchanging the layout");
+    rc = ddp__host_coll(m, DDP__HOST_ALLGATHER, mine, counts, NX, COLL_I64, COLL_SUM,
+                        "ddp_model_commit: exchanging the layout");
+    if (rc < 0)
         goto out;
-    }
     for (int r = 1; r < m->world; r++) {
-        const int64_t *o = counts + 4 * r;
-        if (o[0] != counts[0] || o[1] != counts[1] || o[2] != counts[2]) {
+        const int64_t *o = counts + NX * r;
+        if (o[0] != counts[0] || o[1] != counts[1] || o[2] != counts[2] || o[4] != counts[4] ||
+            o[5] != counts[5]) {
             rc = fail(m, -EINVAL,
                       "ddp_model_commit: the options differ: rank %d has zero_stage %" PRId64
-                      ", buckets %" PRId64 "/%" PRId64 " bytes; rank 0 %" PRId64 ", %" PRId64
-                      "/%" PRId64,
-                      r, o[0], o[1], o[2], counts[0], counts[1], counts[2]);
+                      ", buckets %" PRId64 "/%" PRId64 " bytes, precision %" PRId64
+                      ", reduce_dtype %" PRId64 "; rank 0 %" PRId64 ", %" PRId64 "/%" PRId64
+                      ", %" PRId64 ", %" PRId64,
+                      r, o[0], o[1], o[2], o[4], o[5], counts[0], counts[1], counts[2],
+                      counts[4], counts[5]);
             goto out;
         }
         if (o[3] != counts[3]) {
@@ -468,11 +638,10 @@ static int check_layout(ddp_model *m)
         goto out;
     for (int i = 0; i < m->nparams; i++)
         hashes[i] = param_hash(&m->params[i]);
-    rc = coll_allgather(m->comm, hashes, all, (size_t)m->nparams, COLL_I64);
-    if (rc < 0) {
-        rc = coll_failed(m, rc, "ddp_model_commit: exchanging the layout");
+    rc = ddp__host_coll(m, DDP__HOST_ALLGATHER, hashes, all, (size_t)m->nparams, COLL_I64,
+                        COLL_SUM, "ddp_model_commit: exchanging the layout");
+    if (rc < 0)
         goto out;
-    }
     for (int r = 1; r < m->world; r++) {
         for (int i = 0; i < m->nparams; i++) {
             if (all[(size_t)r * (size_t)m->nparams + (size_t)i] == all[i])
@@ -494,17 +663,33 @@ out:
     return rc;
 }
 
-static int alloc_slots(slot **s, int n, size_t elems)
+/* n slots of `elems` elements of esize bytes, plus a bf16 copy each when `bf`. */
+static int alloc_slots(ddp_model *m, slot **s, int n, size_t elems, size_t esize, bool bf)
 {
     *s = calloc((size_t)n, sizeof **s);
     if (!*s)
         return -ENOMEM;
     for (int i = 0; i < n; i++) {
         (*s)[i].group = -1;
-        if (!((*s)[i].buf = calloc(elems, sizeof(float))))
-            return -ENOMEM;
+        int rc = m->ops->alloc(&m->dev, elems * esize, (void **)&(*s)[i].buf);
+        if (rc == 0 && bf)
+            rc = m->ops->alloc(&m->dev, elems * sizeof(uint16_t), (void **)&(*s)[i].bf);
+        if (rc < 0)
+            return rc;
     }
     return 0;
+}
+
+/* Allocates nelems of esize bytes of the model's memory (zeroed) into *p. */
+static int alloc_model(ddp_model *m, void *p, size_t nelems, size_t esize)
+{
+    return m->ops->alloc(&m->dev, nelems * esize, (void **)p);
+}
+
+/* Whether commit's `host` buffer was malloc'ed (device models) rather than the model's own. */
+static bool dev_host_buffer(const ddp_model *m, const float *host)
+{
+    return m->ops->is_device && host;
 }
 
 /* Rank 0's initial values into buf (the group's padded range), zeros where init is NULL. */
@@ -532,6 +717,7 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg)
         return rc;
 
     int stage = m->o.zero_stage, G;
+    float *host = NULL, *tmp = NULL; /* initial values: host memory, and stage 3's model buffer */
     size_t *counts = calloc((size_t)m->nparams, sizeof *counts);
     int *units = calloc((size_t)m->nparams, sizeof *units);
     rc = -ENOMEM;
@@ -550,73 +736,118 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg)
     }
     G = m->plan.ngroups;
     const ddp__plan *p = &m->plan;
-    size_t full = p->total, owned = p->shard_total;
+    size_t full = p->total, owned = p->shard_total, f = sizeof(float), h = sizeof(uint16_t);
+    size_t nparam = stage == 3 ? owned : full;
     m->opt_elems = stage == 0 ? full : owned;
     rc = -ENOMEM;
-    m->param = calloc(stage == 3 ? owned : full, sizeof(float));
-    m->grad = calloc(stage >= 2 ? owned : full, sizeof(float));
     m->ready = calloc((size_t)G, sizeof *m->ready);
     m->req = calloc((size_t)G, sizeof *m->req);
     m->grad_slot = calloc((size_t)G, sizeof *m->grad_slot);
     m->marked = calloc((size_t)m->nparams, 1);
     m->done_seen = calloc((size_t)G, 1);
-    if (!m->param || !m->grad || !m->ready || !m->req || !m->grad_slot || !m->marked ||
-        !m->done_seen)
+    m->cap_retire = 4 * G + 16;
+    m->retire = calloc((size_t)m->cap_retire, sizeof *m->retire);
+    if (!m->ready || !m->req || !m->grad_slot || !m->marked || !m->done_seen || !m->retire)
         goto out;
-    if (m->o.optimizer == DDP_ADAMW || m->o.momentum != 0) {
-        if (!(m->opt1 = calloc(m->opt_elems, sizeof(float))))
-            goto out;
-    }
-    if (m->o.optimizer == DDP_ADAMW && !(m->opt2 = calloc(m->opt_elems, sizeof(float))))
-        goto out;
+    bool moments = m->o.optimizer == DDP_ADAMW || m->o.momentum != 0;
+    if ((rc = alloc_model(m, &m->param, nparam, f)) < 0 ||
+        (rc = alloc_model(m, &m->grad, stage >= 2 ? owned : full, f)) < 0 ||
+        (m->bf16 && (rc = alloc_model(m, &m->cparam, nparam, h)) < 0) ||
+        (m->rbf16 && stage < 2 && (rc = alloc_model(m, &m->rgrad, full, h)) < 0) ||
+        (moments && (rc = alloc_model(m, &m->opt1, m->opt_elems, f)) < 0) ||
+        (m->o.optimizer == DDP_ADAMW && (rc = alloc_model(m, &m->opt2, m->opt_elems, f)) < 0))
+        goto alloc_failed;
     for (int g = 0; g < G; g++)
         m->grad_slot[g] = -1;
     if (stage >= 2) {
         /* A group needs at most one slot at a time, so slots beyond the group count would only
          * hold memory. */
         m->ngslots = m->o.pool_slots < G ? m->o.pool_slots : G;
-        if (alloc_slots(&m->gslots, m->ngslots, p->max_padded) < 0)
-            goto out;
+        if ((rc = alloc_slots(m, &m->gslots, m->ngslots, p->max_padded, f, m->rbf16)) < 0)
+            goto alloc_failed;
     }
     if (stage == 3) {
         m->nuslots = m->ngslots;
         m->unit_slot = malloc((size_t)G * sizeof *m->unit_slot);
-        if (!m->unit_slot || alloc_slots(&m->uslots, m->nuslots, p->max_padded) < 0)
+        rc = -ENOMEM;
+        if (!m->unit_slot)
             goto out;
+        /* Units are gathered in the compute precision. */
+        if ((rc = alloc_slots(m, &m->uslots, m->nuslots, p->max_padded, m->bf16 ? h : f, false)) <
+            0)
+            goto alloc_failed;
         for (int g = 0; g < G; g++)
             m->unit_slot[g] = -1;
     }
 
-    /* Rank 0's initial values reach every rank (stage 3: each keeps its part of each unit). */
+    /*
+     * Rank 0's initial values reach every rank (stage 3: each keeps its part of each unit). The
+     * init function fills host memory: the parameter arena itself on the host; on the device, a
+     * host buffer uploaded before the broadcast.
+     */
+    bool dev = m->ops->is_device;
     if (stage < 3) {
+        if (dev && m->rank == 0 && !(host = malloc(full * f))) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        if (!dev)
+            host = m->param;
         for (int g = 0; g < G && m->rank == 0; g++)
-            if ((rc = init_group(m, &p->groups[g], m->param + p->groups[g].offset, init, arg)) < 0)
+            if ((rc = init_group(m, &p->groups[g], host + p->groups[g].offset, init, arg)) < 0)
                 goto out; /* the other ranks fail in the broadcast, naming rank 0 */
+        if (m->rank == 0 &&
+            (rc = dev_check(m, m->ops->upload(&m->dev, m->param, host, full * f),
+                            "ddp_model_commit: uploading the initial values")) < 0)
+            goto out;
         rc = coll_broadcast(m->comm, m->param, m->param, full, COLL_F32, 0);
         if (rc < 0) {
             rc = coll_failed(m, rc, "ddp_model_commit: broadcasting rank 0's initial values");
             goto out;
         }
     } else {
-        float *buf = m->uslots[0].buf;
+        if ((rc = alloc_model(m, &tmp, p->max_padded, f)) < 0)
+            goto alloc_failed;
+        if (dev && !(host = malloc(p->max_padded * f))) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        if (!dev)
+            host = tmp;
         for (int g = 0; g < G; g++) {
             const ddp__group *gr = &p->groups[g];
-            if (m->rank == 0 && (rc = init_group(m, gr, buf, init, arg)) < 0)
+            if (m->rank == 0 && ((rc = init_group(m, gr, host, init, arg)) < 0 ||
+                                 (rc = dev_check(m, m->ops->upload(&m->dev, tmp, host, gr->padded * f),
+                                                 "ddp_model_commit: uploading")) < 0))
                 goto out;
-            rc = coll_broadcast(m->comm, buf, buf, gr->padded, COLL_F32, 0);
+            rc = coll_broadcast(m->comm, tmp, tmp, gr->padded, COLL_F32, 0);
             if (rc < 0) {
                 rc = coll_failed(m, rc, "ddp_model_commit: broadcasting rank 0's initial values");
                 goto out;
             }
-            memcpy(m->param + p->shard_offset[g], buf + (size_t)m->rank * gr->shard,
-                   gr->shard * sizeof(float));
+            if ((rc = m->ops->download(&m->dev, host, tmp, gr->padded * f)) < 0 ||
+                (rc = m->ops->upload(&m->dev, m->param + p->shard_offset[g],
+                                     host + (size_t)m->rank * gr->shard, gr->shard * f)) < 0) {
+                rc = dev_check(m, rc, "ddp_model_commit: copying the owned part");
+                goto out;
+            }
         }
     }
+    if (m->bf16 && (rc = dev_check(m, m->ops->to_bf16(&m->dev, m->cparam, m->param, nparam, 1.0f),
+                                   "ddp_model_commit: the bf16 compute copy")) < 0)
+        goto out;
     m->state = READY;
     rc = 0;
+    goto out;
+alloc_failed:
+    if (rc != -ENOMEM)
+        rc = dev_check(m, rc, "ddp_model_commit: allocating the model's memory");
 out:
     if (rc == -ENOMEM && !m->err[0])
         fail(m, rc, "ddp_model_commit: out of memory");
+    if (dev_host_buffer(m, host))
+        free(host);
+    m->ops->release(&m->dev, tmp);
     free(counts);
     free(units);
     return rc;
@@ -651,11 +882,14 @@ void *ddp_param_data(ddp_model *m, int p)
     if (!m || m->state != READY || p < 0 || p >= m->nparams)
         return NULL;
     if (m->o.zero_stage < 3)
-        return m->param + m->plan.param_offset[p];
+        return m->bf16 ? (void *)(m->cparam + m->plan.param_offset[p])
+                       : (void *)(m->param + m->plan.param_offset[p]);
     int g = m->plan.param_group[p], s = m->unit_slot[g];
     if (s < 0 || m->uslots[s].req) /* not gathered, or gathered but not waited for */
         return NULL;
-    return m->uslots[s].buf + (m->plan.param_offset[p] - m->plan.groups[g].offset);
+    size_t at = m->plan.param_offset[p] - m->plan.groups[g].offset;
+    return m->bf16 ? (void *)((uint16_t *)m->uslots[s].buf + at)
+                   : (void *)(m->uslots[s].buf + at);
 }
 
 coll_dtype ddp_param_dtype(const ddp_model *m)
@@ -671,13 +905,17 @@ coll_dtype ddp_param_dtype(const ddp_model *m)
 static int finish_gslot(ddp_model *m, int s)
 {
     slot *sl = &m->gslots[s];
-    int g = sl->group, rc = coll_wait(sl->req);
-    sl->req = NULL;
+    int g = sl->group, rc = await_req(m, &sl->req, "reducing gradients");
     if (rc < 0)
-        return coll_failed(m, rc, "reducing gradients");
+        return rc;
     trace_done(m, g);
     const ddp__group *gr = &m->plan.groups[g];
-    ddp__add(m->grad + m->plan.shard_offset[g], sl->buf + (size_t)m->rank * gr->shard, gr->shard);
+    size_t own = (size_t)m->rank * gr->shard;
+    float *acc = m->grad + m->plan.shard_offset[g];
+    rc = m->rbf16 ? m->ops->from_bf16(&m->dev, acc, sl->bf + own, gr->shard, 1)
+                  : m->ops->add(&m->dev, acc, sl->buf + own, gr->shard);
+    if ((rc = dev_check(m, rc, "accumulating reduced gradients")) < 0)
+        return rc;
     sl->group = -1;
     if (m->grad_slot[g] == s) /* else a later micro-step's slot serves g now */
         m->grad_slot[g] = -1;
@@ -704,7 +942,11 @@ static int acquire_gslot(ddp_model *m, int g)
         if (rc < 0)
             return rc;
     }
-    memset(m->gslots[s].buf, 0, m->plan.groups[g].padded * sizeof(float));
+    int rc = dev_check(m, m->ops->zero(&m->dev, m->gslots[s].buf,
+                                       m->plan.groups[g].padded * sizeof(float)),
+                       "zeroing a staging slot");
+    if (rc < 0)
+        return rc;
     m->gslots[s].group = g;
     m->grad_slot[g] = s;
     return s;
@@ -714,21 +956,35 @@ static int acquire_gslot(ddp_model *m, int g)
 static int launch(ddp_model *m, int g)
 {
     const ddp__group *gr = &m->plan.groups[g];
-    int rc;
+    int stage = m->o.zero_stage;
+    slot *sl = stage >= 2 ? &m->gslots[m->grad_slot[g]] : NULL;
+    float *b = sl ? sl->buf : m->grad + gr->offset;
+    coll_request **req = sl ? &sl->req : &m->req[g];
+    size_t own = (size_t)m->rank * gr->shard;
     trace(m, DDP_EV_BUCKET_LAUNCH, g);
-    if (m->o.zero_stage == 0) {
-        float *b = m->grad + gr->offset;
-        rc = coll_iallreduce(m->comm, b, b, gr->padded, COLL_F32, COLL_AVG, &m->req[g]);
-    } else if (m->o.zero_stage == 1) {
-        float *b = m->grad + gr->offset;
-        rc = coll_ireduce_scatter(m->comm, b, b + (size_t)m->rank * gr->shard, gr->shard, COLL_F32,
-                                  COLL_AVG, &m->req[g]);
-    } else {
-        slot *sl = &m->gslots[m->grad_slot[g]];
-        rc = coll_ireduce_scatter(m->comm, sl->buf, sl->buf + (size_t)m->rank * gr->shard,
-                                  gr->shard, COLL_F32, COLL_AVG, &sl->req);
-        sl->seq = ++m->seq;
+    /* reduce_dtype bf16: the bucket cast to bf16, pre-divided by the world size, then summed. */
+    void *buf = b;
+    coll_dtype dt = COLL_F32;
+    coll_op op = COLL_AVG;
+    if (m->rbf16) {
+        uint16_t *hb = sl ? sl->bf : m->rgrad + gr->offset;
+        int rc = m->ops->to_bf16(&m->dev, hb, b, gr->padded, 1.0f / (float)m->world);
+        if ((rc = dev_check(m, rc, "casting gradients to bf16")) < 0)
+            return rc;
+        buf = hb;
+        dt = COLL_BF16;
+        op = COLL_SUM;
     }
+    int rc = to_comm(m); /* the reduction reads what backward (and the cast) wrote */
+    if (rc < 0)
+        return rc;
+    size_t esz = coll_dtype_size(dt);
+    if (stage == 0)
+        rc = coll_iallreduce(m->comm, buf, buf, gr->padded, dt, op, req);
+    else
+        rc = coll_ireduce_scatter(m->comm, buf, (char *)buf + own * esz, gr->shard, dt, op, req);
+    if (sl)
+        sl->seq = ++m->seq;
     return rc < 0 ? coll_failed(m, rc, "launching a gradient reduction") : 0;
 }
 
@@ -754,11 +1010,18 @@ static int finish_reductions(ddp_model *m)
     for (int g = 0; g < m->plan.ngroups; g++) {
         if (!m->req[g])
             continue;
-        int rc = coll_wait(m->req[g]);
-        m->req[g] = NULL;
+        int rc = await_req(m, &m->req[g], "reducing gradients");
         if (rc < 0)
-            return coll_failed(m, rc, "reducing gradients");
+            return rc;
         trace_done(m, g);
+        if (m->rbf16) { /* back to f32: the whole bucket (stage 0) or the owned part (1) */
+            const ddp__group *gr = &m->plan.groups[g];
+            size_t at = gr->offset + (m->o.zero_stage ? (size_t)m->rank * gr->shard : 0);
+            size_t n = m->o.zero_stage ? gr->shard : gr->padded;
+            rc = m->ops->from_bf16(&m->dev, m->grad + at, m->rgrad + at, n, 0);
+            if ((rc = dev_check(m, rc, "casting reduced gradients to f32")) < 0)
+                return rc;
+        }
     }
     for (int s = 0; s < m->ngslots; s++) {
         if (m->gslots[s].req) {
@@ -870,7 +1133,13 @@ static int issue_gather(ddp_model *m, int u, int *rc)
     const ddp__group *g = &m->plan.groups[u];
     slot *sl = &m->uslots[s];
     trace(m, DDP_EV_GATHER_LAUNCH, u);
-    *rc = coll_iallgather(m->comm, m->param + m->plan.shard_offset[u], sl->buf, g->shard, COLL_F32,
+    /* The gather reads the owned part the optimizer wrote and overwrites what the slot's last
+     * unit was read for: on the device, both are behind the compute stream. */
+    if ((*rc = to_comm(m)) < 0)
+        return -1;
+    const void *src = m->bf16 ? (const void *)(m->cparam + m->plan.shard_offset[u])
+                              : (const void *)(m->param + m->plan.shard_offset[u]);
+    *rc = coll_iallgather(m->comm, src, sl->buf, g->shard, m->bf16 ? COLL_BF16 : COLL_F32,
                           &sl->req);
     if (*rc < 0)
         return *rc = coll_failed(m, *rc, "gathering a unit's parameters"), -1;
@@ -907,12 +1176,8 @@ int ddp_unit_gather(ddp_model *m, int u)
         if (rc < 0)
             return rc;
     }
-    if (m->uslots[s].req) {
-        rc = coll_wait(m->uslots[s].req);
-        m->uslots[s].req = NULL;
-        if (rc < 0)
-            return coll_failed(m, rc, "gathering a unit's parameters");
-    }
+    if (m->uslots[s].req)
+        return await_req(m, &m->uslots[s].req, "gathering a unit's parameters");
     return 0;
 }
 
@@ -936,10 +1201,9 @@ int ddp__drop_units(ddp_model *m)
     for (int s = 0; s < m->nuslots; s++) {
         slot *sl = &m->uslots[s];
         if (sl->req) {
-            int rc = coll_wait(sl->req);
-            sl->req = NULL;
+            int rc = await_req(m, &sl->req, "gathering a unit's parameters");
             if (rc < 0)
-                return coll_failed(m, rc, "gathering a unit's parameters");
+                return rc;
         }
         if (sl->group >= 0)
             m->unit_slot[sl->group] = -1;
@@ -954,76 +1218,69 @@ int ddp__drop_units(ddp_model *m)
 /* The step                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Calls fn on every owned range: (param, grad, state offset, count). */
-typedef void (*range_fn)(ddp_model *m, float *param, float *grad, size_t state_at, size_t n,
-                         void *arg);
+/* An owned range: the parameters, their gradients, their compute copy, the state's offset. */
+typedef struct owned {
+    float *param, *grad;
+    uint16_t *compute; /* NULL at f32 */
+    size_t state_at, n;
+} owned;
 
-static void for_owned(ddp_model *m, range_fn fn, void *arg)
+/* The i-th owned range (i from 0); false past the last. */
+static bool owned_range(const ddp_model *m, int i, owned *r)
 {
     const ddp__plan *p = &m->plan;
     int stage = m->o.zero_stage;
-    if (stage == 0) {
-        fn(m, m->param, m->grad, 0, p->total, arg);
-        return;
+    if (stage == 0 || stage == 3) {
+        if (i > 0)
+            return false;
+        size_t n = stage == 0 ? p->total : p->shard_total;
+        *r = (owned){m->param, m->grad, m->cparam, 0, n};
+        return true;
     }
-    if (stage == 3) {
-        fn(m, m->param, m->grad, 0, p->shard_total, arg);
-        return;
-    }
-    for (int g = 0; g < p->ngroups; g++) {
-        const ddp__group *gr = &p->groups[g];
-        size_t own = gr->offset + (size_t)m->rank * gr->shard;
-        float *grad = stage == 1 ? m->grad + own : m->grad + p->shard_offset[g];
-        fn(m, m->param + own, grad, p->shard_offset[g], gr->shard, arg);
-    }
+    if (i >= p->ngroups)
+        return false;
+    const ddp__group *gr = &p->groups[i];
+    size_t own = gr->offset + (size_t)m->rank * gr->shard;
+    float *grad = stage == 1 ? m->grad + own : m->grad + p->shard_offset[i];
+    *r = (owned){m->param + own, grad, m->cparam ? m->cparam + own : NULL, p->shard_offset[i],
+                 gr->shard};
+    return true;
 }
 
-static void sum_squares(ddp_model *m, float *param, float *grad, size_t at, size_t n, void *arg)
-{
-    (void)m, (void)param, (void)at;
-    *(double *)arg += ddp__sum_squares(grad, n);
-}
-
-static void scale(ddp_model *m, float *param, float *grad, size_t at, size_t n, void *arg)
-{
-    (void)m, (void)param, (void)at;
-    ddp__scale(grad, n, *(float *)arg);
-}
-
-static void optimize(ddp_model *m, float *param, float *grad, size_t at, size_t n, void *arg)
-{
-    const ddp_options *o = &m->o;
-    float lr = *(float *)arg;
-    if (o->optimizer == DDP_ADAMW)
-        ddp__adamw_step(param, grad, m->opt1 + at, m->opt2 + at, n, lr, o->beta1, o->beta2, o->eps,
-                        o->weight_decay, m->steps + 1);
-    else
-        ddp__sgd_step(param, grad, m->opt1 ? m->opt1 + at : NULL, n, lr, o->momentum, o->nesterov,
-                      o->weight_decay, m->steps == 0);
-}
-
-/* Stages 1-2: every rank's updated parts back into every rank's full parameters. */
+/*
+ * Stages 1-2: every rank's updated parts back into every rank's full parameters: the compute
+ * copy at bf16 (the f32 masters outside the owned part are then not kept: nothing reads them),
+ * else the f32 parameters. On the device the gather waits for the optimizer (an event on the
+ * compute stream) and the compute stream for the gather.
+ */
 static int gather_params(ddp_model *m)
 {
     const ddp__plan *p = &m->plan;
-    int rc = 0;
-    for (int g = 0; g < p->ngroups; g++) {
+    int rc = to_comm(m);
+    for (int g = 0; rc == 0 && g < p->ngroups; g++) {
         const ddp__group *gr = &p->groups[g];
-        float *b = m->param + gr->offset;
-        rc = coll_iallgather(m->comm, b + (size_t)m->rank * gr->shard, b, gr->shard, COLL_F32,
-                             &m->req[g]);
+        size_t own = (size_t)m->rank * gr->shard;
+        if (m->bf16) {
+            uint16_t *b = m->cparam + gr->offset;
+            rc = coll_iallgather(m->comm, b + own, b, gr->shard, COLL_BF16, &m->req[g]);
+        } else {
+            float *b = m->param + gr->offset;
+            rc = coll_iallgather(m->comm, b + own, b, gr->shard, COLL_F32, &m->req[g]);
+        }
         if (rc < 0)
             return coll_failed(m, rc, "gathering the updated parameters");
     }
-    for (int g = 0; g < p->ngroups; g++) {
-        rc = coll_wait(m->req[g]);
-        m->req[g] = NULL;
-        if (rc < 0)
-            return coll_failed(m, rc, "gathering the updated parameters");
-    }
-    return 0;
+    for (int g = 0; rc == 0 && g < p->ngroups; g++)
+        rc = await_req(m, &m->req[g], "gathering the updated parameters");
+    return rc;
 }
 
+/*
+ * The step: the norm over the owned ranges (allreduced when sharded), the decision (ops), the
+ * optimizer over the owned ranges, the gather (stages 1-2), the gradients zeroed. On the host
+ * the decision is known here, and a skipped step changes nothing; on the device the kernels
+ * read it, so the gather runs either way (it then gathers unchanged values).
+ */
 int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
 {
     int rc = usable(m);
@@ -1033,45 +1290,59 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
         return fail(m, -EINVAL,
                     "ddp_step: no complete micro-step with sync = 1 since the last "
                     "step");
-    if ((rc = finish_reductions(m)) < 0 || (rc = ddp__drop_units(m)) < 0)
+    bool dev = m->ops->is_device;
+    if ((rc = retire(m, false)) < 0 || (rc = finish_reductions(m)) < 0 ||
+        (rc = ddp__drop_units(m)) < 0)
         return rc;
     int stage = m->o.zero_stage;
+    const ddp__ops *ops = m->ops;
+    owned r;
 
-    double ss = 0;
-    for_owned(m, sum_squares, &ss);
+    rc = ops->norm_begin(&m->dev);
+    for (int i = 0; rc == 0 && owned_range(m, i, &r); i++)
+        rc = ops->norm_add(&m->dev, r.grad, r.n);
+    if ((rc = dev_check(m, rc, "ddp_step: the gradient norm")) < 0)
+        return rc;
     if (stage > 0) {
-        rc = coll_allreduce(m->comm, &ss, &ss, 1, COLL_F64, COLL_SUM);
+        coll_request *req = NULL;
+        if ((rc = to_comm(m)) < 0)
+            return rc;
+        rc = coll_iallreduce(m->comm, m->dev.ss, m->dev.ss, 1, COLL_F64, COLL_SUM, &req);
         if (rc < 0)
             return coll_failed(m, rc, "summing the gradient norm");
+        if ((rc = await_req(m, &req, "summing the gradient norm")) < 0)
+            return rc;
     }
-    ddp_step_info in = {.grad_norm = sqrt(ss)};
-    if (!isfinite(in.grad_norm)) {
-        in.skipped = 1; /* the norm is the same on every rank, so every rank skips */
-        if (m->o.log) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "step %" PRId64 " skipped: the gradient norm is %g",
-                     m->attempted, in.grad_norm);
-            m->o.log(m->o.log_arg, COLL_LOG_WARN, msg);
-        }
-    } else {
-        if (m->o.clip_norm > 0 && in.grad_norm > m->o.clip_norm) {
-            float s = (float)(m->o.clip_norm / (in.grad_norm + 1e-6));
-            for_owned(m, scale, &s);
-            in.clipped = 1;
-        }
+    if ((rc = dev_check(m, ops->decide(&m->dev, &m->o, &m->steps), "ddp_step: deciding")) < 0)
+        return rc;
+    ddp_step_info in = m->dev.info; /* the host's decision; the device's is read on demand */
+    if (!dev && in.skipped && m->o.log) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "step %" PRId64 " skipped: the gradient norm is %g",
+                 m->attempted, in.grad_norm);
+        m->o.log(m->o.log_arg, COLL_LOG_WARN, msg);
+    }
+    if (dev || !in.skipped) {
         ddp__ckpt_wait_copied(m->ck); /* an asynchronous save's writer may still read it */
-        for_owned(m, optimize, &lr);
-        m->steps++;
+        for (int i = 0; rc == 0 && owned_range(m, i, &r); i++)
+            rc = ops->optimize(&m->dev, &m->o, lr, r.param, r.grad,
+                               m->opt1 ? m->opt1 + r.state_at : NULL,
+                               m->opt2 ? m->opt2 + r.state_at : NULL, r.compute, r.n);
+        if ((rc = dev_check(m, rc, "ddp_step: the optimizer")) < 0)
+            return rc;
         if ((stage == 1 || stage == 2) && (rc = gather_params(m)) < 0)
             return rc;
     }
-    memset(m->grad, 0, (stage >= 2 ? m->plan.shard_total : m->plan.total) * sizeof(float));
+    rc = ops->zero(&m->dev, m->grad,
+                   (stage >= 2 ? m->plan.shard_total : m->plan.total) * sizeof(float));
+    if ((rc = dev_check(m, rc, "ddp_step: zeroing the gradients")) < 0)
+        return rc;
     m->synced = false;
-    in.step = m->steps;
     trace(m, DDP_EV_STEP_END, (int)m->attempted++);
     if (m->ck && (rc = ddp__ckpt_poll(m)) < 0)
         return rc;
-    m->last = in;
+    if (info && (rc = ddp_step_info_get(m, &in)) < 0)
+        return rc;
     if (info)
         *info = in;
     return 0;
@@ -1081,7 +1352,16 @@ int ddp_step_info_get(ddp_model *m, ddp_step_info *out)
 {
     if (!m || !out || m->state == BUILDING)
         return m ? fail(m, -EINVAL, "ddp_step_info_get: NULL out, or not committed") : -EINVAL;
-    *out = m->last;
+    if (m->state == BROKEN)
+        return m->broken_rc;
+    ddp_step_info in;
+    int rc = dev_check(m, m->ops->info(&m->dev, &in), "ddp_step_info_get");
+    if (rc < 0)
+        return rc;
+    if (m->attempted == 0)
+        in = (ddp_step_info){0};
+    m->steps = in.step;
+    *out = in;
     return 0;
 }
 
@@ -1125,12 +1405,74 @@ int ddp__model_view_get(ddp_model *m, ddp__model_view *v)
         .plan = &m->plan,
         .param = m->param,
         .opt = {m->opt1, m->opt2},
+        .compute = m->cparam,
         .opt_elems = m->opt_elems,
         .steps = &m->steps,
         .attempted = &m->attempted,
         .ck = &m->ck,
     };
     return 0;
+}
+
+int ddp__model_view_host(ddp_model *m, ddp__model_view *v, bool download)
+{
+    int rc = ddp__model_view_get(m, v);
+    if (rc < 0 || !m->ops->is_device)
+        return rc;
+    size_t np = m->o.zero_stage == 3 ? m->plan.shard_total : m->plan.total, f = sizeof(float);
+    if ((!m->hparam && !(m->hparam = malloc(np * f))) ||
+        (m->opt1 && !m->hopt1 && !(m->hopt1 = malloc(m->opt_elems * f))) ||
+        (m->opt2 && !m->hopt2 && !(m->hopt2 = malloc(m->opt_elems * f))))
+        return fail(m, -ENOMEM, "checkpoint: out of memory for the host copy of the state");
+    if (download) {
+        ddp_step_info in;
+        if ((rc = ddp_step_info_get(m, &in)) < 0) /* synchronises; the device's step count */
+            return rc;
+        const ddp__ops *o = m->ops;
+        rc = o->download(&m->dev, m->hparam, m->param, np * f);
+        if (rc == 0 && m->opt1)
+            rc = o->download(&m->dev, m->hopt1, m->opt1, m->opt_elems * f);
+        if (rc == 0 && m->opt2)
+            rc = o->download(&m->dev, m->hopt2, m->opt2, m->opt_elems * f);
+        if ((rc = dev_check(m, rc, "checkpoint: copying the state from the device")) < 0)
+            return rc;
+    }
+    v->param = m->hparam;
+    v->opt[0] = m->hopt1;
+    v->opt[1] = m->hopt2;
+    return 0;
+}
+
+int ddp__state_loaded(ddp_model *m)
+{
+    const ddp__plan *pl = &m->plan;
+    const ddp__ops *o = m->ops;
+    int stage = m->o.zero_stage, rc = 0;
+    size_t np = stage == 3 ? pl->shard_total : pl->total, f = sizeof(float);
+    if (o->is_device) {
+        rc = o->upload(&m->dev, m->param, m->hparam, np * f);
+        if (rc == 0 && m->opt1)
+            rc = o->upload(&m->dev, m->opt1, m->hopt1, m->opt_elems * f);
+        if (rc == 0 && m->opt2)
+            rc = o->upload(&m->dev, m->opt2, m->hopt2, m->opt_elems * f);
+        if ((rc = dev_check(m, rc, "checkpoint: copying the state to the device")) < 0)
+            return rc;
+    }
+    /* Stages 0-2: every rank's parts of the parameters (stage 0: also the optimizer's arrays). */
+    float *arrays[3] = {m->param, stage == 0 ? m->opt1 : NULL, stage == 0 ? m->opt2 : NULL};
+    for (int s = 0; stage < 3 && s < 3; s++) {
+        for (int g = 0; arrays[s] && g < pl->ngroups; g++) {
+            const ddp__group *gr = &pl->groups[g];
+            float *b = arrays[s] + gr->offset;
+            rc = coll_allgather(m->comm, b + (size_t)m->rank * gr->shard, b, gr->shard, COLL_F32);
+            if (rc < 0)
+                return coll_failed(m, rc, "checkpoint: gathering the loaded state");
+        }
+    }
+    if (m->bf16 && (rc = dev_check(m, o->to_bf16(&m->dev, m->cparam, m->param, np, 1.0f),
+                                   "checkpoint: refreshing the bf16 compute copy")) < 0)
+        return rc;
+    return dev_check(m, o->set_steps(&m->dev, m->steps), "checkpoint: the step count");
 }
 
 void ddp__param_shape(const ddp_model *m, int p, int *unit, int *ndim, int64_t *shape)

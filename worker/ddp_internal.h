@@ -12,6 +12,7 @@
 #include "ddp.h"
 #include "plan.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct ddp__ckpt_state;
@@ -23,6 +24,8 @@ typedef struct ddp__model_view {
     const ddp__plan *plan;
     float *param;     /* stages 0-2: the arena (plan.total); stage 3: the owned parts (compact) */
     float *opt[2];    /* momentum or AdamW's m, AdamW's v; NULL where the optimizer has none */
+    const uint16_t *compute; /* the bf16 compute copy (param's layout), or NULL at f32; model
+                                memory (device memory for a device model) */
     size_t opt_elems; /* elements of each: plan.total at stage 0, else plan.shard_total */
     int64_t *steps, *attempted;  /* the step counters (ddp_step_info.step, ddp_step() calls) */
     struct ddp__ckpt_state **ck; /* the checkpoint state the model owns (ckpt.c), or NULL */
@@ -33,6 +36,29 @@ typedef struct ddp__model_view {
  * inside a micro-step: m's error says which), or the code of a broken model.
  */
 int ddp__model_view_get(ddp_model *m, ddp__model_view *v);
+
+/*
+ * As ddp__model_view_get(), but the state arrays (param, opt) are in host memory: for a device
+ * model, host copies the model keeps, into which the state is downloaded (after the compute
+ * stream's work, the step count read from the device) when `download`. A host model's own
+ * arrays otherwise. Returns as ddp__model_view_get(), or -ENOMEM, or COLL_ECUDA (broken).
+ */
+int ddp__model_view_host(ddp_model *m, ddp__model_view *v, bool download);
+
+/*
+ * After a load wrote the owned parts of the view's host arrays and *steps: uploads them (device
+ * models), allgathers the parameters at stages 0-2 (stage 0: also the optimizer's arrays),
+ * refreshes the bf16 compute copy and the device's step count. Returns 0 or a failure (the
+ * model is broken). Every rank.
+ */
+int ddp__state_loaded(ddp_model *m);
+
+/* Small exchanges of host values, which go through device memory for device models (the nccl
+ * backend takes nothing else). Return 0 or the failure, the model broken, described as `what`.
+ * Every rank. */
+enum ddp__host_kind { DDP__HOST_ALLGATHER, DDP__HOST_BROADCAST, DDP__HOST_ALLREDUCE };
+int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out,
+                   size_t count, coll_dtype dt, coll_op op, const char *what);
 
 /* Parameter p's unit, dimensions and shape (shape[DDP__CKPT_MAX_DIMS]); p must be valid. */
 void ddp__param_shape(const ddp_model *m, int p, int *unit, int *ndim, int64_t *shape);

@@ -104,6 +104,38 @@ void ddp__add(float *dst, const float *src, size_t n);
 int ddp__all_finite(const float *x, size_t n);
 
 /*
+ * bf16, emulated on the host: the upper 16 bits of an f32's pattern. ddp__bf16_from_f32()
+ * rounds to nearest, ties to even; a NaN stays a NaN (made quiet, sign kept), infinities stay
+ * infinite, and finite values above bf16's largest round to infinity as IEEE rounding does.
+ * ddp__bf16_to_f32() is exact. The CUDA kernels (ddp_cuda.cu) use the same formula, bit for bit.
+ */
+static inline uint16_t ddp__bf16_from_f32(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } x = {f};
+    uint32_t rounded = (x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16;
+    return (uint16_t)((x.u & 0x7fffffffu) > 0x7f800000u ? (x.u >> 16) | 0x40u : rounded);
+}
+
+static inline float ddp__bf16_to_f32(uint16_t h)
+{
+    union {
+        uint32_t u;
+        float f;
+    } x = {(uint32_t)h << 16};
+    return x.f;
+}
+
+/* dst[i] = bf16(src[i] * scale) for n elements (scale 1: a plain cast; the product is rounded
+ * to f32 first, then to bf16). */
+void ddp__to_bf16(uint16_t *dst, const float *src, size_t n, float scale);
+
+/* dst[i] = f32(src[i]) (add == 0) or dst[i] += f32(src[i]) (add != 0) for n elements. */
+void ddp__from_bf16(float *dst, const uint16_t *src, size_t n, int add);
+
+/*
  * ddp_schedule_lr(s, step), declared in ddp.h, computes in double and rounds once to float.
  * With W = max(s->warmup_steps, 0), T = s->total_steps, t = max(step, 0) (a negative step is
  * step 0), lr = s->lr, min = s->min_lr:

@@ -20,12 +20,20 @@
  *            the gradient of its slice of a global batch, in 1 or 4 micro-steps: stages 0-3,
  *            SGD (momentum, Nesterov, weight decay) and AdamW, with clipping, against a serial
  *            double-precision reference over the whole batch that every rank computes
+ *   bf16     the same model at precision bf16 and/or reduce_dtype bf16, stages 0-3, SGD and
+ *            AdamW: after every step the compute copy is the masters rounded to nearest even
+ *            (each rank's owned part; stages 1-2 also every rank's whole copy, against the
+ *            gathered masters), the result is within a stated tolerance of the reference, and
+ *            a checkpoint of a bf16 model loads into a fresh one with its compute copy
+ *            refreshed (libddp's internals, ddp_internal.h, give the masters)
  *
  * Prints "ddp-check: rank R/W SCENARIO: PASS" or FAIL lines; exit status 0 when every check
  * passed, 1 when one failed, 2 on a setup error.
  */
 #include "ddp.h"
+#include "ddp_internal.h"
 #include "monoclock.h"
+#include "optim.h"
 #include "rdzv.h"
 
 #include <errno.h>
@@ -33,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int rank, world, failures;
 
@@ -408,7 +417,21 @@ static int eq_init(void *arg, int param, const char *name, void *data, size_t co
 typedef struct eq_cfg {
     int stage, adamw, nmicro, pool;
     float lr, clip;
+    ddp_precision prec;
+    coll_dtype reduce;
 } eq_cfg;
+
+/* Called after each step of eq_train() (NULL: none), and on the trained model before it is
+ * freed (NULL: none). */
+static void (*eq_after_step)(ddp_model *m);
+static void (*eq_after_train)(ddp_model *m, const eq_cfg *c);
+
+/* Element e of parameter p's data as ddp_param_data() gives it, f32 or bf16. */
+static float eq_w(ddp_model *m, const void *w, size_t e)
+{
+    return ddp_param_dtype(m) == COLL_BF16 ? ddp__bf16_to_f32(((const uint16_t *)w)[e])
+                                           : ((const float *)w)[e];
+}
 
 /* The serial reference: theta after EQ_K steps, and each step's gradient norm. */
 static void eq_reference(const eq_cfg *c, double *theta, double *norms)
@@ -502,6 +525,8 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
     o.pool_slots = c->pool; /* 2: slots are waited for and reused; 8: some stay in flight
                                from one micro-step into the next */
     o.trace = eq_trace;
+    o.precision = c->prec;
+    o.reduce_dtype = c->reduce;
     eq_launched = eq_overlap = eq_misses = 0;
     memset(eq_issued, 0, sizeof eq_issued);
     ddp_model *m = NULL;
@@ -528,10 +553,10 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
                 for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
                     if (eq_params[p].unit != u)
                         continue;
-                    const float *w = ddp_param_data(m, p);
+                    const void *w = ddp_param_data(m, p);
                     for (int s = 0; s < per_micro; s++)
                         for (size_t e = 0; e < ddp_param_count(m, p); e++)
-                            f[s] += eq_a(first + s, eq_base[p] + e) * w[e];
+                            f[s] += eq_a(first + s, eq_base[p] + e) * eq_w(m, w, e);
                 }
                 if (rc >= 0)
                     eq_release(m, u, &rc);
@@ -570,18 +595,22 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
             norms[t] = info.grad_norm;
             *nclip += info.clipped;
             rc = info.skipped ? -1 : 0;
+            if (rc == 0 && eq_after_step)
+                eq_after_step(m);
         }
     }
     for (int u = 0; rc >= 0 && u < 4; u++) {
         rc = ddp_unit_gather(m, u);
         for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
-            const float *w = eq_params[p].unit == u ? ddp_param_data(m, p) : NULL;
+            const void *w = eq_params[p].unit == u ? ddp_param_data(m, p) : NULL;
             for (size_t e = 0; w && e < ddp_param_count(m, p); e++)
-                theta[eq_base[p] + e] = w[e];
+                theta[eq_base[p] + e] = eq_w(m, w, e);
         }
         if (rc >= 0)
             rc = ddp_unit_release(m, u);
     }
+    if (rc >= 0 && eq_after_train)
+        eq_after_train(m, c);
     if (rc < 0)
         printf("ddp-check: rank %d: equiv: %s\n", rank, m ? ddp_last_error(m) : "create");
     ddp_model_free(m);
@@ -595,7 +624,7 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
  * differs by a few float roundings (~1e-7 relative) per step, and six steps of a
  * well-conditioned problem do not grow that past ~1e-6.
  */
-static void scen_equiv(coll_comm *comm)
+static void eq_sizes(void)
 {
     for (int p = 0; p < EQ_NP; p++) {
         size_t n = 1;
@@ -603,13 +632,19 @@ static void scen_equiv(coll_comm *comm)
             n *= (size_t)eq_params[p].shape[d];
         eq_base[p + 1] = eq_base[p] + n;
     }
+}
+
+static void scen_equiv(coll_comm *comm)
+{
+    eq_sizes();
     size_t P = eq_base[EQ_NP];
     double worst = 0;
     for (int adamw = 0; adamw < 2; adamw++) {
         for (int nmicro = 1; nmicro <= 4; nmicro += 3) {
             for (int sp = 0; sp < 6; sp++) {
                 int stage = sp < 4 ? sp : sp - 2, pool = sp < 4 ? 2 : 8; /* 2-3 twice */
-                eq_cfg c = {stage, adamw, nmicro, pool, adamw ? 0.01f : 0.05f, 0.3f};
+                eq_cfg c = {stage, adamw, nmicro, pool, adamw ? 0.01f : 0.05f, 0.3f,
+                            DDP_PREC_F32, COLL_F32};
                 double ref[EQ_MAXP], got[EQ_MAXP], rn[EQ_K], gn[EQ_K];
                 int nclip = 0;
                 eq_reference(&c, ref, rn);
@@ -659,11 +694,199 @@ static void scen_equiv(coll_comm *comm)
                world, worst);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* bf16                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static coll_comm *bf_comm;
+static int bf_steps_checked, bf_mismatch;
+static char bf_dir[256]; /* the checkpoint root, the same on every rank */
+
+/* Whether element i of the arena (stages 0-2) or of the compact owned part (3) is owned. */
+static int bf_owned(const ddp__model_view *v, size_t i)
+{
+    if (v->stage == 0 || v->stage == 3)
+        return 1;
+    for (int g = 0; g < v->plan->ngroups; g++) {
+        const ddp__group *gr = &v->plan->groups[g];
+        size_t own = gr->offset + (size_t)v->rank * gr->shard;
+        if (i >= own && i < own + gr->shard)
+            return 1;
+    }
+    return 0;
+}
+
+/*
+ * After a step: the owned compute copy is round(master), element for element; at stages 1-2
+ * every element of the whole copy is round(the owner's master), the masters gathered here.
+ */
+static void bf_check_copy(ddp_model *m)
+{
+    ddp__model_view v;
+    if (ddp__model_view_get(m, &v) < 0 || !v.compute) {
+        CHECK(0, "bf16: no view or no compute copy: %s", ddp_last_error(m));
+        return;
+    }
+    size_t n = v.stage == 3 ? v.plan->shard_total : v.plan->total;
+    float *full = NULL;
+    if (v.stage == 1 || v.stage == 2) {
+        full = calloc(n, sizeof *full);
+        memcpy(full, v.param, n * sizeof *full);
+        for (int g = 0; g < v.plan->ngroups; g++) {
+            const ddp__group *gr = &v.plan->groups[g];
+            float *b = full + gr->offset;
+            if (coll_allgather(bf_comm, b + (size_t)rank * gr->shard, b, gr->shard, COLL_F32) < 0)
+                CHECK(0, "bf16: gathering the masters");
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        float master = full ? full[i] : v.param[i];
+        if ((full || bf_owned(&v, i)) && v.compute[i] != ddp__bf16_from_f32(master))
+            bf_mismatch++;
+    }
+    free(full);
+    bf_steps_checked++;
+}
+
+/*
+ * After training: a checkpoint of the model loads into a fresh model of the same stage, whose
+ * masters then equal the trained ones and whose compute copy is round(master) again.
+ */
+static void bf_check_ckpt(ddp_model *m, const eq_cfg *c)
+{
+    int rc = ddp_checkpoint_save(m, bf_dir, NULL, NULL, 0, DDP_CKPT_SYNC);
+    CHECK(rc == 0, "bf16 stage %d: save: %s", c->stage, ddp_last_error(m));
+    char path[512];
+    CHECK(ddp_checkpoint_latest(bf_dir, path, sizeof path, NULL, NULL) == 1, "latest");
+    ddp_options o;
+    ddp_options_init(&o);
+    o.zero_stage = c->stage;
+    o.optimizer = c->adamw ? DDP_ADAMW : DDP_SGD;
+    o.momentum = c->adamw ? 0.0f : 0.9f;
+    o.nesterov = !c->adamw;
+    o.weight_decay = 0.01f;
+    o.clip_norm = c->clip;
+    o.first_bucket_bytes = 64;
+    o.bucket_bytes = 96;
+    o.pool_slots = c->pool;
+    o.precision = c->prec;
+    o.reduce_dtype = c->reduce;
+    ddp_model *fresh = NULL;
+    rc = ddp_model_create(bf_comm, &o, &fresh);
+    for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
+        if (p == 0 || eq_params[p].unit != eq_params[p - 1].unit)
+            rc = ddp_unit_add(fresh, eq_units[eq_params[p].unit]);
+        if (rc >= 0)
+            rc = ddp_param_add(fresh, eq_params[p].unit, eq_params[p].name, eq_params[p].ndim,
+                               eq_params[p].shape, COLL_F32);
+    }
+    if (rc >= 0)
+        rc = ddp_model_commit(fresh, NULL, NULL); /* zeros: the load must replace them */
+    if (rc >= 0)
+        rc = ddp_checkpoint_load(fresh, path, 0, NULL, NULL);
+    CHECK(rc >= 0, "bf16 stage %d: load: %s", c->stage, fresh ? ddp_last_error(fresh) : "create");
+    ddp__model_view a, b;
+    if (rc >= 0 && ddp__model_view_get(m, &a) == 0 && ddp__model_view_get(fresh, &b) == 0) {
+        size_t n = a.stage == 3 ? a.plan->shard_total : a.plan->total;
+        int differ = 0, stale = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!bf_owned(&a, i))
+                continue;
+            differ += memcmp(&a.param[i], &b.param[i], sizeof(float)) != 0;
+            stale += b.compute[i] != ddp__bf16_from_f32(b.param[i]);
+        }
+        CHECK(!differ && !stale, "bf16 stage %d: after the load %d masters differ, %d compute "
+              "elements are not round(master)", c->stage, differ, stale);
+        bf_check_copy(fresh);
+    }
+    ddp_model_free(fresh);
+}
+
+/*
+ * Tolerance against the double reference (normwise relative, as in equiv): 2e-2. bf16 compute
+ * rounds every weight the forward reads to 8 significant bits (2^-9 relative) and the
+ * parameters read back are bf16 too: SGD lands within 3e-3. AdamW divides each update by the
+ * root of its second moment, so a small gradient component that the rounded weights perturb
+ * moves its parameter by nearly a full lr anyway: 9e-3 measured (worlds 1 and 3). A bf16
+ * reduction alone rounds each pre-divided gradient and partial sum: within 2e-3.
+ */
+static void scen_bf16(coll_comm *comm)
+{
+    eq_sizes();
+    bf_comm = comm;
+    size_t P = eq_base[EQ_NP];
+    if (rank == 0) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(bf_dir, sizeof bf_dir, "%s/ddp-check-bf16.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(bf_dir))
+            bf_dir[0] = 0;
+    }
+    if (coll_broadcast(comm, bf_dir, bf_dir, sizeof bf_dir, COLL_U8, 0) < 0 || !bf_dir[0]) {
+        CHECK(0, "bf16: no checkpoint directory");
+        return;
+    }
+    static const struct {
+        ddp_precision prec;
+        coll_dtype reduce;
+        const char *name;
+    } modes[] = {{DDP_PREC_BF16, COLL_F32, "bf16 compute"},
+                 {DDP_PREC_F32, COLL_BF16, "bf16 reduce"},
+                 {DDP_PREC_BF16, COLL_BF16, "bf16 both"}};
+    double worst = 0;
+    for (int mode = 0; mode < 3; mode++) {
+        for (int adamw = 0; adamw < 2; adamw++) {
+            for (int stage = 0; stage < 4; stage++) {
+                eq_cfg c = {stage,       adamw,           1, 2, adamw ? 0.01f : 0.05f, 0.3f,
+                            modes[mode].prec, modes[mode].reduce};
+                double ref[EQ_MAXP], got[EQ_MAXP], rn[EQ_K], gn[EQ_K];
+                int nclip = 0;
+                eq_reference(&c, ref, rn);
+                bf_steps_checked = bf_mismatch = 0;
+                int compute = c.prec == DDP_PREC_BF16;
+                eq_after_step = compute ? bf_check_copy : NULL;
+                eq_after_train = compute ? bf_check_ckpt : NULL;
+                int rc = eq_train(comm, &c, got, gn, &nclip);
+                eq_after_step = NULL;
+                eq_after_train = NULL;
+                if (rc < 0) {
+                    CHECK(0, "%s stage %d: training failed", modes[mode].name, stage);
+                    continue;
+                }
+                double dmax = 0, rmax = 0;
+                for (size_t j = 0; j < P; j++) {
+                    dmax = fmax(dmax, fabs(got[j] - ref[j]));
+                    rmax = fmax(rmax, fabs(ref[j]));
+                }
+                double rel = dmax / rmax;
+                worst = fmax(worst, rel);
+                CHECK(rel <= 2e-2, "%s stage %d %s: parameters %.2e relative to the reference",
+                      modes[mode].name, stage, adamw ? "adamw" : "sgd", rel);
+                CHECK(!compute || (bf_steps_checked == EQ_K + 1 && bf_mismatch == 0),
+                      "%s stage %d: %d compute elements are not round(master) over %d checks",
+                      modes[mode].name, stage, bf_mismatch, bf_steps_checked);
+                if (rank == 0)
+                    printf("ddp-check: bf16 world %d %-12s stage %d %-5s: parameters %.1e "
+                           "relative to the f32/double reference\n",
+                           world, modes[mode].name, stage, adamw ? "adamw" : "sgd", rel);
+            }
+        }
+    }
+    coll_barrier(comm);
+    if (rank == 0) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", bf_dir);
+        if (system(cmd) != 0)
+            printf("ddp-check: could not remove %s\n", bf_dir);
+        printf("ddp-check: bf16 world %d: worst relative difference %.1e (tolerance 2e-2)\n", world,
+               worst);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
         fprintf(stderr,
-                "usage: ddp-check misuse|layout|nonfinite|memory|overlap|equiv   (under ddprun)\n");
+                "usage: ddp-check misuse|layout|nonfinite|memory|overlap|equiv|bf16   (under ddprun)\n");
         return 2;
     }
     rdzv_env env;
@@ -702,6 +925,8 @@ int main(int argc, char **argv)
         scen_overlap(comm);
     else if (!strcmp(argv[1], "equiv"))
         scen_equiv(comm);
+    else if (!strcmp(argv[1], "bf16"))
+        scen_bf16(comm);
     else {
         fprintf(stderr, "ddp-check: unknown scenario %s\n", argv[1]);
         return 2;

@@ -31,7 +31,7 @@ fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
 # 1. ddp-check.
 for job in "misuse 2" "misuse 3" "layout 3" "nonfinite 3" "memory 2" "memory 3" "overlap 2" \
-    "equiv 1" "equiv 2" "equiv 3" "equiv 4"; do
+    "equiv 1" "equiv 2" "equiv 3" "equiv 4" "bf16 1" "bf16 3"; do
     set -- $job
     out=$(timeout 120 "$DDPRUN" --standalone --nproc-per-node "$2" "$CHECK" "$1" 2>&1)
     n=$(grep -c "ddp-check: rank [0-9]*/$2 $1: PASS" <<<"$out")
@@ -39,7 +39,7 @@ for job in "misuse 2" "misuse 3" "layout 3" "nonfinite 3" "memory 2" "memory 3" 
         fail "ddp-check $1 on $2 ranks: $n of $2 passed"
         sed 's/^/    /' <<<"$out" >&2
     fi
-    grep -E "^\[0\]:ddp-check: (misuse|overlap|memory .* stage|rank 0 layout|equiv world [0-9]: worst)" <<<"$out" | sed 's/^\[0\]:/  /'
+    grep -E "^\[0\]:ddp-check: (misuse|overlap|memory .* stage|rank 0 layout|(equiv|bf16) world [0-9]: worst)" <<<"$out" | sed 's/^\[0\]:/  /'
 done
 
 # 2. Equivalence: metrics of every configuration against the reference.

@@ -1,0 +1,92 @@
+/*
+ * Where libddp's memory lives and what runs on it: a table of operations chosen once, when the
+ * model is created (host: optim.c's kernels and libc, ops_host.c; CUDA: kernels on the compute
+ * stream, ddp_cuda.cu). ddp.c calls through the table and never asks which one it has, except
+ * to decide whether a request is waited for on the host or by a stream.
+ *
+ * Conventions: the pointers given to an operation are the model's memory as the table
+ * allocated it (host or device). Every operation that returns an int returns 0 or a negative
+ * code: the host table never fails but for -ENOMEM in alloc; the CUDA table returns COLL_ECUDA
+ * with CUDA's message in d->err. Device operations are enqueued on the compute stream
+ * (d->stream) and return without waiting, except alloc, upload, download and info, which
+ * complete before they return (upload and download after the compute stream's earlier work).
+ *
+ * The step, in the order ddp.c calls it: norm_begin (zero the sum of squares), norm_add per
+ * owned range, (the sum allreduced by ddp.c when the model is sharded), decide (the norm, the
+ * skip, the clip factor and the step count: on the host into d->info, on the device into
+ * device memory that the kernels read, so no host decision is needed), optimize per owned range
+ * (a no-op when the step is skipped; refreshes the bf16 compute copy of the range when given
+ * one). Internal (ddp__ prefix); not installed.
+ */
+#ifndef DDP_OPS_H
+#define DDP_OPS_H
+
+#include "ddp.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ddp__scalars; /* the CUDA table's device-side step state (ddp_cuda.cu) */
+
+/* One model's place to run: the device, its streams, the step's state. */
+typedef struct ddp__dev {
+    int device;        /* -1: host */
+    void *stream;      /* the caller's compute stream (opts.stream) */
+    void *comm_stream; /* the communication stream (device; made by open) */
+    void *event;       /* an event reused to order the two streams (device) */
+    struct ddp__scalars *scal; /* device: the step's scalars */
+    double *ss;        /* where the sum of squares is: d->host_ss or device memory */
+    double host_ss;
+    ddp_step_info info; /* host: the last decision */
+    float clip_scale;   /* host: the clip factor of the last decision (1: none) */
+    char *err;          /* the model's error buffer, for failures */
+    size_t errlen;
+} ddp__dev;
+
+typedef struct ddp__ops {
+    int is_device;
+    /* Makes the device current, creates the communication stream, the event and the scalars.
+     * close accepts a half-opened d. */
+    int (*open)(ddp__dev *d);
+    void (*close)(ddp__dev *d);
+    /* nbytes of zeroed memory (nbytes may be 0: *out is then NULL); release accepts NULL. */
+    int (*alloc)(ddp__dev *d, size_t nbytes, void **out);
+    void (*release)(ddp__dev *d, void *p);
+    int (*zero)(ddp__dev *d, void *p, size_t nbytes);
+    /* Host memory src into the model's dst, and back; complete on return. */
+    int (*upload)(ddp__dev *d, void *dst, const void *src, size_t nbytes);
+    int (*download)(ddp__dev *d, void *dst, const void *src, size_t nbytes);
+    /* Waits for everything enqueued on the compute stream (device); host: nothing. */
+    int (*sync)(ddp__dev *d);
+    /* dst[i] = bf16(src[i] * scale); dst[i] (+)= f32(src[i]); dst[i] += src[i]. */
+    int (*to_bf16)(ddp__dev *d, uint16_t *dst, const float *src, size_t n, float scale);
+    int (*from_bf16)(ddp__dev *d, float *dst, const uint16_t *src, size_t n, int add);
+    int (*add)(ddp__dev *d, float *dst, const float *src, size_t n);
+    /* The communication stream waits for the compute stream's work enqueued so far. */
+    int (*to_comm)(ddp__dev *d);
+    /* The step (see above). `steps` is the host's count of steps taken: decide increments it
+     * on the host; on the device the count lives in the scalars (set_steps sets it, info reads
+     * it). */
+    int (*norm_begin)(ddp__dev *d);
+    int (*norm_add)(ddp__dev *d, const float *grad, size_t n);
+    int (*decide)(ddp__dev *d, const ddp_options *o, int64_t *steps);
+    int (*optimize)(ddp__dev *d, const ddp_options *o, float lr, float *param, float *grad,
+                    float *m1, float *m2, uint16_t *compute, size_t n);
+    int (*info)(ddp__dev *d, ddp_step_info *out);
+    int (*set_steps)(ddp__dev *d, int64_t steps);
+} ddp__ops;
+
+extern const ddp__ops ddp__host_ops;
+
+/* The CUDA table, or NULL in a build without CUDA. */
+const ddp__ops *ddp__cuda_ops(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DDP_OPS_H */
