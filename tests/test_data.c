@@ -403,6 +403,21 @@ START_TEST(load_bad_splits)
 END_TEST
 
 /* The real data set, when Debian's package is installed: sizes as published. */
+/* data_pixels() undoes the normalisation exactly, for every byte value. */
+START_TEST(pixels_round_trip)
+{
+    uint8_t p[256], back[256];
+    float x[256];
+    for (int i = 0; i < 256; i++) {
+        p[i] = (uint8_t)i;
+        x[i] = ((float)p[i] / 255.0f - DATA_MEAN) / DATA_STD; /* data_load()'s */
+    }
+    data_set ds = {.n = 16, .rows = 4, .cols = 4, .dim = 16, .x = x};
+    data_pixels(&ds, back);
+    ck_assert_int_eq(memcmp(p, back, sizeof p), 0);
+}
+END_TEST
+
 START_TEST(fashion_mnist_installed)
 {
     if (access(DATA_DEFAULT_DIR "/train-images-idx3-ubyte.gz", R_OK) != 0) {
@@ -589,6 +604,7 @@ static Suite *data_suite(void)
     tcase_add_test(tc, idx_bad_files);
     tcase_add_test(tc, load_bad_splits);
     tcase_add_test(tc, fashion_mnist_installed);
+    tcase_add_test(tc, pixels_round_trip);
     tcase_set_timeout(tc, 30);
     suite_add_tcase(s, tc);
     tc = tcase_create("loader");

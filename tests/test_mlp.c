@@ -1,6 +1,7 @@
 /*
  * Unit tests of ddp-train's MLP (worker/mlp.c): backward against finite differences, a forward
- * computed by hand, gradient accumulation, the hooks' order and the initialisation's bounds.
+ * computed by hand, gradient accumulation, the hooks' order, the initialisation's bounds, and the
+ * bf16 mode against f32.
  *
  * Finite differences, "double-checked float": the model under test runs in float on OpenBLAS.
  * The test carries its own scalar forward in double (no BLAS) over the same parameter values,
@@ -25,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "mlp.h"
 #include "rng.h"
 
@@ -406,6 +408,112 @@ START_TEST(accumulation_and_hooks)
 }
 END_TEST
 
+/* bf16 hooks: the same parameters rounded to bf16, in W16/b16 (W and b NULL). */
+typedef struct params16 {
+    params *p;
+    uint16_t *W[8], *b[8];
+} params16;
+
+static int hook_begin16(void *arg, int l, int backward, mlp_layer *io)
+{
+    params16 *q = arg;
+    io->W16 = q->W[l];
+    io->b16 = q->b[l];
+    io->dW = backward ? q->p->dW[l] : NULL;
+    io->db = backward ? q->p->db[l] : NULL;
+    return 0;
+}
+
+/*
+ * Mixed precision on the host (mlp.h): a bf16 model reads W16/b16 only and, against an f32
+ * model on the same (rounded) parameters and inputs, differs only by the rounding of its
+ * activations and activation gradients to bf16 (relative 2^-9 each): the loss within 1e-2
+ * relative, every gradient within 3e-2 of the largest. Its probabilities sum to 1 in f32. A
+ * missing W16 fails the pass with -EINVAL.
+ */
+START_TEST(bf16_against_f32)
+{
+    mlp_config c = {.in_dim = 784, .hidden = 64, .layers = 2, .classes = 10};
+    mlp_config c16 = c;
+    c16.bf16 = 1;
+    enum { B = 32 };
+    params p, p16;
+    params_init(&p, &c, 11);
+    params_init(&p16, &c, 11);
+    params16 q = {.p = &p16};
+    for (int l = 0; l < p.L; l++) {
+        size_t nW = (size_t)mlp_layer_out(&c, l) * mlp_layer_in(&c, l), nb = mlp_layer_out(&c, l);
+        q.W[l] = malloc(nW * sizeof(uint16_t));
+        q.b[l] = malloc(nb * sizeof(uint16_t));
+        for (size_t i = 0; i < nW; i++) {
+            q.W[l][i] = bf16_round(p.W[l][i]);
+            p.W[l][i] = bf16_widen(q.W[l][i]);
+        }
+        for (size_t i = 0; i < nb; i++) {
+            q.b[l][i] = bf16_round(p.b[l][i]);
+            p.b[l][i] = bf16_widen(q.b[l][i]);
+        }
+    }
+    rng r;
+    rng_init(&r, 12, 0);
+    float *x = malloc(sizeof(float) * B * 784), *xq = malloc(sizeof(float) * B * 784);
+    uint8_t y[B];
+    for (int i = 0; i < B * 784; i++) {
+        x[i] = 4.0f * rng_float(&r) - 1.0f;
+        xq[i] = bf16_quantize(x[i]);
+    }
+    for (int i = 0; i < B; i++)
+        y[i] = (uint8_t)rng_below(&r, 10);
+
+    mlp *m, *m16;
+    ck_assert_int_eq(mlp_create(&c, B, &m), 0);
+    ck_assert_int_eq(mlp_create(&c16, B, &m16), 0);
+    mlp_hooks h = hooks_of(&p), h16 = {.begin = hook_begin16, .arg = &q};
+    mlp_stats st, st16;
+    ck_assert_int_eq(mlp_forward(m, &h, xq, y, B, &st), 0);
+    ck_assert_int_eq(mlp_forward(m16, &h16, x, y, B, &st16), 0);
+    printf("bf16 against f32: loss %.6f against %.6f\n", st16.loss_sum, st.loss_sum);
+    ck_assert_double_le(fabs(st16.loss_sum - st.loss_sum), 1e-2 * st.loss_sum);
+    for (int i = 0; i < B; i++) {
+        double sum = 0;
+        for (int j = 0; j < 10; j++)
+            sum += mlp_output(m16)[i * 10 + j];
+        ck_assert_double_eq_tol(sum, 1, 1e-5);
+    }
+    ck_assert_int_eq(mlp_backward(m, &h, 1.0f / B), 0);
+    ck_assert_int_eq(mlp_backward(m16, &h16, 1.0f / B), 0);
+    double err = 0, gmax = 0;
+    for (int l = 0; l < p.L; l++) {
+        size_t nW = (size_t)mlp_layer_out(&c, l) * mlp_layer_in(&c, l), nb = mlp_layer_out(&c, l);
+        for (size_t i = 0; i < nW; i++) {
+            err = fmax(err, fabs(p16.dW[l][i] - p.dW[l][i]));
+            gmax = fmax(gmax, fabs(p.dW[l][i]));
+        }
+        for (size_t i = 0; i < nb; i++)
+            err = fmax(err, fabs(p16.db[l][i] - p.db[l][i]));
+    }
+    printf("bf16 against f32: gradients differ by %.3g of the largest\n", err / gmax);
+    ck_assert_double_gt(gmax, 0);
+    ck_assert_double_le(err, 3e-2 * gmax);
+
+    uint16_t *keep = q.W[1];
+    q.W[1] = NULL;
+    ck_assert_int_eq(mlp_forward(m16, &h16, x, y, B, NULL), -EINVAL);
+    q.W[1] = keep;
+
+    for (int l = 0; l < p.L; l++) {
+        free(q.W[l]);
+        free(q.b[l]);
+    }
+    free(x);
+    free(xq);
+    mlp_free(m);
+    mlp_free(m16);
+    params_free(&p);
+    params_free(&p16);
+}
+END_TEST
+
 static int failing_begin(void *arg, int l, int backward, mlp_layer *io)
 {
     (void)backward;
@@ -488,6 +596,7 @@ static Suite *mlp_suite(void)
     tcase_add_test(tc, backward_finite_differences_784);
     tcase_add_test(tc, accumulation_and_hooks);
     tcase_add_test(tc, hook_failure_stops_the_pass);
+    tcase_add_test(tc, bf16_against_f32);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     tc = tcase_create("forward");

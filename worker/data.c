@@ -20,6 +20,7 @@
 #include "data.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -231,6 +232,15 @@ out:
     free(labels);
     free(x);
     return rc;
+}
+
+void data_pixels(const data_set *ds, uint8_t *out)
+{
+    for (size_t i = 0; i < (size_t)ds->n * ds->dim; i++) {
+        /* The normalisation's rounding (a few ulp of x) is far below the 1/255 step. */
+        float p = (ds->x[i] * DATA_STD + DATA_MEAN) * 255.0f;
+        out[i] = (uint8_t)(p <= 0 ? 0 : p >= 255 ? 255 : lrintf(p));
+    }
 }
 
 void data_gather(const data_set *ds, const int32_t *idx, int count, float *x, uint8_t *y)

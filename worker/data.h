@@ -69,6 +69,12 @@ int data_load(const char *dir, const char *split, data_set *out);
 /* Frees the set's arrays and zeroes it. NULL is a no-op. */
 void data_set_free(data_set *ds);
 
+/*
+ * Writes the set's pixels, (n, dim) bytes, into `out`: the normalisation undone, exactly (the
+ * CUDA path uploads the bytes and normalises on the device, as data_load() does).
+ */
+void data_pixels(const data_set *ds, uint8_t *out);
+
 /* Copies rows idx[0..count) of ds into x (count, dim) and y (count). */
 void data_gather(const data_set *ds, const int32_t *idx, int count, float *x, uint8_t *y);
 

@@ -22,7 +22,12 @@
  * complete one at whatever world size and stage the job now has; with --micro-batch the
  * global batch, and so the samples of every step, stay the same.
  *
- * Not here: the GPU path (its own issue), and any data set but IDX images with ten classes.
+ * On a GPU (--device cuda, mlp_cuda.h) the same loop runs with the compute on the device: one
+ * table of operations (compute_ops) is chosen at set-up, the hooks hand libddp's device
+ * pointers to the model, and the host waits for the device only when it reports.
+ * --precision bf16 is mixed precision on either device (mlp.h, libddp's compute copy).
+ *
+ * Not here: any data set but IDX images with ten classes.
  *
  * Exit status: 0 trained; 1 bad usage, environment or data; 2 the job failed (store,
  * communicator, a peer, the library), with the culprit rank named when libddp knows it.
@@ -49,6 +54,7 @@
 #include "data.h"
 #include "ddp.h"
 #include "mlp.h"
+#include "mlp_cuda.h"
 #include "monoclock.h"
 #include "rdzv.h"
 #include "safetensors.h"
@@ -76,6 +82,10 @@ enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAIL = 2 };
 #define DEF_THREADS 1
 #define DEF_TIMEOUT_MS 60000
 #define DEF_KEEP 3
+#define DEF_DEVICE "auto"
+#define DEF_PRECISION "f32"
+#define DEF_REDUCE_DTYPE "f32"
+#define DEF_BACKEND "auto"
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
@@ -88,8 +98,15 @@ enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAIL = 2 };
 /* --dump-batches keeps the batches in memory until the end: at most this much. */
 #define DUMP_MAX_BYTES (1ull << 30)
 
+/* --device */
+typedef enum train_device { DEV_AUTO = 0, DEV_CPU, DEV_CUDA } train_device;
+
 typedef struct train_args {
     int zero;
+    train_device device;
+    int bf16;                /* --precision bf16 */
+    coll_dtype reduce_dtype; /* --reduce-dtype */
+    coll_backend backend;    /* --backend: AUTO, CPU or NCCL */
     ddp_optimizer optimizer;
     double lr, momentum, weight_decay, clip, bucket_mb;
     ddp_schedule_kind schedule;
@@ -136,6 +153,10 @@ enum {
     OPT_RESUME,
     OPT_INIT_FROM,
     OPT_TIMEOUT,
+    OPT_DEVICE,
+    OPT_PRECISION,
+    OPT_REDUCE_DTYPE,
+    OPT_BACKEND,
     OPT_VERSION,
 };
 
@@ -148,6 +169,36 @@ static const cli_option opt_table[] = {
      0,
      "ZeRO stage: 0 is DDP (everything replicated); 1 shards the optimizer state, 2 also the "
      "gradients, 3 also the parameters."},
+    {OPT_DEVICE,
+     {"--device"},
+     "cpu|cuda|auto",
+     DEF_DEVICE,
+     0,
+     "Where the model computes: cpu (OpenBLAS), or cuda (cuBLAS; one GPU per rank, GPU "
+     "LOCAL_RANK modulo the GPUs there are); auto: cuda when ddp-train was built with CUDA and "
+     "a GPU is there, else cpu."},
+    {OPT_PRECISION,
+     {"--precision"},
+     "f32|bf16",
+     DEF_PRECISION,
+     0,
+     "Compute precision. bf16: bf16 parameters and activations in the matrix products (f32 "
+     "accumulation), f32 master weights, optimizer state and gradients (mixed precision)."},
+    {OPT_REDUCE_DTYPE,
+     {"--reduce-dtype"},
+     "f32|bf16",
+     DEF_REDUCE_DTYPE,
+     0,
+     "Type the gradients are reduced in; bf16 halves the traffic (pre-divided by the world "
+     "size)."},
+    {OPT_BACKEND,
+     {"--backend"},
+     "auto|cpu|nccl",
+     DEF_BACKEND,
+     0,
+     "libcollective backend. With --device cuda, auto takes nccl when every rank of the host "
+     "has a GPU of its own, else cpu (device buffers staged through host memory: NCCL allows "
+     "one rank per GPU). With --device cpu, cpu."},
     {OPT_OPTIMIZER, {"--optimizer"}, "sgd|adamw", DEF_OPTIMIZER, 0, "The optimizer."},
     {OPT_LR, {"--lr"}, "LR", STR(DEF_LR), 0, "Peak learning rate."},
     {OPT_MOMENTUM, {"--momentum"}, "M", STR(DEF_MOMENTUM), 0, "SGD momentum (0: none)."},
@@ -347,6 +398,50 @@ static int parse_optimizer(const char *flag, const char *s, ddp_optimizer *out)
     return 0;
 }
 
+static int parse_device(const char *flag, const char *s, train_device *out)
+{
+    if (!strcmp(s, "auto"))
+        *out = DEV_AUTO;
+    else if (!strcmp(s, "cpu"))
+        *out = DEV_CPU;
+    else if (!strcmp(s, "cuda"))
+        *out = DEV_CUDA;
+    else {
+        err("%s: unknown device '%s' (cpu, cuda, auto)", flag, s);
+        return -1;
+    }
+    return 0;
+}
+
+/* f32 or bf16 (--precision, --reduce-dtype). */
+static int parse_f32_bf16(const char *flag, const char *s, coll_dtype *out)
+{
+    if (!strcmp(s, "f32"))
+        *out = COLL_F32;
+    else if (!strcmp(s, "bf16"))
+        *out = COLL_BF16;
+    else {
+        err("%s: expected f32 or bf16, got '%s'", flag, s);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_backend(const char *flag, const char *s, coll_backend *out)
+{
+    if (!strcmp(s, "auto"))
+        *out = COLL_BACKEND_AUTO;
+    else if (!strcmp(s, "cpu"))
+        *out = COLL_BACKEND_CPU;
+    else if (!strcmp(s, "nccl"))
+        *out = COLL_BACKEND_NCCL;
+    else {
+        err("%s: unknown backend '%s' (auto, cpu, nccl)", flag, s);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_schedule(const char *flag, const char *s, ddp_schedule_kind *out)
 {
     if (!strcmp(s, "constant"))
@@ -375,6 +470,8 @@ static int check_args(const train_args *a)
         bad = "--resume PATH and --init-from exclude each other";
     else if (a->resume && a->dump_batches)
         bad = "--dump-batches records a whole run from its first step: not with --resume";
+    else if (a->device == DEV_CPU && a->backend == COLL_BACKEND_NCCL)
+        bad = "--backend nccl needs --device cuda";
     if (bad) {
         err("%s", bad);
         return EXIT_USAGE;
@@ -386,6 +483,9 @@ static int check_args(const train_args *a)
 static int parse_args(int argc, char **argv, train_args *a)
 {
     *a = (train_args){.zero = DEF_ZERO,
+                      .device = DEV_AUTO,
+                      .reduce_dtype = COLL_F32,
+                      .backend = COLL_BACKEND_AUTO,
                       .lr = DEF_LR,
                       .momentum = DEF_MOMENTUM,
                       .weight_decay = DEF_WEIGHT_DECAY,
@@ -422,6 +522,25 @@ static int parse_args(int argc, char **argv, train_args *a)
         switch (c) {
         case OPT_ZERO:
             rc = cli_parse_int(flag, optarg, 0, 3, &a->zero);
+            break;
+        case OPT_DEVICE:
+            if (parse_device(flag, optarg, &a->device) < 0)
+                return EXIT_USAGE;
+            break;
+        case OPT_PRECISION: {
+            coll_dtype p;
+            if (parse_f32_bf16(flag, optarg, &p) < 0)
+                return EXIT_USAGE;
+            a->bf16 = p == COLL_BF16;
+            break;
+        }
+        case OPT_REDUCE_DTYPE:
+            if (parse_f32_bf16(flag, optarg, &a->reduce_dtype) < 0)
+                return EXIT_USAGE;
+            break;
+        case OPT_BACKEND:
+            if (parse_backend(flag, optarg, &a->backend) < 0)
+                return EXIT_USAGE;
             break;
         case OPT_OPTIMIZER:
             if (parse_optimizer(flag, optarg, &a->optimizer) < 0)
@@ -549,13 +668,48 @@ static int parse_args(int argc, char **argv, train_args *a)
 /* The trainer's state                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct trainer {
+typedef struct trainer trainer;
+
+/*
+ * The model's compute, chosen once at set-up: on the host (OpenBLAS, mlp.h) or on a GPU (mlp_cuda.h).
+ * Both accumulate the loss sum and correct count of their forward passes until take() reads
+ * and resets them (on the GPU, on the device: take() waits for the stream).
+ */
+typedef struct compute_ops {
+    /* One micro-step's forward and backward over batch b, through the trainer's hooks. */
+    int (*micro)(trainer *t, const data_batch *b, float loss_scale);
+    /* A forward over test rows [start, start + count) (count may be 0: the hooks still run). */
+    int (*eval)(trainer *t, int start, int count);
+    int (*take)(trainer *t, mlp_stats *out);
+    /* Copies nbytes of the library's memory (ddp_param_data()) to host memory. */
+    int (*to_host)(trainer *t, void *dst, const void *src, size_t nbytes);
+    /* The sentence of the compute's own last failure (not a hook's). */
+    const char *(*last_error)(void);
+    int async; /* 1: ddp_step() is not asked for its info (that would wait for the device) */
+} compute_ops;
+
+struct trainer {
     train_args a;
     int rank, world;
     rdzv_server *own_store; /* standalone: the store this process runs */
     rdzv_client *store;
-    coll_comm *comm;
+    coll_comm *comm;  /* libddp's */
+    coll_comm *hcomm; /* the trainer's own collectives on host buffers (loss, evaluation,
+                         restore): comm itself, or a cpu communicator beside an nccl one */
     ddp_model *m;
+
+    /* The device: -1 (the host) or a CUDA device ordinal, with its compute stream. */
+    int device;
+    coll_backend backend;
+    void *stream;
+    char gpu_name[256];
+    const compute_ops *ops;
+    mlp_hooks hooks;
+    mlp_cuda *gnet;                /* device: the model */
+    mlp_cuda_data *gtrain, *gtest; /* device: the data sets */
+    mlp_stats acc;                 /* host: the passes' sums since the last take */
+    double carry_loss; /* training loss taken before an evaluation, for the next report */
+    int hook_failed;   /* a hook failed in the latest pass (libddp's account says why) */
 
     mlp_config cfg;
     mlp *net;
@@ -589,7 +743,7 @@ typedef struct trainer {
         float *lr;      /* (steps) */
         int64_t steps;
     } dump;
-} trainer;
+};
 
 /*
  * libddp's and libcollective's log hook: warnings only. Their errors come back as return codes
@@ -624,16 +778,27 @@ static int hook_begin(void *arg, int l, int backward, mlp_layer *io)
 {
     trainer *t = arg;
     int rc = ddp_unit_gather(t->m, l);
-    if (rc < 0)
+    if (rc < 0) {
+        t->hook_failed = 1;
         return rc;
-    io->W = ddp_param_data(t->m, t->pW[l]);
-    io->b = ddp_param_data(t->m, t->pb[l]);
+    }
+    /* The compute copy: f32, or bf16 with --precision bf16 (libddp keeps the f32 master). */
+    void *W = ddp_param_data(t->m, t->pW[l]), *b = ddp_param_data(t->m, t->pb[l]);
+    if (ddp_param_dtype(t->m) == COLL_BF16) {
+        io->W16 = W;
+        io->b16 = b;
+    } else {
+        io->W = W;
+        io->b = b;
+    }
     if (backward) {
         io->dW = ddp_grad_buffer(t->m, t->pW[l]);
         io->db = ddp_grad_buffer(t->m, t->pb[l]);
     }
-    if (!io->W || !io->b || (backward && (!io->dW || !io->db)))
+    if (!W || !b || (backward && (!io->dW || !io->db))) {
+        t->hook_failed = 1;
         return -EIO;
+    }
     return 0;
 }
 
@@ -646,11 +811,99 @@ static int hook_end(void *arg, int l, int backward)
 {
     trainer *t = arg;
     int rc = 0;
-    if (backward &&
-        ((rc = ddp_grad_ready(t->m, t->pb[l])) < 0 || (rc = ddp_grad_ready(t->m, t->pW[l])) < 0))
-        return rc;
-    return ddp_unit_release(t->m, l);
+    if ((backward && ((rc = ddp_grad_ready(t->m, t->pb[l])) < 0 ||
+                      (rc = ddp_grad_ready(t->m, t->pW[l])) < 0)) ||
+        (rc = ddp_unit_release(t->m, l)) < 0)
+        t->hook_failed = 1;
+    return rc;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* The compute: the host's and the device's                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static void stats_add(mlp_stats *acc, const mlp_stats *st)
+{
+    acc->loss_sum += st->loss_sum;
+    acc->correct += st->correct;
+}
+
+static int host_micro(trainer *t, const data_batch *b, float loss_scale)
+{
+    mlp_stats st;
+    int rc = mlp_forward(t->net, &t->hooks, b->x, b->y, b->count, &st);
+    if (rc < 0)
+        return rc;
+    stats_add(&t->acc, &st);
+    return mlp_backward(t->net, &t->hooks, loss_scale);
+}
+
+static int host_eval(trainer *t, int start, int count)
+{
+    const data_set *ds = &t->test;
+    mlp_stats st;
+    int rc = mlp_forward(t->net, &t->hooks, count ? ds->x + (size_t)start * ds->dim : NULL,
+                         count ? ds->y + start : NULL, count, &st);
+    if (rc == 0)
+        stats_add(&t->acc, &st);
+    return rc;
+}
+
+static int host_take(trainer *t, mlp_stats *out)
+{
+    *out = t->acc;
+    t->acc = (mlp_stats){0};
+    return 0;
+}
+
+static int host_to_host(trainer *t, void *dst, const void *src, size_t nbytes)
+{
+    (void)t;
+    memcpy(dst, src, nbytes);
+    return 0;
+}
+
+static const char *host_last_error(void)
+{
+    return "the model refused its input";
+}
+
+static const compute_ops host_ops = {host_micro,   host_eval,       host_take,
+                                     host_to_host, host_last_error, 0};
+
+/* The batch's indices go to the device, which gathers the rows from its copy of the set. */
+static int cuda_micro(trainer *t, const data_batch *b, float loss_scale)
+{
+    const void *x;
+    const uint8_t *y;
+    int rc = mlp_cuda_data_batch(t->gtrain, b->index, 0, b->count, &x, &y);
+    if (rc == 0)
+        rc = mlp_cuda_forward(t->gnet, &t->hooks, x, y, b->count, NULL);
+    if (rc == 0)
+        rc = mlp_cuda_backward(t->gnet, &t->hooks, loss_scale);
+    return rc;
+}
+
+static int cuda_eval(trainer *t, int start, int count)
+{
+    const void *x;
+    const uint8_t *y;
+    int rc = mlp_cuda_data_batch(t->gtest, NULL, start, count, &x, &y);
+    return rc < 0 ? rc : mlp_cuda_forward(t->gnet, &t->hooks, x, y, count, NULL);
+}
+
+static int cuda_take(trainer *t, mlp_stats *out)
+{
+    return mlp_cuda_stats_take(t->gnet, out);
+}
+
+static int cuda_to_host(trainer *t, void *dst, const void *src, size_t nbytes)
+{
+    return mlp_cuda_to_host(dst, src, nbytes, t->stream);
+}
+
+static const compute_ops cuda_ops = {cuda_micro,   cuda_eval,           cuda_take,
+                                     cuda_to_host, mlp_cuda_last_error, 1};
 
 /* ------------------------------------------------------------------------------------------ */
 /* Files: safetensors dumps and JSON Lines metrics                                             */
@@ -671,14 +924,15 @@ static int write_safetensors(const char *path, const tensor *ts, int n, const ch
 
 /*
  * Writes the model's current parameters to `path` (rank 0) as safetensors, `what` going into
- * the metadata's "format". Each unit is gathered (ZeRO-3; other stages hold every parameter)
- * and rank 0 copies it, so every rank calls this. Returns 0 or EXIT_FAIL (printed: a
+ * the metadata's "format": the compute copy, F32 or (--precision bf16) BF16. Each unit is
+ * gathered (ZeRO-3; other stages hold every parameter) and rank 0 copies it (from the device
+ * with --device cuda), so every rank calls this. Returns 0 or EXIT_FAIL (printed: a
  * collective's failure, or on rank 0 a file error).
  */
 static int dump_params(trainer *t, const char *path, const char *what)
 {
     tensor ts[2 * (MAX_LAYERS + 1)];
-    float *copy[2 * (MAX_LAYERS + 1)] = {0};
+    void *copy[2 * (MAX_LAYERS + 1)] = {0};
     int rc = 0;
     for (int l = 0; l < t->L; l++) { /* every unit on every rank, even after a local error */
         int in = mlp_layer_in(&t->cfg, l), out = mlp_layer_out(&t->cfg, l);
@@ -689,15 +943,19 @@ static int dump_params(trainer *t, const char *path, const char *what)
         }
         for (int j = 0; j < 2 && t->rank == 0 && rc == 0; j++) {
             int p = j ? t->pb[l] : t->pW[l];
-            size_t nbytes = sizeof(float) * ddp_param_count(t->m, p);
+            size_t nbytes = (t->a.bf16 ? 2 : 4) * ddp_param_count(t->m, p);
             if (!(copy[2 * l + j] = malloc(nbytes))) {
                 err("%s: out of memory", path);
                 rc = -1;
                 break;
             }
-            memcpy(copy[2 * l + j], ddp_param_data(t->m, p), nbytes);
+            if ((rc = t->ops->to_host(t, copy[2 * l + j], ddp_param_data(t->m, p), nbytes)) < 0) {
+                err("%s: copying %s: %s", path, t->names[p], t->ops->last_error());
+                break;
+            }
             /* (out, in) for the weight, (out) for the bias */
-            ts[2 * l + j] = (tensor){t->names[p], "F32", 2 - j, {out, in}, copy[2 * l + j], nbytes};
+            ts[2 * l + j] = (tensor){t->names[p], t->a.bf16 ? "BF16" : "F32", 2 - j, {out, in},
+                                     copy[2 * l + j], nbytes};
         }
         ddp_unit_release(t->m, l);
     }
@@ -760,7 +1018,57 @@ static void metrics_write(trainer *t, json_t *rec)
 /* Set-up                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The store and the communicator. Returns 0, EXIT_USAGE or EXIT_FAIL (printed). */
+/*
+ * This rank's device and backend (ddp-train(1), DEVICES): --device cpu, or auto without a GPU,
+ * is the host and the cpu backend; otherwise GPU LOCAL_RANK modulo the GPUs, made current with
+ * a compute stream of its own, and nccl when each rank of the host has a GPU of its own (and
+ * NCCL is built), else the cpu backend on device buffers. Returns 0 or EXIT_USAGE/EXIT_FAIL
+ * (printed).
+ */
+static int setup_device(trainer *t, const rdzv_env *env)
+{
+    const train_args *a = &t->a;
+    t->device = -1;
+    t->backend = COLL_BACKEND_CPU;
+    int ndev = a->device == DEV_CPU ? 0 : mlp_cuda_device_count();
+    if (a->device == DEV_CUDA && ndev == 0) {
+        err("--device cuda: %s", mlp_cuda_built() ? "no CUDA device is visible to this process"
+                                                  : "ddp-train was built without CUDA");
+        return EXIT_USAGE;
+    }
+    if (ndev == 0) {
+        if (a->backend == COLL_BACKEND_NCCL) {
+            err("--backend nccl needs a GPU (--device %s found none)",
+                a->device == DEV_CPU ? "cpu" : "auto");
+            return EXIT_USAGE;
+        }
+        return 0;
+    }
+    int shared = env->local_world_size > ndev;
+    if (a->backend == COLL_BACKEND_NCCL && (!coll_have_nccl() || shared)) {
+        if (!coll_have_nccl())
+            err("--backend nccl: libcollective was built without NCCL");
+        else
+            err("--backend nccl: %d ranks on this host share %d GPU%s, and NCCL allows one rank "
+                "per GPU (use --backend cpu)",
+                env->local_world_size, ndev, ndev == 1 ? "" : "s");
+        return EXIT_USAGE;
+    }
+    t->device = env->local_rank % ndev;
+    t->backend = a->backend == COLL_BACKEND_NCCL ||
+                         (a->backend == COLL_BACKEND_AUTO && coll_have_nccl() && !shared)
+                     ? COLL_BACKEND_NCCL
+                     : COLL_BACKEND_CPU;
+    if (mlp_cuda_open(t->device, &t->stream, t->gpu_name, sizeof t->gpu_name) < 0) {
+        err("rank %d: GPU %d: %s", t->rank, t->device, mlp_cuda_last_error());
+        return EXIT_FAIL;
+    }
+    return 0;
+}
+
+/*
+ * The store, the device and the communicators. Returns 0, EXIT_USAGE or EXIT_FAIL (printed).
+ */
 static int connect_job(trainer *t, rdzv_env *env)
 {
     if (rdzv_env_read(env) < 0) {
@@ -769,9 +1077,11 @@ static int connect_job(trainer *t, rdzv_env *env)
     }
     t->rank = env->rank;
     t->world = env->world_size;
+    int rc = setup_device(t, env);
+    if (rc != 0)
+        return rc;
     rdzv_client_options co;
     rdzv_client_options_init(&co);
-    int rc;
     if (env->standalone) {
         rdzv_server_options so;
         rdzv_server_options_init(&so);
@@ -802,9 +1112,19 @@ static int connect_job(trainer *t, rdzv_env *env)
     opts.timeout_ms = t->a.timeout_ms;
     opts.log = ddp_log;
     opts.log_arg = &t->rank;
-    rc = coll_comm_init(t->store, prefix, t->rank, t->world, COLL_BACKEND_CPU, -1, &opts, &t->comm);
+    rc = coll_comm_init(t->store, prefix, t->rank, t->world, t->backend,
+                        t->backend == COLL_BACKEND_NCCL ? t->device : -1, &opts, &t->comm);
+    t->hcomm = t->comm;
+    if (rc == 0 && t->backend == COLL_BACKEND_NCCL) {
+        /* NCCL reduces device buffers only: the trainer's own sums go through a cpu one. */
+        size_t len = strlen(prefix);
+        snprintf(prefix + len, sizeof prefix - len, "/host");
+        rc = coll_comm_init(t->store, prefix, t->rank, t->world, COLL_BACKEND_CPU, -1, &opts,
+                            &t->hcomm);
+    }
     if (rc < 0) {
-        err("rank %d: cannot create the communicator: %s: %s", t->rank, coll_strerror(rc),
+        err("rank %d: cannot create the %s communicator: %s: %s", t->rank,
+            t->comm ? "host's cpu" : coll_backend_name(t->backend), coll_strerror(rc),
             coll_last_error(NULL));
         return EXIT_FAIL;
     }
@@ -874,20 +1194,61 @@ static int setup_data(trainer *t)
     return 0;
 }
 
+/*
+ * --device cuda: the model on the GPU, and both data sets uploaded once (their bytes; the
+ * device normalises what it gathers). Returns 0 or EXIT_FAIL (printed).
+ */
+static int setup_cuda(trainer *t, int max_batch)
+{
+    t->ops = &cuda_ops;
+    int rc = mlp_cuda_create(&t->cfg, max_batch, t->stream, &t->gnet);
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        const data_set *ds = i ? &t->test : &t->train;
+        uint8_t *pix = malloc((size_t)ds->n * ds->dim);
+        if (!pix) {
+            err("rank %d: out of memory", t->rank);
+            return EXIT_FAIL;
+        }
+        data_pixels(ds, pix);
+        rc = mlp_cuda_data_create(pix, ds->y, ds->n, ds->dim, max_batch, t->a.bf16, t->stream,
+                                  i ? &t->gtest : &t->gtrain);
+        free(pix);
+    }
+    if (rc < 0) {
+        err("rank %d: GPU %d: %s", t->rank, t->device, mlp_cuda_last_error());
+        return EXIT_FAIL;
+    }
+    return 0;
+}
+
 /* The model: units, parameters, commit (rank 0 draws, the others receive). */
 static int setup_model(trainer *t)
 {
     train_args *a = &t->a;
-    t->cfg = (mlp_config){
-        .in_dim = t->train.dim, .hidden = a->hidden, .layers = a->layers, .classes = 10};
+    t->cfg = (mlp_config){.in_dim = t->train.dim,
+                          .hidden = a->hidden,
+                          .layers = a->layers,
+                          .classes = 10,
+                          .bf16 = a->bf16};
     t->L = mlp_num_linear(&t->cfg);
+    t->hooks = (mlp_hooks){.begin = hook_begin, .end = hook_end, .arg = t};
     int max_batch = t->sampler.micro > EVAL_CHUNK ? t->sampler.micro : EVAL_CHUNK;
     t->pW = calloc((size_t)t->L, sizeof(int));
     t->pb = calloc((size_t)t->L, sizeof(int));
     t->names = calloc(2 * (size_t)t->L, sizeof(char *));
-    if (!t->pW || !t->pb || !t->names || mlp_create(&t->cfg, max_batch, &t->net) < 0) {
-        err("rank %d: out of memory for the model's activations", t->rank);
+    if (!t->pW || !t->pb || !t->names) {
+        err("rank %d: out of memory", t->rank);
         return EXIT_FAIL;
+    }
+    int rc;
+    if (t->device < 0) {
+        t->ops = &host_ops;
+        if (mlp_create(&t->cfg, max_batch, &t->net) < 0) {
+            err("rank %d: out of memory for the model's activations", t->rank);
+            return EXIT_FAIL;
+        }
+    } else if ((rc = setup_cuda(t, max_batch)) != 0) {
+        return rc;
     }
 
     ddp_options o;
@@ -902,7 +1263,11 @@ static int setup_model(trainer *t)
         o.first_bucket_bytes = o.bucket_bytes;
     o.log = ddp_log;
     o.log_arg = &t->rank;
-    int rc = ddp_model_create(t->comm, &o, &t->m);
+    o.device = t->device;
+    o.stream = t->stream;
+    o.precision = a->bf16 ? DDP_PREC_BF16 : DDP_PREC_F32;
+    o.reduce_dtype = a->reduce_dtype;
+    rc = ddp_model_create(t->comm, &o, &t->m);
     if (rc < 0) {
         err("rank %d: ddp_model_create: %s: %s", t->rank, ddp_strerror(rc), ddp_last_error(NULL));
         return EXIT_FAIL;
@@ -935,6 +1300,42 @@ static int setup_model(trainer *t)
     return 0;
 }
 
+/* Where the account of a failure is. */
+enum { BY_LIBDDP, BY_COMM, BY_COMPUTE };
+
+/*
+ * Reports a failed call at `step` with its account: libddp's, the communicator's when the call
+ * was the trainer's own collective (the loss and evaluation sums), or the compute's own (a
+ * CUDA failure, say) when it failed outside a hook; and the rank libcollective blames, if a
+ * peer failed. Returns EXIT_FAIL.
+ */
+static int failed_by(trainer *t, const char *what, int64_t step, int rc, int by)
+{
+    int culprit = coll_comm_failed_rank(t->comm);
+    if (culprit < 0)
+        culprit = coll_comm_failed_rank(t->hcomm);
+    char who[48] = "";
+    if (culprit >= 0 && culprit != t->rank)
+        snprintf(who, sizeof who, " (rank %d failed)", culprit);
+    err("rank %d: %s at step %" PRId64 " failed%s: %s: %s", t->rank, what, step + 1, who,
+        ddp_strerror(rc),
+        by == BY_COMM      ? coll_last_error(t->hcomm)
+        : by == BY_COMPUTE ? t->ops->last_error()
+                           : ddp_last_error(t->m));
+    return EXIT_FAIL;
+}
+
+static int failed(trainer *t, const char *what, int64_t step, int rc)
+{
+    return failed_by(t, what, step, rc, BY_LIBDDP);
+}
+
+/* A failed pass or take: the hook's account (libddp's), else the compute's own. */
+static int failed_compute(trainer *t, const char *what, int64_t step, int rc)
+{
+    return failed_by(t, what, step, rc, t->hook_failed ? BY_LIBDDP : BY_COMPUTE);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Evaluation                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
@@ -943,33 +1344,38 @@ static int setup_model(trainer *t)
  * Test loss and accuracy over the whole test set: rank r takes the contiguous shard
  * [r * ceil(n / W), ...), in chunks of EVAL_CHUNK rows, and the sums are allreduced. Every rank
  * runs the same number of forward passes (a short shard ends with empty ones) because each
- * pass gathers the units at ZeRO-3, which is collective. Every rank.
+ * pass gathers the units at ZeRO-3, which is collective. Every rank. Returns 0 or EXIT_FAIL
+ * (printed, naming `step`).
  */
-static int evaluate(trainer *t, double *loss, double *accuracy)
+static int evaluate(trainer *t, int64_t step, double *loss, double *accuracy)
 {
     const data_set *ds = &t->test;
     int per = (ds->n + t->world - 1) / t->world;
     int lo = t->rank * per < ds->n ? t->rank * per : ds->n;
     int hi = lo + per < ds->n ? lo + per : ds->n;
     int chunks = (per + EVAL_CHUNK - 1) / EVAL_CHUNK;
-    mlp_hooks h = {.begin = hook_begin, .end = hook_end, .arg = t};
+    /* The training passes' loss not reported yet waits for the next report. */
+    mlp_stats st;
+    t->hook_failed = 0;
+    int rc = t->ops->take(t, &st);
+    if (rc < 0)
+        return failed_compute(t, "evaluation", step, rc);
+    t->carry_loss += st.loss_sum;
     double sums[2] = {0, 0}; /* loss, correct */
     for (int c = 0; c < chunks; c++) {
         int start = lo + c * EVAL_CHUNK;
         int count = hi - start < EVAL_CHUNK ? hi - start : EVAL_CHUNK;
-        if (count < 0)
+        if (count <= 0) { /* an empty pass: its gathers only */
             count = 0;
-        mlp_stats st;
-        int rc = mlp_forward(t->net, &h, count ? ds->x + (size_t)start * ds->dim : NULL,
-                             count ? ds->y + start : NULL, count, &st);
-        if (rc < 0)
-            return rc;
+            start = lo;
+        }
+        if ((rc = t->ops->eval(t, start, count)) < 0 || (rc = t->ops->take(t, &st)) < 0)
+            return failed_compute(t, "evaluation", step, rc);
         sums[0] += st.loss_sum;
         sums[1] += st.correct;
     }
-    int rc = coll_allreduce(t->comm, sums, sums, 2, COLL_F64, COLL_SUM);
-    if (rc < 0)
-        return rc;
+    if ((rc = coll_allreduce(t->hcomm, sums, sums, 2, COLL_F64, COLL_SUM)) < 0)
+        return failed_by(t, "evaluation", step, rc, BY_COMM);
     *loss = sums[0] / ds->n;
     *accuracy = sums[1] / ds->n;
     return 0;
@@ -1123,10 +1529,10 @@ static int restore(trainer *t)
     char buf[PATH_MAX + 1] = {0}; /* buf[0]: the choice; then the path */
     if (t->rank == 0)
         buf[0] = (char)restore_choice(t, buf + 1, sizeof buf - 1);
-    int rc = coll_broadcast(t->comm, buf, buf, sizeof buf, COLL_U8, 0);
+    int rc = coll_broadcast(t->hcomm, buf, buf, sizeof buf, COLL_U8, 0);
     if (rc < 0) {
         err("rank %d: broadcasting the checkpoint to load: %s: %s", t->rank, coll_strerror(rc),
-            coll_last_error(t->comm));
+            coll_last_error(t->hcomm));
         return EXIT_FAIL;
     }
     int choice = buf[0];
@@ -1213,24 +1619,6 @@ static void test_kill_read(trainer *t)
 /* Training                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Prints a failure of the library, naming what failed; returns EXIT_FAIL. */
-/*
- * Reports a failed call at `step`: libddp's account of it, or the communicator's when the call
- * was the trainer's own collective (the loss and evaluation sums), and the rank libcollective
- * blames, if a peer failed.
- */
-static int failed(trainer *t, const char *what, int64_t step, int rc)
-{
-    bool own = strcmp(what, "the loss allreduce") == 0 || strcmp(what, "evaluation") == 0;
-    int culprit = coll_comm_failed_rank(t->comm);
-    char who[48] = "";
-    if (culprit >= 0 && culprit != t->rank)
-        snprintf(who, sizeof who, " (rank %d failed)", culprit);
-    err("rank %d: %s at step %" PRId64 " failed%s: %s: %s", t->rank, what, step + 1, who,
-        ddp_strerror(rc), own ? coll_last_error(t->comm) : ddp_last_error(t->m));
-    return EXIT_FAIL;
-}
-
 /* Rank 0, --dump-batches: keeps step `step`'s global batch and learning rate. */
 static void dump_record(trainer *t, const data_batch *b, int64_t step, float lr)
 {
@@ -1249,7 +1637,6 @@ static void dump_record(trainer *t, const data_batch *b, int64_t step, float lr)
 static int train(trainer *t, double *final_acc, double *train_s)
 {
     train_args *a = &t->a;
-    mlp_hooks h = {.begin = hook_begin, .end = hook_end, .arg = t};
     /* libddp averages gradients over the ranks, so each rank scales by its own share of the
      * global batch: the result is the gradient of the mean loss over the global batch. */
     const float loss_scale = (float)t->world / (float)a->global_batch;
@@ -1264,7 +1651,6 @@ static int train(trainer *t, double *final_acc, double *train_s)
         return EXIT_FAIL;
     }
 
-    double interval_loss = 0; /* this rank's loss sum since the last report */
     int64_t interval_steps = 0;
     double t_train = 0;            /* seconds in training steps, evaluation excluded */
     double t_mark = rdzv__now_s(); /* start of the current stretch of training */
@@ -1275,43 +1661,48 @@ static int train(trainer *t, double *final_acc, double *train_s)
         int last = b->micro == a->grad_accum - 1;
         if ((rc = ddp_micro_begin(t->m, last)) < 0)
             return failed(t, "ddp_micro_begin", step, rc);
-        mlp_stats st;
-        rc = mlp_forward(t->net, &h, b->x, b->y, b->count, &st);
-        if (rc >= 0)
-            rc = mlp_backward(t->net, &h, loss_scale);
+        t->hook_failed = 0;
+        rc = t->ops->micro(t, b, loss_scale);
         int end = ddp_micro_end(t->m); /* surfaces the library's account of a hook's failure */
-        if (rc < 0 || end < 0)
-            return failed(t, rc < 0 ? "the forward or backward pass" : "ddp_micro_end", step,
-                          end < 0 ? end : rc);
-        interval_loss += st.loss_sum;
+        if (rc < 0)
+            return failed_compute(t, "the forward or backward pass", step, end < 0 ? end : rc);
+        if (end < 0)
+            return failed(t, "ddp_micro_end", step, end);
         if (!last)
             continue;
 
+        /* On the device the step stays asynchronous: its info is read when reported. */
         float lr = ddp_schedule_lr(&t->sched, step);
-        ddp_step_info info;
-        if ((rc = ddp_step(t->m, lr, &info)) < 0)
+        ddp_step_info info = {0};
+        if ((rc = ddp_step(t->m, lr, t->ops->async ? NULL : &info)) < 0)
             return failed(t, "ddp_step", step, rc);
         if (t->dump.x)
             dump_record(t, b, step, lr);
         step++;
         interval_steps++;
+        int epoch_end = b->step == t->steps_per_epoch - 1;
+        int report = step % a->log_every == 0 || epoch_end || step == t->total_steps;
+        if (report && t->ops->async && (rc = ddp_step_info_get(t->m, &info)) < 0)
+            return failed(t, "ddp_step", step - 1, rc);
         if (info.skipped && t->rank == 0)
             err("%sstep %" PRId64 " skipped: the gradient norm is %g", t->tty ? "\r\033[K" : "",
                 step, info.grad_norm);
 
-        int epoch_end = b->step == t->steps_per_epoch - 1;
-        if (step % a->log_every == 0 || epoch_end || step == t->total_steps) {
-            double now = rdzv__now_s();
+        if (report) {
+            mlp_stats st;
+            if ((rc = t->ops->take(t, &st)) < 0)
+                return failed_compute(t, "the loss", step, rc);
+            double now = rdzv__now_s(); /* after take(), which waits for the device */
             t_train += now - t_mark;
-            double sum = interval_loss;
-            if ((rc = coll_allreduce(t->comm, &sum, &sum, 1, COLL_F64, COLL_SUM)) < 0)
-                return failed(t, "the loss allreduce", step, rc);
+            double sum = st.loss_sum + t->carry_loss;
+            t->carry_loss = 0;
+            if ((rc = coll_allreduce(t->hcomm, &sum, &sum, 1, COLL_F64, COLL_SUM)) < 0)
+                return failed_by(t, "the loss allreduce", step, rc, BY_COMM);
             double loss = sum / ((double)interval_steps * a->global_batch);
             double rate = (double)interval_steps * a->global_batch / (t_train - t_report);
             double eta = (t->total_steps - step) * (t_train / (double)(step - t->start_step));
             if (t->rank == 0)
                 report_step(t, step, b->epoch, loss, lr, info.grad_norm, rate, eta);
-            interval_loss = 0;
             interval_steps = 0;
             t_report = t_train;
             t_mark = rdzv__now_s();
@@ -1319,8 +1710,8 @@ static int train(trainer *t, double *final_acc, double *train_s)
         if (epoch_end || step == t->total_steps) {
             t_train += rdzv__now_s() - t_mark;
             double test_loss;
-            if ((rc = evaluate(t, &test_loss, &acc)) < 0)
-                return failed(t, "evaluation", step, rc);
+            if ((rc = evaluate(t, step, &test_loss, &acc)) != 0)
+                return rc;
             if (t->rank == 0)
                 report_epoch(t, step, b->epoch, test_loss, acc);
             t_mark = rdzv__now_s();
@@ -1332,8 +1723,8 @@ static int train(trainer *t, double *final_acc, double *train_s)
     }
     if (isnan(acc)) { /* resumed at or past the last step: nothing trained, still report */
         double test_loss;
-        if ((rc = evaluate(t, &test_loss, &acc)) < 0)
-            return failed(t, "evaluation", step, rc);
+        if ((rc = evaluate(t, step, &test_loss, &acc)) != 0)
+            return rc;
         if (t->rank == 0)
             report_epoch(t, step, (int)((step - 1) / t->steps_per_epoch), test_loss, acc);
     }
@@ -1374,10 +1765,15 @@ static void trainer_free(trainer *t)
 {
     data_loader_free(t->loader);
     ddp_model_free(t->m);
+    if (t->hcomm != t->comm)
+        coll_comm_destroy(t->hcomm);
     coll_comm_destroy(t->comm);
     rdzv_client_close(t->store);
     rdzv_server_stop(t->own_store);
     mlp_free(t->net);
+    mlp_cuda_free(t->gnet);
+    mlp_cuda_data_free(t->gtrain);
+    mlp_cuda_data_free(t->gtest);
     data_sampler_free(&t->sampler);
     data_sampler_free(&t->dump.global);
     data_set_free(&t->train);
@@ -1393,6 +1789,7 @@ static void trainer_free(trainer *t)
     free(t->dump.lr);
     if (t->metrics)
         fclose(t->metrics);
+    mlp_cuda_close(t->stream);
 }
 
 int main(int argc, char **argv)
@@ -1422,15 +1819,22 @@ int main(int argc, char **argv)
         for (int l = 0; l < t.a.layers && len < (int)sizeof shape - 16; l++)
             len += snprintf(shape + len, sizeof shape - len, "-%d", t.a.hidden);
         snprintf(shape + len, sizeof shape - len, "-10");
+        char where[400];
+        if (t.device >= 0)
+            snprintf(where, sizeof where, "GPU %d %s, %s backend", t.device, t.gpu_name,
+                     coll_backend_name(t.backend));
+        else
+            snprintf(where, sizeof where, "OpenBLAS %s kernels", mlp_blas_core());
         fprintf(stderr,
                 "ddp-train: %d rank%s, ZeRO-%d, MLP %s (%zu parameters), %s lr %g (%s, "
                 "warmup %ld), global batch %d (%d x %d micro-steps per rank), %d epoch%s of %d "
-                "steps; OpenBLAS %s kernels\n",
+                "steps, %s (reduced in %s); %s\n",
                 t.world, t.world == 1 ? "" : "s", t.a.zero, shape, mlp_num_params(&t.cfg),
                 t.a.optimizer == DDP_ADAMW ? "AdamW" : "SGD", t.a.lr,
                 t.a.schedule == DDP_SCHED_COSINE ? "cosine" : "constant", t.a.warmup,
                 t.a.global_batch, t.sampler.micro, t.a.grad_accum, t.epochs,
-                t.epochs == 1 ? "" : "s", t.steps_per_epoch, mlp_blas_core());
+                t.epochs == 1 ? "" : "s", t.steps_per_epoch, t.a.bf16 ? "bf16" : "f32",
+                coll_dtype_name(t.a.reduce_dtype), where);
     }
     if ((status = restore(&t)) != 0)
         goto out;
@@ -1454,6 +1858,8 @@ out:
     /* After a failure, do not wait for peers that may be gone: abort what is pending. */
     if (status == EXIT_FAIL && t.comm)
         coll_comm_abort(t.comm);
+    if (status == EXIT_FAIL && t.hcomm && t.hcomm != t.comm)
+        coll_comm_abort(t.hcomm);
     trainer_free(&t);
     return status;
 }

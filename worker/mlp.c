@@ -14,6 +14,9 @@
  *    is 0).
  *  - grad[l] (B, out_l) is dLoss/d(pre-activation of layer l), written by backward only.
  *  - Gradients of the parameters are accumulated with beta = 1 (+=); nothing here zeroes them.
+ *  - bf16 (mlp.h): act[l] of hidden layers and grad[l] of every layer hold bf16 values (floats
+ *    exactly representable in bf16) once written; xq holds the rounded input, wq and bq the
+ *    current layer's parameters widened. The logits and probabilities stay f32.
  */
 #include "mlp.h"
 
@@ -24,6 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bf16.h"
 #include "rng.h"
 
 struct mlp {
@@ -35,6 +39,8 @@ struct mlp {
     const uint8_t *y; /* (B) its labels, borrowed; NULL: no backward possible */
     float **act;      /* act[l]: (max_batch, out_l) */
     float **grad;     /* grad[l]: (max_batch, out_l) */
+    float *xq;        /* bf16: (max_batch, in_dim) the input rounded */
+    float *wq, *bq;   /* bf16: the current layer's W (out, in) and b (out) widened */
 };
 
 int mlp_num_linear(const mlp_config *c)
@@ -83,13 +89,16 @@ void mlp_free(mlp *m)
     }
     free(m->act);
     free(m->grad);
+    free(m->xq);
+    free(m->wq);
+    free(m->bq);
     free(m);
 }
 
 int mlp_create(const mlp_config *cfg, int max_batch, mlp **out)
 {
     if (!cfg || !out || cfg->in_dim <= 0 || cfg->hidden <= 0 || cfg->layers < 1 ||
-        cfg->classes < 2 || max_batch <= 0)
+        cfg->classes < 2 || max_batch <= 0 || (cfg->bf16 != 0 && cfg->bf16 != 1))
         return -EINVAL;
     mlp *m = calloc(1, sizeof *m);
     if (!m)
@@ -107,6 +116,19 @@ int mlp_create(const mlp_config *cfg, int max_batch, mlp **out)
         m->act[l] = malloc(n * sizeof(float));
         m->grad[l] = malloc(n * sizeof(float));
         if (!m->act[l] || !m->grad[l])
+            goto fail;
+    }
+    if (cfg->bf16) {
+        size_t wmax = 0, bmax = 0;
+        for (int l = 0; l < m->nlin; l++) {
+            size_t out = (size_t)mlp_layer_out(cfg, l), in = (size_t)mlp_layer_in(cfg, l);
+            wmax = out * in > wmax ? out * in : wmax;
+            bmax = out > bmax ? out : bmax;
+        }
+        m->xq = malloc((size_t)max_batch * (size_t)cfg->in_dim * sizeof(float));
+        m->wq = malloc(wmax * sizeof(float));
+        m->bq = malloc(bmax * sizeof(float));
+        if (!m->xq || !m->wq || !m->bq)
             goto fail;
     }
     *out = m;
@@ -216,6 +238,23 @@ static void softmax_xent_backward(float *restrict dlogits, const float *restrict
 /* Passes                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
+/*
+ * Layer l's parameters as f32: the hook's W and b, or in bf16 its W16 and b16 widened into the
+ * scratch (b only when `bias`). NULL pointers from the hook stay NULL (the pass then fails).
+ */
+static void layer_params(mlp *m, const mlp_layer *io, int l, int bias, const float **W,
+                         const float **b)
+{
+    if (!m->cfg.bf16) {
+        *W = io->W;
+        *b = io->b;
+        return;
+    }
+    size_t out = (size_t)mlp_layer_out(&m->cfg, l), in = (size_t)mlp_layer_in(&m->cfg, l);
+    *W = io->W16 ? (bf16_widen_n(m->wq, io->W16, out * in), m->wq) : NULL;
+    *b = bias && io->b16 ? (bf16_widen_n(m->bq, io->b16, out), m->bq) : NULL;
+}
+
 int mlp_forward(mlp *m, const mlp_hooks *h, const float *x, const uint8_t *y, int B,
                 mlp_stats *stats)
 {
@@ -226,6 +265,11 @@ int mlp_forward(mlp *m, const mlp_hooks *h, const float *x, const uint8_t *y, in
     for (int i = 0; y && i < B; i++)
         if (y[i] >= c->classes)
             return -EINVAL;
+    if (c->bf16 && B > 0) { /* the device gathers its input as bf16 */
+        memcpy(m->xq, x, (size_t)B * (size_t)c->in_dim * sizeof(float));
+        bf16_quantize_n(m->xq, (size_t)B * (size_t)c->in_dim);
+        x = m->xq;
+    }
     const float *in = x; /* (B, in_l) */
     for (int l = 0; l < m->nlin; l++) {
         int nin = mlp_layer_in(c, l), nout = mlp_layer_out(c, l);
@@ -234,9 +278,16 @@ int mlp_forward(mlp *m, const mlp_hooks *h, const float *x, const uint8_t *y, in
         if (rc < 0)
             return rc;
         if (B > 0) {
-            linear_forward(m->act[l], in, io.W, io.b, B, nin, nout); /* (B, out_l) */
-            if (l < m->nlin - 1)
+            const float *W, *b;
+            layer_params(m, &io, l, 1, &W, &b);
+            if (!W || !b)
+                return -EINVAL;
+            linear_forward(m->act[l], in, W, b, B, nin, nout); /* (B, out_l) */
+            if (l < m->nlin - 1) {
                 relu_forward(m->act[l], (size_t)B * nout);
+                if (c->bf16)
+                    bf16_quantize_n(m->act[l], (size_t)B * nout);
+            }
         }
         if (h->end && (rc = h->end(h->arg, l, 0)) < 0)
             return rc;
@@ -260,8 +311,11 @@ int mlp_backward(mlp *m, const mlp_hooks *h, float loss_scale)
     if (B < 0 || !m->y)
         return -EINVAL;
     int L = m->nlin;
-    if (B > 0)
+    if (B > 0) {
         softmax_xent_backward(m->grad[L - 1], m->act[L - 1], m->y, B, c->classes, loss_scale);
+        if (c->bf16)
+            bf16_quantize_n(m->grad[L - 1], (size_t)B * c->classes);
+    }
     for (int l = L - 1; l >= 0; l--) {
         int nin = mlp_layer_in(c, l), nout = mlp_layer_out(c, l);
         mlp_layer io = {0};
@@ -271,9 +325,17 @@ int mlp_backward(mlp *m, const mlp_hooks *h, float loss_scale)
         if (B > 0) {
             const float *x = l == 0 ? m->x : m->act[l - 1]; /* (B, in_l) */
             float *dx = l == 0 ? NULL : m->grad[l - 1];     /* (B, in_l) */
-            linear_backward(dx, io.dW, io.db, m->grad[l], x, io.W, B, nin, nout);
+            const float *W = NULL, *b; /* W: only for dx */
             if (dx)
+                layer_params(m, &io, l, 0, &W, &b);
+            if ((dx && !W) || !io.dW || !io.db)
+                return -EINVAL;
+            linear_backward(dx, io.dW, io.db, m->grad[l], x, W, B, nin, nout);
+            if (dx) {
                 relu_backward(dx, m->act[l - 1], (size_t)B * nin);
+                if (c->bf16)
+                    bf16_quantize_n(dx, (size_t)B * nin);
+            }
         }
         if (h->end && (rc = h->end(h->arg, l, 1)) < 0)
             return rc;

@@ -19,6 +19,14 @@
  * accumulated and averaged gradients are those of the mean loss over the global batch, whatever
  * the split.
  *
+ * Mixed precision (cfg.bf16 = 1), the CUDA path's (mlp_cuda.h) emulated on the host: the
+ * parameters come as bf16 (io.W16, io.b16) and are widened to f32 for sgemm; the inputs, the
+ * hidden activations (after ReLU) and the gradients that enter a matrix product (dlogits, and
+ * each hidden layer's after ReLU's mask) are rounded to bf16; products, bias additions,
+ * softmax, the loss and the parameter gradients stay f32. So both paths round the same values
+ * at the same places, and the host runs the bf16 accuracy tests that the device cannot run
+ * without a GPU.
+ *
  * Conventions: functions that can fail return 0 or a negative errno (-EINVAL, -ENOMEM) or the
  * hook's own negative code. A model is used by one thread at a time.
  */
@@ -33,6 +41,7 @@ typedef struct mlp_config {
     int hidden;  /* H, the width of every hidden layer; > 0 */
     int layers;  /* hidden layers; >= 1 */
     int classes; /* outputs (10); >= 2 */
+    int bf16;    /* 0: f32 throughout; 1: bf16 parameters and activations (see above) */
 } mlp_config;
 
 /* The number of linear layers: layers + 1. */
@@ -55,7 +64,8 @@ typedef struct mlp mlp;
 
 /*
  * Creates a model for batches of up to max_batch rows: validates `cfg` (copied) and allocates
- * the activations once (about 2 * max_batch * (layers * hidden + classes) floats). Returns 0
+ * the activations once (about 2 * max_batch * (layers * hidden + classes) floats; bf16 adds the
+ * rounded inputs and one layer's widened parameters). Returns 0
  * and sets *out, -EINVAL or -ENOMEM.
  */
 int mlp_create(const mlp_config *cfg, int max_batch, mlp **out);
@@ -63,12 +73,18 @@ int mlp_create(const mlp_config *cfg, int max_batch, mlp **out);
 /* Frees the model. NULL is a no-op. */
 void mlp_free(mlp *m);
 
-/* What a hook hands to one linear layer; shapes (out, in) of that layer. */
+/*
+ * What a hook hands to one linear layer; shapes (out, in) of that layer. An f32 model reads W
+ * and b, a bf16 one W16 and b16 (bf16 bit patterns); gradients are f32 in both. mlp_cuda.h
+ * uses the same struct with device pointers.
+ */
 typedef struct mlp_layer {
-    const float *W; /* (out, in) row-major; needed in forward and backward */
-    const float *b; /* (out); needed in forward */
-    float *dW;      /* (out, in); backward adds the gradient here */
-    float *db;      /* (out); backward adds the gradient here */
+    const float *W;     /* (out, in) row-major; needed in forward and backward */
+    const float *b;     /* (out); needed in forward */
+    const uint16_t *W16; /* cfg.bf16: (out, in) in bf16, instead of W */
+    const uint16_t *b16; /* cfg.bf16: (out) in bf16, instead of b */
+    float *dW;          /* (out, in); backward adds the gradient here */
+    float *db;          /* (out); backward adds the gradient here */
 } mlp_layer;
 
 /*
