@@ -9,24 +9,18 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
+#include "optim.h"
+
+/* The conversions are libddp's (optim.h), so that the trainer and the library round alike. */
 static inline float bf16_widen(uint16_t h)
 {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
+    return ddp__bf16_to_f32(h);
 }
 
-/* Branch-free so that loops of it vectorise. */
 static inline uint16_t bf16_round(float f)
 {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t quiet = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+    return ddp__bf16_from_f32(f);
 }
 
 /* f32 -> the nearest bf16 value, kept as an f32 (exactly representable in bf16). */
