@@ -9,6 +9,11 @@
 #                                   cannot be created, 1 on any other failure.
 #   netns_cleanup                   kills every process left in the node namespaces and deletes
 #                                   the namespaces (and with them the veths and the bridge).
+#   netns_test_begin                the start every multi-node test shares: exits 77 unless root
+#                                   with iproute2; sets tag=$$, tmp (a new directory; KEEP_TMP=1
+#                                   keeps it and prints its path) and pids=() (the processes the
+#                                   test starts), and traps EXIT to kill $pids, run
+#                                   netns_cleanup and remove $tmp.
 NETNS_NODES=()
 NETNS_ADDRS=()
 NETNS_BR=
@@ -54,4 +59,21 @@ netns_cleanup() {
   NETNS_ADDRS=()
   NETNS_BR=
   return 0
+}
+
+netns_test_begin() {
+  [ "$(id -u)" = 0 ] || { echo "skip: needs root for network namespaces"; exit 77; }
+  command -v ip >/dev/null || { echo "skip: no iproute2"; exit 77; }
+  tag=$$
+  tmp=$(mktemp -d)
+  [ -n "${KEEP_TMP:-}" ] && echo "tmp=$tmp"
+  pids=()
+  trap netns_test_end EXIT
+}
+
+netns_test_end() {
+  local p
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  netns_cleanup
+  [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
 }

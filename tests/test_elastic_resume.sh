@@ -18,22 +18,12 @@
 set -uo pipefail
 ddprun=$(readlink -f "$1")
 train=$(readlink -f "$2")
-[ "$(id -u)" = 0 ] || { echo "skip: needs root for network namespaces"; exit 77; }
-command -v ip >/dev/null || { echo "skip: no iproute2"; exit 77; }
 [ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   { echo "skip: Fashion-MNIST is not installed"; exit 77; }
 
 . "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
 
-tag=$$
-tmp=$(mktemp -d); [ -n "${KEEP_TMP:-}" ] && echo "tmp=$tmp"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  netns_cleanup
-  [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
-}
-trap cleanup EXIT
+netns_test_begin
 
 netns_setup dde "$tag" 10.213.9 3 || exit $?
 nodes=("${NETNS_NODES[@]}")

@@ -11,20 +11,10 @@
 # Usage: test_liveness.sh DDPRUN. Exit 0 pass, 1 fail, 77 skip (not root, no ip/netns).
 set -uo pipefail
 ddprun=$(readlink -f "$1")
-[ "$(id -u)" = 0 ] || { echo "skip: needs root for network namespaces"; exit 77; }
-command -v ip >/dev/null || { echo "skip: no iproute2"; exit 77; }
 
 . "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
 
-tag=$$
-tmp=$(mktemp -d); [ -n "${KEEP_TMP:-}" ] && echo "tmp=$tmp"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  netns_cleanup
-  [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
-}
-trap cleanup EXIT
+netns_test_begin
 
 netns_setup live "$tag" 10.213.9 2 || exit $?
 nodes=("${NETNS_NODES[@]}")

@@ -16,22 +16,11 @@ ddprun=$(readlink -f "$1")
 check=$(readlink -f "$2")
 filter=${3:-.}
 [ -x "$ddprun" ] && [ -x "$check" ] || { echo "skip: $1 or $2 missing"; exit 77; }
-[ "$(id -u)" = 0 ] || { echo "skip: needs root for network namespaces"; exit 77; }
-command -v ip >/dev/null || { echo "skip: no iproute2"; exit 77; }
 command -v timeout >/dev/null || { echo "skip: no timeout(1)"; exit 77; }
 
 . "$(dirname "$(readlink -f "$0")")/../netns_lib.sh"
 
-tag=$$
-tmp=$(mktemp -d)
-[ -n "${KEEP_TMP:-}" ] && echo "tmp=$tmp"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  netns_cleanup
-  [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
-}
-trap cleanup EXIT
+netns_test_begin
 
 netns_setup coll "$tag" 10.213.8 3 || exit $?
 nodes=("${NETNS_NODES[@]}")
