@@ -19,9 +19,11 @@
  *  - the writer thread, not the save, copies the owned state into the snapshot, first thing, so
  *    that the save returns at once; it only reads the model's memory. The state changes only in
  *    ddp_step()'s optimizer and in ddp_checkpoint_load() (forward and backward read the
- *    parameters, stages 1-2's allgather never writes a rank's own part), and both call
- *    ddp__ckpt_wait_copied() first, so the snapshot is the state of the step the checkpoint
- *    names, bit for bit. ddp_model_free() joins the writer before freeing that memory;
+ *    parameters, stages 1-2's allgather never writes a rank's own part): the optimizer waits
+ *    for each group's copy before updating that group (ddp__ckpt_wait_group(); the thread
+ *    copies in the optimizer's order), the load for the whole copy, so the snapshot is the
+ *    state of the step the checkpoint names, bit for bit. ddp_model_free() joins the writer before
+ * freeing that memory;
  *  - a failed write never breaks the model: it is kept and returned by the next save or wait,
  *    on every rank alike. A failed collective breaks it, as in ddp_step().
  */
@@ -100,6 +102,8 @@ int ddp__ckpt_map_range(const ddp__ckpt_manifest *mf, const ddp__plan *plan, siz
 
 enum phase { IDLE, SHARDS, MANIFEST };
 
+#define COPIED_ALL INT_MAX /* ddp__ckpt_state.copied: no part of the model is read */
+
 /* One piece of the snapshot: `count` elements from the model's memory to element `to`. */
 struct copy {
     const float *from;
@@ -128,15 +132,18 @@ struct ddp__ckpt_state {
     size_t nchunks;
     uint64_t bytes;
 
-    /* The shard's writer copies the owned state first: copies[ncopies] say what goes where, and
-     * `copied` (under `lock`, signalled on `cond`) is set once the model's memory is no longer
-     * read. The training thread waits for it before the state changes. */
+    /* The shard's writer copies the owned state first, group by group in the optimizer's order:
+     * copies[ncopies] say what goes where (group g's arrays are copies[g * nstate ...]), and
+     * `copied` (under `lock`, signalled on `cond`) counts the groups whose parts are no longer
+     * read, COPIED_ALL when none is. The training thread waits for a group before it changes
+     * it, so the optimizer follows the copy instead of waiting for all of it. */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    bool copied;
+    int copied;
     const ddp_options *o; /* the model's: the log hook for a wait */
     struct copy *copies;
     size_t ncopies;
+    int copy_nstate;
 
     int failed_rc; /* a completed save's failure, returned once by the next save or wait */
     char failed_msg[512];
@@ -471,33 +478,44 @@ static int finish_job(struct ddp__ckpt_state *ck, int rc)
     return rc;
 }
 
-static void set_copied(struct ddp__ckpt_state *ck)
+static void set_copied(struct ddp__ckpt_state *ck, int groups)
 {
     pthread_mutex_lock(&ck->lock);
-    ck->copied = true;
+    ck->copied = groups;
     pthread_cond_broadcast(&ck->cond);
     pthread_mutex_unlock(&ck->lock);
 }
 
-void ddp__ckpt_wait_copied(struct ddp__ckpt_state *ck)
+/* Returns the ns waited until the writer has copied groups [0, g]. */
+static int64_t wait_copied(struct ddp__ckpt_state *ck, int g)
 {
-    if (!ck)
-        return;
     pthread_mutex_lock(&ck->lock);
-    if (ck->copied) {
-        pthread_mutex_unlock(&ck->lock);
-        return;
-    }
-    int64_t t0 = rdzv__now_ns();
-    while (!ck->copied)
+    int64_t t0 = ck->copied > g ? 0 : rdzv__now_ns();
+    while (ck->copied <= g)
         pthread_cond_wait(&ck->cond, &ck->lock);
     pthread_mutex_unlock(&ck->lock);
-    if (ck->o->log) {
+    return t0 ? rdzv__now_ns() - t0 : 0;
+}
+
+int64_t ddp__ckpt_wait_group(struct ddp__ckpt_state *ck, int g)
+{
+    return ck ? wait_copied(ck, g) : 0;
+}
+
+void ddp__ckpt_waited(struct ddp__ckpt_state *ck, int64_t ns)
+{
+    if (ck && ns > 0 && ck->o->log) {
         char line[PATH_MAX + 128];
         say(line, sizeof line, "checkpoint %s: waited %.3f ms for the writer's copy of the state",
-            ck->dir, (double)(rdzv__now_ns() - t0) / 1e6);
+            ck->dir, (double)ns / 1e6);
         ck->o->log(ck->o->log_arg, COLL_LOG_INFO, line);
     }
+}
+
+void ddp__ckpt_wait_copied(struct ddp__ckpt_state *ck)
+{
+    if (ck)
+        ddp__ckpt_waited(ck, wait_copied(ck, COPIED_ALL - 1));
 }
 
 /*
@@ -508,10 +526,13 @@ void ddp__ckpt_wait_copied(struct ddp__ckpt_state *ck)
 static void *write_shard(void *arg)
 {
     struct ddp__ckpt_state *ck = arg;
-    for (size_t i = 0; i < ck->ncopies; i++)
+    for (size_t i = 0; i < ck->ncopies; i++) {
         memcpy(ck->snap + ck->copies[i].to, ck->copies[i].from,
                ck->copies[i].count * sizeof(float));
-    set_copied(ck);
+        if ((i + 1) % (size_t)ck->copy_nstate == 0) /* a group's arrays are all copied */
+            set_copied(ck, (int)((i + 1) / (size_t)ck->copy_nstate));
+    }
+    set_copied(ck, COPIED_ALL);
     const unsigned char *p = (const unsigned char *)ck->snap;
     uint64_t bytes = ck->bytes;
     int fd = open(ck->file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -581,7 +602,7 @@ static void start_job(struct ddp__ckpt_state *ck, void *(*fn)(void *))
     int rc = pthread_create(&ck->thread, NULL, fn, ck);
     if (rc != 0) {
         snprintf(ck->msg, sizeof ck->msg, "starting the checkpoint writer: %s", strerror(rc));
-        set_copied(ck); /* nothing reads the model: the save fails */
+        set_copied(ck, COPIED_ALL); /* nothing reads the model: the save fails */
         finish_job(ck, -rc);
         return;
     }
@@ -774,15 +795,17 @@ int ddp_checkpoint_wait(ddp_model *m)
 
 /*
  * What the writer copies: this rank's part of every group of every state array, in the shard's
- * layout (ck->copies[nstate * ngroups], allocated by the caller).
+ * layout (ck->copies[nstate * ngroups], allocated by the caller), group by group in plan order:
+ * the order in which ddp_step()'s optimizer updates them.
  */
 static void plan_copies(const ddp__model_view *v, struct ddp__ckpt_state *ck, int nstate,
                         const size_t *at)
 {
     const ddp__plan *pl = v->plan;
     ck->ncopies = 0;
-    for (int s = 0; s < nstate; s++)
-        for (int g = 0; g < pl->ngroups; g++)
+    ck->copy_nstate = nstate;
+    for (int g = 0; g < pl->ngroups; g++)
+        for (int s = 0; s < nstate; s++)
             ck->copies[ck->ncopies++] = (struct copy){
                 owned_part(v, s, g), (size_t)s * pl->shard_total + at[g], pl->groups[g].shard};
 }
@@ -840,7 +863,7 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
         }
         pthread_mutex_init(&ck->lock, NULL);
         pthread_cond_init(&ck->cond, NULL);
-        ck->copied = true;
+        ck->copied = COPIED_ALL;
         ck->o = v.o;
         *v.ck = ck;
     }
@@ -901,7 +924,7 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
         goto out;
     }
     plan_copies(&v, ck, nstate, at);
-    ck->copied = false; /* no writer runs (the wait above joined it) */
+    ck->copied = 0; /* no writer runs (the wait above joined it) */
     ck->phase = SHARDS;
     start_job(ck, write_shard);
     if (flags & DDP_CKPT_SYNC)

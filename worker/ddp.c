@@ -84,12 +84,12 @@ struct ddp_model {
     ddp__plan plan;
     const ddp__ops *ops; /* host or CUDA, chosen at create (ddp_ops.h) */
     ddp__dev dev;
-    bool bf16;           /* precision bf16: the compute copy below */
-    bool rbf16;          /* reduce_dtype bf16 */
-    uint16_t *cparam;    /* bf16 compute copy of param (same layout), or NULL */
-    uint16_t *rgrad;     /* stages 0-1, reduce_dtype bf16: the bf16 copy of grad reduced */
+    bool bf16;        /* precision bf16: the compute copy below */
+    bool rbf16;       /* reduce_dtype bf16 */
+    uint16_t *cparam; /* bf16 compute copy of param (same layout), or NULL */
+    uint16_t *rgrad;  /* stages 0-1, reduce_dtype bf16: the bf16 copy of grad reduced */
     float *hparam, *hopt1, *hopt2; /* device: host mirrors for checkpoints, made at the first */
-    coll_request **retire; /* device: requests the streams wait on, released later */
+    coll_request **retire;         /* device: requests the streams wait on, released later */
     int nretire, cap_retire;
     float *param;     /* stages 0-2: arena; stage 3: owned parts (compact) */
     float *grad;      /* stages 0-1: arena; stages 2-3: owned parts (compact) */
@@ -401,8 +401,8 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
         snprintf(create_err, sizeof create_err, "ddp_model_create: device %d: %.200s", o.device,
                  m->err[0] ? m->err : ddp_strerror(rc));
         if (ops->is_device)
-        (void)coll_comm_set_stream(m->comm, NULL); /* the stream is closed below */
-    ops->close(&m->dev);
+            (void)coll_comm_set_stream(m->comm, NULL); /* the stream is closed below */
+        ops->close(&m->dev);
         free(m);
         return rc;
     }
@@ -551,8 +551,8 @@ static void describe_param(const param *p, char *buf, size_t cap)
 }
 
 /* One blocking collective, as ddp__host_coll() names it. */
-static int run_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out,
-                    size_t count, coll_dtype dt, coll_op op)
+static int run_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out, size_t count,
+                    coll_dtype dt, coll_op op)
 {
     switch (kind) {
     case DDP__HOST_ALLGATHER:
@@ -565,8 +565,8 @@ static int run_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void
     return -EINVAL;
 }
 
-int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out,
-                   size_t count, coll_dtype dt, coll_op op, const char *what)
+int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out, size_t count,
+                   coll_dtype dt, coll_op op, const char *what)
 {
     bool gather = kind == DDP__HOST_ALLGATHER;
     size_t esz = coll_dtype_size(dt), nin = count * esz, nout = gather ? nin * m->world : nin;
@@ -598,9 +598,12 @@ static int check_layout(ddp_model *m)
     /* What every rank must share besides the parameters: the stage and the bucket caps, which
      * decide the collectives; then the parameter count. */
     enum { NX = 6 };
-    int64_t mine[NX] = {m->o.zero_stage,      (int64_t)m->o.first_bucket_bytes,
-                        (int64_t)m->o.bucket_bytes, m->nparams,
-                        m->o.precision,       m->o.reduce_dtype};
+    int64_t mine[NX] = {m->o.zero_stage,
+                        (int64_t)m->o.first_bucket_bytes,
+                        (int64_t)m->o.bucket_bytes,
+                        m->nparams,
+                        m->o.precision,
+                        m->o.reduce_dtype};
     int64_t *counts = calloc((size_t)m->world * NX, sizeof *counts);
     uint64_t *hashes = NULL, *all = NULL;
     int rc = -ENOMEM;
@@ -619,8 +622,8 @@ static int check_layout(ddp_model *m)
                       ", buckets %" PRId64 "/%" PRId64 " bytes, precision %" PRId64
                       ", reduce_dtype %" PRId64 "; rank 0 %" PRId64 ", %" PRId64 "/%" PRId64
                       ", %" PRId64 ", %" PRId64,
-                      r, o[0], o[1], o[2], o[4], o[5], counts[0], counts[1], counts[2],
-                      counts[4], counts[5]);
+                      r, o[0], o[1], o[2], o[4], o[5], counts[0], counts[1], counts[2], counts[4],
+                      counts[5]);
             goto out;
         }
         if (o[3] != counts[3]) {
@@ -638,8 +641,8 @@ static int check_layout(ddp_model *m)
         goto out;
     for (int i = 0; i < m->nparams; i++)
         hashes[i] = param_hash(&m->params[i]);
-    rc = ddp__host_coll(m, DDP__HOST_ALLGATHER, hashes, all, (size_t)m->nparams, COLL_I64,
-                        COLL_SUM, "ddp_model_commit: exchanging the layout");
+    rc = ddp__host_coll(m, DDP__HOST_ALLGATHER, hashes, all, (size_t)m->nparams, COLL_I64, COLL_SUM,
+                        "ddp_model_commit: exchanging the layout");
     if (rc < 0)
         goto out;
     for (int r = 1; r < m->world; r++) {
@@ -796,9 +799,8 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg)
         for (int g = 0; g < G && m->rank == 0; g++)
             if ((rc = init_group(m, &p->groups[g], host + p->groups[g].offset, init, arg)) < 0)
                 goto out; /* the other ranks fail in the broadcast, naming rank 0 */
-        if (m->rank == 0 &&
-            (rc = dev_check(m, m->ops->upload(&m->dev, m->param, host, full * f),
-                            "ddp_model_commit: uploading the initial values")) < 0)
+        if (m->rank == 0 && (rc = dev_check(m, m->ops->upload(&m->dev, m->param, host, full * f),
+                                            "ddp_model_commit: uploading the initial values")) < 0)
             goto out;
         rc = coll_broadcast(m->comm, m->param, m->param, full, COLL_F32, 0);
         if (rc < 0) {
@@ -816,9 +818,10 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg)
             host = tmp;
         for (int g = 0; g < G; g++) {
             const ddp__group *gr = &p->groups[g];
-            if (m->rank == 0 && ((rc = init_group(m, gr, host, init, arg)) < 0 ||
-                                 (rc = dev_check(m, m->ops->upload(&m->dev, tmp, host, gr->padded * f),
-                                                 "ddp_model_commit: uploading")) < 0))
+            if (m->rank == 0 &&
+                ((rc = init_group(m, gr, host, init, arg)) < 0 ||
+                 (rc = dev_check(m, m->ops->upload(&m->dev, tmp, host, gr->padded * f),
+                                 "ddp_model_commit: uploading")) < 0))
                 goto out;
             rc = coll_broadcast(m->comm, tmp, tmp, gr->padded, COLL_F32, 0);
             if (rc < 0) {
@@ -888,8 +891,7 @@ void *ddp_param_data(ddp_model *m, int p)
     if (s < 0 || m->uslots[s].req) /* not gathered, or gathered but not waited for */
         return NULL;
     size_t at = m->plan.param_offset[p] - m->plan.groups[g].offset;
-    return m->bf16 ? (void *)((uint16_t *)m->uslots[s].buf + at)
-                   : (void *)(m->uslots[s].buf + at);
+    return m->bf16 ? (void *)((uint16_t *)m->uslots[s].buf + at) : (void *)(m->uslots[s].buf + at);
 }
 
 coll_dtype ddp_param_dtype(const ddp_model *m)
@@ -942,9 +944,9 @@ static int acquire_gslot(ddp_model *m, int g)
         if (rc < 0)
             return rc;
     }
-    int rc = dev_check(m, m->ops->zero(&m->dev, m->gslots[s].buf,
-                                       m->plan.groups[g].padded * sizeof(float)),
-                       "zeroing a staging slot");
+    int rc = dev_check(
+        m, m->ops->zero(&m->dev, m->gslots[s].buf, m->plan.groups[g].padded * sizeof(float)),
+        "zeroing a staging slot");
     if (rc < 0)
         return rc;
     m->gslots[s].group = g;
@@ -1139,8 +1141,8 @@ static int issue_gather(ddp_model *m, int u, int *rc)
         return -1;
     const void *src = m->bf16 ? (const void *)(m->cparam + m->plan.shard_offset[u])
                               : (const void *)(m->param + m->plan.shard_offset[u]);
-    *rc = coll_iallgather(m->comm, src, sl->buf, g->shard, m->bf16 ? COLL_BF16 : COLL_F32,
-                          &sl->req);
+    *rc =
+        coll_iallgather(m->comm, src, sl->buf, g->shard, m->bf16 ? COLL_BF16 : COLL_F32, &sl->req);
     if (*rc < 0)
         return *rc = coll_failed(m, *rc, "gathering a unit's parameters"), -1;
     sl->group = u;
@@ -1248,6 +1250,29 @@ static bool owned_range(const ddp_model *m, int i, owned *r)
 }
 
 /*
+ * What the optimizer updates, group by group (g from 0; false past the last): owned_range()'s
+ * ranges, with stage 0's arena and stage 3's owned parts cut at the groups. The cut changes no
+ * value (the optimizer is element-wise); it lets each group be updated as soon as an
+ * asynchronous save's writer has copied it (ddp__ckpt_wait_group()).
+ */
+static bool optimizer_range(const ddp_model *m, int g, owned *r)
+{
+    const ddp__plan *p = &m->plan;
+    int stage = m->o.zero_stage;
+    if (stage == 1 || stage == 2)
+        return owned_range(m, g, r);
+    if (g >= p->ngroups)
+        return false;
+    owned w;
+    owned_range(m, 0, &w);
+    const ddp__group *gr = &p->groups[g];
+    size_t a = stage == 0 ? gr->offset : p->shard_offset[g];
+    *r = (owned){w.param + a, w.grad + a, w.compute ? w.compute + a : NULL, w.state_at + a,
+                 stage == 0 ? gr->padded : gr->shard};
+    return true;
+}
+
+/*
  * Stages 1-2: every rank's updated parts back into every rank's full parameters: the compute
  * copy at bf16 (the f32 masters outside the owned part are then not kept: nothing reads them),
  * else the f32 parameters. On the device the gather waits for the optimizer (an event on the
@@ -1318,16 +1343,21 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
     ddp_step_info in = m->dev.info; /* the host's decision; the device's is read on demand */
     if (!dev && in.skipped && m->o.log) {
         char msg[128];
-        snprintf(msg, sizeof msg, "step %" PRId64 " skipped: the gradient norm is %g",
-                 m->attempted, in.grad_norm);
+        snprintf(msg, sizeof msg, "step %" PRId64 " skipped: the gradient norm is %g", m->attempted,
+                 in.grad_norm);
         m->o.log(m->o.log_arg, COLL_LOG_WARN, msg);
     }
     if (dev || !in.skipped) {
-        ddp__ckpt_wait_copied(m->ck); /* an asynchronous save's writer may still read it */
-        for (int i = 0; rc == 0 && owned_range(m, i, &r); i++)
+        /* An asynchronous save's writer may still be copying: each group waits for its own
+         * parts only. */
+        int64_t waited = 0;
+        for (int g = 0; rc == 0 && optimizer_range(m, g, &r); g++) {
+            waited += ddp__ckpt_wait_group(m->ck, g);
             rc = ops->optimize(&m->dev, &m->o, lr, r.param, r.grad,
                                m->opt1 ? m->opt1 + r.state_at : NULL,
                                m->opt2 ? m->opt2 + r.state_at : NULL, r.compute, r.n);
+        }
+        ddp__ckpt_waited(m->ck, waited);
         if ((rc = dev_check(m, rc, "ddp_step: the optimizer")) < 0)
             return rc;
         if ((stage == 1 || stage == 2) && (rc = gather_params(m)) < 0)

@@ -417,10 +417,12 @@ typedef struct ddp_checkpoint_progress {
  * First waits for the previous save of this model to complete (as ddp_checkpoint_wait()
  * does). Then starts a writer thread and returns: the thread copies the owned state into a
  * host snapshot, then writes that, so training goes on during both. The checkpoint holds the
- * state as it is at this call, bit for bit: the next ddp_step() waits, just before its
- * optimizer changes the state, until the copy is done (normally it already is: a memcpy takes
- * less than the forward and backward in between; a step that did wait says so through the
- * log hook, COLL_LOG_INFO, with the time), and so does ddp_checkpoint_load(). Until then the
+ * state as it is at this call, bit for bit: the thread copies group by group in the order the
+ * optimizer updates them, and the next ddp_step()'s optimizer waits for each group's copy
+ * before changing it (normally there is nothing to wait for: a memcpy takes less than the
+ * forward and backward in between, and the optimizer moves more bytes per element than the
+ * copy; a step that did wait says so through the log hook, COLL_LOG_INFO, with the time);
+ * ddp_checkpoint_load() waits for the whole copy. Until then the
  * caller must not write into the parameters (ddp_param_data()) itself. The checkpoint
  * becomes complete (rank 0 writes its manifest) once every rank's writer has finished, which
  * ddp_step() notices at no cost (one small allreduce per step while a save is in flight) or

@@ -22,12 +22,12 @@ typedef struct ddp__model_view {
     int rank, world, stage;
     const ddp_options *o;
     const ddp__plan *plan;
-    float *param;     /* stages 0-2: the arena (plan.total); stage 3: the owned parts (compact) */
-    float *opt[2];    /* momentum or AdamW's m, AdamW's v; NULL where the optimizer has none */
-    const uint16_t *compute; /* the bf16 compute copy (param's layout), or NULL at f32; model
-                                memory (device memory for a device model) */
-    size_t opt_elems; /* elements of each: plan.total at stage 0, else plan.shard_total */
-    int64_t *steps, *attempted;  /* the step counters (ddp_step_info.step, ddp_step() calls) */
+    float *param;  /* stages 0-2: the arena (plan.total); stage 3: the owned parts (compact) */
+    float *opt[2]; /* momentum or AdamW's m, AdamW's v; NULL where the optimizer has none */
+    const uint16_t *compute;    /* the bf16 compute copy (param's layout), or NULL at f32; model
+                                   memory (device memory for a device model) */
+    size_t opt_elems;           /* elements of each: plan.total at stage 0, else plan.shard_total */
+    int64_t *steps, *attempted; /* the step counters (ddp_step_info.step, ddp_step() calls) */
     struct ddp__ckpt_state **ck; /* the checkpoint state the model owns (ckpt.c), or NULL */
 } ddp__model_view;
 
@@ -57,8 +57,8 @@ int ddp__state_loaded(ddp_model *m);
  * backend takes nothing else). Return 0 or the failure, the model broken, described as `what`.
  * Every rank. */
 enum ddp__host_kind { DDP__HOST_ALLGATHER, DDP__HOST_BROADCAST, DDP__HOST_ALLREDUCE };
-int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out,
-                   size_t count, coll_dtype dt, coll_op op, const char *what);
+int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out, size_t count,
+                   coll_dtype dt, coll_op op, const char *what);
 
 /* Parameter p's unit, dimensions and shape (shape[DDP__CKPT_MAX_DIMS]); p must be valid. */
 void ddp__param_shape(const ddp_model *m, int p, int *unit, int *ndim, int64_t *shape);
@@ -85,14 +85,23 @@ int ddp__drop_units(ddp_model *m);
 int ddp__ckpt_poll(ddp_model *m);
 
 /*
- * Called by ddp_step() just before its optimizer changes the owned state (and by the load):
- * blocks until an asynchronous save's writer thread has copied that state into its snapshot.
- * Returns at once when no save is in flight or the copy is done (normally: the forward and
- * backward after a save take longer than the copy); a wait that blocked is reported to the log
+ * Called before the owned state changes (the load; ddp_model_free()): blocks until an
+ * asynchronous save's writer thread has copied all of it into its snapshot. Returns at once
+ * when no save is in flight or the copy is done; a wait that blocked is reported to the log
  * hook (COLL_LOG_INFO, "checkpoint DIR: waited T ms for the writer's copy of the state"). NULL
  * is a no-op. Local, no collective.
  */
 void ddp__ckpt_wait_copied(struct ddp__ckpt_state *ck);
+
+/*
+ * ddp_step()'s finer wait: blocks until the writer has copied the owned parts of groups [0, g]
+ * (it copies them in plan order, the optimizer's order), so that the optimizer updates group g
+ * as soon as its parts are in the snapshot rather than after the whole copy. Returns the
+ * nanoseconds it blocked (0 at once when no save is in flight); ddp__ckpt_waited() reports a
+ * step's total to the log hook as ddp__ckpt_wait_copied() does (nothing for 0). NULL: 0, no-op.
+ */
+int64_t ddp__ckpt_wait_group(struct ddp__ckpt_state *ck, int g);
+void ddp__ckpt_waited(struct ddp__ckpt_state *ck, int64_t ns);
 
 /* Joins a writer still running and frees the checkpoint state; NULL is a no-op. */
 void ddp__ckpt_state_free(struct ddp__ckpt_state *ck);
