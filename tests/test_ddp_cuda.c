@@ -21,10 +21,13 @@
  *  - SGD (momentum, Nesterov, weight decay, first step, clipping) and the bf16 compute copy it
  *    refreshes: bit for bit, the same formulas operation by operation with explicit fmaf().
  *  - AdamW: the moments bit for bit (their coefficients need no pow()); the parameters within
- *    one ulp per step taken (of the larger of the two values), because the device's double
- *    pow() (2 ulp, CUDA's math documentation) computes the bias corrections, which may then
- *    round to a float coefficient one ulp from the host's. The test also prints how many
- *    elements differed at all (expected: none).
+ *    2 ulps per step taken, of the largest of the two values and 4 lr (an update's size: lr
+ *    times |mhat| / sqrt(vhat), a few at most), because the device's double pow() (2 ulps,
+ *    CUDA's math documentation) computes the bias corrections, which may then round to a float
+ *    coefficient one ulp from the host's: that moves an update by about an ulp of itself, and
+ *    the sum with the parameter by a rounding more (the update's scale, not the parameter's,
+ *    where the two nearly cancel). The test also prints how many elements differed at all
+ *    (expected: none, the float coefficients almost always round alike).
  */
 #include <check.h>
 
@@ -132,17 +135,14 @@ static size_t bit_diffs(const void *a, const void *b, size_t n, size_t es)
     return d;
 }
 
-/* The distance in ulps between two finite floats of the same sign, else a huge number. */
-static int64_t ulps(float a, float b)
+/* |a - b| in units of the last place of the largest of |a|, |b| and `floor` (a normal float);
+ * infinite when either is not finite. */
+static double ulps(float a, float b, float floor)
 {
-    int32_t ia, ib;
-    memcpy(&ia, &a, 4);
-    memcpy(&ib, &b, 4);
     if (!isfinite(a) || !isfinite(b))
-        return a == b ? 0 : INT64_MAX;
-    if ((ia < 0) != (ib < 0))
-        return a == b ? 0 : INT64_MAX;
-    return llabs((long long)ia - (long long)ib);
+        return INFINITY;
+    float big = fmaxf(fmaxf(fabsf(a), fabsf(b)), floor);
+    return fabs((double)a - (double)b) / ldexp(1.0, ilogbf(big) - 23);
 }
 
 START_TEST(casts_and_add)
@@ -356,7 +356,7 @@ END_TEST
 
 START_TEST(sgd_nesterov_clip_bf16)
 {
-    /* The gradients' norm is about 8: a clip of 1 scales every step. */
+    /* The gradients' norm is about 20: a clip of 1 scales every step. */
     sgd_case(0.9f, 1, 0.01f, 1.0f, 1);
 }
 END_TEST
@@ -378,22 +378,23 @@ static void adamw_case(float wd, float clip, int compute, int64_t start)
     OK(dops->set_steps(&dev, start));
     OK(ddp__host_ops.set_steps(&host, start));
     const int K = 5;
-    int64_t worst = 0;
+    const float lr = 1e-3f;
+    double worst = 0;
     size_t differ = 0;
     for (int t = 0; t < K; t++) {
         double ss = new_grad(&s, 20 + (uint32_t)t);
         decide_both(&o, ss, &steps);
-        optimize_both(&s, &o, 1e-3f);
+        optimize_both(&s, &o, lr);
         size_t dm = bit_diffs(s.rm1, s.m1, N, 4) + bit_diffs(s.rm2, s.m2, N, 4);
         ck_assert_msg(dm == 0, "adamw step %lld: %zu moment elements differ", (long long)steps,
                       dm);
-        int64_t w = 0;
+        double w = 0;
         for (size_t i = 0; i < N; i++)
-            w = llabs(ulps(s.rp[i], s.p[i])) > w ? llabs(ulps(s.rp[i], s.p[i])) : w;
-        worst = w > worst ? w : worst;
+            w = fmax(w, ulps(s.rp[i], s.p[i], 4 * lr));
+        worst = fmax(worst, w);
         differ += bit_diffs(s.rp, s.p, N, 4);
-        ck_assert_msg(w <= t + 1, "adamw wd %g clip %g step %lld: parameters %lld ulps apart, "
-                      "bound %d", wd, clip, (long long)steps, (long long)w, t + 1);
+        ck_assert_msg(w <= 2 * (t + 1), "adamw wd %g clip %g step %lld: parameters %.1f ulps "
+                      "apart, bound %d", wd, clip, (long long)steps, w, 2 * (t + 1));
         /* The compute copy rounds the device's own masters. */
         size_t stale = 0;
         for (size_t i = 0; s.c && i < N; i++)
@@ -402,7 +403,7 @@ static void adamw_case(float wd, float clip, int compute, int64_t start)
     }
     ck_assert_int_eq(steps, start + K);
     printf("adamw wd %g clip %g from step %lld: %d steps, %zu parameter values not bitwise "
-           "equal (worst %lld ulps)\n", wd, clip, (long long)start, K, differ, (long long)worst);
+           "equal (worst %.1f ulps)\n", wd, clip, (long long)start, K, differ, worst);
     state_free(&s);
     close_both();
 }
