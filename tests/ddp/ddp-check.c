@@ -26,6 +26,14 @@
  *            gathered masters), the result is within a stated tolerance of the reference, and
  *            a checkpoint of a bf16 model loads into a fresh one with its compute copy
  *            refreshed (libddp's internals, ddp_internal.h, give the masters)
+ *   equiv-device  equiv and bf16 with the model on a GPU (opts.device = LOCAL_RANK modulo the
+ *            devices visible, opts.stream a stream of the test's): the cpu backend on device
+ *            buffers, so several ranks may share a GPU; the parameters are copied to the host
+ *            on the compute stream to compute, and the gradients added through the host
+ *   equiv-nccl    the same on an nccl communicator (one GPU per rank; world 1 on a single GPU),
+ *            the test's own exchanges of host values on a cpu one
+ *   gpu-count  prints how many CUDA devices are visible (0 in a build without CUDA) and exits
+ *            0, without a rendezvous (tests/ddp/gpu_check.sh asks it first)
  *
  * Prints "ddp-check: rank R/W SCENARIO: PASS" or FAIL lines; exit status 0 when every check
  * passed, 1 when one failed, 2 on a setup error.
@@ -42,6 +50,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#ifndef DDP_CHECK_CUDA
+#define DDP_CHECK_CUDA 0
+#endif
+#if DDP_CHECK_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 static int rank, world, failures;
 
@@ -378,6 +393,7 @@ static void scen_overlap(coll_comm *comm)
 #define EQ_B 48 /* global batch: divisible by 1, 2, 3, 4 ranks and then by 4 micro-steps */
 #define EQ_K 6  /* steps */
 #define EQ_MAXP 128
+#define EQ_MAXN 32 /* the most elements of one parameter */
 static const struct {
     int unit;
     const char *name;
@@ -390,6 +406,31 @@ static const struct {
 #define EQ_NP ((int)(sizeof eq_params / sizeof eq_params[0]))
 static const char *eq_units[] = {"embed", "fc1", "fc2", "head"};
 static size_t eq_base[EQ_NP + 1]; /* first element of each parameter in theta; [EQ_NP] = P */
+
+/*
+ * Where eq_train() puts the model: -1 the host; else the CUDA device, with eq_stream as the
+ * compute stream. eq_mcomm: the model's communicator when it is not the one the scenario was
+ * given (equiv-nccl: the nccl one; the test's exchanges of host values stay on the cpu one).
+ */
+static int eq_device = -1;
+static void *eq_stream;
+static coll_comm *eq_mcomm;
+static char eq_where[64]; /* "" on the host, else " on GPU n (backend)", for the summaries */
+
+/* Copies between the host and the model's memory, on the compute stream, waited for. */
+static int eq_copy(void *dst, const void *src, size_t nbytes)
+{
+#if DDP_CHECK_CUDA
+    if (eq_device >= 0)
+        return cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, (cudaStream_t)eq_stream) ==
+                           cudaSuccess &&
+                       cudaStreamSynchronize((cudaStream_t)eq_stream) == cudaSuccess
+                   ? 0
+                   : -1;
+#endif
+    memcpy(dst, src, nbytes);
+    return 0;
+}
 
 static double eq_a(int64_t i, size_t j)
 {
@@ -426,7 +467,18 @@ typedef struct eq_cfg {
 static void (*eq_after_step)(ddp_model *m);
 static void (*eq_after_train)(ddp_model *m, const eq_cfg *c);
 
-/* Element e of parameter p's data as ddp_param_data() gives it, f32 or bf16. */
+/* Parameter p's data (ddp_param_data()) in host memory: the model's own, or a copy of it in
+ * `scratch` (EQ_MAXP floats) for a device model; NULL on failure. */
+static const void *eq_data(ddp_model *m, int p, float *scratch)
+{
+    const void *w = ddp_param_data(m, p);
+    if (!w || eq_device < 0)
+        return w;
+    size_t es = ddp_param_dtype(m) == COLL_BF16 ? 2 : 4;
+    return eq_copy(scratch, w, ddp_param_count(m, p) * es) == 0 ? scratch : NULL;
+}
+
+/* Element e of parameter p's data as eq_data() gives it, f32 or bf16. */
 static float eq_w(ddp_model *m, const void *w, size_t e)
 {
     return ddp_param_dtype(m) == COLL_BF16 ? ddp__bf16_to_f32(((const uint16_t *)w)[e])
@@ -509,8 +561,8 @@ static void eq_trace(void *arg, ddp_event ev, int index, int64_t t)
         eq_launched = 0;
 }
 
-/* One training run through libddp's loop; theta and the norms come back on every rank. */
-static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *norms, int *nclip)
+/* The options of the runs of configuration c, on the host or on eq_device. */
+static void eq_options(const eq_cfg *c, ddp_options *out)
 {
     ddp_options o;
     ddp_options_init(&o);
@@ -527,10 +579,20 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
     o.trace = eq_trace;
     o.precision = c->prec;
     o.reduce_dtype = c->reduce;
+    o.device = eq_device;
+    o.stream = eq_stream;
+    *out = o;
+}
+
+/* One training run through libddp's loop; theta and the norms come back on every rank. */
+static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *norms, int *nclip)
+{
+    ddp_options o;
+    eq_options(c, &o);
     eq_launched = eq_overlap = eq_misses = 0;
     memset(eq_issued, 0, sizeof eq_issued);
     ddp_model *m = NULL;
-    int rc = ddp_model_create(comm, &o, &m);
+    int rc = ddp_model_create(eq_mcomm ? eq_mcomm : comm, &o, &m);
     for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
         if (p == 0 || eq_params[p].unit != eq_params[p - 1].unit)
             rc = ddp_unit_add(m, eq_units[eq_params[p].unit]);
@@ -553,7 +615,12 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
                 for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
                     if (eq_params[p].unit != u)
                         continue;
-                    const void *w = ddp_param_data(m, p);
+                    float scratch[EQ_MAXN];
+                    const void *w = eq_data(m, p, scratch);
+                    if (!w) {
+                        rc = -1;
+                        break;
+                    }
                     for (int s = 0; s < per_micro; s++)
                         for (size_t e = 0; e < ddp_param_count(m, p); e++)
                             f[s] += eq_a(first + s, eq_base[p] + e) * eq_w(m, w, e);
@@ -571,18 +638,21 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
                 for (int p = EQ_NP - 1; rc >= 0 && p >= 0; p--) {
                     if (eq_params[p].unit != u)
                         continue;
-                    float *g = ddp_grad_buffer(m, p);
-                    if (!g) {
+                    /* The gradient is added (+=) to what the buffer holds, through the host
+                     * for a device model. */
+                    float *g = ddp_grad_buffer(m, p), h[EQ_MAXN];
+                    size_t n = ddp_param_count(m, p);
+                    if (!g || eq_copy(h, g, n * sizeof *h) < 0) {
                         rc = -1;
                         break;
                     }
-                    for (size_t e = 0; e < ddp_param_count(m, p); e++) {
+                    for (size_t e = 0; e < n; e++) {
                         double acc = 0;
                         for (int s = 0; s < per_micro; s++)
                             acc += f[s] * eq_a(first + s, eq_base[p] + e);
-                        g[e] += (float)(acc * world / EQ_B);
+                        h[e] += (float)(acc * world / EQ_B);
                     }
-                    rc = ddp_grad_ready(m, p);
+                    rc = eq_copy(g, h, n * sizeof *h) < 0 ? -1 : ddp_grad_ready(m, p);
                 }
                 if (rc >= 0)
                     eq_release(m, u, &rc);
@@ -602,7 +672,10 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
     for (int u = 0; rc >= 0 && u < 4; u++) {
         rc = ddp_unit_gather(m, u);
         for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
-            const void *w = eq_params[p].unit == u ? ddp_param_data(m, p) : NULL;
+            float scratch[EQ_MAXN];
+            const void *w = eq_params[p].unit == u ? eq_data(m, p, scratch) : NULL;
+            if (eq_params[p].unit == u && !w)
+                rc = -1;
             for (size_t e = 0; w && e < ddp_param_count(m, p); e++)
                 theta[eq_base[p] + e] = eq_w(m, w, e);
         }
@@ -690,8 +763,8 @@ static void scen_equiv(coll_comm *comm)
         }
     }
     if (rank == 0)
-        printf("ddp-check: equiv world %d: worst relative difference %.1e (tolerance 1e-5)\n",
-               world, worst);
+        printf("ddp-check: equiv world %d%s: worst relative difference %.1e (tolerance 1e-5)\n",
+               world, eq_where, worst);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -717,13 +790,41 @@ static int bf_owned(const ddp__model_view *v, size_t i)
 }
 
 /*
+ * The model's view with the masters and the compute copy in host memory: the model's own for a
+ * host model; for a device model the masters downloaded (ddp__model_view_host()) and the
+ * compute copy copied into memory that bf_view_done() frees. Returns 0, or -1 without a
+ * compute copy or on failure.
+ */
+static int bf_view(ddp_model *m, ddp__model_view *v)
+{
+    if (eq_device < 0)
+        return ddp__model_view_get(m, v) < 0 || !v->compute ? -1 : 0;
+    if (ddp__model_view_host(m, v, true) < 0 || !v->compute)
+        return -1;
+    size_t n = v->stage == 3 ? v->plan->shard_total : v->plan->total;
+    uint16_t *c = malloc(n * sizeof *c);
+    if (!c || eq_copy(c, v->compute, n * sizeof *c) < 0) {
+        free(c);
+        return -1;
+    }
+    v->compute = c;
+    return 0;
+}
+
+static void bf_view_done(ddp__model_view *v)
+{
+    if (eq_device >= 0)
+        free((void *)v->compute);
+}
+
+/*
  * After a step: the owned compute copy is round(master), element for element; at stages 1-2
  * every element of the whole copy is round(the owner's master), the masters gathered here.
  */
 static void bf_check_copy(ddp_model *m)
 {
     ddp__model_view v;
-    if (ddp__model_view_get(m, &v) < 0 || !v.compute) {
+    if (bf_view(m, &v) < 0) {
         CHECK(0, "bf16: no view or no compute copy: %s", ddp_last_error(m));
         return;
     }
@@ -745,6 +846,7 @@ static void bf_check_copy(ddp_model *m)
             bf_mismatch++;
     }
     free(full);
+    bf_view_done(&v);
     bf_steps_checked++;
 }
 
@@ -759,20 +861,10 @@ static void bf_check_ckpt(ddp_model *m, const eq_cfg *c)
     char path[512];
     CHECK(ddp_checkpoint_latest(bf_dir, path, sizeof path, NULL, NULL) == 1, "latest");
     ddp_options o;
-    ddp_options_init(&o);
-    o.zero_stage = c->stage;
-    o.optimizer = c->adamw ? DDP_ADAMW : DDP_SGD;
-    o.momentum = c->adamw ? 0.0f : 0.9f;
-    o.nesterov = !c->adamw;
-    o.weight_decay = 0.01f;
-    o.clip_norm = c->clip;
-    o.first_bucket_bytes = 64;
-    o.bucket_bytes = 96;
-    o.pool_slots = c->pool;
-    o.precision = c->prec;
-    o.reduce_dtype = c->reduce;
+    eq_options(c, &o);
+    o.trace = NULL;
     ddp_model *fresh = NULL;
-    rc = ddp_model_create(bf_comm, &o, &fresh);
+    rc = ddp_model_create(eq_mcomm ? eq_mcomm : bf_comm, &o, &fresh);
     for (int p = 0; rc >= 0 && p < EQ_NP; p++) {
         if (p == 0 || eq_params[p].unit != eq_params[p - 1].unit)
             rc = ddp_unit_add(fresh, eq_units[eq_params[p].unit]);
@@ -786,7 +878,9 @@ static void bf_check_ckpt(ddp_model *m, const eq_cfg *c)
         rc = ddp_checkpoint_load(fresh, path, 0, NULL, NULL);
     CHECK(rc >= 0, "bf16 stage %d: load: %s", c->stage, fresh ? ddp_last_error(fresh) : "create");
     ddp__model_view a, b;
-    if (rc >= 0 && ddp__model_view_get(m, &a) == 0 && ddp__model_view_get(fresh, &b) == 0) {
+    int va = rc >= 0 ? bf_view(m, &a) : -1, vb = rc >= 0 ? bf_view(fresh, &b) : -1;
+    CHECK(rc < 0 || (va == 0 && vb == 0), "bf16 stage %d: no view of the models", c->stage);
+    if (va == 0 && vb == 0) {
         size_t n = a.stage == 3 ? a.plan->shard_total : a.plan->total;
         int differ = 0, stale = 0;
         for (size_t i = 0; i < n; i++) {
@@ -799,6 +893,10 @@ static void bf_check_ckpt(ddp_model *m, const eq_cfg *c)
               "elements are not round(master)", c->stage, differ, stale);
         bf_check_copy(fresh);
     }
+    if (va == 0)
+        bf_view_done(&a);
+    if (vb == 0)
+        bf_view_done(&b);
     ddp_model_free(fresh);
 }
 
@@ -877,17 +975,70 @@ static void scen_bf16(coll_comm *comm)
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", bf_dir);
         if (system(cmd) != 0)
             printf("ddp-check: could not remove %s\n", bf_dir);
-        printf("ddp-check: bf16 world %d: worst relative difference %.1e (tolerance 2e-2)\n", world,
-               worst);
+        printf("ddp-check: bf16 world %d%s: worst relative difference %.1e (tolerance 2e-2)\n",
+               world, eq_where, worst);
     }
+}
+
+/* CUDA devices visible: 0 without any, or in a build without CUDA. */
+static int gpu_count(void)
+{
+    int n = 0;
+#if DDP_CHECK_CUDA
+    if (cudaGetDeviceCount(&n) != cudaSuccess)
+        n = 0;
+#endif
+    return n;
+}
+
+/* equiv-device and equiv-nccl: the device, and a compute stream on it. Returns 0 or -1. */
+static int device_open(int local_rank, int nccl)
+{
+#if DDP_CHECK_CUDA
+    cudaStream_t s;
+    eq_device = local_rank % gpu_count();
+    if (cudaSetDevice(eq_device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        fprintf(stderr, "ddp-check: rank %d: GPU %d: %s\n", rank, eq_device,
+                cudaGetErrorString(cudaGetLastError()));
+        return -1;
+    }
+    eq_stream = s;
+    snprintf(eq_where, sizeof eq_where, " on GPU %d (%s backend)", eq_device,
+             nccl ? "nccl" : "cpu");
+    return 0;
+#else
+    (void)local_rank, (void)nccl;
+    return -1;
+#endif
+}
+
+static void device_close(void)
+{
+#if DDP_CHECK_CUDA
+    if (eq_stream)
+        cudaStreamDestroy((cudaStream_t)eq_stream);
+#endif
 }
 
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr,
-                "usage: ddp-check misuse|layout|nonfinite|memory|overlap|equiv|bf16   (under ddprun)\n");
+        fprintf(stderr, "usage: ddp-check misuse|layout|nonfinite|memory|overlap|equiv|bf16|"
+                        "equiv-device|equiv-nccl   (under ddprun)\n"
+                        "       ddp-check gpu-count\n");
         return 2;
+    }
+    if (!strcmp(argv[1], "gpu-count")) {
+        printf("%d\n", gpu_count());
+        return 0;
+    }
+    int on_device = !strcmp(argv[1], "equiv-device"), nccl = !strcmp(argv[1], "equiv-nccl");
+    on_device |= nccl;
+    if (on_device && (gpu_count() == 0 || (nccl && !coll_have_nccl()))) {
+        printf("ddp-check: SKIP: %s: %s\n", argv[1],
+               gpu_count() == 0 ? "no CUDA device" : "libcollective was built without NCCL");
+        return 77;
     }
     rdzv_env env;
     rdzv_client *store = NULL;
@@ -900,6 +1051,8 @@ int main(int argc, char **argv)
     }
     rank = env.rank;
     world = env.world_size;
+    if (on_device && device_open(env.local_rank, nccl) < 0)
+        return 2;
     rdzv_env_prefix(&env, "ddp-check", prefix, sizeof prefix);
     strncat(prefix, "/", sizeof prefix - strlen(prefix) - 1);
     strncat(prefix, argv[1], sizeof prefix - strlen(prefix) - 1);
@@ -909,6 +1062,15 @@ int main(int argc, char **argv)
     if (rdzv_env_connect(&env, NULL, &store) < 0 ||
         coll_comm_init(store, prefix, rank, world, COLL_BACKEND_CPU, -1, &co, &comm) < 0) {
         fprintf(stderr, "ddp-check: rank %d: setup: %s %s\n", rank, rdzv_client_last_error(NULL),
+                coll_last_error(NULL));
+        return 2;
+    }
+    /* equiv-nccl: the model's communicator (the test's exchanges of host values stay on the
+     * cpu one). */
+    strncat(prefix, "/nccl", sizeof prefix - strlen(prefix) - 1);
+    if (nccl && coll_comm_init(store, prefix, rank, world, COLL_BACKEND_NCCL, eq_device, &co,
+                               &eq_mcomm) < 0) {
+        fprintf(stderr, "ddp-check: rank %d: the nccl communicator: %s\n", rank,
                 coll_last_error(NULL));
         return 2;
     }
@@ -927,11 +1089,16 @@ int main(int argc, char **argv)
         scen_equiv(comm);
     else if (!strcmp(argv[1], "bf16"))
         scen_bf16(comm);
-    else {
+    else if (on_device) {
+        scen_equiv(comm);
+        scen_bf16(comm);
+    } else {
         fprintf(stderr, "ddp-check: unknown scenario %s\n", argv[1]);
         return 2;
     }
+    coll_comm_destroy(eq_mcomm);
     coll_comm_destroy(comm);
+    device_close();
     printf("ddp-check: rank %d/%d %s: %s\n", rank, world, argv[1], failures ? "FAIL" : "PASS");
     return failures ? 1 : 0;
 }
