@@ -17,26 +17,7 @@
 # Usage: output.sh DDPRUN. Exit 0 pass, 1 fail.
 set -uo pipefail
 ddprun=$1
-tmp=$(mktemp -d)
-main=$BASHPID
-pids=()
-cleanup() {
-  [ "$BASHPID" = "$main" ] || return 0
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
-
-wait_for() { # seconds command...: polls until the command succeeds
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do
-    [ $SECONDS -ge $end ] && return 1
-    sleep 0.05
-  done
-}
+. "$(dirname "$0")/lib.sh"
 feed() { # text fifo: writes a line to a FIFO, giving up after 10 s when nobody reads it
   timeout 10 sh -c 'echo "$1" >"$2"' _ "$1" "$2" || fail "nobody read $2"
 }

@@ -6,27 +6,8 @@
 # (teardown: it must not restart). Usage: signals.sh DDPRUN. Exit 0 pass, 1 fail.
 set -uo pipefail
 ddprun=$1
-tmp=$(mktemp -d)
-pids=()
-main=$BASHPID
-cleanup() { # bash runs the EXIT trap in subshells too: only the main shell cleans up
-  [ "$BASHPID" = "$main" ] || return 0
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+. "$(dirname "$0")/lib.sh"
 BOUND_MS=2000 # a signalled node must be gone within this
-
-wait_for() { # seconds command...: polls until the command succeeds
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do
-    [ $SECONDS -ge $end ] && return 1
-    sleep 0.05
-  done
-}
 now_ms() { date +%s%3N; }
 # The port a process listens on (its embedded store), from ss(8).
 listen_port() { ss -ltnpH 2>/dev/null | grep "pid=$1," | awk '{print $4}' | sed 's/.*://' | head -1; }
