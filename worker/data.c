@@ -223,7 +223,7 @@ int data_load(const char *dir, const char *split, data_set *out)
         goto out;
     }
     for (size_t i = 0; i < (size_t)n * dim; i++)
-        x[i] = ((float)pixels[i] / 255.0f - DATA_MEAN) / DATA_STD;
+        x[i] = data_normalize(pixels[i]);
     *out = (data_set){.n = n, .rows = idims[1], .cols = idims[2], .dim = dim, .x = x, .y = labels};
     x = NULL;
     labels = NULL;

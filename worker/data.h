@@ -33,6 +33,18 @@
 #define DATA_MEAN 0.2860f
 #define DATA_STD 0.3530f
 
+/* One pixel normalised: data_load() on the host and the CUDA path's gather (mlp_cuda.cu) on the
+   device both call this, so that they agree to the bit. */
+#ifdef __CUDACC__
+#define DATA_HOST_DEVICE __host__ __device__
+#else
+#define DATA_HOST_DEVICE
+#endif
+static inline DATA_HOST_DEVICE float data_normalize(uint8_t p)
+{
+    return ((float)p / 255.0f - DATA_MEAN) / DATA_STD;
+}
+
 /* The calling thread's last failure sentence ("" if none). */
 const char *data_last_error(void);
 

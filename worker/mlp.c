@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "bf16.h"
+#include "mlp_xent.h"
 #include "rng.h"
 
 struct mlp {
@@ -195,30 +196,16 @@ static void relu_backward(float *restrict d, const float *restrict a, size_t n)
 
 /*
  * Softmax cross-entropy, in place: logits (B, C) become probabilities. Adds each row's
- * -log p[label] to *loss_sum and counts the rows whose first maximal logit is the label.
- * log-sum-exp is taken after subtracting the row's maximum, so no exp overflows.
+ * -log p[label] to *loss_sum and counts the rows whose first maximal logit is the label
+ * (mlp_xent.h, the device's arithmetic too).
  */
 static void softmax_xent_forward(float *logits, const uint8_t *y, int B, int C, double *loss_sum,
                                  int *correct)
 {
     for (int i = 0; i < B; i++) {
-        float *z = logits + (size_t)i * C; /* (C) */
-        int arg = 0;
-        for (int j = 1; j < C; j++)
-            if (z[j] > z[arg])
-                arg = j;
-        float max = z[arg];
-        float zy = z[y[i]] - max; /* <= 0; kept before exp overwrites it */
-        float sum = 0.0f;
-        for (int j = 0; j < C; j++) {
-            z[j] = expf(z[j] - max);
-            sum += z[j];
-        }
-        /* -log p[y] = log(sum of exp(z - max)) - (z[y] - max), finite even when p[y] underflows */
-        *loss_sum += (double)logf(sum) - (double)zy;
-        for (int j = 0; j < C; j++)
-            z[j] /= sum;
-        *correct += arg == y[i];
+        int ok;
+        *loss_sum += mlp_xent_row(logits + (size_t)i * C, C, y[i], &ok); /* (C) */
+        *correct += ok;
     }
 }
 

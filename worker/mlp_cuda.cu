@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "mlp_xent.h"
 extern "C" {
 #include "data.h"
 }
@@ -190,7 +191,7 @@ template <> __device__ __forceinline__ bf16 narrow<bf16>(float v)
 
 /*
  * x (count, dim) = normalised pixels of rows idx[i] (or start + i), y (count) their labels.
- * The rows were checked on the host; the normalisation is data.c's, in the same order.
+ * The rows were checked on the host; the normalisation is data.c's (data_normalize()).
  */
 template <typename T>
 __global__ void gather_kernel(T *x, uint8_t *y, const uint8_t *pix, const uint8_t *lab,
@@ -201,7 +202,7 @@ __global__ void gather_kernel(T *x, uint8_t *y, const uint8_t *pix, const uint8_
     {
         int i = (int)(e / dim), k = (int)(e % dim);
         size_t row = (size_t)(idx ? idx[i] : start + i);
-        x[e] = narrow<T>(((float)pix[row * dim + k] / 255.0f - DATA_MEAN) / DATA_STD);
+        x[e] = narrow<T>(data_normalize(pix[row * dim + k]));
         if (k == 0)
             y[i] = lab[row];
     }
@@ -258,8 +259,8 @@ struct dev_stats {
 };
 
 /*
- * Softmax cross-entropy, in place: logits (B, C) become probabilities, one thread per row, as
- * mlp.c's softmax_xent_forward() computes it (the row's maximum subtracted, f32). Each block
+ * Softmax cross-entropy, in place: logits (B, C) become probabilities, one thread per row
+ * running mlp_xent_row(), mlp.c's arithmetic (the row's maximum subtracted, f32). Each block
  * sums its rows' losses (f64) and correct counts with warp shuffles and adds them to *acc
  * once. A row whose label is not below C counts in acc->bad and is left alone. Every thread
  * of the block reaches the shuffles and the barrier (no early return); blockDim.x is THREADS.
@@ -272,27 +273,11 @@ __global__ void softmax_xent_kernel(float *logits, const uint8_t *y, int B, int 
     double loss = 0;
     int correct = 0, bad = 0;
     if (i < B) {
-        float *z = logits + (size_t)i * C;
         int label = y[i];
-        if (label >= C) {
+        if (label >= C)
             bad = 1;
-        } else {
-            int arg = 0;
-            for (int j = 1; j < C; j++)
-                if (z[j] > z[arg])
-                    arg = j;
-            float max = z[arg];
-            float zy = z[label] - max;
-            float sum = 0.0f;
-            for (int j = 0; j < C; j++) {
-                z[j] = expf(z[j] - max);
-                sum += z[j];
-            }
-            loss = (double)logf(sum) - (double)zy;
-            for (int j = 0; j < C; j++)
-                z[j] /= sum;
-            correct = arg == label;
-        }
+        else
+            loss = mlp_xent_row(logits + (size_t)i * C, C, label, &correct);
     }
     for (int off = 16; off > 0; off >>= 1) {
         loss += __shfl_down_sync(0xffffffffu, loss, off);

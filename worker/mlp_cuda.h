@@ -136,8 +136,8 @@ int mlp_cuda_data_create(const uint8_t *pixels, const uint8_t *labels, int n, in
 void mlp_cuda_data_free(mlp_cuda_data *d);
 
 /*
- * Enqueues the gathering of `count` rows, normalised as data.h's (p / 255 - DATA_MEAN) /
- * DATA_STD, into the batch buffers: rows idx[0..count) (host memory, copied during the call;
+ * Enqueues the gathering of `count` rows, normalised by data.h's data_normalize() (rounded to
+ * bf16 after it in a bf16 data set), into the batch buffers: rows idx[0..count) (host memory, copied during the call;
  * each in [0, n)), or with idx NULL rows [start, start + count). Sets *x ((count, dim), f32 or
  * bf16) and *y ((count)) to the device buffers, valid until the next call (the stream orders
  * that call's gather after the work enqueued in between). The host waits only for the index
