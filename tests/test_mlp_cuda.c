@@ -13,9 +13,15 @@
  * within 1e-3 relative, probabilities within 1e-2, gradients within 2e-2 of the largest,
  * correct counts within 1 row.
  *
- * Also checked: the device accumulators (two passes without stats add up to twice the loss),
- * B = 0 runs the hooks only, a forward refuses more rows than max_batch, and the data set
- * refuses rows out of range.
+ * The shapes are odd on purpose (45 rows, 100 hidden units): leading dimensions that are no
+ * multiple of 8 take cuBLAS's unaligned kernels, and a product with m, n or k swapped for
+ * another cannot pass. Backward runs twice on both sides before the gradients are compared, so
+ * that a product that overwrites its output (beta = 0) instead of adding to it fails.
+ *
+ * Also checked: the device accumulators (two passes without stats add up to twice the loss);
+ * four batches enqueued back to back through the data set's two index slots, the host's index
+ * array rewritten between them, add up to the host's losses; B = 0 runs the hooks only, a
+ * forward refuses more rows than max_batch, and the data set refuses rows out of range.
  */
 #include <check.h>
 
@@ -33,7 +39,7 @@
 #include "mlp_cuda.h"
 #include "rng.h"
 
-enum { B = 48, MAX_L = 4 };
+enum { B = 45, MAX_L = 4, N = 200, DIM = 784 };
 
 static void *stream;
 
@@ -163,37 +169,47 @@ static double max_diff(const float *dev, const float *host, size_t n, double *am
     return d;
 }
 
+/*
+ * Batch k of the synthetic data set (pix (N, DIM), lab (N)): B rows in a scattered order,
+ * their indices into idx and, as the host's loader gathers them, their inputs into x (B, DIM)
+ * and labels into y (B).
+ */
+static void make_batch(int k, const uint8_t *pix, const uint8_t *lab, int32_t *idx, float *x,
+                       uint8_t *y)
+{
+    for (int i = 0; i < B; i++) {
+        idx[i] = (int32_t)((i * 37 + 11 + 53 * k) % N);
+        for (int j = 0; j < DIM; j++)
+            x[i * DIM + j] = data_normalize(pix[(size_t)idx[i] * DIM + j]);
+        y[i] = lab[idx[i]];
+    }
+}
+
 static void compare(int bf16)
 {
-    mlp_config c = {.in_dim = 784, .hidden = 96, .layers = 2, .classes = 10, .bf16 = bf16};
+    mlp_config c = {.in_dim = DIM, .hidden = 100, .layers = 2, .classes = 10, .bf16 = bf16};
     model m;
     model_init(&m, &c);
 
-    /* A synthetic data set of 200 images; the batch takes B rows of it, in a scattered order. */
-    enum { N = 200 };
+    /* A synthetic data set of N images. */
     rng r;
     rng_init(&r, 3, 0);
-    uint8_t *pix = malloc((size_t)N * 784), lab[N];
-    for (size_t i = 0; i < (size_t)N * 784; i++)
+    uint8_t *pix = malloc((size_t)N * DIM), lab[N];
+    for (size_t i = 0; i < (size_t)N * DIM; i++)
         pix[i] = (uint8_t)rng_below(&r, 256);
     for (int i = 0; i < N; i++)
         lab[i] = (uint8_t)rng_below(&r, 10);
     int32_t idx[B];
-    float *x = malloc(sizeof(float) * B * 784);
+    float *x = malloc(sizeof(float) * B * DIM);
     uint8_t y[B];
-    for (int i = 0; i < B; i++) {
-        idx[i] = (int32_t)((i * 37 + 11) % N);
-        for (int k = 0; k < 784; k++) /* data.c's normalisation */
-            x[i * 784 + k] = ((float)pix[(size_t)idx[i] * 784 + k] / 255.0f - DATA_MEAN) / DATA_STD;
-        y[i] = lab[idx[i]];
-    }
+    make_batch(0, pix, lab, idx, x, y);
 
     mlp *host;
     mlp_cuda *dev;
     mlp_cuda_data *data;
     ck_assert_int_eq(mlp_create(&c, B, &host), 0);
     ck_assert_msg(mlp_cuda_create(&c, B, stream, &dev) == 0, "%s", mlp_cuda_last_error());
-    ck_assert_msg(mlp_cuda_data_create(pix, lab, N, 784, B, bf16, stream, &data) == 0, "%s",
+    ck_assert_msg(mlp_cuda_data_create(pix, lab, N, DIM, B, bf16, stream, &data) == 0, "%s",
                   mlp_cuda_last_error());
     const void *dx;
     const uint8_t *dy;
@@ -217,8 +233,10 @@ static void compare(int bf16)
     ck_assert_double_le(pd, bf16 ? 1e-2 : 1e-5);
     ck_assert_int_le(abs(ds.correct - hs.correct), bf16 ? 1 : 0);
 
-    ck_assert_int_eq(mlp_backward(host, &hh, 1.0f / B), 0);
-    ck_assert_msg(mlp_cuda_backward(dev, &dh, 1.0f / B) == 0, "%s", mlp_cuda_last_error());
+    for (int pass = 0; pass < 2; pass++) { /* the second adds onto the first */
+        ck_assert_int_eq(mlp_backward(host, &hh, 1.0f / B), 0);
+        ck_assert_msg(mlp_cuda_backward(dev, &dh, 1.0f / B) == 0, "%s", mlp_cuda_last_error());
+    }
     double gd = 0, gmax = 0;
     for (int l = 0; l < m.L; l++) {
         gd = fmax(gd, max_diff(m.ddW[l], m.dW[l], nW(&m, l), &gmax));
@@ -238,6 +256,24 @@ static void compare(int bf16)
     ck_assert_int_eq(acc.correct, 2 * ds.correct);
     ck_assert_int_eq(mlp_cuda_stats_take(dev, &acc), 0);
     ck_assert_double_eq(acc.loss_sum, 0);
+
+    /* Four batches back to back, the host not waiting for the device between them. */
+    double hsum = 0;
+    int hcorrect = 0;
+    for (int k = 1; k <= 4; k++) {
+        make_batch(k, pix, lab, idx, x, y);
+        ck_assert_int_eq(mlp_forward(host, &hh, x, y, B, &hs), 0);
+        hsum += hs.loss_sum;
+        hcorrect += hs.correct;
+        ck_assert_int_eq(mlp_cuda_data_batch(data, idx, 0, B, &dx, &dy), 0);
+        ck_assert_int_eq(mlp_cuda_forward(dev, &dh, dx, dy, B, NULL), 0);
+    }
+    ck_assert_int_eq(mlp_cuda_stats_take(dev, &acc), 0);
+    rel = fabs(acc.loss_sum - hsum) / hsum;
+    printf("%s: 4 batches: loss %.7f (device) %.7f (host), relative %.2e; correct %d, %d\n",
+           bf16 ? "bf16" : "f32", acc.loss_sum, hsum, rel, acc.correct, hcorrect);
+    ck_assert_double_le(rel, bf16 ? 1e-3 : 1e-5);
+    ck_assert_int_le(abs(acc.correct - hcorrect), bf16 ? 4 : 0);
 
     /* B = 0: hooks only. Too many rows, rows out of range: refused. */
     m.begins = m.ends = 0;
