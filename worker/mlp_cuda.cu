@@ -333,12 +333,15 @@ struct mlp_cuda {
 };
 
 /* Launches a kernel over n >= 1 elements on the model's stream and checks the launch. COMMA
-   separates a template's arguments inside the macro's first argument. */
+   separates a template's arguments inside the macro's first argument; KERNEL_NAME spells the
+   kernel with the comma (expanded before it is made a string). */
 #define COMMA ,
+#define KERNEL_NAME_(...) #__VA_ARGS__
+#define KERNEL_NAME(...) KERNEL_NAME_(__VA_ARGS__)
 #define LAUNCH(kernel, n, ...)                                                                   \
     do {                                                                                         \
         kernel<<<blocks_for(n), THREADS, 0, m->stream>>>(__VA_ARGS__);                           \
-        CK_LAUNCH(#kernel);                                                                      \
+        CK_LAUNCH(KERNEL_NAME(kernel));                                                          \
     } while (0)
 
 extern "C" void mlp_cuda_free(mlp_cuda *m)
