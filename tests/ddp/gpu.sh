@@ -5,17 +5,21 @@
 #     1e-3 relative. Both compute in f32 with f32 accumulation; they differ only in the order
 #     of the sums (cuBLAS's kernels against OpenBLAS's), about 1e-6 relative per product, which
 #     20 steps on this smooth loss do not grow past 1e-4: 1e-3 is a tenfold margin that a wrong
-#     kernel (a missing bias, a transposed product) exceeds at the first step.
+#     kernel (a missing bias, a transposed product) exceeds at the first step. Also with
+#     --grad-accum 4, where each step's gradient is added up over four backward passes: a
+#     product that overwrites its gradient instead of adding to it fails from the second step.
 #  2. bf16 against f32 on the GPU: test accuracy after 3 epochs within 0.5 points.
 #  3. NCCL, world 1 (when libcollective has NCCL): ZeRO-0 and ZeRO-3 against the CPU's losses
 #     as in 1.
-#  4. Several ranks sharing one GPU (CUDA_VISIBLE_DEVICES=0, 2 ranks: the cpu backend on device
+#  4. Several ranks sharing one GPU (2 ranks on the first GPU: the cpu backend on device
 #     buffers, as NCCL allows one rank per GPU), every ZeRO stage, against world 1's losses on
 #     the same GPU within 1e-3 relative (the reduction adds in another order).
 #  5. A rank killed mid-step (DDP_TRAIN_TEST_KILL: rank 1 SIGKILLs itself after step 3): the
 #     survivor exits 2 naming rank 1 within the communicator's timeout plus a margin. With two
 #     GPUs or more the ranks use NCCL (libcollective's watchdog path), else the cpu backend on
 #     one GPU. Ranks started by hand on ddp-rendezvous, as tests/ddp/run_ddp.sh does.
+# The GPUs used are those CUDA_VISIBLE_DEVICES lists when it is set (a CI job's share of the
+# machine), else every GPU nvidia-smi lists; "the first GPU" is the first of them.
 # Usage: gpu.sh DDPRUN DDP_TRAIN DDP_RENDEZVOUS
 # Exit: 0 pass, 1 fail, 77 skipped.
 set -uo pipefail
@@ -42,8 +46,13 @@ if ! timeout 120 "$TRAIN" --device cuda --max-steps 1 --hidden 16 >/dev/null 2>"
     exit 1
 fi
 head -1 "$tmp/probe" | sed 's/^/  /'
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-ngpu=${ngpu:-0}
+if [[ -n ${CUDA_VISIBLE_DEVICES+x} ]]; then
+    IFS=, read -ra gpus <<<"$CUDA_VISIBLE_DEVICES"
+else
+    mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null)
+fi
+[[ ${#gpus[@]} -gt 0 ]] || gpus=(0) # the probe found one
+ngpu=${#gpus[@]}
 
 steps=(--max-steps 20 --log-every 1 --optimizer sgd --lr 0.05 --warmup 0)
 run() { # NAME WORLD ARGS...
@@ -81,7 +90,8 @@ PY
 # 1.
 run cpu 1 --device cpu "${steps[@]}"
 run cuda 1 --device cuda "${steps[@]}"
-compare cpu 1e-3 cuda || fail "CUDA f32 against CPU f32"
+run cuda-accum4 1 --device cuda --grad-accum 4 "${steps[@]}"
+compare cpu 1e-3 cuda cuda-accum4 || fail "CUDA f32 against CPU f32"
 
 # 2.
 run cuda-f32-e3 1 --device cuda --epochs 3 --log-every 1000
@@ -108,7 +118,7 @@ fi
 # 4.
 names=()
 for z in 0 1 2 3; do
-    CUDA_VISIBLE_DEVICES=0 run "share-z$z" 2 --device cuda --zero "$z" "${steps[@]}"
+    CUDA_VISIBLE_DEVICES=${gpus[0]} run "share-z$z" 2 --device cuda --zero "$z" "${steps[@]}"
     grep -q "cpu backend" "$tmp/share-z$z.log" || fail "2 ranks on one GPU: not the cpu backend"
     names+=("share-z$z")
 done
@@ -119,13 +129,13 @@ exec {srv}< <(exec "$RDZV" serve --bind 127.0.0.1 --port 0 2>"$tmp/srv.err")
 pids+=($!)
 read -r -t 10 port <&"$srv" || { fail "no port from ddp-rendezvous"; exit 1; }
 W=2 timeout_ms=10000 margin_ms=5000
-if [[ $ngpu -ge 2 ]]; then backend=nccl; else backend=cpu; fi
+backend=cpu vis=${gpus[0]}
+[[ $ngpu -ge 2 ]] && backend=nccl vis=${gpus[0]},${gpus[1]}
 for r in 0 1; do
     bound=(timeout 120)
     [[ $r -eq 1 ]] && bound=() # the victim's SIGKILL must reach ddp-train itself
-    CUDA_VISIBLE_DEVICES=$([[ $backend == nccl ]] && echo 0,1 || echo 0) \
-        DDP_TRAIN_TEST_KILL=1:3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$W \
-        LOCAL_RANK=$r LOCAL_WORLD_SIZE=$W TORCHELASTIC_RUN_ID=gpukill \
+    CUDA_VISIBLE_DEVICES=$vis DDP_TRAIN_TEST_KILL=1:3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        RANK=$r WORLD_SIZE=$W LOCAL_RANK=$r LOCAL_WORLD_SIZE=$W TORCHELASTIC_RUN_ID=gpukill \
         ${bound[@]+"${bound[@]}"} "$TRAIN" --device cuda --backend "$backend" --epochs 100 \
         --log-every 1 --timeout-ms "$timeout_ms" >"$tmp/kill$r.out" 2>"$tmp/kill$r.err" &
     pids+=($!)
