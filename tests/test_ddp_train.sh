@@ -58,6 +58,16 @@ expect_exit 1 "$tmp/bad/t10k-images-idx3-ubyte.gz: not an IDX file" "$TRAIN" --d
 expect_exit 1 "global batch \(255\) must be a multiple of world size x --grad-accum \(2 x 1" \
     "$DDPRUN" --standalone --nproc-per-node 2 --no-prefix "$TRAIN" --global-batch 255
 
+# The device (ddp-train(1), GPUS), with every GPU hidden so that it goes alike with or without
+# CUDA or a GPU: --device cuda is an error naming the flag, and so is --backend nccl without a
+# GPU; auto trains on the CPU (below, the first line names OpenBLAS's kernels).
+expect_exit 1 "--device: unknown device 'gpu'" "$TRAIN" --device gpu
+expect_exit 1 "--device cuda: (no CUDA device is visible|ddp-train was built without CUDA)" \
+    env CUDA_VISIBLE_DEVICES= "$TRAIN" --device cuda
+expect_exit 1 "--backend nccl needs --device cuda" "$TRAIN" --device cpu --backend nccl
+expect_exit 1 "--backend nccl needs a GPU \(--device auto found none\)" \
+    env CUDA_VISIBLE_DEVICES= "$TRAIN" --backend nccl
+
 # Alone, then two ranks: 20 SGD steps, a loss every 5, metrics as JSON Lines.
 common=(--max-steps 20 --log-every 5 --optimizer sgd --lr 0.05 --warmup 0)
 expect_exit 0 "test accuracy" "$TRAIN" "${common[@]}" --metrics "$tmp/w1.jsonl" \
@@ -107,11 +117,15 @@ assert h["lr"]["shape"] == [20] and h["label"]["dtype"] == "U8", h
 EOF
 
 # OpenBLAS's kernels: the first line names them; a user's OPENBLAS_CORETYPE is kept, and where
-# OpenBLAS falls back to Prescott on a CPU with AVX2, ddp-train picks a faster set (mlp.h).
-OPENBLAS_CORETYPE=Haswell "$TRAIN" --max-steps 1 --epochs 1 2>"$tmp/err" >/dev/null ||
+# OpenBLAS falls back to Prescott on a CPU with AVX2, ddp-train picks a faster set (mlp.h). On
+# the CPU: --device cpu, then --device auto with every GPU hidden.
+OPENBLAS_CORETYPE=Haswell "$TRAIN" --device cpu --max-steps 1 --epochs 1 2>"$tmp/err" >/dev/null ||
     fail "ddp-train under OPENBLAS_CORETYPE=Haswell exited with $?"
 grep -q "; OpenBLAS Haswell kernels$" "$tmp/err" || fail "the first line does not name Haswell"
-"$TRAIN" --max-steps 1 --epochs 1 2>"$tmp/err" >/dev/null || fail "ddp-train exited with $?"
+CUDA_VISIBLE_DEVICES= "$TRAIN" --max-steps 1 --epochs 1 2>"$tmp/err" >/dev/null ||
+    fail "ddp-train exited with $?"
+grep -q "; OpenBLAS [A-Za-z0-9]* kernels$" "$tmp/err" ||
+    fail "--device auto with every GPU hidden: the first line names no OpenBLAS kernels"
 if grep -qw avx2 /proc/cpuinfo && grep -q "; OpenBLAS Prescott kernels$" "$tmp/err"; then
     fail "OpenBLAS runs its Prescott kernels on a CPU with AVX2"
 fi
