@@ -117,15 +117,26 @@ extern "C" int mlp_cuda_device_count(void)
     return n;
 }
 
+template <typename T> __global__ void fill_kernel(T *a, float v, size_t n);
+
 extern "C" int mlp_cuda_open(int device, void **stream, char *name, size_t cap)
 {
     if (device < 0 || !stream)
         return fail(-EINVAL, "device %d: bad argument", device);
     CK(cudaSetDevice(device));
-    if (name && cap) {
-        cudaDeviceProp prop;
-        CK(cudaGetDeviceProperties(&prop, device));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, device));
+    if (name && cap)
         snprintf(name, cap, "%s", prop.name);
+    /* A GPU that nvcc built no kernels for (the -gencode list of worker/meson.build) would
+       fail at the first launch with CUDA's terse "no kernel image"; say which GPU, up front. */
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, fill_kernel<float>);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fail(-ENOTSUP, "%s (compute capability %d.%d): no kernels of ddp-train's build run "
+                              "on it: %s",
+                    prop.name, prop.major, prop.minor, cudaGetErrorString(e));
     }
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -54,7 +54,8 @@ const char *mlp_cuda_last_error(void);
 /*
  * Makes `device` the calling thread's current device, creates a non-blocking stream on it and
  * writes the device's name into name[cap] (may be NULL). Returns 0 and sets *stream (a
- * cudaStream_t), -EINVAL, -ENOTSUP or COLL_ECUDA.
+ * cudaStream_t), -EINVAL, -ENOTSUP (no CUDA in the build, or a GPU whose architecture the
+ * build has no kernels for: the sentence names its compute capability) or COLL_ECUDA.
  */
 int mlp_cuda_open(int device, void **stream, char *name, size_t cap);
 
