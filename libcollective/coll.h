@@ -162,19 +162,21 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
 
 /* Settings of coll_comm_init_env(). Fill with coll_env_options_init(), then set name. */
 typedef struct coll_env_options {
-    const char *name;    /* the program's part of the key prefix; required */
-    const char *suffix;  /* NULL, or a last part of the key prefix (a scenario, say) */
-    coll_backend backend; /* the communicator's backend (COLL_BACKEND_CPU) */
-    int device;          /* its device, for the nccl backend (-1) */
-    const coll_options *comm;          /* its options (NULL: the defaults); its log hook
-                                          also gets the join's own lines */
-    const rdzv_client_options *store;  /* the store connection's (NULL: the defaults) */
-    bool store_only;     /* make no communicator: only read the environment and connect to
-                            the store, which is then kept (false) */
-    bool keep_store;     /* keep the store connection in coll_env.store (false: closed once the
-                            communicator is up, as it has a connection of its own) */
-    bool standalone;     /* with none of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set,
-                            run a job of one on a private store at 127.0.0.1 (false: -ENOENT) */
+    const char *name;                 /* the program's part of the key prefix; required */
+    const char *suffix;               /* NULL, or a last part of the key prefix (a scenario) */
+    coll_backend backend;             /* the communicator's backend (COLL_BACKEND_CPU) */
+    int device;                       /* its device, for the nccl backend (-1) */
+    const coll_options *comm;         /* its options (NULL: the defaults); its log hook also
+                                         gets the join's own line */
+    const rdzv_client_options *store; /* the store connection's (NULL: the defaults) */
+    bool store_only;                  /* make no communicator: only read the environment and
+                                         connect to the store, which is then kept (false) */
+    bool keep_store;                  /* keep the store connection in coll_env.store (false:
+                                         closed once the communicator, which has a connection
+                                         of its own, is up) */
+    bool standalone;                  /* with none of RANK, WORLD_SIZE, MASTER_ADDR and
+                                         MASTER_PORT set, run a job of one on a private store
+                                         at 127.0.0.1 (false: fail with -ENOENT) */
 } coll_env_options;
 
 /* Fills `opts` with the defaults given in brackets above, name and suffix NULL. */
@@ -182,12 +184,12 @@ void coll_env_options_init(coll_env_options *opts);
 
 /* What coll_comm_init_env() read and made. Release with coll_env_free(). */
 typedef struct coll_env {
-    rdzv_env env;         /* the torchrun environment: rank, world_size, local_rank,
-                             local_world_size, master_addr, master_port, run_id, ... */
-    char prefix[512];     /* the key prefix: "<name>/<run_id>/<restart_count>[/<suffix>]" */
-    coll_comm *comm;      /* the communicator; NULL with store_only */
-    rdzv_client *store;   /* the store connection, with keep_store or store_only; else NULL */
-    rdzv_server *server;  /* standalone: the private store this process runs; else NULL */
+    rdzv_env env;        /* the torchrun environment: rank, world_size, local_rank,
+                            local_world_size, master_addr, master_port, run_id, ... */
+    char prefix[512];    /* the key prefix: "<name>/<run_id>/<restart_count>[/<suffix>]" */
+    coll_comm *comm;     /* the communicator; NULL with store_only */
+    rdzv_client *store;  /* the store connection, with keep_store or store_only; else NULL */
+    rdzv_server *server; /* standalone: the private store this process serves; else NULL */
 } coll_env;
 
 /*

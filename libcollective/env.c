@@ -52,7 +52,9 @@ int coll_comm_init_env(const coll_env_options *opts, coll_env *out)
     memset(&e, 0, sizeof e);
     if (!opts || !out || !opts->name) {
         coll__set_init_error("coll_comm_init_env: invalid argument (%s is NULL)",
-                             !opts ? "opts" : !out ? "out" : "opts->name");
+                             !opts  ? "opts"
+                             : !out ? "out"
+                                    : "opts->name");
         return -EINVAL;
     }
     if ((rc = rdzv_env_read(&e.env)) < 0) {
