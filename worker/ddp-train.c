@@ -40,7 +40,6 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -375,15 +374,7 @@ static void usage(FILE *f)
 }
 
 /* "ddp-train: <message>" on stderr. */
-__attribute__((format(printf, 1, 2))) static void err(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("ddp-train: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
+#define err(...) cli_msg(stderr, "ddp-train", __VA_ARGS__)
 
 static int parse_optimizer(const char *flag, const char *s, ddp_optimizer *out)
 {
