@@ -207,6 +207,16 @@ static void check_comm(coll_comm *comm)
     ck_assert(x == 3);
 }
 
+/* Joins a job of one rank: rank 0 of 1, local rank 0. */
+static void join_one(const coll_env_options *o, coll_env *e)
+{
+    int rc = coll_comm_init_env(o, e);
+    ck_assert_msg(rc == 0, "%s: %s", coll_strerror(rc), coll_last_error(NULL));
+    ck_assert_int_eq(e->env.rank, 0);
+    ck_assert_int_eq(e->env.world_size, 1);
+    ck_assert_int_eq(e->env.local_rank, 0);
+}
+
 static int log_lines;
 static char last_line[1024];
 
@@ -232,10 +242,7 @@ START_TEST(test_job_store)
     o.suffix = "scenario";
     o.comm = &co;
     coll_env e;
-    int rc = coll_comm_init_env(&o, &e);
-    ck_assert_msg(rc == 0, "%s: %s", coll_strerror(rc), coll_last_error(NULL));
-    ck_assert_int_eq(e.env.rank, 0);
-    ck_assert_int_eq(e.env.world_size, 1);
+    join_one(&o, &e);
     ck_assert_int_eq(e.env.standalone, 0);
     ck_assert_str_eq(e.prefix, "test/t/2/scenario");
     check_comm(e.comm);
@@ -278,12 +285,8 @@ START_TEST(test_standalone)
     o.standalone = true;
     o.keep_store = true;
     coll_env e;
-    int rc = coll_comm_init_env(&o, &e);
-    ck_assert_msg(rc == 0, "%s: %s", coll_strerror(rc), coll_last_error(NULL));
+    join_one(&o, &e);
     ck_assert_int_eq(e.env.standalone, 1);
-    ck_assert_int_eq(e.env.rank, 0);
-    ck_assert_int_eq(e.env.world_size, 1);
-    ck_assert_int_eq(e.env.local_rank, 0);
     ck_assert_ptr_nonnull(e.server);
     ck_assert_ptr_nonnull(e.store);
     check_comm(e.comm);
