@@ -36,11 +36,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rdzv.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-struct rdzv_client;
 
 /* ------------------------------------------------------------------------------------------ */
 /* Errors and logging                                                                          */
@@ -159,6 +159,64 @@ void coll_options_init(coll_options *opts);
  */
 int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int world_size,
                    coll_backend backend, int device, const coll_options *opts, coll_comm **out);
+
+/* Settings of coll_comm_init_env(). Fill with coll_env_options_init(), then set name. */
+typedef struct coll_env_options {
+    const char *name;                 /* the program's part of the key prefix; required */
+    const char *suffix;               /* NULL, or a last part of the key prefix (a scenario) */
+    coll_backend backend;             /* the communicator's backend (COLL_BACKEND_CPU) */
+    int device;                       /* its device, for the nccl backend (-1) */
+    const coll_options *comm;         /* its options (NULL: the defaults); its log hook also
+                                         gets the join's own line */
+    const rdzv_client_options *store; /* the store connection's (NULL: the defaults) */
+    bool store_only;                  /* make no communicator: only read the environment and
+                                         connect to the store, which is then kept (false) */
+    bool keep_store;                  /* keep the store connection in coll_env.store (false:
+                                         closed once the communicator, which has a connection
+                                         of its own, is up) */
+    bool standalone;                  /* with none of RANK, WORLD_SIZE, MASTER_ADDR and
+                                         MASTER_PORT set, run a job of one on a private store
+                                         at 127.0.0.1 (false: fail with -ENOENT) */
+} coll_env_options;
+
+/* Fills `opts` with the defaults given in brackets above, name and suffix NULL. */
+void coll_env_options_init(coll_env_options *opts);
+
+/* What coll_comm_init_env() read and made. Release with coll_env_free(). */
+typedef struct coll_env {
+    rdzv_env env;        /* the torchrun environment: rank, world_size, local_rank,
+                            local_world_size, master_addr, master_port, run_id, ... */
+    char prefix[512];    /* the key prefix: "<name>/<run_id>/<restart_count>[/<suffix>]" */
+    coll_comm *comm;     /* the communicator; NULL with store_only */
+    rdzv_client *store;  /* the store connection, with keep_store or store_only; else NULL */
+    rdzv_server *server; /* standalone: the private store this process serves; else NULL */
+} coll_env;
+
+/*
+ * Joins the job this process was started in, the way every worker of the project does: reads
+ * the torchrun environment (rdzv_env_read()), makes the per-attempt key prefix
+ * "<name>/<run_id>/<restart_count>[/<suffix>]" (rdzv_env_prefix()), connects to the job's store
+ * (rdzv_env_connect(), with the job's token) and creates a communicator of every rank of the job
+ * under that prefix (coll_comm_init() with opts->backend, opts->device and opts->comm). Call on
+ * every rank. `opts` is borrowed for the call.
+ *
+ * Returns 0 and fills *out, whose members the caller owns (coll_env_free() releases them all;
+ * a caller that keeps one sets it to NULL first). On failure nothing is left allocated, *out is
+ * not written, and coll_last_error(NULL) says what went wrong. Codes: -EINVAL (opts, out or
+ * opts->name NULL; or a malformed or incomplete environment: the message is rdzv_env_read()'s,
+ * naming the variable and its value), -ENOENT (none of RANK, WORLD_SIZE, MASTER_ADDR and
+ * MASTER_PORT is set and opts->standalone is false: the message says to run under ddprun or
+ * torchrun), -ENOSPC (the key prefix does not fit coll_env.prefix), an error of
+ * rdzv_env_connect() (the message names the store's address), of rdzv_server_start()
+ * (standalone), or of coll_comm_init(). Thread-safe as far as the calls it makes are.
+ */
+int coll_comm_init_env(const coll_env_options *opts, coll_env *out);
+
+/*
+ * Releases what *env holds, in order: destroys the communicator, closes the store connection,
+ * stops the private store; sets each to NULL. NULL members, or env NULL, are skipped.
+ */
+void coll_env_free(coll_env *env);
 
 #define COLL_SPLIT_NOCOLOR (-1)
 

@@ -11,6 +11,7 @@
  *   cpu.h         the cpu backend's state, shared by cpu_boot.c and cpu.c
  *   settle.c      failure settlement's decision: evidence in, culprit and code out (no I/O)
  *   comm.c        the public API: bootstrap through the store, requests, progress thread
+ *   env.c         coll_comm_init_env(): joining the job from the torchrun environment
  *   nccl.cu       the nccl backend (built with NCCL)
  *   cuda_stage.cu device-pointer detection and pinned staging for the cpu backend (CUDA builds)
  *
@@ -299,6 +300,13 @@ void coll__tcp_shutdown(coll__tcp *t);
 void coll__tcp_close(coll__tcp *t);
 
 #endif /* !__cplusplus */
+
+/* ------------------------------------------------------------------------------------------ */
+/* comm.c, for env.c                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Sets this thread's coll_last_error(NULL), the account of a failure that has no communicator. */
+void coll__set_init_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ------------------------------------------------------------------------------------------ */
 /* CUDA staging (cuda_stage.cu; stubs returning false / -ENOTSUP without CUDA)                 */

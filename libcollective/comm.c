@@ -115,6 +115,14 @@ struct coll_comm {
 
 static _Thread_local char init_err[ERR_BYTES];
 
+void coll__set_init_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(init_err, sizeof init_err, fmt, ap);
+    va_end(ap);
+}
+
 void coll_options_init(coll_options *opts)
 {
     memset(opts, 0, sizeof *opts);

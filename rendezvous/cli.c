@@ -214,8 +214,20 @@ int cli_parse_int_list(const char *flag, const char *s, int min, int max, int fl
 int cli_report(FILE *f, const char *prog, int rc)
 {
     if (rc < 0)
-        fprintf(f, "%s: %s\n", prog, cli_last_error());
+        cli_msg(f, prog, "%s", cli_last_error());
     return rc;
+}
+
+void cli_msg(FILE *f, const char *prog, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    flockfile(f);
+    fprintf(f, "%s: ", prog);
+    vfprintf(f, fmt, ap);
+    fputc('\n', f);
+    funlockfile(f);
+    va_end(ap);
 }
 
 /* ------------------------------------------------------------------------------------------ */

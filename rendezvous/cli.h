@@ -121,6 +121,15 @@ int cli_parse_int_list(const char *flag, const char *s, int min, int max, int fl
  */
 int cli_report(FILE *f, const char *prog, int rc);
 
+/*
+ * Writes "PROG: <message>" and a newline to f in one locked write (threads do not interleave
+ * within it): the form of every message a program prints. A program names itself once,
+ *
+ *     #define err(...) cli_msg(stderr, "ddp-train", __VA_ARGS__)
+ */
+void cli_msg(FILE *f, const char *prog, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* ------------------------------------------------------------------------------------------ */
 /* Option tables                                                                              */
 /* ------------------------------------------------------------------------------------------ */

@@ -35,7 +35,6 @@
 #include "store.h"
 
 #include <errno.h>
-#include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
 #include <arpa/inet.h>
@@ -92,7 +91,7 @@ struct rdzv_server {
     uv_timer_t resume_timer; /* resumes accepting after a pause for want of descriptors */
     bool refusing;           /* refuse_timer is running: a burst of refusals is under way */
     uint64_t refused_unlogged;
-    const char *refuse_why;
+    char refuse_why[200]; /* the burst's last reason (copied: callers format it on the stack) */
     int refuse_level;
     size_t max_connections; /* in force: the option, or derived from RLIMIT_NOFILE */
     rdzv_server_options opts;
@@ -112,7 +111,6 @@ struct rdzv_server {
     rdzv__addrset nodes; /* addresses that authenticated connections came from */
     uint32_t euid;       /* the server's owner, for the other-user rule */
     bool owner_warned;   /* logged once that a local peer's owner could not be found */
-    uint64_t last_refusal_log_ms, refusals_unlogged;
     uint64_t authenticated, auth_failed, refused_address, refused_user, refused_private;
     int open_handles;
     bool closing;
@@ -264,30 +262,49 @@ static void client_close(client *c, const char *why)
 /* Access control                                                                           */
 /* ---------------------------------------------------------------------------------------- */
 
+#define REFUSE_LOG_MS 1000 /* at most one line a second about refused connections */
+
+static void refuse_timer_cb(uv_timer_t *t)
+{
+    rdzv_server *srv = t->data;
+    lock(srv);
+    if (srv->refused_unlogged > 0) {
+        logf_(srv, srv->refuse_level, "refused %llu more connections in the last second: %s",
+              (unsigned long long)srv->refused_unlogged, srv->refuse_why);
+        srv->refused_unlogged = 0;
+        uv_timer_start(&srv->refuse_timer, refuse_timer_cb, REFUSE_LOG_MS, 0);
+    } else {
+        srv->refusing = false; /* the burst is over */
+    }
+    unlock(srv);
+}
+
 /*
- * Closes `c` for a security reason, counting it in *counter. The log line is written at most
- * once a second (with the number of refusals it stands for), so that a flood of refused
- * connections cannot flood the log.
+ * The one rate limit of the log lines about refusals, those on accept (refusal()) and the
+ * security ones (refuse()), so that a flood of refused connections cannot flood the log.
+ * Returns true when the caller logs `why` now: the first refusal of a burst. Later ones, for as
+ * long as the burst lasts (refusals less than REFUSE_LOG_MS apart), are counted (when `count`)
+ * and summed up by refuse_timer_cb in one line a second, at `level`, naming the last reason.
  */
+static bool refusal_log_now(rdzv_server *srv, int level, const char *why, bool count)
+{
+    snprintf(srv->refuse_why, sizeof(srv->refuse_why), "%s", why);
+    srv->refuse_level = level;
+    if (srv->refusing) {
+        srv->refused_unlogged += count;
+        return false;
+    }
+    srv->refusing = true;
+    srv->refused_unlogged = 0;
+    uv_timer_start(&srv->refuse_timer, refuse_timer_cb, REFUSE_LOG_MS, 0);
+    return true;
+}
+
+/* Closes `c` for a security reason, counting it in *counter; logged as refusal_log_now() says. */
 static void refuse(client *c, uint64_t *counter, const char *why)
 {
-    rdzv_server *srv = c->srv;
-    uint64_t now = uv_now(srv->loop);
     (*counter)++;
-    srv->refusals_unlogged++;
-    if (srv->last_refusal_log_ms != 0 && now - srv->last_refusal_log_ms < 1000) {
-        client_close(c, NULL);
-        return;
-    }
-    char line[320];
-    if (srv->refusals_unlogged > 1)
-        snprintf(line, sizeof(line), "%s (and %" PRIu64 " more refusals in the last second)", why,
-                 srv->refusals_unlogged - 1);
-    else
-        snprintf(line, sizeof(line), "%s", why);
-    srv->last_refusal_log_ms = now ? now : 1;
-    srv->refusals_unlogged = 0;
-    client_close(c, line);
+    client_close(c, refusal_log_now(c->srv, RDZV_LOG_WARN, why, true) ? why : NULL);
 }
 
 /*
@@ -684,46 +701,21 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 /* Accepting and refusing                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-#define REFUSE_LOG_MS 1000 /* at most one line a second about refused connections */
 #define ACCEPT_PAUSE_MS 100
 #define ACCEPT_BATCH 64 /* connections accepted per readiness callback, for fairness */
 
-static void refuse_timer_cb(uv_timer_t *t)
-{
-    rdzv_server *srv = t->data;
-    lock(srv);
-    if (srv->refused_unlogged > 0) {
-        logf_(srv, srv->refuse_level, "refused %llu more connections in the last second: %s",
-              (unsigned long long)srv->refused_unlogged, srv->refuse_why);
-        srv->refused_unlogged = 0;
-        uv_timer_start(&srv->refuse_timer, refuse_timer_cb, REFUSE_LOG_MS, 0);
-    } else {
-        srv->refusing = false; /* the burst is over */
-    }
-    unlock(srv);
-}
-
 /*
- * Counts one refused connection (when `count`) and logs it: the first refusal of a burst at
- * once, later ones summed up in one line a second for as long as the burst lasts. Without
- * `count` it only logs (accepting paused: nothing was refused yet).
+ * Counts one refused connection (when `count`) and logs it, rate-limited (refusal_log_now()).
+ * Without `count` it only logs (accepting paused: nothing was refused yet).
  */
 static void refusal(rdzv_server *srv, int level, const char *why, bool count)
 {
     srv->rejected += count;
-    srv->refuse_why = why;
-    srv->refuse_level = level;
-    if (srv->refusing) {
-        srv->refused_unlogged += count;
-        return;
-    }
-    logf_(srv, level,
-          "refusing connections: %s (refusals are counted in the status's \"rejected\" and "
-          "logged at most once a second)",
-          why);
-    srv->refusing = true;
-    srv->refused_unlogged = 0;
-    uv_timer_start(&srv->refuse_timer, refuse_timer_cb, REFUSE_LOG_MS, 0);
+    if (refusal_log_now(srv, level, why, count))
+        logf_(srv, level,
+              "refusing connections: %s (refusals are counted in the status's \"rejected\" and "
+              "logged at most once a second)",
+              why);
 }
 
 static void on_listen_ready(uv_poll_t *h, int status, int events);

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *const token = "0123456789abcdef-test-token";
@@ -486,6 +487,67 @@ START_TEST(unauthenticated_client_kept_from_private_keys)
 }
 END_TEST
 
+/*
+ * The refusals a burst of them stands for, as the log accounts for them: the lines that closed a
+ * connection for `why` (each one refusal) plus the N of each "refused N more connections"
+ * summary line. *lines gets the number of lines.
+ */
+static long refusals_logged(const char *why, int *lines)
+{
+    long total = 0;
+    *lines = 0;
+    pthread_mutex_lock(&log_mu);
+    for (const char *l = log_text; *l;) {
+        const char *end = strchr(l, '\n');
+        size_t len = end ? (size_t)(end - l) : strlen(l);
+        char line[512];
+        snprintf(line, sizeof(line), "%.*s", (int)len, l);
+        long n;
+        if (strstr(line, why) && strstr(line, "closing connection from")) {
+            total++;
+            ++*lines;
+        } else if (strstr(line, why) &&
+                   sscanf(line, "refused %ld more connections in the last second", &n) == 1) {
+            total += n;
+            ++*lines;
+        }
+        l += len + (end != NULL);
+    }
+    pthread_mutex_unlock(&log_mu);
+    return total;
+}
+
+/*
+ * A burst of security refusals is logged as one line and then a count a second, and every
+ * refusal of it is accounted for once the burst is over (the same rate limit as refusals on
+ * accept), rather than the count waiting for a refusal that may never come.
+ */
+START_TEST(refusal_burst_logged_once_and_counted)
+{
+    enum { K = 30 };
+    rdzv_server *srv = start(token);
+    for (int i = 0; i < K; i++) {
+        rdzv_client *c;
+        void *v = NULL;
+        size_t n;
+        ck_assert_int_eq(connect_with(srv, NULL, &c), 0);
+        ck_assert_int_eq(rdzv_get(c, "/ddprun-coll/burst/key", &v, &n), -ECONNRESET);
+        rdzv_client_close(c);
+    }
+    ck_assert_int_eq(security(srv, "refused_private"), K);
+    /* The summary comes within a second or two of the last refusal: poll, bounded. */
+    int lines = 0;
+    long logged = 0;
+    const char *why = "is private to the job";
+    for (int i = 0; i < 500 && (logged = refusals_logged(why, &lines)) < K; i++)
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL); /* a poll interval */
+    printf("refusal burst: %d refusals, %ld accounted for in %d log lines\n", K, logged, lines);
+    ck_assert_msg(logged == K, "%ld of %d refusals in the log:\n%s", logged, K, log_text);
+    ck_assert_int_le(lines, 6); /* one, then one a second: the burst takes well under 5 s */
+    rdzv_server_stop(srv);
+}
+END_TEST
+
 START_TEST(wrong_token_fails_at_once_on_both_sides)
 {
     rdzv_server *srv = start(token);
@@ -632,6 +694,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, authenticated_client_reaches_private_keys);
     tcase_add_test(tc, unauthenticated_client_kept_from_private_keys);
+    tcase_add_test(tc, refusal_burst_logged_once_and_counted);
     tcase_add_test(tc, wrong_token_fails_at_once_on_both_sides);
     tcase_add_test(tc, server_refuses_wrong_proof);
     tcase_add_test(tc, impostor_store_refused);

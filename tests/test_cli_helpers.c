@@ -375,11 +375,19 @@ static void report_bad(FILE *f)
     ck_assert_int_eq(cli_report(f, "membw", cli_parse_int("-t", "x", 1, 64, &n)), -EINVAL);
 }
 
+static void msg_two(FILE *f)
+{
+    cli_msg(f, "ddp-train", "rank %d: %s", 3, "cannot reach the store");
+    cli_msg(f, "ddp-ckpt", "%s", "");
+}
+
 START_TEST(report)
 {
     /* Success passes through silently; a failure prints the program and the parser's sentence. */
     ck_assert_str_eq(capture(report_ok), "");
     ck_assert_str_eq(capture(report_bad), "membw: -t: expected an integer from 1 to 64, got 'x'\n");
+    /* cli_msg: "PROG: message", one line each. */
+    ck_assert_str_eq(capture(msg_two), "ddp-train: rank 3: cannot reach the store\nddp-ckpt: \n");
 }
 END_TEST
 

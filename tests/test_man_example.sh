@@ -16,9 +16,9 @@ page=$1 ddprun=$2 cc=$3 build=$4 src=$5
 shift 5
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# The first .EX block of the EXAMPLE section, roff escapes undone.
+# The first .EX block of the EXAMPLE section, roff escapes (\-, \e, \&) undone.
 sed -n '/^\.SH EXAMPLE/,/^\.SH SEE/p' "$page" | awk '/^\.EE/ { exit } on { print } /^\.EX/ { on = 1 }' |
-    sed -e 's/\\e/\\/g' -e 's/^\\&//' >"$tmp/example.c"
+    sed -e 's/\\-/-/g' -e 's/\\e/\\/g' -e 's/^\\&//' >"$tmp/example.c"
 if [[ -n $pcdir ]]; then
     lib=$(basename "$page" .3)
     flags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs "$lib")

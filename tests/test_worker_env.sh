@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The worker programs' reading of the torchrun environment (rdzv_env_read(), through ddp-hello and
-# coll-check): a missing or malformed variable ends the program with its "bad environment" exit
+# The worker programs' reading of the torchrun environment (coll_comm_init_env(), through ddp-hello
+# and coll-check): a missing or malformed variable ends the program with its "bad environment" exit
 # status (ddp-hello 1, coll-check 2) and a message on stderr that names the variable; and
 # ddp-hello still passes its store barrier under `ddprun --standalone --nproc-per-node 4`.
 #

@@ -26,7 +26,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -152,15 +151,8 @@ static void usage(FILE *f)
                "failed;\n2 usage error. See ddp-ckpt(1).\n");
 }
 
-__attribute__((format(printf, 1, 2))) static void err(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs(PROG ": ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
+/* "ddp-ckpt: <message>" on stderr. */
+#define err(...) cli_msg(stderr, PROG, __VA_ARGS__)
 
 /* Returns -1 to exit with EXIT_OK (--help, --version), 0 to run, or EXIT_USAGE. */
 static int parse_args(int argc, char **argv, args *a)

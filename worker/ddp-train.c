@@ -10,7 +10,7 @@
  * (ZeRO-3), take its gradient buffers and mark them ready as soon as the layer's backward is
  * done, so that the reductions of late layers overlap the backward of early ones.
  *
- * Each rank reads the torchrun environment with rdzv_env_read(); without one it runs alone on a
+ * Each rank reads the torchrun environment (coll_comm_init_env()); without one it runs alone on a
  * store of its own. Every rank loads the whole data set and trains on its part of each global
  * batch (data.h explains the split), so the result does not depend on the number of ranks.
  * Test accuracy is measured after each epoch over the 10,000 test images, each rank a shard,
@@ -40,7 +40,6 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -375,15 +374,7 @@ static void usage(FILE *f)
 }
 
 /* "ddp-train: <message>" on stderr. */
-__attribute__((format(printf, 1, 2))) static void err(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("ddp-train: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
+#define err(...) cli_msg(stderr, "ddp-train", __VA_ARGS__)
 
 static int parse_optimizer(const char *flag, const char *s, ddp_optimizer *out)
 {
@@ -1069,44 +1060,29 @@ static int setup_device(trainer *t, const rdzv_env *env)
 /*
  * The store, the device and the communicators. Returns 0, EXIT_USAGE or EXIT_FAIL (printed).
  */
-static int connect_job(trainer *t, rdzv_env *env)
+static int connect_job(trainer *t)
 {
-    if (rdzv_env_read(env) < 0) {
-        err("%s", rdzv_client_last_error(NULL));
-        return EXIT_USAGE;
-    }
-    t->rank = env->rank;
-    t->world = env->world_size;
-    int rc = setup_device(t, env);
-    if (rc != 0)
-        return rc;
-    rdzv_client_options co;
-    rdzv_client_options_init(&co);
-    if (env->standalone) {
-        rdzv_server_options so;
-        rdzv_server_options_init(&so);
-        so.host = "127.0.0.1";
-        so.port = 0;
-        if ((rc = rdzv_server_start(&so, &t->own_store)) < 0) {
-            err("cannot start a store for a single-rank run: %s", rdzv_strerror(rc));
-            return EXIT_FAIL;
-        }
-        rc = rdzv_client_connect("127.0.0.1", rdzv_server_port(t->own_store), &co, &t->store);
-    } else {
-        rc = rdzv_env_connect(env, &co, &t->store);
-    }
+    /* The store only (kept, and the private one of a job of one): the device decides the
+     * backend of the communicators below. */
+    coll_env_options eo;
+    coll_env_options_init(&eo);
+    eo.name = "ddp-train";
+    eo.store_only = true;
+    eo.standalone = true;
+    coll_env job;
+    int rc = coll_comm_init_env(&eo, &job);
     if (rc < 0) {
-        err("rank %d: cannot reach the store at %s:%d: %s (%s)", t->rank,
-            env->standalone ? "127.0.0.1" : env->master_addr,
-            env->standalone ? rdzv_server_port(t->own_store) : env->master_port, rdzv_strerror(rc),
-            rdzv_client_last_error(NULL));
-        return EXIT_FAIL;
+        err("%s", coll_last_error(NULL));
+        return rc == -EINVAL || rc == -ENOSPC ? EXIT_USAGE : EXIT_FAIL;
     }
-    char prefix[512];
-    if ((rc = rdzv_env_prefix(env, "ddp-train", prefix, sizeof prefix)) < 0) {
-        err("rank %d: store key prefix: %s", t->rank, rdzv_strerror(rc));
-        return EXIT_USAGE;
-    }
+    t->rank = job.env.rank;
+    t->world = job.env.world_size;
+    t->store = job.store; /* trainer_free() releases both */
+    t->own_store = job.server;
+    if ((rc = setup_device(t, &job.env)) != 0)
+        return rc;
+    char prefix[sizeof job.prefix + 8];
+    snprintf(prefix, sizeof prefix, "%s", job.prefix);
     coll_options opts;
     coll_options_init(&opts);
     opts.timeout_ms = t->a.timeout_ms;
@@ -1802,8 +1778,7 @@ int main(int argc, char **argv)
     openblas_set_num_threads(t.a.threads);
 
     test_kill_read(&t);
-    rdzv_env env;
-    if ((status = connect_job(&t, &env)) != 0)
+    if ((status = connect_job(&t)) != 0)
         goto out;
     if (t.rank == 0 && t.a.metrics && !(t.metrics = fopen(t.a.metrics, "w"))) {
         err("%s: cannot create: %s", t.a.metrics, strerror(errno));

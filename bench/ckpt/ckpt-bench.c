@@ -283,26 +283,21 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    rdzv_env env;
-    rdzv_client *store = NULL;
-    coll_comm *comm = NULL;
-    char prefix[256];
-    if (rdzv_env_read(&env) < 0 || env.standalone) {
-        fprintf(stderr, "ckpt-bench: run it under ddprun: %s\n", rdzv_client_last_error(NULL));
-        return 2;
-    }
-    rank = env.rank;
-    rdzv_env_prefix(&env, "ckpt-bench", prefix, sizeof prefix);
     coll_options co;
     coll_options_init(&co);
     co.timeout_ms = 600000;
-    if (rdzv_env_connect(&env, NULL, &store) < 0 ||
-        coll_comm_init(store, prefix, rank, env.world_size, COLL_BACKEND_CPU, -1, &co, &comm) < 0) {
-        fprintf(stderr, "ckpt-bench: rank %d: setup: %s %s\n", rank, rdzv_client_last_error(NULL),
-                coll_last_error(NULL));
+    coll_env_options eo;
+    coll_env_options_init(&eo);
+    eo.name = "ckpt-bench";
+    eo.comm = &co;
+    coll_env job;
+    if (coll_comm_init_env(&eo, &job) < 0) {
+        /* The sentence says to run under ddprun, or names the variable, store or ranks. */
+        fprintf(stderr, "ckpt-bench: setup: %s\n", coll_last_error(NULL));
         return 2;
     }
-    rdzv_client_close(store);
+    rank = job.env.rank;
+    coll_comm *comm = job.comm;
 
     ddp_options o;
     ddp_options_init(&o);
@@ -411,11 +406,11 @@ int main(int argc, char **argv)
         json_t *j =
             json_pack("{s:i, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, "
                       "s:f, s:f, s:f}",
-                      "world", env.world_size, "stage", stage, "hidden", hidden, "layers", layers,
-                      "params", (json_int_t)params, "mb", mb, "sync_ms", sync_ms, "sync_mbps",
-                      mb / (sync_ms / 1e3), "load_ms", load_ms, "load_mbps", mb / (load_ms / 1e3),
-                      "step_ms", step_ms, "plain_ms", plain_ms, "steps", k, "async_call_ms",
-                      call_ms, "async_wait_ms", wait_ms, "stall_ms", stall_ms);
+                      "world", job.env.world_size, "stage", stage, "hidden", hidden, "layers",
+                      layers, "params", (json_int_t)params, "mb", mb, "sync_ms", sync_ms,
+                      "sync_mbps", mb / (sync_ms / 1e3), "load_ms", load_ms, "load_mbps",
+                      mb / (load_ms / 1e3), "step_ms", step_ms, "plain_ms", plain_ms, "steps", k,
+                      "async_call_ms", call_ms, "async_wait_ms", wait_ms, "stall_ms", stall_ms);
         json_object_set_new(j, "stall_pct_of_sync", json_real(100 * stall_ms / sync_ms));
         json_object_set_new(j, "batch", json_integer(batch));
         json_object_set_new(j, "plain_step_call_ms", json_real(plain_step_ms));
@@ -432,6 +427,6 @@ int main(int argc, char **argv)
         json_decref(j);
     }
     ddp_model_free(m);
-    coll_comm_destroy(comm);
+    coll_env_free(&job);
     return 0;
 }

@@ -37,7 +37,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -204,15 +203,7 @@ static void usage(FILE *f)
 }
 
 /* Prints "coll-bench: <message>" to stderr. */
-__attribute__((format(printf, 1, 2))) static void err(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("coll-bench: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
+#define err(...) cli_msg(stderr, "coll-bench", __VA_ARGS__)
 
 /* "-b/--minbytes", the option's spellings, for messages. */
 static const char *flag_name(int key, char *buf, size_t len)

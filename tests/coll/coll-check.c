@@ -69,7 +69,7 @@
 typedef struct ctx {
     /* Environment. */
     int rank, world, local_rank, local_world;
-    char attempt[192]; /* "coll-check/<run id>/<restart count>" */
+    const char *attempt; /* "coll-check/<run id>/<restart count>" */
     rdzv_client *store;
     /* Options. */
     coll_backend backend;
@@ -2325,38 +2325,35 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    rdzv_env env;
-    if (rdzv_env_read(&env) < 0 || env.standalone) {
-        /* librendezvous' sentence names the variable at fault, or says that none is set. */
-        fprintf(stderr, "coll-check: %s\n", rdzv_client_last_error(NULL));
-        return 2;
-    }
-    c.rank = env.rank;
-    c.world = env.world_size;
-    c.local_rank = env.local_rank;
-    c.local_world = env.local_world_size;
-    /* Per attempt: "coll-check/<run id>/<restart count>", then "/<scenario>" for each. */
-    if (rdzv_env_prefix(&env, "coll-check", c.attempt, sizeof(c.attempt)) < 0) {
-        fprintf(stderr, "coll-check: TORCHELASTIC_RUN_ID=%s makes too long a key prefix\n",
-                env.run_id);
-        return 2;
-    }
-    g_rank = c.rank;
     g_watchdog_s = c.watchdog_s;
-    set_where("connecting to the store");
+    set_where("joining the job");
     pthread_t wd;
     pthread_create(&wd, NULL, watchdog, NULL);
     pthread_detach(wd);
 
+    /* The store only: each scenario makes its communicators under the attempt's key prefix,
+     * "coll-check/<run id>/<restart count>", then "/<scenario>". */
     rdzv_client_options so;
     rdzv_client_options_init(&so);
     so.timeout_ms = 600000;
-    int rc = rdzv_env_connect(&env, &so, &c.store);
+    coll_env_options eo;
+    coll_env_options_init(&eo);
+    eo.name = "coll-check";
+    eo.store = &so;
+    eo.store_only = true;
+    coll_env job;
+    int rc = coll_comm_init_env(&eo, &job);
     if (rc < 0) {
-        fprintf(stderr, "coll-check: rank %d: store %s:%d: %s\n", c.rank, env.master_addr,
-                env.master_port, rdzv_client_last_error(NULL));
+        /* The sentence names the variable at fault (or says none is set), or the store. */
+        fprintf(stderr, "coll-check: %s\n", coll_last_error(NULL));
         return 2;
     }
+    c.rank = g_rank = job.env.rank;
+    c.world = job.env.world_size;
+    c.local_rank = job.env.local_rank;
+    c.local_world = job.env.local_world_size;
+    c.attempt = job.prefix;
+    c.store = job.store;
     int status = 0;
     for (int i = optind; i < argc; i++) {
         c.scenario = argv[i];
@@ -2384,6 +2381,6 @@ int main(int argc, char **argv)
             break; /* the other ranks' sequence no longer matches ours */
         }
     }
-    rdzv_client_close(c.store);
+    coll_env_free(&job);
     return status;
 }

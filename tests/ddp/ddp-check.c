@@ -42,7 +42,6 @@
 #include "ddp_internal.h"
 #include "monoclock.h"
 #include "optim.h"
-#include "rdzv.h"
 
 #include <errno.h>
 #include <math.h>
@@ -1040,41 +1039,36 @@ int main(int argc, char **argv)
                gpu_count() == 0 ? "no CUDA device" : "libcollective was built without NCCL");
         return 77;
     }
-    rdzv_env env;
-    rdzv_client *store = NULL;
-    coll_comm *comm = NULL;
-    char prefix[256];
-    if (rdzv_env_read(&env) < 0 || env.standalone) {
-        /* librendezvous' sentence names the variable at fault, or says that none is set. */
-        fprintf(stderr, "ddp-check: %s\n", rdzv_client_last_error(NULL));
-        return 2;
-    }
-    rank = env.rank;
-    world = env.world_size;
-    if (on_device && device_open(env.local_rank, nccl) < 0)
-        return 2;
-    rdzv_env_prefix(&env, "ddp-check", prefix, sizeof prefix);
-    strncat(prefix, "/", sizeof prefix - strlen(prefix) - 1);
-    strncat(prefix, argv[1], sizeof prefix - strlen(prefix) - 1);
     coll_options co;
     coll_options_init(&co);
     co.timeout_ms = 30000;
-    if (rdzv_env_connect(&env, NULL, &store) < 0 ||
-        coll_comm_init(store, prefix, rank, world, COLL_BACKEND_CPU, -1, &co, &comm) < 0) {
-        fprintf(stderr, "ddp-check: rank %d: setup: %s %s\n", rank, rdzv_client_last_error(NULL),
-                coll_last_error(NULL));
+    coll_env_options eo;
+    coll_env_options_init(&eo);
+    eo.name = "ddp-check";
+    eo.suffix = argv[1];
+    eo.comm = &co;
+    eo.keep_store = nccl; /* for the nccl communicator below */
+    coll_env job;
+    if (coll_comm_init_env(&eo, &job) < 0) {
+        /* The sentence names the variable at fault, or the store, or the missing ranks. */
+        fprintf(stderr, "ddp-check: setup: %s\n", coll_last_error(NULL));
         return 2;
     }
+    rank = job.env.rank;
+    world = job.env.world_size;
+    coll_comm *comm = job.comm;
+    if (on_device && device_open(job.env.local_rank, nccl) < 0)
+        return 2;
     /* equiv-nccl: the model's communicator (the test's exchanges of host values stay on the
      * cpu one). */
-    strncat(prefix, "/nccl", sizeof prefix - strlen(prefix) - 1);
-    if (nccl && coll_comm_init(store, prefix, rank, world, COLL_BACKEND_NCCL, eq_device, &co,
+    char prefix[sizeof job.prefix + 8];
+    snprintf(prefix, sizeof prefix, "%s/nccl", job.prefix);
+    if (nccl && coll_comm_init(job.store, prefix, rank, world, COLL_BACKEND_NCCL, eq_device, &co,
                                &eq_mcomm) < 0) {
         fprintf(stderr, "ddp-check: rank %d: the nccl communicator: %s\n", rank,
                 coll_last_error(NULL));
         return 2;
     }
-    rdzv_client_close(store);
     if (!strcmp(argv[1], "misuse"))
         scen_misuse(comm);
     else if (!strcmp(argv[1], "layout"))
@@ -1097,7 +1091,7 @@ int main(int argc, char **argv)
         return 2;
     }
     coll_comm_destroy(eq_mcomm);
-    coll_comm_destroy(comm);
+    coll_env_free(&job);
     device_close();
     printf("ddp-check: rank %d/%d %s: %s\n", rank, world, argv[1], failures ? "FAIL" : "PASS");
     return failures ? 1 : 0;

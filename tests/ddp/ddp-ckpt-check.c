@@ -30,7 +30,6 @@
  * passed, 1 when one failed, 2 on a setup error.
  */
 #include "ddp.h"
-#include "rdzv.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -545,28 +544,23 @@ int main(int argc, char **argv)
                         "ddprun)\n");
         return 2;
     }
-    rdzv_env env;
-    rdzv_client *store = NULL;
-    char prefix[256];
-    if (rdzv_env_read(&env) < 0 || env.standalone) {
-        fprintf(stderr, "ddp-ckpt-check: %s\n", rdzv_client_last_error(NULL));
-        return 2;
-    }
-    rank = env.rank;
-    world = env.world_size;
-    rdzv_env_prefix(&env, "ddp-ckpt-check", prefix, sizeof prefix);
-    strncat(prefix, "/", sizeof prefix - strlen(prefix) - 1);
-    strncat(prefix, argv[1], sizeof prefix - strlen(prefix) - 1);
     coll_options co;
     coll_options_init(&co);
     co.timeout_ms = 60000;
-    if (rdzv_env_connect(&env, NULL, &store) < 0 ||
-        coll_comm_init(store, prefix, rank, world, COLL_BACKEND_CPU, -1, &co, &comm) < 0) {
-        fprintf(stderr, "ddp-ckpt-check: rank %d: setup: %s %s\n", rank,
-                rdzv_client_last_error(NULL), coll_last_error(NULL));
+    coll_env_options eo;
+    coll_env_options_init(&eo);
+    eo.name = "ddp-ckpt-check";
+    eo.suffix = argv[1];
+    eo.comm = &co;
+    coll_env job;
+    if (coll_comm_init_env(&eo, &job) < 0) {
+        /* The sentence names the variable at fault, or the store, or the missing ranks. */
+        fprintf(stderr, "ddp-ckpt-check: setup: %s\n", coll_last_error(NULL));
         return 2;
     }
-    rdzv_client_close(store);
+    rank = job.env.rank;
+    world = job.env.world_size;
+    comm = job.comm;
     const char *dir = argv[2];
     if (!strcmp(argv[1], "resume"))
         scen_resume(dir);
@@ -582,7 +576,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddp-ckpt-check: unknown scenario %s\n", argv[1]);
         return 2;
     }
-    coll_comm_destroy(comm);
+    coll_env_free(&job);
     printf("ddp-ckpt-check: rank %d/%d %s: %s\n", rank, world, argv[1], failures ? "FAIL" : "PASS");
     return failures ? 1 : 0;
 }

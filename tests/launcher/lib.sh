@@ -1,12 +1,15 @@
 # Shared preamble of the launcher shell tests; source it after setting -uo pipefail. Gives a
 # temporary directory $tmp, an array pids of processes to SIGKILL at exit, fail/ok reporting
 # (failures counted in $fails) and wait_for SECONDS COMMAND..., which polls until COMMAND succeeds.
+# A test with more to undo at exit defines cleanup_hook, which the exit trap runs after killing
+# the pids and before removing $tmp.
 tmp=$(mktemp -d)
 pids=()
 main=$BASHPID
 cleanup() { # bash runs the EXIT trap in subshells too: only the main shell cleans up
   [ "$BASHPID" = "$main" ] || return 0
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  if declare -F cleanup_hook >/dev/null; then cleanup_hook; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT

@@ -10,27 +10,8 @@
 # Usage: stalled_console.sh DDPRUN. Exit 0 pass, 1 fail.
 set -uo pipefail
 ddprun=$1
-tmp=$(mktemp -d)
-pids=()
-main=$BASHPID
-cleanup() { # bash runs the EXIT trap in subshells too: only the main shell cleans up
-  [ "$BASHPID" = "$main" ] || return 0
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  exec 3>&- 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
-
-wait_for() { # seconds command...: polls until the command succeeds
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do
-    [ $SECONDS -ge $end ] && return 1
-    sleep 0.05
-  done
-}
+. "$(dirname "$0")/lib.sh"
+cleanup_hook() { exec 3>&- 2>/dev/null; } # the stalled console's FIFO (fd 3, below)
 now_ms() { date +%s%3N; }
 exited() { [ ! -e /proc/$1/stat ] || [ "$(sed 's/.*) //' /proc/$1/stat | cut -d' ' -f1)" = Z ]; }
 reap() { # pid seconds: waits (bounded) for child PID, SIGKILLs it past the bound; sets rc
