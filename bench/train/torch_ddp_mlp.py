@@ -1,9 +1,11 @@
-"""torch_ddp_mlp: ddp-train's job in PyTorch DDP over gloo, the anchor of bench/train.
+"""torch_ddp_mlp: ddp-train's job in PyTorch DDP, the anchor of bench/train.
 
 Run it under ddprun (or torchrun) like ddp-train:
 
     ddprun --standalone --nproc-per-node 2 --no-prefix python3 bench/train/torch_ddp_mlp.py \\
         --epochs 2
+    ddprun --standalone --nproc-per-node 1 --no-prefix python3 bench/train/torch_ddp_mlp.py \\
+        --device cuda --precision bf16
 
 It trains what ddp-train trains with its defaults (worker/ddp-train.c, DEF_*), the way a torch
 user would write it:
@@ -18,25 +20,44 @@ user would write it:
     differs from ddp-train's (another generator): same distribution, not the same batches;
   - AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0), linear warmup over 100 steps
     from lr/100, then cosine decay to 0 at the last step (libddp's ddp_schedule_lr);
-  - DistributedDataParallel on the gloo process group; torch.set_num_threads(1) (and one
-    inter-op thread): one core per rank, as ddp-train's one OpenBLAS thread.
+  - DistributedDataParallel; torch.set_num_threads(1) (and one inter-op thread): one core per
+    rank, as ddp-train's one OpenBLAS thread.
+
+--device cpu (the default): the gloo process group, AdamW in torch's default implementation
+(a for-loop over the tensors on the CPU).
+--device cuda: rank r uses GPU LOCAL_RANK modulo the visible GPUs (torch.cuda.set_device, as
+ddp-train's --device cuda); the NCCL process group when each rank of the host has a GPU of its
+own, else gloo (NCCL allows one rank per GPU; ddp-train's cpu backend likewise); AdamW
+fused=True where this torch has it (else its default, foreach); TF32 left off (torch's default,
+ddp-train never uses it). The model and the whole training and test sets are moved to the GPU
+once; the per-epoch gather and each batch's slice then run on the GPU.
+--precision f32 (the default) or bf16: mixed precision by torch.autocast(device, bfloat16)
+around forward and loss (on the CPU too), the parameters, optimizer state and gradients staying
+f32 and DDP reducing the gradients in f32: the semantics of ddp-train's --precision bf16 with
+its default --reduce-dtype f32.
 
 Timing: samples/s = steps x G / seconds spent in training steps. Before each epoch every rank
 gathers its rows of the epoch into one tensor (untimed: ddp-train's loader thread does this
 work beside the training), so the timed loop is forward, backward with DDP's overlapped
-allreduce, and the optimizer step on contiguous slices. The test accuracy is measured after
-the last epoch over the 10,000 test images (each rank a shard, the counts allreduced), untimed.
+allreduce, and the optimizer step on contiguous slices. The loss of each step is summed on the
+device and read once at the epoch's end; on a GPU, torch.cuda.synchronize() precedes every
+clock read. The test accuracy is measured after the last epoch over the 10,000 test images
+(each rank a shard, the counts allreduced), untimed.
 
 Output: rank 0 prints one JSON line on stdout with the keys impl ("torch"), torch (version),
-world, epochs, steps, global_batch, params, train_seconds, samples_per_s, test_accuracy
-(a fraction), final_loss (mean training loss of the last epoch, rank 0's shard). Progress goes
-to stderr.
+device ("cpu" or "cuda"), device_name (the GPU's name, or the CPU's model), precision,
+backend (gloo or nccl), optimizer ("adamw_fused", "adamw_foreach" or "adamw_forloop"), world,
+epochs, steps, global_batch, params, train_seconds, samples_per_s, test_accuracy (a fraction),
+final_loss (mean training loss of the last epoch, rank 0's shard). Progress goes to stderr.
 
-Exit status: 0 trained, 1 bad usage or data, 3 could not join the process group.
+Exit status: 0 trained, 1 bad usage or data (--device cuda without a visible GPU included),
+3 could not join the process group.
 """
 
 import argparse
+import contextlib
 import gzip
+import inspect
 import json
 import math
 import os
@@ -114,6 +135,20 @@ def schedule(warmup, total):
     return f
 
 
+def cpu_name():
+    """The CPU's model name from /proc/cpuinfo, or platform's guess."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=15)
@@ -125,12 +160,26 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data", default=DEFAULT_DIR)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
+    backend, dev, sync = "gloo", torch.device("cpu"), lambda: None
+    if a.device == "cuda":
+        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if ngpu == 0:
+            print(f"torch_ddp_mlp: --device cuda: torch {torch.__version__} sees no CUDA device",
+                  file=sys.stderr)
+            return 1
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % ngpu)
+        torch.cuda.set_device(dev)
+        sync = torch.cuda.synchronize
+        if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= ngpu:
+            backend = "nccl"
     try:
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend)
     except Exception as e:  # noqa: BLE001 (any failure to join is reported the same way)
         print(f"torch_ddp_mlp: cannot join the process group: {e}", file=sys.stderr)
         return 3
@@ -143,21 +192,35 @@ def main():
 
     xtr, ytr = load(a.data, "train")
     xte, yte = load(a.data, "t10k")
+    xtr, ytr, xte, yte = (t.to(dev) for t in (xtr, ytr, xte, yte))
     n = xtr.shape[0]
     steps_per_epoch = n // G
     total = a.epochs * steps_per_epoch
 
     torch.manual_seed(a.seed)
-    model = DDP(mlp(xtr.shape[1], a.hidden, a.layers))
+    model = DDP(mlp(xtr.shape[1], a.hidden, a.layers).to(dev))
     params = sum(p.numel() for p in model.parameters())
+    fused = a.device == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
     opt = torch.optim.AdamW(
-        model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
+        model.parameters(),
+        lr=a.lr,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0.0,
+        **({"fused": True} if fused else {}),
     )
+    # What torch runs when not fused: foreach for CUDA tensors, a for-loop on the CPU.
+    optimizer = "adamw_" + ("fused" if fused else "foreach" if a.device == "cuda" else "forloop")
+    if a.precision == "bf16":
+        autocast = lambda: torch.autocast(a.device, dtype=torch.bfloat16)  # noqa: E731
+    else:
+        autocast = contextlib.nullcontext
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(a.warmup, total))
     if rank == 0:
         print(
-            f"torch_ddp_mlp: torch {torch.__version__}, {world} rank(s), {params} parameters, "
-            f"global batch {G} ({micro} per rank), {a.epochs} epoch(s) of {steps_per_epoch} steps",
+            f"torch_ddp_mlp: torch {torch.__version__}, {world} rank(s), {a.device} ({backend}, "
+            f"{a.precision}, {optimizer}), {params} parameters, global batch {G} "
+            f"({micro} per rank), {a.epochs} epoch(s) of {steps_per_epoch} steps",
             file=sys.stderr,
         )
 
@@ -166,21 +229,24 @@ def main():
     for epoch in range(a.epochs):
         g = torch.Generator().manual_seed(a.seed * 1000003 + epoch)
         perm = torch.randperm(n, generator=g)[: steps_per_epoch * G].view(steps_per_epoch, G)
-        mine = perm[:, rank * micro : (rank + 1) * micro].reshape(-1)
+        mine = perm[:, rank * micro : (rank + 1) * micro].reshape(-1).to(dev)
         xe = xtr.index_select(0, mine)  # (steps * micro, 784), untimed
         ye = ytr.index_select(0, mine)
         model.train()
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=dev)
+        sync()
         t0 = time.perf_counter()
         for s in range(steps_per_epoch):
             xb = xe[s * micro : (s + 1) * micro]
             yb = ye[s * micro : (s + 1) * micro]
-            loss = F.cross_entropy(model(xb), yb)
+            with autocast():
+                loss = F.cross_entropy(model(xb), yb)  # f32 under autocast too
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
             loss_sum += loss.detach()
+        sync()
         train_s += time.perf_counter() - t0
         last_loss = loss_sum.item() / steps_per_epoch
         if rank == 0:
@@ -194,17 +260,23 @@ def main():
     model.eval()
     m = xte.shape[0]
     lo, hi = rank * m // world, (rank + 1) * m // world
-    with torch.no_grad():
+    with torch.no_grad(), autocast():
         correct = (model.module(xte[lo:hi]).argmax(1) == yte[lo:hi]).sum().double()
     dist.all_reduce(correct)
     acc = correct.item() / m
 
     if rank == 0:
+        device_name = torch.cuda.get_device_name(dev) if a.device == "cuda" else cpu_name()
         print(
             json.dumps(
                 {
                     "impl": "torch",
                     "torch": torch.__version__,
+                    "device": a.device,
+                    "device_name": device_name,
+                    "precision": a.precision,
+                    "backend": backend,
+                    "optimizer": optimizer,
                     "world": world,
                     "epochs": a.epochs,
                     "steps": total,
