@@ -25,7 +25,10 @@
  *    MAX_BLOCKS blocks of THREADS threads, and writes no element at or past n; n == 0
  *    launches nothing;
  *  - the model's device is made current before every call (the training thread may have
- *    switched it).
+ *    switched it);
+ *  - nothing is enqueued on the legacy default stream (no cudaMemset or cudaMemcpy): every
+ *    memset, copy and kernel goes on the compute stream, which the communication stream
+ *    follows through events; a non-blocking stream would not be ordered after the legacy one.
  */
 #include "ddp_ops.h"
 
@@ -302,7 +305,9 @@ static int c_open(ddp__dev *d)
     void *p = NULL;
     TRY(d, "cudaMalloc (step scalars)", cudaMalloc(&p, sizeof(struct ddp__scalars)));
     d->scal = (struct ddp__scalars *)p;
-    TRY(d, "cudaMemset (step scalars)", cudaMemset(p, 0, sizeof(struct ddp__scalars)));
+    /* On the compute stream, where every kernel that reads the scalars runs after it. */
+    TRY(d, "cudaMemsetAsync (step scalars)",
+        cudaMemsetAsync(p, 0, sizeof(struct ddp__scalars), stream_of(d)));
     d->ss = &d->scal->ss; /* a device address: ddp.c only hands it to collectives */
     return 0;
 }
@@ -316,10 +321,19 @@ static int c_alloc(ddp__dev *d, size_t nbytes, void **out)
         return COLL_ECUDA;
     void *p = NULL;
     TRY(d, "cudaMalloc", cudaMalloc(&p, nbytes));
-    cudaError_t e = cudaMemset(p, 0, nbytes);
+    /* Zeroed on the compute stream and waited for: cudaMemset() would run on the legacy
+     * default stream, unordered with the non-blocking communication stream (and a
+     * non-blocking compute stream), so a collective or a copy into the new memory could
+     * run before the zeros and be overwritten by them. */
+    const char *what = "cudaMemsetAsync";
+    cudaError_t e = cudaMemsetAsync(p, 0, nbytes, stream_of(d));
+    if (e == cudaSuccess) {
+        what = "cudaStreamSynchronize";
+        e = cudaStreamSynchronize(stream_of(d));
+    }
     if (e != cudaSuccess) {
         (void)cudaFree(p);
-        return cuda_fail(d, "cudaMemset", e);
+        return cuda_fail(d, what, e);
     }
     *out = p;
     return 0;
