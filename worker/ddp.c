@@ -454,6 +454,10 @@ void ddp_model_free(ddp_model *m)
     free(m->hparam);
     free(m->hopt1);
     free(m->hopt2);
+    /* close destroys the communication stream: the communicator, which outlives the model,
+     * must not keep it (a later collective would be enqueued on a destroyed stream). */
+    if (ops->is_device)
+        (void)coll_comm_set_stream(m->comm, NULL);
     ops->close(&m->dev);
     free(m->ready);
     free(m->req);
