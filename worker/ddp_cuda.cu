@@ -19,8 +19,11 @@
  *    division and sqrtf are IEEE (nvcc's default -prec-div and -prec-sqrt, no fast math). So
  *    the updates match optim.c's bit for bit given the same coefficients; AdamW's coefficients
  *    come from the device's pow(), which may differ from the host's in the last place;
- *  - the sum of squares is accumulated with atomicAdd in an order that varies: the norm
- *    matches the host's to rounding, not bit for bit;
+ *  - the sum of squares is accumulated in double in an order fixed by n alone (per block, then
+ *    the blocks' partial sums in one block: k_sum_squares, k_sum_partials), not by atomics:
+ *    the same gradients give the same norm bit for bit on every run, every rank and every GPU
+ *    (at stage 0 each rank decides the clip from its own sum, so an order that varied could
+ *    clip the ranks' replicas apart). It matches the host's, whose order differs, to rounding;
  *  - every kernel is a grid-stride loop over n elements with n < 2^63, launched with at most
  *    MAX_BLOCKS blocks of THREADS threads, and writes no element at or past n; n == 0
  *    launches nothing;
@@ -40,10 +43,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define THREADS 256
-#define MAX_BLOCKS 4096
+#define THREADS DDP__CUDA_THREADS
+#define MAX_BLOCKS DDP__CUDA_MAX_BLOCKS
 
-/* The step's state, in device memory. */
+/* The step's state, in device memory (followed by norm_add's partial sums, partials()). */
 struct ddp__scalars {
     double ss;    /* the sum of squares of the gradients (allreduced by ddp.c) */
     double norm;  /* sqrt(ss) */
@@ -145,22 +148,43 @@ __global__ static void k_add(float *dst, const float *src, size_t n)
     dst[i] = dst[i] + src[i];
 }
 
-/* Each block sums its squares in double (a tree in shared memory), one atomicAdd per block. */
-__global__ static void k_sum_squares(const float *x, size_t n, double *out)
+/* The sum of the block's THREADS values, in a fixed order (a tree in shared memory): thread t
+ * adds t + THREADS / 2, then t + THREADS / 4, ... The result is thread 0's. */
+__device__ static double block_sum(double v)
 {
     __shared__ double part[THREADS];
-    double acc = 0;
-    GRID_STRIDE(i, n)
-    acc += (double)x[i] * (double)x[i];
-    part[threadIdx.x] = acc;
+    part[threadIdx.x] = v;
     __syncthreads();
     for (unsigned w = THREADS / 2; w > 0; w /= 2) {
         if (threadIdx.x < w)
             part[threadIdx.x] += part[threadIdx.x + w];
         __syncthreads();
     }
+    return part[0];
+}
+
+/* Block b's sum of squares in double into partial[b]: thread t adds the squares of elements
+ * b * THREADS + t, then a grid further, ..., then block_sum(). */
+__global__ static void k_sum_squares(const float *x, size_t n, double *partial)
+{
+    double acc = 0;
+    GRID_STRIDE(i, n)
+    acc += (double)x[i] * (double)x[i];
+    double sum = block_sum(acc);
     if (threadIdx.x == 0)
-        atomicAdd(out, part[0]);
+        partial[blockIdx.x] = sum;
+}
+
+/* One block: *ss += the nblocks partial sums, thread t adding partials t, t + THREADS, ...,
+ * then block_sum(). A fixed order, where atomicAdd's would vary from run to run. */
+__global__ static void k_sum_partials(const double *partial, unsigned nblocks, double *ss)
+{
+    double acc = 0;
+    for (unsigned b = threadIdx.x; b < nblocks; b += THREADS)
+        acc += partial[b];
+    double sum = block_sum(acc);
+    if (threadIdx.x == 0)
+        *ss += sum;
 }
 
 /* One thread: the decision and the coefficients (optim.c's, from the float options). */
@@ -303,7 +327,8 @@ static int c_open(ddp__dev *d)
     TRY(d, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     d->event = ev;
     void *p = NULL;
-    TRY(d, "cudaMalloc (step scalars)", cudaMalloc(&p, sizeof(struct ddp__scalars)));
+    TRY(d, "cudaMalloc (step scalars)",
+        cudaMalloc(&p, sizeof(struct ddp__scalars) + MAX_BLOCKS * sizeof(double)));
     d->scal = (struct ddp__scalars *)p;
     /* On the compute stream, where every kernel that reads the scalars runs after it. */
     TRY(d, "cudaMemsetAsync (step scalars)",
@@ -425,13 +450,26 @@ static int c_norm_begin(ddp__dev *d)
     return 0;
 }
 
+/* The per-block partial sums of norm_add: MAX_BLOCKS doubles after the scalars, in the same
+ * allocation. */
+static_assert(sizeof(struct ddp__scalars) % sizeof(double) == 0, "partials() must be aligned");
+static double *partials(const ddp__dev *d)
+{
+    return (double *)(d->scal + 1);
+}
+
 static int c_norm_add(ddp__dev *d, const float *grad, size_t n)
 {
     if (n == 0)
         return 0;
     if (use_device(d) < 0)
         return COLL_ECUDA;
-    k_sum_squares<<<blocks_for(n), THREADS, 0, stream_of(d)>>>(grad, n, &d->scal->ss);
+    unsigned b = blocks_for(n);
+    k_sum_squares<<<b, THREADS, 0, stream_of(d)>>>(grad, n, partials(d));
+    int rc = launched(d, "the sum-of-squares kernel");
+    if (rc < 0)
+        return rc;
+    k_sum_partials<<<1, THREADS, 0, stream_of(d)>>>(partials(d), b, &d->scal->ss);
     return launched(d, "the sum-of-squares kernel");
 }
 
