@@ -56,7 +56,9 @@ struct ddp__scalars {
     int64_t steps; /* steps taken, skipped ones excluded */
     /* SGD */
     int first_step;
-    /* AdamW: optim.c's adamw_coef but decay and neg_step, which need the step's lr */
+    /* AdamW: optim.c's adamw_coef but decay and neg_step, which need the step's lr, and the
+     * first moment's bias correction they are made from */
+    double bc1;
     float lerp_w, c2, bc2_sqrt;
     int lerp_from_end;
 };
@@ -207,6 +209,7 @@ __global__ static void k_decide(struct ddp__scalars *s, float clip_norm, int ada
     if (adamw) {
         double step = (double)s->steps;
         double w = 1.0 - (double)beta1;
+        s->bc1 = 1.0 - pow((double)beta1, step);
         double bc2 = 1.0 - pow((double)beta2, step);
         s->c2 = (float)(1.0 - (double)beta2);
         s->bc2_sqrt = (float)pow(bc2, 0.5);
@@ -248,16 +251,17 @@ __global__ static void k_sgd(const struct ddp__scalars *s, float *param, const f
 }
 
 __global__ static void k_adamw(const struct ddp__scalars *s, float *param, const float *grad,
-                               float *m, float *v, size_t n, float lr, float beta1, float beta2,
-                               float eps, float weight_decay, uint16_t *compute)
+                               float *m, float *v, size_t n, float lr, float beta2, float eps,
+                               float weight_decay, uint16_t *compute)
 {
     if (!s->finite)
         return;
     const float clip = s->clip;
     const int clipped = s->clipped;
     /* optim.c's decay and neg_step, which depend on lr (ddp_step()'s argument): each thread
-     * computes them, in double from the floats, rounded once, as optim.c does. */
-    const double bc1 = 1.0 - pow((double)beta1, (double)s->steps);
+     * computes them, in double from the floats, rounded once, as optim.c does (the pow() is
+     * k_decide's, once per step rather than once per thread). */
+    const double bc1 = s->bc1;
     const float decay = (float)(1.0 - (double)lr * (double)weight_decay);
     const float neg_step = (float)-((double)lr / bc1);
     const float lerp_w = s->lerp_w, c2 = s->c2, bc2_sqrt = s->bc2_sqrt;
@@ -492,8 +496,8 @@ static int c_optimize(ddp__dev *d, const ddp_options *o, float lr, float *param,
         return COLL_ECUDA;
     unsigned b = blocks_for(n);
     if (o->optimizer == DDP_ADAMW)
-        k_adamw<<<b, THREADS, 0, stream_of(d)>>>(d->scal, param, grad, m1, m2, n, lr, o->beta1,
-                                                 o->beta2, o->eps, o->weight_decay, compute);
+        k_adamw<<<b, THREADS, 0, stream_of(d)>>>(d->scal, param, grad, m1, m2, n, lr, o->beta2,
+                                                 o->eps, o->weight_decay, compute);
     else
         k_sgd<<<b, THREADS, 0, stream_of(d)>>>(d->scal, param, grad, m1, n, -lr, o->momentum,
                                                o->nesterov, o->weight_decay, compute);
