@@ -29,7 +29,9 @@
  *   equiv-device  equiv and bf16 with the model on a GPU (opts.device = LOCAL_RANK modulo the
  *            devices visible, opts.stream a stream of the test's): the cpu backend on device
  *            buffers, so several ranks may share a GPU; the parameters are copied to the host
- *            on the compute stream to compute, and the gradients added through the host
+ *            on the compute stream to compute, and the gradients added through the host, each
+ *            written back by a copy on the compute stream that ddp_grad_ready() does not wait
+ *            for (held back a moment: a reduction not ordered after it reads a stale gradient)
  *   equiv-nccl    the same on an nccl communicator (one GPU per rank; world 1 on a single GPU),
  *            the test's own exchanges of host values on a cpu one
  *   gpu-count  prints how many CUDA devices are visible (0 in a build without CUDA) and exits
@@ -49,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef DDP_CHECK_CUDA
@@ -432,6 +435,44 @@ static int eq_copy(void *dst, const void *src, size_t nbytes)
     return 0;
 }
 
+#if DDP_CHECK_CUDA
+/* Device runs: each parameter's new gradient in pinned memory, copied from asynchronously. */
+static float *eq_pinned[EQ_NP];
+
+/* Holds the compute stream a moment (a host function run in its order). */
+static void CUDART_CB eq_hold(void *arg)
+{
+    (void)arg;
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+}
+#endif
+
+/*
+ * Writes parameter p's gradient h[n] into the model's buffer g. For a device model the copy is
+ * enqueued on the compute stream behind eq_hold() and not waited for, so that ddp_grad_ready()
+ * follows at once, as it follows a backward kernel: a reduction that did not wait for the
+ * compute stream's event would read the buffer before the copy lands, and the run would miss
+ * the reference. (The hold only widens that window; no result depends on how long it lasts.)
+ * eq_pinned[p] is free again by the next call for p, whose eq_copy() of g synchronises.
+ */
+static int eq_put_grad(int p, float *g, const float *h, size_t n)
+{
+#if DDP_CHECK_CUDA
+    if (eq_device >= 0) {
+        cudaStream_t s = (cudaStream_t)eq_stream;
+        memcpy(eq_pinned[p], h, n * sizeof *h);
+        return cudaLaunchHostFunc(s, eq_hold, NULL) == cudaSuccess &&
+                       cudaMemcpyAsync(g, eq_pinned[p], n * sizeof *h, cudaMemcpyHostToDevice,
+                                       s) == cudaSuccess
+                   ? 0
+                   : -1;
+    }
+#endif
+    (void)p;
+    return eq_copy(g, h, n * sizeof *h);
+}
+
 static double eq_a(int64_t i, size_t j)
 {
     return sin(0.7 * (double)i + 1.3 * (double)j);
@@ -652,7 +693,7 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
                             acc += f[s] * eq_a(first + s, eq_base[p] + e);
                         h[e] += (float)(acc * world / EQ_B);
                     }
-                    rc = eq_copy(g, h, n * sizeof *h) < 0 ? -1 : ddp_grad_ready(m, p);
+                    rc = eq_put_grad(p, g, h, n) < 0 ? -1 : ddp_grad_ready(m, p);
                 }
                 if (rc >= 0)
                     eq_release(m, u, &rc);
@@ -997,8 +1038,11 @@ static int device_open(int local_rank, int nccl)
 #if DDP_CHECK_CUDA
     cudaStream_t s;
     eq_device = local_rank % gpu_count();
-    if (cudaSetDevice(eq_device) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+    int ok = cudaSetDevice(eq_device) == cudaSuccess &&
+             cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess;
+    for (int p = 0; ok && p < EQ_NP; p++)
+        ok = cudaMallocHost((void **)&eq_pinned[p], EQ_MAXN * sizeof(float)) == cudaSuccess;
+    if (!ok) {
         fprintf(stderr, "ddp-check: rank %d: GPU %d: %s\n", rank, eq_device,
                 cudaGetErrorString(cudaGetLastError()));
         return -1;
@@ -1018,6 +1062,8 @@ static void device_close(void)
 #if DDP_CHECK_CUDA
     if (eq_stream)
         cudaStreamDestroy((cudaStream_t)eq_stream);
+    for (int p = 0; p < EQ_NP; p++)
+        cudaFreeHost(eq_pinned[p]);
 #endif
 }
 
