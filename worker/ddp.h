@@ -340,7 +340,8 @@ typedef struct ddp_step_info {
  * Device models (opts.device >= 0): everything is enqueued on the streams and ddp_step()
  * returns without waiting for the device, unless `info` is not NULL: then it synchronises the
  * compute stream to fill *info (the norm, the skip and the step counter live on the device).
- * Host models fill *info at no extra cost.
+ * Host models fill *info at no extra cost. A skipped step is a COLL_LOG_WARN line through the
+ * log hook: always on the host, on a device only when `info` is not NULL (the host knows).
  */
 int ddp_step(ddp_model *m, float lr, ddp_step_info *info);
 

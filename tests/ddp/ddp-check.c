@@ -11,7 +11,8 @@
  *   layout   the last rank registers a different shape: ddp_model_commit() fails on every
  *            rank, naming that rank and the parameter
  *   nonfinite  rank 0's gradient holds a NaN at step 2 (stage 2): every rank reports the step
- *            skipped and keeps its parameters; the next step trains again
+ *            skipped, warns through the log hook once and keeps its parameters; the next step
+ *            trains again
  *   memory   ddp_memory_stats() for stages 0-3 against the ZeRO paper's formulas
  *   overlap  stage 0 with several buckets and a backward that computes for a while per layer:
  *            the trace shows the first bucket's reduction issued, and completed, before the
@@ -254,12 +255,22 @@ static int one_step(ddp_model *m, int poison, ddp_step_info *info)
     return rc ? rc : ddp_step(m, 0.1f, info);
 }
 
+/* The log hook's warnings that a step was skipped. */
+static int nf_warned;
+
+static void nf_log(void *arg, int level, const char *msg)
+{
+    (void)arg;
+    nf_warned += level == COLL_LOG_WARN && strstr(msg, "skipped") != NULL;
+}
+
 static void scen_nonfinite(coll_comm *comm)
 {
     ddp_options o;
     ddp_options_init(&o);
     o.zero_stage = 2;
     o.momentum = 0.9f;
+    o.log = nf_log;
     ddp_model *m = build(comm, &o, (int64_t[]){30, 7}, 2, 5, 1);
     CHECK(m, "build");
     if (!m)
@@ -273,6 +284,7 @@ static void scen_nonfinite(coll_comm *comm)
     CHECK(b.skipped && b.step == 1 && !isfinite(b.grad_norm), "step 2 skipped %d step %lld",
           b.skipped, (long long)b.step);
     CHECK(before == after, "parameters moved on a skipped step: %g -> %g", before, after);
+    CHECK(nf_warned == 1, "the log hook got %d warnings of a skipped step, want 1", nf_warned);
     CHECK(one_step(m, 0, &c) == 0 && !c.skipped && c.step == 2, "step 3 trains again");
     CHECK(*(float *)ddp_param_data(m, 0) != after, "step 3 moved nothing");
     ddp_model_free(m);
