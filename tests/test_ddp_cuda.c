@@ -11,10 +11,11 @@
  *    and the same rounding formula (optim.h's ddp__bf16_from_f32). NaNs are compared as NaNs,
  *    not by pattern: the GPU's arithmetic returns its canonical NaN, the CPU's keeps the
  *    operand's sign and payload.
- *  - the sum of squares: each square is exact in double and both sides add in double, in
- *    different orders (optim.c's 32 lanes, the device's blocks and atomicAdd). For n positive
- *    terms each order is within (n - 1) u of the exact sum (u = 2^-53), so the two within
- *    2 (n - 1) u relative of each other; the norm, a square root, within half that.
+ *  - the sum of squares: bit for bit against the device's order of summation reproduced here
+ *    (per block, then the blocks' partial sums; each square is exact in double), which also
+ *    makes it the same on every run. Against the host's, which adds in another order
+ *    (optim.c's 32 lanes): for n positive terms each order is within (n - 1) u of the exact
+ *    sum (u = 2^-53), so the two within 2 (n - 1) u relative of each other.
  *  - the decision (finite flag, skip, clip, step count): exact, computed from the same sum (the
  *    host's sum is written into the device's before deciding, so that the comparison of the
  *    updates does not inherit the norm's rounding).
@@ -202,14 +203,54 @@ static double dev_ss(void)
     return ss;
 }
 
+/* block_sum() of ddp_cuda.cu: part[t] += part[t + w] for w = THREADS / 2, ..., 1. */
+static double ref_block_sum(double *part)
+{
+    for (unsigned w = DDP__CUDA_THREADS / 2; w > 0; w /= 2)
+        for (unsigned t = 0; t < w; t++)
+            part[t] += part[t + w];
+    return part[0];
+}
+
+/* ss plus norm_add()'s sum of squares of x[n], in the device's order (k_sum_squares, then
+ * k_sum_partials). */
+static double ref_device_ss(double ss, const float *x, size_t n)
+{
+    enum { T = DDP__CUDA_THREADS };
+    size_t nb = (n + T - 1) / T;
+    nb = nb < DDP__CUDA_MAX_BLOCKS ? nb : DDP__CUDA_MAX_BLOCKS;
+    static double partial[DDP__CUDA_MAX_BLOCKS];
+    double part[T];
+    for (size_t b = 0; b < nb; b++) {
+        for (size_t t = 0; t < T; t++) {
+            double acc = 0;
+            for (size_t i = b * T + t; i < n; i += nb * T)
+                acc += (double)x[i] * (double)x[i];
+            part[t] = acc;
+        }
+        partial[b] = ref_block_sum(part);
+    }
+    for (size_t t = 0; t < T; t++) {
+        double acc = 0;
+        for (size_t b = t; b < nb; b += T)
+            acc += partial[b];
+        part[t] = acc;
+    }
+    return ss + ref_block_sum(part);
+}
+
 START_TEST(sum_of_squares)
 {
     open_both();
-    float *g = malloc(N * 4);
-    fill(g, N, 4, 0.01f);
-    float *d = dalloc(N * 4);
-    up(d, g, N * 4);
-    /* Two ranges, as ddp.c adds one per owned group; begin resets what a previous step left. */
+    /* Past DDP__CUDA_MAX_BLOCKS full blocks, so that the grid strides; N from the front. */
+    const size_t big = 3 * (size_t)DDP__CUDA_THREADS * DDP__CUDA_MAX_BLOCKS + 17;
+    float *g = malloc(big * 4);
+    fill(g, big, 4, 0.01f);
+    float *d = dalloc(big * 4);
+    up(d, g, big * 4);
+    /* Two ranges, as ddp.c adds one per owned group; begin resets what a previous step left.
+     * The second round must give the same sum, bit for bit. */
+    double first = 0;
     for (int round = 0; round < 2; round++) {
         OK(dops->norm_begin(&dev));
         OK(ddp__host_ops.norm_begin(&host));
@@ -219,6 +260,11 @@ START_TEST(sum_of_squares)
         ddp__host_ops.norm_add(&host, g, 1000);
         ddp__host_ops.norm_add(&host, g + 1000, N - 1000);
         double a = dev_ss(), b = *host.ss;
+        double want = ref_device_ss(ref_device_ss(0, g, 1000), g + 1000, N - 1000);
+        ck_assert_msg(a == want, "sum of squares %.17g on the device, %.17g in its order here",
+                      a, want);
+        ck_assert_msg(round == 0 || a == first, "sum of squares %.17g, then %.17g", first, a);
+        first = a;
         double bound = 2.0 * (N - 1) * ldexp(1.0, -53);
         ck_assert_msg(fabs(a - b) <= bound * b, "sum of squares %.17g on the device, %.17g on "
                       "the host: %.2e relative, bound %.2e", a, b, fabs(a - b) / b, bound);
@@ -226,6 +272,12 @@ START_TEST(sum_of_squares)
             printf("sum of squares of %d elements: device and host %.1e relative apart "
                    "(bound %.1e)\n", N, fabs(a - b) / b, bound);
     }
+    /* The whole array: every block strides over it three times and more. */
+    OK(dops->norm_begin(&dev));
+    OK(dops->norm_add(&dev, d, big));
+    double a = dev_ss(), want = ref_device_ss(0, g, big);
+    ck_assert_msg(a == want, "sum of squares of %zu elements %.17g on the device, %.17g in its "
+                  "order here", big, a, want);
     dops->release(&dev, d);
     free(g);
     close_both();

@@ -454,6 +454,10 @@ void ddp_model_free(ddp_model *m)
     free(m->hparam);
     free(m->hopt1);
     free(m->hopt2);
+    /* close destroys the communication stream: the communicator, which outlives the model,
+     * must not keep it (a later collective would be enqueued on a destroyed stream). */
+    if (ops->is_device)
+        (void)coll_comm_set_stream(m->comm, NULL);
     ops->close(&m->dev);
     free(m->ready);
     free(m->req);
@@ -1341,12 +1345,6 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
     if ((rc = dev_check(m, ops->decide(&m->dev, &m->o, &m->steps), "ddp_step: deciding")) < 0)
         return rc;
     ddp_step_info in = m->dev.info; /* the host's decision; the device's is read on demand */
-    if (!dev && in.skipped && m->o.log) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "step %" PRId64 " skipped: the gradient norm is %g", m->attempted,
-                 in.grad_norm);
-        m->o.log(m->o.log_arg, COLL_LOG_WARN, msg);
-    }
     if (dev || !in.skipped) {
         /* An asynchronous save's writer may still be copying: each group waits for its own
          * parts only. */
@@ -1368,11 +1366,19 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
     if ((rc = dev_check(m, rc, "ddp_step: zeroing the gradients")) < 0)
         return rc;
     m->synced = false;
+    int64_t attempt = m->attempted;
     trace(m, DDP_EV_STEP_END, (int)m->attempted++);
     if (m->ck && (rc = ddp__ckpt_poll(m)) < 0)
         return rc;
-    if (info && (rc = ddp_step_info_get(m, &in)) < 0)
+    /* A device's decision is known here only when info is wanted (a synchronisation). */
+    if (info && dev && (rc = ddp_step_info_get(m, &in)) < 0)
         return rc;
+    if ((!dev || info) && in.skipped && m->o.log) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "step %" PRId64 " skipped: the gradient norm is %g", attempt,
+                 in.grad_norm);
+        m->o.log(m->o.log_arg, COLL_LOG_WARN, msg);
+    }
     if (info)
         *info = in;
     return 0;

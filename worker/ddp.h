@@ -70,7 +70,10 @@
  *  - the caller's compute stream (opts.stream) runs its forward and backward, and the library
  *    enqueues on it the gradients' zeroing, the casts and the optimizer;
  *  - the library sets the communicator's stream (coll_comm_set_stream()) to a communication
- *    stream of its own at ddp_model_create() (the caller must not change it afterwards);
+ *    stream of its own at ddp_model_create() (the caller must not change it afterwards; a
+ *    second device model created on the communicator takes it over, and the first must then
+ *    issue no more collectives), and back to NULL (the legacy default stream) at
+ *    ddp_model_free(), which destroys that stream;
  *  - ddp_grad_ready() records an event on the compute stream: the caller has enqueued the
  *    kernels that write that gradient before calling it. A bucket's reduction is enqueued on the
  *    communication stream after a wait on the event of its last gradient, so it overlaps the rest
@@ -203,7 +206,8 @@ const char *ddp_last_error(const ddp_model *m);
  */
 int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out);
 
-/* Frees the model and its memory. NULL is a no-op. Does not free the communicator. */
+/* Frees the model and its memory. NULL is a no-op. Does not free the communicator; a device
+ * model sets its stream back to NULL (the legacy default stream). */
 void ddp_model_free(ddp_model *m);
 
 /*
@@ -336,7 +340,8 @@ typedef struct ddp_step_info {
  * Device models (opts.device >= 0): everything is enqueued on the streams and ddp_step()
  * returns without waiting for the device, unless `info` is not NULL: then it synchronises the
  * compute stream to fill *info (the norm, the skip and the step counter live on the device).
- * Host models fill *info at no extra cost.
+ * Host models fill *info at no extra cost. A skipped step is a COLL_LOG_WARN line through the
+ * log hook: always on the host, on a device only when `info` is not NULL (the host knows).
  */
 int ddp_step(ddp_model *m, float lr, ddp_step_info *info);
 

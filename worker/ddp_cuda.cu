@@ -19,13 +19,19 @@
  *    division and sqrtf are IEEE (nvcc's default -prec-div and -prec-sqrt, no fast math). So
  *    the updates match optim.c's bit for bit given the same coefficients; AdamW's coefficients
  *    come from the device's pow(), which may differ from the host's in the last place;
- *  - the sum of squares is accumulated with atomicAdd in an order that varies: the norm
- *    matches the host's to rounding, not bit for bit;
+ *  - the sum of squares is accumulated in double in an order fixed by n alone (per block, then
+ *    the blocks' partial sums in one block: k_sum_squares, k_sum_partials), not by atomics:
+ *    the same gradients give the same norm bit for bit on every run, every rank and every GPU
+ *    (at stage 0 each rank decides the clip from its own sum, so an order that varied could
+ *    clip the ranks' replicas apart). It matches the host's, whose order differs, to rounding;
  *  - every kernel is a grid-stride loop over n elements with n < 2^63, launched with at most
  *    MAX_BLOCKS blocks of THREADS threads, and writes no element at or past n; n == 0
  *    launches nothing;
  *  - the model's device is made current before every call (the training thread may have
- *    switched it).
+ *    switched it);
+ *  - nothing is enqueued on the legacy default stream (no cudaMemset or cudaMemcpy): every
+ *    memset, copy and kernel goes on the compute stream, which the communication stream
+ *    follows through events; a non-blocking stream would not be ordered after the legacy one.
  */
 #include "ddp_ops.h"
 
@@ -37,10 +43,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define THREADS 256
-#define MAX_BLOCKS 4096
+#define THREADS DDP__CUDA_THREADS
+#define MAX_BLOCKS DDP__CUDA_MAX_BLOCKS
 
-/* The step's state, in device memory. */
+/* The step's state, in device memory (followed by norm_add's partial sums, partials()). */
 struct ddp__scalars {
     double ss;    /* the sum of squares of the gradients (allreduced by ddp.c) */
     double norm;  /* sqrt(ss) */
@@ -50,7 +56,9 @@ struct ddp__scalars {
     int64_t steps; /* steps taken, skipped ones excluded */
     /* SGD */
     int first_step;
-    /* AdamW: optim.c's adamw_coef but decay and neg_step, which need the step's lr */
+    /* AdamW: optim.c's adamw_coef but decay and neg_step, which need the step's lr, and the
+     * first moment's bias correction they are made from */
+    double bc1;
     float lerp_w, c2, bc2_sqrt;
     int lerp_from_end;
 };
@@ -142,22 +150,43 @@ __global__ static void k_add(float *dst, const float *src, size_t n)
     dst[i] = dst[i] + src[i];
 }
 
-/* Each block sums its squares in double (a tree in shared memory), one atomicAdd per block. */
-__global__ static void k_sum_squares(const float *x, size_t n, double *out)
+/* The sum of the block's THREADS values, in a fixed order (a tree in shared memory): thread t
+ * adds t + THREADS / 2, then t + THREADS / 4, ... The result is thread 0's. */
+__device__ static double block_sum(double v)
 {
     __shared__ double part[THREADS];
-    double acc = 0;
-    GRID_STRIDE(i, n)
-    acc += (double)x[i] * (double)x[i];
-    part[threadIdx.x] = acc;
+    part[threadIdx.x] = v;
     __syncthreads();
     for (unsigned w = THREADS / 2; w > 0; w /= 2) {
         if (threadIdx.x < w)
             part[threadIdx.x] += part[threadIdx.x + w];
         __syncthreads();
     }
+    return part[0];
+}
+
+/* Block b's sum of squares in double into partial[b]: thread t adds the squares of elements
+ * b * THREADS + t, then a grid further, ..., then block_sum(). */
+__global__ static void k_sum_squares(const float *x, size_t n, double *partial)
+{
+    double acc = 0;
+    GRID_STRIDE(i, n)
+    acc += (double)x[i] * (double)x[i];
+    double sum = block_sum(acc);
     if (threadIdx.x == 0)
-        atomicAdd(out, part[0]);
+        partial[blockIdx.x] = sum;
+}
+
+/* One block: *ss += the nblocks partial sums, thread t adding partials t, t + THREADS, ...,
+ * then block_sum(). A fixed order, where atomicAdd's would vary from run to run. */
+__global__ static void k_sum_partials(const double *partial, unsigned nblocks, double *ss)
+{
+    double acc = 0;
+    for (unsigned b = threadIdx.x; b < nblocks; b += THREADS)
+        acc += partial[b];
+    double sum = block_sum(acc);
+    if (threadIdx.x == 0)
+        *ss += sum;
 }
 
 /* One thread: the decision and the coefficients (optim.c's, from the float options). */
@@ -180,6 +209,7 @@ __global__ static void k_decide(struct ddp__scalars *s, float clip_norm, int ada
     if (adamw) {
         double step = (double)s->steps;
         double w = 1.0 - (double)beta1;
+        s->bc1 = 1.0 - pow((double)beta1, step);
         double bc2 = 1.0 - pow((double)beta2, step);
         s->c2 = (float)(1.0 - (double)beta2);
         s->bc2_sqrt = (float)pow(bc2, 0.5);
@@ -221,16 +251,17 @@ __global__ static void k_sgd(const struct ddp__scalars *s, float *param, const f
 }
 
 __global__ static void k_adamw(const struct ddp__scalars *s, float *param, const float *grad,
-                               float *m, float *v, size_t n, float lr, float beta1, float beta2,
-                               float eps, float weight_decay, uint16_t *compute)
+                               float *m, float *v, size_t n, float lr, float beta2, float eps,
+                               float weight_decay, uint16_t *compute)
 {
     if (!s->finite)
         return;
     const float clip = s->clip;
     const int clipped = s->clipped;
     /* optim.c's decay and neg_step, which depend on lr (ddp_step()'s argument): each thread
-     * computes them, in double from the floats, rounded once, as optim.c does. */
-    const double bc1 = 1.0 - pow((double)beta1, (double)s->steps);
+     * computes them, in double from the floats, rounded once, as optim.c does (the pow() is
+     * k_decide's, once per step rather than once per thread). */
+    const double bc1 = s->bc1;
     const float decay = (float)(1.0 - (double)lr * (double)weight_decay);
     const float neg_step = (float)-((double)lr / bc1);
     const float lerp_w = s->lerp_w, c2 = s->c2, bc2_sqrt = s->bc2_sqrt;
@@ -300,9 +331,12 @@ static int c_open(ddp__dev *d)
     TRY(d, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     d->event = ev;
     void *p = NULL;
-    TRY(d, "cudaMalloc (step scalars)", cudaMalloc(&p, sizeof(struct ddp__scalars)));
+    TRY(d, "cudaMalloc (step scalars)",
+        cudaMalloc(&p, sizeof(struct ddp__scalars) + MAX_BLOCKS * sizeof(double)));
     d->scal = (struct ddp__scalars *)p;
-    TRY(d, "cudaMemset (step scalars)", cudaMemset(p, 0, sizeof(struct ddp__scalars)));
+    /* On the compute stream, where every kernel that reads the scalars runs after it. */
+    TRY(d, "cudaMemsetAsync (step scalars)",
+        cudaMemsetAsync(p, 0, sizeof(struct ddp__scalars), stream_of(d)));
     d->ss = &d->scal->ss; /* a device address: ddp.c only hands it to collectives */
     return 0;
 }
@@ -316,10 +350,19 @@ static int c_alloc(ddp__dev *d, size_t nbytes, void **out)
         return COLL_ECUDA;
     void *p = NULL;
     TRY(d, "cudaMalloc", cudaMalloc(&p, nbytes));
-    cudaError_t e = cudaMemset(p, 0, nbytes);
+    /* Zeroed on the compute stream and waited for: cudaMemset() would run on the legacy
+     * default stream, unordered with the non-blocking communication stream (and a
+     * non-blocking compute stream), so a collective or a copy into the new memory could
+     * run before the zeros and be overwritten by them. */
+    const char *what = "cudaMemsetAsync";
+    cudaError_t e = cudaMemsetAsync(p, 0, nbytes, stream_of(d));
+    if (e == cudaSuccess) {
+        what = "cudaStreamSynchronize";
+        e = cudaStreamSynchronize(stream_of(d));
+    }
     if (e != cudaSuccess) {
         (void)cudaFree(p);
-        return cuda_fail(d, "cudaMemset", e);
+        return cuda_fail(d, what, e);
     }
     *out = p;
     return 0;
@@ -411,13 +454,26 @@ static int c_norm_begin(ddp__dev *d)
     return 0;
 }
 
+/* The per-block partial sums of norm_add: MAX_BLOCKS doubles after the scalars, in the same
+ * allocation. */
+static_assert(sizeof(struct ddp__scalars) % sizeof(double) == 0, "partials() must be aligned");
+static double *partials(const ddp__dev *d)
+{
+    return (double *)(d->scal + 1);
+}
+
 static int c_norm_add(ddp__dev *d, const float *grad, size_t n)
 {
     if (n == 0)
         return 0;
     if (use_device(d) < 0)
         return COLL_ECUDA;
-    k_sum_squares<<<blocks_for(n), THREADS, 0, stream_of(d)>>>(grad, n, &d->scal->ss);
+    unsigned b = blocks_for(n);
+    k_sum_squares<<<b, THREADS, 0, stream_of(d)>>>(grad, n, partials(d));
+    int rc = launched(d, "the sum-of-squares kernel");
+    if (rc < 0)
+        return rc;
+    k_sum_partials<<<1, THREADS, 0, stream_of(d)>>>(partials(d), b, &d->scal->ss);
     return launched(d, "the sum-of-squares kernel");
 }
 
@@ -440,8 +496,8 @@ static int c_optimize(ddp__dev *d, const ddp_options *o, float lr, float *param,
         return COLL_ECUDA;
     unsigned b = blocks_for(n);
     if (o->optimizer == DDP_ADAMW)
-        k_adamw<<<b, THREADS, 0, stream_of(d)>>>(d->scal, param, grad, m1, m2, n, lr, o->beta1,
-                                                 o->beta2, o->eps, o->weight_decay, compute);
+        k_adamw<<<b, THREADS, 0, stream_of(d)>>>(d->scal, param, grad, m1, m2, n, lr, o->beta2,
+                                                 o->eps, o->weight_decay, compute);
     else
         k_sgd<<<b, THREADS, 0, stream_of(d)>>>(d->scal, param, grad, m1, n, -lr, o->momentum,
                                                o->nesterov, o->weight_decay, compute);

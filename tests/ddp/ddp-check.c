@@ -11,7 +11,8 @@
  *   layout   the last rank registers a different shape: ddp_model_commit() fails on every
  *            rank, naming that rank and the parameter
  *   nonfinite  rank 0's gradient holds a NaN at step 2 (stage 2): every rank reports the step
- *            skipped and keeps its parameters; the next step trains again
+ *            skipped, warns through the log hook once and keeps its parameters; the next step
+ *            trains again
  *   memory   ddp_memory_stats() for stages 0-3 against the ZeRO paper's formulas
  *   overlap  stage 0 with several buckets and a backward that computes for a while per layer:
  *            the trace shows the first bucket's reduction issued, and completed, before the
@@ -29,7 +30,9 @@
  *   equiv-device  equiv and bf16 with the model on a GPU (opts.device = LOCAL_RANK modulo the
  *            devices visible, opts.stream a stream of the test's): the cpu backend on device
  *            buffers, so several ranks may share a GPU; the parameters are copied to the host
- *            on the compute stream to compute, and the gradients added through the host
+ *            on the compute stream to compute, and the gradients added through the host, each
+ *            written back by a copy on the compute stream that ddp_grad_ready() does not wait
+ *            for (held back a moment: a reduction not ordered after it reads a stale gradient)
  *   equiv-nccl    the same on an nccl communicator (one GPU per rank; world 1 on a single GPU),
  *            the test's own exchanges of host values on a cpu one
  *   gpu-count  prints how many CUDA devices are visible (0 in a build without CUDA) and exits
@@ -48,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef DDP_CHECK_CUDA
@@ -250,12 +254,22 @@ static int one_step(ddp_model *m, int poison, ddp_step_info *info)
     return rc ? rc : ddp_step(m, 0.1f, info);
 }
 
+/* The log hook's warnings that a step was skipped. */
+static int nf_warned;
+
+static void nf_log(void *arg, int level, const char *msg)
+{
+    (void)arg;
+    nf_warned += level == COLL_LOG_WARN && strstr(msg, "skipped") != NULL;
+}
+
 static void scen_nonfinite(coll_comm *comm)
 {
     ddp_options o;
     ddp_options_init(&o);
     o.zero_stage = 2;
     o.momentum = 0.9f;
+    o.log = nf_log;
     ddp_model *m = build(comm, &o, (int64_t[]){30, 7}, 2, 5, 1);
     CHECK(m, "build");
     if (!m)
@@ -269,6 +283,7 @@ static void scen_nonfinite(coll_comm *comm)
     CHECK(b.skipped && b.step == 1 && !isfinite(b.grad_norm), "step 2 skipped %d step %lld",
           b.skipped, (long long)b.step);
     CHECK(before == after, "parameters moved on a skipped step: %g -> %g", before, after);
+    CHECK(nf_warned == 1, "the log hook got %d warnings of a skipped step, want 1", nf_warned);
     CHECK(one_step(m, 0, &c) == 0 && !c.skipped && c.step == 2, "step 3 trains again");
     CHECK(*(float *)ddp_param_data(m, 0) != after, "step 3 moved nothing");
     ddp_model_free(m);
@@ -429,6 +444,44 @@ static int eq_copy(void *dst, const void *src, size_t nbytes)
 #endif
     memcpy(dst, src, nbytes);
     return 0;
+}
+
+#if DDP_CHECK_CUDA
+/* Device runs: each parameter's new gradient in pinned memory, copied from asynchronously. */
+static float *eq_pinned[EQ_NP];
+
+/* Holds the compute stream a moment (a host function run in its order). */
+static void CUDART_CB eq_hold(void *arg)
+{
+    (void)arg;
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+}
+#endif
+
+/*
+ * Writes parameter p's gradient h[n] into the model's buffer g. For a device model the copy is
+ * enqueued on the compute stream behind eq_hold() and not waited for, so that ddp_grad_ready()
+ * follows at once, as it follows a backward kernel: a reduction that did not wait for the
+ * compute stream's event would read the buffer before the copy lands, and the run would miss
+ * the reference. (The hold only widens that window; no result depends on how long it lasts.)
+ * eq_pinned[p] is free again by the next call for p, whose eq_copy() of g synchronises.
+ */
+static int eq_put_grad(int p, float *g, const float *h, size_t n)
+{
+#if DDP_CHECK_CUDA
+    if (eq_device >= 0) {
+        cudaStream_t s = (cudaStream_t)eq_stream;
+        memcpy(eq_pinned[p], h, n * sizeof *h);
+        return cudaLaunchHostFunc(s, eq_hold, NULL) == cudaSuccess &&
+                       cudaMemcpyAsync(g, eq_pinned[p], n * sizeof *h, cudaMemcpyHostToDevice,
+                                       s) == cudaSuccess
+                   ? 0
+                   : -1;
+    }
+#endif
+    (void)p;
+    return eq_copy(g, h, n * sizeof *h);
 }
 
 static double eq_a(int64_t i, size_t j)
@@ -651,7 +704,7 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
                             acc += f[s] * eq_a(first + s, eq_base[p] + e);
                         h[e] += (float)(acc * world / EQ_B);
                     }
-                    rc = eq_copy(g, h, n * sizeof *h) < 0 ? -1 : ddp_grad_ready(m, p);
+                    rc = eq_put_grad(p, g, h, n) < 0 ? -1 : ddp_grad_ready(m, p);
                 }
                 if (rc >= 0)
                     eq_release(m, u, &rc);
@@ -996,8 +1049,11 @@ static int device_open(int local_rank, int nccl)
 #if DDP_CHECK_CUDA
     cudaStream_t s;
     eq_device = local_rank % gpu_count();
-    if (cudaSetDevice(eq_device) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+    int ok = cudaSetDevice(eq_device) == cudaSuccess &&
+             cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess;
+    for (int p = 0; ok && p < EQ_NP; p++)
+        ok = cudaMallocHost((void **)&eq_pinned[p], EQ_MAXN * sizeof(float)) == cudaSuccess;
+    if (!ok) {
         fprintf(stderr, "ddp-check: rank %d: GPU %d: %s\n", rank, eq_device,
                 cudaGetErrorString(cudaGetLastError()));
         return -1;
@@ -1017,6 +1073,8 @@ static void device_close(void)
 #if DDP_CHECK_CUDA
     if (eq_stream)
         cudaStreamDestroy((cudaStream_t)eq_stream);
+    for (int p = 0; p < EQ_NP; p++)
+        cudaFreeHost(eq_pinned[p]);
 #endif
 }
 
