@@ -353,11 +353,16 @@ int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int
                     int64_t deadline_ns, coll__nccl **out, char *err, size_t errlen);
 /*
  * Enqueues op on stream and records an event after it; *event is released by
- * coll__nccl_event_free(). Returns 0, COLL_ENCCL, COLL_ECUDA.
+ * coll__nccl_event_free() (before coll__nccl_destroy(), or after it). The watchdog aborts the
+ * communicator if the event has not fired by deadline_ns (INT64_MAX: never). Returns 0,
+ * -ETIMEDOUT (the enqueue itself did not finish in time), COLL_ENCCL, COLL_ECUDA.
  */
-int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **event, char *err,
-                     size_t errlen);
-/* Polls: 1 done, 0 pending, or COLL_ENCCL (async NCCL error) / COLL_ECUDA. */
+int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, int64_t deadline_ns,
+                     void **event, char *err, size_t errlen);
+/*
+ * Polls: 1 done, 0 pending, or -ETIMEDOUT (the watchdog found an operation past its deadline),
+ * COLL_ENCCL (an asynchronous NCCL error, or an abort), COLL_ECUDA.
+ */
 int coll__nccl_query(coll__nccl *n, void *event, char *err, size_t errlen);
 void coll__nccl_event_free(void *event);
 /* Makes `stream` wait for the event (cudaStreamWaitEvent). Returns 0 or COLL_ECUDA. */

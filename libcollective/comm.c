@@ -700,13 +700,14 @@ static void nccl_submit(coll_comm *c, coll_request *req)
     if (is_collective(req->op.kind))
         c->ncoll++;
     req->deadline = rdzv__deadline_ns(c->opts.timeout_ms);
-    int rc = c->sticky ? c->sticky
-                       : coll__nccl_start(c->nccl, &req->op, c->stream, &req->event, detail,
-                                          sizeof detail);
+    int sticky = c->sticky;
+    int rc = sticky ? sticky
+                    : coll__nccl_start(c->nccl, &req->op, c->stream, req->deadline, &req->event,
+                                       detail, sizeof detail);
     pthread_mutex_unlock(&c->lock);
-    if (rc < 0 && !c->sticky)
-        fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1), detail,
-             rdzv__now_ns());
+    if (rc < 0 && !sticky)
+        rc = fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1),
+                  detail, rdzv__now_ns());
     if (rc < 0) {
         req->result = rc;
         req->done = true;

@@ -88,12 +88,13 @@ int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int
     return -ENOTSUP;
 }
 
-int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **event, char *err,
-                     size_t errlen)
+int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, int64_t deadline_ns,
+                     void **event, char *err, size_t errlen)
 {
     (void)n;
     (void)op;
     (void)stream;
+    (void)deadline_ns;
     (void)event;
     if (err != NULL && errlen > 0)
         snprintf(err, errlen, "built without NCCL");
