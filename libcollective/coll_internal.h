@@ -361,7 +361,8 @@ int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, int64_t de
                      void **event, char *err, size_t errlen);
 /*
  * Polls: 1 done, 0 pending, or -ETIMEDOUT (the watchdog found an operation past its deadline),
- * COLL_ENCCL (an asynchronous NCCL error, or an abort), COLL_ECUDA.
+ * COLL_EREMOTE (an asynchronous NCCL error from a peer), COLL_ENCCL (any other NCCL error or
+ * an abort), COLL_ECUDA.
  */
 int coll__nccl_query(coll__nccl *n, void *event, char *err, size_t errlen);
 void coll__nccl_event_free(void *event);

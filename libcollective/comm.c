@@ -690,6 +690,17 @@ static int nccl_init(coll_comm *c, rdzv_client *store, int64_t deadline, char *e
                            errlen);
 }
 
+/*
+ * The evidence of an nccl failure: an asynchronous error from a peer counts as a broken
+ * connection to an unknown peer (a record its author left is adopted, else the rank that did
+ * not reach the operation is blamed); anything else as the failed call's own account.
+ */
+static coll__evidence nccl_evidence(const coll_comm *c, const coll_request *req, int rc)
+{
+    return evidence(c, &req->op, req->k, rc,
+                    rc == COLL_EREMOTE ? COLL__EV_CLOSED : COLL__EV_TIMEOUT, -1);
+}
+
 /* Enqueues the operation on the stream; a failure to enqueue completes the request failed. */
 static void nccl_submit(coll_comm *c, coll_request *req)
 {
@@ -706,29 +717,37 @@ static void nccl_submit(coll_comm *c, coll_request *req)
                                        detail, sizeof detail);
     pthread_mutex_unlock(&c->lock);
     if (rc < 0 && !sticky)
-        rc = fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1),
-                  detail, rdzv__now_ns());
+        rc = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, rdzv__now_ns());
     if (rc < 0) {
         req->result = rc;
         req->done = true;
     }
 }
 
-/* Polls the request's event: 1 done (req->result set), 0 pending. */
+/*
+ * Polls the request's event: 1 done (req->result set), 0 pending. Once the communicator has
+ * failed, every pending request completes with that first failure, as cpu's queued ones do
+ * (NCCL's aborted kernels end early and their events fire: not a result).
+ */
 static int nccl_check(coll_request *req)
 {
     coll_comm *c = req->comm;
     char detail[256] = "";
     if (atomic_load(&c->aborted)) {
-        /* Aborted kernels end early and their events fire: not a result. */
         req->result = -ECANCELED;
+        return 1;
+    }
+    pthread_mutex_lock(&c->lock);
+    int sticky = c->sticky;
+    pthread_mutex_unlock(&c->lock);
+    if (sticky) {
+        req->result = sticky;
         return 1;
     }
     int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
     if (rc < 0) {
-        req->result =
-            fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1),
-                 detail, rdzv__now_ns());
+        req->result = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail,
+                           rdzv__now_ns());
         return 1;
     }
     if (rc == 0 && rdzv__now_ns() >= req->deadline) {

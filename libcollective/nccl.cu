@@ -257,10 +257,19 @@ static void abort_locked(coll__nccl *n)
 }
 
 /*
+ * NCCL's results for a failure outside this process: a peer's connection broke or it reported
+ * an error (ncclRemoteError), or a socket or system call failed talking to it (ncclSystemError).
+ */
+static bool remote_error(ncclResult_t r)
+{
+    return r == ncclRemoteError || r == ncclSystemError;
+}
+
+/*
  * What an operation of an aborted communicator fails with (by the watchdog on an NCCL error or
  * a deadline, by coll__nccl_abort() or by a timed-out enqueue), or 0 while it is not aborted;
- * caller holds n->mu. Past a deadline it is -ETIMEDOUT, so that the caller settles which rank
- * to blame; otherwise COLL_ENCCL.
+ * caller holds n->mu. Past a deadline it is -ETIMEDOUT and after an asynchronous error from a
+ * peer COLL_EREMOTE, so that the caller settles which rank to blame; otherwise COLL_ENCCL.
  */
 static int failed_locked(const coll__nccl *n, char *err, size_t errlen)
 {
@@ -270,7 +279,7 @@ static int failed_locked(const coll__nccl *n, char *err, size_t errlen)
     }
     if (n->error != ncclSuccess) {
         put_err(err, errlen, "%s", n->detail);
-        return COLL_ENCCL;
+        return remote_error(n->error) ? COLL_EREMOTE : COLL_ENCCL;
     }
     if (n->aborted || n->comm == NULL) {
         put_err(err, errlen, "the NCCL communicator was aborted");
