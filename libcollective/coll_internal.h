@@ -306,9 +306,20 @@ void coll__tcp_close(coll__tcp *t);
 
 /* True when a CUDA device is usable in this process (cached after the first call). */
 bool coll__cuda_available(void);
-/* True when p is device (or managed) memory. Host memory and unknown pointers: false. */
-bool coll__cuda_is_device(const void *p);
-/* Pinned host memory (cudaMallocHost), or NULL. */
+/*
+ * The device ordinal p's device (or managed) memory lives on; -1 for host memory (pinned,
+ * registered or plain) and unknown pointers. Creates no CUDA context.
+ */
+int coll__cuda_device_of(const void *p);
+/*
+ * Makes `device` (which must have its context: a device memory lives on) current on the
+ * calling thread; *restore gets the device coll__cuda_leave() makes current again: the one
+ * that was, when it had a context (-1: none, so that none is created). Returns 0 or
+ * COLL_ECUDA (detail in err).
+ */
+int coll__cuda_enter(int device, int *restore, char *err, size_t errlen);
+void coll__cuda_leave(int restore);
+/* Pinned host memory (cudaMallocHost) on the current device's context, or NULL. */
 void *coll__cuda_host_alloc(size_t nbytes);
 void coll__cuda_host_free(void *p);
 /* Copies on `stream` and waits for it. Returns 0 or COLL_ECUDA (detail in err). */

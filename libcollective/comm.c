@@ -441,7 +441,9 @@ static int issue(coll_comm *c, const coll__op *op, coll_request **out);
 
 /*
  * cpu backend with device buffers: copies them through one pinned host buffer that keeps the
- * send and receive buffers' relative position (so in-place stays in place).
+ * send and receive buffers' relative position (so in-place stays in place). The buffers'
+ * device is current on this thread meanwhile (a progress thread's is device 0 until then), so
+ * that the copies and a NULL stream are that device's and no context is made on another.
  */
 static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *culprit,
                       char *detail, size_t dlen)
@@ -450,9 +452,14 @@ static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *c
     op_bytes(c, op, &nin, &nout);
     const unsigned char *s = op->sendbuf;
     unsigned char *r = op->recvbuf;
-    bool ds = nin && coll__cuda_is_device(s), dr = nout && coll__cuda_is_device(r);
+    int sdev = nin ? coll__cuda_device_of(s) : -1, rdev = nout ? coll__cuda_device_of(r) : -1;
+    bool ds = sdev >= 0, dr = rdev >= 0;
     if (!ds && !dr)
         return coll__cpu_run(c->cpu, op, deadline, culprit, detail, dlen);
+    int restore;
+    int rc = coll__cuda_enter(ds ? sdev : rdev, &restore, detail, dlen);
+    if (rc < 0)
+        return rc;
 
     /* One span covering both device buffers when they overlap, else two regions. */
     bool overlap = ds && dr && !(s + nin <= r || r + nout <= s);
@@ -463,12 +470,13 @@ static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *c
         coll__cuda_host_free(c->stage);
         c->stage = coll__cuda_host_alloc(need);
         c->stage_bytes = c->stage ? need : 0;
-        if (!c->stage)
-            return -ENOMEM;
+        if (!c->stage) {
+            rc = -ENOMEM;
+            goto out;
+        }
     }
     unsigned char *h = c->stage;
     coll__op staged = *op;
-    int rc = 0;
     if (overlap) {
         staged.sendbuf = h + (s - lo);
         staged.recvbuf = h + (r - lo);
@@ -485,6 +493,8 @@ static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *c
         rc = coll__cpu_run(c->cpu, &staged, deadline, culprit, detail, dlen);
     if (rc == 0 && dr)
         rc = coll__cuda_copy(r, staged.recvbuf, nout, c->stream, detail, dlen);
+out:
+    coll__cuda_leave(restore);
     return rc;
 }
 
