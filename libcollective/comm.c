@@ -44,6 +44,7 @@ struct coll_request {
     int result;
     bool done;
     void *event;      /* nccl */
+    int64_t issued;   /* nccl: when it was enqueued, for messages */
     int64_t deadline; /* nccl */
     coll_request *next;
 };
@@ -720,6 +721,7 @@ static void nccl_submit(coll_comm *c, coll_request *req)
     req->k = c->ncoll;
     if (is_collective(req->op.kind))
         c->ncoll++;
+    req->issued = rdzv__now_ns();
     req->deadline = rdzv__deadline_ns(c->opts.timeout_ms);
     int sticky = c->sticky;
     int rc = sticky ? sticky
@@ -727,7 +729,7 @@ static void nccl_submit(coll_comm *c, coll_request *req)
                                        detail, sizeof detail);
     pthread_mutex_unlock(&c->lock);
     if (rc < 0 && !sticky)
-        rc = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, rdzv__now_ns());
+        rc = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, req->issued);
     if (rc < 0) {
         req->result = rc;
         req->done = true;
@@ -756,14 +758,13 @@ static int nccl_check(coll_request *req)
     }
     int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
     if (rc < 0) {
-        req->result = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail,
-                           rdzv__now_ns());
+        req->result = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, req->issued);
         return 1;
     }
     if (rc == 0 && rdzv__now_ns() >= req->deadline) {
-        req->result = fail(c, &req->op, req->seq,
-                           evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "",
-                           req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
+        req->result =
+            fail(c, &req->op, req->seq,
+                 evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "", req->issued);
         return 1;
     }
     if (rc == 1)

@@ -84,7 +84,8 @@ static bool has_context(int device)
 
     if (device_get == NULL || primary_state == NULL)
         return true;
-    if (device_get(&dev, device) != CUDA_SUCCESS || primary_state(dev, &flags, &active) != CUDA_SUCCESS)
+    if (device_get(&dev, device) != CUDA_SUCCESS ||
+        primary_state(dev, &flags, &active) != CUDA_SUCCESS)
         return true;
     return active != 0;
 }
@@ -149,7 +150,7 @@ int coll__cuda_device_of(const void *p)
         return -1;
     }
     return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? attr.device
-                                                                                    : -1;
+                                                                                   : -1;
 }
 
 void *coll__cuda_host_alloc(size_t nbytes)

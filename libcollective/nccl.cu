@@ -65,8 +65,8 @@ struct coll__nccl {
     bool aborted;       /* ncclCommAbort was called */
     bool watchdog_running;
     pthread_t watchdog;
-    ncclResult_t error; /* the asynchronous error the watchdog saw; ncclSuccess if none */
-    bool timed_out;     /* the watchdog aborted because an operation passed its deadline */
+    ncclResult_t error;  /* the asynchronous error the watchdog saw; ncclSuccess if none */
+    bool timed_out;      /* the watchdog aborted because an operation passed its deadline */
     nccl_event *pending; /* started operations not yet seen done, for the watchdog */
     char detail[DETAIL_LEN];
 };
