@@ -314,9 +314,20 @@ void coll__set_init_error(const char *fmt, ...) __attribute__((format(printf, 1,
 
 /* True when a CUDA device is usable in this process (cached after the first call). */
 bool coll__cuda_available(void);
-/* True when p is device (or managed) memory. Host memory and unknown pointers: false. */
-bool coll__cuda_is_device(const void *p);
-/* Pinned host memory (cudaMallocHost), or NULL. */
+/*
+ * The device ordinal p's device (or managed) memory lives on; -1 for host memory (pinned,
+ * registered or plain) and unknown pointers. Creates no CUDA context.
+ */
+int coll__cuda_device_of(const void *p);
+/*
+ * Makes `device` (which must have its context: a device memory lives on) current on the
+ * calling thread; *restore gets the device coll__cuda_leave() makes current again: the one
+ * that was, when it had a context (-1: none, so that none is created). Returns 0 or
+ * COLL_ECUDA (detail in err).
+ */
+int coll__cuda_enter(int device, int *restore, char *err, size_t errlen);
+void coll__cuda_leave(int restore);
+/* Pinned host memory (cudaMallocHost) on the current device's context, or NULL. */
 void *coll__cuda_host_alloc(size_t nbytes);
 void coll__cuda_host_free(void *p);
 /* Copies on `stream` and waits for it. Returns 0 or COLL_ECUDA (detail in err). */
@@ -361,11 +372,17 @@ int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int
                     int64_t deadline_ns, coll__nccl **out, char *err, size_t errlen);
 /*
  * Enqueues op on stream and records an event after it; *event is released by
- * coll__nccl_event_free(). Returns 0, COLL_ENCCL, COLL_ECUDA.
+ * coll__nccl_event_free() (before coll__nccl_destroy(), or after it). The watchdog aborts the
+ * communicator if the event has not fired by deadline_ns (INT64_MAX: never). Returns 0,
+ * -ETIMEDOUT (the enqueue itself did not finish in time), COLL_ENCCL, COLL_ECUDA.
  */
-int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **event, char *err,
-                     size_t errlen);
-/* Polls: 1 done, 0 pending, or COLL_ENCCL (async NCCL error) / COLL_ECUDA. */
+int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, int64_t deadline_ns,
+                     void **event, char *err, size_t errlen);
+/*
+ * Polls: 1 done, 0 pending, or -ETIMEDOUT (the watchdog found an operation past its deadline),
+ * COLL_EREMOTE (an asynchronous NCCL error from a peer), COLL_ENCCL (any other NCCL error or
+ * an abort), COLL_ECUDA.
+ */
 int coll__nccl_query(coll__nccl *n, void *event, char *err, size_t errlen);
 void coll__nccl_event_free(void *event);
 /* Makes `stream` wait for the event (cudaStreamWaitEvent). Returns 0 or COLL_ECUDA. */

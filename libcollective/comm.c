@@ -44,6 +44,7 @@ struct coll_request {
     int result;
     bool done;
     void *event;      /* nccl */
+    int64_t issued;   /* nccl: when it was enqueued, for messages */
     int64_t deadline; /* nccl */
     coll_request *next;
 };
@@ -449,7 +450,9 @@ static int issue(coll_comm *c, const coll__op *op, coll_request **out);
 
 /*
  * cpu backend with device buffers: copies them through one pinned host buffer that keeps the
- * send and receive buffers' relative position (so in-place stays in place).
+ * send and receive buffers' relative position (so in-place stays in place). The buffers'
+ * device is current on this thread meanwhile (a progress thread's is device 0 until then), so
+ * that the copies and a NULL stream are that device's and no context is made on another.
  */
 static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *culprit,
                       char *detail, size_t dlen)
@@ -458,9 +461,14 @@ static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *c
     op_bytes(c, op, &nin, &nout);
     const unsigned char *s = op->sendbuf;
     unsigned char *r = op->recvbuf;
-    bool ds = nin && coll__cuda_is_device(s), dr = nout && coll__cuda_is_device(r);
+    int sdev = nin ? coll__cuda_device_of(s) : -1, rdev = nout ? coll__cuda_device_of(r) : -1;
+    bool ds = sdev >= 0, dr = rdev >= 0;
     if (!ds && !dr)
         return coll__cpu_run(c->cpu, op, deadline, culprit, detail, dlen);
+    int restore;
+    int rc = coll__cuda_enter(ds ? sdev : rdev, &restore, detail, dlen);
+    if (rc < 0)
+        return rc;
 
     /* One span covering both device buffers when they overlap, else two regions. */
     bool overlap = ds && dr && !(s + nin <= r || r + nout <= s);
@@ -471,12 +479,13 @@ static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *c
         coll__cuda_host_free(c->stage);
         c->stage = coll__cuda_host_alloc(need);
         c->stage_bytes = c->stage ? need : 0;
-        if (!c->stage)
-            return -ENOMEM;
+        if (!c->stage) {
+            rc = -ENOMEM;
+            goto out;
+        }
     }
     unsigned char *h = c->stage;
     coll__op staged = *op;
-    int rc = 0;
     if (overlap) {
         staged.sendbuf = h + (s - lo);
         staged.recvbuf = h + (r - lo);
@@ -493,6 +502,8 @@ static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *c
         rc = coll__cpu_run(c->cpu, &staged, deadline, culprit, detail, dlen);
     if (rc == 0 && dr)
         rc = coll__cuda_copy(r, staged.recvbuf, nout, c->stream, detail, dlen);
+out:
+    coll__cuda_leave(restore);
     return rc;
 }
 
@@ -698,6 +709,17 @@ static int nccl_init(coll_comm *c, rdzv_client *store, int64_t deadline, char *e
                            errlen);
 }
 
+/*
+ * The evidence of an nccl failure: an asynchronous error from a peer counts as a broken
+ * connection to an unknown peer (a record its author left is adopted, else the rank that did
+ * not reach the operation is blamed); anything else as the failed call's own account.
+ */
+static coll__evidence nccl_evidence(const coll_comm *c, const coll_request *req, int rc)
+{
+    return evidence(c, &req->op, req->k, rc,
+                    rc == COLL_EREMOTE ? COLL__EV_CLOSED : COLL__EV_TIMEOUT, -1);
+}
+
 /* Enqueues the operation on the stream; a failure to enqueue completes the request failed. */
 static void nccl_submit(coll_comm *c, coll_request *req)
 {
@@ -707,41 +729,50 @@ static void nccl_submit(coll_comm *c, coll_request *req)
     req->k = c->ncoll;
     if (is_collective(req->op.kind))
         c->ncoll++;
+    req->issued = rdzv__now_ns();
     req->deadline = rdzv__deadline_ns(c->opts.timeout_ms);
-    int rc = c->sticky ? c->sticky
-                       : coll__nccl_start(c->nccl, &req->op, c->stream, &req->event, detail,
-                                          sizeof detail);
+    int sticky = c->sticky;
+    int rc = sticky ? sticky
+                    : coll__nccl_start(c->nccl, &req->op, c->stream, req->deadline, &req->event,
+                                       detail, sizeof detail);
     pthread_mutex_unlock(&c->lock);
-    if (rc < 0 && !c->sticky)
-        fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1), detail,
-             rdzv__now_ns());
+    if (rc < 0 && !sticky)
+        rc = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, req->issued);
     if (rc < 0) {
         req->result = rc;
         req->done = true;
     }
 }
 
-/* Polls the request's event: 1 done (req->result set), 0 pending. */
+/*
+ * Polls the request's event: 1 done (req->result set), 0 pending. Once the communicator has
+ * failed, every pending request completes with that first failure, as cpu's queued ones do
+ * (NCCL's aborted kernels end early and their events fire: not a result).
+ */
 static int nccl_check(coll_request *req)
 {
     coll_comm *c = req->comm;
     char detail[256] = "";
     if (atomic_load(&c->aborted)) {
-        /* Aborted kernels end early and their events fire: not a result. */
         req->result = -ECANCELED;
+        return 1;
+    }
+    pthread_mutex_lock(&c->lock);
+    int sticky = c->sticky;
+    pthread_mutex_unlock(&c->lock);
+    if (sticky) {
+        req->result = sticky;
         return 1;
     }
     int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
     if (rc < 0) {
-        req->result =
-            fail(c, &req->op, req->seq, evidence(c, &req->op, req->k, rc, COLL__EV_TIMEOUT, -1),
-                 detail, rdzv__now_ns());
+        req->result = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, req->issued);
         return 1;
     }
     if (rc == 0 && rdzv__now_ns() >= req->deadline) {
-        req->result = fail(c, &req->op, req->seq,
-                           evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "",
-                           req->deadline - (int64_t)c->opts.timeout_ms * 1000000);
+        req->result =
+            fail(c, &req->op, req->seq,
+                 evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "", req->issued);
         return 1;
     }
     if (rc == 1)

@@ -3,7 +3,7 @@
  *
  * Always compiled, by the C compiler, with COLL_HAVE_CUDA and COLL_HAVE_NCCL set to 0 or 1 by
  * the build. coll_have_cuda() and coll_have_nccl() report them. Without CUDA, the staging
- * functions of cuda_stage.cu answer "no device" (false, NULL, -ENOTSUP); without NCCL, the
+ * functions of cuda_stage.cu answer "no device" (false, -1, NULL, -ENOTSUP); without NCCL, the
  * nccl.cu functions refuse to make a communicator (-ENOTSUP, "built without NCCL"), so no
  * handle, and hence no start or query, can ever reach the others. They never touch a GPU.
  */
@@ -40,10 +40,24 @@ bool coll__cuda_available(void)
     return false;
 }
 
-bool coll__cuda_is_device(const void *p)
+int coll__cuda_device_of(const void *p)
 {
     (void)p;
-    return false;
+    return -1;
+}
+
+int coll__cuda_enter(int device, int *restore, char *err, size_t errlen)
+{
+    (void)device;
+    *restore = -1;
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "built without CUDA");
+    return -ENOTSUP;
+}
+
+void coll__cuda_leave(int restore)
+{
+    (void)restore;
 }
 
 void *coll__cuda_host_alloc(size_t nbytes)
@@ -88,12 +102,13 @@ int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int
     return -ENOTSUP;
 }
 
-int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **event, char *err,
-                     size_t errlen)
+int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, int64_t deadline_ns,
+                     void **event, char *err, size_t errlen)
 {
     (void)n;
     (void)op;
     (void)stream;
+    (void)deadline_ns;
     (void)event;
     if (err != NULL && errlen > 0)
         snprintf(err, errlen, "built without NCCL");

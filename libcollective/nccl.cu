@@ -6,6 +6,12 @@
  * library; the extern "C" linkage of the coll__nccl_* functions comes from coll_internal.h.
  * It holds host code only (no kernels). It never prints; failures go to the caller's err buffer.
  *
+ * The watchdog also bounds every operation on the device: each started operation's event is
+ * listed with its deadline, and one still not done at its deadline aborts the communicator
+ * (which ends NCCL's kernels) and fails as -ETIMEDOUT. NCCL reports no error when a peer on the
+ * same host dies (its kernels spin on shared memory), so without this a host thread blocked in
+ * cudaStreamSynchronize() behind such an operation would wait forever.
+ *
  * The communicator is created non-blocking (config.blocking = 0), so every NCCL call may return
  * ncclInProgress, after which the communicator's state is polled with ncclCommGetAsyncError
  * until it leaves ncclInProgress, as NCCL's documentation prescribes; this is what lets init be
@@ -43,6 +49,8 @@
 #define WATCHDOG_PERIOD_MS 100
 #define DETAIL_LEN 512
 
+typedef struct nccl_event nccl_event;
+
 struct coll__nccl {
     ncclComm_t comm; /* NULL once aborted or destroyed; guarded by mu */
     int device;
@@ -57,15 +65,25 @@ struct coll__nccl {
     bool aborted;       /* ncclCommAbort was called */
     bool watchdog_running;
     pthread_t watchdog;
-    ncclResult_t error; /* the asynchronous error the watchdog saw; ncclSuccess if none */
+    ncclResult_t error;  /* the asynchronous error the watchdog saw; ncclSuccess if none */
+    bool timed_out;      /* the watchdog aborted because an operation passed its deadline */
+    nccl_event *pending; /* started operations not yet seen done, for the watchdog */
     char detail[DETAIL_LEN];
 };
 
-/* An operation's completion marker: the event, and the device it belongs to. */
-typedef struct nccl_event {
+/*
+ * An operation's completion marker: the event, the device it belongs to, and (while listed in
+ * n->pending, under n->mu) the deadline the watchdog holds it to.
+ */
+struct nccl_event {
     cudaEvent_t ev;
     int device;
-} nccl_event;
+    enum coll__kind kind;
+    int64_t deadline_ns;
+    coll__nccl *n;                  /* NULL once the communicator is destroyed */
+    bool listed;                    /* in n->pending */
+    struct nccl_event *prev, *next; /* n->pending */
+};
 
 /* ------------------------------------------------------------------------------------------ */
 /* Errors                                                                                      */
@@ -238,15 +256,91 @@ static void abort_locked(coll__nccl *n)
     pthread_cond_broadcast(&n->cv);
 }
 
+/*
+ * NCCL's results for a failure outside this process: a peer's connection broke or it reported
+ * an error (ncclRemoteError), or a socket or system call failed talking to it (ncclSystemError).
+ */
+static bool remote_error(ncclResult_t r)
+{
+    return r == ncclRemoteError || r == ncclSystemError;
+}
+
+/*
+ * What an operation of an aborted communicator fails with (by the watchdog on an NCCL error or
+ * a deadline, by coll__nccl_abort() or by a timed-out enqueue), or 0 while it is not aborted;
+ * caller holds n->mu. Past a deadline it is -ETIMEDOUT and after an asynchronous error from a
+ * peer COLL_EREMOTE, so that the caller settles which rank to blame; otherwise COLL_ENCCL.
+ */
+static int failed_locked(const coll__nccl *n, char *err, size_t errlen)
+{
+    if (n->timed_out) {
+        put_err(err, errlen, "%s", n->detail);
+        return -ETIMEDOUT;
+    }
+    if (n->error != ncclSuccess) {
+        put_err(err, errlen, "%s", n->detail);
+        return remote_error(n->error) ? COLL_EREMOTE : COLL_ENCCL;
+    }
+    if (n->aborted || n->comm == NULL) {
+        put_err(err, errlen, "the NCCL communicator was aborted");
+        return COLL_ENCCL;
+    }
+    return 0;
+}
+
+/* Takes ev off n->pending; caller holds n->mu. */
+static void unlist_locked(coll__nccl *n, nccl_event *ev)
+{
+    if (!ev->listed)
+        return;
+    if (ev->prev != NULL)
+        ev->prev->next = ev->next;
+    else
+        n->pending = ev->next;
+    if (ev->next != NULL)
+        ev->next->prev = ev->prev;
+    ev->prev = ev->next = NULL;
+    ev->listed = false;
+}
+
+/*
+ * The watchdog's look at the pending operations; caller holds n->mu. Drops those done; aborts
+ * the communicator when one is still running at its deadline.
+ */
+static void check_deadlines_locked(coll__nccl *n)
+{
+    int64_t now = rdzv__now_ns();
+    nccl_event *ev = n->pending;
+
+    while (ev != NULL && n->comm != NULL) {
+        nccl_event *next = ev->next;
+        cudaError_t e = cudaEventQuery(ev->ev);
+
+        if (e == cudaSuccess) {
+            unlist_locked(n, ev);
+        } else if (e != cudaErrorNotReady) {
+            (void)cudaGetLastError(); /* coll__nccl_query() reports it to the waiter */
+        } else if (now >= ev->deadline_ns) {
+            n->timed_out = true;
+            put_err(n->detail, sizeof n->detail,
+                    "%s did not complete on the device by its deadline; the NCCL communicator "
+                    "was aborted",
+                    kind_label(ev->kind));
+            abort_locked(n);
+        }
+        ev = next;
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Watchdog                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
 /*
  * Every WATCHDOG_PERIOD_MS while the communicator lives: ask NCCL for an asynchronous error
- * (a peer's socket closed, a remote rank failed, ...). On one, record it and abort, which also
- * makes NCCL's kernels stop, so the stream does not hang on a dead peer. Exits after an abort or
- * when destroy sets stop.
+ * (a peer's socket closed, a remote rank failed, ...), and look for an operation past its
+ * deadline. On either, record it and abort, which also makes NCCL's kernels stop, so the stream
+ * does not hang on a dead peer. Exits after an abort or when destroy sets stop.
  */
 static void *watchdog_main(void *arg)
 {
@@ -269,8 +363,10 @@ static void *watchdog_main(void *arg)
         r = ncclCommGetAsyncError(n->comm, &state);
         if (r != ncclSuccess)
             state = r;
-        if (state == ncclSuccess || state == ncclInProgress)
+        if (state == ncclSuccess || state == ncclInProgress) {
+            check_deadlines_locked(n);
             continue;
+        }
         if (n->error == ncclSuccess) {
             n->error = state;
             nccl_fail(n->detail, sizeof n->detail, "NCCL asynchronous error (communicator aborted)",
@@ -515,6 +611,13 @@ void coll__nccl_destroy(coll__nccl *n)
     pthread_mutex_lock(&n->mu);
     comm = n->comm;
     n->comm = NULL;
+    /* Requests still holding events (not waited for) must not reach n once it is freed. */
+    while (n->pending != NULL) {
+        nccl_event *ev = n->pending;
+
+        unlist_locked(n, ev);
+        ev->n = NULL;
+    }
     pthread_mutex_unlock(&n->mu);
 
     if (comm != NULL) {
@@ -560,8 +663,8 @@ static ncclResult_t issue(coll__nccl *n, const coll__op *op, ncclDataType_t dt, 
     return ncclInvalidArgument;
 }
 
-int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **event, char *err,
-                     size_t errlen)
+int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, int64_t deadline_ns,
+                     void **event, char *err, size_t errlen)
 {
     cudaStream_t s = (cudaStream_t)stream;
     ncclDataType_t dt = ncclFloat32;
@@ -591,12 +694,9 @@ int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **eve
 
     pthread_mutex_lock(&n->mu);
     if (n->comm == NULL) {
-        if (n->error != ncclSuccess)
-            put_err(err, errlen, "%s", n->detail);
-        else
-            put_err(err, errlen, "the NCCL communicator was aborted");
+        ret = failed_locked(n, err, errlen);
         pthread_mutex_unlock(&n->mu);
-        return COLL_ENCCL;
+        return ret;
     }
     r = issue(n, op, dt, ro, s);
     if (r == ncclInProgress) {
@@ -629,7 +729,11 @@ int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **eve
         put_err(err, errlen, "out of memory");
         return -ENOMEM;
     }
+    memset(ev, 0, sizeof *ev);
     ev->device = n->device;
+    ev->kind = op->kind;
+    ev->deadline_ns = deadline_ns;
+    ev->n = n;
     e = cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         free(ev);
@@ -641,36 +745,37 @@ int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, void **eve
         free(ev);
         return cuda_fail(err, errlen, "cudaEventRecord", e);
     }
+    /* From now on the watchdog holds the operation to its deadline. */
+    pthread_mutex_lock(&n->mu);
+    ev->next = n->pending;
+    if (n->pending != NULL)
+        n->pending->prev = ev;
+    n->pending = ev;
+    ev->listed = true;
+    pthread_mutex_unlock(&n->mu);
     *event = ev;
     return 0;
 }
 
 /*
- * Once the communicator is aborted (by the watchdog on an NCCL error, by coll__nccl_abort() or
- * by a timed-out enqueue) every operation still queried fails, even one whose event fired:
- * NCCL's kernels end early when aborted, so a fired event then proves nothing.
+ * Once the communicator is aborted, every operation still queried fails, even one whose event
+ * fired: NCCL's kernels end early when aborted, so a fired event then proves nothing.
  */
 int coll__nccl_query(coll__nccl *n, void *event, char *err, size_t errlen)
 {
     nccl_event *ev = (nccl_event *)event;
     cudaError_t e;
+    int ret;
 
     if (n == NULL || ev == NULL) {
         put_err(err, errlen, "invalid argument");
         return -EINVAL;
     }
     pthread_mutex_lock(&n->mu);
-    if (n->error != ncclSuccess) {
-        put_err(err, errlen, "%s", n->detail);
-        pthread_mutex_unlock(&n->mu);
-        return COLL_ENCCL;
-    }
-    if (n->aborted) {
-        put_err(err, errlen, "the NCCL communicator was aborted");
-        pthread_mutex_unlock(&n->mu);
-        return COLL_ENCCL;
-    }
+    ret = failed_locked(n, err, errlen);
     pthread_mutex_unlock(&n->mu);
+    if (ret < 0)
+        return ret;
 
     e = use_device(ev->device);
     if (e != cudaSuccess)
@@ -689,6 +794,11 @@ void coll__nccl_event_free(void *event)
 
     if (ev == NULL)
         return;
+    if (ev->n != NULL) {
+        pthread_mutex_lock(&ev->n->mu);
+        unlist_locked(ev->n, ev);
+        pthread_mutex_unlock(&ev->n->mu);
+    }
     if (use_device(ev->device) == cudaSuccess)
         (void)cudaEventDestroy(ev->ev);
     (void)cudaGetLastError();
