@@ -128,7 +128,7 @@ extern "C" int mlp_cuda_open(int device, void **stream, char *name, size_t cap)
     CK(cudaGetDeviceProperties(&prop, device));
     if (name && cap)
         snprintf(name, cap, "%s", prop.name);
-    /* A GPU that nvcc built no kernels for (the -gencode list of worker/meson.build) would
+    /* A GPU that nvcc built no kernels for (-Dgpu_arch, see libcollective/meson.build) would
        fail at the first launch with CUDA's terse "no kernel image"; say which GPU, up front. */
     cudaFuncAttributes fa;
     cudaError_t e = cudaFuncGetAttributes(&fa, fill_kernel<float>);
