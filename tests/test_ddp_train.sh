@@ -73,8 +73,8 @@ expect_exit 1 "rank 0 has no GPU" env CUDA_VISIBLE_DEVICES= "$DDPRUN" --standalo
 [[ $(grep -c "backend nccl" "$tmp/err") -eq 1 ]] ||
     fail "--backend nccl without a GPU on two ranks: not one message"
 
-# Alone, then two ranks: 20 SGD steps, a loss every 5, metrics as JSON Lines.
-common=(--max-steps 20 --log-every 5 --optimizer sgd --lr 0.05 --warmup 0)
+# Alone, then two ranks, on the host: 20 SGD steps, a loss every 5, metrics as JSON Lines.
+common=(--device cpu --max-steps 20 --log-every 5 --optimizer sgd --lr 0.05 --warmup 0)
 expect_exit 0 "test accuracy" "$TRAIN" "${common[@]}" --metrics "$tmp/w1.jsonl" \
     --dump-init "$tmp/init.safetensors" --dump-batches "$tmp/batches.safetensors"
 expect_exit 0 "test accuracy" "$DDPRUN" --standalone --nproc-per-node 2 "$TRAIN" \
