@@ -60,16 +60,21 @@ expect_exit 1 "global batch \(255\) must be a multiple of world size x --grad-ac
 
 # The device (ddp-train(1), GPUS), with every GPU hidden so that it goes alike with or without
 # CUDA or a GPU: --device cuda is an error naming the flag, and so is --backend nccl without a
-# GPU; auto trains on the CPU (below, the first line names OpenBLAS's kernels).
+# GPU, decided for the whole job: on two ranks both exit 1 and rank 0 alone names the first rank
+# without one; auto trains on the CPU (below, the first line names OpenBLAS's kernels).
 expect_exit 1 "--device: unknown device 'gpu'" "$TRAIN" --device gpu
 expect_exit 1 "--device cuda: (no CUDA device is visible|ddp-train was built without CUDA)" \
     env CUDA_VISIBLE_DEVICES= "$TRAIN" --device cuda
 expect_exit 1 "--backend nccl needs --device cuda" "$TRAIN" --device cpu --backend nccl
-expect_exit 1 "--backend nccl needs a GPU \(--device auto found none\)" \
+expect_exit 1 "^ddp-train: --backend nccl: rank 0 has no GPU; use --backend auto or cpu$" \
     env CUDA_VISIBLE_DEVICES= "$TRAIN" --backend nccl
+expect_exit 1 "rank 0 has no GPU" env CUDA_VISIBLE_DEVICES= "$DDPRUN" --standalone \
+    --nproc-per-node 2 --no-prefix "$TRAIN" --backend nccl
+[[ $(grep -c "backend nccl" "$tmp/err") -eq 1 ]] ||
+    fail "--backend nccl without a GPU on two ranks: not one message"
 
-# Alone, then two ranks: 20 SGD steps, a loss every 5, metrics as JSON Lines.
-common=(--max-steps 20 --log-every 5 --optimizer sgd --lr 0.05 --warmup 0)
+# Alone, then two ranks, on the host: 20 SGD steps, a loss every 5, metrics as JSON Lines.
+common=(--device cpu --max-steps 20 --log-every 5 --optimizer sgd --lr 0.05 --warmup 0)
 expect_exit 0 "test accuracy" "$TRAIN" "${common[@]}" --metrics "$tmp/w1.jsonl" \
     --dump-init "$tmp/init.safetensors" --dump-batches "$tmp/batches.safetensors"
 expect_exit 0 "test accuracy" "$DDPRUN" --standalone --nproc-per-node 2 "$TRAIN" \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ddp-train's progress bar: with standard error a terminal (a pseudo-terminal from script(1) of
 # util-linux), rank 0 rewrites one bar in place (ddp-train(1), OUTPUT) instead of writing a line
-# per report. Six steps alone, a report every two: the bars of steps 2, 4 and 6 on one line,
-# each with its fill, step, epoch, loss, samples/s and ETA, then the epoch's line clearing it.
+# per report. Six steps alone on the host, a report every two: the bars of steps 2, 4 and 6 on
+# one line, each with its fill, step, epoch, loss, samples/s and ETA, then the epoch's line
+# clearing it.
 # Usage: test_ddp_train_tty.sh DDP_TRAIN
 # Exit: 0 pass, 1 fail, 77 skipped (no script(1), or Fashion-MNIST is not installed).
 set -uo pipefail
@@ -21,7 +22,7 @@ bad() {
 
 # script -e: its exit status is the command's; -c runs the command on the pseudo-terminal, whose
 # output (stdout and stderr alike, lines ending \r\n) comes out on script's standard output.
-timeout 60 script -qec "$(printf '%q ' "$TRAIN" --max-steps 6 --log-every 2)" /dev/null \
+timeout 60 script -qec "$(printf '%q ' "$TRAIN" --device cpu --max-steps 6 --log-every 2)" /dev/null \
     </dev/null >"$out"
 st=$?
 [[ $st -eq 0 ]] || bad "ddp-train under script exited $st"

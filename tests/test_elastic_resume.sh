@@ -41,8 +41,8 @@ start() {
   ip netns exec "${nodes[$i]}" env DDP_TRAIN_TEST_KILL="${3:-}" "$ddprun" --nnodes 2:3 \
     --rdzv-backend c10d --rdzv-endpoint "${addr[0]}:$port" --rdzv-id "$name$tag" \
     --rdzv-conf last_call_timeout=2 --nproc-per-node 1 --max-restarts 1 \
-    "$train" --zero 2 --hidden 128 --global-batch 384 --micro-batch 64 --epochs 2 --timeout-ms 10000 \
-    --checkpoint-dir "$tmp/ck-$name" --checkpoint-every 40 --resume auto \
+    "$train" --device cpu --zero 2 --hidden 128 --global-batch 384 --micro-batch 64 --epochs 2 \
+    --timeout-ms 10000 --checkpoint-dir "$tmp/ck-$name" --checkpoint-every 40 --resume auto \
     >"$tmp/$name.$i" 2>&1 &
   pids[$i]=$!
 }

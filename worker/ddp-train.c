@@ -57,6 +57,7 @@
 #include "monoclock.h"
 #include "rdzv.h"
 #include "safetensors.h"
+#include "train_backend.h"
 #include "train_state.h"
 #include "version.h"
 
@@ -195,9 +196,10 @@ static const cli_option opt_table[] = {
      "auto|cpu|nccl",
      DEF_BACKEND,
      0,
-     "libcollective backend. With --device cuda, auto takes nccl when every rank of the host "
-     "has a GPU of its own, else cpu (device buffers staged through host memory: NCCL allows "
-     "one rank per GPU). With --device cpu, cpu."},
+     "libcollective backend. auto takes nccl when every rank of the job computes on a GPU no "
+     "other rank uses (the ranks compare their GPUs' UUIDs) and has NCCL, else cpu (device "
+     "buffers staged through host memory: NCCL allows one rank per GPU); nccl where that does "
+     "not hold is an error."},
     {OPT_OPTIMIZER, {"--optimizer"}, "sgd|adamw", DEF_OPTIMIZER, 0, "The optimizer."},
     {OPT_LR, {"--lr"}, "LR", STR(DEF_LR), 0, "Peak learning rate."},
     {OPT_MOMENTUM, {"--momentum"}, "M", STR(DEF_MOMENTUM), 0, "SGD momentum (0: none)."},
@@ -692,6 +694,7 @@ struct trainer {
     /* The device: -1 (the host) or a CUDA device ordinal, with its compute stream. */
     int device;
     coll_backend backend;
+    char backend_why[160]; /* why auto took the cpu backend (train_backend.h), or "" */
     void *stream;
     char gpu_name[256];
     const compute_ops *ops;
@@ -1010,60 +1013,71 @@ static void metrics_write(trainer *t, json_t *rec)
 /* ------------------------------------------------------------------------------------------ */
 
 /*
- * This rank's device and backend (ddp-train(1), DEVICES): --device cpu, or auto without a GPU,
- * is the host and the cpu backend; otherwise GPU LOCAL_RANK modulo the GPUs, made current with
- * a compute stream of its own, and nccl when each rank of the host has a GPU of its own (and
- * NCCL is built), else the cpu backend on device buffers. Returns 0 or EXIT_USAGE/EXIT_FAIL
- * (printed).
+ * This rank's device (ddp-train(1), GPUS): --device cpu, or auto without a GPU, is the host;
+ * otherwise GPU LOCAL_RANK modulo the GPUs this process sees, made current with a compute
+ * stream of its own. Writes this rank's report for the backend decision into *me. Returns 0 or
+ * EXIT_USAGE/EXIT_FAIL (printed).
  */
-static int setup_device(trainer *t, const rdzv_env *env)
+static int setup_device(trainer *t, const rdzv_env *env, train_gpu_ident *me)
 {
     const train_args *a = &t->a;
+    memset(me, 0, sizeof *me);
+    me->has_nccl = coll_have_nccl();
     t->device = -1;
-    t->backend = COLL_BACKEND_CPU;
     int ndev = a->device == DEV_CPU ? 0 : mlp_cuda_device_count();
     if (a->device == DEV_CUDA && ndev == 0) {
         err("--device cuda: %s", mlp_cuda_built() ? "no CUDA device is visible to this process"
                                                   : "ddp-train was built without CUDA");
         return EXIT_USAGE;
     }
-    if (ndev == 0) {
-        if (a->backend == COLL_BACKEND_NCCL) {
-            err("--backend nccl needs a GPU (--device %s found none)",
-                a->device == DEV_CPU ? "cpu" : "auto");
-            return EXIT_USAGE;
-        }
+    if (ndev == 0)
         return 0;
-    }
-    int shared = env->local_world_size > ndev;
-    if (a->backend == COLL_BACKEND_NCCL && (!coll_have_nccl() || shared)) {
-        if (!coll_have_nccl())
-            err("--backend nccl: libcollective was built without NCCL");
-        else
-            err("--backend nccl: %d ranks on this host share %d GPU%s, and NCCL allows one rank "
-                "per GPU (use --backend cpu)",
-                env->local_world_size, ndev, ndev == 1 ? "" : "s");
-        return EXIT_USAGE;
-    }
     t->device = env->local_rank % ndev;
-    t->backend = a->backend == COLL_BACKEND_NCCL ||
-                         (a->backend == COLL_BACKEND_AUTO && coll_have_nccl() && !shared)
-                     ? COLL_BACKEND_NCCL
-                     : COLL_BACKEND_CPU;
-    if (mlp_cuda_open(t->device, &t->stream, t->gpu_name, sizeof t->gpu_name) < 0) {
+    if (mlp_cuda_open(t->device, &t->stream, t->gpu_name, sizeof t->gpu_name) < 0 ||
+        mlp_cuda_device_uuid(t->device, me->uuid) < 0) {
         err("rank %d: GPU %d: %s", t->rank, t->device, mlp_cuda_last_error());
         return EXIT_FAIL;
     }
+    me->has_gpu = 1;
     return 0;
 }
 
 /*
- * The store, the device and the communicators. Returns 0, EXIT_USAGE or EXIT_FAIL (printed).
+ * The backend of libddp's communicator, decided alike on every rank: the ranks allgather their
+ * reports over the cpu communicator and each applies train_backend_decide() to all of them.
+ * Returns 0 or EXIT_USAGE/EXIT_FAIL (printed; --backend nccl where it cannot run fails on every
+ * rank, rank 0 saying why).
+ */
+static int agree_backend(trainer *t, const train_gpu_ident *me)
+{
+    train_gpu_ident *all = calloc((size_t)t->world, sizeof *all);
+    if (!all) {
+        err("rank %d: out of memory", t->rank);
+        return EXIT_FAIL;
+    }
+    int status = 0;
+    int rc = coll_allgather(t->hcomm, me, all, sizeof *me, COLL_U8);
+    if (rc < 0) {
+        err("rank %d: exchanging the GPUs' identities: %s: %s", t->rank, coll_strerror(rc),
+            coll_last_error(t->hcomm));
+        status = EXIT_FAIL;
+    } else if (train_backend_decide(t->a.backend, all, t->world, &t->backend, t->backend_why,
+                                    sizeof t->backend_why) < 0) {
+        if (t->rank == 0)
+            err("--backend nccl: %s; use --backend auto or cpu", t->backend_why);
+        status = EXIT_USAGE;
+    }
+    free(all);
+    return status;
+}
+
+/*
+ * The store, the device and the communicators: the cpu one first (hcomm), through which the
+ * ranks agree on the backend, then libddp's (comm): the same one, or an nccl one beside it.
+ * Returns 0, EXIT_USAGE or EXIT_FAIL (printed).
  */
 static int connect_job(trainer *t)
 {
-    /* The store only (kept, and the private one of a job of one): the device decides the
-     * backend of the communicators below. */
     coll_env_options eo;
     coll_env_options_init(&eo);
     eo.name = "ddp-train";
@@ -1079,8 +1093,6 @@ static int connect_job(trainer *t)
     t->world = job.env.world_size;
     t->store = job.store; /* trainer_free() releases both */
     t->own_store = job.server;
-    if ((rc = setup_device(t, &job.env)) != 0)
-        return rc;
     char prefix[sizeof job.prefix + 8];
     snprintf(prefix, sizeof prefix, "%s", job.prefix);
     coll_options opts;
@@ -1088,20 +1100,27 @@ static int connect_job(trainer *t)
     opts.timeout_ms = t->a.timeout_ms;
     opts.log = ddp_log;
     opts.log_arg = &t->rank;
-    rc = coll_comm_init(t->store, prefix, t->rank, t->world, t->backend,
-                        t->backend == COLL_BACKEND_NCCL ? t->device : -1, &opts, &t->comm);
-    t->hcomm = t->comm;
-    if (rc == 0 && t->backend == COLL_BACKEND_NCCL) {
-        /* NCCL reduces device buffers only: the trainer's own sums go through a cpu one. */
+    const char *which = "cpu";
+    rc =
+        coll_comm_init(t->store, prefix, t->rank, t->world, COLL_BACKEND_CPU, -1, &opts, &t->hcomm);
+    if (rc == 0) {
+        t->comm = t->hcomm;
+        train_gpu_ident me;
+        int status = setup_device(t, &job.env, &me);
+        if (status == 0)
+            status = agree_backend(t, &me);
+        if (status != 0 || t->backend != COLL_BACKEND_NCCL)
+            return status;
+        /* NCCL reduces device buffers only: the trainer's own sums stay on the cpu one. */
+        which = "nccl";
         size_t len = strlen(prefix);
-        snprintf(prefix + len, sizeof prefix - len, "/host");
-        rc = coll_comm_init(t->store, prefix, t->rank, t->world, COLL_BACKEND_CPU, -1, &opts,
-                            &t->hcomm);
+        snprintf(prefix + len, sizeof prefix - len, "/nccl");
+        rc = coll_comm_init(t->store, prefix, t->rank, t->world, COLL_BACKEND_NCCL, t->device,
+                            &opts, &t->comm);
     }
     if (rc < 0) {
-        err("rank %d: cannot create the %s communicator: %s: %s", t->rank,
-            t->comm ? "host's cpu" : coll_backend_name(t->backend), coll_strerror(rc),
-            coll_last_error(NULL));
+        err("rank %d: cannot create the %s communicator: %s: %s", t->rank, which,
+            coll_strerror(rc), coll_last_error(NULL));
         return EXIT_FAIL;
     }
     return 0;
@@ -1794,10 +1813,11 @@ int main(int argc, char **argv)
         for (int l = 0; l < t.a.layers && len < (int)sizeof shape - 16; l++)
             len += snprintf(shape + len, sizeof shape - len, "-%d", t.a.hidden);
         snprintf(shape + len, sizeof shape - len, "-10");
-        char where[400];
+        char where[512];
         if (t.device >= 0)
-            snprintf(where, sizeof where, "GPU %d %s, %s backend", t.device, t.gpu_name,
-                     coll_backend_name(t.backend));
+            snprintf(where, sizeof where, "GPU %d %s, %s backend%s%s%s", t.device, t.gpu_name,
+                     coll_backend_name(t.backend), t.backend_why[0] ? " (" : "", t.backend_why,
+                     t.backend_why[0] ? ")" : "");
         else
             snprintf(where, sizeof where, "OpenBLAS %s kernels", mlp_blas_core());
         fprintf(stderr,

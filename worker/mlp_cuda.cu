@@ -144,6 +144,17 @@ extern "C" int mlp_cuda_open(int device, void **stream, char *name, size_t cap)
     return 0;
 }
 
+extern "C" int mlp_cuda_device_uuid(int device, uint8_t uuid[16])
+{
+    if (device < 0 || !uuid)
+        return fail(-EINVAL, "device %d: bad argument", device);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, device));
+    static_assert(sizeof prop.uuid.bytes == 16, "a CUDA UUID is 16 bytes");
+    memcpy(uuid, prop.uuid.bytes, 16);
+    return 0;
+}
+
 extern "C" void mlp_cuda_close(void *stream)
 {
     if (!stream)

@@ -59,6 +59,13 @@ const char *mlp_cuda_last_error(void);
  */
 int mlp_cuda_open(int device, void **stream, char *name, size_t cap);
 
+/*
+ * Writes the 16 bytes of `device`'s UUID (cudaDeviceProp.uuid: the bytes of nvidia-smi's
+ * "GPU-..." name, unique across hosts) into uuid[16]. Returns 0, -EINVAL, -ENOTSUP (no CUDA in
+ * the build) or COLL_ECUDA.
+ */
+int mlp_cuda_device_uuid(int device, uint8_t uuid[16]);
+
 /* Waits for the stream and destroys it. NULL is a no-op. */
 void mlp_cuda_close(void *stream);
 

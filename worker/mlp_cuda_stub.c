@@ -30,6 +30,12 @@ int mlp_cuda_open(int device, void **stream, char *name, size_t cap)
     return -ENOTSUP;
 }
 
+int mlp_cuda_device_uuid(int device, uint8_t uuid[16])
+{
+    (void)device, (void)uuid;
+    return -ENOTSUP;
+}
+
 void mlp_cuda_close(void *stream)
 {
     (void)stream;

@@ -54,7 +54,7 @@ expect() {
     ok "$(basename "$1") ${*:2} -> $want: $(grep -m1 -E -- "$pattern" "$tmp/out")"
 }
 
-common=(--max-steps 6 --global-batch 96 --hidden 99 --warmup 2 --log-every 3 --timeout-ms 30000)
+common=(--device cpu --max-steps 6 --global-batch 96 --hidden 99 --warmup 2 --log-every 3 --timeout-ms 30000)
 train() { # NAME WORLD ARGS...
     local name=$1 world=$2
     shift 2

@@ -13,7 +13,10 @@
 #     as in 1.
 #  4. Several ranks sharing one GPU (2 ranks on the first GPU: the cpu backend on device
 #     buffers, as NCCL allows one rank per GPU), every ZeRO stage, against world 1's losses on
-#     the same GPU within 1e-3 relative (the reduction adds in another order).
+#     the same GPU within 1e-3 relative (the reduction adds in another order). There
+#     --backend nccl fails (exit 1) naming the two ranks. With two GPUs or more and NCCL, each
+#     rank shown only its own GPU through CUDA_VISIBLE_DEVICES (as Slurm does): the ranks tell
+#     by the GPUs' UUIDs that none is shared and take NCCL, against world 1's losses likewise.
 #  5. A rank killed mid-step (DDP_TRAIN_TEST_KILL: rank 1 SIGKILLs itself after step 3): the
 #     survivor exits 2 naming rank 1 within the communicator's timeout plus a margin. With two
 #     GPUs or more the ranks use NCCL (libcollective's watchdog path), else the cpu backend on
@@ -123,6 +126,28 @@ for z in 0 1 2 3; do
     names+=("share-z$z")
 done
 compare cuda 1e-3 "${names[@]}" || fail "ranks sharing one GPU"
+if grep -q "nccl backend" "$tmp/cuda.log"; then
+    st=0
+    CUDA_VISIBLE_DEVICES=${gpus[0]} timeout 300 "$DDPRUN" --standalone --nproc-per-node 2 \
+        --no-prefix "$TRAIN" --device cuda --backend nccl "${steps[@]}" >"$tmp/share-nccl.log" \
+        2>&1 || st=$?
+    if [[ $st -ne 1 ]] || ! grep -q "nccl: ranks 0 and 1 use the same GPU" "$tmp/share-nccl.log"
+    then
+        fail "--backend nccl with 2 ranks on one GPU: exit $st, ranks 0 and 1 not named"
+        tail -5 "$tmp/share-nccl.log" >&2
+    fi
+fi
+if [[ $ngpu -ge 2 ]] && grep -q "nccl backend" "$tmp/cuda.log"; then
+    cat >"$tmp/own-gpu.sh" <<EOF
+#!/usr/bin/env bash
+gpus=(${gpus[*]:0:2})
+CUDA_VISIBLE_DEVICES=\${gpus[LOCAL_RANK]} exec $(printf %q "$TRAIN") "\$@"
+EOF
+    chmod +x "$tmp/own-gpu.sh"
+    TRAIN=$tmp/own-gpu.sh run own-gpu 2 --device cuda "${steps[@]}"
+    grep -q "nccl backend" "$tmp/own-gpu.log" || fail "a GPU shown to each rank: not nccl"
+    compare cuda 1e-3 own-gpu || fail "a GPU shown to each rank"
+fi
 
 # 5.
 exec {srv}< <(exec "$RDZV" serve --bind 127.0.0.1 --port 0 2>"$tmp/srv.err")

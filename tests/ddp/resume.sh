@@ -15,6 +15,7 @@
 #     is no checkpoint, exits 1 naming the setting or the file; so do option combinations
 #     that make no sense (--micro-batch with --grad-accum, --checkpoint-every without a
 #     directory, a --micro-batch that does not divide the global batch).
+# On the host (--device cpu), whatever GPU the machine has: bit for bit is the CPU's promise.
 # The schedule is constant (with warmup) because the legs' --max-steps differ: a cosine decay
 # spans the run's length, so a longer second leg would change every learning rate (ddp-train
 # warns about that on resume).
@@ -29,7 +30,7 @@ trap 'rm -rf "$tmp"' EXIT
 fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
-common=(--hidden 128 --global-batch 384 --micro-batch 64 --epochs 1 --schedule constant
+common=(--device cpu --hidden 128 --global-batch 384 --micro-batch 64 --epochs 1 --schedule constant
     --warmup 10 --optimizer adamw --lr 0.002)
 # train NAME WORLD ARGS...: a run under ddprun that must succeed; its stderr in $tmp/NAME.log.
 train() {

@@ -9,7 +9,7 @@
 #     manifest needs every rank's writer to be known done, which takes a collective rank 1
 #     never joins), so the restarted job ignores it with a line naming it and resumes from 100.
 # Same world size and stage, so both end with the uninterrupted run's parameters byte for byte
-# (--dump-final) and its accuracy. The kill is deterministic: ddp-train's test-only
+# (--dump-final) and its accuracy, on the host (--device cpu) whatever GPU the machine has. The kill is deterministic: ddp-train's test-only
 # DDP_TRAIN_TEST_KILL=RANK:STEP makes the rank raise SIGKILL at that step, on the first attempt
 # only. The time lost is the difference of the wall-clock times, printed (not asserted).
 # Usage: resume_kill.sh DDPRUN DDP_TRAIN. Exit 0 pass, 1 fail, 77 skip (no Fashion-MNIST).
@@ -27,7 +27,7 @@ run() {
     local name=$1 t0 st=0
     t0=$(date +%s%N)
     DDP_TRAIN_TEST_KILL=${2:-} timeout 120 "$DDPRUN" --standalone --nproc-per-node 2 \
-        --max-restarts 1 --no-prefix "$TRAIN" --hidden 128 --epochs 1 --zero 1 \
+        --max-restarts 1 --no-prefix "$TRAIN" --device cpu --hidden 128 --epochs 1 --zero 1 \
         --checkpoint-dir "$tmp/ck-$name" --checkpoint-every 50 --resume auto \
         --dump-final "$tmp/$name.st" >"$tmp/$name.log" 2>&1 || st=$?
     echo $((($(date +%s%N) - t0) / 1000000)) >"$tmp/$name.ms"

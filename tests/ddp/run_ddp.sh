@@ -6,7 +6,8 @@
 #     formulas (worlds 2 and 3: uneven padding), the overlap trace, and equivalence at the
 #     library's level (worlds 1-4: stages 0-3, SGD and AdamW, clipping, 1 or 4 micro-steps,
 #     against a serial double reference within 1e-5 relative; ddp-check.c says why);
-#  2. equivalence through ddp-train's per-step metrics (loss and gradient norm, 12 steps):
+#  2. equivalence through ddp-train's per-step metrics (loss and gradient norm, 12 steps, on the
+#     host: --device cpu, whatever GPU the machine has; tests/ddp/gpu.sh checks the GPU):
 #     worlds 1, 2 and 4 on the same global batch, ZeRO stages 0-3, SGD with momentum
 #     and AdamW with clipping, and 4 micro-steps x 64 against 1 x 256, all against world 1's
 #     stage 0 within 1e-5 relative (the reductions add in other orders: float32 sums of a few
@@ -43,7 +44,7 @@ for job in "misuse 2" "misuse 3" "layout 3" "nonfinite 3" "memory 2" "memory 3" 
 done
 
 # 2. Equivalence: metrics of every configuration against the reference.
-common=(--max-steps 12 --log-every 1 --global-batch 256 --hidden 128 --warmup 2 --clip 1.0)
+common=(--device cpu --max-steps 12 --log-every 1 --global-batch 256 --hidden 128 --warmup 2 --clip 1.0)
 run() { # NAME WORLD ARGS...
     local name=$1 world=$2
     shift 2
@@ -95,7 +96,7 @@ for r in 0 1 2; do
     [[ $r -eq 2 ]] && bound=()
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$W LOCAL_RANK=$r \
         LOCAL_WORLD_SIZE=$W TORCHELASTIC_RUN_ID=kill \
-        ${bound[@]+"${bound[@]}"} "$TRAIN" --epochs 1000 --log-every 1 --global-batch 240 \
+        ${bound[@]+"${bound[@]}"} "$TRAIN" --device cpu --epochs 1000 --log-every 1 --global-batch 240 \
         --hidden 64 --timeout-ms "$timeout_ms" >"$tmp/kill$r.out" 2>"$tmp/kill$r.err" &
     pids+=($!)
     kpid[$r]=$!

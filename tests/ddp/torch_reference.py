@@ -34,8 +34,9 @@ on the machine. On an Emerald Rapids Xeon, seed 7's AdamW run at world 1 met suc
 step 7 with OpenBLAS's Prescott kernels and drifted to 4e-3 by step 28, while the Haswell
 kernels on the same machine stay within 3e-5 for all 50 steps (as on the AMD EPYC machines,
 whose kernels are Haswell's). So that the test checks the same arithmetic on every machine CI
-may run on, ddp-train runs with OpenBLAS's Haswell kernels (OPENBLAS_CORETYPE, on any CPU with
-AVX2; an explicit OPENBLAS_CORETYPE is kept). libddp's own kernels still dispatch by CPU as
+may run on, ddp-train runs on the host (--device cpu, whatever GPU the machine has) with
+OpenBLAS's Haswell kernels (OPENBLAS_CORETYPE, on any CPU with AVX2; an explicit
+OPENBLAS_CORETYPE is kept). libddp's own kernels still dispatch by CPU as
 usual (test_ddp_optim covers each set).
 
 Usage: torch_reference.py DDPRUN DDP_TRAIN
@@ -61,8 +62,8 @@ STEPS = 50
 LOSS_TOL, NORM_TOL = 2e-4, 1e-3  # relative, per step; see the header
 
 # (name, world, ddp-train flags); every run also gets COMMON.
-COMMON = ["--max-steps", str(STEPS), "--log-every", "1", "--schedule", "cosine",
-          "--warmup", "10", "--clip", "1.0", "--global-batch", "128", "--hidden", "256",
+COMMON = ["--device", "cpu", "--max-steps", str(STEPS), "--log-every", "1", "--schedule",
+          "cosine", "--warmup", "10", "--clip", "1.0", "--global-batch", "128", "--hidden", "256",
           "--seed", "7"]
 SGD = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "5e-4"]
 ADAMW = ["--optimizer", "adamw", "--lr", "2e-3", "--weight-decay", "0.05"]
