@@ -2,7 +2,8 @@
  * Where libddp's memory lives and what runs on it: a table of operations chosen once, when the
  * model is created (host: optim.c's kernels and libc, ops_host.c; CUDA: kernels on the compute
  * stream, ddp_cuda.cu). ddp.c calls through the table and never asks which one it has, except
- * to decide whether a request is waited for on the host or by a stream.
+ * to decide whether a request is waited for on the host or by a stream, and whether an
+ * exchange of host values needs page-locked host memory besides the model's.
  *
  * Conventions: the pointers given to an operation are the model's memory as the table
  * allocated it (host or device). Every operation that returns an int returns 0 or a negative

@@ -115,24 +115,12 @@ for run in resume-w3z3 resume-w1z1; do
     grep -q "resuming from $tmp/ck/step-000000000078 at step 78 " "$tmp/$run.log" ||
         fail "$run: no line saying it resumes from step 78"
 done
-python3 - "$tmp/saved.st" "$tmp/w3.st" "$tmp/w1.st" <<'PY' || fail "parameters after a resharded load"
-import json, struct, sys
-def tensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        h = json.loads(f.read(n))
-        data = f.read()
-    h.pop("__metadata__", None)
-    return {k: (v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in h.items()}
-saved = tensors(sys.argv[1])
-for path in sys.argv[2:]:
-    got = tensors(path)
-    assert got.keys() == saved.keys(), (path, sorted(got))
-    for k in saved:
-        assert got[k] == saved[k], f"{path}: {k} differs from the saved values"
-print(f"  parameters loaded into the GPU at world 3 (ZeRO-3) and world 1 (ZeRO-1) = saved at"
-      f" world 2 (ZeRO-2): {len(saved)} tensors, byte for byte")
-PY
+if n=$(python3 "$(dirname "$0")/same_tensors.py" "$tmp/saved.st" "$tmp/w3.st" "$tmp/w1.st"); then
+    echo "  parameters loaded into the GPU at world 3 (ZeRO-3) and world 1 (ZeRO-1) = saved at" \
+        "world 2 (ZeRO-2): $n tensors, byte for byte"
+else
+    fail "parameters after a resharded load"
+fi
 ref=$(accuracy whole-w2z2)
 for run in resume-w3z3 resume-w1z1; do
     acc=$(accuracy $run)
