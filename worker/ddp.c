@@ -123,7 +123,7 @@ struct ddp_model {
     struct {
         unsigned char *buf;  /* the collective's buffer: model memory (device or host) */
         unsigned char *host; /* device: page-locked host memory; host: buf */
-        size_t cap, nout;
+        size_t cap;
         coll_request *req;
         const char *what;
     } xch;
@@ -645,10 +645,9 @@ int ddp__host_icoll_reserve(ddp_model *m, size_t nbytes)
     xch_release(m);
     const ddp__ops *o = m->ops;
     int rc = o->alloc(&m->dev, nbytes, (void **)&m->xch.buf);
+    m->xch.host = m->xch.buf;
     if (rc == 0 && o->is_device)
         rc = o->host_alloc(&m->dev, nbytes, (void **)&m->xch.host);
-    else
-        m->xch.host = m->xch.buf;
     if (rc < 0) {
         xch_release(m);
         return rc;
@@ -680,7 +679,6 @@ int ddp__host_icoll(ddp_model *m, enum ddp__host_kind kind, const void *in, size
     rc = run_icoll(m, kind, m->xch.buf + at, m->xch.buf, count, dt, op, &m->xch.req);
     if (rc < 0)
         return coll_failed(m, rc, what);
-    m->xch.nout = nout;
     m->xch.what = what;
     if (!o->is_device)
         return 0;
