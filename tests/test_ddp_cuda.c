@@ -509,6 +509,57 @@ START_TEST(nonfinite_skips)
 }
 END_TEST
 
+/*
+ * The asynchronous exchange's operations (ddp.c's ddp__host_icoll() without the collective):
+ * page-locked memory up to the device and back on the communication stream, behind the compute
+ * stream's work (to_comm), finished by comm_mark and comm_wait. The cast on the compute stream
+ * writes what goes down, so a copy not ordered after it, or a wait that does not wait for the
+ * copy, reads stale bytes (the host's pattern is set first and differs from the cast). The host
+ * table's trivial versions do the same.
+ */
+static void exchange_on(const ddp__ops *ops, ddp__dev *d, float *src, uint16_t *want)
+{
+    float *buf = NULL, *pin = NULL;
+    uint16_t *out16 = NULL, *pin16 = NULL;
+    OK(ops->alloc(d, N * 4, (void **)&buf));
+    OK(ops->alloc(d, N * 2, (void **)&out16));
+    OK(ops->host_alloc(d, N * 4, (void **)&pin));
+    OK(ops->host_alloc(d, N * 2, (void **)&pin16));
+    memcpy(pin, src, N * 4);
+    memset(pin16, 0xab, N * 2);
+    OK(ops->comm_copy(d, buf, pin, N * 4)); /* up, on the communication stream */
+    OK(ops->comm_mark(d));
+    OK(ops->comm_wait(d));
+    OK(ops->to_bf16(d, out16, buf, N, 0.5f)); /* on the compute stream */
+    OK(ops->to_comm(d));
+    OK(ops->comm_copy(d, pin16, out16, N * 2)); /* down, behind the cast */
+    OK(ops->comm_mark(d));
+    OK(ops->comm_wait(d));
+    ck_assert_msg(bit_diffs(pin16, want, N, 2) == 0, "%s: %zu elements differ",
+                  ops->is_device ? "device" : "host", bit_diffs(pin16, want, N, 2));
+    OK(ops->comm_copy(d, buf, pin, 0)); /* nothing to copy */
+    ops->host_release(d, pin);
+    ops->host_release(d, pin16);
+    ops->host_release(d, NULL);
+    ops->release(d, buf);
+    ops->release(d, out16);
+}
+
+START_TEST(comm_exchange)
+{
+    open_both();
+    float *src = malloc(N * 4);
+    uint16_t *want = malloc(N * 2);
+    fill(src, N, 7, 5.0f);
+    specials(src);
+    ddp__to_bf16(want, src, N, 0.5f);
+    exchange_on(dops, &dev, src, want);
+    exchange_on(&ddp__host_ops, &host, src, want);
+    free(src), free(want);
+    close_both();
+}
+END_TEST
+
 int main(void)
 {
     int ndev = 0;
@@ -538,6 +589,7 @@ int main(void)
     tcase_add_test(tc, adamw_plain);
     tcase_add_test(tc, adamw_wd_clip_bf16_resumed);
     tcase_add_test(tc, nonfinite_skips);
+    tcase_add_test(tc, comm_exchange);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

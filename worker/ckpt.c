@@ -14,16 +14,19 @@
  *  - collectives are issued by the training thread only, at points every rank reaches alike
  *    (the save, ddp_step()'s poll, ddp_checkpoint_wait(), the load); every decision that
  *    issues one is taken from a collective's result, so the ranks stay in step however fast
- *    their writers are. The writer thread touches only the snapshot, its files and its own
- *    result fields, which the training thread reads after `finished` is set;
+ *    their writers are. ddp_step()'s poll reads the result of the exchange the previous poll
+ *    issued (ddp__host_icoll()), so that the host need not wait for a device's queue; every
+ *    rank reads it at the same step. The writer thread touches only the snapshot, its files
+ *    and its own result fields, which the training thread reads after `finished` is set;
  *  - the writer thread, not the save, copies the owned state into the snapshot, first thing, so
  *    that the save returns at once; it only reads the model's memory. The state changes only in
  *    ddp_step()'s optimizer and in ddp_checkpoint_load() (forward and backward read the
  *    parameters, stages 1-2's allgather never writes a rank's own part): the optimizer waits
  *    for each group's copy before updating that group (ddp__ckpt_wait_group(); the thread
  *    copies in the optimizer's order), the load for the whole copy, so the snapshot is the
- *    state of the step the checkpoint names, bit for bit. ddp_model_free() joins the writer before
- * freeing that memory;
+ *    state of the step the checkpoint names, bit for bit (a device model's writer reads the
+ *    host copy the save downloaded, which only the load changes). ddp_model_free() joins the
+ *    writer before freeing that memory;
  *  - a failed write never breaks the model: it is kept and returned by the next save or wait,
  *    on every rank alike. A failed collective breaks it, as in ddp_step().
  */
@@ -100,7 +103,9 @@ int ddp__ckpt_map_range(const ddp__ckpt_manifest *mf, const ddp__plan *plan, siz
 /* State, helpers                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
-enum phase { IDLE, SHARDS, MANIFEST };
+/* A save in flight: its writers write the shards (SHARDS), their CRCs go to rank 0 (CRCS),
+ * rank 0's writer writes the manifest (MANIFEST). */
+enum phase { IDLE, SHARDS, CRCS, MANIFEST };
 
 #define COPIED_ALL INT_MAX /* ddp__ckpt_state.copied: no part of the model is read */
 
@@ -112,6 +117,7 @@ struct copy {
 
 struct ddp__ckpt_state {
     enum phase phase;
+    bool exchanging; /* the phase's exchange is in flight: the next advance() reads it */
     int64_t step;
     int keep;
     char root[PATH_MAX], dir[PATH_MAX], file[PATH_MAX];
@@ -655,33 +661,50 @@ static void save_failed(const ddp__model_view *v, struct ddp__ckpt_state *ck, in
     log_line(v, COLL_LOG_ERROR, ck->failed_msg);
 }
 
-/* Every rank's shard is written: their CRCs reach rank 0, which starts writing the manifest. */
-static int shards_written(ddp_model *m, const ddp__model_view *v, struct ddp__ckpt_state *ck)
+/* A rank's record in the gather of the shards' CRCs: rc and CRC, message, chunks' CRCs. */
+static size_t crc_record_bytes(const struct ddp__ckpt_state *ck)
 {
-    size_t rec = 16 + MSG_BYTES + ck->nchunks * 4;
-    unsigned char *all = malloc((size_t)v->world * rec), *mine = calloc(1, rec);
-    if (!all || !mine) {
-        free(all), free(mine);
-        return ddp__coll_failed(m, -ENOMEM, "checkpoint: gathering the shards' CRCs");
+    return 16 + MSG_BYTES + ck->nchunks * 4;
+}
+
+/*
+ * The exchange that moves the save on from its phase: SHARDS and MANIFEST, the allreduce (MIN)
+ * of every rank's (finished, rc); CRCS, the allgather of this rank's CRC record.
+ */
+static int exchange(ddp_model *m, struct ddp__ckpt_state *ck)
+{
+    if (ck->phase != CRCS) {
+        int fin = atomic_load(&ck->finished);
+        int64_t mine[2] = {fin, fin ? ck->rc : 0};
+        return ddp__host_icoll(m, DDP__HOST_ALLREDUCE, mine, 2, COLL_I64, COLL_MIN,
+                               "checkpoint: polling the writers");
     }
+    size_t rec = crc_record_bytes(ck);
+    unsigned char *mine = calloc(1, rec);
+    if (!mine)
+        return ddp__coll_failed(m, -ENOMEM, "checkpoint: gathering the shards' CRCs");
     int64_t head[2] = {ck->rc, ck->crc};
     memcpy(mine, head, 16);
     memcpy(mine + 16, ck->msg, MSG_BYTES);
     memcpy(mine + 16 + MSG_BYTES, ck->chunks, ck->nchunks * 4);
-    int rc = ddp__host_coll(m, DDP__HOST_ALLGATHER, mine, all, rec, COLL_U8, COLL_SUM,
-                            "checkpoint: gathering the shards' CRCs");
+    int rc = ddp__host_icoll(m, DDP__HOST_ALLGATHER, mine, rec, COLL_U8, COLL_SUM,
+                             "checkpoint: gathering the shards' CRCs");
     free(mine);
-    if (rc < 0) {
-        free(all);
-        return rc;
-    }
+    return rc;
+}
+
+/* Every rank's shard is written and its CRCs are in `all`: rank 0 starts the manifest. */
+static void shards_written(const ddp__model_view *v, struct ddp__ckpt_state *ck,
+                           const unsigned char *all)
+{
+    size_t rec = crc_record_bytes(ck);
+    int64_t head[2];
     for (int r = 0; r < v->world; r++) {
         memcpy(head, all + (size_t)r * rec, 16);
         if (head[0] < 0) {
             save_failed(v, ck, (int)head[0], "rank %d: %.*s", r, MSG_BYTES,
                         (const char *)all + (size_t)r * rec + 16);
-            free(all);
-            return 0;
+            return;
         }
     }
     if (v->rank == 0) {
@@ -715,50 +738,70 @@ static int shards_written(ddp_model *m, const ddp__model_view *v, struct ddp__ck
     } else {
         finish_job(ck, 0); /* only rank 0 writes the manifest */
     }
-    free(all);
     ck->phase = MANIFEST;
+}
+
+/* Waits for the exchange in flight and moves the save on from its result. */
+static int exchanged(ddp_model *m, const ddp__model_view *v, struct ddp__ckpt_state *ck)
+{
+    const void *res;
+    int rc = ddp__host_icoll_wait(m, &res);
+    if (rc < 0)
+        return rc;
+    if (ck->phase == CRCS) {
+        shards_written(v, ck, res);
+        return 0;
+    }
+    int64_t all[2];
+    memcpy(all, res, sizeof all);
+    if (all[0] == 0)
+        return 0; /* some rank's writer was still at work */
+    join_job(ck);
+    if (ck->phase == SHARDS) {
+        ck->phase = CRCS;
+        return 0;
+    }
+    if (ck->warn[0])
+        log_line(v, COLL_LOG_WARN, ck->warn);
+    if (all[1] < 0) {
+        save_failed(v, ck, (int)all[1], "rank 0: %s",
+                    v->rank == 0 ? ck->msg : strerror((int)-all[1]));
+    } else {
+        ck->phase = IDLE;
+        json_decref(ck->manifest);
+        ck->manifest = NULL;
+    }
     return 0;
 }
 
 /*
- * Moves an in-flight save on: one allreduce of every rank's (finished, rc); when every rank's
- * job has finished, the shards' CRCs are gathered and rank 0 starts the manifest (SHARDS), or
- * the save is complete (MANIFEST). `block`: this rank waits for its own job first, and this
- * repeats until the save is complete or failed. Returns 0 or a collective's failure.
+ * Moves an in-flight save on through its exchanges: the polls of the writers (SHARDS), the
+ * gather of the shards' CRCs, after which rank 0 starts the manifest (CRCS), the polls of rank
+ * 0's manifest writer (MANIFEST). Each exchange is issued by one call and its result read by
+ * the next, first thing (ddp_step()'s poll: the host finds it arrived, and every rank acts on
+ * the same result at the same step), which then issues the next unless the save is complete.
+ * `block`: exchanges follow one another, this rank joining its own job before each poll, until
+ * the save is complete or failed. Returns 0 or a collective's failure.
  */
 static int advance(ddp_model *m, const ddp__model_view *v, struct ddp__ckpt_state *ck, bool block)
 {
-    while (ck->phase != IDLE) {
-        if (block)
-            join_job(ck);
-        int fin = atomic_load(&ck->finished);
-        int64_t mine[2] = {fin, fin ? ck->rc : 0}, all[2];
-        int rc = ddp__host_coll(m, DDP__HOST_ALLREDUCE, mine, all, 2, COLL_I64, COLL_MIN,
-                                "checkpoint: polling the writers");
-        if (rc < 0)
-            return rc;
-        if (all[0] == 0)
-            return 0; /* some rank's writer is still at work (never when blocking) */
-        join_job(ck);
-        if (ck->phase == SHARDS) {
-            if ((rc = shards_written(m, v, ck)) < 0)
+    for (;;) {
+        int rc;
+        if (ck->exchanging) {
+            ck->exchanging = false;
+            if ((rc = exchanged(m, v, ck)) < 0)
                 return rc;
-        } else {
-            if (ck->warn[0])
-                log_line(v, COLL_LOG_WARN, ck->warn);
-            if (all[1] < 0) {
-                save_failed(v, ck, (int)all[1], "rank 0: %s",
-                            v->rank == 0 ? ck->msg : strerror((int)-all[1]));
-            } else {
-                ck->phase = IDLE;
-                json_decref(ck->manifest);
-                ck->manifest = NULL;
-            }
         }
+        if (ck->phase == IDLE)
+            return 0;
+        if (block && ck->phase != CRCS)
+            join_job(ck);
+        if ((rc = exchange(m, ck)) < 0)
+            return rc;
+        ck->exchanging = true;
         if (!block)
             return 0;
     }
-    return 0;
 }
 
 int ddp__ckpt_poll(ddp_model *m)
@@ -905,6 +948,11 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
             snprintf(msg, sizeof msg, "ddp_checkpoint_save: out of memory for the snapshot");
         }
     }
+    /* The exchanges' buffers (the CRCs' gather is the largest), kept from save to save. */
+    if (local == 0 &&
+        (local = ddp__host_icoll_reserve(m, (size_t)v.world * crc_record_bytes(ck))) < 0)
+        snprintf(msg, sizeof msg, "ddp_checkpoint_save: the buffers of the save's exchanges: %s",
+                 local == COLL_ECUDA ? ddp_last_error(m) : ddp_strerror(local));
     if (local == 0)
         file_layout(v.plan, pos, at);
     if (local == 0 && v.rank == 0) {

@@ -24,7 +24,8 @@
  *
  * Not here: checkpoints live in ckpt.c (this file only waits, before the optimizer, for an
  * asynchronous save's writer to have copied the state, polls the save after each step, through
- * ddp_internal.h, and joins its writer at free); device (CUDA) memory has its own issue; the
+ * ddp_internal.h, runs the small exchanges of host values the save needs (ddp__host_coll(),
+ * ddp__host_icoll()), and joins its writer at free); device (CUDA) memory has its own issue; the
  * ops are f32 on the host. Nothing is printed: the log hook gets skipped steps, the trace hook
  * timestamps.
  */
@@ -37,6 +38,7 @@
 #include "optim.h"
 #include "plan.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -117,6 +119,14 @@ struct ddp_model {
     int64_t steps;              /* optimizer steps taken (skipped ones excluded) */
     int64_t attempted;          /* ddp_step() calls, for the trace */
     struct ddp__ckpt_state *ck; /* checkpoints (ckpt.c): NULL until the first save */
+    /* ddp__host_icoll()'s exchange: buffers reserved once, its request while in flight. */
+    struct {
+        unsigned char *buf;  /* the collective's buffer: model memory (device or host) */
+        unsigned char *host; /* device: page-locked host memory; host: buf */
+        size_t cap;
+        coll_request *req;
+        const char *what;
+    } xch;
     char err[512];
 };
 
@@ -425,6 +435,16 @@ static void free_slots(ddp_model *m, slot *s, int n)
     free(s);
 }
 
+/* ddp__host_icoll()'s buffers, with no exchange in flight. */
+static void xch_release(ddp_model *m)
+{
+    if (m->xch.host != m->xch.buf)
+        m->ops->host_release(&m->dev, m->xch.host);
+    m->ops->release(&m->dev, m->xch.buf);
+    m->xch.buf = m->xch.host = NULL;
+    m->xch.cap = 0;
+}
+
 void ddp_model_free(ddp_model *m)
 {
     if (!m)
@@ -436,6 +456,8 @@ void ddp_model_free(ddp_model *m)
             (void)coll_wait(m->req[g]);
     for (int i = 0; i < m->nretire; i++)
         (void)coll_wait(m->retire[i]);
+    if (m->xch.req)
+        (void)coll_wait(m->xch.req);
     free(m->retire);
     /* The device's queued work may still use the memory: let it finish first. */
     (void)m->ops->sync(&m->dev);
@@ -451,6 +473,7 @@ void ddp_model_free(ddp_model *m)
     ops->release(&m->dev, m->opt2);
     ops->release(&m->dev, m->cparam);
     ops->release(&m->dev, m->rgrad);
+    xch_release(m);
     free(m->hparam);
     free(m->hopt1);
     free(m->hopt2);
@@ -554,26 +577,44 @@ static void describe_param(const param *p, char *buf, size_t cap)
         snprintf(buf + n, cap - (size_t)n, "] %s", coll_dtype_name(p->dtype));
 }
 
-/* One blocking collective, as ddp__host_coll() names it. */
-static int run_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out, size_t count,
-                    coll_dtype dt, coll_op op)
+/* One collective, as ddp__host_coll() names it, issued. */
+static int run_icoll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out,
+                     size_t count, coll_dtype dt, coll_op op, coll_request **req)
 {
     switch (kind) {
     case DDP__HOST_ALLGATHER:
-        return coll_allgather(m->comm, in, out, count, dt);
+        return coll_iallgather(m->comm, in, out, count, dt, req);
     case DDP__HOST_BROADCAST:
-        return coll_broadcast(m->comm, in, out, count, dt, 0);
+        return coll_ibroadcast(m->comm, in, out, count, dt, 0, req);
     case DDP__HOST_ALLREDUCE:
-        return coll_allreduce(m->comm, in, out, count, dt, op);
+        return coll_iallreduce(m->comm, in, out, count, dt, op, req);
     }
     return -EINVAL;
+}
+
+/* The same, waited for. */
+static int run_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out, size_t count,
+                    coll_dtype dt, coll_op op)
+{
+    coll_request *req = NULL;
+    int rc = run_icoll(m, kind, in, out, count, dt, op, &req);
+    return rc < 0 ? rc : coll_wait(req);
+}
+
+/* The bytes an exchange reads on this rank and writes on every rank. */
+static void host_coll_bytes(const ddp_model *m, enum ddp__host_kind kind, size_t count,
+                            coll_dtype dt, size_t *nin, size_t *nout)
+{
+    *nin = count * coll_dtype_size(dt);
+    *nout = kind == DDP__HOST_ALLGATHER ? *nin * (size_t)m->world : *nin;
 }
 
 int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out, size_t count,
                    coll_dtype dt, coll_op op, const char *what)
 {
     bool gather = kind == DDP__HOST_ALLGATHER;
-    size_t esz = coll_dtype_size(dt), nin = count * esz, nout = gather ? nin * m->world : nin;
+    size_t nin, nout;
+    host_coll_bytes(m, kind, count, dt, &nin, &nout);
     if (!m->ops->is_device) {
         int rc = run_coll(m, kind, in, out, count, dt, op);
         return rc < 0 ? coll_failed(m, rc, what) : 0;
@@ -594,6 +635,75 @@ int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void 
         rc = dev_check(m, m->ops->download(&m->dev, out, buf, nout), what);
     m->ops->release(&m->dev, buf);
     return rc;
+}
+
+int ddp__host_icoll_reserve(ddp_model *m, size_t nbytes)
+{
+    assert(!m->xch.req);
+    if (nbytes <= m->xch.cap)
+        return 0;
+    xch_release(m);
+    const ddp__ops *o = m->ops;
+    int rc = o->alloc(&m->dev, nbytes, (void **)&m->xch.buf);
+    m->xch.host = m->xch.buf;
+    if (rc == 0 && o->is_device)
+        rc = o->host_alloc(&m->dev, nbytes, (void **)&m->xch.host);
+    if (rc < 0) {
+        xch_release(m);
+        return rc;
+    }
+    m->xch.cap = nbytes;
+    return 0;
+}
+
+/*
+ * Device models: this rank's input goes up from the page-locked buffer, the collective runs
+ * (nccl: on the communication stream; cpu: on the host, which coll_request_stream_wait()
+ * then waits for), the result comes down into the page-locked buffer behind it, and a mark
+ * ends the exchange. All of it is enqueued on the communication stream after the step's
+ * reductions and gathers, whose buffers it does not share. Host models: the collective, in
+ * place in the buffer, on libcollective's progress thread.
+ */
+int ddp__host_icoll(ddp_model *m, enum ddp__host_kind kind, const void *in, size_t count,
+                    coll_dtype dt, coll_op op, const char *what)
+{
+    const ddp__ops *o = m->ops;
+    size_t nin, nout;
+    host_coll_bytes(m, kind, count, dt, &nin, &nout);
+    assert(!m->xch.req && nout <= m->xch.cap);
+    size_t at = kind == DDP__HOST_ALLGATHER ? (size_t)m->rank * nin : 0;
+    memcpy(m->xch.host + at, in, nin);
+    int rc = o->comm_copy(&m->dev, m->xch.buf + at, m->xch.host + at, nin);
+    if (rc < 0)
+        return dev_check(m, rc, what);
+    rc = run_icoll(m, kind, m->xch.buf + at, m->xch.buf, count, dt, op, &m->xch.req);
+    if (rc < 0)
+        return coll_failed(m, rc, what);
+    m->xch.what = what;
+    if (!o->is_device)
+        return 0;
+    /* On failure the request stays, released by the wait or ddp_model_free(). */
+    if ((rc = coll_request_stream_wait(m->xch.req, m->dev.comm_stream)) < 0)
+        return coll_failed(m, rc, what);
+    rc = o->comm_copy(&m->dev, m->xch.host, m->xch.buf, nout);
+    if (rc == 0)
+        rc = o->comm_mark(&m->dev);
+    return dev_check(m, rc, what);
+}
+
+int ddp__host_icoll_wait(ddp_model *m, const void **out)
+{
+    coll_request *req = m->xch.req;
+    assert(req);
+    m->xch.req = NULL;
+    int rc = m->ops->comm_wait(&m->dev);
+    int w = coll_wait(req); /* device: long done; host: the wait */
+    if (rc < 0)
+        return dev_check(m, rc, m->xch.what);
+    if (w < 0)
+        return coll_failed(m, w, m->xch.what);
+    *out = m->xch.host;
+    return 0;
 }
 
 /* Every rank checks that every rank registered this layout; the message is the same on all. */
@@ -1347,10 +1457,11 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
     ddp_step_info in = m->dev.info; /* the host's decision; the device's is read on demand */
     if (dev || !in.skipped) {
         /* An asynchronous save's writer may still be copying: each group waits for its own
-         * parts only. */
+         * parts only. A device model's writer copies the host copy the save downloaded, which
+         * the optimizer does not change: nothing to wait for. */
         int64_t waited = 0;
         for (int g = 0; rc == 0 && optimizer_range(m, g, &r); g++) {
-            waited += ddp__ckpt_wait_group(m->ck, g);
+            waited += dev ? 0 : ddp__ckpt_wait_group(m->ck, g);
             rc = ops->optimize(&m->dev, &m->o, lr, r.param, r.grad,
                                m->opt1 ? m->opt1 + r.state_at : NULL,
                                m->opt2 ? m->opt2 + r.state_at : NULL, r.compute, r.n);

@@ -426,12 +426,14 @@ typedef struct ddp_checkpoint_progress {
  * optimizer updates them, and the next ddp_step()'s optimizer waits for each group's copy
  * before changing it (normally there is nothing to wait for: a memcpy takes less than the
  * forward and backward in between, and the optimizer moves more bytes per element than the
- * copy; a step that did wait says so through the log hook, COLL_LOG_INFO, with the time);
+ * copy; a step that did wait says so through the log hook, COLL_LOG_INFO, with the time; a
+ * device model's thread copies the host copy this call downloads, and no step waits);
  * ddp_checkpoint_load() waits for the whole copy. Until then the
  * caller must not write into the parameters (ddp_param_data()) itself. The checkpoint
  * becomes complete (rank 0 writes its manifest) once every rank's writer has finished, which
- * ddp_step() notices at no cost (one small allreduce per step while a save is in flight) or
- * ddp_checkpoint_wait() waits for.
+ * ddp_step() notices at no cost (one small exchange per step while a save is in flight, issued
+ * by one step and read by the next, so that the host does not wait for it: libddp(3),
+ * CHECKPOINTS) or ddp_checkpoint_wait() waits for.
  * `progress` (NULL: zeros) and `user_json` (a JSON object as text, copied; NULL: none: the
  * caller's own state, given back by ddp_checkpoint_load()) go into the manifest. `keep` > 0
  * removes the oldest complete checkpoints under ROOT beyond the newest `keep`, once this one is

@@ -32,6 +32,9 @@
  *  - nothing is enqueued on the legacy default stream (no cudaMemset or cudaMemcpy): every
  *    memset, copy and kernel goes on the compute stream, which the communication stream
  *    follows through events; a non-blocking stream would not be ordered after the legacy one.
+ *    The exception is comm_copy, the small copies of ddp.c's asynchronous host exchanges,
+ *    which go on the communication stream with the collective they feed or drain, between
+ *    page-locked host memory and memory the compute stream does not use.
  */
 #include "ddp_ops.h"
 
@@ -42,6 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #define THREADS DDP__CUDA_THREADS
 #define MAX_BLOCKS DDP__CUDA_MAX_BLOCKS
@@ -298,10 +302,12 @@ static void c_close(ddp__dev *d)
         (void)cudaStreamDestroy((cudaStream_t)d->comm_stream);
     if (d->event)
         (void)cudaEventDestroy((cudaEvent_t)d->event);
+    if (d->comm_event)
+        (void)cudaEventDestroy((cudaEvent_t)d->comm_event);
     if (d->scal)
         (void)cudaFree(d->scal);
     (void)cudaGetLastError();
-    d->comm_stream = d->event = NULL;
+    d->comm_stream = d->event = d->comm_event = NULL;
     d->scal = NULL;
     d->ss = NULL;
 }
@@ -330,6 +336,8 @@ static int c_open(ddp__dev *d)
     cudaEvent_t ev;
     TRY(d, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     d->event = ev;
+    TRY(d, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    d->comm_event = ev;
     void *p = NULL;
     TRY(d, "cudaMalloc (step scalars)",
         cudaMalloc(&p, sizeof(struct ddp__scalars) + MAX_BLOCKS * sizeof(double)));
@@ -522,6 +530,58 @@ static int c_set_steps(ddp__dev *d, int64_t steps)
     return c_copy(d, &d->scal->steps, &steps, sizeof steps);
 }
 
+/* Page-locked, so that comm_copy's copies to and from it are asynchronous: a copy into
+ * pageable memory returns only once it is done, after the stream's earlier work. */
+static int c_host_alloc(ddp__dev *d, size_t nbytes, void **out)
+{
+    *out = NULL;
+    if (nbytes == 0)
+        return 0;
+    if (use_device(d) < 0)
+        return COLL_ECUDA;
+    void *p = NULL;
+    TRY(d, "cudaHostAlloc", cudaHostAlloc(&p, nbytes, cudaHostAllocDefault));
+    memset(p, 0, nbytes);
+    *out = p;
+    return 0;
+}
+
+static void c_host_release(ddp__dev *d, void *p)
+{
+    if (!p || use_device(d) < 0)
+        return;
+    if (cudaFreeHost(p) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+static int c_comm_copy(ddp__dev *d, void *dst, const void *src, size_t nbytes)
+{
+    if (nbytes == 0)
+        return 0;
+    if (use_device(d) < 0)
+        return COLL_ECUDA;
+    TRY(d, "cudaMemcpyAsync (communication stream)",
+        cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, (cudaStream_t)d->comm_stream));
+    return 0;
+}
+
+static int c_comm_mark(ddp__dev *d)
+{
+    if (use_device(d) < 0)
+        return COLL_ECUDA;
+    TRY(d, "cudaEventRecord (communication stream)",
+        cudaEventRecord((cudaEvent_t)d->comm_event, (cudaStream_t)d->comm_stream));
+    return 0;
+}
+
+static int c_comm_wait(ddp__dev *d)
+{
+    if (use_device(d) < 0)
+        return COLL_ECUDA;
+    TRY(d, "cudaEventSynchronize", cudaEventSynchronize((cudaEvent_t)d->comm_event));
+    return 0;
+}
+
 static const ddp__ops cuda_ops = {
     /* .is_device = */ 1,
     /* .open = */ c_open,
@@ -542,6 +602,11 @@ static const ddp__ops cuda_ops = {
     /* .optimize = */ c_optimize,
     /* .info = */ c_info,
     /* .set_steps = */ c_set_steps,
+    /* .host_alloc = */ c_host_alloc,
+    /* .host_release = */ c_host_release,
+    /* .comm_copy = */ c_comm_copy,
+    /* .comm_mark = */ c_comm_mark,
+    /* .comm_wait = */ c_comm_wait,
 };
 
 const ddp__ops *ddp__cuda_ops(void)

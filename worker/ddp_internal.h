@@ -60,6 +60,30 @@ enum ddp__host_kind { DDP__HOST_ALLGATHER, DDP__HOST_BROADCAST, DDP__HOST_ALLRED
 int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out, size_t count,
                    coll_dtype dt, coll_op op, const char *what);
 
+/*
+ * The same exchanges, asynchronous, for those inside ddp_step() (ckpt.c's poll): the result of
+ * one issued at a step is read at the next, when it has long arrived, so the host does not
+ * wait for the device's queue. One at a time, through buffers the model keeps:
+ *
+ * ddp__host_icoll_reserve() makes them hold an exchange of up to nbytes of result (count
+ * elements, times the world for an allgather); buffers already that large are kept. Call with
+ * no exchange in flight, on a blocking path (device: allocates, and frees smaller buffers).
+ * Returns 0, -ENOMEM or COLL_ECUDA (m's error has CUDA's message; the model is not broken).
+ * Local.
+ *
+ * ddp__host_icoll() issues one: `in` is copied (borrowed for the call). Device models enqueue
+ * it on the communication stream, behind the step's reductions and gathers, without waiting
+ * (the cpu backend on device buffers completes it on the host); host models queue it on
+ * libcollective's progress thread. ddp__host_icoll_wait() waits for it (device: an event
+ * recorded after its result reached page-locked host memory) and sets *out to the result,
+ * valid until the next exchange. Return 0 or the failure, the model broken, described as
+ * `what`. Every rank, at the same points.
+ */
+int ddp__host_icoll_reserve(ddp_model *m, size_t nbytes);
+int ddp__host_icoll(ddp_model *m, enum ddp__host_kind kind, const void *in, size_t count,
+                    coll_dtype dt, coll_op op, const char *what);
+int ddp__host_icoll_wait(ddp_model *m, const void **out);
+
 /* Parameter p's unit, dimensions and shape (shape[DDP__CKPT_MAX_DIMS]); p must be valid. */
 void ddp__param_shape(const ddp_model *m, int p, int *unit, int *ndim, int64_t *shape);
 
@@ -78,9 +102,11 @@ int ddp__drop_units(ddp_model *m);
 /* ckpt.c's side of the hooks: */
 
 /*
- * Called by ddp_step() after each step while a save is in flight: one small allreduce tells
- * whether every rank's writer has finished, and completes the save when it has (ckpt.c).
- * Returns 0, or a collective's failure (the model is then broken). Every rank.
+ * Called by ddp_step() after each step while a save is in flight: reads the result of the
+ * exchange the previous call issued (whether every rank's writer had finished; the shards'
+ * CRCs), moves the save on from it, and issues the next exchange (ddp__host_icoll()) unless
+ * the save is complete (ckpt.c). Returns 0, or a collective's failure (the model is then
+ * broken). Every rank.
  */
 int ddp__ckpt_poll(ddp_model *m);
 
@@ -94,7 +120,8 @@ int ddp__ckpt_poll(ddp_model *m);
 void ddp__ckpt_wait_copied(struct ddp__ckpt_state *ck);
 
 /*
- * ddp_step()'s finer wait: blocks until the writer has copied the owned parts of groups [0, g]
+ * ddp_step()'s finer wait (host models; a device model's writer copies a host copy of the
+ * state): blocks until the writer has copied the owned parts of groups [0, g]
  * (it copies them in plan order, the optimizer's order), so that the optimizer updates group g
  * as soon as its parts are in the snapshot rather than after the whole copy. Returns the
  * nanoseconds it blocked (0 at once when no save is in flight); ddp__ckpt_waited() reports a

@@ -2,14 +2,16 @@
  * Where libddp's memory lives and what runs on it: a table of operations chosen once, when the
  * model is created (host: optim.c's kernels and libc, ops_host.c; CUDA: kernels on the compute
  * stream, ddp_cuda.cu). ddp.c calls through the table and never asks which one it has, except
- * to decide whether a request is waited for on the host or by a stream.
+ * to decide whether a request is waited for on the host or by a stream, and whether an
+ * exchange of host values needs page-locked host memory besides the model's.
  *
  * Conventions: the pointers given to an operation are the model's memory as the table
  * allocated it (host or device). Every operation that returns an int returns 0 or a negative
  * code: the host table never fails but for -ENOMEM in alloc; the CUDA table returns COLL_ECUDA
  * with CUDA's message in d->err. Device operations are enqueued on the compute stream
  * (d->stream) and return without waiting, except alloc, upload, download and info, which
- * complete before they return (upload and download after the compute stream's earlier work).
+ * complete before they return (upload and download after the compute stream's earlier work),
+ * and the comm_ operations, which work on the communication stream (see below).
  *
  * The step, in the order ddp.c calls it: norm_begin (zero the sum of squares), norm_add per
  * owned range, (the sum allreduced by ddp.c when the model is sharded), decide (the norm, the
@@ -38,6 +40,7 @@ typedef struct ddp__dev {
     void *stream;      /* the caller's compute stream (opts.stream) */
     void *comm_stream; /* the communication stream (device; made by open) */
     void *event;       /* an event reused to order the two streams (device) */
+    void *comm_event;  /* comm_mark's event on the communication stream (device) */
     struct ddp__scalars *scal; /* device: the step's scalars */
     double *ss;        /* where the sum of squares is: d->host_ss or device memory */
     double host_ss;
@@ -49,7 +52,7 @@ typedef struct ddp__dev {
 
 typedef struct ddp__ops {
     int is_device;
-    /* Makes the device current, creates the communication stream, the event and the scalars.
+    /* Makes the device current, creates the communication stream, the events and the scalars.
      * close accepts a half-opened d. */
     int (*open)(ddp__dev *d);
     void (*close)(ddp__dev *d);
@@ -78,6 +81,19 @@ typedef struct ddp__ops {
                     float *m1, float *m2, uint16_t *compute, size_t n);
     int (*info)(ddp__dev *d, ddp_step_info *out);
     int (*set_steps)(ddp__dev *d, int64_t steps);
+    /* Asynchronous exchanges of host values (ddp.c's ddp__host_icoll()). host_alloc: nbytes of
+     * zeroed page-locked host memory (host: calloc), which comm_copy needs on its host side to
+     * return at once; host_release accepts NULL. comm_copy: a copy between the model's memory
+     * and such memory, enqueued on the communication stream after its earlier work; returns
+     * at once (host: done). Neither side may be reused before a comm_wait for a later
+     * comm_mark. comm_mark: marks the communication stream's work so far (an event);
+     * comm_wait: waits on the host until the stream has run up to the last mark. Host: both
+     * return at once. */
+    int (*host_alloc)(ddp__dev *d, size_t nbytes, void **out);
+    void (*host_release)(ddp__dev *d, void *p);
+    int (*comm_copy)(ddp__dev *d, void *dst, const void *src, size_t nbytes);
+    int (*comm_mark)(ddp__dev *d);
+    int (*comm_wait)(ddp__dev *d);
 } ddp__ops;
 
 extern const ddp__ops ddp__host_ops;

@@ -57,7 +57,8 @@ static int h_copy(ddp__dev *d, void *dst, const void *src, size_t nbytes)
     return 0;
 }
 
-static int h_sync(ddp__dev *d)
+/* sync, comm_mark, comm_wait: the host's work is done when its call returns. */
+static int h_done(ddp__dev *d)
 {
     (void)d;
     return 0;
@@ -81,12 +82,6 @@ static int h_add(ddp__dev *d, float *dst, const float *src, size_t n)
 {
     (void)d;
     ddp__add(dst, src, n);
-    return 0;
-}
-
-static int h_to_comm(ddp__dev *d)
-{
-    (void)d;
     return 0;
 }
 
@@ -160,17 +155,22 @@ const ddp__ops ddp__host_ops = {
     .zero = h_zero,
     .upload = h_copy,
     .download = h_copy,
-    .sync = h_sync,
+    .sync = h_done,
     .to_bf16 = h_to_bf16,
     .from_bf16 = h_from_bf16,
     .add = h_add,
-    .to_comm = h_to_comm,
+    .to_comm = h_done,
     .norm_begin = h_norm_begin,
     .norm_add = h_norm_add,
     .decide = h_decide,
     .optimize = h_optimize,
     .info = h_info,
     .set_steps = h_set_steps,
+    .host_alloc = h_alloc,
+    .host_release = h_release,
+    .comm_copy = h_copy,
+    .comm_mark = h_done,
+    .comm_wait = h_done,
 };
 
 #ifndef DDP_HAVE_CUDA

@@ -74,25 +74,13 @@ train init-w2z2 2 --zero 2 --init-from "$tmp/ck/step-000000000078" --max-steps 1
     --dump-init "$tmp/init.st"
 grep -q "parameters from $tmp/ck/step-000000000078; optimizer state from scratch" \
     "$tmp/init-w2z2.log" || fail "--init-from: no line naming the checkpoint"
-python3 - "$tmp/saved.st" "$tmp/w3.st" "$tmp/w1.st" "$tmp/init.st" <<'PY' || fail "parameters after a resharded load"
-import json, struct, sys
-def tensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        h = json.loads(f.read(n))
-        data = f.read()
-    h.pop("__metadata__", None)
-    return {k: (v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in h.items()}
-saved = tensors(sys.argv[1])
-assert len(saved) == 6, sorted(saved)
-for path in sys.argv[2:]:
-    got = tensors(path)
-    assert got.keys() == saved.keys(), (path, sorted(got))
-    for k in saved:
-        assert got[k] == saved[k], f"{path}: {k} differs from the saved values"
-print(f"  parameters loaded at world 3 (ZeRO-3), world 1 (ZeRO-0) and by --init-from at world 2 (ZeRO-2)"
-      f" = saved at world 2 (ZeRO-1): {len(saved)} tensors, byte for byte")
-PY
+if n=$(python3 "$(dirname "$0")/same_tensors.py" "$tmp/saved.st" "$tmp/w3.st" "$tmp/w1.st" \
+    "$tmp/init.st") && [[ $n -eq 6 ]]; then
+    echo "  parameters loaded at world 3 (ZeRO-3), world 1 (ZeRO-0) and by --init-from at world 2" \
+        "(ZeRO-2) = saved at world 2 (ZeRO-1): $n tensors, byte for byte"
+else
+    fail "parameters after a resharded load"
+fi
 ref=$(accuracy whole-w2z1)
 for run in resume-w3z3 resume-w1z0; do
     acc=$(accuracy $run)
