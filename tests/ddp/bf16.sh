@@ -14,12 +14,8 @@
 set -uo pipefail
 DDPRUN=${1:?usage: bf16.sh DDPRUN DDP_TRAIN}
 TRAIN=${2:?usage: bf16.sh DDPRUN DDP_TRAIN}
-DATA=/usr/share/datasets/fashion-mnist
-[[ -r $DATA/train-images-idx3-ubyte.gz ]] || { echo "SKIP: $DATA is not installed"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+need_data
 
 common=(--device cpu --epochs 3 --log-every 1000 --timeout-ms 60000)
 run() { # NAME WORLD ARGS...
@@ -59,8 +55,4 @@ for name in ("bf16", "bf16-w2-z1-rbf16", "bf16-w2-z3-rbf16"):
 sys.exit(1 if bad else 0)
 PY
 
-if [[ $fails -ne 0 ]]; then
-    echo "FAIL: $fails check(s)"
-    exit 1
-fi
-echo PASS
+finish

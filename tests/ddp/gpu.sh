@@ -27,28 +27,10 @@
 # Exit: 0 pass, 1 fail, 77 skipped.
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}; RDZV=${3:?usage}
-DATA=/usr/share/datasets/fashion-mnist
-[[ -r $DATA/train-images-idx3-ubyte.gz ]] || { echo "SKIP: $DATA is not installed"; exit 77; }
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in ${pids[@]+"${pids[@]}"}; do kill -KILL "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+need_data
 
-if ! timeout 120 "$TRAIN" --device cuda --max-steps 1 --hidden 16 >/dev/null 2>"$tmp/probe"; then
-    if grep -q -- "--device cuda: " "$tmp/probe"; then
-        echo "SKIP: $(head -1 "$tmp/probe")"
-        exit 77
-    fi
-    fail "ddp-train --device cuda --max-steps 1:"
-    cat "$tmp/probe" >&2
-    exit 1
-fi
-head -1 "$tmp/probe" | sed 's/^/  /'
+need_cuda_trainer "$TRAIN"
 if [[ -n ${CUDA_VISIBLE_DEVICES+x} ]]; then
     IFS=, read -ra gpus <<<"$CUDA_VISIBLE_DEVICES"
 else
@@ -183,8 +165,4 @@ else
         "$(grep -m1 'rank 1' "$tmp/kill0.err")"
 fi
 
-if [[ $fails -ne 0 ]]; then
-    echo "FAIL: $fails check(s)"
-    exit 1
-fi
-echo PASS
+finish

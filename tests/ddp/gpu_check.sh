@@ -13,7 +13,7 @@ set -uo pipefail
 DDPRUN=${1:?usage}; CHECK=${2:?usage}
 ngpu=$("$CHECK" gpu-count) || { echo "FAIL: ddp-check gpu-count"; exit 1; }
 [[ $ngpu -gt 0 ]] || { echo "SKIP: no CUDA device visible (or ddp-check built without CUDA)"; exit 77; }
-fails=0
+. "$(dirname "$0")/lib.sh"
 for job in "equiv-device 1" "equiv-device 2" "equiv-nccl 1"; do
     set -- $job
     out=$(timeout 300 "$DDPRUN" --standalone --nproc-per-node "$2" "$CHECK" "$1" 2>&1)
@@ -23,14 +23,9 @@ for job in "equiv-device 1" "equiv-device 2" "equiv-nccl 1"; do
     fi
     n=$(grep -c "ddp-check: rank [0-9]*/$2 $1: PASS" <<<"$out")
     if [[ $n -ne $2 ]]; then
-        echo "FAIL: ddp-check $1 on $2 ranks: $n of $2 passed" >&2
+        fail "ddp-check $1 on $2 ranks: $n of $2 passed"
         sed 's/^/    /' <<<"$out" >&2
-        fails=$((fails + 1))
     fi
     grep -E "^\[0\]:ddp-check: (equiv|bf16) world [0-9] on GPU.*: worst" <<<"$out" | sed 's/^\[0\]:/  /'
 done
-if [[ $fails -ne 0 ]]; then
-    echo "FAIL: $fails run(s)"
-    exit 1
-fi
-echo PASS
+finish

@@ -35,24 +35,11 @@
 # Exit: 0 pass, 1 fail, 77 skipped (no GPU, a build without CUDA, no Fashion-MNIST, no python3).
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}
-DATA=/usr/share/datasets/fashion-mnist
-[[ -r $DATA/train-images-idx3-ubyte.gz ]] || { echo "SKIP: $DATA is not installed"; exit 77; }
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+need_data
+need_python
 
-if ! timeout 120 "$TRAIN" --device cuda --max-steps 1 --hidden 16 >/dev/null 2>"$tmp/probe"; then
-    if grep -q -- "--device cuda: " "$tmp/probe"; then
-        echo "SKIP: $(head -1 "$tmp/probe")"
-        exit 77
-    fi
-    fail "ddp-train --device cuda --max-steps 1:"
-    cat "$tmp/probe" >&2
-    exit 1
-fi
-head -1 "$tmp/probe" | sed 's/^/  /'
+need_cuda_trainer "$TRAIN"
 # The first GPU (as tests/ddp/gpu.sh chooses it) for every run.
 if [[ -n ${CUDA_VISIBLE_DEVICES+x} ]]; then
     export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*}
@@ -77,7 +64,6 @@ train() {
         tail -5 "$tmp/$name.log" >&2
     fi
 }
-accuracy() { grep -o 'test accuracy [0-9.]*%' "$tmp/$1.log" | tail -1 | grep -o '[0-9.]*'; }
 
 # 1. and 2.: kill_resume NAME WORLD VICTIM ARGS...
 kill_resume() {
@@ -132,8 +118,4 @@ for run in resume-w3z3 resume-w1z1; do
     fi
 done
 
-if [[ $fails -ne 0 ]]; then
-    echo "FAIL: $fails check(s)"
-    exit 1
-fi
-echo PASS
+finish

@@ -22,13 +22,9 @@
 # Usage: resume.sh DDPRUN DDP_TRAIN. Exit 0 pass, 1 fail, 77 skip (no Fashion-MNIST, no python3).
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}
-DATA=/usr/share/datasets/fashion-mnist
-[[ -r $DATA/train-images-idx3-ubyte.gz ]] || { echo "SKIP: $DATA is not installed"; exit 77; }
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+need_data
+need_python
 
 common=(--device cpu --hidden 128 --global-batch 384 --micro-batch 64 --epochs 1 --schedule constant
     --warmup 10 --optimizer adamw --lr 0.002)
@@ -43,7 +39,6 @@ train() {
     fi
 }
 # accuracy NAME: the last test accuracy the run printed.
-accuracy() { grep -o 'test accuracy [0-9.]*%' "$tmp/$1.log" | tail -1 | grep -o '[0-9.]*'; }
 
 # 1. Bit for bit at the same world size and stage.
 for z in 0 3; do
@@ -119,8 +114,4 @@ for bad in "--micro-batch 64 --grad-accum 2|exclude each other" \
     grep -q -- "${bad#*|}" "$tmp/bad.log" && [[ $st -eq 1 ]] || fail "ddp-train ${bad%|*}: exit $st"
 done
 
-if [[ $fails -ne 0 ]]; then
-    echo "FAIL: $fails check(s)"
-    exit 1
-fi
-echo "PASS"
+finish

@@ -15,12 +15,8 @@
 # Usage: resume_kill.sh DDPRUN DDP_TRAIN. Exit 0 pass, 1 fail, 77 skip (no Fashion-MNIST).
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}
-DATA=/usr/share/datasets/fashion-mnist
-[[ -r $DATA/train-images-idx3-ubyte.gz ]] || { echo "SKIP: $DATA is not installed"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+need_data
 
 # run NAME [KILL]: the job, with rank 1 killed at KILL when given; the wall time in $tmp/NAME.s.
 run() {
@@ -36,10 +32,9 @@ run() {
         tail -5 "$tmp/$name.log" >&2
     fi
 }
-accuracy() { grep -o 'test accuracy [0-9.]*%' "$tmp/$1.log" | tail -1; }
 
 run whole
-echo "  uninterrupted: $(accuracy whole) in $(cat "$tmp/whole.ms") ms"
+echo "  uninterrupted: test accuracy $(accuracy whole)% in $(cat "$tmp/whole.ms") ms"
 for job in "mid 1:120 100|50" "torn 1:150 100"; do
     set -- $job
     name=$1 kill=$2 from=$3
@@ -59,7 +54,7 @@ for job in "mid 1:120 100|50" "torn 1:150 100"; do
     fi
     [[ $(grep -c "test accuracy" "$log") -ge 1 ]] || fail "$name: no accuracy"
     if cmp -s "$tmp/whole.st" "$tmp/$name.st"; then
-        echo "  rank 1 killed at step ${kill#*:}: resumed from step $from, $(accuracy "$name")," \
+        echo "  rank 1 killed at step ${kill#*:}: resumed from step $from, test accuracy $(accuracy "$name")%," \
             "final parameters identical to the uninterrupted run's;" \
             "time lost $(($(cat "$tmp/$name.ms") - $(cat "$tmp/whole.ms"))) ms"
     else
@@ -67,8 +62,4 @@ for job in "mid 1:120 100|50" "torn 1:150 100"; do
     fi
 done
 
-if [[ $fails -ne 0 ]]; then
-    echo "FAIL: $fails check(s)"
-    exit 1
-fi
-echo "PASS"
+finish

@@ -15,11 +15,8 @@
 # Usage: run_ckpt.sh DDPRUN DDP_CKPT_CHECK
 set -uo pipefail
 DDPRUN=${1:?usage}; CHECK=${2:?usage}
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+need_python
 
 check() { # SCENARIO WORLD DIR [ARGS...]
     local scen=$1 n=$2 out
@@ -90,8 +87,4 @@ PY
 check async 2 "$tmp/async"
 for n in 1 3; do check bad "$n" "$tmp/bad$n"; done
 
-if [[ $fails -ne 0 ]]; then
-    echo "FAIL: $fails check(s)"
-    exit 1
-fi
-echo "PASS"
+finish

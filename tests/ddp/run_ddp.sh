@@ -19,16 +19,8 @@
 # Usage: run_ddp.sh DDPRUN DDP_CHECK DDP_TRAIN DDP_RENDEZVOUS
 set -uo pipefail
 DDPRUN=${1:?usage}; CHECK=${2:?usage}; TRAIN=${3:?usage}; RDZV=${4:?usage}
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in ${pids[@]+"${pids[@]}"}; do kill -KILL "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+need_python
 
 # 1. ddp-check.
 for job in "misuse 2" "misuse 3" "layout 3" "nonfinite 3" "memory 2" "memory 3" "overlap 2" \
@@ -125,8 +117,4 @@ for r in 0 1; do
     fi
 done
 
-if [[ $fails -ne 0 ]]; then
-    echo "FAIL: $fails check(s)"
-    exit 1
-fi
-echo "PASS"
+finish
