@@ -11,6 +11,7 @@
 #include "auth.h"
 #include "proto.h"
 #include "rdzv.h"
+#include "check_main.h"
 
 #include <arpa/inet.h>
 #include <check.h>
@@ -677,38 +678,19 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("auth");
-    TCase *tc = tcase_create("handshake");
-    tcase_add_test(tc, known_answer);
-    tcase_add_test(tc, right_token_both_ways);
-    tcase_add_test(tc, wrong_token_fails_on_both_sides);
-    tcase_add_test(tc, impostor_server_detected);
-    tcase_add_test(tc, replayed_and_reflected_proofs_fail);
-    tcase_add_test(tc, steps_out_of_order);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("rules");
-    tcase_add_test(tc, private_keys_in_every_field);
-    tcase_add_test(tc, networks_and_addresses);
-    tcase_add_test(tc, tokens);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("sockets");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, authenticated_client_reaches_private_keys);
-    tcase_add_test(tc, unauthenticated_client_kept_from_private_keys);
-    tcase_add_test(tc, refusal_burst_logged_once_and_counted);
-    tcase_add_test(tc, wrong_token_fails_at_once_on_both_sides);
-    tcase_add_test(tc, server_refuses_wrong_proof);
-    tcase_add_test(tc, impostor_store_refused);
-    tcase_add_test(tc, peer_owner_from_the_kernel);
-    tcase_add_test(tc, other_user_refused);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "handshake", 0, known_answer, right_token_both_ways,
+                wrong_token_fails_on_both_sides, impostor_server_detected,
+                replayed_and_reflected_proofs_fail, steps_out_of_order);
+    check_tcase(s, "rules", 0, private_keys_in_every_field, networks_and_addresses, tokens);
+    check_tcase(s, "sockets", 30, authenticated_client_reaches_private_keys,
+                unauthenticated_client_kept_from_private_keys,
+                refusal_burst_logged_once_and_counted, wrong_token_fails_at_once_on_both_sides,
+                server_refuses_wrong_proof, impostor_store_refused, peer_owner_from_the_kernel,
+                other_user_refused);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(suite());
 }

@@ -15,6 +15,7 @@
 #include "frames.h"
 #include "proto.h"
 #include "rdzv.h"
+#include "check_main.h"
 
 #include <arpa/inet.h>
 #include <check.h>
@@ -742,22 +743,9 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IONBF, 0); /* the figures also when a check fails */
     Suite *s = suite_create("caps");
-    TCase *tc = tcase_create("caps");
+    TCase *tc = check_tcase(s, "caps", 60, multi_get_amplification, watch_backlog,
+                            get_amplification, wait_records, partial_requests, per_key_overhead,
+                            timeouts, emfile_refusals_counted, derived_connection_cap);
     tcase_add_checked_fixture(tc, NULL, teardown);
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, multi_get_amplification);
-    tcase_add_test(tc, watch_backlog);
-    tcase_add_test(tc, get_amplification);
-    tcase_add_test(tc, wait_records);
-    tcase_add_test(tc, partial_requests);
-    tcase_add_test(tc, per_key_overhead);
-    tcase_add_test(tc, timeouts);
-    tcase_add_test(tc, emfile_refusals_counted);
-    tcase_add_test(tc, derived_connection_cap);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

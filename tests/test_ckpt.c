@@ -15,6 +15,7 @@
 
 #include "ckpt.h"
 #include "plan.h"
+#include "check_main.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* CRC32C                                                                                      */
@@ -241,16 +242,6 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("ckpt");
-    TCase *tc = tcase_create("ckpt");
-    tcase_add_test(tc, test_crc32c);
-    tcase_add_test(tc, test_crc32c_table);
-    tcase_add_test(tc, test_map_reshard);
-    tcase_add_test(tc, test_map_edges);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    check_tcase(s, "ckpt", 0, test_crc32c, test_crc32c_table, test_map_reshard, test_map_edges);
+    return check_run_fork(s, CK_FORK);
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "check_main.h"
 
 static char dir[64];
 
@@ -295,9 +296,5 @@ int main(void)
     tcase_add_test(tc, sgd_state_arrays);
     tcase_add_test(tc, crc32c_check_value);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(s);
 }

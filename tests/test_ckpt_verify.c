@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "check_main.h"
 
 #define CHUNK 1000
 #define BYTES 2500 /* chunks [0, 1000), [1000, 2000), [2000, 2500) */
@@ -130,18 +131,8 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("ckpt_verify");
-    TCase *tc = tcase_create("verify");
+    TCase *tc = check_tcase(s, "verify", 0, test_intact, test_flipped_byte, test_wrong_size,
+                            test_missing, test_whole_crc, test_empty);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_intact);
-    tcase_add_test(tc, test_flipped_byte);
-    tcase_add_test(tc, test_wrong_size);
-    tcase_add_test(tc, test_missing);
-    tcase_add_test(tc, test_whole_crc);
-    tcase_add_test(tc, test_empty);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(s);
 }

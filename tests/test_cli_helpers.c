@@ -8,6 +8,7 @@
  * Everything here is pure; help output is captured with open_memstream.
  */
 #include "cli.h"
+#include "check_main.h"
 
 #include <check.h>
 #include <errno.h>
@@ -394,23 +395,8 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("cli_helpers");
-    TCase *tc = tcase_create("cli");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, integers);
-    tcase_add_test(tc, integer_lists);
-    tcase_add_test(tc, report);
-    tcase_add_test(tc, reals_and_seconds);
-    tcase_add_test(tc, sizes);
-    tcase_add_test(tc, lookups);
-    tcase_add_test(tc, getopt_tables);
-    tcase_add_test(tc, getopt_build);
-    tcase_add_test(tc, help_layout);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "cli", 30, integers, integer_lists, report, reals_and_seconds, sizes, lookups,
+                getopt_tables, getopt_build, help_layout);
 
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

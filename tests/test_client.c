@@ -36,6 +36,7 @@
 /* ------------------------------------------------------------------------------------------ */
 
 #include "server_proc.h"
+#include "check_main.h"
 
 /* A client of the fixture's server with the given prefix (NULL: none) and timeout. */
 static rdzv_client *client_with(const char *prefix, int timeout_ms)
@@ -1478,62 +1479,27 @@ static Suite *client_suite(void)
 {
     Suite *s = suite_create("client");
 
-    TCase *tc = tcase_create("store");
+    TCase *tc = check_tcase(
+        s, "store", 30, test_invalid_arguments, test_set_get, test_get_waits_for_key,
+        test_get_timeout_keeps_client, test_wait, test_add, test_compare_set,
+        test_dup_and_local_addr, test_on_close_hook, test_check_delete_num_keys, test_append,
+        test_multi, test_ping_status, test_prefix_isolation, test_list_keys,
+        test_barrier_reuse_multiprocess, test_barrier_single_and_timeout, test_barrier_retry_alone,
+        test_barrier_retry_then_partner, test_barrier_world_size_change, test_barrier_late_joiners,
+        test_server_gone, test_connect_names_and_ipv6);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_invalid_arguments);
-    tcase_add_test(tc, test_set_get);
-    tcase_add_test(tc, test_get_waits_for_key);
-    tcase_add_test(tc, test_get_timeout_keeps_client);
-    tcase_add_test(tc, test_wait);
-    tcase_add_test(tc, test_add);
-    tcase_add_test(tc, test_compare_set);
-    tcase_add_test(tc, test_dup_and_local_addr);
-    tcase_add_test(tc, test_on_close_hook);
-    tcase_add_test(tc, test_check_delete_num_keys);
-    tcase_add_test(tc, test_append);
-    tcase_add_test(tc, test_multi);
-    tcase_add_test(tc, test_ping_status);
-    tcase_add_test(tc, test_prefix_isolation);
-    tcase_add_test(tc, test_list_keys);
-    tcase_add_test(tc, test_barrier_reuse_multiprocess);
-    tcase_add_test(tc, test_barrier_single_and_timeout);
-    tcase_add_test(tc, test_barrier_retry_alone);
-    tcase_add_test(tc, test_barrier_retry_then_partner);
-    tcase_add_test(tc, test_barrier_world_size_change);
-    tcase_add_test(tc, test_barrier_late_joiners);
-    tcase_add_test(tc, test_server_gone);
-    tcase_add_test(tc, test_connect_names_and_ipv6);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("connect");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_options_defaults);
-    tcase_add_test(tc, test_connect_refused_deadline);
-    tcase_add_test(tc, test_connect_retries_until_server_listens);
-    tcase_add_test(tc, test_connect_unknown_host);
-    tcase_add_test(tc, test_connect_not_a_store);
-    tcase_add_test(tc, test_connect_handshake_bound);
-    tcase_add_test(tc, test_connect_refused_at_once);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "connect", 30, test_options_defaults, test_connect_refused_deadline,
+                test_connect_retries_until_server_listens, test_connect_unknown_host,
+                test_connect_not_a_store, test_connect_handshake_bound,
+                test_connect_refused_at_once);
 
-    tc = tcase_create("broken_peers");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_peer_closes_mid_reply);
-    tcase_add_test(tc, test_timeout_mid_reply);
-    tcase_add_test(tc, test_malformed_replies);
-    tcase_add_test(tc, test_wait_cancel_race);
-    tcase_add_test(tc, test_request_bytes);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "broken_peers", 30, test_peer_closes_mid_reply, test_timeout_mid_reply,
+                test_malformed_replies, test_wait_cancel_race, test_request_bytes);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(client_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(client_suite());
 }

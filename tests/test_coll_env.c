@@ -23,6 +23,7 @@
 
 #include "coll.h"
 #include "rdzv.h"
+#include "check_main.h"
 
 static const char *const vars[] = {"RANK",
                                    "WORLD_SIZE",
@@ -298,26 +299,13 @@ END_TEST
 static Suite *env_suite(void)
 {
     Suite *s = suite_create("coll_env");
-    TCase *tc = tcase_create("env");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_defaults);
-    tcase_add_test(tc, test_bad_arguments);
-    tcase_add_test(tc, test_missing_environment);
-    tcase_add_test(tc, test_malformed_environment);
-    tcase_add_test(tc, test_prefix_too_long);
-    tcase_add_test(tc, test_unreachable_store);
-    tcase_add_test(tc, test_job_store);
-    tcase_add_test(tc, test_standalone);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "env", 60, test_defaults, test_bad_arguments, test_missing_environment,
+                test_malformed_environment, test_prefix_too_long, test_unreachable_store,
+                test_job_store, test_standalone);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(env_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(env_suite());
 }

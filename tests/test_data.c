@@ -22,6 +22,7 @@
 #include <zlib.h>
 
 #include "data.h"
+#include "check_main.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Sampler                                                                                     */
@@ -592,35 +593,15 @@ END_TEST
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
-    TCase *tc = tcase_create("sampler");
-    tcase_add_test(tc, sampler_global_batch_independent_of_world);
-    tcase_add_test(tc, sampler_disjoint_and_covering);
-    tcase_add_test(tc, sampler_epoch_reseeding);
-    tcase_add_test(tc, sampler_bad_configurations);
-    tcase_set_timeout(tc, 30);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("idx");
-    tcase_add_test(tc, idx_good_files);
-    tcase_add_test(tc, idx_bad_files);
-    tcase_add_test(tc, load_bad_splits);
-    tcase_add_test(tc, fashion_mnist_installed);
-    tcase_add_test(tc, pixels_round_trip);
-    tcase_set_timeout(tc, 30);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("loader");
-    tcase_add_test(tc, loader_matches_synchronous);
-    tcase_add_test(tc, loader_starts_mid_run);
-    tcase_set_timeout(tc, 30);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "sampler", 30, sampler_global_batch_independent_of_world,
+                sampler_disjoint_and_covering, sampler_epoch_reseeding, sampler_bad_configurations);
+    check_tcase(s, "idx", 30, idx_good_files, idx_bad_files, load_bad_splits,
+                fashion_mnist_installed, pixels_round_trip);
+    check_tcase(s, "loader", 30, loader_matches_synchronous, loader_starts_mid_run);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(data_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(data_suite());
 }

@@ -42,6 +42,7 @@
 
 #include "ddp_ops.h"
 #include "optim.h"
+#include "check_main.h"
 
 /* An odd count that spans several blocks and leaves a partial one. */
 enum { N = 100003 };
@@ -580,24 +581,11 @@ int main(void)
     }
     printf("GPU 0: %s\n", prop.name);
     Suite *s = suite_create("ddp_cuda");
-    TCase *tc = tcase_create("against the host");
-    tcase_add_test(tc, casts_and_add);
-    tcase_add_test(tc, sum_of_squares);
-    tcase_add_test(tc, sgd_plain);
-    tcase_add_test(tc, sgd_momentum_wd);
-    tcase_add_test(tc, sgd_nesterov_clip_bf16);
-    tcase_add_test(tc, adamw_plain);
-    tcase_add_test(tc, adamw_wd_clip_bf16_resumed);
-    tcase_add_test(tc, nonfinite_skips);
-    tcase_add_test(tc, comm_exchange);
-    tcase_set_timeout(tc, 60);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
+    check_tcase(s, "against the host", 60, casts_and_add, sum_of_squares, sgd_plain,
+                sgd_momentum_wd, sgd_nesterov_clip_bf16, adamw_plain, adamw_wd_clip_bf16_resumed,
+                nonfinite_skips, comm_exchange);
     /* No fork: a CUDA context does not survive fork(). */
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int rc = check_run_fork(s, CK_NOFORK);
     cudaStreamDestroy(stream);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return rc;
 }

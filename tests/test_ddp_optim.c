@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "optim.h"
+#include "check_main.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
@@ -784,21 +785,11 @@ static Suite *optim_suite(void)
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
 
-    tc = tcase_create("schedule");
-    tcase_add_test(tc, schedule_constant);
-    tcase_add_test(tc, schedule_cosine);
-    tcase_add_test(tc, schedule_degenerate);
-    tcase_set_timeout(tc, 10);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "schedule", 10, schedule_constant, schedule_cosine, schedule_degenerate);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(optim_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return check_run(optim_suite());
 }

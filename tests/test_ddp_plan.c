@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "plan.h"
+#include "check_main.h"
 
 /* Checks the invariants plan.h states, whatever the input. */
 static void check_invariants(const ddp__plan *p, const size_t *counts)
@@ -172,16 +173,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("ddp_plan");
-    TCase *tc = tcase_create("plan");
-    tcase_add_test(tc, test_buckets_reverse_order_and_caps);
-    tcase_add_test(tc, test_padding);
-    tcase_add_test(tc, test_units);
-    tcase_add_test(tc, test_bad_arguments);
-    tcase_add_test(tc, test_random_layouts);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    check_tcase(s, "plan", 0, test_buckets_reverse_order_and_caps, test_padding, test_units,
+                test_bad_arguments, test_random_layouts);
+    return check_run(s);
 }

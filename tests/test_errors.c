@@ -18,6 +18,7 @@
 #include "coll_internal.h"
 #include "proto.h"
 #include "rdzv.h"
+#include "check_main.h"
 
 struct code {
     int value;
@@ -99,17 +100,8 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("errors");
-    TCase *tc = tcase_create("ranges");
-    tcase_add_test(tc, ranges_do_not_overlap);
-    tcase_add_test(tc, codes_lie_in_their_range);
-    tcase_add_test(tc, strerror_names_own_codes_only);
-    tcase_set_timeout(tc, 10);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "ranges", 10, ranges_do_not_overlap, codes_lie_in_their_range,
+                strerror_names_own_codes_only);
 
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(s);
 }

@@ -16,6 +16,7 @@
 
 #include "rdzv.h"
 #include "server_proc.h"
+#include "check_main.h"
 
 /*
  * Connects to the test's server with call timeout timeout_ms and key prefix `prefix` (NULL:
@@ -520,35 +521,17 @@ END_TEST
 static Suite *helpers_suite(void)
 {
     Suite *s = suite_create("helpers");
-    TCase *tc = tcase_create("store");
+    TCase *tc = check_tcase(s, "store", 30, test_rank_keys, test_rank_list, test_missing_ranks,
+                            test_set_once, test_wait_get, test_wait_get_timeout,
+                            test_wait_get_bad_args, test_allgather,
+                            test_allgather_timeout_names_missing, test_gather, test_env_connect);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_rank_keys);
-    tcase_add_test(tc, test_rank_list);
-    tcase_add_test(tc, test_missing_ranks);
-    tcase_add_test(tc, test_set_once);
-    tcase_add_test(tc, test_wait_get);
-    tcase_add_test(tc, test_wait_get_timeout);
-    tcase_add_test(tc, test_wait_get_bad_args);
-    tcase_add_test(tc, test_allgather);
-    tcase_add_test(tc, test_allgather_timeout_names_missing);
-    tcase_add_test(tc, test_gather);
-    tcase_add_test(tc, test_env_connect);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("env");
-    tcase_add_test(tc, test_env_full);
-    tcase_add_test(tc, test_env_standalone);
-    tcase_add_test(tc, test_env_errors);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "env", 0, test_env_full, test_env_standalone, test_env_errors);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(helpers_suite());
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(helpers_suite());
 }

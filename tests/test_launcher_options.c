@@ -13,6 +13,7 @@
 #include "options.h"
 #include "rdzv.h"
 #include "slurm.h"
+#include "check_main.h"
 
 #include <check.h>
 #include <errno.h>
@@ -1293,45 +1294,17 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("launcher_options");
-    TCase *tc = tcase_create("options");
+    TCase *tc = check_tcase(
+        s, "options", 30, defaults_are_torchrun_defaults, both_spellings,
+        equals_form_and_abbreviations, script_and_its_arguments, pet_defaults_and_precedence,
+        shutdown_timeout_sources, hung_timeout, errors_name_their_flag, module_no_python_run_path,
+        rdzv_conf_parsing, liveness_settings, redirects_and_tee, local_ranks_filter, standalone,
+        endpoints, control_plane, nproc_auto_cpu_gpu, slurm_defaults, slurm_subset_step,
+        slurm_batch_script, slurm_tasks_per_node, python_or_program, virtual_local_rank,
+        ignored_options_warn, help_and_version);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, defaults_are_torchrun_defaults);
-    tcase_add_test(tc, both_spellings);
-    tcase_add_test(tc, equals_form_and_abbreviations);
-    tcase_add_test(tc, script_and_its_arguments);
-    tcase_add_test(tc, pet_defaults_and_precedence);
-    tcase_add_test(tc, shutdown_timeout_sources);
-    tcase_add_test(tc, hung_timeout);
-    tcase_add_test(tc, errors_name_their_flag);
-    tcase_add_test(tc, module_no_python_run_path);
-    tcase_add_test(tc, rdzv_conf_parsing);
-    tcase_add_test(tc, liveness_settings);
-    tcase_add_test(tc, redirects_and_tee);
-    tcase_add_test(tc, local_ranks_filter);
-    tcase_add_test(tc, standalone);
-    tcase_add_test(tc, endpoints);
-    tcase_add_test(tc, control_plane);
-    tcase_add_test(tc, nproc_auto_cpu_gpu);
-    tcase_add_test(tc, slurm_defaults);
-    tcase_add_test(tc, slurm_subset_step);
-    tcase_add_test(tc, slurm_batch_script);
-    tcase_add_test(tc, slurm_tasks_per_node);
-    tcase_add_test(tc, python_or_program);
-    tcase_add_test(tc, virtual_local_rank);
-    tcase_add_test(tc, ignored_options_warn);
-    tcase_add_test(tc, help_and_version);
-    suite_add_tcase(s, tc);
 
-    TCase *tl = tcase_create("slurm_expand");
-    tcase_set_timeout(tl, 30);
-    tcase_add_test(tl, slurm_expand);
-    suite_add_tcase(s, tl);
+    check_tcase(s, "slurm_expand", 30, slurm_expand);
 
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

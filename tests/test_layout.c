@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "coll_internal.h"
+#include "check_main.h"
 
 /* The expected layout, written out. */
 typedef struct want {
@@ -304,30 +305,14 @@ END_TEST
 static Suite *layout_suite(void)
 {
     Suite *s = suite_create("layout");
-    TCase *tc = tcase_create("fixed");
-    tcase_add_test(tc, single_host);
-    tcase_add_test(tc, every_rank_alone);
-    tcase_add_test(tc, uneven_1_2_3);
-    tcase_add_test(tc, interleaved);
-    tcase_add_test(tc, identities_compared_whole);
-    tcase_add_test(tc, bad_arguments_and_free);
-    tcase_set_timeout(tc, 10);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "fixed", 10, single_host, every_rank_alone, uneven_1_2_3, interleaved,
+                identities_compared_whole, bad_arguments_and_free);
 
-    tc = tcase_create("random");
-    tcase_add_test(tc, random_against_reference);
-    tcase_add_test(tc, large_world_each_alone);
-    tcase_set_timeout(tc, 60);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "random", 60, random_against_reference, large_world_each_alone);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(layout_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return check_run(layout_suite());
 }

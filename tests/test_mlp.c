@@ -29,6 +29,7 @@
 #include "bf16.h"
 #include "mlp.h"
 #include "rng.h"
+#include "check_main.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* A model's parameters in plain arrays, handed over by the hooks                             */
@@ -591,28 +592,14 @@ END_TEST
 static Suite *mlp_suite(void)
 {
     Suite *s = suite_create("mlp");
-    TCase *tc = tcase_create("backward");
-    tcase_add_test(tc, backward_finite_differences_small);
-    tcase_add_test(tc, backward_finite_differences_784);
-    tcase_add_test(tc, accumulation_and_hooks);
-    tcase_add_test(tc, hook_failure_stops_the_pass);
-    tcase_add_test(tc, bf16_against_f32);
-    tcase_set_timeout(tc, 60);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("forward");
-    tcase_add_test(tc, forward_by_hand);
-    tcase_add_test(tc, init_uniform);
-    tcase_set_timeout(tc, 10);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "backward", 60, backward_finite_differences_small,
+                backward_finite_differences_784, accumulation_and_hooks,
+                hook_failure_stops_the_pass, bf16_against_f32);
+    check_tcase(s, "forward", 10, forward_by_hand, init_uniform);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(mlp_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(mlp_suite());
 }

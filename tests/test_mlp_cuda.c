@@ -38,6 +38,7 @@
 #include "mlp.h"
 #include "mlp_cuda.h"
 #include "rng.h"
+#include "check_main.h"
 
 enum { B = 45, MAX_L = 4, N = 200, DIM = 784 };
 
@@ -319,17 +320,9 @@ int main(void)
     }
     printf("GPU 0: %s\n", name);
     Suite *s = suite_create("mlp_cuda");
-    TCase *tc = tcase_create("against the host");
-    tcase_add_test(tc, f32_against_host);
-    tcase_add_test(tc, bf16_against_host);
-    tcase_set_timeout(tc, 60);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
+    check_tcase(s, "against the host", 60, f32_against_host, bf16_against_host);
     /* No fork: a CUDA context does not survive fork(). */
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int rc = check_run_fork(s, CK_NOFORK);
     mlp_cuda_close(stream);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return rc;
 }

@@ -38,6 +38,7 @@
 /* ------------------------------------------------------------------------------------------ */
 
 #include "server_proc.h"
+#include "check_main.h"
 
 static void pause_s(double s)
 {
@@ -1018,48 +1019,25 @@ END_TEST
 static Suite *noderdzv_suite(void)
 {
     Suite *s = suite_create("noderdzv");
-    TCase *tc = tcase_create("noderdzv");
+    TCase *tc = check_tcase(
+        s, "noderdzv", 15, test_static_prefix_sums, test_static_single_node,
+        test_static_timeout_names_missing, test_static_timeout_many_missing, test_static_conflicts,
+        test_dynamic_closes_at_max, test_dynamic_closes_after_last_call, test_dynamic_late_node,
+        test_dynamic_join_timeout_aborts, test_rounds_do_not_mix,
+        test_heartbeat_detects_silent_node, test_failure_first_writer_wins,
+        test_failure_record_through_store, test_conn_records, test_exit_barrier_all_arrive,
+        test_exit_barrier_failure_ends_wait, test_exit_barrier_timeout, test_clear_worker_keys,
+        test_invalid_arguments);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
-    tcase_set_timeout(tc, 15);
-    tcase_add_test(tc, test_static_prefix_sums);
-    tcase_add_test(tc, test_static_single_node);
-    tcase_add_test(tc, test_static_timeout_names_missing);
-    tcase_add_test(tc, test_static_timeout_many_missing);
-    tcase_add_test(tc, test_static_conflicts);
-    tcase_add_test(tc, test_dynamic_closes_at_max);
-    tcase_add_test(tc, test_dynamic_closes_after_last_call);
-    tcase_add_test(tc, test_dynamic_late_node);
-    tcase_add_test(tc, test_dynamic_join_timeout_aborts);
-    tcase_add_test(tc, test_rounds_do_not_mix);
-    tcase_add_test(tc, test_heartbeat_detects_silent_node);
-    tcase_add_test(tc, test_failure_first_writer_wins);
-    tcase_add_test(tc, test_failure_record_through_store);
-    tcase_add_test(tc, test_conn_records);
-    tcase_add_test(tc, test_exit_barrier_all_arrive);
-    tcase_add_test(tc, test_exit_barrier_failure_ends_wait);
-    tcase_add_test(tc, test_exit_barrier_timeout);
-    tcase_add_test(tc, test_clear_worker_keys);
-    tcase_add_test(tc, test_invalid_arguments);
-    suite_add_tcase(s, tc);
 
     /* Pure functions: no store. */
-    TCase *pure = tcase_create("records");
-    tcase_set_timeout(pure, 5);
-    tcase_add_test(pure, test_run_prefix);
-    tcase_add_test(pure, test_failure_record_init);
-    tcase_add_test(pure, test_failure_record_json);
-    tcase_add_test(pure, test_failure_record_exit_status);
-    tcase_add_test(pure, test_failure_summary_order);
-    suite_add_tcase(s, pure);
+    check_tcase(s, "records", 5, test_run_prefix, test_failure_record_init,
+                test_failure_record_json, test_failure_record_exit_status,
+                test_failure_summary_order);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(noderdzv_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return check_run(noderdzv_suite());
 }

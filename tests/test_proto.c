@@ -6,6 +6,7 @@
  */
 #include "frames.h"
 #include "proto.h"
+#include "check_main.h"
 
 #include <check.h>
 #include <errno.h>
@@ -677,23 +678,9 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("proto");
-    TCase *tc = tcase_create("parser");
-    tcase_add_test(tc, detect_generation);
-    tcase_add_test(tc, every_opcode_every_split);
-    tcase_add_test(tc, pipelined);
-    tcase_add_test(tc, limits);
-    tcase_add_test(tc, malformed);
-    tcase_add_test(tc, resumable_progress);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("encoder");
-    tcase_add_test(tc, encode_literal_bytes);
-    tcase_add_test(tc, opcode_map);
-    tcase_add_test(tc, encode_parse_roundtrip);
-    tcase_add_test(tc, wbuf_growth_and_failures);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    check_tcase(s, "parser", 0, detect_generation, every_opcode_every_split, pipelined, limits,
+                malformed, resumable_progress);
+    check_tcase(s, "encoder", 0, encode_literal_bytes, opcode_map, encode_parse_roundtrip,
+                wbuf_growth_and_failures);
+    return check_run(s);
 }

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "coll_internal.h"
+#include "check_main.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
@@ -743,16 +744,11 @@ static Suite *reduce_suite(void)
 {
     Suite *s = suite_create("reduce");
 
-    TCase *tc = tcase_create("conversions");
-    tcase_add_test(tc, f16_to_f32_every_value);
-    tcase_add_test(tc, f32_to_f16_every_midpoint);
-    tcase_add_test(tc, f32_to_f16_edges);
-    tcase_add_test(tc, bf16_conversions);
+    TCase *tc = check_tcase(s, "conversions", 30, f16_to_f32_every_value, f32_to_f16_every_midpoint,
+                            f32_to_f16_edges, bf16_conversions);
 #ifdef __FLT16_MAX__
     tcase_add_test(tc, f16_against_compiler);
 #endif
-    tcase_set_timeout(tc, 30);
-    suite_add_tcase(s, tc);
 
     tc = tcase_create("reduce");
     tcase_add_loop_test(tc, reduce_small, 0, COLL_DTYPE_COUNT);
@@ -764,20 +760,11 @@ static Suite *reduce_suite(void)
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
 
-    tc = tcase_create("util");
-    tcase_add_test(tc, names_and_parsers);
-    tcase_add_test(tc, strerror_and_clock);
-    tcase_set_timeout(tc, 10);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "util", 10, names_and_parsers, strerror_and_clock);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(reduce_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(reduce_suite());
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "check_main.h"
 
 /* A malloc'ed file image: the 8-byte length of `hdr`, hdr, then `ndata` bytes 0, 1, 2, .... */
 static void *image(const char *hdr, uint64_t claimed_len, size_t ndata, size_t *len)
@@ -199,16 +200,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("safetensors");
-    TCase *tc = tcase_create("safetensors");
-    tcase_add_test(tc, test_round_trip);
-    tcase_add_test(tc, test_valid_edge_cases);
-    tcase_add_test(tc, test_bad_header_length);
-    tcase_add_test(tc, test_bad_tensors);
-    tcase_add_test(tc, test_read_errors);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    check_tcase(s, "safetensors", 0, test_round_trip, test_valid_edge_cases, test_bad_header_length,
+                test_bad_tensors, test_read_errors);
+    return check_run(s);
 }

@@ -7,6 +7,7 @@
 #include "frames.h"
 #include "proto.h"
 #include "rdzv.h"
+#include "check_main.h"
 
 #include <arpa/inet.h>
 #include <check.h>
@@ -851,24 +852,9 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("server");
-    TCase *tc = tcase_create("sockets");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, both_generations_one_port);
-    tcase_add_test(tc, byte_at_a_time);
-    tcase_add_test(tc, half_sent_frame);
-    tcase_add_test(tc, bad_input_closes_one_connection);
-    tcase_add_test(tc, connection_cap);
-    tcase_add_test(tc, out_of_fds);
-    tcase_add_test(tc, wait_across_connections);
-    tcase_add_test(tc, back_pressure);
-    tcase_add_test(tc, ipv6_and_listen_fd);
-    tcase_add_test(tc, dual_stack);
-    tcase_add_test(tc, embedded_on_callers_loop);
-    tcase_add_test(tc, failed_create_does_not_run_loop);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    check_tcase(s, "sockets", 60, both_generations_one_port, byte_at_a_time, half_sent_frame,
+                bad_input_closes_one_connection, connection_cap, out_of_fds,
+                wait_across_connections, back_pressure, ipv6_and_listen_fd, dual_stack,
+                embedded_on_callers_loop, failed_create_does_not_run_loop);
+    return check_run(s);
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "coll_internal.h"
+#include "check_main.h"
 
 #define MAXW 16
 
@@ -608,50 +609,23 @@ END_TEST
 static Suite *settle_suite(void)
 {
     Suite *s = suite_create("settle");
-    TCase *tc = tcase_create("local");
-    tcase_add_test(tc, aborted_here_blames_self);
-    tcase_add_test(tc, other_codes_pass_through);
-    tcase_add_test(tc, names);
-    tcase_set_timeout(tc, 10);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "local", 10, aborted_here_blames_self, other_codes_pass_through, names);
 
-    tc = tcase_create("timeout");
-    tcase_add_test(tc, timeout_blames_the_skipper);
-    tcase_add_test(tc, timeout_blames_lowest_behind_or_missing);
-    tcase_add_test(tc, timeout_all_reached_keeps_guess);
-    tcase_add_test(tc, timeout_ignores_own_slot);
-    tcase_add_test(tc, timeout_large_indices);
-    tcase_add_test(tc, timeout_progress_unavailable);
-    tcase_add_test(tc, timeout_p2p_records_guess);
-    tcase_add_test(tc, timeout_adopts_existing_record);
-    tcase_add_test(tc, first_writer_wins);
-    tcase_set_timeout(tc, 10);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "timeout", 10, timeout_blames_the_skipper,
+                timeout_blames_lowest_behind_or_missing, timeout_all_reached_keeps_guess,
+                timeout_ignores_own_slot, timeout_large_indices, timeout_progress_unavailable,
+                timeout_p2p_records_guess, timeout_adopts_existing_record, first_writer_wins);
 
-    tc = tcase_create("remote");
-    tcase_add_test(tc, dead_blames_the_victim);
-    tcase_add_test(tc, closed_blames_the_peer);
-    tcase_add_test(tc, closed_unknown_peer_is_a_timeout);
-    tcase_add_test(tc, abort_blames_the_aborter);
-    tcase_add_test(tc, aborted_segment_without_record);
-    tcase_set_timeout(tc, 10);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "remote", 10, dead_blames_the_victim, closed_blames_the_peer,
+                closed_unknown_peer_is_a_timeout, abort_blames_the_aborter,
+                aborted_segment_without_record);
 
-    tc = tcase_create("no store");
-    tcase_add_test(tc, unreachable_store_falls_back);
-    tcase_add_test(tc, unwritable_record_keeps_own_verdict);
-    tcase_add_test(tc, every_combination_ends);
-    tcase_set_timeout(tc, 30);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "no store", 30, unreachable_store_falls_back,
+                unwritable_record_keeps_own_verdict, every_combination_ends);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(settle_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return check_run(settle_suite());
 }

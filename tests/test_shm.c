@@ -29,6 +29,7 @@
 
 #include "coll_internal.h"
 #include "monoclock.h"
+#include "check_main.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Fixtures and helpers                                                                        */
@@ -628,16 +629,10 @@ static Suite *shm_suite(void)
 {
     Suite *s = suite_create("shm");
 
-    TCase *tc = tcase_create("segments");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_create_open_attach);
-    tcase_add_test(tc, test_bad_arguments);
-    tcase_add_test(tc, test_close_zeroed);
-    tcase_add_test(tc, test_attach_timeout);
-    tcase_add_test(tc, test_stale_sweep);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "segments", 30, test_create_open_attach, test_bad_arguments, test_close_zeroed,
+                test_attach_timeout, test_stale_sweep);
 
-    tc = tcase_create("waits");
+    TCase *tc = tcase_create("waits");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_pingpong, 0, 2);
     tcase_add_test(tc, test_wait_all);
@@ -651,10 +646,5 @@ static Suite *shm_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(shm_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return check_run(shm_suite());
 }

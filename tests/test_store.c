@@ -5,6 +5,7 @@
  */
 #include "frames.h"
 #include "store.h"
+#include "check_main.h"
 
 #include <check.h>
 #include <errno.h>
@@ -658,24 +659,10 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("store");
-    TCase *tc = tcase_create("ops");
+    TCase *tc =
+        check_tcase(s, "ops", 0, set_get_delete_numkeys, add_semantics, compare_set_semantics,
+                    check_and_wait, cancel_and_release, append_multi_ping_list, queues, barrier_op,
+                    clear_keeps_prefix_and_waiters, legacy_watch, size_cap, many_keys);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, set_get_delete_numkeys);
-    tcase_add_test(tc, add_semantics);
-    tcase_add_test(tc, compare_set_semantics);
-    tcase_add_test(tc, check_and_wait);
-    tcase_add_test(tc, cancel_and_release);
-    tcase_add_test(tc, append_multi_ping_list);
-    tcase_add_test(tc, queues);
-    tcase_add_test(tc, barrier_op);
-    tcase_add_test(tc, clear_keeps_prefix_and_waiters);
-    tcase_add_test(tc, legacy_watch);
-    tcase_add_test(tc, size_cap);
-    tcase_add_test(tc, many_keys);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

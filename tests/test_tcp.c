@@ -31,6 +31,7 @@
 
 #include "coll_internal.h"
 #include "monoclock.h"
+#include "check_main.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
@@ -924,46 +925,21 @@ static Suite *tcp_suite(void)
 {
     Suite *s = suite_create("tcp");
 
-    TCase *tc = tcase_create("setup");
-    tcase_set_timeout(tc, 10);
-    tcase_add_test(tc, test_init_and_arguments);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "setup", 10, test_init_and_arguments);
 
-    tc = tcase_create("xfer");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_ring3);
-    tcase_add_test(tc, test_ring5);
-    tcase_add_test(tc, test_pair_duplex);
-    tcase_add_test(tc, test_pair_duplex_ipv6);
-    tcase_add_test(tc, test_zero_length);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "xfer", 60, test_ring3, test_ring5, test_pair_duplex, test_pair_duplex_ipv6,
+                test_zero_length);
 
-    tc = tcase_create("conn");
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc, test_accept_out_of_order);
-    tcase_add_test(tc, test_bad_hellos);
-    tcase_add_test(tc, test_duplicate_hello);
-    tcase_add_test(tc, test_conn_timeout);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "conn", 20, test_accept_out_of_order, test_bad_hellos, test_duplicate_hello,
+                test_conn_timeout);
 
-    tc = tcase_create("failures");
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc, test_timeout_names_silent_peer);
-    tcase_add_test(tc, test_peer_killed_mid_transfer);
-    tcase_add_test(tc, test_sender_killed_mid_transfer);
-    tcase_add_test(tc, test_abort_from_thread);
-    tcase_add_test(tc, test_shutdown_wakes_both);
-    tcase_add_test(tc, test_shutdown_wakes_accept);
-    suite_add_tcase(s, tc);
+    check_tcase(s, "failures", 20, test_timeout_names_silent_peer, test_peer_killed_mid_transfer,
+                test_sender_killed_mid_transfer, test_abort_from_thread, test_shutdown_wakes_both,
+                test_shutdown_wakes_accept);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(tcp_suite());
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(tcp_suite());
 }

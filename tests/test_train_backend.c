@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "train_backend.h"
+#include "check_main.h"
 
 #define MAXW 8
 
@@ -135,20 +136,8 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("train_backend");
-    TCase *tc = tcase_create("decide");
-    tcase_add_test(tc, report_is_bytes);
-    tcase_add_test(tc, all_distinct_take_nccl);
-    tcase_add_test(tc, shared_gpu_takes_cpu);
-    tcase_add_test(tc, rank_without_gpu_or_nccl);
-    tcase_add_test(tc, one_gpu_per_rank_through_visible_devices);
-    tcase_add_test(tc, world_of_one);
-    tcase_add_test(tc, bad_arguments);
-    tcase_set_timeout(tc, 30);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    check_tcase(s, "decide", 30, report_is_bytes, all_distinct_take_nccl, shared_gpu_takes_cpu,
+                rank_without_gpu_or_nccl, one_gpu_per_rank_through_visible_devices, world_of_one,
+                bad_arguments);
+    return check_run(s);
 }

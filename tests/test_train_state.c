@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "train_state.h"
+#include "check_main.h"
 
 static train_state example(void)
 {
@@ -129,16 +130,6 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("train_state");
-    TCase *tc = tcase_create("state");
-    tcase_add_test(tc, round_trip);
-    tcase_add_test(tc, malformed);
-    tcase_add_test(tc, compare);
-    tcase_set_timeout(tc, 30);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK_GETENV);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    check_tcase(s, "state", 30, round_trip, malformed, compare);
+    return check_run(s);
 }
