@@ -7,15 +7,15 @@
  * Every rank joins the job with coll_comm_init_env(), store only: it reads the torchrun
  * environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
  * TORCHELASTIC_RESTART_COUNT) and connects to the launcher's store; without that environment it
- * runs alone, one rank on a store of its own. It then picks the device from LOCAL_RANK and creates
- * one communicator under the prefix "coll-bench/<run id>/<restart count>". For each size from -b to -e it runs -w warm-up
- * operations, a barrier, then times -n operations (by default all issued with the i-form and then
- * waited for, as nccl-tests enqueues them; -z 1 waits for each), then (-c 1) runs one more
- * operation on a known pattern and counts the elements that differ from the expected result. Rank 0
- * prints one row per size: size in bytes, count in elements, dtype, reduction, root, time per
- * operation in microseconds, algbw = size / time and busbw = algbw x nccl-tests' bus factor
- * (allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast and reduce 1), and the
- * number of wrong elements over all ranks.
+ * runs alone, one rank on a store of its own. It then picks the device from LOCAL_RANK and
+ * creates one communicator under the prefix "coll-bench/<run id>/<restart count>". For each size
+ * from -b to -e it runs -w warm-up operations, a barrier, then times -n operations (by default
+ * all issued with the i-form and then waited for, as nccl-tests enqueues them; -z 1 waits for
+ * each), then (-c 1) runs one more operation on a known pattern and counts the elements that differ
+ * from the expected result. Rank 0 prints one row per size: size in bytes, count in elements,
+ * dtype, reduction, root, time per operation in microseconds, algbw = size / time and busbw = algbw
+ * x nccl-tests' bus factor (allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast and
+ * reduce 1), and the number of wrong elements over all ranks.
  *
  * Sizes, as in nccl-tests: for allgather and reduce_scatter the size is the whole gathered or
  * scattered buffer (count x n elements, count per rank), rounded down to a multiple of

@@ -15,8 +15,9 @@
  *
  * C rather than Python so that the measurement is the launcher's and the store's, not the
  * time to import torch (in a CUDA build, loading libcollective's libnccl and libcudart adds
- * about 1.4 ms of CPU per start, the same under every launcher). The client speaks PyTorch's modern (2.2+) store protocol: it works
- * with ddprun's store and with torch 2.x torchrun's agent store, not with torch 1.13's.
+ * about 1.4 ms of CPU per start, the same under every launcher). The client speaks PyTorch's modern
+ * (2.2+) store protocol: it works with ddprun's store and with torch 2.x torchrun's agent store,
+ * not with torch 1.13's.
  */
 #include <errno.h>
 #include <inttypes.h>
