@@ -26,6 +26,9 @@
  * detail. Events are created and destroyed with the communicator's device current on the calling
  * thread, so that no stray context is created on device 0.
  *
+ * Needs NCCL 2.14 or later (ncclCommInitRankConfig with ncclConfig_t.blocking, ncclInProgress,
+ * ncclCommFinalize); meson.build reads nccl.h's version and leaves this file out below that.
+ *
  * Not done here: argument validation (comm.c validates at the public entry points), ordering of
  * operations (comm.c issues them one at a time), user buffer registration, ncclCommSplit (splits
  * make fresh communicators through the store).

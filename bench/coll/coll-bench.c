@@ -4,18 +4,18 @@
  *
  *     ddprun --nproc-per-node 4 coll-bench allreduce -b 8 -e 64M -f 2 -d f32 [--json FILE]
  *
- * Every rank reads the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
- * MASTER_PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT) with rdzv_env_read(), connects a
- * librendezvous client to the launcher's store and creates one communicator under the prefix
- * "coll-bench/<run id>/<restart count>" (rdzv_env_prefix()). Without that environment it runs
- * alone: one rank, on a store of its own. For each size from -b to -e it runs -w warm-up
- * operations, a barrier, then times -n operations (by default all issued with the i-form and then
- * waited for, as nccl-tests enqueues them; -z 1 waits for each), then (-c 1) runs one more
- * operation on a known pattern and counts the elements that differ from the expected result. Rank 0
- * prints one row per size: size in bytes, count in elements, dtype, reduction, root, time per
- * operation in microseconds, algbw = size / time and busbw = algbw x nccl-tests' bus factor
- * (allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast and reduce 1), and the
- * number of wrong elements over all ranks.
+ * Every rank joins the job with coll_comm_init_env(), store only: it reads the torchrun
+ * environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
+ * TORCHELASTIC_RESTART_COUNT) and connects to the launcher's store; without that environment it
+ * runs alone, one rank on a store of its own. It then picks the device from LOCAL_RANK and
+ * creates one communicator under the prefix "coll-bench/<run id>/<restart count>". For each size
+ * from -b to -e it runs -w warm-up operations, a barrier, then times -n operations (by default
+ * all issued with the i-form and then waited for, as nccl-tests enqueues them; -z 1 waits for
+ * each), then (-c 1) runs one more operation on a known pattern and counts the elements that differ
+ * from the expected result. Rank 0 prints one row per size: size in bytes, count in elements,
+ * dtype, reduction, root, time per operation in microseconds, algbw = size / time and busbw = algbw
+ * x nccl-tests' bus factor (allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast and
+ * reduce 1), and the number of wrong elements over all ranks.
  *
  * Sizes, as in nccl-tests: for allgather and reduce_scatter the size is the whole gathered or
  * scattered buffer (count x n elements, count per rank), rounded down to a multiple of
@@ -1015,33 +1015,26 @@ int main(int argc, char **argv)
 
     /*
      * Who we are: the torchrun environment, or (none of RANK, WORLD_SIZE, MASTER_ADDR and
-     * MASTER_PORT set) a job of one on a store of our own.
+     * MASTER_PORT set) a job of one on a store of our own. The store only: the device comes from
+     * LOCAL_RANK before the communicator is made, and the bench keeps the store for its own keys.
      */
-    rdzv_server *own = NULL;
-    rdzv_env env;
+    coll_env job = {0};
     json_t *rows = NULL;
     coll_request **reqs = NULL;
-    if (rdzv_env_read(&env) < 0) {
-        err("%s", rdzv_client_last_error(NULL));
+    coll_env_options eo;
+    coll_env_options_init(&eo);
+    eo.name = "coll-bench";
+    eo.store_only = true;
+    eo.standalone = true;
+    int rc = coll_comm_init_env(&eo, &job);
+    if (rc < 0) {
+        /* The sentence names the variable at fault, or the store's address. */
+        err("%s", coll_last_error(NULL));
         return EXIT_SETUP;
     }
-    const char *addr = env.master_addr;
-    int port = env.master_port, local_rank = env.local_rank;
-    b.rank = env.rank;
-    b.n = env.world_size;
-    if (env.standalone) {
-        rdzv_server_options so;
-        rdzv_server_options_init(&so);
-        so.host = "127.0.0.1";
-        so.port = 0;
-        int rc = rdzv_server_start(&so, &own);
-        if (rc < 0) {
-            err("cannot start a store for a single-rank run: %s", rdzv_strerror(rc));
-            return EXIT_SETUP;
-        }
-        addr = "127.0.0.1";
-        port = rdzv_server_port(own);
-    }
+    b.rank = job.env.rank;
+    b.n = job.env.world_size;
+    b.store = job.store;
     if (is_rooted(a->kind) && a->root >= b.n) {
         if (b.rank == 0)
             err("-r/--root: %d is not a rank of %d", a->root, b.n);
@@ -1049,18 +1042,8 @@ int main(int argc, char **argv)
         goto out;
     }
 
-    rdzv_client_options co;
-    rdzv_client_options_init(&co);
-    int rc = env.standalone ? rdzv_client_connect(addr, port, &co, &b.store)
-                            : rdzv_env_connect(&env, &co, &b.store);
-    if (rc < 0) {
-        err("rank %d: cannot reach the store at %s:%d: %s (%s)", b.rank, addr, port,
-            rdzv_strerror(rc), rdzv_client_last_error(NULL));
-        goto out;
-    }
-
     /* The device: LOCAL_RANK when the nccl backend may be chosen and there is a GPU. */
-    int device = -1;
+    int local_rank = job.env.local_rank, device = -1;
 #ifdef COLL_BENCH_CUDA
     if (a->backend != COLL_BACKEND_CPU && coll_have_nccl()) {
         int ndev = 0;
@@ -1080,16 +1063,13 @@ int main(int argc, char **argv)
     opts.small_bytes = a->small_bytes;
     opts.log = log_hook;
     opts.log_arg = &b.rank;
-    /* The communicator's keys and the bench's own, per attempt of the job. */
-    char prefix[512];
-    rc = rdzv_env_prefix(&env, "coll-bench", prefix, sizeof(prefix));
-    if (rc == 0)
-        rc = rdzv_env_prefix(&env, "coll-bench-stats", b.key_prefix, sizeof(b.key_prefix));
+    /* The communicator's keys live under the attempt's prefix, the bench's own beside them. */
+    rc = rdzv_env_prefix(&job.env, "coll-bench-stats", b.key_prefix, sizeof(b.key_prefix));
     if (rc < 0) {
         err("rank %d: store key prefix: %s", b.rank, rdzv_strerror(rc));
         goto out;
     }
-    rc = coll_comm_init(b.store, prefix, b.rank, b.n, a->backend, device, &opts, &b.comm);
+    rc = coll_comm_init(b.store, job.prefix, b.rank, b.n, a->backend, device, &opts, &b.comm);
     if (rc < 0) {
         err("rank %d: coll_comm_init (%s backend, device %d): %s: %s", b.rank,
             coll_backend_name(a->backend), device, coll_strerror(rc), coll_last_error(NULL));
@@ -1255,7 +1235,6 @@ out:
         buffers_free(&b.buf);
     free(reqs);
     json_decref(rows);
-    rdzv_client_close(b.store);
-    rdzv_server_stop(own);
+    coll_env_free(&job); /* the store (b.store), then the private one */
     return status;
 }
