@@ -7,8 +7,8 @@
 #   RUNS    runs per measurement (default 10; the 5 s-per-run torch 1.13 default and the
 #           64-rank barrier use fewer, see below).
 # Environment: PYTHON2 (default python3: torch 2.x), PYTHON113 (default /usr/bin/python3:
-# Debian's torch 1.13), RDZV_BUILD (build directory with rendezvous/librendezvous.so and
-# libcollective/libcollective.so; default the one DDPRUN lives in, else build/).
+# Debian's torch 1.13), RDZV_BUILD (build directory with rendezvous/librendezvous.so; default
+# the one DDPRUN lives in, else build/).
 #
 # 1. Launch overhead: `L --nproc-per-node 4 --no-python /bin/true`, start to exit, with
 #    hyperfine when installed (else a loop timing each run with date +%s%N). torch 1.13's
@@ -17,9 +17,9 @@
 # 2. Launch to barrier: `L --standalone --nproc-per-node N --no-python barrier_worker` for
 #    N = 4, 16, 64: the time from starting the launcher until the last rank has left a store
 #    barrier at MASTER_ADDR:MASTER_PORT (and until the launcher exited). barrier_worker.c is
-#    compiled here against libcollective and librendezvous; its client speaks the modern store
-#    protocol, so the torch 1.13 torchrun (legacy-only TCPStore, and with --standalone no agent
-#    store at all) is skipped.
+#    compiled here against librendezvous; its client speaks the modern store protocol, so the
+#    torch 1.13 torchrun (legacy-only TCPStore, and with --standalone no agent store at all) is
+#    skipped.
 # Ratios are torchrun / ddprun: above 1 means ddprun is faster.
 set -uo pipefail
 
@@ -118,10 +118,9 @@ PY
 echo
 echo "== launch to store barrier: L --standalone --nproc-per-node N --no-python barrier_worker"
 worker=$tmp/barrier_worker
-if ! cc -std=c11 -D_POSIX_C_SOURCE=200809L -O2 -Wall -I "$root/rendezvous" -I "$root/libcollective" \
-        "$here/barrier_worker.c" -L "$build/libcollective" -L "$build/rendezvous" -lcollective \
-        -lrendezvous -Wl,-rpath,"$build/libcollective:$build/rendezvous" -o "$worker"; then
-    echo "cannot build barrier_worker against $build/libcollective and $build/rendezvous; skipped"
+if ! cc -std=c11 -D_POSIX_C_SOURCE=200809L -O2 -Wall -I "$root/rendezvous" "$here/barrier_worker.c" \
+        -L "$build/rendezvous" -lrendezvous -Wl,-rpath,"$build/rendezvous" -o "$worker"; then
+    echo "cannot build barrier_worker against $build/rendezvous; skipped"
     exit 0
 fi
 bnames=()
