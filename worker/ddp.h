@@ -154,7 +154,8 @@ typedef struct ddp_options {
     float clip_norm;         /* clip the global gradient norm to this; <= 0: off (0) */
 
     int device; /* -1: host memory; >= 0: the CUDA device ordinal whose memory holds the arenas
-                   (a CUDA build; see "The device path" above) (-1) */
+                   (a CUDA build; see "The device path" above); every call on the model
+                   leaves it the calling thread's current device (-1) */
 
     ddp_log_fn log; /* optional; NULL: silent */
     void *log_arg;
