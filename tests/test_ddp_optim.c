@@ -666,20 +666,6 @@ END_TEST
 /* bf16 conversions                                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /*
  * The reference: the two bf16 values around x (its pattern truncated, and one unit above in
  * magnitude), the nearer in exact double arithmetic, a tie to the even one; NaN: quiet, sign
@@ -687,13 +673,13 @@ static float float_of(uint32_t u)
  */
 static uint16_t bf16_ref(float x)
 {
-    uint32_t u = bits_of(x);
+    uint32_t u = f32_bits(x);
     if (isnan(x))
         return (uint16_t)((u >> 16) | 0x40u);
     if (isinf(x))
         return (uint16_t)(u >> 16);
     uint16_t lo = (uint16_t)(u >> 16), sign = lo & 0x8000u;
-    double a = fabs((double)x), lo_v = fabs((double)float_of((uint32_t)lo << 16));
+    double a = fabs((double)x), lo_v = fabs((double)bits_f32((uint32_t)lo << 16));
     int e = lo_v == 0 ? -126 : ilogb(lo_v);
     if (e < -126)
         e = -126; /* subnormals share the smallest normal's unit */
@@ -713,16 +699,16 @@ START_TEST(bf16_conversion)
     ck_assert_uint_eq(ddp__bf16_from_f32(-INFINITY), 0xff80u);
     ck_assert_uint_eq(ddp__bf16_from_f32(-0.0f), 0x8000u);
     ck_assert_uint_eq(ddp__bf16_from_f32(FLT_MAX), 0x7f80u);
-    ck_assert_uint_eq(ddp__bf16_from_f32(float_of(0x7f7f0000u)), 0x7f7fu);
+    ck_assert_uint_eq(ddp__bf16_from_f32(bits_f32(0x7f7f0000u)), 0x7f7fu);
     /* NaNs stay NaNs (quiet, sign kept), even a signalling one whose payload is in the low
      * half only (truncation alone would make it an infinity). */
-    ck_assert(isnan(ddp__bf16_to_f32(ddp__bf16_from_f32(float_of(0x7f800001u)))));
-    ck_assert_uint_eq(ddp__bf16_from_f32(float_of(0xff800001u)) & 0x8000u, 0x8000u);
+    ck_assert(isnan(ddp__bf16_to_f32(ddp__bf16_from_f32(bits_f32(0x7f800001u)))));
+    ck_assert_uint_eq(ddp__bf16_from_f32(bits_f32(0xff800001u)) & 0x8000u, 0x8000u);
     ck_assert(isnan(ddp__bf16_to_f32(ddp__bf16_from_f32(NAN))));
     /* Every bf16 widens exactly and narrows back to itself (NaNs to a quiet NaN). */
     for (uint32_t h = 0; h < 0x10000u; h++) {
         float f = ddp__bf16_to_f32((uint16_t)h);
-        ck_assert_uint_eq(bits_of(f), h << 16);
+        ck_assert_uint_eq(f32_bits(f), h << 16);
         uint16_t back = ddp__bf16_from_f32(f);
         ck_assert_uint_eq(back, isnan(f) ? (uint16_t)(h | 0x40u) : (uint16_t)h);
     }
@@ -731,13 +717,13 @@ START_TEST(bf16_conversion)
     uint64_t st = 0x9e3779b97f4a7c15ull;
     for (int i = 0; i < 1000000; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
-        float x = float_of((uint32_t)(st >> 32));
+        float x = bits_f32((uint32_t)(st >> 32));
         ck_assert_msg(ddp__bf16_from_f32(x) == bf16_ref(x), "%a: %04x, want %04x", (double)x,
                       ddp__bf16_from_f32(x), bf16_ref(x));
     }
     for (uint32_t h = 0; h < 0x10000u; h++) {
         for (int k = -1; k <= 1; k++) {
-            float x = float_of((h << 16) + 0x8000u + (uint32_t)k);
+            float x = bits_f32((h << 16) + 0x8000u + (uint32_t)k);
             ck_assert_msg(ddp__bf16_from_f32(x) == bf16_ref(x), "%a: %04x, want %04x",
                           (double)x, ddp__bf16_from_f32(x), bf16_ref(x));
         }
@@ -756,7 +742,7 @@ START_TEST(bf16_arrays)
         ck_assert_uint_eq(h[i], bf16_ref(src[i] * 0.25f));
     ddp__from_bf16(dst, h, 37, 0);
     for (int i = 0; i < 37; i++)
-        ck_assert_uint_eq(bits_of(dst[i]), (uint32_t)h[i] << 16);
+        ck_assert_uint_eq(f32_bits(dst[i]), (uint32_t)h[i] << 16);
     ddp__from_bf16(dst, h, 37, 1);
     for (int i = 0; i < 37; i++)
         ck_assert(dst[i] == 2 * ddp__bf16_to_f32(h[i]));
