@@ -13,7 +13,8 @@
 #                                   with iproute2; sets tag=$$, tmp (a new directory; KEEP_TMP=1
 #                                   keeps it and prints its path) and pids=() (the processes the
 #                                   test starts), and traps EXIT to kill $pids, run
-#                                   netns_cleanup and remove $tmp.
+#                                   netns_cleanup and remove $tmp; fails=0.
+#   fail MSG / ok MSG               report a check (fail counts it in $fails).
 NETNS_NODES=()
 NETNS_ADDRS=()
 NETNS_BR=
@@ -68,8 +69,12 @@ netns_test_begin() {
   tmp=$(mktemp -d)
   [ -n "${KEEP_TMP:-}" ] && echo "tmp=$tmp"
   pids=()
+  fails=0
   trap netns_test_end EXIT
 }
+
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { echo "ok: $*"; }
 
 netns_test_end() {
   local p

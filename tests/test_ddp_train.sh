@@ -21,13 +21,7 @@ if [[ ! -r $DATA/train-images-idx3-ubyte.gz ]]; then
     exit 77
 fi
 
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() {
-    echo "FAIL: $*" >&2
-    fails=$((fails + 1))
-}
+. "$(dirname "$0")/launcher/lib.sh" # $tmp, fail, ok
 
 # expect_exit CODE PATTERN CMD...: CMD exits with CODE and its stderr matches PATTERN.
 expect_exit() {

@@ -28,9 +28,6 @@ netns_test_begin
 netns_setup dde "$tag" 10.213.9 3 || exit $?
 nodes=("${NETNS_NODES[@]}")
 addr=("${NETNS_ADDRS[@]}")
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
 
 # The namespaces are new and empty, so a fixed port cannot collide with anything there.
 port=29555

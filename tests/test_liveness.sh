@@ -21,9 +21,6 @@ nodes=("${NETNS_NODES[@]}")
 addr=("${NETNS_ADDRS[@]}")
 veth1=lv1$tag # node 1's end of its link (netns_lib.sh's naming)
 
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
 port=29560 # the namespaces are new and empty: nothing else listens there

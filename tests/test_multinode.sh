@@ -15,10 +15,6 @@ netns_setup ddp "$tag" 10.213.7 3 || exit $? # exist only inside the test's name
 nodes=("${NETNS_NODES[@]}")
 addr=("${NETNS_ADDRS[@]}")
 
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
-
 # The namespaces are new and empty, so a fixed port cannot collide with anything there.
 port=29555
 

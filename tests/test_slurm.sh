@@ -44,8 +44,6 @@ cleanup() {
 trap cleanup EXIT
 
 fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
 
 n=3
 netns_setup slm "$tag" 10.213.13 $((n + 1)) || exit $?

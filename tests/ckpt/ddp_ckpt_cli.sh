@@ -32,14 +32,7 @@ if ! "$PY" -c 'import numpy, safetensors.numpy' 2>/dev/null; then
     echo "SKIP: $PY has no safetensors and numpy (.ci/install-deps installs them)"
     exit 77
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() {
-    echo "FAIL: $*" >&2
-    fails=$((fails + 1))
-}
-ok() { echo "ok: $*"; }
+. "$(dirname "$0")/../launcher/lib.sh" # $tmp, fail, ok
 
 # expect CODE PATTERN CMD...: CMD exits with CODE and its output (both streams) matches PATTERN.
 expect() {

@@ -34,10 +34,6 @@ else
   echo "note: no UTS namespaces: the nodes share a hostname"
 fi
 
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
-
 # The namespaces are new and empty, so a fixed port cannot collide with anything there.
 port=29600
 
