@@ -116,6 +116,23 @@ int cli_parse_seconds(const char *flag, const char *s, double min, double max, i
     return parse_real(flag, s, min, max, flags, "number of seconds", out);
 }
 
+int cli_parse_choice(const char *flag, const char *s, const char *noun, const char *const *names,
+                     int *index)
+{
+    char list[256] = "";
+    size_t len = 0;
+    for (int i = 0; names[i]; i++) {
+        if (s && !strcmp(s, names[i])) {
+            *index = i;
+            return 0;
+        }
+        if (len < sizeof list)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "",
+                                    names[i]);
+    }
+    return fail("%s: unknown %s '%s' (%s)", flag, noun, s ? s : "", list);
+}
+
 int cli_parse_size(const char *flag, const char *s, size_t min, size_t max, size_t *out)
 {
     const char *p = s;

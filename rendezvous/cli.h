@@ -93,6 +93,14 @@ int cli_parse_seconds(const char *flag, const char *s, double min, double max, i
  */
 int cli_parse_size(const char *flag, const char *s, size_t min, size_t max, size_t *out);
 
+/*
+ * Parses one of a set of words: `names` is NULL-terminated, and *index is set to the position of
+ * the one s equals. `noun` names what they are in the error sentence: "FLAG: unknown NOUN 'S'
+ * (A, B, C)". Returns 0, or -EINVAL.
+ */
+int cli_parse_choice(const char *flag, const char *s, const char *noun, const char *const *names,
+                     int *index);
+
 /* Flags of cli_parse_int_list(). */
 enum {
     CLI_ALLOW_AUTO = 1, /* an item may be the word "auto", which stands for CLI_AUTO */

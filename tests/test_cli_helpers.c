@@ -181,6 +181,22 @@ START_TEST(sizes)
 }
 END_TEST
 
+START_TEST(choices)
+{
+    static const char *const words[] = {"sgd", "adamw", NULL};
+    int i = -1;
+    ck_assert_int_eq(cli_parse_choice("--optimizer", "adamw", "optimizer", words, &i), 0);
+    ck_assert_int_eq(i, 1);
+    ck_assert_int_eq(cli_parse_choice("--optimizer", "sgd", "optimizer", words, &i), 0);
+    ck_assert_int_eq(i, 0);
+    ck_assert_int_eq(cli_parse_choice("--optimizer", "adam", "optimizer", words, &i), -EINVAL);
+    ck_assert_int_eq(i, 0);
+    ck_assert_str_eq(cli_last_error(), "--optimizer: unknown optimizer 'adam' (sgd, adamw)");
+    ck_assert_int_eq(cli_parse_choice("--optimizer", NULL, "optimizer", words, &i), -EINVAL);
+    ERR_HAS("unknown optimizer '' (sgd, adamw)");
+}
+END_TEST
+
 enum { O_JSON = 256, O_VERSION, O_TWO };
 
 static const cli_option table[] = {
@@ -395,8 +411,8 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("cli_helpers");
-    check_tcase(s, "cli", 30, integers, integer_lists, report, reals_and_seconds, sizes, lookups,
-                getopt_tables, getopt_build, help_layout);
+    check_tcase(s, "cli", 30, integers, integer_lists, report, reals_and_seconds, sizes, choices,
+                lookups, getopt_tables, getopt_build, help_layout);
 
     return check_run(s);
 }

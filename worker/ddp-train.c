@@ -378,75 +378,16 @@ static void usage(FILE *f)
 /* "ddp-train: <message>" on stderr. */
 #define err(...) cli_msg(stderr, "ddp-train", __VA_ARGS__)
 
-static int parse_optimizer(const char *flag, const char *s, ddp_optimizer *out)
-{
-    if (!strcmp(s, "sgd"))
-        *out = DDP_SGD;
-    else if (!strcmp(s, "adamw"))
-        *out = DDP_ADAMW;
-    else {
-        err("%s: unknown optimizer '%s' (sgd, adamw)", flag, s);
-        return -1;
-    }
-    return 0;
-}
-
-static int parse_device(const char *flag, const char *s, train_device *out)
-{
-    if (!strcmp(s, "auto"))
-        *out = DEV_AUTO;
-    else if (!strcmp(s, "cpu"))
-        *out = DEV_CPU;
-    else if (!strcmp(s, "cuda"))
-        *out = DEV_CUDA;
-    else {
-        err("%s: unknown device '%s' (cpu, cuda, auto)", flag, s);
-        return -1;
-    }
-    return 0;
-}
-
-/* f32 or bf16 (--precision, --reduce-dtype). */
-static int parse_f32_bf16(const char *flag, const char *s, coll_dtype *out)
-{
-    if (!strcmp(s, "f32"))
-        *out = COLL_F32;
-    else if (!strcmp(s, "bf16"))
-        *out = COLL_BF16;
-    else {
-        err("%s: expected f32 or bf16, got '%s'", flag, s);
-        return -1;
-    }
-    return 0;
-}
-
-static int parse_backend(const char *flag, const char *s, coll_backend *out)
-{
-    if (!strcmp(s, "auto"))
-        *out = COLL_BACKEND_AUTO;
-    else if (!strcmp(s, "cpu"))
-        *out = COLL_BACKEND_CPU;
-    else if (!strcmp(s, "nccl"))
-        *out = COLL_BACKEND_NCCL;
-    else {
-        err("%s: unknown backend '%s' (auto, cpu, nccl)", flag, s);
-        return -1;
-    }
-    return 0;
-}
-
-static int parse_schedule(const char *flag, const char *s, ddp_schedule_kind *out)
-{
-    if (!strcmp(s, "constant"))
-        *out = DDP_SCHED_CONSTANT;
-    else if (!strcmp(s, "cosine"))
-        *out = DDP_SCHED_COSINE;
-    else {
-        err("%s: unknown schedule '%s' (constant, cosine)", flag, s);
-        return -1;
-    }
-    return 0;
-}
+/* The words of the keyword options, each at the index of the value it stands for. */
+static const char *const optimizer_words[] = {[DDP_SGD] = "sgd", [DDP_ADAMW] = "adamw", NULL};
+static const char *const schedule_words[] = {[DDP_SCHED_CONSTANT] = "constant",
+                                             [DDP_SCHED_COSINE] = "cosine", NULL};
+static const char *const device_words[] = {[DEV_AUTO] = "auto", [DEV_CPU] = "cpu",
+                                           [DEV_CUDA] = "cuda", NULL};
+static const char *const backend_words[] = {[COLL_BACKEND_AUTO] = "auto",
+                                            [COLL_BACKEND_CPU] = "cpu",
+                                            [COLL_BACKEND_NCCL] = "nccl", NULL};
+static const char *const f32_bf16_words[] = {"f32", "bf16", NULL}; /* --precision, --reduce-dtype */
 
 /* The combinations parse_args() refuses. Returns 0 or EXIT_USAGE (printed). */
 static int check_args(const train_args *a)
@@ -495,10 +436,15 @@ static int parse_args(int argc, char **argv, train_args *a)
                       .keep = DEF_KEEP,
                       .seed = DEF_SEED,
                       .data = DATA_DEFAULT_DIR};
-    int ok = parse_optimizer("--optimizer", DEF_OPTIMIZER, &a->optimizer) == 0 &&
-             parse_schedule("--schedule", DEF_SCHEDULE, &a->schedule) == 0;
+    int opt_word, sched_word;
+    int ok = cli_parse_choice("--optimizer", DEF_OPTIMIZER, "optimizer", optimizer_words,
+                              &opt_word) == 0 &&
+             cli_parse_choice("--schedule", DEF_SCHEDULE, "schedule", schedule_words,
+                              &sched_word) == 0;
     assert(ok); /* the defaults above are valid names */
     (void)ok;
+    a->optimizer = (ddp_optimizer)opt_word;
+    a->schedule = (ddp_schedule_kind)sched_word;
 
     cli_getopt_tables g;
     int built = cli_getopt_build(&g, opt_table, NOPTS);
@@ -511,33 +457,30 @@ static int parse_args(int argc, char **argv, train_args *a)
         const cli_option *o = cli_by_id(opt_table, NOPTS, c);
         const char *flag = o ? cli_long_name(o) : "?";
         long v = 0;
-        int rc = 0;
+        int rc = 0, word;
         switch (c) {
         case OPT_ZERO:
             rc = cli_parse_int(flag, optarg, 0, 3, &a->zero);
             break;
         case OPT_DEVICE:
-            if (parse_device(flag, optarg, &a->device) < 0)
-                return EXIT_USAGE;
+            if ((rc = cli_parse_choice(flag, optarg, "device", device_words, &word)) == 0)
+                a->device = (train_device)word;
             break;
-        case OPT_PRECISION: {
-            coll_dtype p;
-            if (parse_f32_bf16(flag, optarg, &p) < 0)
-                return EXIT_USAGE;
-            a->bf16 = p == COLL_BF16;
+        case OPT_PRECISION:
+            if ((rc = cli_parse_choice(flag, optarg, "precision", f32_bf16_words, &word)) == 0)
+                a->bf16 = word == 1;
             break;
-        }
         case OPT_REDUCE_DTYPE:
-            if (parse_f32_bf16(flag, optarg, &a->reduce_dtype) < 0)
-                return EXIT_USAGE;
+            if ((rc = cli_parse_choice(flag, optarg, "dtype", f32_bf16_words, &word)) == 0)
+                a->reduce_dtype = word == 1 ? COLL_BF16 : COLL_F32;
             break;
         case OPT_BACKEND:
-            if (parse_backend(flag, optarg, &a->backend) < 0)
-                return EXIT_USAGE;
+            if ((rc = cli_parse_choice(flag, optarg, "backend", backend_words, &word)) == 0)
+                a->backend = (coll_backend)word;
             break;
         case OPT_OPTIMIZER:
-            if (parse_optimizer(flag, optarg, &a->optimizer) < 0)
-                return EXIT_USAGE;
+            if ((rc = cli_parse_choice(flag, optarg, "optimizer", optimizer_words, &word)) == 0)
+                a->optimizer = (ddp_optimizer)word;
             break;
         case OPT_LR:
             rc = cli_parse_double(flag, optarg, 0, HUGE_VAL, CLI_OPEN_MIN, &a->lr);
@@ -553,8 +496,8 @@ static int parse_args(int argc, char **argv, train_args *a)
             rc = cli_parse_double(flag, optarg, 0, HUGE_VAL, 0, &a->weight_decay);
             break;
         case OPT_SCHEDULE:
-            if (parse_schedule(flag, optarg, &a->schedule) < 0)
-                return EXIT_USAGE;
+            if ((rc = cli_parse_choice(flag, optarg, "schedule", schedule_words, &word)) == 0)
+                a->schedule = (ddp_schedule_kind)word;
             break;
         case OPT_WARMUP:
             rc = cli_parse_long(flag, optarg, 0, INT_MAX, &a->warmup);
