@@ -1565,6 +1565,25 @@ int ddp__model_view_get(ddp_model *m, ddp__model_view *v)
     };
     return 0;
 }
+/* A device model's parameters and optimizer state: to the device from the host copy (up), or
+ * from the device into it. */
+static int copy_state(ddp_model *m, bool up)
+{
+    const ddp__ops *o = m->ops;
+    size_t np = m->o.zero_stage == 3 ? m->plan.shard_total : m->plan.total;
+    float *dev[3] = {m->param, m->opt1, m->opt2}, *host[3] = {m->hparam, m->hopt1, m->hopt2};
+    size_t n[3] = {np, m->opt_elems, m->opt_elems};
+    int rc = 0;
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        size_t bytes = n[i] * sizeof(float);
+        if (dev[i])
+            rc = up ? o->upload(&m->dev, dev[i], host[i], bytes)
+                    : o->download(&m->dev, host[i], dev[i], bytes);
+    }
+    return dev_check(m, rc, up ? "checkpoint: copying the state to the device"
+                               : "checkpoint: copying the state from the device");
+}
+
 
 int ddp__model_view_host(ddp_model *m, ddp__model_view *v, bool download)
 {
@@ -1580,13 +1599,7 @@ int ddp__model_view_host(ddp_model *m, ddp__model_view *v, bool download)
         ddp_step_info in;
         if ((rc = ddp_step_info_get(m, &in)) < 0) /* synchronises; the device's step count */
             return rc;
-        const ddp__ops *o = m->ops;
-        rc = o->download(&m->dev, m->hparam, m->param, np * f);
-        if (rc == 0 && m->opt1)
-            rc = o->download(&m->dev, m->hopt1, m->opt1, m->opt_elems * f);
-        if (rc == 0 && m->opt2)
-            rc = o->download(&m->dev, m->hopt2, m->opt2, m->opt_elems * f);
-        if ((rc = dev_check(m, rc, "checkpoint: copying the state from the device")) < 0)
+        if ((rc = copy_state(m, false)) < 0)
             return rc;
     }
     v->param = m->hparam;
@@ -1600,14 +1613,9 @@ int ddp__state_loaded(ddp_model *m)
     const ddp__plan *pl = &m->plan;
     const ddp__ops *o = m->ops;
     int stage = m->o.zero_stage, rc = 0;
-    size_t np = stage == 3 ? pl->shard_total : pl->total, f = sizeof(float);
+    size_t np = stage == 3 ? pl->shard_total : pl->total;
     if (o->is_device) {
-        rc = o->upload(&m->dev, m->param, m->hparam, np * f);
-        if (rc == 0 && m->opt1)
-            rc = o->upload(&m->dev, m->opt1, m->hopt1, m->opt_elems * f);
-        if (rc == 0 && m->opt2)
-            rc = o->upload(&m->dev, m->opt2, m->hopt2, m->opt_elems * f);
-        if ((rc = dev_check(m, rc, "checkpoint: copying the state to the device")) < 0)
+        if ((rc = copy_state(m, true)) < 0)
             return rc;
     }
     /* Stages 0-2: every rank's parts of the parameters (stage 0: also the optimizer's arrays). */
