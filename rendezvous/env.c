@@ -2,7 +2,8 @@
  * The torchrun environment: the variables torchrun (and ddprun) give each worker, read in one
  * place for every program of the project, with an error that names the variable at fault. Also
  * the per-attempt key prefix, so that a restarted attempt never reads a failed one's keys, and
- * the job's store token (DDPRUN_STORE_TOKEN), so that workers authenticate without being told.
+ * the job's store token (DDPRUN_STORE_TOKEN), so that workers authenticate without being told,
+ * and the way back: a worker's error record (TORCHELASTIC_ERROR_FILE) for the launcher's summary.
  *
  * Reads the environment only; failures go to the calling thread's last error
  * (rdzv_client_last_error(NULL)), the same account a failed connect leaves, and so does the one
@@ -12,10 +13,12 @@
 #include "rdzv_internal.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *const required[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
 #define NREQUIRED (sizeof required / sizeof required[0])
@@ -142,4 +145,36 @@ int rdzv_env_connect(const rdzv_env *env, const rdzv_client_options *opts, rdzv_
         return rdzv_client_connect(env->master_addr, env->master_port, &with, out);
     }
     return rdzv_client_connect(env->master_addr, env->master_port, opts, out);
+}
+
+int rdzv_env_record_error(const char *message)
+{
+    if (!message)
+        return -EINVAL;
+    const char *path = get("TORCHELASTIC_ERROR_FILE");
+    if (!path)
+        return 0;
+    /* The wall clock on purpose: a timestamp people read, as PyTorch's @record writes it. */
+    char stamp[32];
+    snprintf(stamp, sizeof stamp, "%lld", (long long)time(NULL));
+    json_t *text = json_string(message);
+    if (!text)
+        return -EINVAL; /* NUL-terminated but not UTF-8 (or out of memory) */
+    json_t *rec = json_pack("{s:{s:o, s:{s:s, s:s}}}", "message", "message", text, "extraInfo",
+                            "py_callstack", "", "timestamp", stamp);
+    if (!rec)
+        return -ENOMEM;
+    int rc = 0;
+    FILE *f = fopen(path, "we");
+    if (!f) {
+        rc = -errno;
+    } else {
+        errno = 0;
+        if (json_dumpf(rec, f, JSON_COMPACT) < 0 || fputc('\n', f) == EOF)
+            rc = errno ? -errno : -EIO;
+        if (fclose(f) == EOF && rc == 0)
+            rc = -errno;
+    }
+    json_decref(rec);
+    return rc < 0 ? rc : 1;
 }

@@ -542,6 +542,18 @@ int rdzv_env_prefix(const rdzv_env *env, const char *name, char *buf, size_t cap
  */
 int rdzv_env_connect(const rdzv_env *env, const rdzv_client_options *opts, rdzv_client **out);
 
+/*
+ * A worker's account of its failure, where torchrun and ddprun read it: the file named by
+ * TORCHELASTIC_ERROR_FILE gets PyTorch's @record format, {"message": {"message": MESSAGE,
+ * "extraInfo": {"py_callstack": "", "timestamp": "<seconds since the epoch>"}}}, replacing
+ * what was there, so that the launcher's failure summary shows MESSAGE's first line. For a
+ * program about to exit with a failure. `message` is borrowed. Returns 1 (written), 0
+ * (TORCHELASTIC_ERROR_FILE unset or empty: no launcher reads one), -EINVAL (message NULL or
+ * not UTF-8), -ENOMEM, or the negative errno of creating or writing the file. Thread-safe,
+ * but concurrent calls write the same file.
+ */
+int rdzv_env_record_error(const char *message);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,17 +2,19 @@
  * Tests of librendezvous's store helpers (rendezvous/helpers.c: per-rank keys, set-once, the
  * bounded wait-and-get, the all-gather and its account of missing ranks) against the real server
  * in a child process, and of the torchrun-environment reader (rendezvous/env.c) on environments
- * the test sets itself. Every case runs in its own forked process, so changing the environment
- * here touches no other case. Ranks of an all-gather are threads with a client each; nothing
- * waits on a sleep.
+ * the test sets itself, and of the worker's error record it writes (TORCHELASTIC_ERROR_FILE).
+ * Every case runs in its own forked process, so changing the environment here touches no other
+ * case. Ranks of an all-gather are threads with a client each; nothing waits on a sleep.
  */
 #include <check.h>
 
 #include <errno.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rdzv.h"
 #include "server_proc.h"
@@ -502,6 +504,38 @@ START_TEST(test_env_errors)
 }
 END_TEST
 
+/* The worker's error record, as torchrun's and ddprun's summaries read it. */
+START_TEST(test_env_record_error)
+{
+    unsetenv("TORCHELASTIC_ERROR_FILE");
+    ck_assert_int_eq(rdzv_env_record_error("nowhere to go"), 0);
+    char dir[] = "/tmp/test_helpers_XXXXXX", path[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/error.json", dir);
+    setenv("TORCHELASTIC_ERROR_FILE", path, 1);
+    ck_assert_int_eq(rdzv_env_record_error(NULL), -EINVAL);
+    ck_assert_int_eq(rdzv_env_record_error("an older one"), 1);
+    ck_assert_int_eq(rdzv_env_record_error("rank 1: \"quoted\"\nsecond line"), 1);
+    json_error_t je;
+    json_t *rec = json_load_file(path, 0, &je);
+    ck_assert_msg(rec != NULL, "%s: %s", path, je.text);
+    const char *msg = NULL, *stamp = NULL, *stack = NULL;
+    ck_assert_int_eq(json_unpack(rec, "{s:{s:s, s:{s:s, s:s}}}", "message", "message", &msg,
+                                 "extraInfo", "py_callstack", &stack, "timestamp", &stamp),
+                     0);
+    ck_assert_str_eq(msg, "rank 1: \"quoted\"\nsecond line"); /* replaced, not appended */
+    ck_assert_str_eq(stack, "");
+    ck_assert_int_gt(strlen(stamp), 0);
+    ck_assert_uint_eq(strspn(stamp, "0123456789"), strlen(stamp));
+    json_decref(rec);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/missing/error.json", dir);
+    setenv("TORCHELASTIC_ERROR_FILE", path, 1);
+    ck_assert_int_eq(rdzv_env_record_error("x"), -ENOENT);
+    rmdir(dir);
+}
+END_TEST
+
 START_TEST(test_env_connect)
 {
     torchrun_env();
@@ -527,7 +561,8 @@ static Suite *helpers_suite(void)
                             test_allgather_timeout_names_missing, test_gather, test_env_connect);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
-    check_tcase(s, "env", 0, test_env_full, test_env_standalone, test_env_errors);
+    check_tcase(s, "env", 0, test_env_full, test_env_standalone, test_env_errors,
+                test_env_record_error);
     return s;
 }
 
