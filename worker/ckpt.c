@@ -27,8 +27,13 @@
  *    state of the step the checkpoint names, bit for bit (a device model's writer reads the
  *    host copy the save downloaded, which only the load changes). ddp_model_free() joins the
  *    writer before freeing that memory;
- *  - a failed write never breaks the model: it is kept and returned by the next save or wait,
- *    on every rank alike. A failed collective breaks it, as in ddp_step().
+ *  - a failed save never breaks the model nor stops the next one. Its outcome is agreed (a
+ *    collective, after every rank's writer finished or every rank prepared), so every rank
+ *    alike logs it (COLL_LOG_WARN, naming the save's step and the cause), removes what the
+ *    save wrote (remove_torn(): never a directory holding a complete checkpoint of another
+ *    save) and keeps it for ddp_checkpoint_wait() until the next save starts. `keep` runs only
+ *    after a complete save and counts only complete checkpoints, so a failed save never costs
+ *    the newest complete one. A failed collective breaks the model, as in ddp_step().
  */
 #include "ckpt.h"
 #include "ddp_internal.h"
@@ -151,8 +156,9 @@ struct ddp__ckpt_state {
     size_t ncopies;
     int copy_nstate;
 
-    int failed_rc; /* a completed save's failure, returned once by the next save or wait */
-    char failed_msg[512];
+    int failed_rc; /* the last save's failure (0: none), returned by every wait until the next
+                      save starts */
+    char failed_msg[768];
 };
 
 static void state_names(const ddp__model_view *v, const char **names, int *n)
@@ -254,11 +260,13 @@ static int make_dirs(const char *path)
 }
 
 /*
- * Every rank's outcome of a local part (rc, and msg when rc < 0): returns 0 when every rank
- * succeeded, else the lowest failing rank's code on every rank, with the model's error its
- * message (prefixed "rank R: " on the others). A failed collective breaks the model.
+ * Every rank's outcome of a local part (rc, and msg when rc < 0): *outcome is 0 when every
+ * rank succeeded, else the lowest failing rank's code on every rank, with the model's error its
+ * message (prefixed "rank R: " on the others). Returns 0, or a collective's failure (the model
+ * is broken; *outcome is not written).
  */
-static int agree(ddp_model *m, const ddp__model_view *v, int rc, const char *msg)
+static int agree_outcome(ddp_model *m, const ddp__model_view *v, int rc, const char *msg,
+                         int *outcome)
 {
     typedef struct rec {
         int64_t rc;
@@ -287,7 +295,15 @@ static int agree(ddp_model *m, const ddp__model_view *v, int rc, const char *msg
             ddp__fail(m, out, "rank %d: %s", r, all[r].msg);
     }
     free(all);
-    return out;
+    *outcome = out;
+    return 0;
+}
+
+/* agree_outcome() as one code: 0, the agreed failure, or a collective's failure. */
+static int agree(ddp_model *m, const ddp__model_view *v, int rc, const char *msg)
+{
+    int out = 0, c = agree_outcome(m, v, rc, msg, &out);
+    return c < 0 ? c : out;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -641,24 +657,60 @@ void ddp__ckpt_state_free(struct ddp__ckpt_state *ck)
 /* Completing a save                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The save failed: kept for the next save or wait, logged on every rank. */
-static void save_failed(const ddp__model_view *v, struct ddp__ckpt_state *ck, int rc,
-                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void save_failed(const ddp__model_view *v, struct ddp__ckpt_state *ck, int rc,
+/*
+ * What a failed save leaves goes, on every rank alike once the failure is agreed (no writer
+ * runs on any rank then). `written`: the save got as far as its writers, which opened every
+ * rank's shard with O_TRUNC after rank 0 had removed any manifest of that step, so the whole
+ * directory is this save's and torn: each rank unlinks its own shard (the directory may be on
+ * a disk of the rank's own), rank 0 removes the rest (other ranks' shards on a shared disk, a
+ * manifest or its temporary file) and the directory, the others try rmdir for a disk of their
+ * own. Otherwise the save failed while preparing, perhaps before rank 0 removed the manifest of
+ * a complete checkpoint of the same step, so only an empty directory (one the save made) goes.
+ * No other step's directory is touched. Returns 0 or the failure that left something behind.
+ */
+static int remove_torn(const ddp__model_view *v, const struct ddp__ckpt_state *ck, bool written)
+{
+    int rc = 0;
+    if (!ck->dir[0])
+        return 0;
+    if (written && unlink(ck->file) < 0 && errno != ENOENT)
+        rc = -errno;
+    if (written && v->rank == 0 && rc == 0) {
+        if ((rc = remove_checkpoint(ck->dir)) == -ENOENT)
+            rc = 0; /* another rank's rmdir came first */
+    } else if (rmdir(ck->dir) < 0 && errno != ENOENT && errno != ENOTEMPTY && errno != EEXIST &&
+               rc == 0) {
+        rc = -errno;
+    }
+    return rc;
+}
+
+/*
+ * The save failed (rc, the cause as fmt): every rank, at the same point. Its directory goes
+ * (remove_torn()), the failure is logged and kept for ddp_checkpoint_wait() until the next save.
+ */
+static void save_failed(const ddp__model_view *v, struct ddp__ckpt_state *ck, int rc, bool written,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void save_failed(const ddp__model_view *v, struct ddp__ckpt_state *ck, int rc, bool written,
                         const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int n = snprintf(ck->failed_msg, sizeof ck->failed_msg,
-                     "checkpoint %s is incomplete (readers ignore it): ", ck->dir);
-    if (n > 0 && (size_t)n < sizeof ck->failed_msg)
-        vsnprintf(ck->failed_msg + n, sizeof ck->failed_msg - (size_t)n, fmt, ap);
+    size_t cap = sizeof ck->failed_msg;
+    int n = snprintf(ck->failed_msg, cap, "checkpoint of step %" PRId64 " failed: ", ck->step);
+    if (n > 0 && (size_t)n < cap)
+        n += vsnprintf(ck->failed_msg + n, cap - (size_t)n, fmt, ap);
     va_end(ap);
+    int gone = remove_torn(v, ck, written);
+    if (n > 0 && (size_t)n < cap && gone < 0)
+        say(ck->failed_msg + n, cap - (size_t)n, "; removing %s: %s", ck->dir, strerror(-gone));
+    else if (n > 0 && (size_t)n < cap && written)
+        say(ck->failed_msg + n, cap - (size_t)n, "; %s removed", ck->dir);
     ck->failed_rc = rc;
     ck->phase = IDLE;
     json_decref(ck->manifest);
     ck->manifest = NULL;
-    log_line(v, COLL_LOG_ERROR, ck->failed_msg);
+    log_line(v, COLL_LOG_WARN, ck->failed_msg);
 }
 
 /* A rank's record in the gather of the shards' CRCs: rc and CRC, message, chunks' CRCs. */
@@ -702,7 +754,7 @@ static void shards_written(const ddp__model_view *v, struct ddp__ckpt_state *ck,
     for (int r = 0; r < v->world; r++) {
         memcpy(head, all + (size_t)r * rec, 16);
         if (head[0] < 0) {
-            save_failed(v, ck, (int)head[0], "rank %d: %.*s", r, MSG_BYTES,
+            save_failed(v, ck, (int)head[0], true, "rank %d: %.*s", r, MSG_BYTES,
                         (const char *)all + (size_t)r * rec + 16);
             return;
         }
@@ -764,7 +816,7 @@ static int exchanged(ddp_model *m, const ddp__model_view *v, struct ddp__ckpt_st
     if (ck->warn[0])
         log_line(v, COLL_LOG_WARN, ck->warn);
     if (all[1] < 0) {
-        save_failed(v, ck, (int)all[1], "rank 0: %s",
+        save_failed(v, ck, (int)all[1], true, "rank 0: %s",
                     v->rank == 0 ? ck->msg : strerror((int)-all[1]));
     } else {
         ck->phase = IDLE;
@@ -825,11 +877,7 @@ int ddp_checkpoint_wait(ddp_model *m)
         return 0;
     if ((rc = advance(m, &v, ck, true)) < 0)
         return rc;
-    if (ck->failed_rc < 0) {
-        rc = ddp__fail(m, ck->failed_rc, "%s", ck->failed_msg);
-        ck->failed_rc = 0;
-    }
-    return rc;
+    return ck->failed_rc < 0 ? ddp__fail(m, ck->failed_rc, "%s", ck->failed_msg) : 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -895,10 +943,11 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
                              user ? "" : ": ", user ? "" : je.text);
         }
     }
-    if ((rc = ddp_checkpoint_wait(m)) < 0 || (rc = ddp__model_view_host(m, &v, true)) < 0)
-        goto out;
-
+    /* The previous save completes first; its failure, logged when it was agreed, does not stop
+     * this one. */
     struct ddp__ckpt_state *ck = *v.ck;
+    if ((ck && (rc = advance(m, &v, ck, true)) < 0) || (rc = ddp__model_view_host(m, &v, true)) < 0)
+        goto out;
     if (!ck) {
         if (!(ck = calloc(1, sizeof *ck))) {
             rc = ddp__fail(m, -ENOMEM, "ddp_checkpoint_save: out of memory");
@@ -914,6 +963,7 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
     int nstate;
     state_names(&v, names, &nstate);
     size_t elems = (size_t)nstate * v.plan->shard_total;
+    ck->failed_rc = 0; /* the previous save's outcome gives way to this one's */
     ck->step = *v.steps;
     ck->keep = keep;
     ck->bytes = (uint64_t)elems * sizeof(float);
@@ -927,6 +977,7 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
                          v.world) >= sizeof ck->file) {
         local = -ENAMETOOLONG;
         snprintf(msg, sizeof msg, "ddp_checkpoint_save: %s: the path is too long", root);
+        ck->dir[0] = ck->file[0] = 0; /* nothing to remove (remove_torn()) */
     }
     /* Memory first, so that a rank short of it fails before any file is touched. */
     if (local == 0 && ck->snap_elems < elems) {
@@ -966,15 +1017,20 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
     if (local == 0)
         local = prepare_dir(&v, ck, msg, sizeof msg);
     /* The barrier: no rank opens its shard before rank 0 removed an old manifest. */
-    if ((rc = agree(m, &v, local, msg)) < 0) {
+    int outcome = 0;
+    if ((rc = agree_outcome(m, &v, local, msg, &outcome)) < 0) {
         json_decref(ck->manifest);
         ck->manifest = NULL;
         goto out;
     }
-    plan_copies(&v, ck, nstate, at);
-    ck->copied = 0; /* no writer runs (the wait above joined it) */
-    ck->phase = SHARDS;
-    start_job(ck, write_shard);
+    if (outcome < 0) { /* a rank could not prepare: the save fails as if a writer had */
+        save_failed(&v, ck, outcome, false, "%s", ddp_last_error(m));
+    } else {
+        plan_copies(&v, ck, nstate, at);
+        ck->copied = 0; /* no writer runs (the wait above joined it) */
+        ck->phase = SHARDS;
+        start_job(ck, write_shard);
+    }
     if (flags & DDP_CKPT_SYNC)
         rc = ddp_checkpoint_wait(m);
 out:

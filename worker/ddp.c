@@ -146,6 +146,11 @@ const char *ddp_last_error(const ddp_model *m)
     return m ? m->err : create_err;
 }
 
+int ddp_model_broken(const ddp_model *m)
+{
+    return !m ? -EINVAL : m->state == BROKEN ? m->broken_rc : 0;
+}
+
 static int fail(ddp_model *m, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(ddp_model *m, int rc, const char *fmt, ...)
 {

@@ -192,6 +192,14 @@ typedef struct ddp_model ddp_model;
  */
 const char *ddp_last_error(const ddp_model *m);
 
+/*
+ * 0 while the model can be used, else the negative code that broke it (a failed collective or
+ * device operation: every later call returns it). It tells a caller whose call failed whether
+ * only that call failed (a checkpoint save, a bad argument) or the model is gone. NULL: -EINVAL.
+ * Local (no communication).
+ */
+int ddp_model_broken(const ddp_model *m);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Building a model                                                                            */
 /* ------------------------------------------------------------------------------------------ */
@@ -438,11 +446,21 @@ typedef struct ddp_checkpoint_progress {
  * `progress` (NULL: zeros) and `user_json` (a JSON object as text, copied; NULL: none: the
  * caller's own state, given back by ddp_checkpoint_load()) go into the manifest. `keep` > 0
  * removes the oldest complete checkpoints under ROOT beyond the newest `keep`, once this one is
- * complete (0: keep all). A save of a step that already has a checkpoint replaces it (its
+ * complete (0: keep all; only complete checkpoints count, so a failed save never costs the
+ * newest complete one). A save of a step that already has a checkpoint replaces it (its
  * manifest is removed first, so that no manifest ever describes shards being rewritten).
- * Returns 0; -EINVAL (bad argument, user_json not a JSON object, model not committed or inside
- * a micro-step); -ENOMEM; the previous save's failure (see ddp_checkpoint_wait(); this save
- * did not start); or a collective's failure (the model is broken, as after ddp_step()).
+ * A failed save does not stop training, nor the next save: a write failure on any rank, or a
+ * rank that cannot prepare (create the directory, allocate the snapshot), fails that save on
+ * every rank alike, once known (the step's poll, the next save or ddp_checkpoint_wait()). Every
+ * rank then logs it through the log hook (COLL_LOG_WARN: "checkpoint of step N failed: rank R:
+ * writing FILE: No space left on device; DIR removed"), removes the torn step directory (each
+ * rank its own shard, rank 0 the rest; a directory holding another save's complete checkpoint is
+ * never touched) and keeps the failure for ddp_checkpoint_wait() until the next save starts.
+ * Returns 0 (the save started, or failed in its preparation as just said); -EINVAL (bad
+ * argument, user_json not a JSON object, model not committed or inside a micro-step); -ENOMEM
+ * (no memory for the save's bookkeeping, before anything started); with
+ * DDP_CKPT_SYNC, this save's failure as ddp_checkpoint_wait() returns it; or a collective's
+ * failure (the model is broken, as after ddp_step(): ddp_model_broken()).
  * Every rank, between steps (not between ddp_micro_begin() and ddp_step()).
  */
 int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_progress *progress,
@@ -450,11 +468,14 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
 
 /*
  * Waits until the last save is complete: every rank's shard written and fsynced, and rank 0's
- * manifest renamed into place. Returns 0 (also when no save is in flight); a write failure on
- * any rank (-EIO, -ENOSPC, ... on every rank alike; ddp_last_error() names the rank and the
- * file; the checkpoint stays incomplete and is ignored by readers); or a collective's failure.
- * Every rank. ddp_model_free() joins a writer still running but writes no manifest: call this
- * first so that the last save completes.
+ * manifest renamed into place. Returns 0 (also when no save was made); the last save's failure,
+ * at every call until the next save (-ENOSPC, -EIO, ... on every rank alike; ddp_last_error()
+ * names the step, the rank and the file, e.g. "checkpoint of step 60 failed: rank 0: writing
+ * ckpt/step-000000000060/shard-00000-of-00002.bin: No space left on device;
+ * ckpt/step-000000000060 removed"; the model stays usable); or a collective's failure (the
+ * model is broken: ddp_model_broken() tells the two apart). Every rank. ddp_model_free() joins
+ * a writer still running but writes no manifest: call this first so that the last save
+ * completes.
  */
 int ddp_checkpoint_wait(ddp_model *m);
 

@@ -19,6 +19,13 @@
  *                  its manifest exists, steps run while the writer writes, the step's poll
  *                  completes it; a second save completes in ddp_checkpoint_wait(); `keep`
  *                  removes the oldest
+ *   fail DIR       a save whose write fails on the last rank (RLIMIT_FSIZE: EFBIG): save
+ *                  returns 0, the failure comes on every rank alike, from ddp_checkpoint_wait()
+ *                  (again at a second call) naming the step, the rank and the cause, the model
+ *                  stays usable, the torn step directory is gone, the previous complete one
+ *                  stays (keep 1) and loads; a failure noticed by a step's poll does not stop
+ *                  the next save, which succeeds and then takes keep's place; a root that
+ *                  cannot be made fails that save alike (ENOTDIR), nothing else
  *   bad DIR        a torn checkpoint (no manifest) and a malformed manifest skipped by
  *                  ddp_checkpoint_latest() with a log line naming each; a flipped byte
  *                  (-EBADMSG), a truncated shard (-EPROTO), a missing one (-ENOENT), another
@@ -37,6 +44,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -419,6 +428,92 @@ static void scen_async(const char *dir)
     ddp_model_free(m);
 }
 
+/* The last rank's file size limit: `nbytes`, or back to `old`. */
+static void limit_files(const struct rlimit *old, rlim_t nbytes)
+{
+    if (rank != world - 1)
+        return;
+    struct rlimit r = *old;
+    if (nbytes != RLIM_INFINITY)
+        r.rlim_cur = nbytes;
+    CHECK(setrlimit(RLIMIT_FSIZE, &r) == 0, "setrlimit: %s", strerror(errno));
+}
+
+/* ddp_checkpoint_wait() must return `want` on this rank, its message naming every piece. */
+static void expect_wait(ddp_model *m, int want, const char *a, const char *b, const char *c)
+{
+    int rc = ddp_checkpoint_wait(m);
+    const char *err = ddp_last_error(m);
+    CHECK(rc == want && (!want || (strstr(err, a) && strstr(err, b) && strstr(err, c))),
+          "wait: %d (%s), want %d naming \"%s\", \"%s\", \"%s\"", rc, rc ? err : "", want, a, b, c);
+    CHECK(ddp_model_broken(m) == 0, "the model is broken after a failed save: %s", err);
+}
+
+static void scen_fail(const char *dir)
+{
+    char root[512], step[700], cause[64], other[640];
+    snprintf(root, sizeof root, "%s/ck", dir);
+    snprintf(cause, sizeof cause, "rank %d: writing ", world - 1);
+    signal(SIGXFSZ, SIG_IGN); /* a write beyond the limit fails with EFBIG instead */
+    struct rlimit old;
+    getrlimit(RLIMIT_FSIZE, &old);
+    ddp_model *m = build(1, 1, &small, 1);
+    CHECK(m && train(m, 1, NULL) == 0, "training");
+    if (!m)
+        return;
+    CHECK(ddp_checkpoint_save(m, root, NULL, NULL, 1, DDP_CKPT_SYNC) == 0, "save: %s",
+          ddp_last_error(m));
+
+    /* Step 2: the last rank's shard cannot be written. */
+    CHECK(train(m, 1, NULL) == 0, "training");
+    limit_files(&old, 100);
+    int rc = ddp_checkpoint_save(m, root, NULL, NULL, 1, 0);
+    CHECK(rc == 0, "a save that will fail returned %d: %s", rc, ddp_last_error(m));
+    expect_wait(m, -EFBIG, "checkpoint of step 2 failed", cause, "File too large");
+    expect_wait(m, -EFBIG, "checkpoint of step 2 failed", cause, "File too large");
+    coll_barrier(comm); /* rank 0 removes the other ranks' shards and the directory */
+    snprintf(step, sizeof step, "%s/step-%012d", root, 2);
+    CHECK(!exists(step), "the torn %s is still there", step);
+    snprintf(step, sizeof step, "%s/step-%012d/manifest.json", root, 1);
+    CHECK(exists(step), "keep 1 removed the last complete checkpoint, %s", step);
+    limit_files(&old, RLIM_INFINITY);
+
+    /* Step 3: fails again, noticed by the steps' polls; step 5's save goes ahead and succeeds. */
+    CHECK(train(m, 1, NULL) == 0, "training");
+    limit_files(&old, 100);
+    CHECK(ddp_checkpoint_save(m, root, NULL, NULL, 1, 0) == 0, "save: %s", ddp_last_error(m));
+    CHECK(train(m, 2, NULL) == 0, "training after a failed save: %s", ddp_last_error(m));
+    limit_files(&old, RLIM_INFINITY);
+    rc = ddp_checkpoint_save(m, root, NULL, NULL, 1, 0);
+    CHECK(rc == 0, "the save after a failed one returned %d: %s", rc, ddp_last_error(m));
+    expect_wait(m, 0, "", "", "");
+    coll_barrier(comm);
+    snprintf(step, sizeof step, "%s/step-%012d/manifest.json", root, 5);
+    CHECK(exists(step), "%s missing", step);
+    snprintf(step, sizeof step, "%s/step-%012d", root, 1);
+    CHECK(!exists(step), "keep 1: %s is still there", step);
+    snprintf(step, sizeof step, "%s/step-%012d", root, 3);
+    CHECK(!exists(step), "the torn %s is still there", step);
+    snprintf(step, sizeof step, "%s/step-%012d", root, 5);
+    rc = ddp_checkpoint_load(m, step, 0, NULL, NULL);
+    CHECK(rc == 0, "load %s: %s", step, ddp_last_error(m));
+
+    /* A root under a regular file: no directory can be made, the save fails alike. */
+    snprintf(other, sizeof other, "%s/file", dir);
+    FILE *f = rank == 0 ? fopen(other, "w") : NULL;
+    if (f)
+        fclose(f);
+    coll_barrier(comm);
+    snprintf(other, sizeof other, "%s/file/ck", dir);
+    CHECK(ddp_checkpoint_save(m, other, NULL, NULL, 1, 0) == 0, "save: %s", ddp_last_error(m));
+    expect_wait(m, -ENOTDIR, "checkpoint of step 5 failed", "creating", "Not a directory");
+    if (rank == 0)
+        printf("ddp-ckpt-check: fail: a failed write (rank %d) or directory fails the save on "
+               "every rank, logged and kept; the model goes on; the next save succeeds\n",
+               world - 1);
+    ddp_model_free(m);
+}
+
 /* Every rank loads `path` into m: the code and a piece of the message must be as wanted. */
 static void expect_load(ddp_model *m, const char *path, unsigned flags, int want, const char *in)
 {
@@ -540,7 +635,7 @@ static void scen_bad(const char *dir)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: ddp-ckpt-check resume|save|load|async|bad DIR [N...]   (under "
+        fprintf(stderr, "usage: ddp-ckpt-check resume|save|load|async|bad|fail DIR [N...]   (under "
                         "ddprun)\n");
         return 2;
     }
@@ -572,6 +667,8 @@ int main(int argc, char **argv)
         scen_async(dir);
     else if (!strcmp(argv[1], "bad"))
         scen_bad(dir);
+    else if (!strcmp(argv[1], "fail"))
+        scen_fail(dir);
     else {
         fprintf(stderr, "ddp-ckpt-check: unknown scenario %s\n", argv[1]);
         return 2;

@@ -11,7 +11,10 @@
 #  3. async: a save returns before its manifest exists, training goes on, the step's poll or
 #     ddp_checkpoint_wait() completes it; keep;
 #  4. bad: torn and malformed checkpoints skipped with a log line; a flipped byte, a truncated
-#     shard, a missing one, another model, another optimizer: the same error on every rank.
+#     shard, a missing one, another model, another optimizer: the same error on every rank;
+#  5. fail: a save whose write fails on the last rank (EFBIG) or whose directory cannot be made
+#     fails on every rank alike without breaking the model; its torn directory goes, the
+#     previous complete checkpoint stays, the next save succeeds.
 # Usage: run_ckpt.sh DDPRUN DDP_CKPT_CHECK
 set -uo pipefail
 DDPRUN=${1:?usage}; CHECK=${2:?usage}
@@ -27,7 +30,7 @@ check() { # SCENARIO WORLD DIR [ARGS...]
         fail "ddp-ckpt-check $scen on $n ranks"
         sed 's/^/    /' <<<"$out" >&2
     fi
-    grep -E "^\[0\]:ddp-ckpt-check: (resume|load|async|bad)" <<<"$out" | sed 's/^\[0\]:/  /'
+    grep -E "^\[0\]:ddp-ckpt-check: (resume|load|async|bad|fail)" <<<"$out" | sed 's/^\[0\]:/  /'
 }
 
 # 1.
@@ -86,5 +89,7 @@ PY
 # 3. and 4.
 check async 2 "$tmp/async"
 for n in 1 3; do check bad "$n" "$tmp/bad$n"; done
+# 5.
+for n in 1 2; do check fail "$n" "$tmp/fail$n"; done
 
 finish
