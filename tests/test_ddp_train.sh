@@ -64,7 +64,7 @@ expect_exit 1 "^ddp-train: --backend nccl: rank 0 has no GPU; use --backend auto
     env CUDA_VISIBLE_DEVICES= "$TRAIN" --backend nccl
 expect_exit 1 "rank 0 has no GPU" env CUDA_VISIBLE_DEVICES= "$DDPRUN" --standalone \
     --nproc-per-node 2 --no-prefix "$TRAIN" --backend nccl
-[[ $(grep -c "backend nccl" "$tmp/err") -eq 1 ]] ||
+[[ $(grep -c "^ddp-train: .*backend nccl" "$tmp/err") -eq 1 ]] || # (the failure table quotes it too)
     fail "--backend nccl without a GPU on two ranks: not one message"
 
 # Alone, then two ranks, on the host: 20 SGD steps, a loss every 5, metrics as JSON Lines.

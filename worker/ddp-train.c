@@ -30,7 +30,10 @@
  * Not here: any data set but IDX images with ten classes.
  *
  * Exit status: 0 trained; 1 bad usage, environment or data; 2 the job failed (store,
- * communicator, a peer, the library), with the culprit rank named when libddp knows it.
+ * communicator, a peer, the library), with the culprit rank named when libddp knows it; 3
+ * trained, but the last checkpoint save failed (a failed save does not stop training: libddp
+ * logs it and the next one tries again). The first error line goes to TORCHELASTIC_ERROR_FILE
+ * too, for the launcher's failure summary.
  */
 #include <assert.h>
 #include <cblas.h>
@@ -40,6 +43,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +65,7 @@
 #include "train_state.h"
 #include "version.h"
 
-enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAIL = 2 };
+enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAIL = 2, EXIT_CKPT = 3 };
 
 /* The defaults, shared by the option table's help and parse_args(). */
 #define DEF_ZERO 0
@@ -372,11 +376,37 @@ static void usage(FILE *f)
     fprintf(f, "\noptions:\n");
     cli_print_options(f, opt_table, NOPTS, 0, CLI_HELP_WIDTH);
     fprintf(f, "\nexit status: 0 trained; 1 bad usage, environment or data; 2 the job failed "
-               "(store,\ncommunicator, a peer, the library).\n");
+               "(store,\ncommunicator, a peer, the library); 3 trained, but the last checkpoint "
+               "save failed.\n");
 }
 
-/* "ddp-train: <message>" on stderr. */
-#define err(...) cli_msg(stderr, "ddp-train", __VA_ARGS__)
+/* The first failure err() printed: the message of the error record main() leaves at exit. */
+static char first_error[1024];
+
+/* "ddp-train: <message>" on stderr, for a failure (kept in first_error if it is the first). */
+static void err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void err(const char *fmt, ...)
+{
+    char line[sizeof first_error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    cli_msg(stderr, "ddp-train", "%s", line);
+    if (!first_error[0])
+        memcpy(first_error, line, sizeof line);
+}
+
+/* "ddp-train: <message>" on stderr, for what does not stop the run. */
+#define warn(...) cli_msg(stderr, "ddp-train", __VA_ARGS__)
+
+/* main()'s exit: after a failure, under a launcher, the first error also goes to its summary. */
+static int leave(int status)
+{
+    if (status != EXIT_OK && first_error[0])
+        (void)rdzv_env_record_error(first_error);
+    return status;
+}
 
 /* The words of the keyword options, each at the index of the value it stands for. */
 static const char *const optimizer_words[] = {[DDP_SGD] = "sgd", [DDP_ADAMW] = "adamw", NULL};
@@ -590,8 +620,10 @@ static int parse_args(int argc, char **argv, train_args *a)
             err("unknown option '%s' (see --help)", argv[optind - 1]);
             return EXIT_USAGE;
         }
-        if (cli_report(stderr, "ddp-train", rc) < 0)
+        if (rc < 0) {
+            err("%s", cli_last_error());
             return EXIT_USAGE;
+        }
     }
     if (optind < argc) {
         err("unexpected argument '%s' (see --help)", argv[optind]);
@@ -680,6 +712,7 @@ struct trainer {
         float *lr;      /* (steps) */
         int64_t steps;
     } dump;
+    int last_save_failed; /* the run's last checkpoint failed: EXIT_CKPT once it is done */
 };
 
 /*
@@ -689,7 +722,7 @@ struct trainer {
 static void ddp_log(void *arg, int level, const char *msg)
 {
     if (level == COLL_LOG_WARN)
-        err("rank %d: %s", *(const int *)arg, msg);
+        warn("rank %d: %s", *(const int *)arg, msg);
 }
 
 /* The initial values: torch.nn.Linear's bounds, parameter p's own stream of --seed. */
@@ -1520,7 +1553,7 @@ static int restore(trainer *t)
         return status;
     }
     if (rc == 1 && t->rank == 0)
-        err("--resume %s: %s", path, why); /* a warning: the schedule changed */
+        warn("--resume %s: %s", path, why); /* the schedule changed */
     t->start_step = saved.step;
     if (t->rank == 0)
         fprintf(stderr,
@@ -1623,8 +1656,8 @@ static int train(trainer *t, double *final_acc, double *train_s)
         if (report && t->ops->async && (rc = ddp_step_info_get(t->m, &info)) < 0)
             return failed(t, "ddp_step", step - 1, rc);
         if (info.skipped && t->rank == 0)
-            err("%sstep %" PRId64 " skipped: the gradient norm is %g", t->tty ? "\r\033[K" : "",
-                step, info.grad_norm);
+            warn("%sstep %" PRId64 " skipped: the gradient norm is %g", t->tty ? "\r\033[K" : "",
+                 step, info.grad_norm);
 
         if (report) {
             mlp_stats st;
@@ -1666,9 +1699,19 @@ static int train(trainer *t, double *final_acc, double *train_s)
         if (t->rank == 0)
             report_epoch(t, step, (int)((step - 1) / t->steps_per_epoch), test_loss, acc);
     }
-    /* The last save completes (its manifest is written) before the run ends. */
-    if (a->ckpt_dir && (rc = ddp_checkpoint_wait(t->m)) < 0)
-        return failed(t, "the last checkpoint", step, rc);
+    /* The last save completes (its manifest is written) before the run ends. A failed save
+     * does not stop training (libddp logged it, on every rank, and the next one tries again);
+     * the last one's failure is the run's, once it has done the rest. */
+    if (a->ckpt_dir && (rc = ddp_checkpoint_wait(t->m)) < 0) {
+        if (ddp_model_broken(t->m))
+            return failed(t, "the last checkpoint", step, rc);
+        char newest[PATH_MAX];
+        int found = ddp_checkpoint_latest(a->ckpt_dir, newest, sizeof newest, NULL, NULL);
+        err("rank %d: trained, but the last save failed: %s; %s%s", t->rank, ddp_last_error(t->m),
+            found == 1 ? "the newest complete checkpoint is " : "no complete checkpoint remains",
+            found == 1 ? newest : "");
+        t->last_save_failed = 1;
+    }
     *final_acc = acc;
     *train_s = t_train;
     return EXIT_OK;
@@ -1736,7 +1779,7 @@ int main(int argc, char **argv)
     trainer t = {0};
     int status = parse_args(argc, argv, &t.a);
     if (status != 0)
-        return status < 0 ? EXIT_OK : status;
+        return status < 0 ? EXIT_OK : leave(status);
     openblas_set_num_threads(t.a.threads);
 
     test_kill_read(&t);
@@ -1792,7 +1835,10 @@ int main(int argc, char **argv)
         if (t.a.dump_batches && dump_batches(&t) < 0)
             status = EXIT_FAIL;
     }
+    if (status == EXIT_OK && t.last_save_failed)
+        status = EXIT_CKPT;
 out:
+    leave(status); /* first: the teardown of a failed job may not wait for the rest */
     /* After a failure, do not wait for peers that may be gone: abort what is pending. */
     if (status == EXIT_FAIL && t.comm)
         coll_comm_abort(t.comm);
