@@ -1021,13 +1021,15 @@ static void listener_closed(uv_handle_t *h)
 static int check_options(const rdzv_server_options *o)
 {
     if (!o || (!o->host && o->listen_fd < 0) || o->port < 0 || o->port > 65535 || o->backlog < 1 ||
-        o->keepalive_s < 0 || o->max_key_bytes < 1 || o->max_key_bytes > RDZV_MAX_KEY_LIMIT ||
-        o->max_value_bytes < 1 || o->max_keys_per_request < 1 || o->max_pending_output < 1 ||
-        o->max_request_bytes < 16 || o->max_request_bytes > ((size_t)1 << 30) ||
+        o->keepalive_s < 0 || o->keepalive_s > RDZV_KEEPALIVE_MAX_S || o->max_key_bytes < 1 ||
+        o->max_key_bytes > RDZV_KEY_BYTES_MAX || o->max_value_bytes < 1 ||
+        o->max_keys_per_request < 1 || o->max_pending_output < 1 ||
+        o->max_request_bytes < RDZV_REQUEST_BYTES_MIN ||
+        o->max_request_bytes > RDZV_REQUEST_BYTES_MAX ||
         o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->idle_timeout_s < 0 ||
         o->request_timeout_s < 0 || o->idle_timeout_s > INT_MAX / 1000 ||
         o->request_timeout_s > INT_MAX / 1000 || (o->token && rdzv_token_check(o->token) < 0) ||
-        (o->nallow > 0 && !o->allow) || o->nallow > 4096)
+        (o->nallow > 0 && !o->allow) || o->nallow > RDZV_ALLOW_MAX)
         return -EINVAL;
     return 0;
 }
