@@ -1,8 +1,9 @@
 /*
  * Tests of the libuv server over real sockets, with raw protocol clients: both generations on
  * one port, byte-at-a-time frames, a half-sent frame that must not stall anyone, malformed and
- * over-limit input closing only its own connection, the connection cap, running out of file
- * descriptors, back-pressure, IPv6, a handed-in listening fd, and the embedded mode.
+ * over-limit input closing only its own connection, a reset connection logged with its peer's
+ * address, the connection cap, running out of file descriptors, back-pressure, IPv6, a
+ * handed-in listening fd, and the embedded mode.
  */
 #include "frames.h"
 #include "proto.h"
