@@ -69,8 +69,9 @@
 #define PROG "ddprun"
 #define HEARTBEAT_MS 250 /* the monitor's slice: it looks at failures, beats and joiners */
 #define MEMBERSHIP_CHANGE "nodes are waiting to join"
-/* A console that took no output for STALL_MS (TICK_MS after a signal) is stalled: at the end of
- * a round and at exit, ddprun stops waiting for it. At exit a failure report gets EXIT_WAIT_MS
+/* A console that took no output for STALL_MS (TICK_MS after a signal) is stalled: once a round's
+ * workers are gone, ddprun stops waiting for it, the end of the round and the exit counting as
+ * one wait (console_wait_begin()). At exit a failure report gets EXIT_WAIT_MS
  * to be sent. Each console queues CONSOLE_LIMIT bytes before the workers writing to it wait;
  * lines are assembled up to LINE_MAX_BYTES, longer ones go out in pieces; an unfinished line
  * goes out once it has waited PARTIAL_MS for its newline. */
@@ -535,18 +536,17 @@ typedef struct agent {
     uv_timer_t restart_timer; /* starts the next round from a fresh loop iteration */
     bool round_done;          /* round_over() ran for this round */
     uv_timer_t drain_timer;   /* closes pipes that outlive every worker and guard */
-    uint64_t drain_written;   /* console bytes written at the drain timer's last tick */
     int drain_ticks;          /* its ticks (TICK_MS) since the last worker exited */
-    int drain_idle;           /* of which the last ones without console progress */
+    bool con_waiting;         /* the round's one wait for the consoles has begun */
+    uint64_t con_written[3];  /* per console: bytes written when console_stalled() looked */
+    uint64_t con_moved_ms[3]; /* uv_now() when they last grew, or when the wait began */
     ddprun_console *con[3];   /* [1] standard output, [2] standard error */
     stream *partial[3];       /* per console: the stream whose bytes there end mid-line */
     agent_state state;
     bool stop_for_signal;
-    int signal_seen;       /* the terminating signal that stopped the job, if any */
-    bool exit_wait_over;   /* at exit: stop waiting for output and failure reports */
-    uint64_t exit_written; /* console bytes written at the exit timer's last tick */
-    int exit_ticks;        /* its ticks (TICK_MS) */
-    int exit_idle;         /* of which the last ones without console progress */
+    int signal_seen;     /* the terminating signal that stopped the job, if any */
+    bool exit_wait_over; /* at exit: stop waiting for output and failure reports */
+    int exit_ticks;      /* the exit timer's ticks (TICK_MS) */
     int sigint_count;
     uv_signal_t sigs[6];
     uv_timer_t kill_timer;
@@ -1606,20 +1606,41 @@ static int stall_ms(const agent *a)
     return a->stop_for_signal ? TICK_MS : STALL_MS;
 }
 
-static uint64_t console_written(const agent *a)
+/*
+ * The wait for the consoles once a round's workers are gone is one wait, with one deadline: it
+ * begins when the drain of the round's pipes does (or at exit, when there was none) and goes on
+ * through the exit, so that a console that takes nothing is given up stall_ms() after it began,
+ * not once per phase (which had made 2 s 4, and half a second one). Each console counts on its
+ * own: ddprun's lines going to a file on standard error are no progress of a stalled standard
+ * output.
+ */
+static void console_wait_begin(agent *a)
 {
-    return ddprun_console_written(a->con[1]) + ddprun_console_written(a->con[2]);
+    if (a->con_waiting)
+        return;
+    a->con_waiting = true;
+    for (int fd = 1; fd <= 2; fd++) {
+        a->con_written[fd] = ddprun_console_written(a->con[fd]);
+        a->con_moved_ms[fd] = uv_now(a->loop);
+    }
+}
+
+/* True when console `fd` (1 or 2) has taken no output for stall_ms() since the wait began. */
+static bool console_stalled(agent *a, int fd)
+{
+    uint64_t now = uv_now(a->loop), w = ddprun_console_written(a->con[fd]);
+    if (w != a->con_written[fd]) {
+        a->con_written[fd] = w;
+        a->con_moved_ms[fd] = now;
+    }
+    return now - a->con_moved_ms[fd] >= (uint64_t)stall_ms(a);
 }
 
 static void drain_timer_cb(uv_timer_t *t)
 {
     agent *a = t->data;
-    uint64_t w = console_written(a);
-    bool progress = w != a->drain_written;
-    a->drain_written = w;
     a->drain_ticks++;
-    a->drain_idle = progress ? 0 : a->drain_idle + 1;
-    bool stalled = a->drain_idle * TICK_MS >= stall_ms(a);
+    bool stalled[2] = {console_stalled(a, 1), console_stalled(a, 2)};
     bool waiting = false;
     for (int i = 0; i < a->nworkers; i++) {
         stream *ss[2] = {&a->workers[i].out, &a->workers[i].err};
@@ -1628,7 +1649,7 @@ static void drain_timer_cb(uv_timer_t *t)
                 continue;
             /* A pipe that waits for a console still taking output gets more time; one that
              * waits for a stalled console is given up; one a grandchild holds gets a second. */
-            bool keep = ss[k]->paused ? !stalled : a->drain_ticks * TICK_MS < 1000;
+            bool keep = ss[k]->paused ? !stalled[k] : a->drain_ticks * TICK_MS < 1000;
             if (keep) {
                 waiting = true;
             } else {
@@ -1660,8 +1681,8 @@ static void maybe_round_over(agent *a)
     kill_descendants(false, NULL, NULL);
     if (a->nstreams > 0) {
         if (!uv_is_active((uv_handle_t *)&a->drain_timer)) {
-            a->drain_written = console_written(a);
-            a->drain_ticks = a->drain_idle = 0;
+            console_wait_begin(a);
+            a->drain_ticks = 0;
             uv_timer_start(&a->drain_timer, drain_timer_cb, TICK_MS, TICK_MS);
         }
         return;
@@ -2030,6 +2051,7 @@ static void spawn_round(agent *a)
     a->nstreams = 0;
     a->nprocs = 0;
     a->round_done = false;
+    a->con_waiting = false;
     a->state = ST_RUNNING;
     for (int i = 0; i < a->nworkers; i++) {
         worker *w = &a->workers[i];
@@ -2325,19 +2347,28 @@ static bool is_local_address(const char *host)
     return local;
 }
 
+/* Gives up waiting at exit once every console with output left took nothing for stall_ms()
+ * (counted from the start of the round's wait, console_wait_begin()), and on a failure report
+ * after EXIT_WAIT_MS. */
+static void exit_wait_check(agent *a)
+{
+    bool output_left = false, moving = false;
+    for (int fd = 1; fd <= 2; fd++) {
+        bool stalled = console_stalled(a, fd);
+        if (ddprun_console_queued(a->con[fd]) > 0) {
+            output_left = true;
+            moving = moving || !stalled;
+        }
+    }
+    if (output_left ? !moving : a->exit_ticks * TICK_MS >= EXIT_WAIT_MS)
+        a->exit_wait_over = true;
+}
+
 static void exit_timer_cb(uv_timer_t *t)
 {
     agent *a = t->data;
-    uint64_t w = console_written(a);
-    bool output_left = ddprun_console_queued(a->con[1]) + ddprun_console_queued(a->con[2]) > 0;
     a->exit_ticks++;
-    a->exit_idle = w != a->exit_written ? 0 : a->exit_idle + 1;
-    /* Give up once the consoles took nothing for stall_ms(), and on a failure report after
-     * EXIT_WAIT_MS. */
-    if (output_left ? a->exit_idle * TICK_MS >= stall_ms(a)
-                    : a->exit_ticks * TICK_MS >= EXIT_WAIT_MS)
-        a->exit_wait_over = true;
-    a->exit_written = w;
+    exit_wait_check(a);
 }
 
 /*
@@ -2625,7 +2656,9 @@ int main(int argc, char **argv)
     /* A failure report on its way to the store gets EXIT_WAIT_MS to arrive; queued output as long
      * as a console keeps taking some every stall_ms(). A rendezvous or barrier a signal
      * interrupted is abandoned (its thread ends with the process). */
-    a.exit_written = console_written(&a);
+    uv_update_time(a.loop);
+    console_wait_begin(&a);
+    exit_wait_check(&a);
     uv_timer_start(&a.kill_timer, exit_timer_cb, TICK_MS, TICK_MS);
     while (
         !a.exit_wait_over &&

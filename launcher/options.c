@@ -141,9 +141,10 @@ static const cli_option options[] = {
      true,
      "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, read_timeout, "
      "timeout (seconds), is_host (true/false), cas_backoff_max_seconds, store_type (tcp); "
-     "node liveness: a node beats every keep_alive_interval seconds (5) and counts as dead "
-     "after heartbeat_timeout seconds without a beat (default keep_alive_interval x "
-     "keep_alive_max_attempt (3)); one whose connection to the store closes, at once."},
+     "node liveness: a node beats every keep_alive_interval seconds (5, at least 0.1) and "
+     "counts as dead after heartbeat_timeout seconds without a beat (at least 1; default "
+     "keep_alive_interval x keep_alive_max_attempt (3), which must be at least 1 too); one "
+     "whose connection to the store closes, at once."},
     {O_STANDALONE,
      {"--standalone"},
      NULL,
@@ -437,10 +438,16 @@ static int get_int(const struct raw *r, enum opt_id id, long lo, long hi, int *o
     return 0;
 }
 
-static int get_seconds(const char *label, const char *s, bool allow_zero, double *out, char *err,
-                       size_t errlen)
+/*
+ * A duration from `min` (excluded with CLI_OPEN_MIN) to CLI_SECONDS_MAX, the bound of every
+ * duration ddprun takes: the agent turns them into milliseconds for its timers and the store
+ * clients' timeouts, which must not overflow ("--shutdown-timeout 1e18" would be an immediate
+ * SIGKILL).
+ */
+static int get_seconds(const char *label, const char *s, double min, int flags, double *out,
+                       char *err, size_t errlen)
 {
-    if (cli_parse_seconds(label, s, 0, HUGE_VAL, allow_zero ? 0 : CLI_OPEN_MIN, out) < 0)
+    if (cli_parse_seconds(label, s, min, CLI_SECONDS_MAX, flags, out) < 0)
         return fail(err, errlen, "%s", cli_last_error());
     return 0;
 }
@@ -745,6 +752,35 @@ void ddprun_liveness(const ddprun_config *cfg, double *beat_s, double *dead_afte
     *beat_s = interval * attempts > dead ? dead / attempts : interval;
 }
 
+/*
+ * Node liveness has floors: a node beats at most every BEAT_MIN_S, and counts as dead after no
+ * less than LIVENESS_MIN_S without a beat (heartbeat_timeout, or keep_alive_interval x
+ * keep_alive_max_attempt). Shorter, the monitor's own scheduling (it looks every 250 ms at
+ * most) and a loaded host would declare live nodes dead at once.
+ */
+#define BEAT_MIN_S 0.1
+#define LIVENESS_MIN_S 1.0
+
+/*
+ * The --rdzv-conf keys that are durations: where each is stored (SIZE_MAX: checked, then
+ * ignored) and its lower bound (excluded with CLI_OPEN_MIN); the upper one is CLI_SECONDS_MAX.
+ */
+static const struct conf_seconds {
+    const char *key;
+    size_t offset;
+    double min;
+    int flags;
+} conf_seconds[] = {
+    {"join_timeout", offsetof(ddprun_config, join_timeout_s), 0, CLI_OPEN_MIN},
+    {"last_call_timeout", offsetof(ddprun_config, last_call_timeout_s), 0, CLI_OPEN_MIN},
+    {"close_timeout", offsetof(ddprun_config, close_timeout_s), 0, CLI_OPEN_MIN},
+    {"read_timeout", offsetof(ddprun_config, read_timeout_s), 0, CLI_OPEN_MIN},
+    {"timeout", offsetof(ddprun_config, timeout_s), 0, CLI_OPEN_MIN},
+    {"heartbeat_timeout", offsetof(ddprun_config, heartbeat_timeout_s), LIVENESS_MIN_S, 0},
+    {"keep_alive_interval", offsetof(ddprun_config, keep_alive_interval_s), BEAT_MIN_S, 0},
+    {"cas_backoff_max_seconds", SIZE_MAX, 0, 0},
+};
+
 /* torchrun's _parse_rendezvous_config(), then the keys its rendezvous backends read. */
 static int get_rdzv_conf(const struct raw *r, ddprun_config *c, char *err, size_t errlen)
 {
@@ -787,25 +823,17 @@ static int get_rdzv_conf(const struct raw *r, ddprun_config *c, char *err, size_
         }
         char what[160];
         snprintf(what, sizeof what, "%s: %s", label, key);
+        const struct conf_seconds *cs = NULL;
+        for (size_t i = 0; i < sizeof conf_seconds / sizeof conf_seconds[0]; i++)
+            if (strcmp(key, conf_seconds[i].key) == 0)
+                cs = &conf_seconds[i];
         double d;
         long n;
-        if (strcmp(key, "join_timeout") == 0)
-            rc = get_seconds(what, val, false, &c->join_timeout_s, err, errlen);
-        else if (strcmp(key, "last_call_timeout") == 0)
-            rc = get_seconds(what, val, false, &c->last_call_timeout_s, err, errlen);
-        else if (strcmp(key, "close_timeout") == 0)
-            rc = get_seconds(what, val, false, &c->close_timeout_s, err, errlen);
-        else if (strcmp(key, "read_timeout") == 0)
-            rc = get_seconds(what, val, false, &c->read_timeout_s, err, errlen);
-        else if (strcmp(key, "timeout") == 0)
-            rc = get_seconds(what, val, false, &c->timeout_s, err, errlen);
-        else if (strcmp(key, "heartbeat_timeout") == 0)
-            rc = get_seconds(what, val, false, &c->heartbeat_timeout_s, err, errlen);
-        else if (strcmp(key, "keep_alive_interval") == 0)
-            rc = get_seconds(what, val, false, &c->keep_alive_interval_s, err, errlen);
-        else if (strcmp(key, "cas_backoff_max_seconds") == 0)
-            rc = get_seconds(what, val, true, &d, err, errlen);
-        else if (strcmp(key, "keep_alive_max_attempt") == 0) {
+        if (cs) {
+            rc = get_seconds(what, val, cs->min, cs->flags, &d, err, errlen);
+            if (rc == 0 && cs->offset != SIZE_MAX)
+                *(double *)((char *)c + cs->offset) = d;
+        } else if (strcmp(key, "keep_alive_max_attempt") == 0) {
             if (!to_long(val, &n) || n < 1 || n > INT32_MAX)
                 rc = fail(err, errlen, "%s: expected a positive integer, got '%s'", what, val);
             else
@@ -827,6 +855,14 @@ static int get_rdzv_conf(const struct raw *r, ddprun_config *c, char *err, size_
         if (rc < 0)
             goto out;
     }
+    if (c->heartbeat_timeout_s == 0 &&
+        c->keep_alive_interval_s * c->keep_alive_max_attempt < LIVENESS_MIN_S)
+        rc = fail(err, errlen,
+                  "%s: keep_alive_interval x keep_alive_max_attempt is %g s: a node would count "
+                  "as dead after less than %g s without a heartbeat (raise either, or give "
+                  "heartbeat_timeout of at least %g s)",
+                  label, c->keep_alive_interval_s * c->keep_alive_max_attempt, LIVENESS_MIN_S,
+                  LIVENESS_MIN_S);
 out:
     free(copy);
     return rc;
@@ -943,6 +979,13 @@ void ddprun_print_help(void)
             snprintf(text + k, sizeof text - k, " (env: %s)", pet);
         cli_print_option(stdout, o, text, 0, CLI_HELP_WIDTH);
     }
+    printf("\n");
+    char text[160];
+    snprintf(text, sizeof text,
+             "Durations (SECONDS, and the times of --rdzv-conf) may be fractional and are at most "
+             "%.0f s (over 24 days).",
+             CLI_SECONDS_MAX);
+    cli_print_wrapped(stdout, text, 0);
     printf("\n");
     cli_print_wrapped(stdout,
                       "Slurm: in a step (srun, one task per node), --nnodes, --node-rank and "
@@ -1307,7 +1350,7 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
             backend = (ddprun_backend)i;
     TRY(get_flag(r, O_STANDALONE, &c->standalone, err, errlen));
     TRY(get_int(r, O_MAX_RESTARTS, 0, INT32_MAX, &c->max_restarts, err, errlen));
-    TRY(get_seconds(r->label[O_MONITOR_INTERVAL], r->value[O_MONITOR_INTERVAL], true,
+    TRY(get_seconds(r->label[O_MONITOR_INTERVAL], r->value[O_MONITOR_INTERVAL], 0, 0,
                     &c->monitor_interval_s, err, errlen));
     TRY(check_choice(r, O_START_METHOD, methods, err, errlen));
     TRY(get_flag(r, O_MODULE, &c->module, err, errlen));
@@ -1318,11 +1361,11 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     TRY(get_ranks_filter(r, c, err, errlen));
     TRY(check_choice(r, O_NUMA_BINDING, numa, err, errlen));
     TRY(check_signals(r, err, errlen));
-    TRY(get_seconds(r->label[O_SHUTDOWN_TIMEOUT], r->value[O_SHUTDOWN_TIMEOUT], true,
+    TRY(get_seconds(r->label[O_SHUTDOWN_TIMEOUT], r->value[O_SHUTDOWN_TIMEOUT], 0, 0,
                     &c->shutdown_timeout_s, err, errlen));
     TRY(get_flag(r, O_VIRTUAL_LOCAL_RANK, &c->virtual_local_rank, err, errlen));
     c->prefix_output = r->value[O_NO_PREFIX] == NULL;
-    TRY(get_seconds(r->label[O_HUNG_TIMEOUT], r->value[O_HUNG_TIMEOUT], true, &c->hung_timeout_s,
+    TRY(get_seconds(r->label[O_HUNG_TIMEOUT], r->value[O_HUNG_TIMEOUT], 0, 0, &c->hung_timeout_s,
                     err, errlen));
     if (r->value[O_MASTER_PORT])
         TRY(get_int(r, O_MASTER_PORT, 0, 65535, &c->master_port, err, errlen));

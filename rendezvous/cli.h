@@ -80,6 +80,13 @@ enum {
 int cli_parse_double(const char *flag, const char *s, double min, double max, int flags,
                      double *out);
 
+/*
+ * The longest duration any program's option takes: INT_MAX milliseconds (about 24.8 days), so
+ * that every timeout converts to an int of milliseconds (a libuv timer, a client's timeout_ms)
+ * without overflow. The upper bound a program passes to cli_parse_seconds().
+ */
+#define CLI_SECONDS_MAX ((double)(INT_MAX / 1000))
+
 /* cli_parse_double() whose error sentence says "number of seconds". */
 int cli_parse_seconds(const char *flag, const char *s, double min, double max, int flags,
                       double *out);

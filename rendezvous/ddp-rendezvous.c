@@ -272,14 +272,18 @@ enum kind {
     KIND_FLAG,     /* no argument; increments an int */
     KIND_STRING,   /* stores the argument (borrowed from argv) */
     KIND_INT,      /* int within [min, max] */
-    KIND_SIZE,     /* size_t >= 1, optional K/M/G suffix (powers of 1024) */
-    KIND_SIZE0,    /* the same, 0 allowed */
+    KIND_SIZE,     /* size_t within [min, max] (max 0: no bound), optional K/M/G suffix */
     KIND_SECONDS,  /* double in (0, max] */
     KIND_SECONDS0, /* double in [0, max] */
     KIND_LIST,     /* appends the argument (borrowed) to cfg->allow */
 };
 
-/* How the value of each option is checked, and where in struct config it goes. */
+/*
+ * How the value of each option is checked, and where in struct config it goes. The bounds of
+ * the server's limits are the library's own (rdzv.h), so that what the flags accept is what
+ * rdzv_server_create() takes, and a value out of range is a usage error naming the flag and
+ * the range rather than the server's "Invalid argument". --help shows the bounded ones.
+ */
 struct rule {
     enum kind kind;
     size_t offset;
@@ -292,25 +296,26 @@ static const struct rule rules[O_COUNT] = {
     [O_BIND] = {KIND_STRING, AT(srv.host), 0, 0},
     [O_LISTEN_FD] = {KIND_INT, AT(srv.listen_fd), 0, INT_MAX},
     [O_BACKLOG] = {KIND_INT, AT(srv.backlog), 1, INT_MAX},
-    [O_KEEPALIVE] = {KIND_INT, AT(srv.keepalive_s), 0, INT_MAX},
-    [O_MAX_KEY_BYTES] = {KIND_SIZE, AT(srv.max_key_bytes), 0, 0},
-    [O_MAX_VALUE_BYTES] = {KIND_SIZE, AT(srv.max_value_bytes), 0, 0},
-    [O_MAX_KEYS_PER_REQUEST] = {KIND_SIZE, AT(srv.max_keys_per_request), 0, 0},
-    [O_MAX_REQUEST_BYTES] = {KIND_SIZE, AT(srv.max_request_bytes), 0, 0},
-    [O_MAX_TOTAL_BYTES] = {KIND_SIZE, AT(srv.max_total_bytes), 0, 0},
-    [O_MAX_CONNECTIONS] = {KIND_SIZE0, AT(srv.max_connections), 0, 0},
-    [O_MAX_PENDING_OUTPUT] = {KIND_SIZE, AT(srv.max_pending_output), 0, 0},
+    [O_KEEPALIVE] = {KIND_INT, AT(srv.keepalive_s), 0, RDZV_KEEPALIVE_MAX_S},
+    [O_MAX_KEY_BYTES] = {KIND_SIZE, AT(srv.max_key_bytes), 1, RDZV_KEY_BYTES_MAX},
+    [O_MAX_VALUE_BYTES] = {KIND_SIZE, AT(srv.max_value_bytes), 1, 0},
+    [O_MAX_KEYS_PER_REQUEST] = {KIND_SIZE, AT(srv.max_keys_per_request), 1, 0},
+    [O_MAX_REQUEST_BYTES] = {KIND_SIZE, AT(srv.max_request_bytes), RDZV_REQUEST_BYTES_MIN,
+                             RDZV_REQUEST_BYTES_MAX},
+    [O_MAX_TOTAL_BYTES] = {KIND_SIZE, AT(srv.max_total_bytes), 1, 0},
+    [O_MAX_CONNECTIONS] = {KIND_SIZE, AT(srv.max_connections), 0, 0},
+    [O_MAX_PENDING_OUTPUT] = {KIND_SIZE, AT(srv.max_pending_output), 1, 0},
     [O_ALLOW] = {KIND_LIST, AT(allow), 0, 0},
     [O_ALLOW_OTHER_USERS] = {KIND_FLAG, AT(srv.allow_other_users), 0, 0},
-    [O_MAX_CONN_OUTPUT] = {KIND_SIZE, AT(srv.max_conn_output), 0, 0},
-    [O_MAX_BUFFERED] = {KIND_SIZE, AT(srv.max_buffered_bytes), 0, 0},
-    [O_IDLE_TIMEOUT] = {KIND_INT, AT(srv.idle_timeout_s), 0, INT_MAX / 1000},
-    [O_REQUEST_TIMEOUT] = {KIND_INT, AT(srv.request_timeout_s), 0, INT_MAX / 1000},
+    [O_MAX_CONN_OUTPUT] = {KIND_SIZE, AT(srv.max_conn_output), 1, 0},
+    [O_MAX_BUFFERED] = {KIND_SIZE, AT(srv.max_buffered_bytes), 1, 0},
+    [O_IDLE_TIMEOUT] = {KIND_INT, AT(srv.idle_timeout_s), 0, (long)CLI_SECONDS_MAX},
+    [O_REQUEST_TIMEOUT] = {KIND_INT, AT(srv.request_timeout_s), 0, (long)CLI_SECONDS_MAX},
     [O_QUIET] = {KIND_FLAG, AT(quiet), 0, 0},
     [O_VERBOSE] = {KIND_FLAG, AT(verbose), 0, 0},
     [O_HOST] = {KIND_STRING, AT(host), 0, 0},
-    [O_TIMEOUT] = {KIND_SECONDS, AT(timeout_s), 0, INT_MAX / 1000},
-    [O_CONNECT_TIMEOUT] = {KIND_SECONDS0, AT(connect_timeout_s), 0, INT_MAX / 1000},
+    [O_TIMEOUT] = {KIND_SECONDS, AT(timeout_s), 0, (long)CLI_SECONDS_MAX},
+    [O_CONNECT_TIMEOUT] = {KIND_SECONDS0, AT(connect_timeout_s), 0, (long)CLI_SECONDS_MAX},
     [O_PREFIX] = {KIND_STRING, AT(prefix), 0, 0},
     [O_PORT] = {KIND_INT, AT(port), 0, 65535},
     [O_TOKEN_FILE] = {KIND_STRING, AT(token_file), 0, 0},
@@ -390,16 +395,26 @@ static const void *server_default(const rdzv_server_options *defs, const cli_opt
 /* One option of --help on one line, the text beside the spellings from column 33. */
 static void print_option(FILE *f, const cli_option *o, const rdzv_server_options *defs)
 {
-    char text[160], def[48] = "";
-    enum kind kind = rules[o->id].kind;
+    char text[256], def[112] = "";
+    const struct rule *r = &rules[o->id];
 
-    /* Server limits show the library's own defaults, so they cannot go stale here. */
-    if ((o->tag & ON_SERVE) && (kind == KIND_SIZE || kind == KIND_SIZE0)) {
-        char n[32];
+    /* Server limits show the library's own defaults, so they cannot go stale here, and the
+     * range where it is narrower than the type's. */
+    if ((o->tag & ON_SERVE) && r->kind == KIND_SIZE) {
+        char n[32], lo[32], hi[32];
         format_size(n, sizeof(n), *(const size_t *)server_default(defs, o));
-        snprintf(def, sizeof(def), " (%s)", n);
-    } else if (o->tag == ON_SERVE && kind == KIND_INT && o->id != O_LISTEN_FD) {
-        snprintf(def, sizeof(def), " (%d)", *(const int *)server_default(defs, o));
+        format_size(lo, sizeof(lo), (size_t)r->min);
+        format_size(hi, sizeof(hi), (size_t)r->max);
+        if (r->max)
+            snprintf(def, sizeof(def), " (%s; %s to %s)", n, lo, hi);
+        else
+            snprintf(def, sizeof(def), " (%s)", n);
+    } else if (o->tag == ON_SERVE && r->kind == KIND_INT && o->id != O_LISTEN_FD) {
+        int n = *(const int *)server_default(defs, o);
+        if (r->max < INT_MAX)
+            snprintf(def, sizeof(def), " (%d; %ld to %ld)", n, r->min, r->max);
+        else
+            snprintf(def, sizeof(def), " (%d)", n);
     }
     snprintf(text, sizeof(text), "%s%s", o->help, def);
     cli_print_option(f, o, text, 33, 0);
@@ -490,13 +505,17 @@ static int set_option(struct config *cfg, const cli_option *o, const char *val)
         return 0;
     }
     case KIND_SIZE:
-    case KIND_SIZE0:
-        if (cli_parse_size(flag, val, r->kind == KIND_SIZE, SIZE_MAX, (size_t *)field) < 0) {
+        if (cli_parse_size(flag, val, (size_t)r->min, r->max ? (size_t)r->max : SIZE_MAX,
+                           (size_t *)field) < 0) {
             complain(EXIT_USAGE, "%s", cli_last_error());
             return -1;
         }
         return 0;
     case KIND_LIST:
+        if (cfg->nallow == RDZV_ALLOW_MAX) {
+            complain(EXIT_USAGE, "%s: at most %d networks", flag, RDZV_ALLOW_MAX);
+            return -1;
+        }
         cfg->allow[cfg->nallow++] = val;
         return 0;
     case KIND_SECONDS:

@@ -148,7 +148,7 @@ int rdzv__parse(rdzv__parser *p, const rdzv__limits *lim, const uint8_t *buf, si
         if (p->gen == RDZV_GEN_UNKNOWN) {
             /* A modern client's first frame is VALIDATE: opcode 0 and the magic. A legacy
              * client's opcode 0 is SET, whose key length would have to be about 968 MiB to
-             * look like the magic, far beyond the highest key limit (RDZV_MAX_KEY_LIMIT). */
+             * look like the magic, far beyond the highest key limit (RDZV_KEY_BYTES_MAX, rdzv.h). */
             if (buf[0] == 0) {
                 if (len < 5)
                     return 0;

@@ -19,10 +19,6 @@
 
 #define RDZV_VALIDATE_MAGIC 0x3C85F7CEu
 
-/* Highest allowed key limit. A legacy SET whose key length had the magic in its low 32 bits
- * would be about 968 MiB long; keeping keys far below that keeps generation detection exact. */
-#define RDZV_MAX_KEY_LIMIT ((size_t)16 << 20)
-
 /* Protocol generation of a connection. */
 enum rdzv_gen {
     RDZV_GEN_UNKNOWN = 0, /* nothing decided yet (too few bytes seen) */

@@ -61,6 +61,21 @@ typedef void (*rdzv_log_fn)(void *arg, int level, const char *msg);
 
 typedef struct rdzv_server rdzv_server;
 
+/*
+ * The ranges of rdzv_server_options fields that rdzv_server_start() checks (-EINVAL outside
+ * them), for programs to check their own flags against (ddp-rendezvous(1) does) and name the
+ * flag and the range.
+ *
+ * RDZV_KEY_BYTES_MAX: the highest max_key_bytes. A legacy SET whose key length had the
+ * handshake's magic in its low 32 bits would be about 968 MiB long; keeping keys far below that
+ * keeps the detection of the protocol generation exact.
+ */
+#define RDZV_KEY_BYTES_MAX ((size_t)16 << 20)    /* max_key_bytes: 1 to this */
+#define RDZV_REQUEST_BYTES_MIN ((size_t)16)      /* max_request_bytes: from this */
+#define RDZV_REQUEST_BYTES_MAX ((size_t)1 << 30) /* max_request_bytes: to this */
+#define RDZV_KEEPALIVE_MAX_S 32767               /* keepalive_s: 0 to this (TCP_KEEPIDLE's) */
+#define RDZV_ALLOW_MAX 4096                      /* nallow: 0 to this */
+
 /* Server settings. Fill with rdzv_server_options_init(), then change what you need. */
 typedef struct rdzv_server_options {
     const char *host; /* bind address, IPv4 or IPv6 literal or name ("127.0.0.1"); "::"
@@ -71,12 +86,13 @@ typedef struct rdzv_server_options {
                          on, and closes it also when the call fails (-1) */
     int backlog;      /* listen(2) backlog (SOMAXCONN) */
     int keepalive_s;  /* TCP keepalive idle time for accepted connections, in seconds;
-                         0 turns it off (60) */
+                         0 turns it off (60; at most RDZV_KEEPALIVE_MAX_S) */
 
-    size_t max_key_bytes;        /* longest key (8 KiB; at most 16 MiB) */
+    size_t max_key_bytes;        /* longest key (8 KiB; at most RDZV_KEY_BYTES_MAX) */
     size_t max_value_bytes;      /* longest value in one request (8 MiB) */
     size_t max_keys_per_request; /* keys in one CHECK/WAIT/MULTI_GET/MULTI_SET (128 Ki) */
-    size_t max_request_bytes;    /* largest single request frame (64 MiB) */
+    size_t max_request_bytes;    /* largest single request frame (64 MiB; RDZV_REQUEST_BYTES_MIN
+                                    to RDZV_REQUEST_BYTES_MAX) */
     size_t max_total_bytes;      /* keys, values and queued items stored, with the memory each
                                     takes beyond its bytes (about 150 bytes a key), and pending
                                     WAIT and watch records (1 GiB) */
@@ -108,8 +124,8 @@ typedef struct rdzv_server_options {
                                  no authentication, nothing private (NULL) */
     const char *const *allow; /* `nallow` networks ("10.0.0.0/8", "fd00::/8", an address)
                                  whose peers need not authenticate first; copied (NULL) */
-    size_t nallow;            /* (0); with no token but nallow > 0, peers outside them and
-                                 not local are refused on connect */
+    size_t nallow;            /* (0; at most RDZV_ALLOW_MAX); with no token but nallow > 0,
+                                 peers outside them and not local are refused on connect */
     int allow_other_users;    /* 0: refuse connections from this host owned by a user other
                                  than the server's (and root), found with NETLINK_SOCK_DIAG
                                  (0) */

@@ -70,7 +70,7 @@ typedef struct client {
     uint64_t last_read_ms;     /* uv_now() of the last bytes received (or of the accept) */
     uint64_t partial_since_ms; /* while `awaiting`: since when; 0 otherwise */
     char peer[64];
-    char addr[INET6_ADDRSTRLEN]; /* numeric peer address at accept, for opts.on_close */
+    char addr[INET6_ADDRSTRLEN]; /* numeric peer address at accept: logs, opts.on_close */
     int port;                    /* peer port at accept; 0: unknown */
 } client;
 
@@ -191,48 +191,31 @@ static void client_closed(uv_handle_t *h)
     handle_closed((uv_handle_t *)&srv->listener);
 }
 
-/* Formats the peer's address into c->peer; only needed for log lines, so done only then. */
+/* "ADDR:PORT" ("[ADDR]:PORT" for IPv6) of the peer as it was at accept, for log lines. */
 static const char *peer_name(client *c)
 {
-    struct sockaddr_storage ss = {0};
-    int sl = sizeof(ss);
-    char ip[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
-        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
-        if (ss.ss_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
-            /* An IPv4 peer of a dual-stack listener: name it as IPv4. */
-            inet_ntop(AF_INET, &a6->sin6_addr.s6_addr[12], ip, sizeof(ip));
-            port = ntohs(a6->sin6_port);
-            ss.ss_family = AF_INET;
-        } else if (ss.ss_family == AF_INET6) {
-            uv_ip6_name(a6, ip, sizeof(ip));
-            port = ntohs(a6->sin6_port);
-        } else {
-            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
-            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        }
-    }
-    snprintf(c->peer, sizeof(c->peer), ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", ip, port);
+    snprintf(c->peer, sizeof(c->peer), strchr(c->addr, ':') ? "[%s]:%d" : "%s:%d", c->addr,
+             c->port);
     return c->peer;
 }
 
-/* Notes the peer's address and port for the on_close hook (the peer may be gone by then). */
-static void remember_peer(client *c)
+/*
+ * Notes the peer's numeric address (an IPv4-mapped IPv6 address in its IPv4 form) and port, as
+ * accept() gave them, for log lines and the on_close hook: once the peer has reset the
+ * connection the socket can no longer tell them (getpeername() fails with ENOTCONN).
+ */
+static void remember_peer(client *c, const struct sockaddr *sa)
 {
-    struct sockaddr_storage ss = {0};
-    int sl = sizeof(ss);
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) != 0)
-        return;
-    if (ss.ss_family == AF_INET6) {
-        uv_ip6_name((struct sockaddr_in6 *)&ss, c->addr, sizeof(c->addr));
-        c->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    if (sa->sa_family == AF_INET6) {
+        uv_ip6_name((const struct sockaddr_in6 *)sa, c->addr, sizeof(c->addr));
+        c->port = ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
         if (strncmp(c->addr, "::ffff:", 7) == 0 && strchr(c->addr + 7, '.'))
             memmove(c->addr, c->addr + 7, strlen(c->addr + 7) + 1);
-    } else if (ss.ss_family == AF_INET) {
-        uv_ip4_name((struct sockaddr_in *)&ss, c->addr, sizeof(c->addr));
-        c->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    } else if (sa->sa_family == AF_INET) {
+        uv_ip4_name((const struct sockaddr_in *)sa, c->addr, sizeof(c->addr));
+        c->port = ntohs(((const struct sockaddr_in *)sa)->sin_port);
+    } else {
+        snprintf(c->addr, sizeof(c->addr), "?");
     }
 }
 
@@ -767,7 +750,7 @@ static bool shed_one(rdzv_server *srv, int err)
 }
 
 /* Takes an accepted socket into service, or refuses it. */
-static void admit(rdzv_server *srv, int fd)
+static void admit(rdzv_server *srv, int fd, const struct sockaddr *peer)
 {
     /* A refusal is logged before the socket is closed, so that whoever sees the close (a test,
      * an operator) finds the line already there. */
@@ -783,6 +766,7 @@ static void admit(rdzv_server *srv, int fd)
         return;
     }
     c->srv = srv;
+    remember_peer(c, peer);
     rdzv__conn_init(&c->conn);
     rdzv__parser_init(&c->parser);
     c->last_read_ms = uv_now(srv->loop);
@@ -806,8 +790,6 @@ static void admit(rdzv_server *srv, int fd)
     if (!admit_peer(srv, c))
         return;
     srv->accepted++;
-    if (srv->opts.on_close)
-        remember_peer(c);
     /* TCP_NODELAY and keepalive come from the listening socket: Linux copies them to every
      * accepted socket, which saves three system calls per connection. */
     if ((rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb)) < 0) {
@@ -828,9 +810,12 @@ static void on_listen_ready(uv_poll_t *h, int status, int events)
         return;
     }
     for (int i = 0; i < ACCEPT_BATCH && !srv->closing; i++) {
-        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage peer = {0};
+        socklen_t pl = sizeof(peer);
+        int fd =
+            accept4(srv->listen_fd, (struct sockaddr *)&peer, &pl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
-            admit(srv, fd);
+            admit(srv, fd, (struct sockaddr *)&peer);
             continue;
         }
         int err = errno;
@@ -1021,13 +1006,15 @@ static void listener_closed(uv_handle_t *h)
 static int check_options(const rdzv_server_options *o)
 {
     if (!o || (!o->host && o->listen_fd < 0) || o->port < 0 || o->port > 65535 || o->backlog < 1 ||
-        o->keepalive_s < 0 || o->max_key_bytes < 1 || o->max_key_bytes > RDZV_MAX_KEY_LIMIT ||
-        o->max_value_bytes < 1 || o->max_keys_per_request < 1 || o->max_pending_output < 1 ||
-        o->max_request_bytes < 16 || o->max_request_bytes > ((size_t)1 << 30) ||
+        o->keepalive_s < 0 || o->keepalive_s > RDZV_KEEPALIVE_MAX_S || o->max_key_bytes < 1 ||
+        o->max_key_bytes > RDZV_KEY_BYTES_MAX || o->max_value_bytes < 1 ||
+        o->max_keys_per_request < 1 || o->max_pending_output < 1 ||
+        o->max_request_bytes < RDZV_REQUEST_BYTES_MIN ||
+        o->max_request_bytes > RDZV_REQUEST_BYTES_MAX ||
         o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->idle_timeout_s < 0 ||
         o->request_timeout_s < 0 || o->idle_timeout_s > INT_MAX / 1000 ||
         o->request_timeout_s > INT_MAX / 1000 || (o->token && rdzv_token_check(o->token) < 0) ||
-        (o->nallow > 0 && !o->allow) || o->nallow > 4096)
+        (o->nallow > 0 && !o->allow) || o->nallow > RDZV_ALLOW_MAX)
         return -EINVAL;
     return 0;
 }

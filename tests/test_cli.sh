@@ -135,6 +135,31 @@ expect 2 "$BIN" keys --connect-timeout -1
 stderr_has "--connect-timeout"
 ok "usage errors exit 2 and name the flag"
 
+# The server's limits have the library's ranges: a value out of one is a usage error naming the
+# flag and the range, never the server's "cannot listen on 127.0.0.1:0: Invalid argument".
+# (serve runs under timeout(1) in case a value is taken and it starts serving.)
+range_error() { # FLAG VALUE RANGE
+    expect 2 timeout 5 "$BIN" serve --port 0 "$1" "$2"
+    stderr_has "ddp-rendezvous: $1: expected "
+    stderr_has "$3, got '$2'"
+    ! grep -q "cannot listen" "$tmp/err" || fail "$1 $2: $(cat "$tmp/err")"
+}
+range_error --max-key-bytes 17M "from 1 to 16777216"
+range_error --max-key-bytes 0 "from 1 to 16777216"
+range_error --max-request-bytes 1 "from 16 to 1073741824"
+range_error --max-request-bytes 2G "from 16 to 1073741824"
+range_error --keepalive 40000 "0..32767"
+range_error --idle-timeout 1e18 "0..2147483"
+expect 2 "$BIN" keys --timeout 1e18
+stderr_has "--timeout: expected a number of seconds greater than 0 and at most 2147483, got '1e18'"
+allow=()
+for i in $(seq 0 4096); do allow+=(--allow "10.0.$((i / 256)).$((i % 256))"); done
+expect 2 timeout 5 "$BIN" serve --port 0 "${allow[@]}"
+stderr_has "ddp-rendezvous: --allow: at most 4096 networks"
+grep -q "(8K; 1 to 16M)" "$tmp/help" && grep -q "(64M; 16 to 1G)" "$tmp/help" &&
+    grep -q "(60; 0 to 32767)" "$tmp/help" || fail "--help lacks the ranges: $(cat "$tmp/help")"
+ok "out-of-range limits exit 2 naming the flag and its range (--help shows them)"
+
 # ---------------------------------------------------------------------------------------------
 # The server. Its stdout is a FIFO held open on fd 3: the first line is the port, and EOF later
 # means the server has exited.

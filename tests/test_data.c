@@ -367,6 +367,33 @@ START_TEST(idx_bad_files)
 }
 END_TEST
 
+/*
+ * A data file that is not a regular file is refused at once with a sentence that says so: a FIFO
+ * (which used to hang ddp-train in open() until a writer came), a directory, a device. The
+ * alarm bounds the test if the open blocks.
+ */
+START_TEST(idx_not_regular)
+{
+    alarm(5);
+    make_tmpdir();
+    char p[256], want[300];
+    snprintf(p, sizeof p, "%s/train-images-idx3-ubyte", tmpdir);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    snprintf(want, sizeof want, "%s: not a regular file (a FIFO)", p);
+    expect_fail(p, 3, -EINVAL, want);
+    data_set ds;
+    ck_assert_int_eq(data_load(tmpdir, "train", &ds), -EINVAL);
+    ck_assert_str_eq(data_last_error(), want);
+
+    snprintf(p, sizeof p, "%s/dir", tmpdir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    expect_fail(p, 3, -EINVAL, "not a regular file (a directory)");
+    expect_fail("/dev/null", 1, -EINVAL, "/dev/null: not a regular file (a character device)");
+    remove_tmpdir();
+    alarm(0);
+}
+END_TEST
+
 START_TEST(load_bad_splits)
 {
     make_tmpdir();
@@ -595,7 +622,7 @@ static Suite *data_suite(void)
     Suite *s = suite_create("data");
     check_tcase(s, "sampler", 30, sampler_global_batch_independent_of_world,
                 sampler_disjoint_and_covering, sampler_epoch_reseeding, sampler_bad_configurations);
-    check_tcase(s, "idx", 30, idx_good_files, idx_bad_files, load_bad_splits,
+    check_tcase(s, "idx", 30, idx_good_files, idx_bad_files, idx_not_regular, load_bad_splits,
                 fashion_mnist_installed, pixels_round_trip);
     check_tcase(s, "loader", 30, loader_matches_synchronous, loader_starts_mid_run);
     return s;

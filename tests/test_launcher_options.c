@@ -484,8 +484,8 @@ START_TEST(shutdown_timeout_sources)
     setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "x", 1);
     PARSE_ERR("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "t");
     ck_assert(strstr(err, "--shutdown-timeout"));
-    PARSE_ERR("--shutdown-timeout: expected a non-negative number", "--shutdown-timeout", "-1",
-              "t");
+    PARSE_ERR("--shutdown-timeout: expected a number of seconds from 0 to 2147483, got '-1'",
+              "--shutdown-timeout", "-1", "t");
     unsetenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
     /* torchrun's other fallback for the prefix template. */
     setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "T:", 1);
@@ -514,7 +514,70 @@ START_TEST(hung_timeout)
     setenv("PET_HUNG_TIMEOUT", "soon", 1);
     PARSE_ERR("--hung-timeout (from PET_HUNG_TIMEOUT)", "t");
     unsetenv("PET_HUNG_TIMEOUT");
-    PARSE_ERR("--hung-timeout: expected a non-negative number", "--hung-timeout", "-1", "t");
+    PARSE_ERR("--hung-timeout: expected a number of seconds from 0", "--hung-timeout", "-1", "t");
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
+/*
+ * Every duration has a range, named in the error: at most 2147483 s (INT_MAX ms), so that none
+ * overflows when the agent turns it into milliseconds ("--shutdown-timeout 1e18" was accepted and
+ * sent SIGKILL at once); node liveness has floors (keep_alive_interval=1e-9 was accepted and
+ * declared a two-node job's nodes dead at once).
+ */
+START_TEST(duration_ranges)
+{
+    static const char *const flags[] = {"--shutdown-timeout", "--hung-timeout",
+                                        "--monitor-interval"};
+    static const char *const huge[] = {"1e18", "1e308", "2147484"};
+    char want[160];
+    for (size_t i = 0; i < 3; i++) {
+        for (size_t k = 0; k < 3; k++) {
+            snprintf(want, sizeof want,
+                     "%s: expected a number of seconds from 0 to 2147483, got '%s'", flags[i],
+                     huge[k]);
+            PARSE_ERR(want, flags[i], huge[k], "t");
+        }
+        PARSE_OK(flags[i], "2147483", "t");
+    }
+    ck_assert_double_eq(cfg.monitor_interval_s, 2147483);
+    setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "1e308", 1);
+    PARSE_ERR("--shutdown-timeout (from TORCH_ELASTIC_SHUTDOWN_TIMEOUT): expected a number of "
+              "seconds from 0 to 2147483",
+              "t");
+    unsetenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+
+    static const char *const keys[] = {
+        "join_timeout", "last_call_timeout",       "close_timeout",     "read_timeout",
+        "timeout",      "cas_backoff_max_seconds", "heartbeat_timeout", "keep_alive_interval"};
+    char conf[96];
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        snprintf(conf, sizeof conf, "%s=1e18", keys[i]);
+        snprintf(want, sizeof want, "--rdzv-conf: %s: expected a number of seconds", keys[i]);
+        PARSE_ERR(want, "--rdzv-conf", conf, "t");
+        ck_assert_msg(strstr(err, "2147483, got '1e18'"), "no range in '%s'", err);
+        snprintf(conf, sizeof conf, "%s=2147483", keys[i]);
+        PARSE_OK("--rdzv-conf", conf, "t");
+    }
+    ck_assert_double_eq(cfg.keep_alive_interval_s, 2147483);
+
+    PARSE_ERR("--rdzv-conf: keep_alive_interval: expected a number of seconds from 0.1 to 2147483, "
+              "got '1e-9'",
+              "--nnodes", "2", "--rdzv-conf", "keep_alive_interval=1e-9", "t");
+    PARSE_ERR("--rdzv-conf: heartbeat_timeout: expected a number of seconds from 1 to 2147483, "
+              "got '0.5'",
+              "--rdzv-conf", "heartbeat_timeout=0.5", "t");
+    /* Without heartbeat_timeout, a node is dead after interval x attempts: at least 1 s too. */
+    PARSE_ERR("--rdzv-conf: keep_alive_interval x keep_alive_max_attempt is 0.3 s", "--rdzv-conf",
+              "keep_alive_interval=0.1", "t");
+    PARSE_ERR("less than 1 s without a heartbeat", "--rdzv-conf",
+              "keep_alive_interval=0.5,keep_alive_max_attempt=1", "t");
+    PARSE_OK("--rdzv-conf", "keep_alive_interval=0.1,keep_alive_max_attempt=10", "t");
+    PARSE_OK("--rdzv-conf", "keep_alive_interval=0.1,heartbeat_timeout=1", "t");
+    double beat, dead;
+    ddprun_liveness(&cfg, &beat, &dead);
+    ck_assert_double_eq_tol(beat, 0.1, 1e-12);
+    ck_assert_double_eq_tol(dead, 1, 1e-12);
     ddprun_config_free(&cfg);
 }
 END_TEST
@@ -548,7 +611,8 @@ START_TEST(errors_name_their_flag)
     PARSE_ERR("--rdzv-endpoint: the host of 'a b:1'", "--rdzv-backend", "c10d", "--rdzv-endpoint",
               "a b:1", "t");
     PARSE_ERR("--max-restarts: expected an integer of at least 0", "--max-restarts", "-1", "t");
-    PARSE_ERR("--monitor-interval: expected a non-negative number", "--monitor-interval", "x", "t");
+    PARSE_ERR("--monitor-interval: expected a number of seconds from 0", "--monitor-interval", "x",
+              "t");
     PARSE_ERR("--start-method: expected 'spawn', 'fork' or 'forkserver', got 'thread'",
               "--start-method", "thread", "t");
     PARSE_ERR("--numa-binding: expected 'node', 'socket', 'exclusive' or 'core-complex'",
@@ -641,10 +705,11 @@ START_TEST(rdzv_conf_parsing)
     }
     PARSE_OK("--rdzv-conf", "   ", "t");
     PARSE_ERR("--rdzv-conf: is_host: expected a boolean", "--rdzv-conf", "is_host=maybe", "t");
-    PARSE_ERR("--rdzv-conf: join_timeout: expected a positive number of seconds, got 'x'",
+    PARSE_ERR("--rdzv-conf: join_timeout: expected a number of seconds greater than 0 and at "
+              "most 2147483, got 'x'",
               "--rdzv-conf", "join_timeout=x", "t");
-    PARSE_ERR("--rdzv-conf: read_timeout: expected a positive", "--rdzv-conf", "read_timeout=0",
-              "t");
+    PARSE_ERR("--rdzv-conf: read_timeout: expected a number of seconds greater than 0",
+              "--rdzv-conf", "read_timeout=0", "t");
     PARSE_ERR("--rdzv-conf: timeout: a value is required", "--rdzv-conf", "timeout=", "t");
     PARSE_ERR("--rdzv-conf: timeout: a value is required", "--rdzv-conf", "timeout", "t");
     PARSE_ERR("--rdzv-conf: expected KEY=VALUE", "--rdzv-conf", "=5", "t");
@@ -1297,11 +1362,11 @@ int main(void)
     TCase *tc = check_tcase(
         s, "options", 30, defaults_are_torchrun_defaults, both_spellings,
         equals_form_and_abbreviations, script_and_its_arguments, pet_defaults_and_precedence,
-        shutdown_timeout_sources, hung_timeout, errors_name_their_flag, module_no_python_run_path,
-        rdzv_conf_parsing, liveness_settings, redirects_and_tee, local_ranks_filter, standalone,
-        endpoints, control_plane, nproc_auto_cpu_gpu, slurm_defaults, slurm_subset_step,
-        slurm_batch_script, slurm_tasks_per_node, python_or_program, virtual_local_rank,
-        ignored_options_warn, help_and_version);
+        shutdown_timeout_sources, hung_timeout, errors_name_their_flag, duration_ranges,
+        module_no_python_run_path, rdzv_conf_parsing, liveness_settings, redirects_and_tee,
+        local_ranks_filter, standalone, endpoints, control_plane, nproc_auto_cpu_gpu,
+        slurm_defaults, slurm_subset_step, slurm_batch_script, slurm_tasks_per_node,
+        python_or_program, virtual_local_rank, ignored_options_warn, help_and_version);
     tcase_add_checked_fixture(tc, setup, teardown);
 
     check_tcase(s, "slurm_expand", 30, slurm_expand);

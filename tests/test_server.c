@@ -1,8 +1,9 @@
 /*
  * Tests of the libuv server over real sockets, with raw protocol clients: both generations on
  * one port, byte-at-a-time frames, a half-sent frame that must not stall anyone, malformed and
- * over-limit input closing only its own connection, the connection cap, running out of file
- * descriptors, back-pressure, IPv6, a handed-in listening fd, and the embedded mode.
+ * over-limit input closing only its own connection, a reset connection logged with its peer's
+ * address, the connection cap, running out of file descriptors, back-pressure, IPv6, a
+ * handed-in listening fd, and the embedded mode.
  */
 #include "frames.h"
 #include "proto.h"
@@ -317,6 +318,32 @@ START_TEST(bad_input_closes_one_connection)
     ck_assert(log_has("127.0.0.1:"));
     close(good);
     fr_free(&f);
+    rdzv_server_stop(srv);
+}
+END_TEST
+
+/*
+ * A connection that the peer resets is logged with the peer's address, although the socket can
+ * no longer tell it (getpeername() fails once the reset has arrived): the server notes it at
+ * accept. It used to read "closing connection from ?:0: connection reset by peer".
+ */
+START_TEST(reset_connection_names_its_peer)
+{
+    rdzv_server *srv = start_default();
+    int fd = modern_client(rdzv_server_port(srv));
+    roundtrip(fd, "k", "v"); /* accepted and read from: the reset reaches a read */
+    struct sockaddr_in me;
+    socklen_t ml = sizeof(me);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&me, &ml), 0);
+    char want[64];
+    snprintf(want, sizeof(want), "closing connection from 127.0.0.1:%d: ", ntohs(me.sin_port));
+    struct linger rst = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &rst, sizeof(rst));
+    close(fd); /* RST */
+    for (int tries = 0; tries < 5000 && !log_has("closing connection from"); tries++)
+        usleep(1000);
+    ck_assert_msg(log_has(want), "no '%s' in the log:\n%s", want, log_text);
+    ck_assert(!log_has("?:0"));
     rdzv_server_stop(srv);
 }
 END_TEST
@@ -855,6 +882,7 @@ int main(void)
     check_tcase(s, "sockets", 60, both_generations_one_port, byte_at_a_time, half_sent_frame,
                 bad_input_closes_one_connection, connection_cap, out_of_fds,
                 wait_across_connections, back_pressure, ipv6_and_listen_fd, dual_stack,
-                embedded_on_callers_loop, failed_create_does_not_run_loop);
+                embedded_on_callers_loop, failed_create_does_not_run_loop,
+                reset_connection_names_its_peer);
     return check_run(s);
 }

@@ -20,12 +20,14 @@
 #include "data.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -84,16 +86,43 @@ static long read_upto(gzFile f, const char *path, uint8_t *buf, size_t n)
     return (long)got;
 }
 
+/* What a file that is not a regular one is, for the error sentence. */
+static const char *file_kind(mode_t mode)
+{
+    return S_ISDIR(mode)    ? "directory"
+           : S_ISFIFO(mode) ? "FIFO"
+           : S_ISSOCK(mode) ? "socket"
+           : S_ISCHR(mode)  ? "character device"
+           : S_ISBLK(mode)  ? "block device"
+                            : "special file";
+}
+
 int data_idx_read(const char *path, int ndim, int *dims, uint8_t **data)
 {
     if (!path || ndim < 1 || ndim > 3 || !dims || !data)
         return fail(-EINVAL, "data_idx_read: bad arguments");
     uint8_t *buf = NULL;
     int rc = 0;
+    /* Non-blocking, so that opening a FIFO does not wait for a writer; a regular file, the
+     * only kind accepted, ignores the flag. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return fail(-errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return fail(-e, "%s: cannot open: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(-EINVAL, "%s: not a regular file (a %s)", path, file_kind(st.st_mode));
+    }
     errno = 0;
-    gzFile f = gzopen(path, "rb");
+    gzFile f = gzdopen(fd, "rb");
     if (!f) {
         int e = errno ? errno : ENOMEM;
+        close(fd);
         return fail(-e, "%s: cannot open: %s", path, strerror(e));
     }
 

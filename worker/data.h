@@ -54,8 +54,9 @@ const char *data_last_error(void);
  * reads both). Checks the magic, that no size is 0 and the total stays below 2^30 bytes, and
  * that the data is exactly as long as the header says. Returns 0, fills dims[0..ndim) and sets
  * *data (malloc'ed, the caller frees it); or -ENOENT/-EACCES/-EIO (cannot open or read),
- * -EPROTO (bad magic, bad sizes, truncated, too long, corrupt gzip) or -ENOMEM, with a sentence
- * that starts with the path.
+ * -EINVAL (not a regular file: a FIFO, which would wait for a writer, a directory, a device;
+ * "PATH: not a regular file (a FIFO)"), -EPROTO (bad magic, bad sizes, truncated, too long,
+ * corrupt gzip) or -ENOMEM, with a sentence that starts with the path.
  */
 int data_idx_read(const char *path, int ndim, int *dims, uint8_t **data);
 
