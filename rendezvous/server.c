@@ -77,8 +77,8 @@ typedef struct client {
 typedef struct write_req {
     uv_write_t req;
     client *c;
-    uint8_t *data; /* owned */
-    size_t n;
+    rdzv__buf buf; /* owned: the connection's output buffer, handed over whole */
+    size_t n;      /* its unsent bytes, the last n */
 } write_req;
 
 struct rdzv_server {
@@ -174,6 +174,8 @@ void rdzv_server_options_init(rdzv_server_options *o)
     o->fd_reserve = 64;
     o->idle_timeout_s = 0;
     o->request_timeout_s = 60;
+    o->max_private_bytes = 128 << 20;
+    o->max_list_keys = 128 << 10;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -449,7 +451,7 @@ static void write_cb(uv_write_t *req, int status)
     client *c = w->c;
     rdzv_server *srv = c->srv;
     size_t n = w->n;
-    free(w->data);
+    rdzv__buf_free(&w->buf);
     free(w);
     if (c->closing)
         return; /* its bytes were written off when it closed */
@@ -494,7 +496,7 @@ static void flush(client *c)
     }
     if (off == out->len) {
         out->len = 0;
-        if (out->cap > 1 << 20) /* do not keep a large buffer around for small replies */
+        if (out->cap > READ_BUF_BYTES) /* do not keep a large buffer around for small replies */
             rdzv__buf_free(out);
         return;
     }
@@ -503,31 +505,20 @@ static void flush(client *c)
         client_close(c, "out of memory");
         return;
     }
+    /* The whole buffer goes to the write request and the unsent tail is written from where it
+     * is: a copy of it would double what the connection holds while max_conn_output and
+     * max_buffered_bytes count it once. A large buffer gives back its capacity beyond the
+     * reply and the pages the kernel already took. */
     w->c = c;
     w->n = out->len - off;
-    if (off == 0) { /* hand the whole buffer to the write request */
-        /* It grew by doubling: give back the unused half of a large one, so that what a
-         * connection holds is close to what max_conn_output and max_buffered_bytes count. */
-        uint8_t *fit = out->cap > 2 * out->len && out->len > READ_BUF_BYTES
-                           ? realloc(out->data, out->len)
-                           : NULL;
-        w->data = fit ? fit : out->data;
-        out->data = NULL;
-        out->cap = 0;
-    } else {
-        w->data = malloc(out->len - off);
-        if (!w->data) {
-            free(w);
-            client_close(c, "out of memory");
-            return;
-        }
-        memcpy(w->data, out->data + off, out->len - off);
-    }
-    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)(out->len - off));
-    out->len = 0;
+    w->buf = *out;
+    *out = (rdzv__buf){0};
+    rdzv__buf_fit(&w->buf);
+    rdzv__buf_drop_front(&w->buf, off);
+    uv_buf_t b = uv_buf_init((char *)w->buf.data + off, (unsigned)w->n);
     int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
     if (rc < 0) {
-        free(w->data);
+        rdzv__buf_free(&w->buf);
         free(w);
         client_close(c, uv_strerror(rc));
         return;
@@ -924,6 +915,11 @@ static char *status_json(rdzv_server *srv)
                   (json_int_t)srv->refused_private, "nodes", (json_int_t)srv->nodes.n));
     json_object_set_new(o, "buffered_bytes", json_integer((json_int_t)st->buffered));
     json_object_set_new(o, "memory", json_integer((json_int_t)st->memory));
+    json_object_set_new(o, "private_memory", json_integer((json_int_t)st->private_memory));
+    json_object_set_new(limits, "max_private_bytes",
+                        json_integer((json_int_t)srv->opts.max_private_bytes));
+    json_object_set_new(limits, "max_list_keys",
+                        json_integer((json_int_t)srv->opts.max_list_keys));
     json_object_set_new(o, "protocol",
                         json_pack("{s:I, s:I}", "legacy", (json_int_t)srv->gens[RDZV_GEN_LEGACY],
                                   "modern", (json_int_t)srv->gens[RDZV_GEN_MODERN]));
@@ -1024,7 +1020,9 @@ static int check_options(const rdzv_server_options *o)
         o->keepalive_s < 0 || o->max_key_bytes < 1 || o->max_key_bytes > RDZV_MAX_KEY_LIMIT ||
         o->max_value_bytes < 1 || o->max_keys_per_request < 1 || o->max_pending_output < 1 ||
         o->max_request_bytes < 16 || o->max_request_bytes > ((size_t)1 << 30) ||
-        o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->idle_timeout_s < 0 ||
+        o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->max_private_bytes < 1 ||
+        o->max_list_keys < 1 ||
+        o->idle_timeout_s < 0 ||
         o->request_timeout_s < 0 || o->idle_timeout_s > INT_MAX / 1000 ||
         o->request_timeout_s > INT_MAX / 1000 || (o->token && rdzv_token_check(o->token) < 0) ||
         (o->nallow > 0 && !o->allow) || o->nallow > 4096)
@@ -1234,6 +1232,8 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
         opts->max_connections ? opts->max_connections : derive_max_connections(opts->fd_reserve);
     srv->store.max_conn_output = opts->max_conn_output;
     srv->store.max_buffered = opts->max_buffered_bytes;
+    srv->store.max_private_bytes = opts->max_private_bytes;
+    srv->store.max_list_keys = opts->max_list_keys;
 
     /* A poll handle watches the ready socket (see the top of the file for why not
      * uv_listen()). Its failure (-EEXIST: a descriptor the loop already watches) leaves no

@@ -13,15 +13,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A growable byte buffer. */
+/* A growable byte buffer. From RDZV__BUF_MAP_BYTES of capacity on, its bytes are pages mapped
+ * for it alone (`mapped`), so that what it holds in memory is what it holds in bytes: release
+ * it with rdzv__buf_free() only, never free(data). */
 typedef struct rdzv__buf {
     uint8_t *data;
     size_t len, cap;
+    bool mapped;
 } rdzv__buf;
+
+#define RDZV__BUF_MAP_BYTES (256 << 10)
 
 int rdzv__buf_reserve(rdzv__buf *b, size_t extra);
 int rdzv__buf_append(rdzv__buf *b, const void *p, size_t n);
 void rdzv__buf_free(rdzv__buf *b);
+
+/* Gives back the capacity of a mapped buffer beyond its length (whole pages). Never fails. */
+void rdzv__buf_fit(rdzv__buf *b);
+
+/* Says that data[0..n) of a mapped buffer will not be read again: its whole pages go back to
+ * the system (they read as zeros afterwards). No-op for a small buffer. */
+void rdzv__buf_drop_front(rdzv__buf *b, size_t n);
 
 typedef struct rdzv__entry rdzv__entry;
 typedef struct rdzv__wait rdzv__wait;
@@ -55,7 +67,8 @@ typedef struct rdzv__store {
     size_t nkeys;    /* keys holding a value */
     size_t bytes;    /* key + value bytes of stored keys, plus queued items */
     size_t memory;   /* what max_total_bytes caps: `bytes` plus the estimated memory of every
-                        entry, value, queued item, WAIT and watch record beyond its bytes */
+                        entry, value, queued item, WAIT and watch record beyond its bytes, for
+                        the open key space */
     size_t nwaiters; /* keys awaited by pending WAITs, over all connections */
     size_t nwatches;
     size_t max_total_bytes;
@@ -64,12 +77,19 @@ typedef struct rdzv__store {
     size_t buffered;        /* out_held + in_held of all connections */
     rdzv__conn *holders;    /* connections holding any buffered bytes */
     uint64_t seed[2]; /* SipHash key, random per store */
+    /* The private pool: `memory` of keys under the private roots (rdzv__key_private()) and of
+     * the WAITs naming them, capped by max_private_bytes apart from the open keys, so that
+     * filling the open key space leaves the job's control plane its room. */
+    size_t private_memory;
+    size_t max_private_bytes;
+    size_t max_list_keys; /* LIST_KEYS over more keys is refused (SIZE_MAX: no cap) */
     uint64_t ops[RDZV_OP_COUNT];
     rdzv__conn *dirty; /* connections with output to send */
 } rdzv__store;
 
-/* Initialises an empty store, with no cap on buffered bytes (set max_conn_output and
- * max_buffered afterwards). Returns 0 or -ENOMEM. */
+/* Initialises an empty store, with no cap on buffered bytes or LIST_KEYS and a private pool as
+ * large as the open one (set max_conn_output, max_buffered, max_private_bytes and max_list_keys
+ * afterwards). Returns 0 or -ENOMEM. */
 int rdzv__store_init(rdzv__store *s, size_t max_total_bytes);
 
 /* Frees every key, queue and wait. Connections must have been released first. */
@@ -106,7 +126,8 @@ int rdzv__conn_hold_input(rdzv__store *s, rdzv__conn *c, size_t n);
  * notifications to other connections) are appended to output buffers. Returns 0, or
  * RDZV__EXEC_STATUS, RDZV__EXEC_AUTH, or a negative errno meaning that `c` must be closed:
  * -ENOSPC (the total size cap would be exceeded), -ENOBUFS (its replies would exceed a buffer
- * cap), -EINVAL (ADD on a value that is not a decimal integer), -ENOMEM.
+ * cap), -E2BIG (LIST_KEYS over more than max_list_keys keys), -EINVAL (ADD on a value that is
+ * not a decimal integer), -ENOMEM.
  */
 int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *req);
 
