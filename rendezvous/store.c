@@ -92,11 +92,11 @@ static size_t chunk(size_t n)
     return c < 32 ? 32 : c;
 }
 
-/* An entry: its struct and key in one allocation, plus up to two hash-table slots (the table
- * doubles when it is full). */
+/* An entry: its struct and key in one allocation, plus up to three hash-table slots (the table
+ * doubles when it is full, and the old table lives on while names move to the new one). */
 static size_t entry_cost(size_t klen)
 {
-    return chunk(sizeof(rdzv__entry) + klen) + 2 * sizeof(rdzv__entry *);
+    return chunk(sizeof(rdzv__entry) + klen) + 3 * sizeof(rdzv__entry *);
 }
 
 static size_t value_cost(size_t n)
@@ -471,9 +471,33 @@ static uint64_t siphash13(const uint64_t k[2], const uint8_t *in, size_t len)
     return v0 ^ v1 ^ v2 ^ v3;
 }
 
+/*
+ * The chain that holds the names of hash h. While the table grows, names move from the old
+ * table to the new one a few buckets per insertion (a whole rehash of millions of names would
+ * stall the server for a second): a name whose old bucket has not moved yet is still there,
+ * and a new name joins it there, to move with it.
+ */
+static rdzv__entry **chain(rdzv__store *s, uint64_t h)
+{
+    if (s->old && (h & (s->nold - 1)) >= s->rehash_pos)
+        return &s->old[h & (s->nold - 1)];
+    return &s->buckets[h & (s->nbuckets - 1)];
+}
+
+/* The i-th chain of both tables, i < nchains(s), for walking every name. */
+static size_t nchains(const rdzv__store *s)
+{
+    return s->nbuckets + (s->old ? s->nold : 0);
+}
+
+static rdzv__entry *chain_at(const rdzv__store *s, size_t i)
+{
+    return i < s->nbuckets ? s->buckets[i] : s->old[i - s->nbuckets];
+}
+
 static rdzv__entry *find(rdzv__store *s, const uint8_t *key, size_t klen, uint64_t h)
 {
-    for (rdzv__entry *e = s->buckets[h & (s->nbuckets - 1)]; e; e = e->hnext)
+    for (rdzv__entry *e = *chain(s, h); e; e = e->hnext)
         if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0)
             return e;
     return NULL;
@@ -484,21 +508,39 @@ static rdzv__entry *lookup(rdzv__store *s, const uint8_t *key, size_t klen)
     return find(s, key, klen, siphash13(s->seed, key, klen));
 }
 
+#define REHASH_STEP 8 /* old buckets moved per insertion: done long before the next growth */
+
+/* Moves up to `n` buckets of the old table into the new one; frees it once it is empty. */
+static void rehash_step(rdzv__store *s, size_t n)
+{
+    for (; s->old && n > 0; n--) {
+        rdzv__entry *e = s->old[s->rehash_pos], *next;
+        s->old[s->rehash_pos] = NULL;
+        for (; e; e = next) {
+            next = e->hnext;
+            e->hnext = s->buckets[e->hash & (s->nbuckets - 1)];
+            s->buckets[e->hash & (s->nbuckets - 1)] = e;
+        }
+        if (++s->rehash_pos == s->nold) {
+            free(s->old);
+            s->old = NULL;
+            s->nold = s->rehash_pos = 0;
+        }
+    }
+}
+
+/* Starts moving to a table twice as large, unless a move is still under way. */
 static void grow(rdzv__store *s)
 {
+    if (s->old)
+        return;
     size_t n = s->nbuckets * 2;
     rdzv__entry **b = calloc(n, sizeof(*b));
     if (!b)
         return; /* longer chains, still correct */
-    for (size_t i = 0; i < s->nbuckets; i++) {
-        rdzv__entry *e = s->buckets[i], *next;
-        for (; e; e = next) {
-            next = e->hnext;
-            e->hnext = b[e->hash & (n - 1)];
-            b[e->hash & (n - 1)] = e;
-        }
-    }
-    free(s->buckets);
+    s->old = s->buckets;
+    s->nold = s->nbuckets;
+    s->rehash_pos = 0;
     s->buckets = b;
     s->nbuckets = n;
 }
@@ -524,11 +566,13 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     e->priv = priv;
     e->klen = klen;
     memcpy(e->key, key, klen);
-    e->hnext = s->buckets[h & (s->nbuckets - 1)];
-    s->buckets[h & (s->nbuckets - 1)] = e;
+    rdzv__entry **head = chain(s, h);
+    e->hnext = *head;
+    *head = e;
     s->nentries++;
     s->bytes += klen;
     mem_charge(s, priv, entry_cost(klen));
+    rehash_step(s, REHASH_STEP);
     if (s->nentries > s->nbuckets)
         grow(s);
     return e;
@@ -539,7 +583,7 @@ static void maybe_free(rdzv__store *s, rdzv__entry *e)
 {
     if (e->present || e->qlen || e->waiters || e->watchers)
         return;
-    rdzv__entry **pp = &s->buckets[e->hash & (s->nbuckets - 1)];
+    rdzv__entry **pp = chain(s, e->hash);
     while (*pp != e)
         pp = &(*pp)->hnext;
     *pp = e->hnext;
@@ -1065,8 +1109,8 @@ static int do_list_keys(rdzv__store *s, rdzv__conn *c)
     if (s->nkeys > s->max_list_keys)
         return fail_conn(s, c, -E2BIG, why_list_keys);
     int rc = reply_i64(s, c, (int64_t)s->nkeys);
-    for (size_t i = 0; i < s->nbuckets && rc == 0; i++)
-        for (rdzv__entry *e = s->buckets[i]; e && rc == 0; e = e->hnext)
+    for (size_t i = 0; i < nchains(s) && rc == 0; i++)
+        for (rdzv__entry *e = chain_at(s, i); e && rc == 0; e = e->hnext)
             if (e->present)
                 rc = rdzv__reply_vec(s, c, e->key, e->klen);
     return rc;
@@ -1177,11 +1221,11 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len)
 {
     size_t cleared = 0;
-    for (size_t i = 0; i < s->nbuckets; i++) {
-        rdzv__entry *e = s->buckets[i], *next;
+    for (size_t i = 0; i < nchains(s); i++) {
+        rdzv__entry *e = chain_at(s, i), *next;
         for (; e; e = next) {
             next = e->hnext; /* maybe_free() may unlink e */
-            if (e->klen >= keep_len && memcmp(e->key, keep, keep_len) == 0)
+            if (keep_len > 0 && e->klen >= keep_len && memcmp(e->key, keep, keep_len) == 0)
                 continue;
             if (!e->present && !e->qlen)
                 continue;
@@ -1230,8 +1274,8 @@ int rdzv__store_init(rdzv__store *s, size_t max_total_bytes)
 
 void rdzv__store_destroy(rdzv__store *s)
 {
-    for (size_t i = 0; s->buckets && i < s->nbuckets; i++) {
-        rdzv__entry *e = s->buckets[i], *next;
+    for (size_t i = 0; s->buckets && i < nchains(s); i++) {
+        rdzv__entry *e = chain_at(s, i), *next;
         for (; e; e = next) {
             next = e->hnext;
             for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
@@ -1243,7 +1287,8 @@ void rdzv__store_destroy(rdzv__store *s)
         }
     }
     free(s->buckets);
-    s->buckets = NULL;
+    free(s->old);
+    s->buckets = s->old = NULL;
 }
 
 void rdzv__conn_init(rdzv__conn *c)

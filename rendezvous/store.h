@@ -63,6 +63,10 @@ typedef struct rdzv__conn {
 typedef struct rdzv__store {
     rdzv__entry **buckets;
     size_t nbuckets; /* power of two */
+    /* While the table grows: the previous one, whose buckets from rehash_pos on still hold
+     * their names (see chain() in store.c); NULL otherwise. */
+    rdzv__entry **old;
+    size_t nold, rehash_pos;
     size_t nentries; /* hash entries (keys, queues, or names with waiters) */
     size_t nkeys;    /* keys holding a value */
     size_t bytes;    /* key + value bytes of stored keys, plus queued items */
@@ -135,8 +139,9 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *req);
 int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);
 
 /*
- * Deletes every value and queue whose key does not start with keep[0..keep_len) (names that
- * connections wait on or watch stay, without a value). Returns the number of names cleared.
+ * Deletes every value and queue whose key does not start with keep[0..keep_len), all of them
+ * when keep_len is 0 (names that connections wait on or watch stay, without a value). Returns
+ * the number of names cleared.
  */
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len);
 
