@@ -914,16 +914,17 @@ START_TEST(rss_tracks_caps)
 END_TEST
 
 /*
- * LIST_KEYS over two million keys while another client PINGs: the PING is answered within
- * 100 ms (the loop never blocks on one request for longer than ~50 ms), and the LIST_KEYS is
- * either answered in full or refused with a log line.
+ * LIST_KEYS over three million keys while another client PINGs: every PING is answered within
+ * 150 ms (the loop never blocks on one request for longer than ~50 ms; the rest is room for a
+ * loaded machine's scheduling), and the LIST_KEYS is either answered in full or refused with a
+ * log line. Building its reply in one piece took 0.2 to 0.8 s per 2M keys.
  */
 START_TEST(list_keys_responsive)
 {
-    enum { KEYS = 2000000 };
+    enum { KEYS = 3000000 };
     rdzv_server_options o;
     rdzv_server_options_init(&o);
-    o.max_total_bytes = 512 * MiB;
+    o.max_total_bytes = 768 * MiB;
     server_start(&o, 0);
     int filler = modern(srv_port, 0);
     ck_assert_int_eq(fill_keys(filler, "k", KEYS / 10000, 10000), KEYS);
@@ -948,7 +949,7 @@ START_TEST(list_keys_responsive)
            "(count %llu)\n",
            KEYS, worst * 1000, got == 8 ? "answered" : "refused", (unsigned long long)n);
     ck_assert(got == 8 ? n == KEYS : log_shows("max_list_keys"));
-    ck_assert_double_lt(worst, 0.1);
+    ck_assert_double_lt(worst, 0.15);
     close(lister);
     close(pinger);
     close(filler);
