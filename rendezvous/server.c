@@ -55,6 +55,9 @@
 #include <uv.h>
 
 #define READ_BUF_BYTES (64 * 1024)
+/* An emptied output or partial-request buffer is kept for the connection's next use up to this
+ * capacity, and freed beyond it: what idle connections keep is not counted by any cap. */
+#define KEEP_BUF_BYTES 4096
 
 typedef struct client {
     uv_tcp_t tcp;
@@ -496,7 +499,7 @@ static void flush(client *c)
     }
     if (off == out->len) {
         out->len = 0;
-        if (out->cap > READ_BUF_BYTES) /* do not keep a large buffer around for small replies */
+        if (out->cap > KEEP_BUF_BYTES)
             rdzv__buf_free(out);
         return;
     }
@@ -641,7 +644,7 @@ static ssize_t consume_pending(client *c)
         c->pend.len -= (size_t)used;
         rdzv__conn_hold_input(&c->srv->store, &c->conn, c->pend.len); /* shrinking: no fail */
     }
-    if (!c->closing && c->pend.len == 0 && c->pend.cap > READ_BUF_BYTES)
+    if (!c->closing && c->pend.len == 0 && c->pend.cap > KEEP_BUF_BYTES)
         rdzv__buf_free(&c->pend);
     note_progress(c);
     return used;
@@ -918,8 +921,7 @@ static char *status_json(rdzv_server *srv)
     json_object_set_new(o, "private_memory", json_integer((json_int_t)st->private_memory));
     json_object_set_new(limits, "max_private_bytes",
                         json_integer((json_int_t)srv->opts.max_private_bytes));
-    json_object_set_new(limits, "max_list_keys",
-                        json_integer((json_int_t)srv->opts.max_list_keys));
+    json_object_set_new(limits, "max_list_keys", json_integer((json_int_t)srv->opts.max_list_keys));
     json_object_set_new(o, "protocol",
                         json_pack("{s:I, s:I}", "legacy", (json_int_t)srv->gens[RDZV_GEN_LEGACY],
                                   "modern", (json_int_t)srv->gens[RDZV_GEN_MODERN]));
@@ -1020,9 +1022,8 @@ static int check_options(const rdzv_server_options *o)
         o->keepalive_s < 0 || o->max_key_bytes < 1 || o->max_key_bytes > RDZV_MAX_KEY_LIMIT ||
         o->max_value_bytes < 1 || o->max_keys_per_request < 1 || o->max_pending_output < 1 ||
         o->max_request_bytes < 16 || o->max_request_bytes > ((size_t)1 << 30) ||
-        o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->max_private_bytes < 1 ||
-        o->max_list_keys < 1 ||
-        o->idle_timeout_s < 0 ||
+        o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->idle_timeout_s < 0 ||
+        o->max_private_bytes < 1 || o->max_list_keys < 1 ||
         o->request_timeout_s < 0 || o->idle_timeout_s > INT_MAX / 1000 ||
         o->request_timeout_s > INT_MAX / 1000 || (o->token && rdzv_token_check(o->token) < 0) ||
         (o->nallow > 0 && !o->allow) || o->nallow > 4096)

@@ -80,7 +80,7 @@ typedef struct rdzv__store {
     size_t max_buffered;    /* out_held + in_held of all connections together (SIZE_MAX) */
     size_t buffered;        /* out_held + in_held of all connections */
     rdzv__conn *holders;    /* connections holding any buffered bytes */
-    uint64_t seed[2]; /* SipHash key, random per store */
+    uint64_t seed[2];       /* SipHash key, random per store */
     /* The private pool: `memory` of keys under the private roots (rdzv__key_private()) and of
      * the WAITs naming them, capped by max_private_bytes apart from the open keys, so that
      * filling the open key space leaves the job's control plane its room. */

@@ -974,8 +974,8 @@ START_TEST(private_reserve)
     bool closed = closed_by_server(attacker, 0);
     close(attacker);
     json_int_t keys = status_int("keys", NULL);
-    printf("reserve: %d open keys sent, %lld stored, attacker closed: %d\n", sent,
-           (long long)keys, closed);
+    printf("reserve: %d open keys sent, %lld stored, attacker closed: %d\n", sent, (long long)keys,
+           closed);
     ck_assert(closed);
     ck_assert(log_shows("size limit"));
 
