@@ -81,7 +81,7 @@ typedef struct write_req {
     uv_write_t req;
     client *c;
     rdzv__buf buf; /* owned: the connection's output buffer, handed over whole */
-    size_t n;      /* its unsent bytes, the last n */
+    size_t n;      /* its bytes, all still counted as held: buf.len */
 } write_req;
 
 struct rdzv_server {
@@ -491,13 +491,13 @@ static void flush(client *c)
         int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
         if (n > 0) {
             off = (size_t)n;
-            rdzv__conn_sent(&c->srv->store, &c->conn, off);
         } else if (n != UV_EAGAIN) {
             client_close(c, uv_strerror(n));
             return;
         }
     }
     if (off == out->len) {
+        rdzv__conn_sent(&c->srv->store, &c->conn, off);
         out->len = 0;
         if (out->cap > KEEP_BUF_BYTES)
             rdzv__buf_free(out);
@@ -511,14 +511,13 @@ static void flush(client *c)
     /* The whole buffer goes to the write request and the unsent tail is written from where it
      * is: a copy of it would double what the connection holds while max_conn_output and
      * max_buffered_bytes count it once. A large buffer gives back its capacity beyond the
-     * reply and the pages the kernel already took. */
+     * reply; what the kernel already took stays counted until the buffer is freed. */
     w->c = c;
-    w->n = out->len - off;
+    w->n = out->len;
     w->buf = *out;
     *out = (rdzv__buf){0};
     rdzv__buf_fit(&w->buf);
-    rdzv__buf_drop_front(&w->buf, off);
-    uv_buf_t b = uv_buf_init((char *)w->buf.data + off, (unsigned)w->n);
+    uv_buf_t b = uv_buf_init((char *)w->buf.data + off, (unsigned)(w->n - off));
     int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
     if (rc < 0) {
         rdzv__buf_free(&w->buf);
@@ -905,7 +904,7 @@ static char *status_json(rdzv_server *srv)
                   (json_int_t)srv->closed_bad_input, "limits", limits);
     if (!o)
         return NULL;
-    size_t queued = 0; /* reply bytes not yet taken by the kernel, over all connections */
+    size_t queued = 0; /* reply bytes not yet sent, over all connections */
     for (client *c = srv->clients; c; c = c->next)
         queued += c->conn.out_held;
     json_object_set_new(o, "output_queued_bytes", json_integer((json_int_t)queued));
@@ -1004,8 +1003,10 @@ static void server_free(rdzv_server *srv)
 static void handle_closed(uv_handle_t *h)
 {
     rdzv_server *srv = h->data;
-    if (--srv->open_handles == 0 && srv->closing && !srv->threaded)
+    if (--srv->open_handles == 0 && srv->closing && !srv->threaded) {
         server_free(srv);
+        rdzv__buf_spares_free();
+    }
 }
 
 static void listener_closed(uv_handle_t *h)
@@ -1281,9 +1282,20 @@ out:
     return 0;
 }
 
+/* The freed large buffers a server's loop thread keeps for reuse (store.h): an eighth of
+ * max_buffered_bytes, at most 64 MiB, so that they stay within the caps' margin. */
+static size_t spare_limit(const rdzv_server_options *o)
+{
+    size_t n = o->max_buffered_bytes / 8;
+    return n < ((size_t)64 << 20) ? n : (size_t)64 << 20;
+}
+
 int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server **out)
 {
-    return server_init(loop, opts, false, out);
+    int rc = server_init(loop, opts, false, out);
+    if (rc == 0)
+        rdzv__buf_spares_limit(spare_limit(opts));
+    return rc;
 }
 
 /* Starts closing every handle; the loop ends once they are all closed. */
@@ -1321,7 +1333,9 @@ static void thread_main(void *arg)
     sigemptyset(&set);
     sigaddset(&set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
+    rdzv__buf_spares_limit(spare_limit(&srv->opts));
     uv_run(srv->loop, UV_RUN_DEFAULT);
+    rdzv__buf_spares_free();
 }
 
 int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out)

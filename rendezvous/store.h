@@ -28,12 +28,15 @@ int rdzv__buf_reserve(rdzv__buf *b, size_t extra);
 int rdzv__buf_append(rdzv__buf *b, const void *p, size_t n);
 void rdzv__buf_free(rdzv__buf *b);
 
+/* Freed mapped buffers are kept for reuse by the thread that freed them, up to `nbytes` per
+ * thread (8 MiB unless set; a server sets it on its loop thread from max_buffered_bytes).
+ * rdzv__buf_spares_free() unmaps them; a server calls it on its loop thread when it stops. */
+void rdzv__buf_spares_limit(size_t nbytes);
+void rdzv__buf_spares_free(void);
+
 /* Gives back the capacity of a mapped buffer beyond its length (whole pages). Never fails. */
 void rdzv__buf_fit(rdzv__buf *b);
 
-/* Says that data[0..n) of a mapped buffer will not be read again: its whole pages go back to
- * the system (they read as zeros afterwards). No-op for a small buffer. */
-void rdzv__buf_drop_front(rdzv__buf *b, size_t n);
 
 typedef struct rdzv__entry rdzv__entry;
 typedef struct rdzv__wait rdzv__wait;
