@@ -95,7 +95,8 @@ typedef struct rdzv_server_options {
                                     to RDZV_REQUEST_BYTES_MAX) */
     size_t max_total_bytes;      /* keys, values and queued items stored, with the memory each
                                     takes beyond its bytes (about 150 bytes a key), and pending
-                                    WAIT and watch records (1 GiB) */
+                                    WAIT and watch records; private keys have their own cap,
+                                    max_private_bytes (1 GiB) */
     size_t max_connections;      /* simultaneous client connections; 0 derives it from the
                                     descriptor limit, see fd_reserve (0) */
     size_t max_pending_output;   /* unsent reply bytes per connection past which the server
@@ -143,6 +144,15 @@ typedef struct rdzv_server_options {
     int request_timeout_s;     /* close a connection whose request has stayed incomplete this
                                   long since its last progress past a whole request; 0: never
                                   (60) */
+    size_t max_private_bytes;  /* like max_total_bytes, for keys under RDZV_PRIVATE_AGENT_ROOT
+                                  and RDZV_PRIVATE_COLL_ROOT and the WAITs naming them: the job's
+                                  control plane has this room of its own, which no request on
+                                  other keys can take; max_total_bytes caps the other keys
+                                  (128 MiB) */
+    size_t max_list_keys;      /* LIST_KEYS on a store holding more keys is refused: its reply
+                                  is built in one piece and would hold up every other client
+                                  (about 20 ms per 128 Ki keys); the connection is closed with
+                                  a log line, the protocol having no error reply (128 Ki) */
 } rdzv_server_options;
 
 /* Fills `opts` with the defaults given in brackets above. */

@@ -55,6 +55,9 @@
 #include <uv.h>
 
 #define READ_BUF_BYTES (64 * 1024)
+/* An emptied output or partial-request buffer is kept for the connection's next use up to this
+ * capacity, and freed beyond it: what idle connections keep is not counted by any cap. */
+#define KEEP_BUF_BYTES 4096
 
 typedef struct client {
     uv_tcp_t tcp;
@@ -77,8 +80,8 @@ typedef struct client {
 typedef struct write_req {
     uv_write_t req;
     client *c;
-    uint8_t *data; /* owned */
-    size_t n;
+    rdzv__buf buf; /* owned: the connection's output buffer, handed over whole */
+    size_t n;      /* its bytes, all still counted as held: buf.len */
 } write_req;
 
 struct rdzv_server {
@@ -174,6 +177,8 @@ void rdzv_server_options_init(rdzv_server_options *o)
     o->fd_reserve = 64;
     o->idle_timeout_s = 0;
     o->request_timeout_s = 60;
+    o->max_private_bytes = 128 << 20;
+    o->max_list_keys = 128 << 10;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -432,7 +437,7 @@ static void write_cb(uv_write_t *req, int status)
     client *c = w->c;
     rdzv_server *srv = c->srv;
     size_t n = w->n;
-    free(w->data);
+    rdzv__buf_free(&w->buf);
     free(w);
     if (c->closing)
         return; /* its bytes were written off when it closed */
@@ -469,15 +474,15 @@ static void flush(client *c)
         int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
         if (n > 0) {
             off = (size_t)n;
-            rdzv__conn_sent(&c->srv->store, &c->conn, off);
         } else if (n != UV_EAGAIN) {
             client_close(c, uv_strerror(n));
             return;
         }
     }
     if (off == out->len) {
+        rdzv__conn_sent(&c->srv->store, &c->conn, off);
         out->len = 0;
-        if (out->cap > 1 << 20) /* do not keep a large buffer around for small replies */
+        if (out->cap > KEEP_BUF_BYTES)
             rdzv__buf_free(out);
         return;
     }
@@ -486,31 +491,19 @@ static void flush(client *c)
         client_close(c, "out of memory");
         return;
     }
+    /* The whole buffer goes to the write request and the unsent tail is written from where it
+     * is: a copy of it would double what the connection holds while max_conn_output and
+     * max_buffered_bytes count it once. A large buffer gives back its capacity beyond the
+     * reply; what the kernel already took stays counted until the buffer is freed. */
     w->c = c;
-    w->n = out->len - off;
-    if (off == 0) { /* hand the whole buffer to the write request */
-        /* It grew by doubling: give back the unused half of a large one, so that what a
-         * connection holds is close to what max_conn_output and max_buffered_bytes count. */
-        uint8_t *fit = out->cap > 2 * out->len && out->len > READ_BUF_BYTES
-                           ? realloc(out->data, out->len)
-                           : NULL;
-        w->data = fit ? fit : out->data;
-        out->data = NULL;
-        out->cap = 0;
-    } else {
-        w->data = malloc(out->len - off);
-        if (!w->data) {
-            free(w);
-            client_close(c, "out of memory");
-            return;
-        }
-        memcpy(w->data, out->data + off, out->len - off);
-    }
-    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)(out->len - off));
-    out->len = 0;
+    w->n = out->len;
+    w->buf = *out;
+    *out = (rdzv__buf){0};
+    rdzv__buf_fit(&w->buf);
+    uv_buf_t b = uv_buf_init((char *)w->buf.data + off, (unsigned)(w->n - off));
     int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
     if (rc < 0) {
-        free(w->data);
+        rdzv__buf_free(&w->buf);
         free(w);
         client_close(c, uv_strerror(rc));
         return;
@@ -633,7 +626,7 @@ static ssize_t consume_pending(client *c)
         c->pend.len -= (size_t)used;
         rdzv__conn_hold_input(&c->srv->store, &c->conn, c->pend.len); /* shrinking: no fail */
     }
-    if (!c->closing && c->pend.len == 0 && c->pend.cap > READ_BUF_BYTES)
+    if (!c->closing && c->pend.len == 0 && c->pend.cap > KEEP_BUF_BYTES)
         rdzv__buf_free(&c->pend);
     note_progress(c);
     return used;
@@ -896,7 +889,7 @@ static char *status_json(rdzv_server *srv)
                   (json_int_t)srv->closed_bad_input, "limits", limits);
     if (!o)
         return NULL;
-    size_t queued = 0; /* reply bytes not yet taken by the kernel, over all connections */
+    size_t queued = 0; /* reply bytes not yet sent, over all connections */
     for (client *c = srv->clients; c; c = c->next)
         queued += c->conn.out_held;
     json_object_set_new(o, "output_queued_bytes", json_integer((json_int_t)queued));
@@ -909,6 +902,10 @@ static char *status_json(rdzv_server *srv)
                   (json_int_t)srv->refused_private, "nodes", (json_int_t)srv->nodes.n));
     json_object_set_new(o, "buffered_bytes", json_integer((json_int_t)st->buffered));
     json_object_set_new(o, "memory", json_integer((json_int_t)st->memory));
+    json_object_set_new(o, "private_memory", json_integer((json_int_t)st->private_memory));
+    json_object_set_new(limits, "max_private_bytes",
+                        json_integer((json_int_t)srv->opts.max_private_bytes));
+    json_object_set_new(limits, "max_list_keys", json_integer((json_int_t)srv->opts.max_list_keys));
     json_object_set_new(o, "protocol",
                         json_pack("{s:I, s:I}", "legacy", (json_int_t)srv->gens[RDZV_GEN_LEGACY],
                                   "modern", (json_int_t)srv->gens[RDZV_GEN_MODERN]));
@@ -991,8 +988,10 @@ static void server_free(rdzv_server *srv)
 static void handle_closed(uv_handle_t *h)
 {
     rdzv_server *srv = h->data;
-    if (--srv->open_handles == 0 && srv->closing && !srv->threaded)
+    if (--srv->open_handles == 0 && srv->closing && !srv->threaded) {
         server_free(srv);
+        rdzv__buf_spares_free();
+    }
 }
 
 static void listener_closed(uv_handle_t *h)
@@ -1012,6 +1011,7 @@ static int check_options(const rdzv_server_options *o)
         o->max_request_bytes < RDZV_REQUEST_BYTES_MIN ||
         o->max_request_bytes > RDZV_REQUEST_BYTES_MAX ||
         o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->idle_timeout_s < 0 ||
+        o->max_private_bytes < 1 || o->max_list_keys < 1 ||
         o->request_timeout_s < 0 || o->idle_timeout_s > INT_MAX / 1000 ||
         o->request_timeout_s > INT_MAX / 1000 || (o->token && rdzv_token_check(o->token) < 0) ||
         (o->nallow > 0 && !o->allow) || o->nallow > RDZV_ALLOW_MAX)
@@ -1221,6 +1221,8 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
         opts->max_connections ? opts->max_connections : derive_max_connections(opts->fd_reserve);
     srv->store.max_conn_output = opts->max_conn_output;
     srv->store.max_buffered = opts->max_buffered_bytes;
+    srv->store.max_private_bytes = opts->max_private_bytes;
+    srv->store.max_list_keys = opts->max_list_keys;
 
     /* A poll handle watches the ready socket (see the top of the file for why not
      * uv_listen()). Its failure (-EEXIST: a descriptor the loop already watches) leaves no
@@ -1267,9 +1269,20 @@ out:
     return 0;
 }
 
+/* The freed large buffers a server's loop thread keeps for reuse (store.h): an eighth of
+ * max_buffered_bytes, at most 64 MiB, so that they stay within the caps' margin. */
+static size_t spare_limit(const rdzv_server_options *o)
+{
+    size_t n = o->max_buffered_bytes / 8;
+    return n < ((size_t)64 << 20) ? n : (size_t)64 << 20;
+}
+
 int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server **out)
 {
-    return server_init(loop, opts, false, out);
+    int rc = server_init(loop, opts, false, out);
+    if (rc == 0)
+        rdzv__buf_spares_limit(spare_limit(opts));
+    return rc;
 }
 
 /* Starts closing every handle; the loop ends once they are all closed. */
@@ -1307,7 +1320,9 @@ static void thread_main(void *arg)
     sigemptyset(&set);
     sigaddset(&set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
+    rdzv__buf_spares_limit(spare_limit(&srv->opts));
     uv_run(srv->loop, UV_RUN_DEFAULT);
+    rdzv__buf_spares_free();
 }
 
 int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out)

@@ -15,6 +15,9 @@
  *    rounding, the entry struct and its share of the hash table, WAIT and watch records), and
  *    never exceeds max_total_bytes after a request that was accepted. Without that estimate
  *    3M empty keys would pass a 16 MiB cap while taking 450 MiB;
+ *  - what belongs to a private key (rdzv__key_private(): its entry, value, queue and watches,
+ *    and every WAIT naming one) is counted in `private_memory` instead, under its own cap
+ *    max_private_bytes: no request on open keys can take the control plane's room;
  *  - `buffered` is the sum of out_held + in_held over all connections, and every connection
  *    holding any is on the `holders` list (see store.h for the caps on them).
  *
@@ -22,11 +25,14 @@
  */
 #include "store.h"
 
+#include "auth.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <time.h>
 
@@ -40,6 +46,7 @@ struct rdzv__wait {
     rdzv__conn *conn;
     rdzv__wait *prev, *next; /* in the connection's list */
     int64_t threshold;       /* BARRIER: released once the key's counter reaches this; 0: a WAIT */
+    bool priv;               /* charged to the private pool: it names a private key */
     size_t remaining;        /* nodes not fired yet */
     size_t n;
     rdzv__wnode nodes[];
@@ -64,6 +71,7 @@ struct rdzv__entry {
     uint8_t *val;
     size_t vlen;
     bool present;
+    bool priv; /* under a private root (rdzv__key_private()): charged to the private pool */
     rdzv__wnode *waiters, *waiters_tail;
     rdzv__qitem *qhead, *qtail;
     size_t qlen;
@@ -84,11 +92,11 @@ static size_t chunk(size_t n)
     return c < 32 ? 32 : c;
 }
 
-/* An entry: its struct and key in one allocation, plus up to two hash-table slots (the table
- * doubles when it is full). */
+/* An entry: its struct and key in one allocation, plus up to three hash-table slots (the table
+ * doubles when it is full, and the old table lives on while names move to the new one). */
 static size_t entry_cost(size_t klen)
 {
-    return chunk(sizeof(rdzv__entry) + klen) + 2 * sizeof(rdzv__entry *);
+    return chunk(sizeof(rdzv__entry) + klen) + 3 * sizeof(rdzv__entry *);
 }
 
 static size_t value_cost(size_t n)
@@ -111,15 +119,137 @@ static size_t watch_cost(void)
     return chunk(sizeof(rdzv__watch));
 }
 
-/* True if `more` bytes more of memory fit under the cap. */
-static bool fits(const rdzv__store *s, size_t more)
+/* True if `more` bytes more of memory fit under the cap of the private pool (`priv`) or the
+ * open one. */
+static bool fits(const rdzv__store *s, bool priv, size_t more)
 {
-    return more <= s->max_total_bytes && s->memory <= s->max_total_bytes - more;
+    size_t used = priv ? s->private_memory : s->memory;
+    size_t cap = priv ? s->max_private_bytes : s->max_total_bytes;
+    return more <= cap && used <= cap - more;
+}
+
+/* Charges n bytes of memory to a pool; mem_credit() gives them back. */
+static void mem_charge(rdzv__store *s, bool priv, size_t n)
+{
+    *(priv ? &s->private_memory : &s->memory) += n;
+}
+
+static void mem_credit(rdzv__store *s, bool priv, size_t n)
+{
+    *(priv ? &s->private_memory : &s->memory) -= n;
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Buffers                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
+
+/*
+ * Buffers of RDZV__BUF_MAP_BYTES and more are pages of their own (mmap), grown with mremap and
+ * given back with munmap: their capacity beyond what was written costs no memory, and freeing
+ * them returns the memory at once. From the allocator, a reply buffer's doubling, and the
+ * chunks it frees and keeps, made the server's resident size 2 to 3 times what its buffer caps
+ * count.
+ *
+ * Mapping and unmapping each large request and reply costs page faults (a round trip of 1 MiB
+ * took up to 9 times as long, 32 connections doing so 4 times), so each thread keeps freed
+ * mappings, up to spare_limit bytes (rdzv__buf_spares_limit()), for the next large buffers:
+ * that much may stay resident beyond what the caps count. Sent pages are not given back
+ * early (madvise) for the same reason: a reused buffer would fault them in again.
+ */
+#define PAGE_ROUND(n) (((n) + 4095) & ~(size_t)4095)
+#define SPARE_SLOTS 32
+
+static _Thread_local struct spare {
+    uint8_t *p; /* NULL: a free slot */
+    size_t cap;
+} spares[SPARE_SLOTS];
+static _Thread_local size_t spare_bytes, spare_limit = 8 << 20;
+
+/* Takes the smallest spare mapping of at least `cap` bytes (setting *got to its size), or
+ * returns NULL. */
+static uint8_t *spare_take(size_t cap, size_t *got)
+{
+    struct spare *best = NULL;
+    for (int i = 0; i < SPARE_SLOTS; i++)
+        if (spares[i].p && spares[i].cap >= cap && (!best || spares[i].cap < best->cap))
+            best = &spares[i];
+    if (!best)
+        return NULL;
+    uint8_t *p = best->p;
+    *got = best->cap;
+    spare_bytes -= best->cap;
+    best->p = NULL;
+    return p;
+}
+
+/* Keeps a freed mapping as a spare while there is room, else unmaps it. */
+static void spare_give(uint8_t *p, size_t cap)
+{
+    if (spare_bytes <= spare_limit && cap <= spare_limit - spare_bytes)
+        for (int i = 0; i < SPARE_SLOTS; i++)
+            if (!spares[i].p) {
+                spares[i] = (struct spare){p, cap};
+                spare_bytes += cap;
+                return;
+            }
+    munmap(p, cap);
+}
+
+void rdzv__buf_spares_limit(size_t nbytes)
+{
+    spare_limit = nbytes;
+    if (spare_bytes > nbytes)
+        rdzv__buf_spares_free();
+}
+
+void rdzv__buf_spares_free(void)
+{
+    for (int i = 0; i < SPARE_SLOTS; i++)
+        if (spares[i].p) {
+            munmap(spares[i].p, spares[i].cap);
+            spares[i].p = NULL;
+        }
+    spare_bytes = 0;
+}
+
+/* Moves b to a capacity of at least `cap` bytes. Returns 0 or -ENOMEM (b unchanged). */
+static int buf_resize(rdzv__buf *b, size_t cap)
+{
+    uint8_t *d;
+    if (cap >= RDZV__BUF_MAP_BYTES) {
+        cap = PAGE_ROUND(cap);
+        if (cap > b->cap && (d = spare_take(cap, &cap))) {
+            if (b->len)
+                memcpy(d, b->data, b->len);
+        } else {
+            d = b->mapped ? mremap(b->data, b->cap, cap, MREMAP_MAYMOVE)
+                          : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                                 -1, 0);
+            if (d == MAP_FAILED)
+                return -ENOMEM;
+            if (b->mapped) { /* moved or resized in place: nothing left to free */
+                b->data = d;
+                b->cap = cap;
+                return 0;
+            }
+            if (b->len)
+                memcpy(d, b->data, b->len);
+        }
+        if (b->mapped)
+            spare_give(b->data, b->cap);
+        else
+            free(b->data);
+        b->mapped = true;
+    } else {
+        if (b->mapped) /* shrinking below the mapped sizes: keep the pages */
+            return 0;
+        if (!(d = realloc(b->data, cap)))
+            return -ENOMEM;
+    }
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
 
 int rdzv__buf_reserve(rdzv__buf *b, size_t extra)
 {
@@ -131,12 +261,13 @@ int rdzv__buf_reserve(rdzv__buf *b, size_t extra)
             return -ENOMEM;
         cap *= 2;
     }
-    uint8_t *d = realloc(b->data, cap);
-    if (!d)
-        return -ENOMEM;
-    b->data = d;
-    b->cap = cap;
-    return 0;
+    return buf_resize(b, cap);
+}
+
+void rdzv__buf_fit(rdzv__buf *b)
+{
+    if (b->mapped && PAGE_ROUND(b->len) < b->cap && b->len >= RDZV__BUF_MAP_BYTES)
+        buf_resize(b, b->len); /* a failure keeps the larger mapping: still correct */
 }
 
 int rdzv__buf_append(rdzv__buf *b, const void *p, size_t n)
@@ -152,7 +283,11 @@ int rdzv__buf_append(rdzv__buf *b, const void *p, size_t n)
 
 void rdzv__buf_free(rdzv__buf *b)
 {
-    free(b->data);
+    if (b->mapped)
+        spare_give(b->data, b->cap);
+    else
+        free(b->data);
+    b->mapped = false;
     b->data = NULL;
     b->len = b->cap = 0;
 }
@@ -399,9 +534,33 @@ static uint64_t siphash13(const uint64_t k[2], const uint8_t *in, size_t len)
     return v0 ^ v1 ^ v2 ^ v3;
 }
 
+/*
+ * The chain that holds the names of hash h. While the table grows, names move from the old
+ * table to the new one a few buckets per insertion (a whole rehash of millions of names would
+ * stall the server for a second): a name whose old bucket has not moved yet is still there,
+ * and a new name joins it there, to move with it.
+ */
+static rdzv__entry **chain(rdzv__store *s, uint64_t h)
+{
+    if (s->old && (h & (s->nold - 1)) >= s->rehash_pos)
+        return &s->old[h & (s->nold - 1)];
+    return &s->buckets[h & (s->nbuckets - 1)];
+}
+
+/* The i-th chain of both tables, i < nchains(s), for walking every name. */
+static size_t nchains(const rdzv__store *s)
+{
+    return s->nbuckets + (s->old ? s->nold : 0);
+}
+
+static rdzv__entry *chain_at(const rdzv__store *s, size_t i)
+{
+    return i < s->nbuckets ? s->buckets[i] : s->old[i - s->nbuckets];
+}
+
 static rdzv__entry *find(rdzv__store *s, const uint8_t *key, size_t klen, uint64_t h)
 {
-    for (rdzv__entry *e = s->buckets[h & (s->nbuckets - 1)]; e; e = e->hnext)
+    for (rdzv__entry *e = *chain(s, h); e; e = e->hnext)
         if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0)
             return e;
     return NULL;
@@ -412,21 +571,39 @@ static rdzv__entry *lookup(rdzv__store *s, const uint8_t *key, size_t klen)
     return find(s, key, klen, siphash13(s->seed, key, klen));
 }
 
+#define REHASH_STEP 8 /* old buckets moved per insertion: done long before the next growth */
+
+/* Moves up to `n` buckets of the old table into the new one; frees it once it is empty. */
+static void rehash_step(rdzv__store *s, size_t n)
+{
+    for (; s->old && n > 0; n--) {
+        rdzv__entry *e = s->old[s->rehash_pos], *next;
+        s->old[s->rehash_pos] = NULL;
+        for (; e; e = next) {
+            next = e->hnext;
+            e->hnext = s->buckets[e->hash & (s->nbuckets - 1)];
+            s->buckets[e->hash & (s->nbuckets - 1)] = e;
+        }
+        if (++s->rehash_pos == s->nold) {
+            free(s->old);
+            s->old = NULL;
+            s->nold = s->rehash_pos = 0;
+        }
+    }
+}
+
+/* Starts moving to a table twice as large, unless a move is still under way. */
 static void grow(rdzv__store *s)
 {
+    if (s->old)
+        return;
     size_t n = s->nbuckets * 2;
     rdzv__entry **b = calloc(n, sizeof(*b));
     if (!b)
         return; /* longer chains, still correct */
-    for (size_t i = 0; i < s->nbuckets; i++) {
-        rdzv__entry *e = s->buckets[i], *next;
-        for (; e; e = next) {
-            next = e->hnext;
-            e->hnext = b[e->hash & (n - 1)];
-            b[e->hash & (n - 1)] = e;
-        }
-    }
-    free(s->buckets);
+    s->old = s->buckets;
+    s->nold = s->nbuckets;
+    s->rehash_pos = 0;
     s->buckets = b;
     s->nbuckets = n;
 }
@@ -438,7 +615,8 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     rdzv__entry *e = find(s, key, klen, h);
     if (e)
         return e;
-    if (!fits(s, entry_cost(klen))) {
+    bool priv = rdzv__key_private(key, klen);
+    if (!fits(s, priv, entry_cost(klen))) {
         *err = -ENOSPC;
         return NULL;
     }
@@ -448,13 +626,16 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
         return NULL;
     }
     e->hash = h;
+    e->priv = priv;
     e->klen = klen;
     memcpy(e->key, key, klen);
-    e->hnext = s->buckets[h & (s->nbuckets - 1)];
-    s->buckets[h & (s->nbuckets - 1)] = e;
+    rdzv__entry **head = chain(s, h);
+    e->hnext = *head;
+    *head = e;
     s->nentries++;
     s->bytes += klen;
-    s->memory += entry_cost(klen);
+    mem_charge(s, priv, entry_cost(klen));
+    rehash_step(s, REHASH_STEP);
     if (s->nentries > s->nbuckets)
         grow(s);
     return e;
@@ -465,13 +646,13 @@ static void maybe_free(rdzv__store *s, rdzv__entry *e)
 {
     if (e->present || e->qlen || e->waiters || e->watchers)
         return;
-    rdzv__entry **pp = &s->buckets[e->hash & (s->nbuckets - 1)];
+    rdzv__entry **pp = chain(s, e->hash);
     while (*pp != e)
         pp = &(*pp)->hnext;
     *pp = e->hnext;
     s->nentries--;
     s->bytes -= e->klen;
-    s->memory -= entry_cost(e->klen);
+    mem_credit(s, e->priv, entry_cost(e->klen));
     free(e);
 }
 
@@ -518,7 +699,7 @@ static void fire(rdzv__store *s, rdzv__wnode *n)
     if (--w->remaining == 0) {
         reply_u8(s, w->conn, RDZV_WAIT_STOP_WAITING);
         unlink_wait(w);
-        s->memory -= wait_cost(w->n);
+        mem_credit(s, w->priv, wait_cost(w->n));
         free(w);
     }
 }
@@ -577,7 +758,7 @@ static void cancel_waits(rdzv__store *s, rdzv__conn *c)
             s->nwaiters--;
             maybe_free(s, e);
         }
-        s->memory -= wait_cost(w->n);
+        mem_credit(s, w->priv, wait_cost(w->n));
         free(w);
     }
     c->waits = NULL;
@@ -608,7 +789,7 @@ static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
 {
     size_t old = e->present ? e->vlen : 0;
     size_t old_cost = e->present ? value_cost(old) : 0;
-    if (value_cost(n) > old_cost && !fits(s, value_cost(n) - old_cost)) {
+    if (value_cost(n) > old_cost && !fits(s, e->priv, value_cost(n) - old_cost)) {
         free(buf);
         return -ENOSPC;
     }
@@ -619,7 +800,8 @@ static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
     if (!e->present)
         s->nkeys++;
     s->bytes = s->bytes - old + n;
-    s->memory = s->memory - old_cost + value_cost(n);
+    mem_credit(s, e->priv, old_cost);
+    mem_charge(s, e->priv, value_cost(n));
     e->val = buf;
     e->vlen = n;
     e->present = true;
@@ -762,7 +944,7 @@ static int do_append(rdzv__store *s, const rdzv__request *r)
 static void drop_value(rdzv__store *s, rdzv__entry *e)
 {
     s->bytes -= e->vlen;
-    s->memory -= value_cost(e->vlen);
+    mem_credit(s, e->priv, value_cost(e->vlen));
     s->nkeys--;
     free(e->val);
     e->val = NULL;
@@ -835,12 +1017,13 @@ static int do_barrier(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         return err;
     if (count >= r->i64)
         return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
-    if (!fits(s, wait_cost(1)))
+    if (!fits(s, e->priv, wait_cost(1)))
         return -ENOSPC;
     rdzv__wait *w = calloc(1, sizeof(*w) + sizeof(rdzv__wnode));
     if (!w)
         return -ENOMEM;
-    s->memory += wait_cost(1);
+    mem_charge(s, e->priv, wait_cost(1));
+    w->priv = e->priv;
     w->conn = c;
     w->threshold = r->i64;
     w->remaining = 1;
@@ -853,22 +1036,25 @@ static int do_wait(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
 {
     const uint8_t *cur = r->items, *k;
     size_t kl, missing = 0;
+    bool priv = false; /* a WAIT naming a private key is the control plane's */
 
     for (uint64_t i = 0; i < r->count; i++) {
         rdzv__next_str(&cur, &k, &kl);
         if (!satisfied(lookup(s, k, kl)))
             missing++;
+        priv = priv || rdzv__key_private(k, kl);
     }
     if (missing == 0)
         return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
 
     /* The record is charged before the names it creates, so that both fit under the cap. */
-    if (!fits(s, wait_cost(missing)))
+    if (!fits(s, priv, wait_cost(missing)))
         return -ENOSPC;
     rdzv__wait *w = calloc(1, sizeof(*w) + missing * sizeof(rdzv__wnode));
     if (!w)
         return -ENOMEM;
-    s->memory += wait_cost(missing);
+    mem_charge(s, priv, wait_cost(missing));
+    w->priv = priv;
     w->conn = c;
     w->remaining = missing;
     w->n = 0;
@@ -885,7 +1071,7 @@ static int do_wait(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
                 s->nwaiters--;
                 maybe_free(s, ej);
             }
-            s->memory -= wait_cost(missing);
+            mem_credit(s, priv, wait_cost(missing));
             free(w);
             return err;
         }
@@ -902,12 +1088,12 @@ static int do_watch(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
     if (!e)
         return err;
-    rdzv__watch *w = fits(s, watch_cost()) ? calloc(1, sizeof(*w)) : NULL;
+    rdzv__watch *w = fits(s, e->priv, watch_cost()) ? calloc(1, sizeof(*w)) : NULL;
     if (!w) {
         maybe_free(s, e);
-        return fits(s, watch_cost()) ? -ENOMEM : -ENOSPC;
+        return fits(s, e->priv, watch_cost()) ? -ENOMEM : -ENOSPC;
     }
-    s->memory += watch_cost();
+    mem_charge(s, e->priv, watch_cost());
     w->conn = c;
     w->e = e;
     w->enext = e->watchers;
@@ -927,7 +1113,7 @@ static int do_queue_push(rdzv__store *s, const rdzv__request *r)
     if (!e)
         return err;
     rdzv__qitem *q = NULL;
-    if (!fits(s, qitem_cost(r->val_len)))
+    if (!fits(s, e->priv, qitem_cost(r->val_len)))
         err = -ENOSPC;
     else if (!(q = malloc(sizeof(*q) + r->val_len)))
         err = -ENOMEM;
@@ -946,7 +1132,7 @@ static int do_queue_push(rdzv__store *s, const rdzv__request *r)
     e->qtail = q;
     e->qlen++;
     s->bytes += q->n;
-    s->memory += qitem_cost(q->n);
+    mem_charge(s, e->priv, qitem_cost(q->n));
     wake_one(s, e);
     return 0;
 }
@@ -964,18 +1150,30 @@ static int do_queue_pop(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         e->qtail = NULL;
     e->qlen--;
     s->bytes -= q->n;
-    s->memory -= qitem_cost(q->n);
+    mem_credit(s, e->priv, qitem_cost(q->n));
     rc = rdzv__reply_vec(s, c, q->data, q->n);
     free(q);
     maybe_free(s, e);
     return rc;
 }
 
+static const char why_list_keys[] =
+    "the store holds more keys than max_list_keys (the reply is built at once and would "
+    "block the server; GETNUMKEYS still counts them)";
+
+/*
+ * LIST_KEYS names every key in one reply that starts with their count, so it is built at once,
+ * walking the whole table: over max_list_keys keys that would stall every other client for
+ * longer than ~50 ms, and it is refused (the protocol has no error reply: the connection is
+ * closed, with a log line).
+ */
 static int do_list_keys(rdzv__store *s, rdzv__conn *c)
 {
+    if (s->nkeys > s->max_list_keys)
+        return fail_conn(s, c, -E2BIG, why_list_keys);
     int rc = reply_i64(s, c, (int64_t)s->nkeys);
-    for (size_t i = 0; i < s->nbuckets && rc == 0; i++)
-        for (rdzv__entry *e = s->buckets[i]; e && rc == 0; e = e->hnext)
+    for (size_t i = 0; i < nchains(s) && rc == 0; i++)
+        for (rdzv__entry *e = chain_at(s, i); e && rc == 0; e = e->hnext)
             if (e->present)
                 rc = rdzv__reply_vec(s, c, e->key, e->klen);
     return rc;
@@ -1086,11 +1284,11 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len)
 {
     size_t cleared = 0;
-    for (size_t i = 0; i < s->nbuckets; i++) {
-        rdzv__entry *e = s->buckets[i], *next;
+    for (size_t i = 0; i < nchains(s); i++) {
+        rdzv__entry *e = chain_at(s, i), *next;
         for (; e; e = next) {
             next = e->hnext; /* maybe_free() may unlink e */
-            if (e->klen >= keep_len && memcmp(e->key, keep, keep_len) == 0)
+            if (keep_len > 0 && e->klen >= keep_len && memcmp(e->key, keep, keep_len) == 0)
                 continue;
             if (!e->present && !e->qlen)
                 continue;
@@ -1099,7 +1297,7 @@ size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len)
             for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
                 qn = q->next;
                 s->bytes -= q->n;
-                s->memory -= qitem_cost(q->n);
+                mem_credit(s, e->priv, qitem_cost(q->n));
                 free(q);
             }
             e->qhead = e->qtail = NULL;
@@ -1123,6 +1321,8 @@ int rdzv__store_init(rdzv__store *s, size_t max_total_bytes)
     if (!s->buckets)
         return -ENOMEM;
     s->max_total_bytes = max_total_bytes;
+    s->max_private_bytes = max_total_bytes;
+    s->max_list_keys = SIZE_MAX;
     s->max_conn_output = SIZE_MAX;
     s->max_buffered = SIZE_MAX;
     if (getrandom(s->seed, sizeof(s->seed), GRND_NONBLOCK) != (ssize_t)sizeof(s->seed)) {
@@ -1137,8 +1337,8 @@ int rdzv__store_init(rdzv__store *s, size_t max_total_bytes)
 
 void rdzv__store_destroy(rdzv__store *s)
 {
-    for (size_t i = 0; s->buckets && i < s->nbuckets; i++) {
-        rdzv__entry *e = s->buckets[i], *next;
+    for (size_t i = 0; s->buckets && i < nchains(s); i++) {
+        rdzv__entry *e = chain_at(s, i), *next;
         for (; e; e = next) {
             next = e->hnext;
             for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
@@ -1150,7 +1350,8 @@ void rdzv__store_destroy(rdzv__store *s)
         }
     }
     free(s->buckets);
-    s->buckets = NULL;
+    free(s->old);
+    s->buckets = s->old = NULL;
 }
 
 void rdzv__conn_init(rdzv__conn *c)
@@ -1171,7 +1372,7 @@ void rdzv__conn_release(rdzv__store *s, rdzv__conn *c)
         if (w->enext)
             w->enext->eprev = w->eprev;
         s->nwatches--;
-        s->memory -= watch_cost();
+        mem_credit(s, e->priv, watch_cost());
         free(w);
         maybe_free(s, e);
     }

@@ -13,15 +13,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A growable byte buffer. */
+/* A growable byte buffer. From RDZV__BUF_MAP_BYTES of capacity on, its bytes are pages mapped
+ * for it alone (`mapped`), so that what it holds in memory is what it holds in bytes: release
+ * it with rdzv__buf_free() only, never free(data). */
 typedef struct rdzv__buf {
     uint8_t *data;
     size_t len, cap;
+    bool mapped;
 } rdzv__buf;
+
+#define RDZV__BUF_MAP_BYTES (256 << 10)
 
 int rdzv__buf_reserve(rdzv__buf *b, size_t extra);
 int rdzv__buf_append(rdzv__buf *b, const void *p, size_t n);
 void rdzv__buf_free(rdzv__buf *b);
+
+/* Freed mapped buffers are kept for reuse by the thread that freed them, up to `nbytes` per
+ * thread (8 MiB unless set; a server sets it on its loop thread from max_buffered_bytes).
+ * rdzv__buf_spares_free() unmaps them; a server calls it on its loop thread when it stops. */
+void rdzv__buf_spares_limit(size_t nbytes);
+void rdzv__buf_spares_free(void);
+
+/* Gives back the capacity of a mapped buffer beyond its length (whole pages). Never fails. */
+void rdzv__buf_fit(rdzv__buf *b);
+
 
 typedef struct rdzv__entry rdzv__entry;
 typedef struct rdzv__wait rdzv__wait;
@@ -51,11 +66,16 @@ typedef struct rdzv__conn {
 typedef struct rdzv__store {
     rdzv__entry **buckets;
     size_t nbuckets; /* power of two */
+    /* While the table grows: the previous one, whose buckets from rehash_pos on still hold
+     * their names (see chain() in store.c); NULL otherwise. */
+    rdzv__entry **old;
+    size_t nold, rehash_pos;
     size_t nentries; /* hash entries (keys, queues, or names with waiters) */
     size_t nkeys;    /* keys holding a value */
     size_t bytes;    /* key + value bytes of stored keys, plus queued items */
     size_t memory;   /* what max_total_bytes caps: `bytes` plus the estimated memory of every
-                        entry, value, queued item, WAIT and watch record beyond its bytes */
+                        entry, value, queued item, WAIT and watch record beyond its bytes, for
+                        the open key space */
     size_t nwaiters; /* keys awaited by pending WAITs, over all connections */
     size_t nwatches;
     size_t max_total_bytes;
@@ -63,13 +83,20 @@ typedef struct rdzv__store {
     size_t max_buffered;    /* out_held + in_held of all connections together (SIZE_MAX) */
     size_t buffered;        /* out_held + in_held of all connections */
     rdzv__conn *holders;    /* connections holding any buffered bytes */
-    uint64_t seed[2]; /* SipHash key, random per store */
+    uint64_t seed[2];       /* SipHash key, random per store */
+    /* The private pool: `memory` of keys under the private roots (rdzv__key_private()) and of
+     * the WAITs naming them, capped by max_private_bytes apart from the open keys, so that
+     * filling the open key space leaves the job's control plane its room. */
+    size_t private_memory;
+    size_t max_private_bytes;
+    size_t max_list_keys; /* LIST_KEYS over more keys is refused (SIZE_MAX: no cap) */
     uint64_t ops[RDZV_OP_COUNT];
     rdzv__conn *dirty; /* connections with output to send */
 } rdzv__store;
 
-/* Initialises an empty store, with no cap on buffered bytes (set max_conn_output and
- * max_buffered afterwards). Returns 0 or -ENOMEM. */
+/* Initialises an empty store, with no cap on buffered bytes or LIST_KEYS and a private pool as
+ * large as the open one (set max_conn_output, max_buffered, max_private_bytes and max_list_keys
+ * afterwards). Returns 0 or -ENOMEM. */
 int rdzv__store_init(rdzv__store *s, size_t max_total_bytes);
 
 /* Frees every key, queue and wait. Connections must have been released first. */
@@ -106,7 +133,8 @@ int rdzv__conn_hold_input(rdzv__store *s, rdzv__conn *c, size_t n);
  * notifications to other connections) are appended to output buffers. Returns 0, or
  * RDZV__EXEC_STATUS, RDZV__EXEC_AUTH, or a negative errno meaning that `c` must be closed:
  * -ENOSPC (the total size cap would be exceeded), -ENOBUFS (its replies would exceed a buffer
- * cap), -EINVAL (ADD on a value that is not a decimal integer), -ENOMEM.
+ * cap), -E2BIG (LIST_KEYS over more than max_list_keys keys), -EINVAL (ADD on a value that is
+ * not a decimal integer), -ENOMEM.
  */
 int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *req);
 
@@ -114,8 +142,9 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *req);
 int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);
 
 /*
- * Deletes every value and queue whose key does not start with keep[0..keep_len) (names that
- * connections wait on or watch stay, without a value). Returns the number of names cleared.
+ * Deletes every value and queue whose key does not start with keep[0..keep_len), all of them
+ * when keep_len is 0 (names that connections wait on or watch stay, without a value). Returns
+ * the number of names cleared.
  */
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len);
 

@@ -738,6 +738,272 @@ START_TEST(derived_connection_cap)
 }
 END_TEST
 
+/* ---- memory that tracks the caps (issue 20, point 5) ---- */
+
+/* Counted memory in MiB: the store's memory (both pools) plus every connection's buffered
+ * bytes. */
+static double counted_mib(void)
+{
+    return (double)(status_int("memory", NULL) + status_int("private_memory", NULL) +
+                    status_int("buffered_bytes", NULL)) /
+           MiB;
+}
+
+/* The server's RSS growth since `base` after the clients' requests have settled, printed with
+ * what the server counts; a growth past 1.25 x that plus 16 MiB is counted in *over. */
+static double rss_stage(const char *what, double base, int *over)
+{
+    settle("buffered_bytes");
+    double rss = server_rss_mib() - base, counted = counted_mib();
+    printf("rss: %s: counted %.1f MiB, RSS grew %.1f MiB\n", what, counted, rss);
+    *over += rss >= 1.25 * counted + 16;
+    return rss;
+}
+
+/* Sends `count` MULTI_SETs of `batch` empty keys "<tag>NNNNNNN" on fd; stops when the server
+ * closes it. Returns the keys sent. */
+static int fill_keys(int fd, const char *tag, int count, int batch)
+{
+    frame f = {0};
+    char k[32];
+    int sent = 0;
+    for (int b = 0; b < count; b++) {
+        fr_u8(&f, RDZV_M_MULTI_SET);
+        fr_u64(&f, (uint64_t)batch);
+        for (int i = 0; i < batch; i++) {
+            snprintf(k, sizeof(k), "%s%07d", tag, sent + i);
+            fr_str(&f, k);
+            fr_bytes(&f, "", 0);
+        }
+        size_t len = f.len;
+        if (send_frame(fd, &f) < len)
+            break;
+        sent += batch;
+    }
+    fr_free(&f);
+    return sent;
+}
+
+/* A PING on fd answered: the requests sent before it have run. */
+static bool ping(int fd, uint32_t tag)
+{
+    frame f = {0};
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, tag);
+    send_frame(fd, &f);
+    fr_free(&f);
+    uint32_t echo = 0;
+    return recv(fd, &echo, 4, MSG_WAITALL) == 4 && echo == tag;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/*
+ * Every amplification of the issue, one after the other on one server with small caps: ten
+ * MULTI_GETs of 7 x 1 MiB, legacy watchers of a 1 MiB value, a dozen LIST_KEYS over 100K keys,
+ * the store filled with empty keys, half-sent requests; no client reads its replies, so every
+ * reply stays partly written. The server's resident memory must stay within 1.25 x the caps
+ * (max_total_bytes + max_buffered_bytes, the test writing no private key) over what it started
+ * with, plus a fixed 16 MiB for the allocator's own; and at each step within 1.25 x what the
+ * server counts, plus the same 16 MiB.
+ */
+START_TEST(rss_tracks_caps)
+{
+    enum { GETTERS = 10, WATCHERS = 16, LISTERS = 12, HALVES = 8 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_total_bytes = 64 * MiB;
+    o.max_buffered_bytes = 32 * MiB;
+    server_start(&o, 0);
+    double caps = 64 + 32, base = server_rss_mib(), worst = 0, rss;
+    int over = 0; /* steps whose RSS outgrew what the server counts */
+    frame f = {0};
+
+    int setter = modern(srv_port, 0);
+    for (int i = 0; i < 7; i++) {
+        char k[8];
+        snprintf(k, sizeof(k), "v%d", i);
+        set_big(setter, k, MiB);
+    }
+    ck_assert(ping(setter, 1));
+    int getters[GETTERS];
+    for (int g = 0; g < GETTERS; g++) {
+        getters[g] = modern(srv_port, 4096);
+        fr_u8(&f, RDZV_M_MULTI_GET);
+        fr_u64(&f, 7);
+        for (int i = 0; i < 7; i++) {
+            char k[8];
+            snprintf(k, sizeof(k), "v%d", i);
+            fr_str(&f, k);
+        }
+        send_frame(getters[g], &f);
+    }
+    rss = rss_stage("10 MULTI_GETs of 7 x 1 MiB", base, &over);
+    worst = rss > worst ? rss : worst;
+
+    int watchers[WATCHERS];
+    for (int w = 0; w < WATCHERS; w++) {
+        watchers[w] = connect_raw(srv_port, 4096);
+        fr_u8(&f, RDZV_L_WATCH_KEY);
+        fr_str(&f, "w");
+        send_frame(watchers[w], &f);
+        uint8_t reg = 0;
+        ck_assert_int_eq(recv(watchers[w], &reg, 1, MSG_WAITALL), 1);
+    }
+    for (int i = 0; i < 4; i++)
+        set_big(setter, "w", MiB);
+    ck_assert(ping(setter, 2));
+    rss = rss_stage("16 watchers of a 1 MiB value set 4 times", base, &over);
+    worst = rss > worst ? rss : worst;
+
+    /* 100K keys: LIST_KEYS over them is answered (max_list_keys is 128 Ki). */
+    int filler = modern(srv_port, 0);
+    ck_assert_int_eq(fill_keys(filler, "k", 10, 10000), 100000);
+    ck_assert(ping(filler, 3));
+    int listers[LISTERS];
+    for (int l = 0; l < LISTERS; l++) {
+        listers[l] = modern(srv_port, 4096);
+        fr_u8(&f, RDZV_M_LIST_KEYS);
+        send_frame(listers[l], &f);
+    }
+    rss = rss_stage("12 LIST_KEYS over 100K keys", base, &over);
+    worst = rss > worst ? rss : worst;
+    int sent = fill_keys(filler, "m", 1000, 10000); /* until the store is full */
+    close(filler);
+    json_int_t keys = settle("keys");
+    printf("rss: %d keys more sent, %lld stored\n", sent, (long long)keys);
+    rss = rss_stage("the store full of empty keys", base, &over);
+    worst = rss > worst ? rss : worst;
+
+    int halves[HALVES];
+    char *half = malloc(4 * MiB);
+    memset(half, 'h', 4 * MiB);
+    for (int i = 0; i < HALVES; i++) {
+        halves[i] = modern(srv_port, 0);
+        fr_u8(&f, RDZV_M_SET);
+        fr_str(&f, "half");
+        fr_u64(&f, 8 * MiB);
+        fr_raw(&f, half, 4 * MiB);
+        send_frame(halves[i], &f);
+    }
+    rss = rss_stage("8 half-sent 8 MiB SETs", base, &over);
+    worst = rss > worst ? rss : worst;
+    printf("rss: worst growth %.1f MiB, %.1f MiB of caps (bound %.1f MiB)\n", worst, caps,
+           1.25 * caps + 16);
+    ck_assert_rss_grew_less(worst, 1.25 * caps + 16);
+    if (RSS_CHECKED)
+        ck_assert_int_eq(over, 0);
+    still_serving_room(false);
+    for (int i = 0; i < GETTERS; i++)
+        close(getters[i]);
+    for (int i = 0; i < WATCHERS; i++)
+        close(watchers[i]);
+    for (int i = 0; i < LISTERS; i++)
+        close(listers[i]);
+    for (int i = 0; i < HALVES; i++)
+        close(halves[i]);
+    close(setter);
+    free(half);
+    fr_free(&f);
+}
+END_TEST
+
+/*
+ * LIST_KEYS over three million keys while another client PINGs: every PING is answered within
+ * 150 ms (the loop never blocks on one request for longer than ~50 ms; the rest is room for a
+ * loaded machine's scheduling), and the LIST_KEYS is either answered in full or refused with a
+ * log line. Building its reply in one piece took 0.2 to 0.8 s per 2M keys.
+ */
+START_TEST(list_keys_responsive)
+{
+    enum { KEYS = 3000000 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_total_bytes = 768 * MiB;
+    server_start(&o, 0);
+    int filler = modern(srv_port, 0);
+    ck_assert_int_eq(fill_keys(filler, "k", KEYS / 10000, 10000), KEYS);
+    ck_assert(ping(filler, 1));
+    int pinger = modern(srv_port, 0);
+    ck_assert(ping(pinger, 2));
+    int lister = modern(srv_port, 0);
+    frame f = {0};
+    fr_u8(&f, RDZV_M_LIST_KEYS);
+    send_frame(lister, &f);
+    fr_free(&f);
+    double worst = 0;
+    for (int i = 0; i < 20; i++) {
+        double t0 = now_s();
+        ck_assert(ping(pinger, 10 + (uint32_t)i));
+        double dt = now_s() - t0;
+        worst = dt > worst ? dt : worst;
+    }
+    uint64_t n = 0;
+    ssize_t got = recv(lister, &n, 8, MSG_WAITALL);
+    printf("list_keys: %d keys; slowest of 20 PINGs during LIST_KEYS %.1f ms; LIST_KEYS %s "
+           "(count %llu)\n",
+           KEYS, worst * 1000, got == 8 ? "answered" : "refused", (unsigned long long)n);
+    ck_assert(got == 8 ? n == KEYS : log_shows("max_list_keys"));
+    ck_assert_double_lt(worst, 0.15);
+    close(lister);
+    close(pinger);
+    close(filler);
+}
+END_TEST
+
+/*
+ * Issue 20, point 3: on a store with a token, an unauthenticated client fills the open key
+ * space until it is refused; the job's control plane (compare_set, set, add and wait on keys
+ * under the private roots, by a client with the token) still works, from its own reserve.
+ */
+START_TEST(private_reserve)
+{
+    static const char token[] = "0123456789abcdef0123456789abcdef";
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.token = token;
+    o.max_total_bytes = 8 * MiB;
+    server_start(&o, 0);
+    int attacker = modern(srv_port, 0);
+    int sent = fill_keys(attacker, "open", 100, 10000);
+    bool closed = closed_by_server(attacker, 0);
+    close(attacker);
+    json_int_t keys = status_int("keys", NULL);
+    printf("reserve: %d open keys sent, %lld stored, attacker closed: %d\n", sent, (long long)keys,
+           closed);
+    ck_assert(closed);
+    ck_assert(log_shows("size limit"));
+
+    rdzv_client_options co;
+    rdzv_client_options_init(&co);
+    co.token = token;
+    co.timeout_ms = 10000;
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", srv_port, &co, &c), 0);
+    void *v = NULL;
+    size_t n = 0;
+    int rc_cas = rdzv_compare_set(c, "/ddprun/job/round", "", 0, "1", 1, &v, &n);
+    rdzv_free(v);
+    int rc_set = rc_cas == 0 ? rdzv_set(c, "/ddprun/job/round_1/failed", "rank 0", 6) : rc_cas;
+    int64_t r = 0;
+    int rc_add = rc_set == 0 ? rdzv_add(c, "/ddprun-coll/job/count", 1, &r) : rc_set;
+    const char *wk[] = {"/ddprun/job/round_1/failed"};
+    int rc_wait = rc_add == 0 ? rdzv_wait(c, wk, 1, 1000) : rc_add;
+    printf("reserve: control plane after the fill: compare_set %d, set %d, add %d, wait %d\n",
+           rc_cas, rc_set, rc_add, rc_wait);
+    ck_assert_int_eq(rc_cas, 0);
+    ck_assert_int_eq(rc_set, 0);
+    ck_assert_int_eq(rc_add, 0);
+    ck_assert_int_eq(rc_wait, 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -746,6 +1012,8 @@ int main(void)
     TCase *tc = check_tcase(s, "caps", 60, multi_get_amplification, watch_backlog,
                             get_amplification, wait_records, partial_requests, per_key_overhead,
                             timeouts, emfile_refusals_counted, derived_connection_cap);
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tc = check_tcase(s, "memory", 120, rss_tracks_caps, list_keys_responsive, private_reserve);
     tcase_add_checked_fixture(tc, NULL, teardown);
     return check_run(s);
 }

@@ -656,13 +656,126 @@ START_TEST(many_keys)
 }
 END_TEST
 
+/* The table grows by moving a few buckets per insertion: every name stays reachable while the
+ * old table is being emptied, deletions and a clear find their names in either table, and the
+ * old table is gone once the move is over. */
+START_TEST(growth_in_steps)
+{
+    fake a;
+    frame fr = {0};
+    char k[32];
+    fake_init(&a, RDZV_GEN_MODERN);
+    st.max_total_bytes = 64 << 20;
+    int moving = 0;
+    for (int i = 0; i < 10000; i++) {
+        snprintf(k, sizeof(k), "key/%d", i);
+        op_set(&fr, k, k);
+        run(&a, &fr);
+        if (st.old && st.rehash_pos > 0 && moving++ % 50 == 0)
+            for (int j = 0; j <= i; j += 7) { /* mid-move: old and new names alike */
+                snprintf(k, sizeof(k), "key/%d", j);
+                op_key(&fr, RDZV_M_GET, k);
+                run(&a, &fr);
+                expect_str(&a, k);
+            }
+    }
+    ck_assert_int_gt(moving, 0);
+    ck_assert_ptr_null(st.old); /* the last move (8192 buckets) ended after 1024 insertions */
+    for (int i = 0; i < 10000; i += 3) {
+        snprintf(k, sizeof(k), "key/%d", i);
+        op_key(&fr, RDZV_M_DELETE_KEY, k);
+        run(&a, &fr);
+        expect_i64(&a, 1);
+    }
+    ck_assert_uint_eq(st.nkeys, 10000 - 3334);
+    fr_u8(&fr, RDZV_M_LIST_KEYS);
+    run(&a, &fr);
+    expect_i64(&a, 10000 - 3334);
+    a.conn.out.len = 0;
+    ck_assert_uint_eq(rdzv__store_clear(&st, NULL, 0), 10000 - 3334);
+    ck_assert_uint_eq(st.nentries, 0);
+    ck_assert_uint_eq(st.memory, 0);
+    rdzv__conn_release(&st, &a.conn);
+    fr_free(&fr);
+}
+END_TEST
+
+/* Names under the private roots, and WAITs naming one, are counted in their own pool: a store
+ * whose open keys are full still takes private ones, up to max_private_bytes. */
+START_TEST(private_pool)
+{
+    fake a;
+    frame fr = {0};
+    char k[32];
+    fake_init(&a, RDZV_GEN_MODERN);
+    st.max_total_bytes = 64 << 10;
+    st.max_private_bytes = 32 << 10;
+    int rc = 0, open_keys = 0;
+    for (; rc == 0; open_keys++) {
+        snprintf(k, sizeof(k), "open/%d", open_keys);
+        op_set(&fr, k, "v");
+        rc = run(&a, &fr);
+    }
+    ck_assert_int_eq(rc, -ENOSPC);
+    ck_assert_uint_eq(st.private_memory, 0);
+    size_t open_memory = st.memory;
+    op_set(&fr, "/ddprun/job/round", "1");
+    ck_assert_int_eq(run(&a, &fr), 0);
+    op_add(&fr, "/ddprun-coll/job/n", 1);
+    ck_assert_int_eq(run(&a, &fr), 0);
+    expect_i64(&a, 1);
+    const char *wk[] = {"/ddprun/job/later", "open/0"};
+    op_keys(&fr, RDZV_M_WAIT, 2, wk);
+    ck_assert_int_eq(run(&a, &fr), 0);
+    ck_assert_uint_eq(st.memory, open_memory); /* the WAIT and its new name: private */
+    ck_assert_uint_gt(st.private_memory, 0);
+    int private_keys = 0;
+    for (rc = 0; rc == 0; private_keys++) {
+        snprintf(k, sizeof(k), "/ddprun/k/%d", private_keys);
+        op_set(&fr, k, "v");
+        rc = run(&a, &fr);
+    }
+    ck_assert_int_eq(rc, -ENOSPC);
+    ck_assert_uint_le(st.private_memory, 32 << 10);
+    ck_assert_uint_eq(st.memory, open_memory);
+    rdzv__conn_release(&st, &a.conn);
+    ck_assert_uint_eq(rdzv__store_clear(&st, NULL, 0), (size_t)open_keys - 1 + private_keys + 1);
+    ck_assert_uint_eq(st.memory + st.private_memory, 0);
+    fr_free(&fr);
+}
+END_TEST
+
+/* LIST_KEYS over more than max_list_keys keys is refused, naming the cap. */
+START_TEST(list_keys_cap)
+{
+    fake a;
+    frame fr = {0};
+    fake_init(&a, RDZV_GEN_MODERN);
+    st.max_list_keys = 2;
+    op_set(&fr, "a", "1");
+    op_set(&fr, "b", "2");
+    fr_u8(&fr, RDZV_M_LIST_KEYS);
+    ck_assert_int_eq(run(&a, &fr), 0);
+    expect_i64(&a, 2);
+    a.conn.out.len = 0;
+    op_set(&fr, "c", "3");
+    fr_u8(&fr, RDZV_M_LIST_KEYS);
+    ck_assert_int_eq(run(&a, &fr), -E2BIG);
+    ck_assert_int_eq(a.conn.error, -E2BIG);
+    ck_assert_ptr_nonnull(strstr(a.conn.why, "max_list_keys"));
+    rdzv__conn_release(&st, &a.conn);
+    fr_free(&fr);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("store");
     TCase *tc =
         check_tcase(s, "ops", 0, set_get_delete_numkeys, add_semantics, compare_set_semantics,
                     check_and_wait, cancel_and_release, append_multi_ping_list, queues, barrier_op,
-                    clear_keeps_prefix_and_waiters, legacy_watch, size_cap, many_keys);
+                    clear_keeps_prefix_and_waiters, legacy_watch, size_cap, many_keys,
+                    growth_in_steps, private_pool, list_keys_cap);
     tcase_add_checked_fixture(tc, setup, teardown);
     return check_run(s);
 }
