@@ -127,6 +127,20 @@ typedef struct rdzv_server_options {
     int request_timeout_s;     /* close a connection whose request has stayed incomplete this
                                   long since its last progress past a whole request; 0: never
                                   (60) */
+    /*
+     * Connections on probation (with a token: from an address that is not loopback, this
+     * host, a job node's or allowed; see above) are the only ones a stranger can open, and
+     * these two bound them, as OpenSSH's LoginGraceTime and MaxStartups bound unauthenticated
+     * logins. The job's own connections (authenticated, local, from a node's or an allowed
+     * address) are never on probation and never subject to either.
+     */
+    int auth_timeout_s;   /* close a connection still on probation this long after its accept
+                             (it did not complete the handshake); 0: never (10) */
+    size_t max_probation; /* connections on probation at once; one more closes the oldest of
+                             them. Whenever a connection would exceed max_connections, the
+                             oldest on probation is closed for it too, so that strangers never
+                             keep the job's connections out. 0: half of max_connections, at
+                             least 1 (0); capped at max_connections */
 } rdzv_server_options;
 
 /* Fills `opts` with the defaults given in brackets above. */
