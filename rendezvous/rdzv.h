@@ -141,6 +141,10 @@ typedef struct rdzv_server_options {
                              oldest on probation is closed for it too, so that strangers never
                              keep the job's connections out. 0: half of max_connections, at
                              least 1 (0); capped at max_connections */
+    size_t max_probation_per_address; /* of those, from one IP address; one more is refused
+                                         at once, so one host's flood leaves the other
+                                         strangers (a node joining) their slots, like
+                                         OpenSSH's PerSourceMaxStartups; 0: no cap (8) */
 } rdzv_server_options;
 
 /* Fills `opts` with the defaults given in brackets above. */

@@ -55,6 +55,14 @@
 #include <uv.h>
 
 #define READ_BUF_BYTES (64 * 1024)
+#define SOURCE_BUCKETS 1024 /* of the hash table of probation connections by address */
+
+/* The connections on probation from one address, for max_probation_per_address. */
+typedef struct source {
+    uint8_t key[17]; /* family, then the IPv4 (mapped addresses: unmapped) or IPv6 address */
+    size_t n;
+    struct source *next; /* in its bucket */
+} source;
 
 typedef struct client {
     uv_tcp_t tcp;
@@ -67,6 +75,7 @@ typedef struct client {
     bool probation;       /* from an address not (yet) of the job: may only authenticate */
     uint64_t accepted_ms; /* uv_now() at the accept: the probation deadline counts from it */
     struct client *pprev, *pnext; /* on probation: the FIFO srv->prob_head..prob_tail */
+    source *src;                  /* on probation: its address's count */
     rdzv__auth_conn auth; /* the handshake's state; auth.state == RDZV_AUTH_DONE: authenticated */
     bool awaiting;             /* the last parse stopped inside a frame: waiting on the peer */
     uint64_t last_read_ms;     /* uv_now() of the last bytes received (or of the accept) */
@@ -117,7 +126,9 @@ struct rdzv_server {
     uint64_t refused_owner;        /* from this host, owner unknown: refused (fail closed) */
     client *prob_head, *prob_tail; /* connections on probation, oldest first */
     size_t nprobation, max_probation;
-    uint64_t auth_timeouts, evicted; /* probation connections closed: late, or to make room */
+    source *sources[SOURCE_BUCKETS]; /* probation connections by address */
+    uint64_t auth_timeouts;          /* probation connections closed for auth_timeout_s */
+    uint64_t probation_shed; /* closed to keep max_probation(_per_address), max_connections */
     int open_handles;
     bool closing;
 
@@ -182,6 +193,7 @@ void rdzv_server_options_init(rdzv_server_options *o)
     o->request_timeout_s = 60;
     o->auth_timeout_s = 10;
     o->max_probation = 0;
+    o->max_probation_per_address = 8;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -244,10 +256,58 @@ static void remember_peer(client *c)
     }
 }
 
-/* Puts `c` on probation: at the tail of the server's FIFO of probation connections. */
-static void probation_begin(client *c)
+/* The bucket of a key of srv->sources (FNV-1a). */
+static size_t source_bucket(const uint8_t key[17])
+{
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < 17; i++)
+        h = (h ^ key[i]) * 16777619u;
+    return h % SOURCE_BUCKETS;
+}
+
+/* The key of `sa`'s address in srv->sources, and its bucket. */
+static size_t source_key(const struct sockaddr *sa, uint8_t key[17])
+{
+    memset(key, 0, 17);
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
+    if (sa->sa_family == AF_INET6 && !IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+        key[0] = 6;
+        memcpy(key + 1, &s6->sin6_addr, 16);
+    } else {
+        key[0] = 4;
+        memcpy(key + 1,
+               sa->sa_family == AF_INET6 ? s6->sin6_addr.s6_addr + 12
+                                         : (const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr,
+               4);
+    }
+    return source_bucket(key);
+}
+
+/*
+ * Puts `c`, from `sa`, on probation: at the tail of the server's FIFO of probation connections,
+ * counted for its address. Returns false, changing nothing, when its address already has
+ * max_probation_per_address connections on probation (or out of memory).
+ */
+static bool probation_begin(client *c, const struct sockaddr *sa)
 {
     rdzv_server *srv = c->srv;
+    uint8_t key[17];
+    size_t b = source_key(sa, key);
+    source *s = srv->sources[b];
+    while (s && memcmp(s->key, key, sizeof(key)) != 0)
+        s = s->next;
+    size_t cap = srv->opts.max_probation_per_address;
+    if (s && cap > 0 && s->n >= cap)
+        return false;
+    if (!s) {
+        if (!(s = calloc(1, sizeof(*s))))
+            return false;
+        memcpy(s->key, key, sizeof(key));
+        s->next = srv->sources[b];
+        srv->sources[b] = s;
+    }
+    s->n++;
+    c->src = s;
     c->probation = true;
     c->pnext = NULL;
     c->pprev = srv->prob_tail;
@@ -257,6 +317,7 @@ static void probation_begin(client *c)
         srv->prob_head = c;
     srv->prob_tail = c;
     srv->nprobation++;
+    return true;
 }
 
 /* Takes `c` off probation (it authenticated, or it closes). */
@@ -276,6 +337,14 @@ static void probation_end(client *c)
         srv->prob_tail = c->pprev;
     c->pprev = c->pnext = NULL;
     srv->nprobation--;
+    if (--c->src->n == 0) {
+        source **p = &srv->sources[source_bucket(c->src->key)];
+        while (*p != c->src)
+            p = &(*p)->next;
+        *p = c->src->next;
+        free(c->src);
+    }
+    c->src = NULL;
 }
 
 /* Closes a client: its waits are dropped now, its memory once libuv lets go of the handle. */
@@ -433,7 +502,14 @@ static bool admit_peer(rdzv_server *srv, client *c)
         refuse(c, &srv->refused_address, "refused: the address is not in the allowed networks");
         return false;
     }
-    probation_begin(c);
+    if (!probation_begin(c, pa)) {
+        snprintf(why, sizeof(why),
+                 "refused: %zu connections from this address are already waiting to "
+                 "authenticate (max_probation_per_address)",
+                 srv->opts.max_probation_per_address);
+        refuse(c, &srv->probation_shed, why);
+        return false;
+    }
     return true;
 }
 
@@ -840,7 +916,7 @@ static bool shed_one(rdzv_server *srv, int err)
 
 /*
  * Closes the oldest connection on probation to make room for `what` ("a connection of the job
- * (max_connections)"), counted in security.evicted and logged (rate-limited). Returns false
+ * (max_connections)"), counted in security.probation_shed and logged (rate-limited). Returns false
  * when no connection is on probation.
  */
 static bool evict_stranger(rdzv_server *srv, const char *what)
@@ -849,7 +925,7 @@ static bool evict_stranger(rdzv_server *srv, const char *what)
         return false;
     char why[200];
     snprintf(why, sizeof(why), "not authenticated, closed to make room for %s", what);
-    refuse(srv->prob_head, &srv->evicted, why);
+    refuse(srv->prob_head, &srv->probation_shed, why);
     return true;
 }
 
@@ -1016,6 +1092,8 @@ static char *status_json(rdzv_server *srv)
         "request_timeout_s", srv->opts.request_timeout_s);
     json_object_set_new(limits, "auth_timeout_s", json_integer(srv->opts.auth_timeout_s));
     json_object_set_new(limits, "max_probation", json_integer((json_int_t)srv->max_probation));
+    json_object_set_new(limits, "max_probation_per_address",
+                        json_integer((json_int_t)srv->opts.max_probation_per_address));
     json_t *o =
         json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:f, s:I, s:{s:I, s:I, s:I}, s:o}", "keys",
                   (json_int_t)st->nkeys, "bytes", (json_int_t)st->bytes, "connections",
@@ -1042,7 +1120,7 @@ static char *status_json(rdzv_server *srv)
     json_object_set_new(sec, "refused_owner_unknown", json_integer((json_int_t)srv->refused_owner));
     json_object_set_new(sec, "probation", json_integer((json_int_t)srv->nprobation));
     json_object_set_new(sec, "auth_timeouts", json_integer((json_int_t)srv->auth_timeouts));
-    json_object_set_new(sec, "evicted", json_integer((json_int_t)srv->evicted));
+    json_object_set_new(sec, "probation_shed", json_integer((json_int_t)srv->probation_shed));
     json_object_set_new(o, "buffered_bytes", json_integer((json_int_t)st->buffered));
     json_object_set_new(o, "memory", json_integer((json_int_t)st->memory));
     json_object_set_new(o, "protocol",

@@ -8,11 +8,16 @@
       reply came (the keys LIST_KEYS showed), "refused" when the store closed the connection.
       Exit 0 admitted, 1 refused, 2 could not connect.
 
-  admission_peer.py flood HOST PORT COUNT READY
+  admission_peer.py flood HOST PORT COUNT READY [--once]
       Holds COUNT idle connections to HOST:PORT (sending nothing), opening a new one for each the
-      store closes, until killed. Writes "up" into the file (FIFO) READY once COUNT connection
-      attempts were made, and then the number of connections the store closed, every second, to
-      stdout.
+      store closes (not with --once), until killed. Writes "up" into the file (FIFO) READY once
+      COUNT connection attempts were made, and then the number of connections the store closed,
+      every second, to stdout.
+
+  admission_peer.py hold HOST PORT COUNT
+      Opens COUNT idle connections, prints "opened", then obeys stdin: for each line "close1" it
+      closes the connections the store closed and one it still holds, and prints "closed one,
+      held N". Ends at end of input.
 
 Protocol: rdzv-protocol(7), modern generation. Bounded: every wait has a timeout.
 """
@@ -89,6 +94,7 @@ def probe(argv):
 
 def flood(argv):
     host, port, count, ready = argv[0], int(argv[1]), int(argv[2]), argv[3]
+    once = "--once" in argv[4:]
     fam, addr = sockaddr(host, port)
     sel = selectors.DefaultSelector()
     closed = 0
@@ -120,13 +126,40 @@ def flood(argv):
             sel.unregister(s)
             s.close()
             closed += 1
-            open_one()
+            if not once:
+                open_one()
         if time.monotonic() - last >= 1:
             last = time.monotonic()
             print("closed", closed, flush=True)
 
 
+def hold(argv):
+    host, port, count = argv[0], int(argv[1]), int(argv[2])
+    fam, addr = sockaddr(host, port)
+    conns = []
+    for _ in range(count):
+        s = socket.socket(fam, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(addr)
+        conns.append(s)
+    print("opened", len(conns), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "close1":
+            continue
+        gone = selectors.DefaultSelector()
+        for s in conns:
+            gone.register(s, selectors.EVENT_READ)
+        for key, _ in gone.select(timeout=0):
+            conns.remove(key.fileobj)
+            key.fileobj.close()
+        gone.close()
+        if conns:
+            conns.pop().close()
+        print("closed one, held", len(conns), flush=True)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in ("probe", "flood"):
+    modes = {"probe": probe, "flood": flood, "hold": hold}
+    if len(sys.argv) < 2 or sys.argv[1] not in modes:
         sys.exit(__doc__)
-    sys.exit(probe(sys.argv[2:]) if sys.argv[1] == "probe" else flood(sys.argv[2:]))
+    sys.exit(modes[sys.argv[1]](sys.argv[2:]))
