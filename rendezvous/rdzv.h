@@ -112,7 +112,8 @@ typedef struct rdzv_server_options {
                                  not local are refused on connect */
     int allow_other_users;    /* 0: refuse connections from this host owned by a user other
                                  than the server's (and root), found with NETLINK_SOCK_DIAG
-                                 (0) */
+                                 (sockets bound to a device included, with no new descriptor
+                                 needed), and those whose owner cannot be established (0) */
     size_t max_conn_output;    /* unsent reply bytes one connection may have queued; a reply or
                                   watch notification that would queue more closes it (256 MiB) */
     size_t max_buffered_bytes; /* unsent replies and partly received requests of all

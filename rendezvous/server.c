@@ -276,8 +276,9 @@ static size_t source_key(const struct sockaddr *sa, uint8_t key[17])
     } else {
         key[0] = 4;
         memcpy(key + 1,
-               sa->sa_family == AF_INET6 ? s6->sin6_addr.s6_addr + 12
-                                         : (const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr,
+               sa->sa_family == AF_INET6
+                   ? s6->sin6_addr.s6_addr + 12
+                   : (const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr,
                4);
     }
     return source_bucket(key);
@@ -1021,7 +1022,8 @@ static void on_listen_ready(uv_poll_t *h, int status, int events)
             break;
         /* Out of descriptors: a stranger's descriptor is the first to go (uv_close() closes it
          * at once), then the spare's, to refuse the connection. */
-        if ((err == EMFILE || err == ENFILE) && (evict_stranger(srv, "a descriptor (out of descriptors)") || shed_one(srv, err)))
+        if ((err == EMFILE || err == ENFILE) &&
+            (evict_stranger(srv, "a descriptor (out of descriptors)") || shed_one(srv, err)))
             continue;
         if (err != EMFILE && err != ENFILE) {
             /* ENOBUFS, ENOMEM and the like: say so (once per burst) and look again later. */
@@ -1226,9 +1228,10 @@ static int check_options(const rdzv_server_options *o)
         o->max_request_bytes < 16 || o->max_request_bytes > ((size_t)1 << 30) ||
         o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->idle_timeout_s < 0 ||
         o->request_timeout_s < 0 || o->idle_timeout_s > INT_MAX / 1000 ||
-        o->auth_timeout_s < 0 || o->auth_timeout_s > INT_MAX / 1000 ||
         o->request_timeout_s > INT_MAX / 1000 || (o->token && rdzv_token_check(o->token) < 0) ||
         (o->nallow > 0 && !o->allow) || o->nallow > 4096)
+        return -EINVAL;
+    if (o->auth_timeout_s < 0 || o->auth_timeout_s > INT_MAX / 1000)
         return -EINVAL;
     return 0;
 }

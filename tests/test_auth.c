@@ -648,16 +648,15 @@ START_TEST(peer_owner_from_the_kernel)
     rdzv__peercred_init(&pc);
     ck_assert_int_eq(rdzv__peercred_open(&pc), 0);
     uint32_t uid = 12345;
-    ck_assert_int_eq(rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local,
-                                    false, &uid),
-                     0);
+    ck_assert_int_eq(
+        rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local, false, &uid), 0);
     ck_assert_uint_eq(uid, geteuid());
     ck_assert_int_eq(rdzv__addr_local(&pc, (struct sockaddr *)&peer), 1);
     /* No socket of this host has that source port: the peer is elsewhere (or gone). */
     ((struct sockaddr_in *)&peer)->sin_port = htons(1);
-    ck_assert_int_eq(rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local,
-                                    true, &uid),
-                     -ENOENT);
+    ck_assert_int_eq(
+        rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local, true, &uid),
+        -ENOENT);
     /* An address routed away from this host (TEST-NET-3) is not local. */
     struct sockaddr_in far = {.sin_family = AF_INET};
     inet_pton(AF_INET, "203.0.113.7", &far.sin_addr);
@@ -686,13 +685,12 @@ START_TEST(peer_owner_of_a_socket_bound_to_a_device)
     rdzv__peercred pc;
     rdzv__peercred_init(&pc); /* not opened: the first query opens the sockets */
     uint32_t uid = 12345;
-    ck_assert_int_eq(rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local,
-                                    false, &uid),
-                     -ENOENT);
+    ck_assert_int_eq(
+        rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local, false, &uid),
+        -ENOENT);
     ck_assert_uint_eq(uid, 12345);
-    ck_assert_int_eq(rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local,
-                                    true, &uid),
-                     0);
+    ck_assert_int_eq(
+        rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local, true, &uid), 0);
     ck_assert_uint_eq(uid, geteuid());
     /* The client closes first, then our end: its socket goes to TIME_WAIT. */
     close(c);
@@ -754,8 +752,7 @@ static Suite *suite(void)
                 unauthenticated_client_kept_from_private_keys,
                 refusal_burst_logged_once_and_counted, wrong_token_fails_at_once_on_both_sides,
                 server_refuses_wrong_proof, impostor_store_refused, peer_owner_from_the_kernel,
-                peer_owner_of_a_socket_bound_to_a_device,
-                other_user_refused);
+                peer_owner_of_a_socket_bound_to_a_device, other_user_refused);
     return s;
 }
 
