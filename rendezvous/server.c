@@ -22,8 +22,13 @@
  *
  * Access control (a job's control plane, see rdzv-protocol(7) AUTHENTICATION) is decided in
  * two places: admit_peer() on accept (the peer's address, and the owner of a peer socket on this
- * host) and gate() before each request (what an unauthenticated connection may do). The
- * handshake's logic and the rules themselves are auth.c's; this file only applies them.
+ * host, which fails closed: see local_owner()) and gate() before each request (what an
+ * unauthenticated connection may do). The handshake's logic and the rules themselves are
+ * auth.c's, the kernel queries peercred.c's; this file only applies them. Connections on
+ * probation (strangers that may only authenticate) are kept in a FIFO, oldest first, and
+ * counted per address: the sweep closes them after auth_timeout_s, and admit() closes the
+ * oldest of them whenever max_probation or max_connections would be exceeded, so that the
+ * job's own connections are refused only when no stranger holds a slot.
  *
  * Threading: an embedded server runs on the caller's loop and is not thread-safe; like any libuv
  * program, its host should ignore SIGPIPE. A server started with rdzv_server_start() runs the
