@@ -8,7 +8,9 @@
 #     arriving when the store has no descriptor left (EMFILE). Against ddp-rendezvous serve with
 #     and without --token-file, a tokened one-node ddprun job and a token-less two-node job
 #     (where it forges the round's failure record). Each connection is refused (PING, LIST_KEYS
-#     unanswered), logged and counted (security.refused_user), and the job exits 0.
+#     unanswered), logged and counted (security.refused_user), and the job exits 0. With the
+#     kernel unable to answer (no_netlink.so makes socket(AF_NETLINK) fail), serve refuses
+#     every connection from this host, the owner's too: the rule fails closed.
 #  2. Strangers from a third network namespace: a persistent flood (every closed connection
 #     reopened) against serve --token-file --max-connections 60, while a node joins and works
 #     (once with the defaults, once with every slot open to strangers); then the issue's 20,000
@@ -17,11 +19,13 @@
 #
 # Synchronisation is by FIFOs and bounded polls of a condition (ss(8), the status JSON), never
 # by sleeping; every wait is bounded by timeout(1).
-# Usage: test_admission.sh DDPRUN DDP_RENDEZVOUS COLL_CHECK. Exit 0 pass, 1 fail, 77 skip.
+# Usage: test_admission.sh DDPRUN DDP_RENDEZVOUS COLL_CHECK [NO_NETLINK_SO]. Exit 0 pass, 1 fail,
+# 77 skip.
 set -uo pipefail
 ddprun=$(readlink -f "$1")
 rdzv=$(readlink -f "$2")
 check=$(readlink -f "$3")
+no_netlink=$([ -n "${4:-}" ] && readlink -f "$4")
 here=$(dirname "$(readlink -f "$0")")
 peer="$here/admission_peer.py"
 . "$here/netns_lib.sh"
@@ -121,6 +125,28 @@ if [ "$rcm" = 1 ] && grep -q "belongs to uid $(id -u nobody)" "$tmp/emfile.log";
   ok "EMFILE: nobody on the store's last descriptor refused ($held, the owner lookup needs no new descriptor)"
 else
   fail "EMFILE: nobody rc=$rcm '$outm' ($held); log: $(grep -v 'too many open' "$tmp/emfile.log" | head -5)"
+fi
+
+# 1b'. The kernel cannot be asked (socket(AF_NETLINK) fails): nobody and the owner refused.
+if [ -n "$no_netlink" ]; then
+  mkfifo "$tmp/nonl.port"
+  LD_PRELOAD=$no_netlink "$rdzv" serve --port 0 --token-file "$tmp/job.token" \
+    >"$tmp/nonl.port" 2>"$tmp/nonl.log" &
+  srv=$!
+  pids+=("$srv")
+  sport=$(timeout 20 head -n1 "$tmp/nonl.port")
+  outn=$(as_nobody "$py" "$peer" probe 127.0.0.1 "$sport" 2>&1)
+  rcn=$?
+  minen=$(timeout 20 python3 "$peer" probe 127.0.0.1 "$sport" 2>&1)
+  rcmine=$?
+  serve_stop
+  if [ "$rcn" = 1 ] && [ "$rcmine" = 1 ] &&
+     grep -q "its owner cannot be established" "$tmp/nonl.log"; then
+    ok "kernel cannot be asked: nobody and the owner refused (fail closed), logged"
+  else
+    fail "kernel cannot be asked: nobody rc=$rcn '$outn', owner rc=$rcmine '$minen';" \
+      "log: $(head -5 "$tmp/nonl.log")"
+  fi
 fi
 
 # ---------------------------------------------------------------------------------------------
