@@ -135,13 +135,43 @@ bool rdzv__addrset_has(const rdzv__addrset *s, const struct sockaddr *sa);
 void rdzv__addrset_free(rdzv__addrset *s);
 
 /*
+ * The kernel queries of peercred.c: two netlink sockets (NETLINK_SOCK_DIAG, NETLINK_ROUTE) kept
+ * open, so that a query never needs a new descriptor. rdzv__peercred_init() marks both closed;
+ * rdzv__peercred_open() opens them (0, or the -errno of socket(); a query retries what is not
+ * open and fails with that error); rdzv__peercred_close() closes them (accepts a closed one).
+ * Not thread-safe: one user at a time.
+ */
+typedef struct rdzv__peercred {
+    int diag_fd, route_fd; /* -1: not open */
+    uint32_t seq;          /* of the last query, to skip late answers to earlier ones */
+} rdzv__peercred;
+
+void rdzv__peercred_init(rdzv__peercred *p);
+int rdzv__peercred_open(rdzv__peercred *p);
+void rdzv__peercred_close(rdzv__peercred *p);
+
+/*
  * Finds the owner of the local TCP socket at the other end of a connection the server
  * accepted: the socket whose source is `peer` and destination `local` (the accepted socket's
- * two ends), asked of the kernel with NETLINK_SOCK_DIAG (inet_diag). Returns 0 and sets *uid;
- * -ENOENT when no such socket exists in this network namespace (the peer is on another host,
- * another namespace, or already gone); or another negative errno when the kernel cannot be
- * asked. peercred.c; does one netlink round trip.
+ * two ends), asked of the kernel with inet_diag. First an exact-match query; when it finds
+ * nothing and `search` is true, a dump of the sockets with those two ports, in the peer's
+ * family and (for IPv4) the IPv6 family, which also finds sockets bound to a device
+ * (SO_BINDTODEVICE, scoped link-local addresses) that the exact query misses. Returns 0 and
+ * sets *uid; -ENOENT when no such socket exists in this network namespace (the peer is on
+ * another host, another namespace, or already gone); -ESTALE when the socket is in TIME_WAIT
+ * (the kernel no longer records its owner); or another negative errno (-ETIMEDOUT, -EPROTO, a
+ * socket()/sendto()/recv() error) when the kernel cannot be asked. *uid is written only on
+ * success.
  */
-int rdzv__peer_uid(const struct sockaddr *peer, const struct sockaddr *local, uint32_t *uid);
+int rdzv__peer_uid(rdzv__peercred *p, const struct sockaddr *peer, const struct sockaddr *local,
+                   bool search, uint32_t *uid);
+
+/*
+ * Whether packets to the IP of `sa` (AF_INET or AF_INET6, IPv4-mapped counts as IPv4) are
+ * delivered on this host: the kernel's route lookup for it (RTM_GETROUTE) answers with a route
+ * of type local. Returns 1 (an address of this host's network namespace), 0 (routed elsewhere,
+ * or no route) or a negative errno when the kernel cannot be asked.
+ */
+int rdzv__addr_local(rdzv__peercred *p, const struct sockaddr *sa);
 
 #endif /* RDZV_AUTH_H */

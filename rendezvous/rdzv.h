@@ -129,7 +129,8 @@ typedef struct rdzv_server_options {
                                  peers outside them and not local are refused on connect */
     int allow_other_users;    /* 0: refuse connections from this host owned by a user other
                                  than the server's (and root), found with NETLINK_SOCK_DIAG
-                                 (0) */
+                                 (sockets bound to a device included, with no new descriptor
+                                 needed), and those whose owner cannot be established (0) */
     size_t max_conn_output;    /* unsent reply bytes one connection may have queued; a reply or
                                   watch notification that would queue more closes it (256 MiB) */
     size_t max_buffered_bytes; /* unsent replies and partly received requests of all
@@ -153,6 +154,24 @@ typedef struct rdzv_server_options {
                                   is built in one piece and would hold up every other client
                                   (about 20 ms per 128 Ki keys); the connection is closed with
                                   a log line, the protocol having no error reply (128 Ki) */
+    /*
+     * Connections on probation (with a token: from an address that is not loopback, this
+     * host, a job node's or allowed; see above) are the only ones a stranger can open, and
+     * these two bound them, as OpenSSH's LoginGraceTime and MaxStartups bound unauthenticated
+     * logins. The job's own connections (authenticated, local, from a node's or an allowed
+     * address) are never on probation and never subject to either.
+     */
+    int auth_timeout_s;   /* close a connection still on probation this long after its accept
+                             (it did not complete the handshake); 0: never (10) */
+    size_t max_probation; /* connections on probation at once; one more closes the oldest of
+                             them. Whenever a connection would exceed max_connections, the
+                             oldest on probation is closed for it too, so that strangers never
+                             keep the job's connections out. 0: half of max_connections, at
+                             least 1 (0); capped at max_connections */
+    size_t max_probation_per_address; /* of those, from one IP address; one more is refused
+                                         at once, so one host's flood leaves the other
+                                         strangers (a node joining) their slots, like
+                                         OpenSSH's PerSourceMaxStartups; 0: no cap (8) */
 } rdzv_server_options;
 
 /* Fills `opts` with the defaults given in brackets above. */

@@ -22,8 +22,13 @@
  *
  * Access control (a job's control plane, see rdzv-protocol(7) AUTHENTICATION) is decided in
  * two places: admit_peer() on accept (the peer's address, and the owner of a peer socket on this
- * host) and gate() before each request (what an unauthenticated connection may do). The
- * handshake's logic and the rules themselves are auth.c's; this file only applies them.
+ * host, which fails closed: see local_owner()) and gate() before each request (what an
+ * unauthenticated connection may do). The handshake's logic and the rules themselves are
+ * auth.c's, the kernel queries peercred.c's; this file only applies them. Connections on
+ * probation (strangers that may only authenticate) are kept in a FIFO, oldest first, and
+ * counted per address: the sweep closes them after auth_timeout_s, and admit() closes the
+ * oldest of them whenever max_probation or max_connections would be exceeded, so that the
+ * job's own connections are refused only when no stranger holds a slot.
  *
  * Threading: an embedded server runs on the caller's loop and is not thread-safe; like any libuv
  * program, its host should ignore SIGPIPE. A server started with rdzv_server_start() runs the
@@ -59,6 +64,15 @@
  * capacity, and freed beyond it: what idle connections keep is not counted by any cap. */
 #define KEEP_BUF_BYTES 4096
 
+#define SOURCE_BUCKETS 1024 /* of the hash table of probation connections by address */
+
+/* The connections on probation from one address, for max_probation_per_address. */
+typedef struct source {
+    uint8_t key[17]; /* family, then the IPv4 (mapped addresses: unmapped) or IPv6 address */
+    size_t n;
+    struct source *next; /* in its bucket */
+} source;
+
 typedef struct client {
     uv_tcp_t tcp;
     struct rdzv_server *srv;
@@ -68,6 +82,9 @@ typedef struct client {
     struct client *prev, *next;
     bool reading, closing;
     bool probation;       /* from an address not (yet) of the job: may only authenticate */
+    uint64_t accepted_ms; /* uv_now() at the accept: the probation deadline counts from it */
+    struct client *pprev, *pnext; /* on probation: the FIFO srv->prob_head..prob_tail */
+    source *src;                  /* on probation: its address's count */
     rdzv__auth_conn auth; /* the handshake's state; auth.state == RDZV_AUTH_DONE: authenticated */
     bool awaiting;             /* the last parse stopped inside a frame: waiting on the peer */
     uint64_t last_read_ms;     /* uv_now() of the last bytes received (or of the accept) */
@@ -113,8 +130,14 @@ struct rdzv_server {
     rdzv__cidr *allow;   /* owned, opts.nallow of them */
     rdzv__addrset nodes; /* addresses that authenticated connections came from */
     uint32_t euid;       /* the server's owner, for the other-user rule */
-    bool owner_warned;   /* logged once that a local peer's owner could not be found */
+    rdzv__peercred cred; /* the kernel queries of the other-user rule, descriptors kept open */
     uint64_t authenticated, auth_failed, refused_address, refused_user, refused_private;
+    uint64_t refused_owner;        /* from this host, owner unknown: refused (fail closed) */
+    client *prob_head, *prob_tail; /* connections on probation, oldest first */
+    size_t nprobation, max_probation;
+    source *sources[SOURCE_BUCKETS]; /* probation connections by address */
+    uint64_t auth_timeouts;          /* probation connections closed for auth_timeout_s */
+    uint64_t probation_shed; /* closed to keep max_probation(_per_address), max_connections */
     int open_handles;
     bool closing;
 
@@ -179,6 +202,9 @@ void rdzv_server_options_init(rdzv_server_options *o)
     o->request_timeout_s = 60;
     o->max_private_bytes = 128 << 20;
     o->max_list_keys = 128 << 10;
+    o->auth_timeout_s = 10;
+    o->max_probation = 0;
+    o->max_probation_per_address = 8;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -224,6 +250,98 @@ static void remember_peer(client *c, const struct sockaddr *sa)
     }
 }
 
+/* The bucket of a key of srv->sources (FNV-1a). */
+static size_t source_bucket(const uint8_t key[17])
+{
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < 17; i++)
+        h = (h ^ key[i]) * 16777619u;
+    return h % SOURCE_BUCKETS;
+}
+
+/* The key of `sa`'s address in srv->sources, and its bucket. */
+static size_t source_key(const struct sockaddr *sa, uint8_t key[17])
+{
+    memset(key, 0, 17);
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
+    if (sa->sa_family == AF_INET6 && !IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+        key[0] = 6;
+        memcpy(key + 1, &s6->sin6_addr, 16);
+    } else {
+        key[0] = 4;
+        memcpy(key + 1,
+               sa->sa_family == AF_INET6
+                   ? s6->sin6_addr.s6_addr + 12
+                   : (const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr,
+               4);
+    }
+    return source_bucket(key);
+}
+
+/*
+ * Puts `c`, from `sa`, on probation: at the tail of the server's FIFO of probation connections,
+ * counted for its address. Returns false, changing nothing, when its address already has
+ * max_probation_per_address connections on probation (or out of memory).
+ */
+static bool probation_begin(client *c, const struct sockaddr *sa)
+{
+    rdzv_server *srv = c->srv;
+    uint8_t key[17];
+    size_t b = source_key(sa, key);
+    source *s = srv->sources[b];
+    while (s && memcmp(s->key, key, sizeof(key)) != 0)
+        s = s->next;
+    size_t cap = srv->opts.max_probation_per_address;
+    if (s && cap > 0 && s->n >= cap)
+        return false;
+    if (!s) {
+        if (!(s = calloc(1, sizeof(*s))))
+            return false;
+        memcpy(s->key, key, sizeof(key));
+        s->next = srv->sources[b];
+        srv->sources[b] = s;
+    }
+    s->n++;
+    c->src = s;
+    c->probation = true;
+    c->pnext = NULL;
+    c->pprev = srv->prob_tail;
+    if (srv->prob_tail)
+        srv->prob_tail->pnext = c;
+    else
+        srv->prob_head = c;
+    srv->prob_tail = c;
+    srv->nprobation++;
+    return true;
+}
+
+/* Takes `c` off probation (it authenticated, or it closes). */
+static void probation_end(client *c)
+{
+    rdzv_server *srv = c->srv;
+    if (!c->probation)
+        return;
+    c->probation = false;
+    if (c->pprev)
+        c->pprev->pnext = c->pnext;
+    else
+        srv->prob_head = c->pnext;
+    if (c->pnext)
+        c->pnext->pprev = c->pprev;
+    else
+        srv->prob_tail = c->pprev;
+    c->pprev = c->pnext = NULL;
+    srv->nprobation--;
+    if (--c->src->n == 0) {
+        source **p = &srv->sources[source_bucket(c->src->key)];
+        while (*p != c->src)
+            p = &(*p)->next;
+        *p = c->src->next;
+        free(c->src);
+    }
+    c->src = NULL;
+}
+
 /* Closes a client: its waits are dropped now, its memory once libuv lets go of the handle. */
 static void client_close(client *c, const char *why)
 {
@@ -231,6 +349,7 @@ static void client_close(client *c, const char *why)
     if (c->closing)
         return;
     c->closing = true;
+    probation_end(c);
     if (why)
         logf_(srv, RDZV_LOG_WARN, "closing connection from %s: %s", peer_name(c), why);
     if (srv->opts.on_close && c->port > 0)
@@ -296,12 +415,38 @@ static void refuse(client *c, uint64_t *counter, const char *why)
 }
 
 /*
- * Decides on accept what a new connection may do. A peer on this host (loopback, our own
- * address, or a socket the kernel finds here) owned by another user is refused unless
- * allow_other_users; root's connections are always let in (root can read the store's memory
+ * Finds whether the peer `pa` of a connection whose local end is `la` is on this host and, if
+ * so, who owns its socket (the other-user rule). A peer is local when its address is loopback,
+ * the connection's own local address, or an address the kernel routes to this host, or when
+ * the kernel finds its socket here. The owner is then looked up so that it cannot be missed (a
+ * dump finds sockets bound to a device, see peercred.c). This fails closed: a peer known (or
+ * not known not) to be local whose owner cannot be established is an error, whatever the
+ * reason: its socket is gone or in TIME_WAIT, the kernel cannot be asked, or it does not
+ * answer. Returns 1 (local, *uid set), 0 (another host) or the negative errno of the lookup.
+ */
+static int local_owner(rdzv_server *srv, const struct sockaddr *pa, const struct sockaddr *la,
+                       uint32_t *uid)
+{
+    bool local = rdzv__addr_loopback(pa) || rdzv__addr_same(pa, la);
+    int where = local ? 1 : rdzv__addr_local(&srv->cred, pa);
+    /* Search whenever the peer may be local: known to be, or not known (where < 0). */
+    int rc = rdzv__peer_uid(&srv->cred, pa, la, where != 0, uid);
+    if (rc == 0)
+        return 1;
+    /* Routed elsewhere, or (after a search, which sees every socket here) not found. */
+    if (where == 0 || (where < 0 && rc == -ENOENT))
+        return 0;
+    return rc;
+}
+
+/*
+ * Decides on accept what a new connection may do. A peer on this host (local_owner()) owned by
+ * another user is refused unless allow_other_users, and so is one whose owner cannot be
+ * established; root's connections are always let in (root can read the store's memory
  * anyway). With a token or an allow list, a peer that is not on this host, not in `allow` and
  * not at an address a connection authenticated from is put on probation (token: it may only
- * authenticate) or refused (no token). Returns false after closing the connection.
+ * authenticate, within auth_timeout_s) or refused (no token). Returns false after closing the
+ * connection.
  */
 static bool admit_peer(rdzv_server *srv, client *c)
 {
@@ -313,18 +458,26 @@ static bool admit_peer(rdzv_server *srv, client *c)
         return false;
     }
     const struct sockaddr *pa = (const struct sockaddr *)&peer;
+    const struct sockaddr *la = (const struct sockaddr *)&local;
     bool restricted = srv->token || srv->opts.nallow > 0;
-    bool loopback = rdzv__addr_loopback(pa);
-    bool here = loopback || rdzv__addr_same(pa, (const struct sockaddr *)&local);
+    bool here = rdzv__addr_loopback(pa) || rdzv__addr_same(pa, la);
     uint32_t uid = 0;
-    int rc = -ENOENT;
-    if (!srv->opts.allow_other_users || (restricted && !here))
-        rc = rdzv__peer_uid(pa, (const struct sockaddr *)&local, &uid);
-    here = here || rc == 0;
+    char why[200];
 
-    if (here && !srv->opts.allow_other_users) {
-        if (rc == 0 && uid != srv->euid && uid != 0) {
-            char why[160];
+    if (!srv->opts.allow_other_users) {
+        int rc = local_owner(srv, pa, la, &uid);
+        if (rc < 0) {
+            snprintf(why, sizeof(why),
+                     "refused: the connection comes from this host and its owner cannot be "
+                     "established (%s), so it may be another user's",
+                     rc == -ENOENT   ? "its socket is gone"
+                     : rc == -ESTALE ? "its socket is in TIME_WAIT"
+                                     : rdzv_strerror(rc));
+            refuse(c, &srv->refused_owner, why);
+            return false;
+        }
+        here = rc == 1;
+        if (here && uid != srv->euid && uid != 0) {
             snprintf(why, sizeof(why),
                      "refused: the connecting socket belongs to uid %u, the store to uid %u "
                      "(another user of this host)",
@@ -332,13 +485,8 @@ static bool admit_peer(rdzv_server *srv, client *c)
             refuse(c, &srv->refused_user, why);
             return false;
         }
-        if (rc < 0 && !srv->owner_warned) {
-            srv->owner_warned = true;
-            logf_(srv, RDZV_LOG_WARN,
-                  "cannot find the owner of a connection from %s (sock_diag: %s): connections "
-                  "of other users of this host are not refused",
-                  peer_name(c), rdzv_strerror(rc));
-        }
+    } else if (restricted && !here) {
+        here = rdzv__peer_uid(&srv->cred, pa, la, false, &uid) == 0;
     }
     if (!restricted || here || rdzv__addrset_has(&srv->nodes, pa))
         return true;
@@ -349,7 +497,14 @@ static bool admit_peer(rdzv_server *srv, client *c)
         refuse(c, &srv->refused_address, "refused: the address is not in the allowed networks");
         return false;
     }
-    c->probation = true;
+    if (!probation_begin(c, pa)) {
+        snprintf(why, sizeof(why),
+                 "refused: %zu connections from this address are already waiting to "
+                 "authenticate (max_probation_per_address)",
+                 srv->opts.max_probation_per_address);
+        refuse(c, &srv->probation_shed, why);
+        return false;
+    }
     return true;
 }
 
@@ -404,7 +559,7 @@ static int auth_step(rdzv_server *srv, client *c, const rdzv__request *req)
             struct sockaddr_storage peer;
             int pl = sizeof(peer);
             srv->authenticated++;
-            c->probation = false;
+            probation_end(c);
             if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &pl) == 0 &&
                 !rdzv__addr_loopback((struct sockaddr *)&peer) &&
                 rdzv__addrset_add(&srv->nodes, (struct sockaddr *)&peer) == 1)
@@ -742,12 +897,32 @@ static bool shed_one(rdzv_server *srv, int err)
     return false;
 }
 
-/* Takes an accepted socket into service, or refuses it. */
+/*
+ * Closes the oldest connection on probation to make room for `what` ("a connection of the job
+ * (max_connections)"), counted in security.probation_shed and logged (rate-limited). Returns false
+ * when no connection is on probation.
+ */
+static bool evict_stranger(rdzv_server *srv, const char *what)
+{
+    if (!srv->prob_head)
+        return false;
+    char why[200];
+    snprintf(why, sizeof(why), "not authenticated, closed to make room for %s", what);
+    refuse(srv->prob_head, &srv->probation_shed, why);
+    return true;
+}
+
+/*
+ * Takes an accepted socket into service, or refuses it. Connections on probation are capped
+ * at max_probation, and the job's own may always take a stranger's slot: past either limit the
+ * oldest connection on probation is closed (evict_stranger()), so strangers never hold more
+ * than max_probation slots nor keep the job's connections out of the rest.
+ */
 static void admit(rdzv_server *srv, int fd, const struct sockaddr *peer)
 {
     /* A refusal is logged before the socket is closed, so that whoever sees the close (a test,
      * an operator) finds the line already there. */
-    if (srv->nconns >= srv->max_connections) {
+    if (srv->nconns >= srv->max_connections && srv->nprobation == 0) {
         refusal(srv, RDZV_LOG_WARN, "connection limit reached (max_connections)", true);
         close(fd);
         return;
@@ -762,7 +937,7 @@ static void admit(rdzv_server *srv, int fd, const struct sockaddr *peer)
     remember_peer(c, peer);
     rdzv__conn_init(&c->conn);
     rdzv__parser_init(&c->parser);
-    c->last_read_ms = uv_now(srv->loop);
+    c->last_read_ms = c->accepted_ms = uv_now(srv->loop);
     uv_tcp_init(srv->loop, &c->tcp);
     c->tcp.data = c;
     srv->open_handles++;
@@ -783,6 +958,19 @@ static void admit(rdzv_server *srv, int fd, const struct sockaddr *peer)
     if (!admit_peer(srv, c))
         return;
     srv->accepted++;
+    while (!c->closing &&
+           (srv->nconns > srv->max_connections || srv->nprobation > srv->max_probation)) {
+        const char *what = srv->nprobation > srv->max_probation
+                               ? "a newer unauthenticated connection (max_probation)"
+                           : c->probation ? "a newer unauthenticated connection (max_connections)"
+                                          : "a connection of the job (max_connections)";
+        if (!evict_stranger(srv, what)) {
+            refusal(srv, RDZV_LOG_WARN, "connection limit reached (max_connections)", true);
+            client_close(c, NULL);
+        }
+    }
+    if (c->closing)
+        return;
     /* TCP_NODELAY and keepalive come from the listening socket: Linux copies them to every
      * accepted socket, which saves three system calls per connection. */
     if ((rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb)) < 0) {
@@ -816,7 +1004,10 @@ static void on_listen_ready(uv_poll_t *h, int status, int events)
             continue;
         if (err == EAGAIN || err == EWOULDBLOCK)
             break;
-        if ((err == EMFILE || err == ENFILE) && shed_one(srv, err))
+        /* Out of descriptors: a stranger's descriptor is the first to go (uv_close() closes it
+         * at once), then the spare's, to refuse the connection. */
+        if ((err == EMFILE || err == ENFILE) &&
+            (evict_stranger(srv, "a descriptor (out of descriptors)") || shed_one(srv, err)))
             continue;
         if (err != EMFILE && err != ENFILE) {
             /* ENOBUFS, ENOMEM and the like: say so (once per burst) and look again later. */
@@ -829,7 +1020,8 @@ static void on_listen_ready(uv_poll_t *h, int status, int events)
 }
 
 /*
- * Closes connections past their timeouts: a request incomplete for request_timeout_s, or
+ * Closes connections past their timeouts: on probation for auth_timeout_s (oldest first, from
+ * the FIFO, so the cost is the number closed), a request incomplete for request_timeout_s, or
  * nothing received for idle_timeout_s by a connection that waits for nothing.
  */
 static void sweep_cb(uv_timer_t *t)
@@ -838,6 +1030,12 @@ static void sweep_cb(uv_timer_t *t)
     char why[96];
     lock(srv);
     uint64_t now = uv_now(srv->loop);
+    uint64_t auth_ms = (uint64_t)srv->opts.auth_timeout_s * 1000;
+    while (auth_ms && srv->prob_head && now - srv->prob_head->accepted_ms >= auth_ms) {
+        snprintf(why, sizeof(why), "did not authenticate within %d s (auth_timeout_s)",
+                 srv->opts.auth_timeout_s);
+        refuse(srv->prob_head, &srv->auth_timeouts, why);
+    }
     uint64_t req_ms = (uint64_t)srv->opts.request_timeout_s * 1000;
     uint64_t idle_ms = (uint64_t)srv->opts.idle_timeout_s * 1000;
     for (client *c = srv->clients, *next; c; c = next) {
@@ -878,6 +1076,10 @@ static char *status_json(rdzv_server *srv)
         (json_int_t)srv->opts.max_conn_output, "max_buffered_bytes",
         (json_int_t)srv->opts.max_buffered_bytes, "idle_timeout_s", srv->opts.idle_timeout_s,
         "request_timeout_s", srv->opts.request_timeout_s);
+    json_object_set_new(limits, "auth_timeout_s", json_integer(srv->opts.auth_timeout_s));
+    json_object_set_new(limits, "max_probation", json_integer((json_int_t)srv->max_probation));
+    json_object_set_new(limits, "max_probation_per_address",
+                        json_integer((json_int_t)srv->opts.max_probation_per_address));
     json_t *o =
         json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:f, s:I, s:{s:I, s:I, s:I}, s:o}", "keys",
                   (json_int_t)st->nkeys, "bytes", (json_int_t)st->bytes, "connections",
@@ -900,6 +1102,11 @@ static char *status_json(rdzv_server *srv)
                   (json_int_t)srv->auth_failed, "refused_address", (json_int_t)srv->refused_address,
                   "refused_user", (json_int_t)srv->refused_user, "refused_private",
                   (json_int_t)srv->refused_private, "nodes", (json_int_t)srv->nodes.n));
+    json_t *sec = json_object_get(o, "security");
+    json_object_set_new(sec, "refused_owner_unknown", json_integer((json_int_t)srv->refused_owner));
+    json_object_set_new(sec, "probation", json_integer((json_int_t)srv->nprobation));
+    json_object_set_new(sec, "auth_timeouts", json_integer((json_int_t)srv->auth_timeouts));
+    json_object_set_new(sec, "probation_shed", json_integer((json_int_t)srv->probation_shed));
     json_object_set_new(o, "buffered_bytes", json_integer((json_int_t)st->buffered));
     json_object_set_new(o, "memory", json_integer((json_int_t)st->memory));
     json_object_set_new(o, "private_memory", json_integer((json_int_t)st->private_memory));
@@ -974,6 +1181,7 @@ static void server_free(rdzv_server *srv)
         uv_mutex_destroy(&srv->lock);
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
+    rdzv__peercred_close(&srv->cred);
     rdzv__store_destroy(&srv->store);
     if (srv->token)
         explicit_bzero(srv->token, strlen(srv->token));
@@ -1015,6 +1223,8 @@ static int check_options(const rdzv_server_options *o)
         o->request_timeout_s < 0 || o->idle_timeout_s > INT_MAX / 1000 ||
         o->request_timeout_s > INT_MAX / 1000 || (o->token && rdzv_token_check(o->token) < 0) ||
         (o->nallow > 0 && !o->allow) || o->nallow > RDZV_ALLOW_MAX)
+        return -EINVAL;
+    if (o->auth_timeout_s < 0 || o->auth_timeout_s > INT_MAX / 1000)
         return -EINVAL;
     return 0;
 }
@@ -1186,6 +1396,7 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     srv->opts.token = NULL; /* the copy in srv->token is the one used */
     srv->opts.allow = NULL; /* parsed into srv->allow */
     srv->euid = (uint32_t)geteuid();
+    rdzv__peercred_init(&srv->cred);
     if (opts->token && !(srv->token = strdup(opts->token))) {
         rc = -ENOMEM;
         goto out;
@@ -1217,8 +1428,23 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     srv->start_ms = uv_hrtime() / 1000000;
 
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* -1: pause instead */
+    /* The owner lookups' descriptors, kept for the server's life (see peercred.c); where they
+     * cannot be opened now, each lookup tries again, and local peers are refused meanwhile. */
+    if (!opts->allow_other_users || srv->token || opts->nallow > 0) {
+        int prc = rdzv__peercred_open(&srv->cred);
+        if (prc < 0)
+            logf_(srv, RDZV_LOG_WARN,
+                  "cannot open the kernel sockets that find a local peer's owner (%s): "
+                  "connections from this host are refused until they open",
+                  rdzv_strerror(prc));
+    }
     srv->max_connections =
         opts->max_connections ? opts->max_connections : derive_max_connections(opts->fd_reserve);
+    srv->max_probation = opts->max_probation ? opts->max_probation : srv->max_connections / 2;
+    if (srv->max_probation > srv->max_connections)
+        srv->max_probation = srv->max_connections;
+    if (srv->max_probation == 0)
+        srv->max_probation = 1;
     srv->store.max_conn_output = opts->max_conn_output;
     srv->store.max_buffered = opts->max_buffered_bytes;
     srv->store.max_private_bytes = opts->max_private_bytes;
@@ -1245,6 +1471,9 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
         shortest = opts->request_timeout_s;
     if (opts->idle_timeout_s > 0 && (shortest == 0 || opts->idle_timeout_s < shortest))
         shortest = opts->idle_timeout_s;
+    if (srv->token && opts->auth_timeout_s > 0 &&
+        (shortest == 0 || opts->auth_timeout_s < shortest))
+        shortest = opts->auth_timeout_s;
     if (rc == 0 && shortest > 0) {
         uint64_t every = (uint64_t)shortest * 250; /* a quarter of it, 100 ms to 1 s */
         every = every < 100 ? 100 : every > 1000 ? 1000 : every;

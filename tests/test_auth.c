@@ -614,31 +614,97 @@ START_TEST(impostor_store_refused)
 }
 END_TEST
 
-/* The kernel's record of who owns a local socket (inet_diag), for a connection we made. */
-START_TEST(peer_owner_from_the_kernel)
+/*
+ * A loopback connection made by this process, its accepted end in *s and the client in *c;
+ * with `dev`, the client is bound to that device first (SO_BINDTODEVICE). Returns the listener.
+ */
+static int loopback_pair(const char *dev, int *c, int *s)
 {
-    int l = socket(AF_INET, SOCK_STREAM, 0), c = socket(AF_INET, SOCK_STREAM, 0);
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    *c = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     socklen_t al = sizeof a;
     ck_assert_int_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0);
     ck_assert_int_eq(listen(l, 1), 0);
     ck_assert_int_eq(getsockname(l, (struct sockaddr *)&a, &al), 0);
-    ck_assert_int_eq(connect(c, (struct sockaddr *)&a, sizeof a), 0);
-    int s = accept(l, NULL, NULL);
+    if (dev)
+        ck_assert_int_eq(setsockopt(*c, SOL_SOCKET, SO_BINDTODEVICE, dev, strlen(dev)), 0);
+    ck_assert_int_eq(connect(*c, (struct sockaddr *)&a, sizeof a), 0);
+    *s = accept(l, NULL, NULL);
+    ck_assert_int_ge(*s, 0);
+    return l;
+}
+
+/* The kernel's record of who owns a local socket (inet_diag), for a connection we made. */
+START_TEST(peer_owner_from_the_kernel)
+{
+    int c, s, l = loopback_pair(NULL, &c, &s);
     struct sockaddr_storage peer, local;
     socklen_t pl = sizeof peer, ll = sizeof local;
     getpeername(s, (struct sockaddr *)&peer, &pl);
     getsockname(s, (struct sockaddr *)&local, &ll);
+    rdzv__peercred pc;
+    rdzv__peercred_init(&pc);
+    ck_assert_int_eq(rdzv__peercred_open(&pc), 0);
     uint32_t uid = 12345;
-    ck_assert_int_eq(rdzv__peer_uid((struct sockaddr *)&peer, (struct sockaddr *)&local, &uid), 0);
+    ck_assert_int_eq(
+        rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local, false, &uid), 0);
     ck_assert_uint_eq(uid, geteuid());
+    ck_assert_int_eq(rdzv__addr_local(&pc, (struct sockaddr *)&peer), 1);
     /* No socket of this host has that source port: the peer is elsewhere (or gone). */
     ((struct sockaddr_in *)&peer)->sin_port = htons(1);
-    ck_assert_int_eq(rdzv__peer_uid((struct sockaddr *)&peer, (struct sockaddr *)&local, &uid),
-                     -ENOENT);
+    ck_assert_int_eq(
+        rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local, true, &uid),
+        -ENOENT);
+    /* An address routed away from this host (TEST-NET-3) is not local. */
+    struct sockaddr_in far = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "203.0.113.7", &far.sin_addr);
+    ck_assert_int_ge(rdzv__addr_local(&pc, (struct sockaddr *)&far), 0);
+    ck_assert_int_ne(rdzv__addr_local(&pc, (struct sockaddr *)&far), 1);
+    rdzv__peercred_close(&pc);
+    rdzv__peercred_close(&pc); /* closing twice is harmless */
     close(s);
     close(c);
+    close(l);
+}
+END_TEST
+
+/*
+ * A client bound to a device (SO_BINDTODEVICE, open to every user since Linux 5.7) is missed by
+ * the exact-match query, and found by the search; once its socket is in TIME_WAIT its owner is
+ * unknown (-ESTALE), never uid 0.
+ */
+START_TEST(peer_owner_of_a_socket_bound_to_a_device)
+{
+    int c, s, l = loopback_pair("lo", &c, &s);
+    struct sockaddr_storage peer, local;
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    getpeername(s, (struct sockaddr *)&peer, &pl);
+    getsockname(s, (struct sockaddr *)&local, &ll);
+    rdzv__peercred pc;
+    rdzv__peercred_init(&pc); /* not opened: the first query opens the sockets */
+    uint32_t uid = 12345;
+    ck_assert_int_eq(
+        rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local, false, &uid),
+        -ENOENT);
+    ck_assert_uint_eq(uid, 12345);
+    ck_assert_int_eq(
+        rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local, true, &uid), 0);
+    ck_assert_uint_eq(uid, geteuid());
+    /* The client closes first, then our end: its socket goes to TIME_WAIT. */
+    close(c);
+    char b;
+    ck_assert_int_eq(read(s, &b, 1), 0);
+    close(s);
+    int rc = -ENOENT;
+    for (int i = 0; i < 200 && rc != -ESTALE; i++) {
+        rc = rdzv__peer_uid(&pc, (struct sockaddr *)&peer, (struct sockaddr *)&local, true, &uid);
+        if (rc != -ESTALE)
+            usleep(10000); /* polling the kernel's state change, bounded */
+    }
+    ck_assert_int_eq(rc, -ESTALE);
+    rdzv__peercred_close(&pc);
     close(l);
 }
 END_TEST
@@ -686,7 +752,7 @@ static Suite *suite(void)
                 unauthenticated_client_kept_from_private_keys,
                 refusal_burst_logged_once_and_counted, wrong_token_fails_at_once_on_both_sides,
                 server_refuses_wrong_proof, impostor_store_refused, peer_owner_from_the_kernel,
-                other_user_refused);
+                peer_owner_of_a_socket_bound_to_a_device, other_user_refused);
     return s;
 }
 
