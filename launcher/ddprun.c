@@ -549,6 +549,9 @@ static int init_main(void)
     if (write(4, &err, sizeof(err)) != (ssize_t)sizeof(err) || err != 0)
         _exit(1);
     close(4);
+    if (chdir("/") != 0) {
+        /* Only so as not to hold ddprun's working directory busy: nothing to do. */
+    }
     struct pollfd p[2] = {{.fd = 3, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
     for (;;) {
         if (poll(p, 2, -1) < 0)
@@ -2838,6 +2841,7 @@ int main(int argc, char **argv)
     agent a = {0};
     a.cfg = &cfg;
     a.init_alive_fd = a.mntns_fd = a.own_pidns_fd = -1;
+    a.ns_unavailable = !cfg.pid_namespace;
     a.loop = uv_default_loop();
     a.monitor_round = -1;
     pthread_mutex_init(&a.mu, NULL);

@@ -3,10 +3,13 @@
 # and the PID namespace's init where there is one) SIGKILLed together. Each of 2 workers starts
 # a double-forked, setsid'd daemon that ignores SIGTERM and SIGHUP. Then, in turn:
 #   (a) `kill -9 $DDPRUN $(pgrep -P $DDPRUN)`: ddprun and its children, in one kill(1);
-#   (b) every process running ddprun's binary (what `pkill -9 -f ddprun` did while the guards
-#       were called ddprun), found through /proc/PID/exe, in one kill(1);
+#   (b) every process of the job running ddprun's binary (what `pkill -9 -f ddprun` did while
+#       the guards were called ddprun), found through /proc/PID/exe, in one kill(1);
 #   (c) the children first, then ddprun;
 #   (d) ddprun first, then its children (the ones that were its children before).
+# First, what the job looks like there: ddprun's children are its 2 guards and the init, which
+# `pgrep -f ddprun` does not find; each worker is in a PID namespace other than ours, where
+# /proc/$$ is its own; /dev/shm is the job's: shared by its ranks, unseen from here.
 # Every process of the job carries a marker in its environment (given to ddprun); after each
 # try, /proc is searched for it until none is left or 5 s have passed: what is left then
 # survived (and is killed). The test passes when no try left one.
@@ -22,9 +25,50 @@ if ! timeout 10 unshare --pid --fork --mount-proc true 2>/dev/null; then
   exit 77
 fi
 
-mark=ddprun-containment-$$-$RANDOM
+mark=contain-test-$$-$RANDOM
 none_marked() { [ -z "$(marked "DDPRUN_CONTAIN_MARK=$mark.$1")" ]; }
 cleanup_hook() { for ((i = 0; i < tries; i++)); do marked "DDPRUN_CONTAIN_MARK=$mark.$i" | xargs -r kill -KILL 2>/dev/null; done; }
+
+# view.sh DIR MARK: writes "PIDNS OWN SHARED" to DIR/view.RANK, then sleeps.
+cat >"$tmp/view.sh" <<'EOF'
+dir=$1 mark=$2
+own=no
+[ "$(cut -d' ' -f1 /proc/$$/stat)" = $$ ] && grep -qa view.sh /proc/$$/cmdline && own=yes
+touch "/dev/shm/$mark.$RANK"
+n=0
+until [ -e "/dev/shm/$mark.0" ] && [ -e "/dev/shm/$mark.1" ]; do
+  n=$((n + 1)); [ $n -gt 1000 ] && break; sleep 0.01
+done
+shared=no
+[ -e "/dev/shm/$mark.0" ] && [ -e "/dev/shm/$mark.1" ] && shared=yes
+echo "$(readlink /proc/self/ns/pid) $own $shared" >"$dir/view.tmp.$RANK"
+mv "$dir/view.tmp.$RANK" "$dir/view.$RANK"
+exec sleep 300
+EOF
+"$ddprun" --standalone --nproc-per-node 2 sh "$tmp/view.sh" "$tmp" "$mark" >"$tmp/out.view" 2>&1 &
+dp=$!
+pids+=("$dp")
+if wait_for 30 test -e "$tmp/view.0" -a -e "$tmp/view.1"; then
+  names=$(ps -o comm= --ppid "$dp" | sort | tr '\n' ' ')
+  found=$(pgrep -f ddprun | grep -xF "$(pgrep -P "$dp")")
+  ours=$(readlink /proc/self/ns/pid)
+  read -r ns0 own0 shared0 <"$tmp/view.0"
+  read -r ns1 own1 shared1 <"$tmp/view.1"
+  seen=$(ls /dev/shm | grep -cF "$mark")
+  if [ "$names" = "ddp-guard ddp-guard ddp-init " ] && [ -z "$found" ] && [ "$ns0" = "$ns1" ] &&
+     [ "$ns0" != "$ours" ] && [ "$own0 $own1 $shared0 $shared1" = "yes yes yes yes" ] &&
+     [ "$seen" = 0 ]; then
+    ok "the job: ddprun's children ddp-guard x2 and ddp-init, none found by pgrep -f ddprun; the workers in a PID namespace ($ns0, ours $ours) with its /proc and a /dev/shm of the job's"
+  else
+    fail "the job: children '$names' (pgrep -f ddprun finds '$found'); workers' PID namespaces $ns0 $ns1 (ours $ours), /proc/\$\$ their own: $own0 $own1, /dev/shm shared: $shared0 $shared1, seen here: $seen"
+  fi
+else
+  fail "the job's workers did not start: $(cat "$tmp/out.view")"
+fi
+rm -f /dev/shm/"$mark".*
+kill -TERM "$dp"
+wait_for 10 test ! -e /proc/"$dp"/stat || kill -KILL "$dp"
+wait "$dp" 2>/dev/null
 
 # worker.sh DIR TRY: starts the daemon, waits for its pid file, says it is up, and sleeps.
 cat >"$tmp/worker.sh" <<'EOF'
@@ -39,12 +83,11 @@ touch "$dir/up.$try.$RANK"
 exec sleep 300
 EOF
 
-# The pids of every process running ddprun's binary.
-ddprun_procs() {
-  local e p
-  for e in /proc/[0-9]*/exe; do
-    [ "$(readlink "$e" 2>/dev/null)" = "$ddprun" ] || continue
-    p=${e#/proc/}; echo "${p%/exe}"
+# The processes of try $1 running ddprun's binary (of this job only: other tests may run it).
+ddprun_procs() { # try
+  local p
+  for p in $(marked "DDPRUN_CONTAIN_MARK=$mark.$1"); do
+    [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$ddprun" ] && echo "$p"
   done
 }
 
@@ -61,12 +104,13 @@ for ((i = 0; i < tries; i++)); do
     continue
   fi
   kids=$(pgrep -P "$dp" | tr '\n' ' ')
+  # (Processes the kernel killed first are gone by the time kill(1) gets to them: ESRCH.)
   case $way in
     a) kill -KILL "$dp" $kids ;;
-    b) kill -KILL $(ddprun_procs) ;;
+    b) kill -KILL $(ddprun_procs "$i") ;;
     c) kill -KILL $kids; kill -KILL "$dp" ;;
-    d) kill -KILL "$dp"; kill -KILL $kids 2>/dev/null ;;
-  esac
+    d) kill -KILL "$dp"; kill -KILL $kids ;;
+  esac 2>/dev/null
   wait "$dp" 2>/dev/null
   if ! wait_for 5 none_marked "$i"; then
     s=$(marked "DDPRUN_CONTAIN_MARK=$mark.$i")
@@ -80,5 +124,5 @@ if [ $left = 0 ]; then
 else
   fail "ddprun and its helpers SIGKILLed together: survivors in $left of $tries tries"
 fi
-echo "$((1 - fails)) passed, $fails failed"
+echo "$((2 - fails)) passed, $fails failed"
 [ $fails = 0 ]

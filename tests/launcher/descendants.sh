@@ -10,10 +10,12 @@
 #       namespace, to its init, which kills them.
 # "Gone" is checked within a bound (polling): a zombie counts as gone, since a process that was
 # reparented to an init that does not reap may stay one. The processes are found through a marker
-# in their environment. Usage: descendants.sh DDPRUN.
+# in their environment. Usage: descendants.sh DDPRUN [OPTION...]: the options go to every ddprun
+# (--no-pid-namespace: the guards and ddprun alone clean up, as where no namespace is permitted).
 # Exit 0 pass, 1 fail.
 set -uo pipefail
 ddprun=$(readlink -f "$1")
+opts=("${@:2}")
 . "$(dirname "$0")/lib.sh"
 
 # Each case's processes carry CASE_MARK=$mark.<case> in their environment (given to ddprun): the
@@ -62,7 +64,7 @@ esac
 EOF
 
 # (a) The workers finish while their daemons live on.
-timeout 60 env CASE_MARK="$mark.a" "$ddprun" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" a exit "$tmp" >"$tmp/oa" 2>&1
+timeout 60 env CASE_MARK="$mark.a" "$ddprun" "${opts[@]}" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" a exit "$tmp" >"$tmp/oa" 2>&1
 rc=$?
 if [ $rc = 0 ] && [ -e "$tmp/pid.a.1.b" ] && wait_for 5 none_left a; then
   ok "(a) ddprun exited normally: no daemon left"
@@ -71,7 +73,7 @@ else
 fi
 
 # (b) ddprun SIGKILLed while the workers and their daemons run.
-env CASE_MARK="$mark.b" "$ddprun" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" b sleep "$tmp" >"$tmp/ob" 2>&1 &
+env CASE_MARK="$mark.b" "$ddprun" "${opts[@]}" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" b sleep "$tmp" >"$tmp/ob" 2>&1 &
 dp=$!
 if wait_for 30 test -e "$tmp/up.b.0" -a -e "$tmp/up.b.1"; then
   kill -KILL $dp
@@ -87,7 +89,7 @@ else
 fi
 
 # (c) Rank 1 fails: rank 0 is stopped, and everything both started goes.
-timeout 60 env CASE_MARK="$mark.c" "$ddprun" --standalone --nproc-per-node 2 --shutdown-timeout 2 sh "$tmp/worker.sh" c fail-rank1 "$tmp" >"$tmp/oc" 2>&1
+timeout 60 env CASE_MARK="$mark.c" "$ddprun" "${opts[@]}" --standalone --nproc-per-node 2 --shutdown-timeout 2 sh "$tmp/worker.sh" c fail-rank1 "$tmp" >"$tmp/oc" 2>&1
 rc=$?
 if [ $rc = 3 ] && [ -e "$tmp/pid.c.0.a" ] && wait_for 5 none_left c; then
   ok "(c) a worker failed: no daemon left"
@@ -97,7 +99,7 @@ fi
 
 # (d) A guard SIGKILLed: its worker dies of SIGKILL (its parent-death signal), the job fails, and
 #     what that worker started is gone once ddprun has exited.
-env CASE_MARK="$mark.d" "$ddprun" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" d sleep "$tmp" >"$tmp/od" 2>&1 &
+env CASE_MARK="$mark.d" "$ddprun" "${opts[@]}" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" d sleep "$tmp" >"$tmp/od" 2>&1 &
 dp=$!
 if wait_for 30 test -e "$tmp/up.d.0" -a -e "$tmp/up.d.1"; then
   kill -KILL "$(guards_of $dp | head -1)"
