@@ -1396,7 +1396,9 @@ static void init_exited(uv_process_t *p, int64_t status, int term_signal)
     if (p == a->init_proc) {
         char how[48];
         describe_exit(term_signal ? -term_signal : (int)status, how, sizeof(how));
-        say("the workers' PID namespace ended: its init (pid %d, " INIT_NAME ") %s", p->pid, how);
+        say("the workers' PID namespace ended with its init (pid %d, " INIT_NAME "): %s; the next "
+            "workers start in a new one",
+            p->pid, how);
         job_ns_end(a);
     }
     uv_close((uv_handle_t *)p, init_closed);
@@ -1445,7 +1447,7 @@ static int job_ns_start(agent *a)
     p->data = a;
     int rc = uv_spawn(a->loop, p, &o);
     if (rc < 0) {
-        free(p);
+        uv_close((uv_handle_t *)p, init_closed); /* uv_spawn() initialised it all the same */
         p = NULL;
         err = -rc;
         goto out;
@@ -1463,12 +1465,11 @@ static int job_ns_start(agent *a)
     if (err == 0 && (a->mntns_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         err = errno;
 out:
-    for (int i = 0; i < 2; i++) {
-        if (ready[i] >= 0)
-            close(ready[i]);
-        if (i == 0 && alive[i] >= 0)
-            close(alive[i]);
-    }
+    /* The init holds its own ends; ddprun keeps alive[1], while the init shall live. */
+    int ends[] = {alive[0], ready[0], ready[1]};
+    for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++)
+        if (ends[i] >= 0)
+            close(ends[i]);
     if (err == 0) {
         a->init_alive_fd = alive[1];
         a->init_proc = p;
