@@ -1909,7 +1909,9 @@ static void drain_timer_cb(uv_timer_t *t)
  * A round is over once every worker has exited and its output has been relayed. The guards kill
  * every descendant of their workers before they exit; what a guard that was itself killed left
  * behind was reparented to ddprun (a subreaper), and goes now: with every guard reaped, each
- * child ddprun still has is such a stray. Pipes that outlive even that (an end passed to a
+ * child ddprun still has is such a stray. In a PID namespace the strays went to its init
+ * instead, which ddprun asks to kill them (and which has killed them already when their worker
+ * died: init_main()). Pipes that outlive even that (an end passed to a
  * process outside the tree) are closed after a second, and pipes whose reading waits for a
  * console that took nothing for stall_ms() (stalled) are too.
  */
