@@ -30,15 +30,4 @@ wait_for() { # seconds command...: polls until the command succeeds
 guards_of() { pgrep -P "$1" -x ddp-guard; }
 # The workers named NAME of ddprun PID: the children of its guards.
 workers_of() { local g; for g in $(guards_of "$1"); do pgrep -P "$g" -x "$2"; done; }
-# The live processes (zombies are gone) whose environment holds NAME=VALUE: a marker given to
-# ddprun, which reaches every process of its job whatever its PID namespace.
-marked() { # NAME=VALUE
-  local e p st out=""
-  for e in /proc/[0-9]*/environ; do
-    grep -qzxF "$1" "$e" 2>/dev/null || continue
-    p=${e#/proc/}; p=${p%/environ}
-    st=$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null) || continue
-    [ "$st" = Z ] || out+="$p "
-  done
-  echo "$out"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/marked.sh" # marked NAME=VALUE
