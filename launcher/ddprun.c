@@ -1465,11 +1465,13 @@ static int job_ns_start(agent *a)
     if (err == 0 && (a->mntns_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         err = errno;
 out:
-    /* The init holds its own ends; ddprun keeps alive[1], while the init shall live. */
-    int ends[] = {alive[0], ready[0], ready[1]};
-    for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++)
-        if (ends[i] >= 0)
-            close(ends[i]);
+    /* The init has its own copies; ddprun keeps alive[1] for as long as the init shall live. */
+    if (alive[0] >= 0)
+        close(alive[0]);
+    if (ready[0] >= 0)
+        close(ready[0]);
+    if (ready[1] >= 0)
+        close(ready[1]);
     if (err == 0) {
         a->init_alive_fd = alive[1];
         a->init_proc = p;
