@@ -1413,8 +1413,8 @@ static void init_exited(uv_process_t *p, int64_t status, int term_signal)
  * thread, whose pid_ns_for_children it sets.
  *
  * Returns 0, with a->init_proc set, or a negative errno (-EPERM: not permitted, -EINVAL: no PID
- * namespaces in this kernel, or what the init's setup failed with), with the guards left to
- * start in ddprun's own namespace.
+ * namespaces in this kernel, or what the init's setup failed with, which it says), with the
+ * guards left to start in ddprun's own namespace.
  */
 static int job_ns_start(agent *a)
 {
@@ -1423,7 +1423,10 @@ static int job_ns_start(agent *a)
     if (a->own_pidns_fd < 0 &&
         (a->own_pidns_fd = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC)) < 0)
         return -errno;
-    if (unshare(CLONE_NEWPID) != 0)
+    /* Only where ddprun can come back to its own namespace, should the new one fail or end
+     * (setns() needs CAP_SYS_ADMIN in the user namespace owning ddprun's: not so for root in a
+     * user namespace of its own, where unshare() still works): else forks fail from then on. */
+    if (setns(a->own_pidns_fd, CLONE_NEWPID) != 0 || unshare(CLONE_NEWPID) != 0)
         return -errno;
     if (pipe2(alive, O_CLOEXEC) != 0 || pipe2(ready, O_CLOEXEC) != 0) {
         err = errno;
@@ -1485,6 +1488,10 @@ out:
         close(a->mntns_fd);
     a->mntns_fd = -1;
     setns(a->own_pidns_fd, CLONE_NEWPID);
+    /* Unlike a refused unshare() (an unprivileged user, as documented), this is unexpected. */
+    say("cannot set up the workers' PID namespace: %s; they start in ddprun's own (see PROCESS "
+        "CONTAINMENT in ddprun(1))",
+        strerror(err));
     return -err;
 }
 
