@@ -15,11 +15,15 @@
  * heartbeat to stop, and wakes the loop with uv_async_send().
  *
  * Each worker runs in its own session and process group, so signals reach its children too.
- * Workers are started through a small guard (this same binary, re-executed; shim_main()) that
- * stays as the worker's parent: a child subreaper that forwards ddprun's signals and, once the
- * worker has exited or ddprun has died (its parent-death signal), kills every descendant left,
- * double-forked and setsid()'d daemons included. ddprun is a child subreaper as well, and kills
- * whatever reaches it from a guard that was itself killed.
+ * Workers are started through a small guard (this same binary, re-executed as "ddp-guard";
+ * shim_main()) that stays as the worker's parent: a child subreaper that forwards ddprun's
+ * signals and, once the worker has exited or ddprun has died (its parent-death signal), kills
+ * every descendant left, double-forked and setsid()'d daemons included. Where ddprun may create
+ * namespaces (CAP_SYS_ADMIN), the guards and workers of a node live in a PID namespace of their
+ * own whose init ("ddp-init", init_main()) dies with ddprun, so that the kernel kills every
+ * process in it however ddprun and the guards die, together included (job_ns_start()).
+ * Elsewhere ddprun is a child subreaper as well, and kills whatever reaches it from a guard that
+ * was itself killed; nothing cleans up when ddprun and a guard die at once.
  *
  * Worker output goes to the console through console.c's bounded, non-blocking queues: when a
  * console stops taking output, reading stops for the workers that write to it (back-pressure)
@@ -55,17 +59,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
+#include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
-#define SHIM_FLAG "--ddprun-exec-shim"
+/* ddprun's helper processes: this binary re-executed under these names (argv[0], and the name
+ * ps and pgrep match, PR_SET_NAME), which do not contain "ddprun", so that `pkill ddprun` or
+ * `pgrep -f ddprun` find the agent alone. */
+#define GUARD_NAME "ddp-guard"
+#define INIT_NAME "ddp-init"
 #define PROG "ddprun"
 #define HEARTBEAT_MS 250 /* the monitor's slice: it looks at failures, beats and joiners */
 #define MEMBERSHIP_CHANGE "nodes are waiting to join"
@@ -321,16 +335,40 @@ static char **guard_read_env(int fd)
 }
 
 /*
- * argv: ddprun --ddprun-exec-shim PARENT_PID program args...; fd 3: a memfd holding the worker's
- * environment (NUL-separated), into which the worker writes its pid before it execs.
+ * Joins the job's mount namespace (fd 4, in a PID namespace of ddprun's: job_ns_start()), where
+ * /proc shows the job's PID namespace and /dev/shm is the job's. setns() moves the working
+ * directory to the namespace's root: it goes back to the same path (which the namespace, a copy
+ * of ddprun's, has too). Returns 0, or -1 with errno set.
+ */
+static int guard_join_mounts(int fd)
+{
+    char *cwd = getcwd(NULL, 0);
+    int rc = setns(fd, CLONE_NEWNS);
+    if (rc == 0 && cwd && chdir(cwd) != 0)
+        rc = -1;
+    int e = errno;
+    free(cwd);
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+/*
+ * argv: ddp-guard PARENT_PID program args...; fd 3: a memfd holding the worker's environment
+ * (NUL-separated), into which the worker writes its pid before it execs. In a PID namespace of
+ * ddprun's, PARENT_PID is 0 and fd 4 is the job's mount namespace.
  *
  * ddprun starts each worker through this guard (already in a session and process group of its
  * own), which stays as the worker's parent instead of exec'ing: ddprun's environment stays the
  * one its workers' parent shows, while the worker gets its own. The guard
+ *   - names itself GUARD_NAME, so that `pkill ddprun` spares it;
  *   - is a child subreaper, so whatever the worker double-forks or setsid()s ends up below it;
- *   - asks for GUARD_KILL_SIG when ddprun dies (and checks ddprun did not die before that);
+ *   - asks for GUARD_KILL_SIG when ddprun dies (and checks ddprun did not die before that: in a
+ *     PID namespace, where ddprun is outside and getppid() is 0, the namespace's init checks);
+ *   - joins the job's mount namespace, if given one (guard_join_mounts());
  *   - vfork()s the worker, which setsid()s (its own session and process group, as a worker
- *     always had), asks for SIGKILL when the guard dies, and execs the program;
+ *     always had), asks for SIGKILL when the guard dies, writes its pid as ddprun sees it (read
+ *     through ddprun's /proc) into the memfd, and execs the program;
  *   - forwards every signal ddprun sends (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
  *     SIGCONT) to
  *     the worker's process group, and on GUARD_KILL_SIG SIGKILLs it;
@@ -341,7 +379,7 @@ static char **guard_read_env(int fd)
  */
 static int shim_main(int argc, char **argv)
 {
-    if (argc < 4)
+    if (argc < 3)
         return 127;
     sigset_t set, old;
     sigemptyset(&set);
@@ -351,11 +389,23 @@ static int shim_main(int argc, char **argv)
         sigaddset(&set, handled[i]);
     sigaddset(&set, GUARD_KILL_SIG);
     sigprocmask(SIG_BLOCK, &set, &old);
+    prctl(PR_SET_NAME, GUARD_NAME);
 
-    pid_t parent = (pid_t)strtol(argv[2], NULL, 10);
+    /* 0 in a PID namespace of ddprun's: ddprun is outside, where getppid() says 0 as well. */
+    pid_t parent = (pid_t)strtol(argv[1], NULL, 10);
+    bool in_ns = parent == 0;
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0 || prctl(PR_SET_PDEATHSIG, GUARD_KILL_SIG) != 0 ||
         getppid() != parent)
         _exit(128 + SIGKILL);
+    /* ddprun's /proc, where the worker finds its pid as ddprun knows it. */
+    int procfd = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (in_ns && guard_join_mounts(4) != 0) {
+        char when[32];
+        format_time(wall_now_s(), when, sizeof(when));
+        fprintf(stderr, "[%s] " PROG ": cannot start '%s': joining the job's mounts: %s\n", when,
+                argv[2], strerror(errno));
+        return 127;
+    }
     fcntl(3, F_SETFD, FD_CLOEXEC);
     char **env = guard_read_env(3);
     if (env)
@@ -371,7 +421,7 @@ static int shim_main(int argc, char **argv)
     if (g.worker < 0) {
         char when[32];
         format_time(wall_now_s(), when, sizeof(when));
-        fprintf(stderr, "[%s] " PROG ": cannot start '%s': %s\n", when, argv[3], strerror(errno));
+        fprintf(stderr, "[%s] " PROG ": cannot start '%s': %s\n", when, argv[2], strerror(errno));
         return 127;
     }
     if (g.worker == 0) {
@@ -381,24 +431,31 @@ static int shim_main(int argc, char **argv)
             _exit(128 + SIGKILL);
         /* The worker's pid goes into the memfd before the program runs, so that ddprun names it
          * from the first line the program writes (the guard itself may not run again for a
-         * while). Only system calls: no stdio after vfork(). */
+         * while): as ddprun's /proc has it, which in a PID namespace getpid() does not say.
+         * Only system calls: no stdio after vfork(). */
         char pid[16];
-        size_t pl = 0;
-        for (unsigned long v = (unsigned long)getpid(); v || pl == 0; v /= 10)
-            pid[sizeof(pid) - ++pl] = (char)('0' + v % 10);
-        if (ftruncate(3, 0) != 0 || pwrite(3, pid + sizeof(pid) - pl, pl, 0) != (ssize_t)pl) {
+        ssize_t pl = procfd >= 0 ? readlinkat(procfd, "self", pid, sizeof(pid)) : -1;
+        if (pl <= 0 || pl == (ssize_t)sizeof(pid)) {
+            pl = 0;
+            for (unsigned long v = (unsigned long)getpid(); v || pl == 0; v /= 10)
+                pid[sizeof(pid) - ++pl] = (char)('0' + v % 10);
+            memmove(pid, pid + sizeof(pid) - pl, (size_t)pl);
+        }
+        if (ftruncate(3, 0) != 0 || pwrite(3, pid, (size_t)pl, 0) != pl) {
             /* Nothing to do: ddprun then names the guard's pid instead of the worker's. */
         }
-        execvp(argv[3], argv + 3);
+        execvp(argv[2], argv + 2);
         exec_errno = errno;
         _exit(errno == ENOENT ? 127 : 126);
     }
     if (exec_errno) {
         char when[32];
         format_time(wall_now_s(), when, sizeof(when));
-        fprintf(stderr, "[%s] " PROG ": cannot execute '%s': %s\n", when, argv[3],
+        fprintf(stderr, "[%s] " PROG ": cannot execute '%s': %s\n", when, argv[2],
                 strerror(exec_errno));
     }
+    if (procfd >= 0)
+        close(procfd);
     close(3);
 
     bool kill_all = false;
@@ -435,6 +492,77 @@ static int shim_main(int argc, char **argv)
         _exit(128 + sig);
     }
     _exit(WIFEXITED(g.status) ? WEXITSTATUS(g.status) : 1);
+}
+
+/*
+ * Mounts a tmpfs of the job's on /dev/shm, as large as the one it covers, when that is a tmpfs.
+ * Returns 0 (done, or nothing to do), or an errno value.
+ */
+static int init_mount_shm(void)
+{
+    struct statfs sf;
+    if (statfs("/dev/shm", &sf) != 0 || sf.f_type != TMPFS_MAGIC)
+        return 0;
+    char opts[64];
+    snprintf(opts, sizeof(opts), "mode=1777,size=%llu",
+             (unsigned long long)sf.f_blocks * (unsigned long long)sf.f_bsize);
+    return mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0 ? 0 : errno;
+}
+
+/*
+ * argv: ddp-init; fd 3: the read end of a pipe whose write end ddprun alone holds; fd 4: the
+ * write end of a pipe on which the init reports its setup, an int: 0, or an errno value.
+ *
+ * The init (PID 1) of the PID namespace in which ddprun starts a node's guards and workers
+ * (job_ns_start()). When the init of a PID namespace dies, whatever killed it, the kernel
+ * SIGKILLs every process in the namespace, and no process can leave it; this init dies with
+ * ddprun: its parent-death signal is SIGKILL, and it exits when the pipe on fd 3 reaches its end
+ * (for a ddprun that died before the prctl). It
+ *   - makes the job's mounts: a copy of ddprun's that receives later mounts and sends none,
+ *     with /proc showing this PID namespace (so that the pid a worker's getpid() returns names
+ *     its own /proc entry), and /dev/shm a tmpfs of the job's, as large as the host's (names
+ *     built from pids, which every PID namespace reuses, then never meet another job's);
+ *   - adopts what a guard that was itself killed left behind, and kills it: on SIGCHLD (the
+ *     guard's worker died of its parent-death signal) and on SIGUSR1 (ddprun's round is over) it
+ *     SIGKILLs all its children, which are all such orphans (the guards are ddprun's children);
+ *   - reaps them, and takes no other signal: all stay blocked (a terminal's SIGINT does not
+ *     reach it anyway: it has a session of its own).
+ */
+static int init_main(void)
+{
+    prctl(PR_SET_NAME, INIT_NAME);
+    sigset_t all, want;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, NULL);
+    sigemptyset(&want);
+    sigaddset(&want, SIGCHLD);
+    sigaddset(&want, SIGUSR1);
+    int sfd = signalfd(-1, &want, SFD_CLOEXEC);
+    int err = 0;
+    if (getpid() != 1)
+        err = EINVAL;
+    else if (sfd < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || unshare(CLONE_NEWNS) != 0 ||
+             mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0 ||
+             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+        err = errno;
+    else
+        err = init_mount_shm();
+    if (write(4, &err, sizeof(err)) != (ssize_t)sizeof(err) || err != 0)
+        _exit(1);
+    close(4);
+    if (chdir("/") != 0) {
+        /* Only so as not to hold ddprun's working directory busy: nothing to do. */
+    }
+    struct pollfd p[2] = {{.fd = 3, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+    for (;;) {
+        if (poll(p, 2, -1) < 0)
+            continue; /* EINTR: nothing is handled, but a stop and continue may still cause it */
+        if (p[0].revents)
+            _exit(0);
+        struct signalfd_siginfo si;
+        if (p[1].revents && read(sfd, &si, sizeof(si)) > 0)
+            kill_descendants(true, NULL, NULL);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -569,6 +697,13 @@ typedef struct agent {
     int remote_round;               /* the round remote_failure belongs to */
     closed_peer closed[MAX_CLOSED]; /* store connections that closed (ring; under mu) */
     uint64_t nclosed, closed_seen;  /* ring positions: written, looked at by the monitor */
+
+    /* The workers' PID namespace (job_ns_start()) */
+    uv_process_t *init_proc; /* its init, while it runs (freed once closed); NULL: none */
+    int init_alive_fd;       /* the pipe's write end the init watches; -1 */
+    int mntns_fd;            /* the init's mount namespace, for the guards to join; -1 */
+    int own_pidns_fd;        /* ddprun's own PID namespace, to go back to; -1 */
+    bool ns_unavailable;     /* no PID namespace can be had: the guards contain the workers */
 } agent;
 
 static void die_oom(void)
@@ -1223,6 +1358,143 @@ static void stop_workers(agent *a)
 
 static void on_worker_exit(uv_process_t *p, int64_t status, int term_signal);
 
+/* This program's path, for re-executing it as a guard or an init. */
+static void self_exe(char *self, size_t n)
+{
+    ssize_t sl = readlink("/proc/self/exe", self, n - 1);
+    if (sl <= 0)
+        snprintf(self, n, "%s", "/proc/self/exe");
+    else
+        self[sl] = '\0';
+}
+
+/* Leaves the workers' PID namespace: guards start in ddprun's own again, until job_ns_start(). */
+static void job_ns_end(agent *a)
+{
+    if (a->mntns_fd >= 0)
+        close(a->mntns_fd);
+    if (a->init_alive_fd >= 0)
+        close(a->init_alive_fd);
+    a->mntns_fd = a->init_alive_fd = -1;
+    a->init_proc = NULL;
+    if (setns(a->own_pidns_fd, CLONE_NEWPID) != 0)
+        a->ns_unavailable = true; /* cannot happen: it was ours, and we may unshare */
+}
+
+static void init_closed(uv_handle_t *h)
+{
+    free(h);
+}
+
+/*
+ * The init of the workers' PID namespace exited: if it was not ddprun's doing, every guard and
+ * worker in the namespace has been killed with it. The next round starts a new namespace.
+ */
+static void init_exited(uv_process_t *p, int64_t status, int term_signal)
+{
+    agent *a = p->data;
+    if (p == a->init_proc) {
+        char how[48];
+        describe_exit(term_signal ? -term_signal : (int)status, how, sizeof(how));
+        say("the workers' PID namespace ended with its init (pid %d, " INIT_NAME "): %s; the next "
+            "workers start in a new one",
+            p->pid, how);
+        job_ns_end(a);
+    }
+    uv_close((uv_handle_t *)p, init_closed);
+}
+
+/*
+ * Starts the guards and workers ddprun spawns from now on in a new PID namespace, whose init
+ * (init_main(), PID 1 there) dies with ddprun: then the kernel kills every process in it,
+ * however ddprun and the guards died, together or one by one. The namespace has mounts of its
+ * own, which the guards join (fd 4) before they start their workers: /proc and /dev/shm are the
+ * job's. Needs CAP_SYS_ADMIN (unshare(CLONE_NEWPID), mounting /proc); on the agent's loop
+ * thread, whose pid_ns_for_children it sets.
+ *
+ * Returns 0, with a->init_proc set, or a negative errno (-EPERM: not permitted, -EINVAL: no PID
+ * namespaces in this kernel, or what the init's setup failed with, which it says), with the
+ * guards left to start in ddprun's own namespace.
+ */
+static int job_ns_start(agent *a)
+{
+    int alive[2] = {-1, -1}, ready[2] = {-1, -1}, err = EPIPE;
+    uv_process_t *p = NULL;
+    if (a->own_pidns_fd < 0 &&
+        (a->own_pidns_fd = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC)) < 0)
+        return -errno;
+    /* Only where ddprun can come back to its own namespace, should the new one fail or end
+     * (setns() needs CAP_SYS_ADMIN in the user namespace owning ddprun's: not so for root in a
+     * user namespace of its own, where unshare() still works): else forks fail from then on. */
+    if (setns(a->own_pidns_fd, CLONE_NEWPID) != 0 || unshare(CLONE_NEWPID) != 0)
+        return -errno;
+    if (pipe2(alive, O_CLOEXEC) != 0 || pipe2(ready, O_CLOEXEC) != 0) {
+        err = errno;
+        goto out;
+    }
+    char self[PATH_MAX];
+    self_exe(self, sizeof(self));
+    char *args[] = {INIT_NAME, NULL};
+    uv_stdio_container_t io[5] = {{.flags = UV_IGNORE},
+                                  {.flags = UV_IGNORE},
+                                  {.flags = UV_IGNORE},
+                                  {.flags = UV_INHERIT_FD, .data.fd = alive[0]},
+                                  {.flags = UV_INHERIT_FD, .data.fd = ready[1]}};
+    uv_process_options_t o = {.file = self,
+                              .args = args,
+                              .exit_cb = init_exited,
+                              .flags = UV_PROCESS_DETACHED,
+                              .stdio_count = 5,
+                              .stdio = io};
+    p = xcalloc(1, sizeof(*p));
+    p->data = a;
+    int rc = uv_spawn(a->loop, p, &o);
+    if (rc < 0) {
+        uv_close((uv_handle_t *)p, init_closed); /* uv_spawn() initialised it all the same */
+        p = NULL;
+        err = -rc;
+        goto out;
+    }
+    uv_unref((uv_handle_t *)p); /* it lasts as long as ddprun: no reason to run the loop */
+    close(ready[1]);
+    ready[1] = -1;
+    ssize_t k;
+    while ((k = read(ready[0], &err, sizeof(err))) < 0 && errno == EINTR)
+        ;
+    if (k != (ssize_t)sizeof(err))
+        err = EPIPE; /* the init died before it could say */
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/ns/mnt", p->pid);
+    if (err == 0 && (a->mntns_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        err = errno;
+out:
+    /* The init has its own copies; ddprun keeps alive[1] for as long as the init shall live. */
+    if (alive[0] >= 0)
+        close(alive[0]);
+    if (ready[0] >= 0)
+        close(ready[0]);
+    if (ready[1] >= 0)
+        close(ready[1]);
+    if (err == 0) {
+        a->init_alive_fd = alive[1];
+        a->init_proc = p;
+        return 0;
+    }
+    if (alive[1] >= 0)
+        close(alive[1]); /* the init, if any, exits; init_exited() closes its handle */
+    if (p)
+        kill(p->pid, SIGKILL);
+    if (a->mntns_fd >= 0)
+        close(a->mntns_fd);
+    a->mntns_fd = -1;
+    setns(a->own_pidns_fd, CLONE_NEWPID);
+    /* Unlike a refused unshare() (an unprivileged user, as documented), this is unexpected. */
+    say("cannot set up the workers' PID namespace: %s; they start in ddprun's own (see PROCESS "
+        "CONTAINMENT in ddprun(1))",
+        strerror(err));
+    return -err;
+}
+
 /* Builds the command: python3 -u script, python3 -u -m module, or the program itself (options.c
  * chose which). */
 static char **worker_argv(agent *a, int *argc_out)
@@ -1342,13 +1614,12 @@ static int spawn_worker(agent *a, worker *w)
     int argc;
     char **cmd = worker_argv(a, &argc);
     char parent[32];
-    snprintf(parent, sizeof(parent), "%d", (int)getpid());
-    char **args = xcalloc((size_t)argc + 4, sizeof(char *));
-    args[0] = PROG;
-    args[1] = SHIM_FLAG;
-    args[2] = parent;
+    snprintf(parent, sizeof(parent), "%d", a->init_proc ? 0 : (int)getpid());
+    char **args = xcalloc((size_t)argc + 3, sizeof(char *));
+    args[0] = GUARD_NAME;
+    args[1] = parent;
     for (int i = 0; i < argc; i++)
-        args[3 + i] = cmd[i];
+        args[2 + i] = cmd[i];
 
     /* The worker's environment goes to the guard through a memfd (its fd 3): the guard itself
      * runs with ddprun's, which is what the worker finds as its parent's. */
@@ -1377,11 +1648,13 @@ static int spawn_worker(agent *a, worker *w)
     if (rc < 0)
         say("cannot start local rank %d: writing its environment: %s", w->local_rank,
             strerror(-rc));
-    uv_stdio_container_t io[4];
+    uv_stdio_container_t io[5];
     io[0].flags = UV_INHERIT_FD;
     io[0].data.fd = STDIN_FILENO;
     io[3].flags = UV_INHERIT_FD;
     io[3].data.fd = w->envfd;
+    io[4].flags = UV_INHERIT_FD;
+    io[4].data.fd = a->mntns_fd;
     if (rc == 0)
         rc = setup_stream(a, w, &w->out, DDPRUN_STD_OUT, dir, &io[1]);
     if (rc == 0)
@@ -1398,18 +1671,14 @@ static int spawn_worker(agent *a, worker *w)
     }
 
     char self[PATH_MAX];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (sl <= 0)
-        snprintf(self, sizeof(self), "%s", "/proc/self/exe");
-    else
-        self[sl] = '\0';
+    self_exe(self, sizeof(self));
     uv_process_options_t o = {0};
     o.file = self;
     o.args = args;
     o.env = NULL; /* ddprun's own */
     o.exit_cb = on_worker_exit;
     o.flags = UV_PROCESS_DETACHED; /* setsid(): its own session and process group */
-    o.stdio_count = 4;
+    o.stdio_count = a->init_proc ? 5 : 4;
     o.stdio = io;
     w->proc.data = w;
     rc = uv_spawn(a->loop, &w->proc, &o);
@@ -1670,7 +1939,9 @@ static void drain_timer_cb(uv_timer_t *t)
  * A round is over once every worker has exited and its output has been relayed. The guards kill
  * every descendant of their workers before they exit; what a guard that was itself killed left
  * behind was reparented to ddprun (a subreaper), and goes now: with every guard reaped, each
- * child ddprun still has is such a stray. Pipes that outlive even that (an end passed to a
+ * child ddprun still has is such a stray. In a PID namespace the strays went to its init
+ * instead, which ddprun asks to kill them (and which has killed them already when their worker
+ * died: init_main()). Pipes that outlive even that (an end passed to a
  * process outside the tree) are closed after a second, and pipes whose reading waits for a
  * console that took nothing for stall_ms() (stalled) are too.
  */
@@ -1678,7 +1949,10 @@ static void maybe_round_over(agent *a)
 {
     if (a->round_done || a->nrunning > 0 || a->nprocs > 0)
         return;
-    kill_descendants(false, NULL, NULL);
+    if (a->init_proc)
+        kill(a->init_proc->pid, SIGUSR1); /* the PID namespace's init adopted the strays */
+    else
+        kill_descendants(false, NULL, NULL);
     if (a->nstreams > 0) {
         if (!uv_is_active((uv_handle_t *)&a->drain_timer)) {
             console_wait_begin(a);
@@ -2053,6 +2327,9 @@ static void spawn_round(agent *a)
     a->round_done = false;
     a->con_waiting = false;
     a->state = ST_RUNNING;
+    /* Where permitted, the workers go into a PID namespace; if not, the guards contain them. */
+    if (!a->init_proc && !a->ns_unavailable && job_ns_start(a) < 0)
+        a->ns_unavailable = true;
     for (int i = 0; i < a->nworkers; i++) {
         worker *w = &a->workers[i];
         w->a = a;
@@ -2580,8 +2857,10 @@ static int setup_log_dir(agent *a)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], SHIM_FLAG))
+    if (argc > 0 && !strcmp(argv[0], GUARD_NAME))
         return shim_main(argc, argv);
+    if (argc > 0 && !strcmp(argv[0], INIT_NAME))
+        return init_main();
 
     ddprun_config cfg;
     char err[1024] = "";
@@ -2604,6 +2883,8 @@ int main(int argc, char **argv)
 
     agent a = {0};
     a.cfg = &cfg;
+    a.init_alive_fd = a.mntns_fd = a.own_pidns_fd = -1;
+    a.ns_unavailable = !cfg.pid_namespace;
     a.loop = uv_default_loop();
     a.monitor_round = -1;
     pthread_mutex_init(&a.mu, NULL);

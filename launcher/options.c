@@ -89,6 +89,7 @@ enum opt_id {
     O_HUNG_TIMEOUT,
     O_TOKEN_FILE,
     O_ALLOW,
+    O_NO_PID_NAMESPACE,
     O_HELP,
     O_VERSION,
     O_COUNT
@@ -336,6 +337,14 @@ static const cli_option options[] = {
      false,
      "Let the store serve peers in this network (e.g. 10.0.0.0/8) that did not authenticate; "
      "repeatable, or comma-separated. By default only this host and the job's nodes may."},
+    {O_NO_PID_NAMESPACE,
+     {"--no-pid-namespace"},
+     NULL,
+     NULL,
+     false,
+     "Start the workers in ddprun's own PID namespace and mounts even where ddprun may create "
+     "some: then nothing cleans up when ddprun and its guards die at once. See PROCESS "
+     "CONTAINMENT in ddprun(1)."},
     {O_HELP, {"-h", "--help"}, NULL, NULL, false, "Show this help and exit."},
     {O_VERSION, {"--version"}, NULL, NULL, false, "Show ddprun's version and exit."},
 };
@@ -1365,6 +1374,7 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
                     &c->shutdown_timeout_s, err, errlen));
     TRY(get_flag(r, O_VIRTUAL_LOCAL_RANK, &c->virtual_local_rank, err, errlen));
     c->prefix_output = r->value[O_NO_PREFIX] == NULL;
+    c->pid_namespace = r->value[O_NO_PID_NAMESPACE] == NULL;
     TRY(get_seconds(r->label[O_HUNG_TIMEOUT], r->value[O_HUNG_TIMEOUT], 0, 0, &c->hung_timeout_s,
                     err, errlen));
     if (r->value[O_MASTER_PORT])

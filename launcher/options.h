@@ -99,6 +99,9 @@ typedef struct ddprun_config {
     char *warnings; /* lines "warning: ...\n" that ddprun prints as its own messages before
                      * it starts (options that change nothing, Slurm settings it did not
                      * use); NULL if none */
+
+    /* Containment (ddprun(1), PROCESS CONTAINMENT). */
+    bool pid_namespace; /* workers in a PID namespace where permitted; off: --no-pid-namespace */
 } ddprun_config;
 
 /*

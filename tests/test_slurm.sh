@@ -25,6 +25,7 @@ for p in slurmctld slurmd srun salloc sbatch scancel squeue sinfo munged mungeke
 done
 
 . "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
+. "$(dirname "$(readlink -f "$0")")/launcher/marked.sh"
 
 tag=$$
 T=$(mktemp -d /tmp/ddprun-slurm.XXXXXX)
@@ -197,6 +198,7 @@ fi
 # 5. scancel: a 2-node job whose workers sleep; every ddprun and worker is gone after scancel.
 cat >"$T/sleep.sh" <<EOF
 #!/bin/sh
+export DDPRUN_SLURM_MARK=$marker
 srun --ntasks-per-node=1 "$ddprun" --nproc-per-node 2 sh -c 'echo \$\$ > $T/w.\$RANK; exec sleep 300' $marker
 EOF
 job=$(client sbatch --parsable -N2 --chdir="$T" -o "$T/o5" "$T/sleep.sh" 2>"$T/o5.sbatch")
@@ -205,12 +207,10 @@ for _ in $(seq 300); do # 60 s
   [ -s "$T/w.0" ] && [ -s "$T/w.1" ] && [ -s "$T/w.2" ] && [ -s "$T/w.3" ] && { started=1; break; }
   sleep 0.2
 done
-# A ddprun (its argv holds the marker) or a worker (its pid in w.RANK) still there.
+# A ddprun (its argv holds the marker) or a process of the job (its environment holds it: the
+# pids in w.RANK are the workers' PID namespace's, see ddprun(1)) still there.
 running() {
-  local r
-  pgrep -f -- "$marker" >/dev/null && return 0
-  for r in 0 1 2 3; do kill -0 "$(cat "$T/w.$r")" 2>/dev/null && return 0; done
-  return 1
+  pgrep -f -- "$marker" >/dev/null || [ -n "$(marked "DDPRUN_SLURM_MARK=$marker")" ]
 }
 if [ $started = 1 ] && running; then
   t0=$(date +%s%N)
@@ -224,7 +224,7 @@ if [ $started = 1 ] && running; then
   if [ $gone = 1 ]; then
     ok "scancel: ddprun and its 4 workers gone ${ms} ms after scancel"
   else
-    fail "scancel: still running after ${ms} ms: $(pgrep -af -- "$marker"; cat "$T"/w.*)"
+    fail "scancel: still running after ${ms} ms: $(pgrep -af -- "$marker"; marked "DDPRUN_SLURM_MARK=$marker")"
   fi
 else
   fail "scancel: the job's workers did not start (job '$job'); $(cat "$T/o5.sbatch" "$T/o5" 2>&1)"

@@ -6,49 +6,27 @@
 #   (b) ddprun is SIGKILLed: every recorded process is gone;
 #   (c) a worker fails: ddprun exits with its code and every recorded process is gone;
 #   (d) a worker's guard (the worker's parent, a child subreaper) is SIGKILLed: the worker dies
-#       with it, ddprun (a subreaper too) inherits the daemons and kills them at teardown.
+#       with it; the daemons go to ddprun (a subreaper too) or, where the workers run in a PID
+#       namespace, to its init, which kills them.
 # "Gone" is checked within a bound (polling): a zombie counts as gone, since a process that was
-# reparented to an init that does not reap may stay one. Usage: descendants.sh DDPRUN.
+# reparented to an init that does not reap may stay one. The processes are found through a marker
+# in their environment. Usage: descendants.sh DDPRUN [OPTION...]: the options go to every ddprun
+# (--no-pid-namespace: the guards and ddprun alone clean up, as where no namespace is permitted).
 # Exit 0 pass, 1 fail.
 set -uo pipefail
 ddprun=$(readlink -f "$1")
-tmp=$(mktemp -d)
-cleanup() {
-  # Whatever a failed case left behind.
-  cat "$tmp"/pid.* 2>/dev/null | xargs -r kill -KILL 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+opts=("${@:2}")
+. "$(dirname "$0")/lib.sh"
 
-wait_for() { # seconds command...
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do
-    [ $SECONDS -ge $end ] && return 1
-    sleep 0.05
-  done
+# Each case's processes carry CASE_MARK=$mark.<case> in their environment (given to ddprun): the
+# recorded pids are the workers' own, which a PID namespace of ddprun's does not share with us.
+mark=ddprun-descendants-$$-$RANDOM
+survivors() { # case: its live processes, with their command lines
+  local p
+  for p in $(marked "CASE_MARK=$mark.$1"); do echo -n "$p($(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)) "; done
 }
-
-# A process is alive when /proc has it and it is not a zombie.
-alive() { # pid
-  local st
-  st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
-  [ -n "$st" ] && [ "$st" != Z ]
-}
-
-# Lists the recorded PIDs of case $1 that are still alive.
-survivors() { # case
-  local f p out=""
-  for f in "$tmp"/pid."$1".*; do
-    [ -e "$f" ] || continue
-    p=$(cat "$f")
-    [ -n "$p" ] && alive "$p" && out+="$p($(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)) "
-  done
-  echo "$out"
-}
-none_left() { [ -z "$(survivors "$1")" ]; }
+none_left() { [ -z "$(marked "CASE_MARK=$mark.$1")" ]; }
+cleanup_hook() { for c in a b c d; do marked "CASE_MARK=$mark.$c" | xargs -r kill -KILL 2>/dev/null; done; }
 
 # daemon.sh PIDFILE [own]: a grandchild in a session of its own that records its PID and sleeps;
 # the first kind ignores SIGTERM and SIGHUP and keeps the worker's stdout and stderr.
@@ -71,7 +49,6 @@ n=0
 while [ ! -e "$dir/pid.$case.$RANK.a" ] || [ ! -e "$dir/pid.$case.$RANK.b" ]; do
   n=$((n + 1)); [ $n -gt 1000 ] && exit 9; sleep 0.01
 done
-echo $PPID > "$dir/guard.$case.$RANK"
 touch "$dir/up.$case.$RANK"
 echo "rank $RANK up"
 case $action in
@@ -87,7 +64,7 @@ esac
 EOF
 
 # (a) The workers finish while their daemons live on.
-timeout 60 "$ddprun" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" a exit "$tmp" >"$tmp/oa" 2>&1
+timeout 60 env CASE_MARK="$mark.a" "$ddprun" "${opts[@]}" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" a exit "$tmp" >"$tmp/oa" 2>&1
 rc=$?
 if [ $rc = 0 ] && [ -e "$tmp/pid.a.1.b" ] && wait_for 5 none_left a; then
   ok "(a) ddprun exited normally: no daemon left"
@@ -96,7 +73,7 @@ else
 fi
 
 # (b) ddprun SIGKILLed while the workers and their daemons run.
-"$ddprun" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" b sleep "$tmp" >"$tmp/ob" 2>&1 &
+env CASE_MARK="$mark.b" "$ddprun" "${opts[@]}" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" b sleep "$tmp" >"$tmp/ob" 2>&1 &
 dp=$!
 if wait_for 30 test -e "$tmp/up.b.0" -a -e "$tmp/up.b.1"; then
   kill -KILL $dp
@@ -112,7 +89,7 @@ else
 fi
 
 # (c) Rank 1 fails: rank 0 is stopped, and everything both started goes.
-timeout 60 "$ddprun" --standalone --nproc-per-node 2 --shutdown-timeout 2 sh "$tmp/worker.sh" c fail-rank1 "$tmp" >"$tmp/oc" 2>&1
+timeout 60 env CASE_MARK="$mark.c" "$ddprun" "${opts[@]}" --standalone --nproc-per-node 2 --shutdown-timeout 2 sh "$tmp/worker.sh" c fail-rank1 "$tmp" >"$tmp/oc" 2>&1
 rc=$?
 if [ $rc = 3 ] && [ -e "$tmp/pid.c.0.a" ] && wait_for 5 none_left c; then
   ok "(c) a worker failed: no daemon left"
@@ -120,12 +97,12 @@ else
   fail "(c) rc=$rc, left: $(survivors c); $(cat "$tmp/oc")"
 fi
 
-# (d) The guard of rank 0 SIGKILLed: rank 0 dies of SIGKILL (its parent-death signal), the job
-#     fails, and what rank 0 started is gone once ddprun has exited.
-"$ddprun" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" d sleep "$tmp" >"$tmp/od" 2>&1 &
+# (d) A guard SIGKILLed: its worker dies of SIGKILL (its parent-death signal), the job fails, and
+#     what that worker started is gone once ddprun has exited.
+env CASE_MARK="$mark.d" "$ddprun" "${opts[@]}" --standalone --nproc-per-node 2 sh "$tmp/worker.sh" d sleep "$tmp" >"$tmp/od" 2>&1 &
 dp=$!
 if wait_for 30 test -e "$tmp/up.d.0" -a -e "$tmp/up.d.1"; then
-  kill -KILL "$(cat "$tmp/guard.d.0")"
+  kill -KILL "$(guards_of $dp | head -1)"
   timeout 30 tail -s 0.05 --pid=$dp -f /dev/null
   wait $dp; rc=$?
   if [ $rc = 137 ] && wait_for 5 none_left d; then

@@ -24,3 +24,10 @@ wait_for() { # seconds command...: polls until the command succeeds
     sleep 0.05
   done
 }
+
+# ddprun's children are its workers' guards (named ddp-guard) and, where the workers run in a PID
+# namespace, that namespace's init (ddp-init). The guards of ddprun PID:
+guards_of() { pgrep -P "$1" -x ddp-guard; }
+# The workers named NAME of ddprun PID: the children of its guards.
+workers_of() { local g; for g in $(guards_of "$1"); do pgrep -P "$g" -x "$2"; done; }
+. "$(dirname "${BASH_SOURCE[0]}")/marked.sh" # marked NAME=VALUE

@@ -58,7 +58,7 @@ if wait_for 10 has_port "$p0"; then
     --no-python sleep 60 >"$tmp/o2b" 2>"$tmp/e2b" &
   p1=$!; pids+=("$p1")
   # Both nodes run their workers (each has a `sleep 60` child), then node 1 dies.
-  if wait_for 10 sh -c "pgrep -P $p0 >/dev/null && pgrep -P $p1 >/dev/null"; then
+  if wait_for 10 sh -c "pgrep -P $p0 -x ddp-guard >/dev/null && pgrep -P $p1 -x ddp-guard >/dev/null"; then
     kill -KILL "$p1"
     if wait_for 10 grep -q "worker group failed: restarting it" "$tmp/e2"; then
       check_stop "restart wait" "$p0" SIGTERM 143 "$tmp/e2"
@@ -75,7 +75,7 @@ fi
 # 3. Running workers (which honour SIGTERM).
 "$ddprun" --standalone --nproc-per-node 2 --no-python sleep 60 >"$tmp/o3" 2>"$tmp/e3" &
 p=$!; pids+=("$p")
-if wait_for 10 sh -c "[ \$(pgrep -P $p | wc -l) -ge 2 ]"; then
+if wait_for 10 sh -c "[ \$(pgrep -P $p -x ddp-guard | wc -l) -ge 2 ]"; then
   check_stop "running" "$p" SIGTERM 143 "$tmp/e3"
 else
   fail "running: workers did not start: $(cat "$tmp/e3")"
@@ -88,7 +88,7 @@ fi
   >"$tmp/o4" 2>"$tmp/e4" &
 p=$!; pids+=("$p")
 # Wait until rank 0 has exited: rank 1 is then in its grace period.
-if wait_for 10 sh -c "[ -e $tmp/t4 ] && [ \$(pgrep -P $p | wc -l) -eq 1 ]"; then
+if wait_for 10 sh -c "[ -e $tmp/t4 ] && [ \$(pgrep -P $p -x ddp-guard | wc -l) -eq 1 ]"; then
   t0=$(now_ms)
   kill -TERM "$p"
   reap "$p" 20

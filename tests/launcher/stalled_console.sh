@@ -22,7 +22,7 @@ reap() { # pid seconds: waits (bounded) for child PID, SIGKILLs it past the boun
 }
 # True once some worker of PID named NAME sleeps writing its output (a pipe or, as libuv makes
 # them, a socket pair) because nobody reads it.
-no_workers() { ! pgrep -P "$1" >/dev/null; }
+no_workers() { [ -z "$(guards_of "$1")" ]; }
 # The time of ddprun's first line in FILE that contains TEXT, in ms since the epoch, by the
 # line's own timestamp ("[2026-11-24 21:03:04.123] ddprun: ...").
 stamp_ms() {
@@ -38,10 +38,8 @@ given_up_ms() {
     echo never
 }
 within() { [ "$1" != never ] && [ "$1" -le "$2" ]; }
-# Milliseconds from t0 until ddprun PID has no child left (its workers stopped), bounded.
+# Milliseconds from t0 until ddprun PID has no guard left (its workers stopped), bounded.
 workers_gone_ms() { wait_for 10 no_workers "$1" && echo $(( $(now_ms) - t0 )) || echo never; }
-# The workers named NAME of ddprun PID: the children of its children (each worker's guard).
-workers_of() { local g; for g in $(pgrep -P "$1"); do pgrep -P "$g" -x "$2"; done; }
 blocked_writing() { # pid name
   local c
   for c in $(workers_of "$1" "$2"); do

@@ -9,11 +9,10 @@ set -uo pipefail
 ddprun=$1
 . "$(dirname "$0")/lib.sh"
 
-# The workers of ddprun PID: `sleep`s whose parent (the worker's guard) is a child of ddprun.
-workers_of() { local g; for g in $(pgrep -P "$1"); do pgrep -P "$g" -x sleep; done; }
-nworkers() { [ "$(workers_of "$1" | wc -l)" -ge "$2" ]; }
+# The workers of ddprun PID are `sleep`s (workers_of: lib.sh).
+nworkers() { [ "$(workers_of "$1" sleep | wc -l)" -ge "$2" ]; }
 # The descriptors of each worker, one line per worker.
-worker_fds() { for w in $(workers_of "$1"); do ls /proc/$w/fd | sort -n | tr '\n' ' '; echo; done; }
+worker_fds() { for w in $(workers_of "$1" sleep); do ls /proc/$w/fd | sort -n | tr '\n' ' '; echo; done; }
 only_std() { # ddprun_pid n: every one of n workers has exactly 0 1 2
   local out; out=$(worker_fds "$1")
   [ "$(grep -cx '0 1 2 ' <<<"$out")" = "$2" ] || { echo "$out"; return 1; }
