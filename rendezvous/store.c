@@ -19,7 +19,14 @@
  *    and every WAIT naming one) is counted in `private_memory` instead, under its own cap
  *    max_private_bytes: no request on open keys can take the control plane's room;
  *  - `buffered` is the sum of out_held + in_held over all connections, and every connection
- *    holding any is on the `holders` list (see store.h for the caps on them).
+ *    holding any is on the `holders` list (see store.h for the caps on them);
+ *  - a clear (rdzv__store_clear()) costs O(names it keeps), not O(store): it starts a new
+ *    generation, moves the names it keeps into it, and every name left in an older one is
+ *    "stale": its value and queue count as gone (nkeys and nfilled leave them out at once) and
+ *    are dropped when the name is next found (settle()) or by the sweep (rdzv__store_sweep()),
+ *    a bounded slice at a time. Until then they stay counted in `bytes` and `memory`, so that
+ *    the caps go on bounding what the process holds; a request that needs their room sweeps
+ *    first (room()). `nstale` counts the stale names; find() never returns one.
  *
  * No I/O here: replies are appended to the connections' output buffers.
  */
@@ -27,6 +34,7 @@
 
 #include "auth.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -71,7 +79,9 @@ struct rdzv__entry {
     uint8_t *val;
     size_t vlen;
     bool present;
-    bool priv; /* under a private root (rdzv__key_private()): charged to the private pool */
+    bool priv;    /* under a private root (rdzv__key_private()): charged to the private pool */
+    uint32_t gen; /* the store's generation when last current; another one: stale */
+    rdzv__entry *pprev, *pnext; /* in the store's list of private names (priv only) */
     rdzv__wnode *waiters, *waiters_tail;
     rdzv__qitem *qhead, *qtail;
     size_t qlen;
@@ -129,6 +139,15 @@ static bool fits(const rdzv__store *s, bool priv, size_t more)
 }
 
 /* Charges n bytes of memory to a pool; mem_credit() gives them back. */
+/* Like fits(), after sweeping stale names for as long as that is what keeps `more` out: the
+ * work is in proportion to the room asked for, plus one walk of empty buckets at most. */
+static bool room(rdzv__store *s, bool priv, size_t more)
+{
+    while (!fits(s, priv, more) && rdzv__store_sweep(s, RDZV__SWEEP_SLICE))
+        ;
+    return fits(s, priv, more);
+}
+
 static void mem_charge(rdzv__store *s, bool priv, size_t n)
 {
     *(priv ? &s->private_memory : &s->memory) += n;
@@ -558,11 +577,14 @@ static rdzv__entry *chain_at(const rdzv__store *s, size_t i)
     return i < s->nbuckets ? s->buckets[i] : s->old[i - s->nbuckets];
 }
 
+static rdzv__entry *settle(rdzv__store *s, rdzv__entry *e);
+
+/* The name `key`, current: a stale one is settled first (and is gone if nothing needs it). */
 static rdzv__entry *find(rdzv__store *s, const uint8_t *key, size_t klen, uint64_t h)
 {
     for (rdzv__entry *e = *chain(s, h); e; e = e->hnext)
         if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0)
-            return e;
+            return e->gen == s->gen ? e : settle(s, e);
     return NULL;
 }
 
@@ -584,6 +606,7 @@ static void rehash_step(rdzv__store *s, size_t n)
             e->hnext = s->buckets[e->hash & (s->nbuckets - 1)];
             s->buckets[e->hash & (s->nbuckets - 1)] = e;
         }
+        s->sweep_found = true; /* names moved: a sweep's pass may have missed some */
         if (++s->rehash_pos == s->nold) {
             free(s->old);
             s->old = NULL;
@@ -616,7 +639,7 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     if (e)
         return e;
     bool priv = rdzv__key_private(key, klen);
-    if (!fits(s, priv, entry_cost(klen))) {
+    if (!room(s, priv, entry_cost(klen))) {
         *err = -ENOSPC;
         return NULL;
     }
@@ -627,8 +650,15 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     }
     e->hash = h;
     e->priv = priv;
+    e->gen = s->gen;
     e->klen = klen;
     memcpy(e->key, key, klen);
+    if (priv) {
+        e->pnext = s->privs;
+        if (s->privs)
+            s->privs->pprev = e;
+        s->privs = e;
+    }
     rdzv__entry **head = chain(s, h);
     e->hnext = *head;
     *head = e;
@@ -641,19 +671,65 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     return e;
 }
 
-/* Frees `e` if nothing refers to it any more. */
-static void maybe_free(rdzv__store *s, rdzv__entry *e)
+/* Frees `e` if nothing refers to it any more; returns true if it did. */
+static bool maybe_free(rdzv__store *s, rdzv__entry *e)
 {
     if (e->present || e->qlen || e->waiters || e->watchers)
-        return;
+        return false;
     rdzv__entry **pp = chain(s, e->hash);
     while (*pp != e)
         pp = &(*pp)->hnext;
     *pp = e->hnext;
+    if (e->priv) {
+        if (e->pprev)
+            e->pprev->pnext = e->pnext;
+        else
+            s->privs = e->pnext;
+        if (e->pnext)
+            e->pnext->pprev = e->pprev;
+    }
+    if (e->gen != s->gen)
+        s->nstale--; /* a stale name with waiters only, whose last waiter left */
     s->nentries--;
     s->bytes -= e->klen;
     mem_credit(s, e->priv, entry_cost(e->klen));
     free(e);
+    return true;
+}
+
+/* Frees e's queued items, keeping the accounting right (not nfilled: the caller's part). */
+static void free_queue(rdzv__store *s, rdzv__entry *e)
+{
+    for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
+        qn = q->next;
+        s->bytes -= q->n;
+        mem_credit(s, e->priv, qitem_cost(q->n));
+        free(q);
+    }
+    e->qhead = e->qtail = NULL;
+    e->qlen = 0;
+}
+
+/*
+ * Makes a stale name current: drops the value and queue a clear took from it (nkeys and
+ * nfilled left them out already), and frees it unless a WAIT or a watch still names it.
+ * Waiters and watchers are kept and told nothing, as the clear itself did. Returns e, or NULL
+ * once freed.
+ */
+static rdzv__entry *settle(rdzv__store *s, rdzv__entry *e)
+{
+    if (e->present) {
+        s->bytes -= e->vlen;
+        mem_credit(s, e->priv, value_cost(e->vlen));
+        free(e->val);
+        e->val = NULL;
+        e->vlen = 0;
+        e->present = false;
+    }
+    free_queue(s, e);
+    e->gen = s->gen;
+    s->nstale--;
+    return maybe_free(s, e) ? NULL : e;
 }
 
 static bool satisfied(const rdzv__entry *e)
@@ -789,7 +865,7 @@ static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
 {
     size_t old = e->present ? e->vlen : 0;
     size_t old_cost = e->present ? value_cost(old) : 0;
-    if (value_cost(n) > old_cost && !fits(s, e->priv, value_cost(n) - old_cost)) {
+    if (value_cost(n) > old_cost && !room(s, e->priv, value_cost(n) - old_cost)) {
         free(buf);
         return -ENOSPC;
     }
@@ -797,8 +873,10 @@ static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
         notify(s, e, e->present ? RDZV_WATCH_KEY_UPDATED : RDZV_WATCH_KEY_CREATED,
                e->present ? e->val : NULL, old, buf, n);
     free(e->val);
-    if (!e->present)
+    if (!e->present) {
         s->nkeys++;
+        s->nfilled += e->qlen == 0;
+    }
     s->bytes = s->bytes - old + n;
     mem_credit(s, e->priv, old_cost);
     mem_charge(s, e->priv, value_cost(n));
@@ -940,12 +1018,14 @@ static int do_append(rdzv__store *s, const rdzv__request *r)
     return err;
 }
 
-/* Removes e's value (not its queue, waiters or watchers), keeping the accounting right. */
+/* Removes a current e's value (not its queue, waiters or watchers), keeping the accounting
+ * right. */
 static void drop_value(rdzv__store *s, rdzv__entry *e)
 {
     s->bytes -= e->vlen;
     mem_credit(s, e->priv, value_cost(e->vlen));
     s->nkeys--;
+    s->nfilled -= e->qlen == 0;
     free(e->val);
     e->val = NULL;
     e->vlen = 0;
@@ -1017,7 +1097,7 @@ static int do_barrier(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         return err;
     if (count >= r->i64)
         return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
-    if (!fits(s, e->priv, wait_cost(1)))
+    if (!room(s, e->priv, wait_cost(1)))
         return -ENOSPC;
     rdzv__wait *w = calloc(1, sizeof(*w) + sizeof(rdzv__wnode));
     if (!w)
@@ -1048,7 +1128,7 @@ static int do_wait(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
 
     /* The record is charged before the names it creates, so that both fit under the cap. */
-    if (!fits(s, priv, wait_cost(missing)))
+    if (!room(s, priv, wait_cost(missing)))
         return -ENOSPC;
     rdzv__wait *w = calloc(1, sizeof(*w) + missing * sizeof(rdzv__wnode));
     if (!w)
@@ -1088,7 +1168,7 @@ static int do_watch(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
     if (!e)
         return err;
-    rdzv__watch *w = fits(s, e->priv, watch_cost()) ? calloc(1, sizeof(*w)) : NULL;
+    rdzv__watch *w = room(s, e->priv, watch_cost()) ? calloc(1, sizeof(*w)) : NULL;
     if (!w) {
         maybe_free(s, e);
         return fits(s, e->priv, watch_cost()) ? -ENOMEM : -ENOSPC;
@@ -1113,7 +1193,7 @@ static int do_queue_push(rdzv__store *s, const rdzv__request *r)
     if (!e)
         return err;
     rdzv__qitem *q = NULL;
-    if (!fits(s, e->priv, qitem_cost(r->val_len)))
+    if (!room(s, e->priv, qitem_cost(r->val_len)))
         err = -ENOSPC;
     else if (!(q = malloc(sizeof(*q) + r->val_len)))
         err = -ENOMEM;
@@ -1130,7 +1210,7 @@ static int do_queue_push(rdzv__store *s, const rdzv__request *r)
     else
         e->qhead = q;
     e->qtail = q;
-    e->qlen++;
+    s->nfilled += e->qlen++ == 0 && !e->present;
     s->bytes += q->n;
     mem_charge(s, e->priv, qitem_cost(q->n));
     wake_one(s, e);
@@ -1148,7 +1228,7 @@ static int do_queue_pop(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     e->qhead = q->next;
     if (!e->qhead)
         e->qtail = NULL;
-    e->qlen--;
+    s->nfilled -= --e->qlen == 0 && !e->present;
     s->bytes -= q->n;
     mem_credit(s, e->priv, qitem_cost(q->n));
     rc = rdzv__reply_vec(s, c, q->data, q->n);
@@ -1160,6 +1240,9 @@ static int do_queue_pop(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
 static const char why_list_keys[] =
     "the store holds more keys than max_list_keys (the reply is built at once and would "
     "block the server; GETNUMKEYS still counts them)";
+static const char why_list_stale[] =
+    "the store is still freeing more than max_list_keys cleared keys (the reply is built "
+    "walking them; try again shortly)";
 
 /*
  * LIST_KEYS names every key in one reply that starts with their count, so it is built at once,
@@ -1171,10 +1254,12 @@ static int do_list_keys(rdzv__store *s, rdzv__conn *c)
 {
     if (s->nkeys > s->max_list_keys)
         return fail_conn(s, c, -E2BIG, why_list_keys);
+    if (s->nstale > s->max_list_keys)
+        return fail_conn(s, c, -E2BIG, why_list_stale);
     int rc = reply_i64(s, c, (int64_t)s->nkeys);
     for (size_t i = 0; i < nchains(s) && rc == 0; i++)
         for (rdzv__entry *e = chain_at(s, i); e && rc == 0; e = e->hnext)
-            if (e->present)
+            if (e->present && e->gen == s->gen)
                 rc = rdzv__reply_vec(s, c, e->key, e->klen);
     return rc;
 }
@@ -1281,32 +1366,72 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     return -EINVAL;
 }
 
+/* Moves e into the new generation if it was current in the one before (`was`) and its name
+ * starts with the kept prefix, counting it in the store's keys. */
+static void keep_one(rdzv__store *s, rdzv__entry *e, uint32_t was, const uint8_t *keep,
+                     size_t keep_len, size_t *kept)
+{
+    if (e->gen != was || e->klen < keep_len || memcmp(e->key, keep, keep_len) != 0)
+        return;
+    e->gen = s->gen;
+    (*kept)++;
+    s->nkeys += e->present;
+    s->nfilled += e->present || e->qlen;
+}
+
+/*
+ * Only the names it keeps are visited: none for an empty prefix; for a prefix under a private
+ * root, the private names (their own list, bounded by max_private_bytes); for any other
+ * prefix, every name (one pass of comparisons, no freeing). Everything else turns stale.
+ */
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len)
 {
-    size_t cleared = 0;
-    for (size_t i = 0; i < nchains(s); i++) {
-        rdzv__entry *e = chain_at(s, i), *next;
+    size_t before = s->nfilled, kept = 0;
+    uint32_t was = s->gen++;
+    s->nkeys = s->nfilled = 0;
+    if (keep_len > 0 && rdzv__key_private(keep, keep_len)) {
+        for (rdzv__entry *e = s->privs; e; e = e->pnext)
+            keep_one(s, e, was, keep, keep_len, &kept);
+    } else if (keep_len > 0) {
+        for (size_t i = 0; i < nchains(s); i++)
+            for (rdzv__entry *e = chain_at(s, i); e; e = e->hnext)
+                keep_one(s, e, was, keep, keep_len, &kept);
+    }
+    s->nstale = s->nentries - kept;
+    s->sweep_pos = 0;
+    s->sweep_found = false;
+    return before - s->nfilled;
+}
+
+/*
+ * Walks the chains from sweep_pos, settling the stale names it meets. A name the table's growth
+ * moved from a chain not yet swept into one already swept is met on the next pass.
+ */
+bool rdzv__store_sweep(rdzv__store *s, size_t budget)
+{
+    while (s->nstale > 0 && budget > 0) {
+        if (s->sweep_pos >= nchains(s)) {
+            /* A whole pass that met no stale name while nstale says some are left would spin
+             * forever: the count is wrong, and is mended rather than trusted. */
+            assert(s->sweep_found);
+            if (!s->sweep_found)
+                s->nstale = 0;
+            s->sweep_pos = 0;
+            s->sweep_found = false;
+            continue;
+        }
+        rdzv__entry *e = chain_at(s, s->sweep_pos++), *next;
+        budget--;
         for (; e; e = next) {
-            next = e->hnext; /* maybe_free() may unlink e */
-            if (keep_len > 0 && e->klen >= keep_len && memcmp(e->key, keep, keep_len) == 0)
+            next = e->hnext; /* settle() may free e */
+            if (e->gen == s->gen)
                 continue;
-            if (!e->present && !e->qlen)
-                continue;
-            if (e->present)
-                drop_value(s, e);
-            for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
-                qn = q->next;
-                s->bytes -= q->n;
-                mem_credit(s, e->priv, qitem_cost(q->n));
-                free(q);
-            }
-            e->qhead = e->qtail = NULL;
-            e->qlen = 0;
-            cleared++;
-            maybe_free(s, e);
+            settle(s, e);
+            s->sweep_found = true;
+            budget = budget > RDZV__SWEEP_NAME ? budget - RDZV__SWEEP_NAME : 0;
         }
     }
-    return cleared;
+    return s->nstale > 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -90,6 +90,14 @@ typedef struct rdzv__store {
     size_t private_memory;
     size_t max_private_bytes;
     size_t max_list_keys; /* LIST_KEYS over more keys is refused (SIZE_MAX: no cap) */
+    /* Clearing (see rdzv__store_clear()): names holding a value or queued items that are not
+     * stale, the names under the private roots, the current generation, and the stale names
+     * left for the sweep, which walks the chains from sweep_pos. */
+    size_t nfilled;
+    rdzv__entry *privs;
+    uint32_t gen;
+    size_t nstale, sweep_pos;
+    bool sweep_found; /* this pass of the sweep met a stale name, or the table moved some */
     uint64_t ops[RDZV_OP_COUNT];
     rdzv__conn *dirty; /* connections with output to send */
 } rdzv__store;
@@ -143,10 +151,23 @@ int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);
 
 /*
  * Deletes every value and queue whose key does not start with keep[0..keep_len), all of them
- * when keep_len is 0 (names that connections wait on or watch stay, without a value). Returns
- * the number of names cleared.
+ * when keep_len is 0 (names that connections wait on or watch stay, without a value; neither
+ * is told). From the call on every request sees them gone; their memory is freed later, by
+ * rdzv__store_sweep() or when a request finds the name, and stays counted in `bytes` and
+ * `memory` until then. Costs O(1) for keep_len 0, O(private names) for a prefix under a private
+ * root (rdzv__key_private()), O(names) for any other prefix. Returns the number of names
+ * cleared (those that held a value or queued items).
  */
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len);
+
+/* Work units of a sweep: one per chain walked, RDZV__SWEEP_NAME per name freed. A slice of
+ * RDZV__SWEEP_SLICE frees up to 8192 names or walks 256 Ki empty chains: about 2 ms. */
+#define RDZV__SWEEP_NAME 32
+#define RDZV__SWEEP_SLICE (8192 * RDZV__SWEEP_NAME)
+
+/* Frees the memory of cleared names, `budget` work units' worth. Returns true while some are
+ * left (s->nstale > 0). */
+bool rdzv__store_sweep(rdzv__store *s, size_t budget);
 
 /* Takes the first connection off the dirty list; NULL when it is empty. */
 rdzv__conn *rdzv__store_pop_dirty(rdzv__store *s);
