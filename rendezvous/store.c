@@ -20,19 +20,22 @@
  *    max_private_bytes: no request on open keys can take the control plane's room;
  *  - `buffered` is the sum of out_held + in_held over all connections, and every connection
  *    holding any is on the `holders` list (see store.h for the caps on them);
- *  - a clear (rdzv__store_clear()) costs O(names it keeps), not O(store): it starts a new
- *    generation, moves the names it keeps into it, and every name left in an older one is
- *    "stale": its value and queue count as gone (nkeys and nfilled leave them out at once) and
- *    are dropped when the name is next found (settle()) or by the sweep (rdzv__store_sweep()),
- *    a bounded slice at a time. Until then they stay counted in `bytes` and `memory`, so that
- *    the caps go on bounding what the process holds; a request that needs their room sweeps
- *    first (room()). `nstale` counts the stale names; find() never returns one.
+ *  - names fall in three pools by their root (open, RDZV_PRIVATE_AGENT_ROOT,
+ *    RDZV_PRIVATE_COLL_ROOT), each with its own generation and counts. A clear that takes or
+ *    keeps whole pools (an empty prefix, or a root: ddprun's "/ddprun/") costs O(1): it starts
+ *    a new generation in each pool it clears. A name of an older generation than its pool's is
+ *    "stale": its value and queue count as gone (the key counts leave them out at once) and are
+ *    dropped when the name is next found (settle()) or by the sweep (rdzv__store_sweep()), a
+ *    bounded slice at a time. Until then they stay counted in `bytes` and `memory`, so that the
+ *    caps go on bounding what the process holds; a request that needs their room sweeps first
+ *    (room()). `nstale` counts the stale names; find() never returns one.
  *
  * No I/O here: replies are appended to the connections' output buffers.
  */
 #include "store.h"
 
 #include "auth.h"
+#include "rdzv.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -80,8 +83,8 @@ struct rdzv__entry {
     size_t vlen;
     bool present;
     bool priv;    /* under a private root (rdzv__key_private()): charged to the private pool */
-    uint32_t gen; /* the store's generation when last current; another one: stale */
-    rdzv__entry *pprev, *pnext; /* in the store's list of private names (priv only) */
+    uint8_t pool; /* RDZV__POOL_*, by the name's root */
+    uint32_t gen; /* its pool's generation when last current; an older one: stale */
     rdzv__wnode *waiters, *waiters_tail;
     rdzv__qitem *qhead, *qtail;
     size_t qlen;
@@ -100,6 +103,20 @@ static size_t chunk(size_t n)
 {
     size_t c = (n + 8 + 15) & ~(size_t)15;
     return c < 32 ? 32 : c;
+}
+
+/* The root of each pool's names (store.h), and the pool of a name. */
+static const char *const pool_roots[RDZV__POOLS] = {"", RDZV_PRIVATE_AGENT_ROOT,
+                                                     RDZV_PRIVATE_COLL_ROOT};
+
+static int pool_of(const uint8_t *key, size_t klen)
+{
+    for (int p = RDZV__POOLS - 1; p > RDZV__POOL_OPEN; p--) {
+        size_t rl = strlen(pool_roots[p]);
+        if (klen >= rl && memcmp(key, pool_roots[p], rl) == 0)
+            return p;
+    }
+    return RDZV__POOL_OPEN;
 }
 
 /* An entry: its struct and key in one allocation, plus up to three hash-table slots (the table
@@ -579,12 +596,17 @@ static rdzv__entry *chain_at(const rdzv__store *s, size_t i)
 
 static rdzv__entry *settle(rdzv__store *s, rdzv__entry *e);
 
+static bool current(const rdzv__store *s, const rdzv__entry *e)
+{
+    return e->gen == s->gens[e->pool];
+}
+
 /* The name `key`, current: a stale one is settled first (and is gone if nothing needs it). */
 static rdzv__entry *find(rdzv__store *s, const uint8_t *key, size_t klen, uint64_t h)
 {
     for (rdzv__entry *e = *chain(s, h); e; e = e->hnext)
         if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0)
-            return e->gen == s->gen ? e : settle(s, e);
+            return current(s, e) ? e : settle(s, e);
     return NULL;
 }
 
@@ -650,15 +672,11 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     }
     e->hash = h;
     e->priv = priv;
-    e->gen = s->gen;
+    e->pool = pool_of(key, klen);
+    e->gen = s->gens[e->pool];
     e->klen = klen;
     memcpy(e->key, key, klen);
-    if (priv) {
-        e->pnext = s->privs;
-        if (s->privs)
-            s->privs->pprev = e;
-        s->privs = e;
-    }
+    s->pools[e->pool].entries++;
     rdzv__entry **head = chain(s, h);
     e->hnext = *head;
     *head = e;
@@ -680,16 +698,11 @@ static bool maybe_free(rdzv__store *s, rdzv__entry *e)
     while (*pp != e)
         pp = &(*pp)->hnext;
     *pp = e->hnext;
-    if (e->priv) {
-        if (e->pprev)
-            e->pprev->pnext = e->pnext;
-        else
-            s->privs = e->pnext;
-        if (e->pnext)
-            e->pnext->pprev = e->pprev;
+    if (!current(s, e)) { /* a stale name with waiters only, whose last waiter left */
+        s->pools[e->pool].stale--;
+        s->nstale--;
     }
-    if (e->gen != s->gen)
-        s->nstale--; /* a stale name with waiters only, whose last waiter left */
+    s->pools[e->pool].entries--;
     s->nentries--;
     s->bytes -= e->klen;
     mem_credit(s, e->priv, entry_cost(e->klen));
@@ -697,7 +710,7 @@ static bool maybe_free(rdzv__store *s, rdzv__entry *e)
     return true;
 }
 
-/* Frees e's queued items, keeping the accounting right (not nfilled: the caller's part). */
+/* Frees e's queued items, keeping the accounting right (not `filled`: the caller's part). */
 static void free_queue(rdzv__store *s, rdzv__entry *e)
 {
     for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
@@ -711,8 +724,8 @@ static void free_queue(rdzv__store *s, rdzv__entry *e)
 }
 
 /*
- * Makes a stale name current: drops the value and queue a clear took from it (nkeys and
- * nfilled left them out already), and frees it unless a WAIT or a watch still names it.
+ * Makes a stale name current: drops the value and queue a clear took from it (the key counts
+ * left them out already), and frees it unless a WAIT or a watch still names it.
  * Waiters and watchers are kept and told nothing, as the clear itself did. Returns e, or NULL
  * once freed.
  */
@@ -727,7 +740,8 @@ static rdzv__entry *settle(rdzv__store *s, rdzv__entry *e)
         e->present = false;
     }
     free_queue(s, e);
-    e->gen = s->gen;
+    e->gen = s->gens[e->pool];
+    s->pools[e->pool].stale--;
     s->nstale--;
     return maybe_free(s, e) ? NULL : e;
 }
@@ -875,7 +889,8 @@ static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
     free(e->val);
     if (!e->present) {
         s->nkeys++;
-        s->nfilled += e->qlen == 0;
+        s->pools[e->pool].keys++;
+        s->pools[e->pool].filled += e->qlen == 0;
     }
     s->bytes = s->bytes - old + n;
     mem_credit(s, e->priv, old_cost);
@@ -1025,7 +1040,8 @@ static void drop_value(rdzv__store *s, rdzv__entry *e)
     s->bytes -= e->vlen;
     mem_credit(s, e->priv, value_cost(e->vlen));
     s->nkeys--;
-    s->nfilled -= e->qlen == 0;
+    s->pools[e->pool].keys--;
+    s->pools[e->pool].filled -= e->qlen == 0;
     free(e->val);
     e->val = NULL;
     e->vlen = 0;
@@ -1210,7 +1226,7 @@ static int do_queue_push(rdzv__store *s, const rdzv__request *r)
     else
         e->qhead = q;
     e->qtail = q;
-    s->nfilled += e->qlen++ == 0 && !e->present;
+    s->pools[e->pool].filled += e->qlen++ == 0 && !e->present;
     s->bytes += q->n;
     mem_charge(s, e->priv, qitem_cost(q->n));
     wake_one(s, e);
@@ -1228,7 +1244,7 @@ static int do_queue_pop(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     e->qhead = q->next;
     if (!e->qhead)
         e->qtail = NULL;
-    s->nfilled -= --e->qlen == 0 && !e->present;
+    s->pools[e->pool].filled -= --e->qlen == 0 && !e->present;
     s->bytes -= q->n;
     mem_credit(s, e->priv, qitem_cost(q->n));
     rc = rdzv__reply_vec(s, c, q->data, q->n);
@@ -1259,7 +1275,7 @@ static int do_list_keys(rdzv__store *s, rdzv__conn *c)
     int rc = reply_i64(s, c, (int64_t)s->nkeys);
     for (size_t i = 0; i < nchains(s) && rc == 0; i++)
         for (rdzv__entry *e = chain_at(s, i); e && rc == 0; e = e->hnext)
-            if (e->present && e->gen == s->gen)
+            if (e->present && current(s, e))
                 rc = rdzv__reply_vec(s, c, e->key, e->klen);
     return rc;
 }
@@ -1366,41 +1382,63 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     return -EINVAL;
 }
 
-/* Moves e into the new generation if it was current in the one before (`was`) and its name
- * starts with the kept prefix, counting it in the store's keys. */
-static void keep_one(rdzv__store *s, rdzv__entry *e, uint32_t was, const uint8_t *keep,
-                     size_t keep_len, size_t *kept)
+/* Whether a clear keeping the names that start with `keep` keeps all of a pool's names, none
+ * of them, or some (then they are looked at one by one). */
+enum { KEEP_NONE, KEEP_SOME, KEEP_ALL };
+
+static int pool_kept(int pool, const uint8_t *keep, size_t keep_len)
 {
-    if (e->gen != was || e->klen < keep_len || memcmp(e->key, keep, keep_len) != 0)
-        return;
-    e->gen = s->gen;
-    (*kept)++;
-    s->nkeys += e->present;
-    s->nfilled += e->present || e->qlen;
+    if (keep_len == 0) /* the empty prefix clears every name */
+        return KEEP_NONE;
+    if (pool == RDZV__POOL_OPEN) /* no open name starts with a private root */
+        return pool_of(keep, keep_len) != RDZV__POOL_OPEN ? KEEP_NONE : KEEP_SOME;
+    size_t rl = strlen(pool_roots[pool]);
+    if (keep_len <= rl)
+        return memcmp(keep, pool_roots[pool], keep_len) == 0 ? KEEP_ALL : KEEP_NONE;
+    return memcmp(keep, pool_roots[pool], rl) == 0 ? KEEP_SOME : KEEP_NONE;
 }
 
 /*
- * Only the names it keeps are visited: none for an empty prefix; for a prefix under a private
- * root, the private names (their own list, bounded by max_private_bytes); for any other
- * prefix, every name (one pass of comparisons, no freeing). Everything else turns stale.
+ * A new generation in each pool not kept whole; the names of a pool kept in part that start
+ * with `keep` are moved into it one by one, walking every name (O(names): prefixes other than
+ * the empty one, a private root, or a prefix of one).
  */
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len)
 {
-    size_t before = s->nfilled, kept = 0;
-    uint32_t was = s->gen++;
-    s->nkeys = s->nfilled = 0;
-    if (keep_len > 0 && rdzv__key_private(keep, keep_len)) {
-        for (rdzv__entry *e = s->privs; e; e = e->pnext)
-            keep_one(s, e, was, keep, keep_len, &kept);
-    } else if (keep_len > 0) {
-        for (size_t i = 0; i < nchains(s); i++)
-            for (rdzv__entry *e = chain_at(s, i); e; e = e->hnext)
-                keep_one(s, e, was, keep, keep_len, &kept);
+    size_t cleared = 0;
+    int how[RDZV__POOLS];
+    uint32_t was[RDZV__POOLS];
+    bool walk = false;
+    for (int p = 0; p < RDZV__POOLS; p++) {
+        struct rdzv__pool *pl = &s->pools[p];
+        how[p] = pool_kept(p, keep, keep_len);
+        if (how[p] == KEEP_ALL)
+            continue;
+        walk = walk || how[p] == KEEP_SOME;
+        cleared += pl->filled;
+        s->nkeys -= pl->keys;
+        pl->keys = pl->filled = 0;
+        was[p] = s->gens[p]++;
+        s->nstale += pl->entries - pl->stale;
+        pl->stale = pl->entries;
     }
-    s->nstale = s->nentries - kept;
+    for (size_t i = 0; walk && i < nchains(s); i++)
+        for (rdzv__entry *e = chain_at(s, i); e; e = e->hnext) {
+            struct rdzv__pool *pl = &s->pools[e->pool];
+            if (how[e->pool] != KEEP_SOME || e->gen != was[e->pool] || e->klen < keep_len ||
+                memcmp(e->key, keep, keep_len) != 0)
+                continue;
+            e->gen = s->gens[e->pool];
+            pl->stale--;
+            s->nstale--;
+            pl->keys += e->present;
+            s->nkeys += e->present;
+            pl->filled += e->present || e->qlen;
+            cleared -= e->present || e->qlen;
+        }
     s->sweep_pos = 0;
     s->sweep_found = false;
-    return before - s->nfilled;
+    return cleared;
 }
 
 /*
@@ -1424,7 +1462,7 @@ bool rdzv__store_sweep(rdzv__store *s, size_t budget)
         budget--;
         for (; e; e = next) {
             next = e->hnext; /* settle() may free e */
-            if (e->gen == s->gen)
+            if (current(s, e))
                 continue;
             settle(s, e);
             s->sweep_found = true;

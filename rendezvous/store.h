@@ -63,6 +63,10 @@ typedef struct rdzv__conn {
     bool holding;
 } rdzv__conn;
 
+/* The pools of names a clear takes or keeps whole: open names, and those under each private
+ * root (RDZV_PRIVATE_AGENT_ROOT, RDZV_PRIVATE_COLL_ROOT). */
+enum { RDZV__POOL_OPEN, RDZV__POOL_AGENT, RDZV__POOL_COLL, RDZV__POOLS };
+
 typedef struct rdzv__store {
     rdzv__entry **buckets;
     size_t nbuckets; /* power of two */
@@ -90,12 +94,14 @@ typedef struct rdzv__store {
     size_t private_memory;
     size_t max_private_bytes;
     size_t max_list_keys; /* LIST_KEYS over more keys is refused (SIZE_MAX: no cap) */
-    /* Clearing (see rdzv__store_clear()): names holding a value or queued items that are not
-     * stale, the names under the private roots, the current generation, and the stale names
-     * left for the sweep, which walks the chains from sweep_pos. */
-    size_t nfilled;
-    rdzv__entry *privs;
-    uint32_t gen;
+    /* Clearing (see rdzv__store_clear() and store.c): per pool of names, its generation and
+     * counts of names, of those that are stale, of keys and of names holding a value or queued
+     * items (these two leave stale names out); the stale names of all pools, left for the
+     * sweep, which walks the chains from sweep_pos. */
+    uint32_t gens[RDZV__POOLS];
+    struct rdzv__pool {
+        size_t entries, stale, keys, filled;
+    } pools[RDZV__POOLS];
     size_t nstale, sweep_pos;
     bool sweep_found; /* this pass of the sweep met a stale name, or the table moved some */
     uint64_t ops[RDZV_OP_COUNT];
@@ -154,9 +160,9 @@ int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);
  * when keep_len is 0 (names that connections wait on or watch stay, without a value; neither
  * is told). From the call on every request sees them gone; their memory is freed later, by
  * rdzv__store_sweep() or when a request finds the name, and stays counted in `bytes` and
- * `memory` until then. Costs O(1) for keep_len 0, O(private names) for a prefix under a private
- * root (rdzv__key_private()), O(names) for any other prefix. Returns the number of names
- * cleared (those that held a value or queued items).
+ * `memory` until then. Costs O(1) for keep_len 0, a private root ("/ddprun/", "/ddprun-coll/")
+ * or a prefix of one; O(names) for any other prefix (one pass of comparisons, no freeing).
+ * Returns the number of names cleared (those that held a value or queued items).
  */
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len);
 

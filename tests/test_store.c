@@ -717,6 +717,47 @@ START_TEST(clear_makes_room)
 }
 END_TEST
 
+/* Prefixes that keep part of a pool (names looked at one by one) and clears in a row: a name
+ * cleared once stays cleared when a later clear keeps its whole pool. */
+START_TEST(clear_prefixes)
+{
+    fake a;
+    frame fr = {0};
+    fake_init(&a, RDZV_GEN_MODERN);
+    op_set(&fr, "/ddprun/a/1", "a");
+    op_set(&fr, "/ddprun/b/1", "b");
+    op_set(&fr, "/ddprun-coll/c", "c");
+    op_set(&fr, "/ddprunX", "x");
+    op_set(&fr, "open", "o");
+    run(&a, &fr);
+    ck_assert_uint_eq(rdzv__store_clear(&st, (const uint8_t *)"/ddprun/a/", 10), 4);
+    ck_assert_uint_eq(st.nkeys, 1);
+    op_set(&fr, "/ddprun/b/2", "b2");
+    op_set(&fr, "/ddprunY", "y");
+    run(&a, &fr);
+    /* Keeps both private pools whole and the open names starting with "/ddprun". */
+    ck_assert_uint_eq(rdzv__store_clear(&st, (const uint8_t *)"/ddprun", 7), 0);
+    op_key(&fr, RDZV_M_GET, "/ddprun/a/1");
+    op_key(&fr, RDZV_M_GET, "/ddprun/b/1");
+    op_key(&fr, RDZV_M_GET, "/ddprun/b/2");
+    op_key(&fr, RDZV_M_GET, "/ddprunX");
+    op_key(&fr, RDZV_M_GET, "/ddprunY");
+    fr_u8(&fr, RDZV_M_GETNUMKEYS);
+    run(&a, &fr);
+    expect_str(&a, "a");
+    expect_str(&a, "");
+    expect_str(&a, "b2");
+    expect_str(&a, "");
+    expect_str(&a, "y");
+    expect_i64(&a, 3);
+    ck_assert_uint_eq(rdzv__store_clear(&st, (const uint8_t *)"/ddprun-coll/", 13), 3);
+    sweep_all();
+    ck_assert_uint_eq(st.nentries + st.nkeys + st.bytes + st.memory + st.private_memory, 0);
+    rdzv__conn_release(&st, &a.conn);
+    fr_free(&fr);
+}
+END_TEST
+
 START_TEST(legacy_watch)
 {
     fake w, a;
@@ -937,7 +978,8 @@ int main(void)
     TCase *tc =
         check_tcase(s, "ops", 0, set_get_delete_numkeys, add_semantics, compare_set_semantics,
                     check_and_wait, cancel_and_release, append_multi_ping_list, queues, barrier_op,
-                    clear_keeps_prefix_and_waiters, clear_is_lazy, clear_makes_room, legacy_watch, size_cap, many_keys,
+                    clear_keeps_prefix_and_waiters, clear_is_lazy, clear_makes_room, clear_prefixes,
+                    legacy_watch, size_cap, many_keys,
                     growth_in_steps, private_pool, list_keys_cap);
     tcase_add_checked_fixture(tc, setup, teardown);
     return check_run(s);
