@@ -942,7 +942,7 @@ int rdzv_server_status(rdzv_server *srv, char **json)
     return 0;
 }
 
-/* Frees cleared names, a slice (about 2 ms) per turn of the loop, until none is left. */
+/* Frees cleared names, a slice (1 to 2 ms) per turn of the loop, until none is left. */
 static void free_cleared_cb(uv_idle_t *h)
 {
     rdzv_server *srv = h->data;
