@@ -226,7 +226,26 @@ static void remember_peer(client *c, const struct sockaddr *sa)
     }
 }
 
-/* Closes a client: its waits are dropped now, its memory once libuv lets go of the handle. */
+/* Frees what closed connections and clears left (rdzv__store_sweep()), a slice of 1 to 2 ms
+ * per turn of the loop, until nothing is left. */
+static void sweeper_cb(uv_idle_t *h)
+{
+    rdzv_server *srv = h->data;
+    lock(srv);
+    if (!rdzv__store_sweep(&srv->store, RDZV__SWEEP_SLICE))
+        uv_idle_stop(h);
+    unlock(srv);
+}
+
+/* Starts the sweeper if the store has something for it (on the loop thread, lock held). */
+static void start_sweeper(rdzv_server *srv)
+{
+    if (!srv->closing && (srv->store.nstale > 0 || srv->store.dead))
+        uv_idle_start(&srv->sweeper, sweeper_cb);
+}
+
+/* Closes a client: its waits die now (the sweeper frees them), its memory is freed once libuv
+ * lets go of the handle. */
 static void client_close(client *c, const char *why)
 {
     rdzv_server *srv = c->srv;
@@ -238,6 +257,7 @@ static void client_close(client *c, const char *why)
     if (srv->opts.on_close && c->port > 0)
         srv->opts.on_close(srv->opts.on_close_arg, c->addr, c->port);
     rdzv__conn_release(&srv->store, &c->conn);
+    start_sweeper(srv);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -672,6 +692,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     flush_dirty(srv);
     pump(c);
+    start_sweeper(srv); /* a CANCEL_WAIT leaves dead WAITs */
     unlock(srv);
 }
 
@@ -848,7 +869,7 @@ static void sweep_cb(uv_timer_t *t)
             snprintf(why, sizeof(why), "request incomplete for %d s (request_timeout_s)",
                      srv->opts.request_timeout_s);
             client_close(c, why);
-        } else if (idle_ms && !c->conn.waits && !c->conn.watches &&
+        } else if (idle_ms && !rdzv__conn_waiting(&c->conn) &&
                    now - c->last_read_ms >= idle_ms) {
             snprintf(why, sizeof(why), "idle for %d s (idle_timeout_s)", srv->opts.idle_timeout_s);
             client_close(c, why);
@@ -942,22 +963,11 @@ int rdzv_server_status(rdzv_server *srv, char **json)
     return 0;
 }
 
-/* Frees cleared names, a slice (1 to 2 ms) per turn of the loop, until none is left. */
-static void free_cleared_cb(uv_idle_t *h)
-{
-    rdzv_server *srv = h->data;
-    lock(srv);
-    if (!rdzv__store_sweep(&srv->store, RDZV__SWEEP_SLICE))
-        uv_idle_stop(h);
-    unlock(srv);
-}
-
-static void free_cleared_async_cb(uv_async_t *a)
+static void sweeper_async_cb(uv_async_t *a)
 {
     rdzv_server *srv = a->data;
     lock(srv);
-    if (!srv->closing && srv->store.nstale > 0)
-        uv_idle_start(&srv->sweeper, free_cleared_cb);
+    start_sweeper(srv);
     unlock(srv);
 }
 
@@ -973,8 +983,8 @@ int rdzv_server_clear(rdzv_server *srv, const char *keep_prefix)
     lock(srv);
     size_t n = rdzv__store_clear(&srv->store, (const uint8_t *)keep, strlen(keep));
     size_t stale = srv->store.nstale;
-    if (!srv->threaded && stale > 0 && !srv->closing)
-        uv_idle_start(&srv->sweeper, free_cleared_cb);
+    if (!srv->threaded)
+        start_sweeper(srv);
     unlock(srv);
     if (srv->threaded && stale > 0)
         uv_async_send(&srv->clear_async);
@@ -1371,7 +1381,7 @@ int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out)
         return rc;
     uv_async_init(srv->loop, &srv->stop_async, stop_cb);
     srv->stop_async.data = srv;
-    uv_async_init(srv->loop, &srv->clear_async, free_cleared_async_cb);
+    uv_async_init(srv->loop, &srv->clear_async, sweeper_async_cb);
     srv->clear_async.data = srv;
     if ((rc = uv_thread_create(&srv->thread, thread_main, srv)) < 0) {
         uv_close((uv_handle_t *)&srv->stop_async, NULL);

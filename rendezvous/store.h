@@ -41,6 +41,7 @@ void rdzv__buf_fit(rdzv__buf *b);
 typedef struct rdzv__entry rdzv__entry;
 typedef struct rdzv__wait rdzv__wait;
 typedef struct rdzv__watch rdzv__watch;
+typedef struct rdzv__peer rdzv__peer;
 
 /*
  * A client connection as the store sees it. The server embeds one per socket. Replies are
@@ -49,8 +50,8 @@ typedef struct rdzv__watch rdzv__watch;
  */
 typedef struct rdzv__conn {
     rdzv__buf out;
-    rdzv__wait *waits;    /* this connection's pending WAITs */
-    rdzv__watch *watches; /* legacy WATCH_KEY registrations */
+    rdzv__peer *waits;   /* what this connection's pending WAITs name it by (NULL: none yet) */
+    rdzv__peer *watches; /* the same for its legacy WATCH_KEY registrations */
     struct rdzv__conn *dirty_prev, *dirty_next;
     bool dirty;
     int error;       /* set when a reply could not be queued: close this connection */
@@ -104,6 +105,10 @@ typedef struct rdzv__store {
     } pools[RDZV__POOLS];
     size_t nstale, sweep_pos;
     bool sweep_found; /* this pass of the sweep met a stale name, or the table moved some */
+    /* The WAITs and watches of closed connections and the WAITs a CANCEL_WAIT let go of, left
+     * for the sweep (see rdzv__conn_release()); the name a request holds while it sweeps. */
+    rdzv__peer *dead;
+    rdzv__entry *pinned;
     uint64_t ops[RDZV_OP_COUNT];
     rdzv__conn *dirty; /* connections with output to send */
 } rdzv__store;
@@ -118,9 +123,14 @@ void rdzv__store_destroy(rdzv__store *s);
 
 void rdzv__conn_init(rdzv__conn *c);
 
-/* Drops a closing connection's waits and watches (O(its own waits)), takes it off the dirty
- * list and frees its output buffer. */
+/* Lets go of a closing connection's WAITs and watches in O(1): from now on they answer and
+ * tell nobody, a queue push passes them by, and rdzv__store_sweep() frees them (waiters and
+ * watchers leave the counts at once; their memory stays counted until freed). Takes `c` off
+ * the dirty list and frees its output buffer. */
 void rdzv__conn_release(rdzv__store *s, rdzv__conn *c);
+
+/* True if `c` has pending WAITs or legacy watches. */
+bool rdzv__conn_waiting(const rdzv__conn *c);
 
 /*
  * Buffer accounting. Every reply byte the store queues for a connection is charged to it
@@ -166,14 +176,15 @@ int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);
  */
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len);
 
-/* Work units of a sweep: one per chain walked, RDZV__SWEEP_NAME per name freed. A slice of
+/* Work units of a sweep: one per chain walked, RDZV__SWEEP_NAME per name, waiter node or watch
+ * freed. A slice of
  * RDZV__SWEEP_SLICE frees up to 4096 names or walks 128 Ki empty chains: 1 to 2 ms (3M
  * empty keys took 1.8 s in 765 slices on a loaded machine). */
 #define RDZV__SWEEP_NAME 32
 #define RDZV__SWEEP_SLICE (4096 * RDZV__SWEEP_NAME)
 
-/* Frees the memory of cleared names, `budget` work units' worth. Returns true while some are
- * left (s->nstale > 0). */
+/* Frees, `budget` work units' worth, the WAITs and watches of closed connections, then the
+ * memory of cleared names. Returns true while any is left. */
 bool rdzv__store_sweep(rdzv__store *s, size_t budget);
 
 /* Takes the first connection off the dirty list; NULL when it is empty. */

@@ -11,7 +11,8 @@
  * The buffer caps are small, so that connections are failed for their replies and partial
  * requests and the biggest holder is evicted; queued output is "sent" after every other chunk.
  * A control byte of 255 clears the store instead (the next byte picks the prefix kept), and
- * every chunk frees a few cleared names, so that requests meet names a clear left stale.
+ * every chunk sweeps a little, so that requests meet names a clear left stale and the dead
+ * WAITs and watches of closed connections.
  *
  * Build: meson setup build-fuzz -Dfuzz=true (with CC=clang); run build-fuzz/tests/fuzz_parse.
  */
@@ -156,7 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     while (rdzv__store_sweep(&st, 7))
         ;
     if (st.nentries != 0 || st.bytes != 0 || st.memory != 0 || st.private_memory != 0 ||
-        st.nkeys != 0 || st.nstale != 0)
+        st.nkeys != 0 || st.nstale != 0 || st.dead)
         abort();
     rdzv__store_destroy(&st);
     return 0;

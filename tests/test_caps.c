@@ -2,8 +2,9 @@
  * The server's caps on what clients make it hold, and its refusals, tried the way an attacker
  * would: one MULTI_GET naming a large value a thousand times, legacy WATCH notifications to a
  * client that never reads, many connections pipelining GETs of a large value, WAITs naming one
- * key 128K times, half-sent requests on many connections, millions of empty keys, requests that
- * never finish and connections that never speak, a connection flood in a process out of
+ * key 128K times, half-sent requests on many connections, millions of empty keys (listed,
+ * cleared) and of names waited on by one connection that closes, requests that never finish and
+ * connections that never speak, a connection flood in a process out of
  * descriptors, and a connection cap derived from the descriptor limit.
  *
  * The server runs in a child process (forked while this process has no threads), so that its
@@ -1014,6 +1015,61 @@ START_TEST(clear_responsive)
 END_TEST
 
 /*
+ * A connection whose WAITs name three million keys closes while another client PINGs: every
+ * PING is answered within 150 ms while the server lets go of them, and their memory is given
+ * back. Dropping them all when the connection closed held the server for over half a second.
+ */
+START_TEST(release_responsive)
+{
+    enum { WAITS = 24, KEYS = 128 << 10 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_total_bytes = 768 * MiB;
+    server_start(&o, 0);
+    int waiter = modern(srv_port, 0);
+    frame f = {0};
+    char k[32];
+    for (int w = 0; w < WAITS; w++) {
+        fr_u8(&f, RDZV_M_WAIT);
+        fr_u64(&f, KEYS);
+        for (int i = 0; i < KEYS; i++) {
+            snprintf(k, sizeof(k), "w%02d/%07d", w, i);
+            fr_str(&f, k);
+        }
+        size_t len = f.len;
+        ck_assert_uint_eq(send_frame(waiter, &f), len);
+    }
+    fr_free(&f);
+    ck_assert(ping(waiter, 1)); /* every WAIT is parked */
+    json_int_t waiters = status_int("waiters", NULL), full = status_int("memory", NULL);
+    int pinger = modern(srv_port, 0);
+    ck_assert(ping(pinger, 2));
+    close(waiter);
+    double worst = 0, t0 = now_s();
+    int pings = 0;
+    json_int_t left = full;
+    /* PING until the memory is given back (bounded: 30 s). */
+    while (left > full / 100 && now_s() - t0 < 30) {
+        double t = now_s();
+        ck_assert(ping(pinger, 10 + (uint32_t)pings++));
+        double dt = now_s() - t;
+        worst = dt > worst ? dt : worst;
+        if (pings % 10 == 0)
+            left = status_int("memory", NULL);
+    }
+    printf("release: %lld waiter nodes, memory %lld -> %lld bytes after %.1f ms; slowest of %d "
+           "PINGs %.1f ms\n",
+           (long long)waiters, (long long)full, (long long)left, (now_s() - t0) * 1000, pings,
+           worst * 1000);
+    ck_assert_int_eq(waiters, (json_int_t)WAITS * KEYS);
+    ck_assert_int_le(left, full / 100);
+    ck_assert_int_eq(status_int("waiters", NULL), 0);
+    ck_assert_double_lt(worst, 0.15);
+    close(pinger);
+}
+END_TEST
+
+/*
  * Issue 20, point 3: on a store with a token, an unauthenticated client fills the open key
  * space until it is refused; the job's control plane (compare_set, set, add and wait on keys
  * under the private roots, by a client with the token) still works, from its own reserve.
@@ -1071,7 +1127,7 @@ int main(void)
                             timeouts, emfile_refusals_counted, derived_connection_cap);
     tcase_add_checked_fixture(tc, NULL, teardown);
     tc = check_tcase(s, "memory", 120, rss_tracks_caps, list_keys_responsive, clear_responsive,
-                    private_reserve);
+                    release_responsive, private_reserve);
     tcase_add_checked_fixture(tc, NULL, teardown);
     return check_run(s);
 }

@@ -30,12 +30,13 @@ static void teardown(void)
     rdzv__store_destroy(&st);
 }
 
-/* Frees what clears left, as the server's sweeper does. */
+/* Frees what clears and closed connections left, as the server's sweeper does. */
 static void sweep_all(void)
 {
     while (rdzv__store_sweep(&st, RDZV__SWEEP_SLICE))
         ;
     ck_assert_uint_eq(st.nstale, 0);
+    ck_assert_ptr_null(st.dead);
 }
 
 static void fake_init(fake *f, enum rdzv_gen gen)
@@ -307,6 +308,7 @@ START_TEST(cancel_and_release)
     run(&a, &fr);
     expect_u8(&a, RDZV_WAIT_CANCELED);
     ck_assert_uint_eq(st.nwaiters, 0);
+    sweep_all();
     ck_assert_uint_eq(st.nentries, 0); /* entries kept only for waiters are gone */
 
     /* After a cancel, setting the keys sends nothing to a. */
@@ -758,6 +760,76 @@ START_TEST(clear_prefixes)
 }
 END_TEST
 
+/*
+ * A closing connection (or a CANCEL_WAIT) lets go of its WAITs and watches at once, and the
+ * sweep frees them later, a slice at a time: meanwhile they answer nobody, a queue push passes
+ * them by, the counts leave them out, and their memory stays counted until freed.
+ */
+START_TEST(release_is_lazy)
+{
+    fake a, b, w;
+    frame fr = {0};
+    char k[32];
+    fake_init(&a, RDZV_GEN_MODERN);
+    fake_init(&b, RDZV_GEN_MODERN);
+    fake_init(&w, RDZV_GEN_LEGACY);
+    st.max_total_bytes = 64 << 20;
+    enum { NK = 10 * 1024 }; /* ten WAITs of 1024 keys */
+    frame many = {0};
+    for (int i = 0; i < NK; i++) {
+        if (i % 1024 == 0) {
+            fr_u8(&many, RDZV_M_WAIT);
+            fr_u64(&many, 1024);
+        }
+        snprintf(k, sizeof(k), "many/%d", i);
+        fr_str(&many, k);
+    }
+    run(&a, &many);
+    const char *q[] = {"q"};
+    op_keys(&fr, RDZV_M_WAIT, 1, q);
+    run(&a, &fr);
+    const char *z[] = {"z"};
+    op_keys(&fr, RDZV_M_WAIT, 1, z);
+    run(&a, &fr);
+    op_keys(&fr, RDZV_M_WAIT, 1, q);
+    run(&b, &fr);
+    op_key(&fr, RDZV_L_WATCH_KEY, "k");
+    run(&w, &fr);
+    expect_u8(&w, RDZV_WATCH_CALLBACK_REGISTERED);
+    ck_assert_uint_eq(st.nwaiters, NK + 3);
+    size_t memory = st.memory;
+
+    rdzv__conn_release(&st, &a.conn);
+    rdzv__conn_release(&st, &w.conn);
+    ck_assert_uint_eq(st.nwaiters, 1); /* b's */
+    ck_assert_uint_eq(st.nwatches, 0);
+    ck_assert_uint_eq(st.memory, memory);
+    ck_assert_ptr_nonnull(st.dead);
+    /* A push to q wakes b, not a's dead WAIT, which came first; a dead WAIT whose key appears
+     * is freed then and there. */
+    fr_u8(&fr, RDZV_M_QUEUE_PUSH);
+    fr_str(&fr, "q");
+    fr_str(&fr, "item");
+    op_set(&fr, "z", "");
+    op_set(&fr, "k", "v");
+    run(&b, &fr);
+    expect_u8(&b, RDZV_WAIT_STOP_WAITING);
+    expect_empty(&b);
+    ck_assert_uint_eq(st.nwaiters, 0);
+    /* The WAITs are freed over many slices. */
+    int slices = 0;
+    while (rdzv__store_sweep(&st, 64 * RDZV__SWEEP_NAME))
+        slices++;
+    ck_assert_int_gt(slices, 100);
+    ck_assert_ptr_null(st.dead);
+    ck_assert_uint_eq(st.nentries, 3); /* q, z and k */
+    ck_assert_uint_lt(st.memory, memory / 10);
+    rdzv__conn_release(&st, &b.conn);
+    fr_free(&many);
+    fr_free(&fr);
+}
+END_TEST
+
 START_TEST(legacy_watch)
 {
     fake w, a;
@@ -793,6 +865,7 @@ START_TEST(legacy_watch)
     expect_empty(&w);
     rdzv__conn_release(&st, &w.conn);
     ck_assert_uint_eq(st.nwatches, 0);
+    sweep_all();
     ck_assert_uint_eq(st.nentries, 0);
     rdzv__conn_release(&st, &a.conn);
     fr_free(&fr);
@@ -979,7 +1052,7 @@ int main(void)
         check_tcase(s, "ops", 0, set_get_delete_numkeys, add_semantics, compare_set_semantics,
                     check_and_wait, cancel_and_release, append_multi_ping_list, queues, barrier_op,
                     clear_keeps_prefix_and_waiters, clear_is_lazy, clear_makes_room, clear_prefixes,
-                    legacy_watch, size_cap, many_keys,
+                    release_is_lazy, legacy_watch, size_cap, many_keys,
                     growth_in_steps, private_pool, list_keys_cap);
     tcase_add_checked_fixture(tc, setup, teardown);
     return check_run(s);
