@@ -5,11 +5,16 @@
  *
  * Invariants:
  *  - an entry exists while it has a value, queued items, waiters or watchers, and is freed as
- *    soon as it has none of them;
+ *    soon as it has none of them (a stale one, see below, once settled);
  *  - each pending WAIT is one rdzv__wait holding one node per key that was missing; a node
- *    sits on its entry's waiter list until the key appears (the node "fires") or the WAIT is
- *    cancelled; the WAIT is answered when its last node fires. A closing connection drops its
- *    own WAITs by walking its own list, never the whole table;
+ *    sits on its entry's waiter list until the key appears (the node "fires") or the sweep
+ *    frees it; the WAIT is answered when its last node fires. A connection's WAITs, and its
+ *    watches, hang from a peer record of its own; a closing connection or a CANCEL_WAIT only
+ *    marks that record dead (O(1)), and the sweep frees what hangs from it;
+ *  - a request does work in proportion to its own size (its room() sweeping included), a
+ *    close or a clear O(1), a slice of the sweep its budget: nothing holds the loop for more
+ *    than a few milliseconds, but LIST_KEYS (capped by max_list_keys) and a clear keeping part
+ *    of a pool (one pass of comparisons over every name);
  *  - `bytes` counts every entry's key plus values and queued items; `memory` counts the same
  *    plus an estimate of what each allocation costs beyond its bytes (allocator chunk
  *    rounding, the entry struct and its share of the hash table, WAIT and watch records), and
