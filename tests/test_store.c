@@ -830,6 +830,46 @@ START_TEST(release_is_lazy)
 }
 END_TEST
 
+/* A request that needs the room of a closed connection's WAITs frees them first, and the name
+ * it writes survives although only those WAITs named it. */
+START_TEST(release_makes_room)
+{
+    fake a, b;
+    frame fr = {0};
+    char k[32];
+    fake_init(&a, RDZV_GEN_MODERN);
+    fake_init(&b, RDZV_GEN_MODERN);
+    int rc = 0, w = 0;
+    for (; rc == 0; w++) {
+        fr_u8(&fr, RDZV_M_WAIT);
+        fr_u64(&fr, 1024);
+        for (int i = 0; i < 1024; i++) {
+            snprintf(k, sizeof(k), "w/%d/%d", w, i);
+            fr_str(&fr, k);
+        }
+        rc = run(&a, &fr);
+    }
+    ck_assert_int_eq(rc, -ENOSPC);
+    rdzv__conn_release(&st, &a.conn);
+    ck_assert_ptr_nonnull(st.dead);
+    static char big[600 << 10];
+    memset(big, 'b', sizeof(big));
+    snprintf(k, sizeof(k), "w/%d/5", w - 2); /* in the last WAIT parked: swept first */
+    fr_u8(&fr, RDZV_M_SET);
+    fr_str(&fr, k);
+    fr_bytes(&fr, big, sizeof(big));
+    ck_assert_int_eq(run(&b, &fr), 0);
+    ck_assert_uint_le(st.memory, st.max_total_bytes);
+    op_key(&fr, RDZV_M_GET, k);
+    run(&b, &fr);
+    expect_vec(&b, big, sizeof(big));
+    sweep_all();
+    ck_assert_uint_eq(st.nentries, 1);
+    rdzv__conn_release(&st, &b.conn);
+    fr_free(&fr);
+}
+END_TEST
+
 START_TEST(legacy_watch)
 {
     fake w, a;
@@ -1052,7 +1092,7 @@ int main(void)
         check_tcase(s, "ops", 0, set_get_delete_numkeys, add_semantics, compare_set_semantics,
                     check_and_wait, cancel_and_release, append_multi_ping_list, queues, barrier_op,
                     clear_keeps_prefix_and_waiters, clear_is_lazy, clear_makes_room, clear_prefixes,
-                    release_is_lazy, legacy_watch, size_cap, many_keys,
+                    release_is_lazy, release_makes_room, legacy_watch, size_cap, many_keys,
                     growth_in_steps, private_pool, list_keys_cap);
     tcase_add_checked_fixture(tc, setup, teardown);
     return check_run(s);
