@@ -109,6 +109,7 @@ struct rdzv_server {
     uv_timer_t sweep;        /* timeouts; runs only when one is set */
     uv_timer_t refuse_timer; /* rate-limits the log lines of refused connections */
     uv_timer_t resume_timer; /* resumes accepting after a pause for want of descriptors */
+    uv_idle_t sweeper;       /* frees cleared names a slice per loop turn; runs while any */
     bool refusing;           /* refuse_timer is running: a burst of refusals is under way */
     uint64_t refused_unlogged;
     char refuse_why[200]; /* the burst's last reason (copied: callers format it on the stack) */
@@ -147,6 +148,7 @@ struct rdzv_server {
     uv_loop_t own_loop;
     uv_thread_t thread;
     uv_async_t stop_async;
+    uv_async_t clear_async; /* rdzv_server_clear() from another thread starts the sweeper */
     uv_mutex_t lock;
 
     uint8_t rbuf[READ_BUF_BYTES];
@@ -342,7 +344,26 @@ static void probation_end(client *c)
     c->src = NULL;
 }
 
-/* Closes a client: its waits are dropped now, its memory once libuv lets go of the handle. */
+/* Frees what closed connections and clears left (rdzv__store_sweep()), a slice of 1 to 2 ms
+ * per turn of the loop, until nothing is left. */
+static void sweeper_cb(uv_idle_t *h)
+{
+    rdzv_server *srv = h->data;
+    lock(srv);
+    if (!rdzv__store_sweep(&srv->store, RDZV__SWEEP_SLICE))
+        uv_idle_stop(h);
+    unlock(srv);
+}
+
+/* Starts the sweeper if the store has something for it (on the loop thread, lock held). */
+static void start_sweeper(rdzv_server *srv)
+{
+    if (!srv->closing && (srv->store.nstale > 0 || srv->store.dead))
+        uv_idle_start(&srv->sweeper, sweeper_cb);
+}
+
+/* Closes a client: its waits die now (the sweeper frees them), its memory is freed once libuv
+ * lets go of the handle. */
 static void client_close(client *c, const char *why)
 {
     rdzv_server *srv = c->srv;
@@ -355,6 +376,7 @@ static void client_close(client *c, const char *why)
     if (srv->opts.on_close && c->port > 0)
         srv->opts.on_close(srv->opts.on_close_arg, c->addr, c->port);
     rdzv__conn_release(&srv->store, &c->conn);
+    start_sweeper(srv);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -825,6 +847,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     flush_dirty(srv);
     pump(c);
+    start_sweeper(srv); /* a CANCEL_WAIT leaves dead WAITs */
     unlock(srv);
 }
 
@@ -1044,7 +1067,7 @@ static void sweep_cb(uv_timer_t *t)
             snprintf(why, sizeof(why), "request incomplete for %d s (request_timeout_s)",
                      srv->opts.request_timeout_s);
             client_close(c, why);
-        } else if (idle_ms && !c->conn.waits && !c->conn.watches &&
+        } else if (idle_ms && !rdzv__conn_waiting(&c->conn) &&
                    now - c->last_read_ms >= idle_ms) {
             snprintf(why, sizeof(why), "idle for %d s (idle_timeout_s)", srv->opts.idle_timeout_s);
             client_close(c, why);
@@ -1110,6 +1133,7 @@ static char *status_json(rdzv_server *srv)
     json_object_set_new(o, "buffered_bytes", json_integer((json_int_t)st->buffered));
     json_object_set_new(o, "memory", json_integer((json_int_t)st->memory));
     json_object_set_new(o, "private_memory", json_integer((json_int_t)st->private_memory));
+    json_object_set_new(o, "clear_pending", json_integer((json_int_t)st->nstale));
     json_object_set_new(limits, "max_private_bytes",
                         json_integer((json_int_t)srv->opts.max_private_bytes));
     json_object_set_new(limits, "max_list_keys", json_integer((json_int_t)srv->opts.max_list_keys));
@@ -1146,6 +1170,18 @@ int rdzv_server_status(rdzv_server *srv, char **json)
     return 0;
 }
 
+static void sweeper_async_cb(uv_async_t *a)
+{
+    rdzv_server *srv = a->data;
+    lock(srv);
+    start_sweeper(srv);
+    unlock(srv);
+}
+
+/*
+ * The clear itself only marks what it deletes (rdzv__store_clear()); the sweeper frees it on
+ * the loop thread, which a threaded server's caller wakes.
+ */
 int rdzv_server_clear(rdzv_server *srv, const char *keep_prefix)
 {
     if (!srv)
@@ -1153,8 +1189,14 @@ int rdzv_server_clear(rdzv_server *srv, const char *keep_prefix)
     const char *keep = keep_prefix ? keep_prefix : "";
     lock(srv);
     size_t n = rdzv__store_clear(&srv->store, (const uint8_t *)keep, strlen(keep));
+    size_t stale = srv->store.nstale;
+    if (!srv->threaded)
+        start_sweeper(srv);
     unlock(srv);
-    logf_(srv, RDZV_LOG_INFO, "cleared %zu keys outside '%s'", n, keep);
+    if (srv->threaded && stale > 0)
+        uv_async_send(&srv->clear_async);
+    logf_(srv, RDZV_LOG_INFO, "cleared %zu keys outside '%s' (%zu names left to free)", n, keep,
+          stale);
     return n > INT_MAX ? INT_MAX : (int)n;
 }
 
@@ -1331,6 +1373,7 @@ static void server_discard(rdzv_server *srv)
         uv_close((uv_handle_t *)&srv->sweep, handle_closed);
         uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
         uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
+        uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
         if (!srv->threaded)
             return; /* handle_closed() frees it */
         uv_run(srv->loop, UV_RUN_DEFAULT);
@@ -1464,7 +1507,10 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
         timers[i]->data = srv;
         uv_unref((uv_handle_t *)timers[i]); /* they never keep a loop alive on their own */
     }
-    srv->open_handles = 4;
+    uv_idle_init(loop, &srv->sweeper);
+    srv->sweeper.data = srv;
+    uv_unref((uv_handle_t *)&srv->sweeper);
+    srv->open_handles = 5;
     rc = uv_poll_start(&srv->listener, UV_READABLE, on_listen_ready);
     int shortest = 0; /* seconds: the shortest timeout in force */
     if (opts->request_timeout_s > 0)
@@ -1524,6 +1570,7 @@ static void begin_close(rdzv_server *srv)
     uv_close((uv_handle_t *)&srv->sweep, handle_closed);
     uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
     uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
+    uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
 }
 
 void rdzv_server_close(rdzv_server *srv)
@@ -1537,6 +1584,7 @@ static void stop_cb(uv_async_t *a)
 {
     rdzv_server *srv = a->data;
     uv_close((uv_handle_t *)a, NULL);
+    uv_close((uv_handle_t *)&srv->clear_async, NULL);
     begin_close(srv);
 }
 
@@ -1562,8 +1610,11 @@ int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out)
         return rc;
     uv_async_init(srv->loop, &srv->stop_async, stop_cb);
     srv->stop_async.data = srv;
+    uv_async_init(srv->loop, &srv->clear_async, sweeper_async_cb);
+    srv->clear_async.data = srv;
     if ((rc = uv_thread_create(&srv->thread, thread_main, srv)) < 0) {
         uv_close((uv_handle_t *)&srv->stop_async, NULL);
+        uv_close((uv_handle_t *)&srv->clear_async, NULL);
         begin_close(srv);
         uv_run(srv->loop, UV_RUN_DEFAULT);
         server_free(srv);

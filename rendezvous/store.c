@@ -5,11 +5,16 @@
  *
  * Invariants:
  *  - an entry exists while it has a value, queued items, waiters or watchers, and is freed as
- *    soon as it has none of them;
+ *    soon as it has none of them (a stale one, see below, once settled);
  *  - each pending WAIT is one rdzv__wait holding one node per key that was missing; a node
- *    sits on its entry's waiter list until the key appears (the node "fires") or the WAIT is
- *    cancelled; the WAIT is answered when its last node fires. A closing connection drops its
- *    own WAITs by walking its own list, never the whole table;
+ *    sits on its entry's waiter list until the key appears (the node "fires") or the sweep
+ *    frees it; the WAIT is answered when its last node fires. A connection's WAITs, and its
+ *    watches, hang from a peer record of its own; a closing connection or a CANCEL_WAIT only
+ *    marks that record dead (O(1)), and the sweep frees what hangs from it;
+ *  - a request does work in proportion to its own size (its room() sweeping included), a
+ *    close or a clear O(1), a slice of the sweep its budget: nothing holds the loop for more
+ *    than a few milliseconds, but LIST_KEYS (capped by max_list_keys) and a clear keeping part
+ *    of a pool (one pass of comparisons over every name);
  *  - `bytes` counts every entry's key plus values and queued items; `memory` counts the same
  *    plus an estimate of what each allocation costs beyond its bytes (allocator chunk
  *    rounding, the entry struct and its share of the hash table, WAIT and watch records), and
@@ -19,14 +24,25 @@
  *    and every WAIT naming one) is counted in `private_memory` instead, under its own cap
  *    max_private_bytes: no request on open keys can take the control plane's room;
  *  - `buffered` is the sum of out_held + in_held over all connections, and every connection
- *    holding any is on the `holders` list (see store.h for the caps on them).
+ *    holding any is on the `holders` list (see store.h for the caps on them);
+ *  - names fall in three pools by their root (open, RDZV_PRIVATE_AGENT_ROOT,
+ *    RDZV_PRIVATE_COLL_ROOT), each with its own generation and counts. A clear that takes or
+ *    keeps whole pools (an empty prefix, or a root: ddprun's "/ddprun/") costs O(1): it starts
+ *    a new generation in each pool it clears. A name of an older generation than its pool's is
+ *    "stale": its value and queue count as gone (the key counts leave them out at once) and are
+ *    dropped when the name is next found (settle()) or by the sweep (rdzv__store_sweep()), a
+ *    bounded slice at a time. Until then they stay counted in `bytes` and `memory`, so that the
+ *    caps go on bounding what the process holds; a request that needs their room sweeps first
+ *    (room()). `nstale` counts the stale names; find() never returns one.
  *
  * No I/O here: replies are appended to the connections' output buffers.
  */
 #include "store.h"
 
 #include "auth.h"
+#include "rdzv.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -43,20 +59,37 @@ typedef struct rdzv__wnode {
 } rdzv__wnode;
 
 struct rdzv__wait {
-    rdzv__conn *conn;
-    rdzv__wait *prev, *next; /* in the connection's list */
+    rdzv__peer *peer;
+    rdzv__wait *prev, *next; /* in the peer's list */
     int64_t threshold;       /* BARRIER: released once the key's counter reaches this; 0: a WAIT */
     bool priv;               /* charged to the private pool: it names a private key */
     size_t remaining;        /* nodes not fired yet */
     size_t n;
+    size_t swept; /* dead: nodes[0..swept) the sweep has let go of */
     rdzv__wnode nodes[];
 };
 
 struct rdzv__watch {
-    rdzv__conn *conn;
+    rdzv__peer *peer;
     rdzv__entry *e;
     rdzv__watch *eprev, *enext; /* in the entry's list */
-    rdzv__watch *cnext;         /* in the connection's list */
+    rdzv__watch *cnext;         /* in the peer's list */
+};
+
+/*
+ * What a connection's WAITs (or, in a second one, its watches) name it by, so that a closing
+ * connection, or a CANCEL_WAIT, lets go of all of them in O(1): the peer loses its connection
+ * ("dies") and goes on the store's dead list, and the sweep frees its records a bounded slice
+ * at a time (releasing a connection with 5M waiter nodes at once held the server 0.65 s).
+ * Until then a dead WAIT is answered to nobody and takes no queue item, a dead watch is told
+ * nothing, and both stay counted in memory.
+ */
+struct rdzv__peer {
+    rdzv__conn *conn; /* NULL: dead */
+    rdzv__wait *waits;
+    rdzv__watch *watches;
+    size_t count;            /* its waiter nodes not fired yet, or its watches */
+    rdzv__peer *prev, *next; /* on the dead list */
 };
 
 typedef struct rdzv__qitem {
@@ -71,7 +104,10 @@ struct rdzv__entry {
     uint8_t *val;
     size_t vlen;
     bool present;
-    bool priv; /* under a private root (rdzv__key_private()): charged to the private pool */
+    bool priv;    /* under a private root (rdzv__key_private()): charged to the private pool */
+    uint8_t pool; /* RDZV__POOL_*, by the name's root */
+    uint32_t gen; /* its pool's generation when last current; an older one: stale (it would
+                     take 2^32 clears before the sweep reaches it to wrap) */
     rdzv__wnode *waiters, *waiters_tail;
     rdzv__qitem *qhead, *qtail;
     size_t qlen;
@@ -90,6 +126,20 @@ static size_t chunk(size_t n)
 {
     size_t c = (n + 8 + 15) & ~(size_t)15;
     return c < 32 ? 32 : c;
+}
+
+/* The root of each pool's names (store.h), and the pool of a name. */
+static const char *const pool_roots[RDZV__POOLS] = {"", RDZV_PRIVATE_AGENT_ROOT,
+                                                     RDZV_PRIVATE_COLL_ROOT};
+
+static int pool_of(const uint8_t *key, size_t klen)
+{
+    for (int p = RDZV__POOLS - 1; p > RDZV__POOL_OPEN; p--) {
+        size_t rl = strlen(pool_roots[p]);
+        if (klen >= rl && memcmp(key, pool_roots[p], rl) == 0)
+            return p;
+    }
+    return RDZV__POOL_OPEN;
 }
 
 /* An entry: its struct and key in one allocation, plus up to three hash-table slots (the table
@@ -129,6 +179,18 @@ static bool fits(const rdzv__store *s, bool priv, size_t more)
 }
 
 /* Charges n bytes of memory to a pool; mem_credit() gives them back. */
+/* Like fits(), after sweeping (the records of closed connections, cleared names) for as long
+ * as that is what keeps `more` out: the work is in proportion to the room asked for, plus one
+ * walk of empty buckets at most. `pin`, a name the caller holds, is not freed meanwhile. */
+static bool room(rdzv__store *s, bool priv, size_t more, rdzv__entry *pin)
+{
+    s->pinned = pin;
+    while (!fits(s, priv, more) && rdzv__store_sweep(s, RDZV__SWEEP_SLICE))
+        ;
+    s->pinned = NULL;
+    return fits(s, priv, more);
+}
+
 static void mem_charge(rdzv__store *s, bool priv, size_t n)
 {
     *(priv ? &s->private_memory : &s->memory) += n;
@@ -558,11 +620,19 @@ static rdzv__entry *chain_at(const rdzv__store *s, size_t i)
     return i < s->nbuckets ? s->buckets[i] : s->old[i - s->nbuckets];
 }
 
+static rdzv__entry *settle(rdzv__store *s, rdzv__entry *e);
+
+static bool current(const rdzv__store *s, const rdzv__entry *e)
+{
+    return e->gen == s->gens[e->pool];
+}
+
+/* The name `key`, current: a stale one is settled first (and is gone if nothing needs it). */
 static rdzv__entry *find(rdzv__store *s, const uint8_t *key, size_t klen, uint64_t h)
 {
     for (rdzv__entry *e = *chain(s, h); e; e = e->hnext)
         if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0)
-            return e;
+            return current(s, e) ? e : settle(s, e);
     return NULL;
 }
 
@@ -584,6 +654,7 @@ static void rehash_step(rdzv__store *s, size_t n)
             e->hnext = s->buckets[e->hash & (s->nbuckets - 1)];
             s->buckets[e->hash & (s->nbuckets - 1)] = e;
         }
+        s->sweep_found = true; /* names moved: a sweep's pass may have missed some */
         if (++s->rehash_pos == s->nold) {
             free(s->old);
             s->old = NULL;
@@ -616,7 +687,7 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     if (e)
         return e;
     bool priv = rdzv__key_private(key, klen);
-    if (!fits(s, priv, entry_cost(klen))) {
+    if (!room(s, priv, entry_cost(klen), NULL)) {
         *err = -ENOSPC;
         return NULL;
     }
@@ -627,8 +698,11 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     }
     e->hash = h;
     e->priv = priv;
+    e->pool = pool_of(key, klen);
+    e->gen = s->gens[e->pool];
     e->klen = klen;
     memcpy(e->key, key, klen);
+    s->pools[e->pool].entries++;
     rdzv__entry **head = chain(s, h);
     e->hnext = *head;
     *head = e;
@@ -641,19 +715,61 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     return e;
 }
 
-/* Frees `e` if nothing refers to it any more. */
-static void maybe_free(rdzv__store *s, rdzv__entry *e)
+/* Frees `e` if nothing refers to it any more; returns true if it did. */
+static bool maybe_free(rdzv__store *s, rdzv__entry *e)
 {
-    if (e->present || e->qlen || e->waiters || e->watchers)
-        return;
+    if (e->present || e->qlen || e->waiters || e->watchers || e == s->pinned)
+        return false;
     rdzv__entry **pp = chain(s, e->hash);
     while (*pp != e)
         pp = &(*pp)->hnext;
     *pp = e->hnext;
+    if (!current(s, e)) { /* a stale name with waiters only, whose last waiter left */
+        s->pools[e->pool].stale--;
+        s->nstale--;
+    }
+    s->pools[e->pool].entries--;
     s->nentries--;
     s->bytes -= e->klen;
     mem_credit(s, e->priv, entry_cost(e->klen));
     free(e);
+    return true;
+}
+
+/* Frees e's queued items, keeping the accounting right (not `filled`: the caller's part). */
+static void free_queue(rdzv__store *s, rdzv__entry *e)
+{
+    for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
+        qn = q->next;
+        s->bytes -= q->n;
+        mem_credit(s, e->priv, qitem_cost(q->n));
+        free(q);
+    }
+    e->qhead = e->qtail = NULL;
+    e->qlen = 0;
+}
+
+/*
+ * Makes a stale name current: drops the value and queue a clear took from it (the key counts
+ * left them out already), and frees it unless a WAIT or a watch still names it.
+ * Waiters and watchers are kept and told nothing, as the clear itself did. Returns e, or NULL
+ * once freed.
+ */
+static rdzv__entry *settle(rdzv__store *s, rdzv__entry *e)
+{
+    if (e->present) {
+        s->bytes -= e->vlen;
+        mem_credit(s, e->priv, value_cost(e->vlen));
+        free(e->val);
+        e->val = NULL;
+        e->vlen = 0;
+        e->present = false;
+    }
+    free_queue(s, e);
+    e->gen = s->gens[e->pool];
+    s->pools[e->pool].stale--;
+    s->nstale--;
+    return maybe_free(s, e) ? NULL : e;
 }
 
 static bool satisfied(const rdzv__entry *e)
@@ -679,15 +795,70 @@ static void unlink_node(rdzv__wnode *n)
     n->e = NULL;
 }
 
-static void unlink_wait(rdzv__wait *w)
+/* The peer in *slot, made for `c` if there is none yet; NULL for want of memory. */
+static rdzv__peer *peer_of(rdzv__peer **slot, rdzv__conn *c)
 {
-    rdzv__conn *c = w->conn;
+    if (!*slot && (*slot = calloc(1, sizeof(**slot))))
+        (*slot)->conn = c;
+    return *slot;
+}
+
+/* Frees a dead peer once it holds nothing. */
+static void peer_done(rdzv__store *s, rdzv__peer *p)
+{
+    if (p->conn || p->waits || p->watches)
+        return;
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        s->dead = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    free(p);
+}
+
+/* Lets go of the peer in *slot: its `count` leaves *live (nwaiters or nwatches) at once, and it
+ * is freed now if it holds nothing, else put on the dead list for the sweep. */
+static void peer_kill(rdzv__store *s, rdzv__peer **slot, size_t *live)
+{
+    rdzv__peer *p = *slot;
+    *slot = NULL;
+    if (!p)
+        return;
+    p->conn = NULL;
+    *live -= p->count;
+    if (!p->waits && !p->watches) {
+        free(p);
+        return;
+    }
+    p->prev = NULL;
+    p->next = s->dead;
+    if (s->dead)
+        s->dead->prev = p;
+    s->dead = p;
+}
+
+/* One of w's nodes left its entry. */
+static void node_gone(rdzv__store *s, rdzv__wait *w)
+{
+    w->peer->count--;
+    if (w->peer->conn)
+        s->nwaiters--;
+}
+
+/* Takes w off its peer's list, credits and frees it (and its peer if dead and now empty). */
+static void free_wait(rdzv__store *s, rdzv__wait *w)
+{
+    rdzv__peer *p = w->peer;
     if (w->prev)
         w->prev->next = w->next;
     else
-        c->waits = w->next;
+        p->waits = w->next;
     if (w->next)
         w->next->prev = w->prev;
+    mem_credit(s, w->priv, wait_cost(w->n));
+    free(w);
+    peer_done(s, p);
 }
 
 /* Fires one waiter node whose key has appeared; answers its WAIT when it was the last. */
@@ -695,12 +866,11 @@ static void fire(rdzv__store *s, rdzv__wnode *n)
 {
     rdzv__wait *w = n->w;
     unlink_node(n);
-    s->nwaiters--;
+    node_gone(s, w);
     if (--w->remaining == 0) {
-        reply_u8(s, w->conn, RDZV_WAIT_STOP_WAITING);
-        unlink_wait(w);
-        mem_credit(s, w->priv, wait_cost(w->n));
-        free(w);
+        if (w->peer->conn)
+            reply_u8(s, w->peer->conn, RDZV_WAIT_STOP_WAITING);
+        free_wait(s, w);
     }
 }
 
@@ -726,13 +896,13 @@ static void wake_all(rdzv__store *s, rdzv__entry *e)
 
 /*
  * A queue push releases one WAIT on that name: the longest-waiting one that needs nothing else,
- * or else the longest-waiting one (which then waits for its other keys).
+ * or else the longest-waiting one (which then waits for its other keys). Dead WAITs take none.
  */
 static void wake_one(rdzv__store *s, rdzv__entry *e)
 {
     rdzv__wnode *first = NULL;
     for (rdzv__wnode *n = e->waiters; n; n = n->enext) {
-        if (n->w->threshold)
+        if (n->w->threshold || !n->w->peer->conn)
             continue; /* a BARRIER counts, it does not consume queue items */
         if (n->w->remaining == 1) {
             fire(s, n);
@@ -745,23 +915,62 @@ static void wake_one(rdzv__store *s, rdzv__entry *e)
         fire(s, first);
 }
 
+/* CANCEL_WAIT, and a closing connection: its WAITs die (peer_kill()). */
 static void cancel_waits(rdzv__store *s, rdzv__conn *c)
 {
-    rdzv__wait *w, *next;
-    for (w = c->waits; w; w = next) {
-        next = w->next;
-        for (size_t i = 0; i < w->n; i++) {
-            rdzv__entry *e = w->nodes[i].e;
-            if (!e)
-                continue;
-            unlink_node(&w->nodes[i]);
-            s->nwaiters--;
-            maybe_free(s, e);
+    peer_kill(s, &c->waits, &s->nwaiters);
+}
+
+/* Takes a watch off its entry and its peer's list head (it must be the head), frees it. */
+static void drop_watch(rdzv__store *s, rdzv__watch *w)
+{
+    rdzv__entry *e = w->e;
+    rdzv__peer *p = w->peer;
+    if (w->eprev)
+        w->eprev->enext = w->enext;
+    else
+        e->watchers = w->enext;
+    if (w->enext)
+        w->enext->eprev = w->eprev;
+    p->watches = w->cnext;
+    p->count--;
+    if (p->conn)
+        s->nwatches--;
+    mem_credit(s, e->priv, watch_cost());
+    free(w);
+    maybe_free(s, e);
+    peer_done(s, p);
+}
+
+/*
+ * Frees dead peers' records (waiter nodes one at a time, so that a WAIT on 128K keys is freed
+ * over several slices) with up to `budget` units; returns what is left of it.
+ */
+static size_t sweep_dead(rdzv__store *s, size_t budget)
+{
+    while (s->dead && budget > 0) {
+        rdzv__peer *p = s->dead;
+        if (!p->waits) {
+            drop_watch(s, p->watches);
+            budget = budget > RDZV__SWEEP_NAME ? budget - RDZV__SWEEP_NAME : 0;
+            continue;
         }
-        mem_credit(s, w->priv, wait_cost(w->n));
-        free(w);
+        rdzv__wait *w = p->waits;
+        for (; w->swept < w->n && budget > 0; w->swept++) {
+            rdzv__wnode *n = &w->nodes[w->swept];
+            rdzv__entry *e = n->e;
+            budget--;
+            if (!e)
+                continue; /* fired */
+            unlink_node(n);
+            node_gone(s, w);
+            maybe_free(s, e);
+            budget = budget > RDZV__SWEEP_NAME ? budget - RDZV__SWEEP_NAME : 0;
+        }
+        if (w->swept == w->n)
+            free_wait(s, w);
     }
-    c->waits = NULL;
+    return budget;
 }
 
 /* Sends a legacy watch notification about `e` to every connection watching it. */
@@ -769,10 +978,13 @@ static void notify(rdzv__store *s, rdzv__entry *e, uint8_t type, const uint8_t *
                    const uint8_t *new, size_t newlen)
 {
     for (rdzv__watch *w = e->watchers; w; w = w->enext) {
-        reply_u8(s, w->conn, type);
-        rdzv__reply_vec(s, w->conn, e->key, e->klen);
-        rdzv__reply_vec(s, w->conn, old, oldlen);
-        rdzv__reply_vec(s, w->conn, new, newlen);
+        rdzv__conn *c = w->peer->conn;
+        if (!c)
+            continue; /* dead */
+        reply_u8(s, c, type);
+        rdzv__reply_vec(s, c, e->key, e->klen);
+        rdzv__reply_vec(s, c, old, oldlen);
+        rdzv__reply_vec(s, c, new, newlen);
     }
 }
 
@@ -789,7 +1001,7 @@ static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
 {
     size_t old = e->present ? e->vlen : 0;
     size_t old_cost = e->present ? value_cost(old) : 0;
-    if (value_cost(n) > old_cost && !fits(s, e->priv, value_cost(n) - old_cost)) {
+    if (value_cost(n) > old_cost && !room(s, e->priv, value_cost(n) - old_cost, e)) {
         free(buf);
         return -ENOSPC;
     }
@@ -797,8 +1009,11 @@ static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
         notify(s, e, e->present ? RDZV_WATCH_KEY_UPDATED : RDZV_WATCH_KEY_CREATED,
                e->present ? e->val : NULL, old, buf, n);
     free(e->val);
-    if (!e->present)
+    if (!e->present) {
         s->nkeys++;
+        s->pools[e->pool].keys++;
+        s->pools[e->pool].filled += e->qlen == 0;
+    }
     s->bytes = s->bytes - old + n;
     mem_credit(s, e->priv, old_cost);
     mem_charge(s, e->priv, value_cost(n));
@@ -940,12 +1155,15 @@ static int do_append(rdzv__store *s, const rdzv__request *r)
     return err;
 }
 
-/* Removes e's value (not its queue, waiters or watchers), keeping the accounting right. */
+/* Removes a current e's value (not its queue, waiters or watchers), keeping the accounting
+ * right. */
 static void drop_value(rdzv__store *s, rdzv__entry *e)
 {
     s->bytes -= e->vlen;
     mem_credit(s, e->priv, value_cost(e->vlen));
     s->nkeys--;
+    s->pools[e->pool].keys--;
+    s->pools[e->pool].filled -= e->qlen == 0;
     free(e->val);
     e->val = NULL;
     e->vlen = 0;
@@ -991,15 +1209,17 @@ static void add_node(rdzv__store *s, rdzv__wait *w, rdzv__entry *e)
     else
         e->waiters = n;
     e->waiters_tail = n;
+    w->peer->count++;
     s->nwaiters++;
 }
 
-static void add_wait(rdzv__conn *c, rdzv__wait *w)
+static void add_wait(rdzv__wait *w)
 {
-    w->next = c->waits;
-    if (c->waits)
-        c->waits->prev = w;
-    c->waits = w;
+    rdzv__peer *p = w->peer;
+    w->next = p->waits;
+    if (p->waits)
+        p->waits->prev = w;
+    p->waits = w;
 }
 
 /*
@@ -1017,18 +1237,19 @@ static int do_barrier(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         return err;
     if (count >= r->i64)
         return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
-    if (!fits(s, e->priv, wait_cost(1)))
+    if (!room(s, e->priv, wait_cost(1), e))
         return -ENOSPC;
-    rdzv__wait *w = calloc(1, sizeof(*w) + sizeof(rdzv__wnode));
+    rdzv__peer *p = peer_of(&c->waits, c);
+    rdzv__wait *w = p ? calloc(1, sizeof(*w) + sizeof(rdzv__wnode)) : NULL;
     if (!w)
         return -ENOMEM;
     mem_charge(s, e->priv, wait_cost(1));
     w->priv = e->priv;
-    w->conn = c;
+    w->peer = p;
     w->threshold = r->i64;
     w->remaining = 1;
     add_node(s, w, e);
-    add_wait(c, w);
+    add_wait(w);
     return 0;
 }
 
@@ -1048,14 +1269,15 @@ static int do_wait(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         return reply_u8(s, c, RDZV_WAIT_STOP_WAITING);
 
     /* The record is charged before the names it creates, so that both fit under the cap. */
-    if (!fits(s, priv, wait_cost(missing)))
+    if (!room(s, priv, wait_cost(missing), NULL))
         return -ENOSPC;
-    rdzv__wait *w = calloc(1, sizeof(*w) + missing * sizeof(rdzv__wnode));
+    rdzv__peer *p = peer_of(&c->waits, c);
+    rdzv__wait *w = p ? calloc(1, sizeof(*w) + missing * sizeof(rdzv__wnode)) : NULL;
     if (!w)
         return -ENOMEM;
     mem_charge(s, priv, wait_cost(missing));
     w->priv = priv;
-    w->conn = c;
+    w->peer = p;
     w->remaining = missing;
     w->n = 0;
     cur = r->items;
@@ -1068,7 +1290,7 @@ static int do_wait(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
             for (size_t j = 0; j < w->n; j++) {
                 rdzv__entry *ej = w->nodes[j].e;
                 unlink_node(&w->nodes[j]);
-                s->nwaiters--;
+                node_gone(s, w);
                 maybe_free(s, ej);
             }
             mem_credit(s, priv, wait_cost(missing));
@@ -1078,7 +1300,7 @@ static int do_wait(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
         if (!satisfied(e))
             add_node(s, w, e);
     }
-    add_wait(c, w);
+    add_wait(w);
     return 0;
 }
 
@@ -1088,20 +1310,22 @@ static int do_watch(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     rdzv__entry *e = get_or_create(s, r->key, r->key_len, &err);
     if (!e)
         return err;
-    rdzv__watch *w = fits(s, e->priv, watch_cost()) ? calloc(1, sizeof(*w)) : NULL;
+    rdzv__peer *p = peer_of(&c->watches, c);
+    rdzv__watch *w = p && room(s, e->priv, watch_cost(), e) ? calloc(1, sizeof(*w)) : NULL;
     if (!w) {
         maybe_free(s, e);
-        return fits(s, e->priv, watch_cost()) ? -ENOMEM : -ENOSPC;
+        return !p || fits(s, e->priv, watch_cost()) ? -ENOMEM : -ENOSPC;
     }
     mem_charge(s, e->priv, watch_cost());
-    w->conn = c;
+    w->peer = p;
     w->e = e;
     w->enext = e->watchers;
     if (e->watchers)
         e->watchers->eprev = w;
     e->watchers = w;
-    w->cnext = c->watches;
-    c->watches = w;
+    w->cnext = p->watches;
+    p->watches = w;
+    p->count++;
     s->nwatches++;
     return reply_u8(s, c, RDZV_WATCH_CALLBACK_REGISTERED);
 }
@@ -1113,7 +1337,7 @@ static int do_queue_push(rdzv__store *s, const rdzv__request *r)
     if (!e)
         return err;
     rdzv__qitem *q = NULL;
-    if (!fits(s, e->priv, qitem_cost(r->val_len)))
+    if (!room(s, e->priv, qitem_cost(r->val_len), e))
         err = -ENOSPC;
     else if (!(q = malloc(sizeof(*q) + r->val_len)))
         err = -ENOMEM;
@@ -1130,7 +1354,7 @@ static int do_queue_push(rdzv__store *s, const rdzv__request *r)
     else
         e->qhead = q;
     e->qtail = q;
-    e->qlen++;
+    s->pools[e->pool].filled += e->qlen++ == 0 && !e->present;
     s->bytes += q->n;
     mem_charge(s, e->priv, qitem_cost(q->n));
     wake_one(s, e);
@@ -1148,7 +1372,7 @@ static int do_queue_pop(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     e->qhead = q->next;
     if (!e->qhead)
         e->qtail = NULL;
-    e->qlen--;
+    s->pools[e->pool].filled -= --e->qlen == 0 && !e->present;
     s->bytes -= q->n;
     mem_credit(s, e->priv, qitem_cost(q->n));
     rc = rdzv__reply_vec(s, c, q->data, q->n);
@@ -1160,6 +1384,9 @@ static int do_queue_pop(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
 static const char why_list_keys[] =
     "the store holds more keys than max_list_keys (the reply is built at once and would "
     "block the server; GETNUMKEYS still counts them)";
+static const char why_list_stale[] =
+    "the store is still freeing more than max_list_keys cleared keys (the reply is built "
+    "walking them; try again shortly)";
 
 /*
  * LIST_KEYS names every key in one reply that starts with their count, so it is built at once,
@@ -1171,10 +1398,12 @@ static int do_list_keys(rdzv__store *s, rdzv__conn *c)
 {
     if (s->nkeys > s->max_list_keys)
         return fail_conn(s, c, -E2BIG, why_list_keys);
+    if (s->nstale > s->max_list_keys)
+        return fail_conn(s, c, -E2BIG, why_list_stale);
     int rc = reply_i64(s, c, (int64_t)s->nkeys);
     for (size_t i = 0; i < nchains(s) && rc == 0; i++)
         for (rdzv__entry *e = chain_at(s, i); e && rc == 0; e = e->hnext)
-            if (e->present)
+            if (e->present && current(s, e))
                 rc = rdzv__reply_vec(s, c, e->key, e->klen);
     return rc;
 }
@@ -1281,32 +1510,95 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     return -EINVAL;
 }
 
+/* Whether a clear keeping the names that start with `keep` keeps all of a pool's names, none
+ * of them, or some (then they are looked at one by one). */
+enum { KEEP_NONE, KEEP_SOME, KEEP_ALL };
+
+static int pool_kept(int pool, const uint8_t *keep, size_t keep_len)
+{
+    if (keep_len == 0) /* the empty prefix clears every name */
+        return KEEP_NONE;
+    if (pool == RDZV__POOL_OPEN) /* no open name starts with a private root */
+        return pool_of(keep, keep_len) != RDZV__POOL_OPEN ? KEEP_NONE : KEEP_SOME;
+    size_t rl = strlen(pool_roots[pool]);
+    if (keep_len <= rl)
+        return memcmp(keep, pool_roots[pool], keep_len) == 0 ? KEEP_ALL : KEEP_NONE;
+    return memcmp(keep, pool_roots[pool], rl) == 0 ? KEEP_SOME : KEEP_NONE;
+}
+
+/*
+ * A new generation in each pool not kept whole; the names of a pool kept in part that start
+ * with `keep` are moved into it one by one, walking every name (O(names): prefixes other than
+ * the empty one, a private root, or a prefix of one).
+ */
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len)
 {
     size_t cleared = 0;
-    for (size_t i = 0; i < nchains(s); i++) {
-        rdzv__entry *e = chain_at(s, i), *next;
+    int how[RDZV__POOLS];
+    uint32_t was[RDZV__POOLS];
+    bool walk = false;
+    for (int p = 0; p < RDZV__POOLS; p++) {
+        struct rdzv__pool *pl = &s->pools[p];
+        how[p] = pool_kept(p, keep, keep_len);
+        if (how[p] == KEEP_ALL)
+            continue;
+        walk = walk || how[p] == KEEP_SOME;
+        cleared += pl->filled;
+        s->nkeys -= pl->keys;
+        pl->keys = pl->filled = 0;
+        was[p] = s->gens[p]++;
+        s->nstale += pl->entries - pl->stale;
+        pl->stale = pl->entries;
+    }
+    for (size_t i = 0; walk && i < nchains(s); i++)
+        for (rdzv__entry *e = chain_at(s, i); e; e = e->hnext) {
+            struct rdzv__pool *pl = &s->pools[e->pool];
+            if (how[e->pool] != KEEP_SOME || e->gen != was[e->pool] || e->klen < keep_len ||
+                memcmp(e->key, keep, keep_len) != 0)
+                continue;
+            e->gen = s->gens[e->pool];
+            pl->stale--;
+            s->nstale--;
+            pl->keys += e->present;
+            s->nkeys += e->present;
+            pl->filled += e->present || e->qlen;
+            cleared -= e->present || e->qlen;
+        }
+    s->sweep_pos = 0;
+    s->sweep_found = false;
+    return cleared;
+}
+
+/*
+ * Walks the chains from sweep_pos, settling the stale names it meets. A name the table's growth
+ * moved from a chain not yet swept into one already swept is met on the next pass.
+ */
+bool rdzv__store_sweep(rdzv__store *s, size_t budget)
+{
+    budget = sweep_dead(s, budget);
+    while (s->nstale > 0 && budget > 0) {
+        if (s->sweep_pos >= nchains(s)) {
+            /* A whole pass that met no stale name while nstale says some are left would spin
+             * forever: the count is wrong, and is mended rather than trusted. */
+            assert(s->sweep_found);
+            if (!s->sweep_found)
+                s->nstale = 0;
+            s->sweep_pos = 0;
+            s->sweep_found = false;
+            continue;
+        }
+        rdzv__entry *e = chain_at(s, s->sweep_pos++), *next;
+        budget--;
         for (; e; e = next) {
-            next = e->hnext; /* maybe_free() may unlink e */
-            if (keep_len > 0 && e->klen >= keep_len && memcmp(e->key, keep, keep_len) == 0)
+            next = e->hnext; /* settle() may free e */
+            if (current(s, e))
                 continue;
-            if (!e->present && !e->qlen)
-                continue;
-            if (e->present)
-                drop_value(s, e);
-            for (rdzv__qitem *q = e->qhead, *qn; q; q = qn) {
-                qn = q->next;
-                s->bytes -= q->n;
-                mem_credit(s, e->priv, qitem_cost(q->n));
-                free(q);
-            }
-            e->qhead = e->qtail = NULL;
-            e->qlen = 0;
-            cleared++;
-            maybe_free(s, e);
+            settle(s, e);
+            s->sweep_found = true;
+            budget = budget > RDZV__SWEEP_NAME ? budget - RDZV__SWEEP_NAME : 0;
         }
     }
-    return cleared;
+    return s->nstale > 0 || s->dead;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1349,9 +1641,27 @@ void rdzv__store_destroy(rdzv__store *s)
             free(e);
         }
     }
+    for (rdzv__peer *p = s->dead, *pn; p; p = pn) { /* their names are freed above */
+        pn = p->next;
+        for (rdzv__wait *w = p->waits, *wn; w; w = wn) {
+            wn = w->next;
+            free(w);
+        }
+        for (rdzv__watch *w = p->watches, *wn; w; w = wn) {
+            wn = w->cnext;
+            free(w);
+        }
+        free(p);
+    }
+    s->dead = NULL;
     free(s->buckets);
     free(s->old);
     s->buckets = s->old = NULL;
+}
+
+bool rdzv__conn_waiting(const rdzv__conn *c)
+{
+    return (c->waits && c->waits->waits) || (c->watches && c->watches->watches);
 }
 
 void rdzv__conn_init(rdzv__conn *c)
@@ -1362,21 +1672,7 @@ void rdzv__conn_init(rdzv__conn *c)
 void rdzv__conn_release(rdzv__store *s, rdzv__conn *c)
 {
     cancel_waits(s, c);
-    for (rdzv__watch *w = c->watches, *next; w; w = next) {
-        next = w->cnext;
-        rdzv__entry *e = w->e;
-        if (w->eprev)
-            w->eprev->enext = w->enext;
-        else
-            e->watchers = w->enext;
-        if (w->enext)
-            w->enext->eprev = w->eprev;
-        s->nwatches--;
-        mem_credit(s, e->priv, watch_cost());
-        free(w);
-        maybe_free(s, e);
-    }
-    c->watches = NULL;
+    peer_kill(s, &c->watches, &s->nwatches);
     if (c->dirty) {
         if (c->dirty_prev)
             c->dirty_prev->dirty_next = c->dirty_next;

@@ -41,6 +41,7 @@ void rdzv__buf_fit(rdzv__buf *b);
 typedef struct rdzv__entry rdzv__entry;
 typedef struct rdzv__wait rdzv__wait;
 typedef struct rdzv__watch rdzv__watch;
+typedef struct rdzv__peer rdzv__peer;
 
 /*
  * A client connection as the store sees it. The server embeds one per socket. Replies are
@@ -49,8 +50,8 @@ typedef struct rdzv__watch rdzv__watch;
  */
 typedef struct rdzv__conn {
     rdzv__buf out;
-    rdzv__wait *waits;    /* this connection's pending WAITs */
-    rdzv__watch *watches; /* legacy WATCH_KEY registrations */
+    rdzv__peer *waits;   /* what this connection's pending WAITs name it by (NULL: none yet) */
+    rdzv__peer *watches; /* the same for its legacy WATCH_KEY registrations */
     struct rdzv__conn *dirty_prev, *dirty_next;
     bool dirty;
     int error;       /* set when a reply could not be queued: close this connection */
@@ -62,6 +63,10 @@ typedef struct rdzv__conn {
     struct rdzv__conn *held_prev, *held_next; /* on the store's list while holding any */
     bool holding;
 } rdzv__conn;
+
+/* The pools of names a clear takes or keeps whole: open names, and those under each private
+ * root (RDZV_PRIVATE_AGENT_ROOT, RDZV_PRIVATE_COLL_ROOT). */
+enum { RDZV__POOL_OPEN, RDZV__POOL_AGENT, RDZV__POOL_COLL, RDZV__POOLS };
 
 typedef struct rdzv__store {
     rdzv__entry **buckets;
@@ -90,6 +95,20 @@ typedef struct rdzv__store {
     size_t private_memory;
     size_t max_private_bytes;
     size_t max_list_keys; /* LIST_KEYS over more keys is refused (SIZE_MAX: no cap) */
+    /* Clearing (see rdzv__store_clear() and store.c): per pool of names, its generation and
+     * counts of names, of those that are stale, of keys and of names holding a value or queued
+     * items (these two leave stale names out); the stale names of all pools, left for the
+     * sweep, which walks the chains from sweep_pos. */
+    uint32_t gens[RDZV__POOLS];
+    struct rdzv__pool {
+        size_t entries, stale, keys, filled;
+    } pools[RDZV__POOLS];
+    size_t nstale, sweep_pos;
+    bool sweep_found; /* this pass of the sweep met a stale name, or the table moved some */
+    /* The WAITs and watches of closed connections and the WAITs a CANCEL_WAIT let go of, left
+     * for the sweep (see rdzv__conn_release()); the name a request holds while it sweeps. */
+    rdzv__peer *dead;
+    rdzv__entry *pinned;
     uint64_t ops[RDZV_OP_COUNT];
     rdzv__conn *dirty; /* connections with output to send */
 } rdzv__store;
@@ -104,9 +123,14 @@ void rdzv__store_destroy(rdzv__store *s);
 
 void rdzv__conn_init(rdzv__conn *c);
 
-/* Drops a closing connection's waits and watches (O(its own waits)), takes it off the dirty
- * list and frees its output buffer. */
+/* Lets go of a closing connection's WAITs and watches in O(1): from now on they answer and
+ * tell nobody, a queue push passes them by, and rdzv__store_sweep() frees them (waiters and
+ * watchers leave the counts at once; their memory stays counted until freed). Takes `c` off
+ * the dirty list and frees its output buffer. */
 void rdzv__conn_release(rdzv__store *s, rdzv__conn *c);
+
+/* True if `c` has pending WAITs or legacy watches. */
+bool rdzv__conn_waiting(const rdzv__conn *c);
 
 /*
  * Buffer accounting. Every reply byte the store queues for a connection is charged to it
@@ -143,10 +167,25 @@ int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);
 
 /*
  * Deletes every value and queue whose key does not start with keep[0..keep_len), all of them
- * when keep_len is 0 (names that connections wait on or watch stay, without a value). Returns
- * the number of names cleared.
+ * when keep_len is 0 (names that connections wait on or watch stay, without a value; neither
+ * is told). From the call on every request sees them gone; their memory is freed later, by
+ * rdzv__store_sweep() or when a request finds the name, and stays counted in `bytes` and
+ * `memory` until then. Costs O(1) for keep_len 0, a private root ("/ddprun/", "/ddprun-coll/")
+ * or a prefix of one; O(names) for any other prefix (one pass of comparisons, no freeing).
+ * Returns the number of names cleared (those that held a value or queued items).
  */
 size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len);
+
+/* Work units of a sweep: one per chain walked, RDZV__SWEEP_NAME per name, waiter node or watch
+ * freed. A slice of
+ * RDZV__SWEEP_SLICE frees up to 4096 names or walks 128 Ki empty chains: 1 to 2 ms (3M
+ * empty keys took 1.8 s in 765 slices on a loaded machine). */
+#define RDZV__SWEEP_NAME 32
+#define RDZV__SWEEP_SLICE (4096 * RDZV__SWEEP_NAME)
+
+/* Frees, `budget` work units' worth, the WAITs and watches of closed connections, then the
+ * memory of cleared names. Returns true while any is left. */
+bool rdzv__store_sweep(rdzv__store *s, size_t budget);
 
 /* Takes the first connection off the dirty list; NULL when it is empty. */
 rdzv__conn *rdzv__store_pop_dirty(rdzv__store *s);

@@ -10,6 +10,9 @@
  * closes it instead of running.
  * The buffer caps are small, so that connections are failed for their replies and partial
  * requests and the biggest holder is evicted; queued output is "sent" after every other chunk.
+ * A control byte of 255 clears the store instead (the next byte picks the prefix kept), and
+ * every chunk sweeps a little, so that requests meet names a clear left stale and the dead
+ * WAITs and watches of closed connections.
  *
  * Build: meson setup build-fuzz -Dfuzz=true (with CC=clang); run build-fuzz/tests/fuzz_parse.
  */
@@ -59,6 +62,21 @@ static void reopen(rdzv__store *st, conn_state *c)
     memset(&c->auth, 0, sizeof(c->auth));
 }
 
+/* The per-pool counts add up to the store's. */
+static void check_pools(const rdzv__store *st)
+{
+    size_t keys = 0, stale = 0, entries = 0;
+    for (int p = 0; p < RDZV__POOLS; p++) {
+        keys += st->pools[p].keys;
+        stale += st->pools[p].stale;
+        entries += st->pools[p].entries;
+        if (st->pools[p].stale > st->pools[p].entries || st->pools[p].keys > st->pools[p].filled)
+            abort();
+    }
+    if (keys != st->nkeys || stale != st->nstale || entries != st->nentries)
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     rdzv__store st;
@@ -73,8 +91,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         rdzv__parser_init(&cs[i].parser);
     }
     size_t off = 0;
+    static const char *const keeps[] = {"", "/ddprun/", "/ddprun", "/ddprun/a", "k"};
     while (off < size) {
         uint8_t ctl = data[off++];
+        if (ctl == 255 && off < size) {
+            const char *keep = keeps[data[off++] % (sizeof(keeps) / sizeof(keeps[0]))];
+            rdzv__store_clear(&st, (const uint8_t *)keep, strlen(keep));
+            continue;
+        }
+        rdzv__store_sweep(&st, 3);
+        check_pools(&st);
         conn_state *c = &cs[ctl % NCONN];
         size_t n = (size_t)(ctl / NCONN) + 1;
         if (n > size - off)
@@ -128,7 +154,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     static const uint8_t none[300]; /* longer than any key: every key is cleared */
     rdzv__store_clear(&st, none, sizeof(none));
-    if (st.nentries != 0 || st.bytes != 0 || st.memory != 0)
+    while (rdzv__store_sweep(&st, 7))
+        ;
+    if (st.nentries != 0 || st.bytes != 0 || st.memory != 0 || st.private_memory != 0 ||
+        st.nkeys != 0 || st.nstale != 0 || st.dead)
         abort();
     rdzv__store_destroy(&st);
     return 0;

@@ -2,8 +2,9 @@
  * The server's caps on what clients make it hold, and its refusals, tried the way an attacker
  * would: one MULTI_GET naming a large value a thousand times, legacy WATCH notifications to a
  * client that never reads, many connections pipelining GETs of a large value, WAITs naming one
- * key 128K times, half-sent requests on many connections, millions of empty keys, requests that
- * never finish and connections that never speak, a connection flood in a process out of
+ * key 128K times, half-sent requests on many connections, millions of empty keys (listed,
+ * cleared) and of names waited on by one connection that closes, requests that never finish and
+ * connections that never speak, a connection flood in a process out of
  * descriptors, and a connection cap derived from the descriptor limit.
  *
  * The server runs in a child process (forked while this process has no threads), so that its
@@ -57,7 +58,7 @@
 /* ---- the server process ---- */
 
 static pid_t srv_pid = -1;
-static int srv_port, srv_ctl = -1, srv_log = -1;
+static int srv_port, srv_ctl = -1, srv_log = -1, srv_up = -1;
 static char log_text[1 << 16];
 static size_t log_len;
 
@@ -70,7 +71,9 @@ static void child_log(void *arg, int level, const char *msg)
         return;
 }
 
-/* Starts a server with `o` in a child process whose descriptor limit is `nofile` (0: as is). */
+/* Starts a server with `o` in a child process whose descriptor limit is `nofile` (0: as is).
+ * A 'c' written to srv_ctl makes it call rdzv_server_clear(srv, "/ddprun/") from its main
+ * thread (as ddprun does between attempts) and write the result, an int, to srv_up. */
 static void server_start(rdzv_server_options *o, rlim_t nofile)
 {
     int up[2], down[2], logp[2];
@@ -94,8 +97,11 @@ static void server_start(rdzv_server_options *o, rlim_t nofile)
         if (write(up[1], &p, sizeof p) != (ssize_t)sizeof p)
             _exit(1);
         char c;
-        while (read(down[0], &c, 1) > 0)
-            ;
+        while (read(down[0], &c, 1) > 0) {
+            int n = c == 'c' ? rdzv_server_clear(srv, "/ddprun/") : 0;
+            if (c == 'c' && write(up[1], &n, sizeof n) != (ssize_t)sizeof n)
+                _exit(1);
+        }
         rdzv_server_stop(srv);
         _exit(0);
     }
@@ -103,9 +109,9 @@ static void server_start(rdzv_server_options *o, rlim_t nofile)
     close(down[0]);
     close(logp[1]);
     ck_assert_int_eq(read(up[0], &srv_port, sizeof srv_port), (ssize_t)sizeof srv_port);
-    close(up[0]);
     ck_assert_int_gt(srv_port, 0);
     srv_pid = pid;
+    srv_up = up[0];
     srv_ctl = down[1];
     srv_log = logp[0];
     fcntl(srv_log, F_SETFL, O_NONBLOCK);
@@ -119,6 +125,7 @@ static void teardown(void)
         close(srv_ctl);
         waitpid(srv_pid, NULL, 0);
         close(srv_log);
+        close(srv_up);
     }
     srv_pid = -1;
 }
@@ -957,6 +964,112 @@ START_TEST(list_keys_responsive)
 END_TEST
 
 /*
+ * rdzv_server_clear() over three million keys (what ddprun does at each restart, keeping
+ * "/ddprun/") while another client PINGs: every PING is answered within 150 ms while the keys
+ * are cleared and freed, the clear counts them all, and once its sweep is over the memory they
+ * took is given back. Deleting them in one pass held the server for over a second.
+ */
+START_TEST(clear_responsive)
+{
+    enum { KEYS = 3000000 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_total_bytes = 768 * MiB;
+    server_start(&o, 0);
+    int filler = modern(srv_port, 0);
+    ck_assert_int_eq(fill_keys(filler, "k", KEYS / 10000, 10000), KEYS);
+    ck_assert(ping(filler, 1));
+    close(filler);
+    json_int_t full = status_int("memory", NULL);
+    int pinger = modern(srv_port, 0);
+    ck_assert(ping(pinger, 2));
+    double worst = 0, t0 = now_s(), cleared_s = -1;
+    int cleared = -1, pings = 0;
+    json_int_t pending = 1;
+    ck_assert_int_eq(write(srv_ctl, "c", 1), 1);
+    fcntl(srv_up, F_SETFL, O_NONBLOCK);
+    /* PING until the clear has returned and its sweep is over (bounded: 30 s). */
+    while ((cleared < 0 || pending > 0) && now_s() - t0 < 30) {
+        double t = now_s();
+        ck_assert(ping(pinger, 10 + (uint32_t)pings++));
+        double dt = now_s() - t;
+        worst = dt > worst ? dt : worst;
+        if (cleared < 0 && read(srv_up, &cleared, sizeof cleared) == (ssize_t)sizeof cleared)
+            cleared_s = now_s() - t0;
+        if (cleared >= 0 && pings % 10 == 0)
+            pending = status_int("clear_pending", NULL);
+    }
+    double swept_s = now_s() - t0;
+    json_int_t keys = status_int("keys", NULL), left = status_int("memory", NULL);
+    printf("clear: %d keys; clear returned %d after %.1f ms, freed after %.1f ms; slowest of %d "
+           "PINGs %.1f ms; memory %lld -> %lld bytes\n",
+           KEYS, cleared, cleared_s * 1000, swept_s * 1000, pings, worst * 1000,
+           (long long)full, (long long)left);
+    ck_assert_int_eq(cleared, KEYS);
+    ck_assert_int_eq(pending, 0);
+    ck_assert_int_eq(keys, 0);
+    ck_assert_int_lt(left, full / 100);
+    ck_assert_double_lt(worst, 0.15);
+    close(pinger);
+}
+END_TEST
+
+/*
+ * A connection whose WAITs name three million keys closes while another client PINGs: every
+ * PING is answered within 150 ms while the server lets go of them, and their memory is given
+ * back. Dropping them all when the connection closed held the server for over half a second.
+ */
+START_TEST(release_responsive)
+{
+    enum { WAITS = 24, KEYS = 128 << 10 };
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_total_bytes = 768 * MiB;
+    server_start(&o, 0);
+    int waiter = modern(srv_port, 0);
+    frame f = {0};
+    char k[32];
+    for (int w = 0; w < WAITS; w++) {
+        fr_u8(&f, RDZV_M_WAIT);
+        fr_u64(&f, KEYS);
+        for (int i = 0; i < KEYS; i++) {
+            snprintf(k, sizeof(k), "w%02d/%07d", w, i);
+            fr_str(&f, k);
+        }
+        size_t len = f.len;
+        ck_assert_uint_eq(send_frame(waiter, &f), len);
+    }
+    fr_free(&f);
+    ck_assert(ping(waiter, 1)); /* every WAIT is parked */
+    json_int_t waiters = status_int("waiters", NULL), full = status_int("memory", NULL);
+    int pinger = modern(srv_port, 0);
+    ck_assert(ping(pinger, 2));
+    close(waiter);
+    double worst = 0, t0 = now_s();
+    int pings = 0;
+    json_int_t left = full;
+    /* PING until the memory is given back (bounded: 30 s). */
+    while (left > full / 100 && now_s() - t0 < 30) {
+        double t = now_s();
+        ck_assert(ping(pinger, 10 + (uint32_t)pings++));
+        double dt = now_s() - t;
+        worst = dt > worst ? dt : worst;
+        if (pings % 10 == 0)
+            left = status_int("memory", NULL);
+    }
+    printf("release: %lld waiter nodes, memory %lld -> %lld bytes after %.1f ms; slowest of %d "
+           "PINGs %.1f ms\n",
+           (long long)waiters, (long long)full, (long long)left, (now_s() - t0) * 1000, pings,
+           worst * 1000);
+    ck_assert_int_eq(waiters, (json_int_t)WAITS * KEYS);
+    ck_assert_int_le(left, full / 100);
+    ck_assert_int_eq(status_int("waiters", NULL), 0);
+    ck_assert_double_lt(worst, 0.15);
+    close(pinger);
+}
+END_TEST
+
+/*
  * Issue 20, point 3: on a store with a token, an unauthenticated client fills the open key
  * space until it is refused; the job's control plane (compare_set, set, add and wait on keys
  * under the private roots, by a client with the token) still works, from its own reserve.
@@ -1013,7 +1126,8 @@ int main(void)
                             get_amplification, wait_records, partial_requests, per_key_overhead,
                             timeouts, emfile_refusals_counted, derived_connection_cap);
     tcase_add_checked_fixture(tc, NULL, teardown);
-    tc = check_tcase(s, "memory", 120, rss_tracks_caps, list_keys_responsive, private_reserve);
+    tc = check_tcase(s, "memory", 120, rss_tracks_caps, list_keys_responsive, clear_responsive,
+                    release_responsive, private_reserve);
     tcase_add_checked_fixture(tc, NULL, teardown);
     return check_run(s);
 }

@@ -30,6 +30,15 @@ static void teardown(void)
     rdzv__store_destroy(&st);
 }
 
+/* Frees what clears and closed connections left, as the server's sweeper does. */
+static void sweep_all(void)
+{
+    while (rdzv__store_sweep(&st, RDZV__SWEEP_SLICE))
+        ;
+    ck_assert_uint_eq(st.nstale, 0);
+    ck_assert_ptr_null(st.dead);
+}
+
 static void fake_init(fake *f, enum rdzv_gen gen)
 {
     rdzv__conn_init(&f->conn);
@@ -299,6 +308,7 @@ START_TEST(cancel_and_release)
     run(&a, &fr);
     expect_u8(&a, RDZV_WAIT_CANCELED);
     ck_assert_uint_eq(st.nwaiters, 0);
+    sweep_all();
     ck_assert_uint_eq(st.nentries, 0); /* entries kept only for waiters are gone */
 
     /* After a cancel, setting the keys sends nothing to a. */
@@ -545,12 +555,316 @@ START_TEST(clear_keeps_prefix_and_waiters)
     run(&a, &fr);
     expect_i64(&a, 1);
     expect_i64(&a, 0);
+    sweep_all();
     ck_assert_uint_eq(st.bytes, strlen("/ddprun/x") + 4 + strlen("late"));
     /* The pending WAIT survives and is released by a later SET. */
     op_set(&fr, "late", "");
     run(&a, &fr);
     expect_u8(&b, RDZV_WAIT_STOP_WAITING);
     rdzv__conn_release(&st, &a.conn);
+    rdzv__conn_release(&st, &b.conn);
+    fr_free(&fr);
+}
+END_TEST
+
+/*
+ * A clear only marks what it deletes; the names are freed later, a slice at a time. From the
+ * clear on, every request sees the cleared keys as deleted ones, before and while they are
+ * freed: GET, CHECK, GETNUMKEYS, LIST_KEYS, DELETE, ADD, COMPARE_SET, queues, and the legacy
+ * watch (no notification at the clear, KEY_CREATED on the next SET). Pending WAITs and
+ * BARRIERs stay pending and are released by later writes, as with the clear in one pass.
+ */
+START_TEST(clear_is_lazy)
+{
+    fake a, b, c, w;
+    frame fr = {0};
+    char k[32];
+    fake_init(&a, RDZV_GEN_MODERN);
+    fake_init(&b, RDZV_GEN_MODERN);
+    fake_init(&c, RDZV_GEN_MODERN);
+    fake_init(&w, RDZV_GEN_LEGACY);
+    st.max_total_bytes = 64 << 20;
+    for (int i = 0; i < 20000; i++) {
+        snprintf(k, sizeof(k), "fill/%d", i);
+        op_set(&fr, k, "");
+    }
+    op_set(&fr, "a", "old");
+    op_set(&fr, "/ddprun/job/k", "kept");
+    op_add(&fr, "/ddprun-coll/job/n", 5);
+    fr_u8(&fr, RDZV_M_QUEUE_PUSH);
+    fr_str(&fr, "q");
+    fr_str(&fr, "item");
+    run(&a, &fr);
+    expect_i64(&a, 5);
+    op_key(&fr, RDZV_L_WATCH_KEY, "a");
+    run(&w, &fr);
+    expect_u8(&w, RDZV_WATCH_CALLBACK_REGISTERED);
+    const char *late[] = {"late"};
+    op_keys(&fr, RDZV_M_WAIT, 1, late);
+    run(&b, &fr);
+    op_barrier(&fr, "bar", 2); /* parks with the counter at 1 */
+    run(&c, &fr);
+    expect_empty(&c);
+    size_t memory = st.memory, private_memory = st.private_memory;
+
+    /* 20000 fill keys, a, /ddprun-coll/job/n, q and bar; /ddprun/job/k is kept. */
+    ck_assert_uint_eq(rdzv__store_clear(&st, (const uint8_t *)"/ddprun/", 8), 20004);
+    ck_assert_uint_gt(st.nstale, 20000);
+    ck_assert_uint_eq(st.memory, memory); /* counted until freed */
+    ck_assert_uint_eq(st.private_memory, private_memory);
+    expect_empty(&w);
+    fr_u8(&fr, RDZV_M_GETNUMKEYS);
+    op_key(&fr, RDZV_M_GET, "a");
+    op_key(&fr, RDZV_M_GET, "/ddprun/job/k");
+    op_key(&fr, RDZV_M_QUEUE_LEN, "q");
+    op_key(&fr, RDZV_M_DELETE_KEY, "fill/7");
+    const char *chk[] = {"fill/8"};
+    op_keys(&fr, RDZV_M_CHECK, 1, chk);
+    op_add(&fr, "/ddprun-coll/job/n", 1);
+    op_cas(&fr, "fill/9", "", "new");
+    fr_u8(&fr, RDZV_M_LIST_KEYS);
+    run(&a, &fr);
+    expect_i64(&a, 1);
+    expect_str(&a, "");
+    expect_str(&a, "kept");
+    expect_i64(&a, 0);
+    expect_i64(&a, 0);
+    expect_u8(&a, RDZV_CHECK_NOT_READY);
+    expect_i64(&a, 1); /* the counter starts again */
+    expect_str(&a, "new");
+    expect_i64(&a, 3); /* /ddprun/job/k, /ddprun-coll/job/n, fill/9: not the 20000 cleared */
+    a.conn.out.len = 0;
+
+    /* Freed in slices: a small budget leaves names for later. */
+    ck_assert(rdzv__store_sweep(&st, 100));
+    ck_assert_uint_gt(st.nstale, 0);
+    sweep_all();
+    ck_assert_uint_lt(st.memory, memory / 10);
+    ck_assert_uint_eq(st.nkeys, 3);
+
+    /* The watch and the waits were kept and told nothing; later writes reach them. */
+    expect_empty(&w);
+    op_set(&fr, "a", "v");
+    op_set(&fr, "late", "");
+    run(&a, &fr);
+    expect_u8(&w, RDZV_WATCH_KEY_CREATED);
+    expect_str(&w, "a");
+    expect_str(&w, "");
+    expect_str(&w, "v");
+    expect_u8(&b, RDZV_WAIT_STOP_WAITING);
+    expect_empty(&c);
+    op_barrier(&fr, "bar", 2); /* the counter was cleared: 1, still short of 2 */
+    run(&a, &fr);
+    expect_empty(&a);
+    expect_empty(&c);
+    op_set(&fr, "bar", "2");
+    run(&a, &fr);
+    expect_u8(&c, RDZV_WAIT_STOP_WAITING);
+    expect_u8(&a, RDZV_WAIT_STOP_WAITING);
+    rdzv__conn_release(&st, &a.conn);
+    rdzv__conn_release(&st, &b.conn);
+    rdzv__conn_release(&st, &c.conn);
+    rdzv__conn_release(&st, &w.conn);
+    ck_assert_uint_eq(rdzv__store_clear(&st, NULL, 0), 6);
+    ck_assert_uint_eq(st.nkeys, 0);
+    sweep_all();
+    ck_assert_uint_eq(st.nentries + st.bytes + st.memory + st.private_memory, 0);
+    fr_free(&fr);
+}
+END_TEST
+
+/* A request that needs the room of cleared names not yet freed frees them first: a full store,
+ * cleared, takes a large value at once. Two clears in a row, and names waited on across them,
+ * come out right. */
+START_TEST(clear_makes_room)
+{
+    fake a, b;
+    frame fr = {0};
+    char k[32];
+    fake_init(&a, RDZV_GEN_MODERN);
+    fake_init(&b, RDZV_GEN_MODERN);
+    const char *wk[] = {"w"};
+    op_keys(&fr, RDZV_M_WAIT, 1, wk);
+    run(&b, &fr);
+    int rc = 0, n = 0;
+    for (; rc == 0; n++) {
+        snprintf(k, sizeof(k), "fill/%d", n);
+        op_set(&fr, k, "0123456789");
+        rc = run(&a, &fr);
+    }
+    ck_assert_int_eq(rc, -ENOSPC);
+    ck_assert_uint_eq(rdzv__store_clear(&st, NULL, 0), (size_t)n - 1);
+    op_set(&fr, "x", "y");
+    ck_assert_uint_eq(rdzv__store_clear(&st, (const uint8_t *)"x", 1), 0); /* x is new: kept */
+    static char big[600 << 10];
+    fr_u8(&fr, RDZV_M_SET);
+    fr_str(&fr, "big");
+    fr_bytes(&fr, big, sizeof(big));
+    ck_assert_int_eq(run(&a, &fr), 0);
+    ck_assert_uint_le(st.memory, st.max_total_bytes);
+    fr_u8(&fr, RDZV_M_GETNUMKEYS);
+    op_key(&fr, RDZV_M_GET, "x");
+    run(&a, &fr);
+    expect_i64(&a, 2);
+    expect_str(&a, "y");
+    expect_empty(&b);
+    op_set(&fr, "w", "");
+    run(&a, &fr);
+    expect_u8(&b, RDZV_WAIT_STOP_WAITING);
+    sweep_all();
+    rdzv__conn_release(&st, &a.conn);
+    rdzv__conn_release(&st, &b.conn);
+    ck_assert_uint_eq(st.nentries, 3);
+    fr_free(&fr);
+}
+END_TEST
+
+/* Prefixes that keep part of a pool (names looked at one by one) and clears in a row: a name
+ * cleared once stays cleared when a later clear keeps its whole pool. */
+START_TEST(clear_prefixes)
+{
+    fake a;
+    frame fr = {0};
+    fake_init(&a, RDZV_GEN_MODERN);
+    op_set(&fr, "/ddprun/a/1", "a");
+    op_set(&fr, "/ddprun/b/1", "b");
+    op_set(&fr, "/ddprun-coll/c", "c");
+    op_set(&fr, "/ddprunX", "x");
+    op_set(&fr, "open", "o");
+    run(&a, &fr);
+    ck_assert_uint_eq(rdzv__store_clear(&st, (const uint8_t *)"/ddprun/a/", 10), 4);
+    ck_assert_uint_eq(st.nkeys, 1);
+    op_set(&fr, "/ddprun/b/2", "b2");
+    op_set(&fr, "/ddprunY", "y");
+    run(&a, &fr);
+    /* Keeps both private pools whole and the open names starting with "/ddprun". */
+    ck_assert_uint_eq(rdzv__store_clear(&st, (const uint8_t *)"/ddprun", 7), 0);
+    op_key(&fr, RDZV_M_GET, "/ddprun/a/1");
+    op_key(&fr, RDZV_M_GET, "/ddprun/b/1");
+    op_key(&fr, RDZV_M_GET, "/ddprun/b/2");
+    op_key(&fr, RDZV_M_GET, "/ddprunX");
+    op_key(&fr, RDZV_M_GET, "/ddprunY");
+    fr_u8(&fr, RDZV_M_GETNUMKEYS);
+    run(&a, &fr);
+    expect_str(&a, "a");
+    expect_str(&a, "");
+    expect_str(&a, "b2");
+    expect_str(&a, "");
+    expect_str(&a, "y");
+    expect_i64(&a, 3);
+    ck_assert_uint_eq(rdzv__store_clear(&st, (const uint8_t *)"/ddprun-coll/", 13), 3);
+    sweep_all();
+    ck_assert_uint_eq(st.nentries + st.nkeys + st.bytes + st.memory + st.private_memory, 0);
+    rdzv__conn_release(&st, &a.conn);
+    fr_free(&fr);
+}
+END_TEST
+
+/*
+ * A closing connection (or a CANCEL_WAIT) lets go of its WAITs and watches at once, and the
+ * sweep frees them later, a slice at a time: meanwhile they answer nobody, a queue push passes
+ * them by, the counts leave them out, and their memory stays counted until freed.
+ */
+START_TEST(release_is_lazy)
+{
+    fake a, b, w;
+    frame fr = {0};
+    char k[32];
+    fake_init(&a, RDZV_GEN_MODERN);
+    fake_init(&b, RDZV_GEN_MODERN);
+    fake_init(&w, RDZV_GEN_LEGACY);
+    st.max_total_bytes = 64 << 20;
+    enum { NK = 10 * 1024 }; /* ten WAITs of 1024 keys */
+    frame many = {0};
+    for (int i = 0; i < NK; i++) {
+        if (i % 1024 == 0) {
+            fr_u8(&many, RDZV_M_WAIT);
+            fr_u64(&many, 1024);
+        }
+        snprintf(k, sizeof(k), "many/%d", i);
+        fr_str(&many, k);
+    }
+    run(&a, &many);
+    const char *q[] = {"q"};
+    op_keys(&fr, RDZV_M_WAIT, 1, q);
+    run(&a, &fr);
+    const char *z[] = {"z"};
+    op_keys(&fr, RDZV_M_WAIT, 1, z);
+    run(&a, &fr);
+    op_keys(&fr, RDZV_M_WAIT, 1, q);
+    run(&b, &fr);
+    op_key(&fr, RDZV_L_WATCH_KEY, "k");
+    run(&w, &fr);
+    expect_u8(&w, RDZV_WATCH_CALLBACK_REGISTERED);
+    ck_assert_uint_eq(st.nwaiters, NK + 3);
+    size_t memory = st.memory;
+
+    rdzv__conn_release(&st, &a.conn);
+    rdzv__conn_release(&st, &w.conn);
+    ck_assert_uint_eq(st.nwaiters, 1); /* b's */
+    ck_assert_uint_eq(st.nwatches, 0);
+    ck_assert_uint_eq(st.memory, memory);
+    ck_assert_ptr_nonnull(st.dead);
+    /* A push to q wakes b, not a's dead WAIT, which came first; a dead WAIT whose key appears
+     * is freed then and there. */
+    fr_u8(&fr, RDZV_M_QUEUE_PUSH);
+    fr_str(&fr, "q");
+    fr_str(&fr, "item");
+    op_set(&fr, "z", "");
+    op_set(&fr, "k", "v");
+    run(&b, &fr);
+    expect_u8(&b, RDZV_WAIT_STOP_WAITING);
+    expect_empty(&b);
+    ck_assert_uint_eq(st.nwaiters, 0);
+    /* The WAITs are freed over many slices. */
+    int slices = 0;
+    while (rdzv__store_sweep(&st, 64 * RDZV__SWEEP_NAME))
+        slices++;
+    ck_assert_int_gt(slices, 100);
+    ck_assert_ptr_null(st.dead);
+    ck_assert_uint_eq(st.nentries, 3); /* q, z and k */
+    ck_assert_uint_lt(st.memory, memory / 10);
+    rdzv__conn_release(&st, &b.conn);
+    fr_free(&many);
+    fr_free(&fr);
+}
+END_TEST
+
+/* A request that needs the room of a closed connection's WAITs frees them first, and the name
+ * it writes survives although only those WAITs named it. */
+START_TEST(release_makes_room)
+{
+    fake a, b;
+    frame fr = {0};
+    char k[32];
+    fake_init(&a, RDZV_GEN_MODERN);
+    fake_init(&b, RDZV_GEN_MODERN);
+    int rc = 0, w = 0;
+    for (; rc == 0; w++) {
+        fr_u8(&fr, RDZV_M_WAIT);
+        fr_u64(&fr, 1024);
+        for (int i = 0; i < 1024; i++) {
+            snprintf(k, sizeof(k), "w/%d/%d", w, i);
+            fr_str(&fr, k);
+        }
+        rc = run(&a, &fr);
+    }
+    ck_assert_int_eq(rc, -ENOSPC);
+    rdzv__conn_release(&st, &a.conn);
+    ck_assert_ptr_nonnull(st.dead);
+    static char big[600 << 10];
+    memset(big, 'b', sizeof(big));
+    snprintf(k, sizeof(k), "w/%d/5", w - 2); /* in the last WAIT parked: swept first */
+    fr_u8(&fr, RDZV_M_SET);
+    fr_str(&fr, k);
+    fr_bytes(&fr, big, sizeof(big));
+    ck_assert_int_eq(run(&b, &fr), 0);
+    ck_assert_uint_le(st.memory, st.max_total_bytes);
+    op_key(&fr, RDZV_M_GET, k);
+    run(&b, &fr);
+    expect_vec(&b, big, sizeof(big));
+    sweep_all();
+    ck_assert_uint_eq(st.nentries, 1);
     rdzv__conn_release(&st, &b.conn);
     fr_free(&fr);
 }
@@ -591,6 +905,7 @@ START_TEST(legacy_watch)
     expect_empty(&w);
     rdzv__conn_release(&st, &w.conn);
     ck_assert_uint_eq(st.nwatches, 0);
+    sweep_all();
     ck_assert_uint_eq(st.nentries, 0);
     rdzv__conn_release(&st, &a.conn);
     fr_free(&fr);
@@ -693,6 +1008,7 @@ START_TEST(growth_in_steps)
     expect_i64(&a, 10000 - 3334);
     a.conn.out.len = 0;
     ck_assert_uint_eq(rdzv__store_clear(&st, NULL, 0), 10000 - 3334);
+    sweep_all();
     ck_assert_uint_eq(st.nentries, 0);
     ck_assert_uint_eq(st.memory, 0);
     rdzv__conn_release(&st, &a.conn);
@@ -740,6 +1056,7 @@ START_TEST(private_pool)
     ck_assert_uint_eq(st.memory, open_memory);
     rdzv__conn_release(&st, &a.conn);
     ck_assert_uint_eq(rdzv__store_clear(&st, NULL, 0), (size_t)open_keys - 1 + private_keys + 1);
+    sweep_all();
     ck_assert_uint_eq(st.memory + st.private_memory, 0);
     fr_free(&fr);
 }
@@ -774,7 +1091,8 @@ int main(void)
     TCase *tc =
         check_tcase(s, "ops", 0, set_get_delete_numkeys, add_semantics, compare_set_semantics,
                     check_and_wait, cancel_and_release, append_multi_ping_list, queues, barrier_op,
-                    clear_keeps_prefix_and_waiters, legacy_watch, size_cap, many_keys,
+                    clear_keeps_prefix_and_waiters, clear_is_lazy, clear_makes_room, clear_prefixes,
+                    release_is_lazy, release_makes_room, legacy_watch, size_cap, many_keys,
                     growth_in_steps, private_pool, list_keys_cap);
     tcase_add_checked_fixture(tc, setup, teardown);
     return check_run(s);
