@@ -1047,6 +1047,14 @@ static void on_listen_ready(uv_poll_t *h, int status, int events)
  * the FIFO, so the cost is the number closed), a request incomplete for request_timeout_s, or
  * nothing received for idle_timeout_s by a connection that waits for nothing.
  */
+/* Milliseconds from `since` to `now`, 0 when `since` is later: note_progress() stores
+ * uv_now() | 1 (0 means "no partial request"), a millisecond ahead of an even uv_now(), and a
+ * sweep in that same millisecond must see an age of 0, not a wrapped-around one. */
+static uint64_t elapsed_ms(uint64_t now, uint64_t since)
+{
+    return now > since ? now - since : 0;
+}
+
 static void sweep_cb(uv_timer_t *t)
 {
     rdzv_server *srv = t->data;
@@ -1063,7 +1071,7 @@ static void sweep_cb(uv_timer_t *t)
     uint64_t idle_ms = (uint64_t)srv->opts.idle_timeout_s * 1000;
     for (client *c = srv->clients, *next; c; c = next) {
         next = c->next;
-        if (req_ms && c->partial_since_ms && now - c->partial_since_ms >= req_ms) {
+        if (req_ms && c->partial_since_ms && elapsed_ms(now, c->partial_since_ms) >= req_ms) {
             snprintf(why, sizeof(why), "request incomplete for %d s (request_timeout_s)",
                      srv->opts.request_timeout_s);
             client_close(c, why);

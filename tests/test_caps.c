@@ -569,6 +569,25 @@ START_TEST(per_key_overhead)
 }
 END_TEST
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* A PING on fd answered: the requests sent before it have run. */
+static bool ping(int fd, uint32_t tag)
+{
+    frame f = {0};
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, tag);
+    send_frame(fd, &f);
+    fr_free(&f);
+    uint32_t echo = 0;
+    return recv(fd, &echo, 4, MSG_WAITALL) == 4 && echo == tag;
+}
+
 /* A request that never completes is closed after request_timeout_s; a silent connection after
  * idle_timeout_s, unless it waits for something. */
 START_TEST(timeouts)
@@ -620,6 +639,43 @@ START_TEST(timeouts)
     close(idle);
     close(waiting);
     fr_free(&f);
+}
+END_TEST
+
+/*
+ * A peer that sends every request a byte at a time (a slow link, small TCP segments) is never
+ * taken for one whose request stays incomplete: the sweep of request_timeout_s (every 250 ms
+ * here) often runs in the same millisecond as the read of a request's first byte, whose start
+ * time is uv_now() | 1, and once read that as a wrapped-around age and closed the connection
+ * ("request incomplete for 1 s") within a second or two.
+ */
+START_TEST(trickled_requests_not_timed_out)
+{
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.request_timeout_s = 1;
+    server_start(&o, 0);
+    int fd = modern(srv_port, 0);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    double t0 = now_s();
+    uint32_t n = 0;
+    bool alive = true;
+    while (alive && now_s() - t0 < 4) { /* 16 sweeps */
+        uint8_t req[5] = {RDZV_M_PING};
+        uint32_t tag = ++n, echo = 0;
+        memcpy(req + 1, &tag, 4);
+        for (int i = 0; i < 5 && alive; i++) {
+            alive = send(fd, req + i, 1, MSG_NOSIGNAL) == 1;
+            nanosleep(&(struct timespec){0, 100000}, NULL); /* pacing: one byte per segment */
+        }
+        alive = alive && recv(fd, &echo, 4, MSG_WAITALL) == 4 && echo == tag;
+    }
+    printf("trickled requests: %u PINGs sent a byte at a time over %.1f s, connection %s\n", n,
+           now_s() - t0, alive ? "kept" : "closed");
+    ck_assert_msg(alive, "closed after %u requests: %s", n,
+                  log_shows("request_timeout_s") ? "request_timeout_s" : "?");
+    close(fd);
 }
 END_TEST
 
@@ -791,24 +847,6 @@ static int fill_keys(int fd, const char *tag, int count, int batch)
     return sent;
 }
 
-/* A PING on fd answered: the requests sent before it have run. */
-static bool ping(int fd, uint32_t tag)
-{
-    frame f = {0};
-    fr_u8(&f, RDZV_M_PING);
-    fr_u32(&f, tag);
-    send_frame(fd, &f);
-    fr_free(&f);
-    uint32_t echo = 0;
-    return recv(fd, &echo, 4, MSG_WAITALL) == 4 && echo == tag;
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 /*
  * Every amplification of the issue, one after the other on one server with small caps: ten
@@ -1124,7 +1162,8 @@ int main(void)
     Suite *s = suite_create("caps");
     TCase *tc = check_tcase(s, "caps", 60, multi_get_amplification, watch_backlog,
                             get_amplification, wait_records, partial_requests, per_key_overhead,
-                            timeouts, emfile_refusals_counted, derived_connection_cap);
+                            timeouts, trickled_requests_not_timed_out, emfile_refusals_counted,
+                            derived_connection_cap);
     tcase_add_checked_fixture(tc, NULL, teardown);
     tc = check_tcase(s, "memory", 120, rss_tracks_caps, list_keys_responsive, clear_responsive,
                     release_responsive, private_reserve);
