@@ -237,14 +237,28 @@ int cli_report(FILE *f, const char *prog, int rc)
 
 void cli_msg(FILE *f, const char *prog, const char *fmt, ...)
 {
+    /* One write(2) for the whole line where it fits, so that the lines of processes sharing a
+     * file or pipe (ranks under ddprun --no-prefix, on unbuffered stderr) do not interleave. */
+    char line[4096];
     va_list ap;
     va_start(ap, fmt);
-    flockfile(f);
-    fprintf(f, "%s: ", prog);
-    vfprintf(f, fmt, ap);
-    fputc('\n', f);
-    funlockfile(f);
+    int head = snprintf(line, sizeof line, "%s: ", prog);
+    int n = head < 0 || (size_t)head >= sizeof line
+                ? -1
+                : vsnprintf(line + head, sizeof line - (size_t)head, fmt, ap);
     va_end(ap);
+    flockfile(f);
+    if (n >= 0 && (size_t)(head + n) < sizeof line - 1) {
+        line[head + n] = '\n';
+        fwrite(line, 1, (size_t)(head + n) + 1, f);
+    } else { /* a longer line: written in pieces */
+        va_start(ap, fmt);
+        fprintf(f, "%s: ", prog);
+        vfprintf(f, fmt, ap);
+        fputc('\n', f);
+        va_end(ap);
+    }
+    funlockfile(f);
 }
 
 /* ------------------------------------------------------------------------------------------ */

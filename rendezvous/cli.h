@@ -138,7 +138,8 @@ int cli_report(FILE *f, const char *prog, int rc);
 
 /*
  * Writes "PROG: <message>" and a newline to f in one locked write (threads do not interleave
- * within it): the form of every message a program prints. A program names itself once,
+ * within it), and in one write(2) up to 4 KiB (nor do processes sharing the file or pipe): the
+ * form of every message a program prints. A program names itself once,
  *
  *     #define err(...) cli_msg(stderr, "ddp-train", __VA_ARGS__)
  */
