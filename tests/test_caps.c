@@ -958,6 +958,29 @@ START_TEST(rss_tracks_caps)
 }
 END_TEST
 
+/* A PING on fd answered, its round trip kept in *worst when it is the slowest so far. */
+static bool timed_ping(int fd, uint32_t tag, double *worst)
+{
+    double t = now_s();
+    bool ok = ping(fd, tag);
+    double dt = now_s() - t;
+    *worst = dt > *worst ? dt : *worst;
+    return ok;
+}
+
+/* A server (768 MiB for keys) holding `keys` empty keys, all stored (a PING after them came back). */
+static void start_full_server(int keys)
+{
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.max_total_bytes = 768 * MiB;
+    server_start(&o, 0);
+    int filler = modern(srv_port, 0);
+    ck_assert_int_eq(fill_keys(filler, "k", keys / 10000, 10000), keys);
+    ck_assert(ping(filler, 1));
+    close(filler);
+}
+
 /*
  * LIST_KEYS over three million keys while another client PINGs: every PING is answered within
  * 150 ms (the loop never blocks on one request for longer than ~50 ms; the rest is room for a
@@ -967,13 +990,7 @@ END_TEST
 START_TEST(list_keys_responsive)
 {
     enum { KEYS = 3000000 };
-    rdzv_server_options o;
-    rdzv_server_options_init(&o);
-    o.max_total_bytes = 768 * MiB;
-    server_start(&o, 0);
-    int filler = modern(srv_port, 0);
-    ck_assert_int_eq(fill_keys(filler, "k", KEYS / 10000, 10000), KEYS);
-    ck_assert(ping(filler, 1));
+    start_full_server(KEYS);
     int pinger = modern(srv_port, 0);
     ck_assert(ping(pinger, 2));
     int lister = modern(srv_port, 0);
@@ -982,12 +999,8 @@ START_TEST(list_keys_responsive)
     send_frame(lister, &f);
     fr_free(&f);
     double worst = 0;
-    for (int i = 0; i < 20; i++) {
-        double t0 = now_s();
-        ck_assert(ping(pinger, 10 + (uint32_t)i));
-        double dt = now_s() - t0;
-        worst = dt > worst ? dt : worst;
-    }
+    for (int i = 0; i < 20; i++)
+        ck_assert(timed_ping(pinger, 10 + (uint32_t)i, &worst));
     uint64_t n = 0;
     ssize_t got = recv(lister, &n, 8, MSG_WAITALL);
     printf("list_keys: %d keys; slowest of 20 PINGs during LIST_KEYS %.1f ms; LIST_KEYS %s "
@@ -997,7 +1010,6 @@ START_TEST(list_keys_responsive)
     ck_assert_double_lt(worst, 0.15);
     close(lister);
     close(pinger);
-    close(filler);
 }
 END_TEST
 
@@ -1010,14 +1022,7 @@ END_TEST
 START_TEST(clear_responsive)
 {
     enum { KEYS = 3000000 };
-    rdzv_server_options o;
-    rdzv_server_options_init(&o);
-    o.max_total_bytes = 768 * MiB;
-    server_start(&o, 0);
-    int filler = modern(srv_port, 0);
-    ck_assert_int_eq(fill_keys(filler, "k", KEYS / 10000, 10000), KEYS);
-    ck_assert(ping(filler, 1));
-    close(filler);
+    start_full_server(KEYS);
     json_int_t full = status_int("memory", NULL);
     int pinger = modern(srv_port, 0);
     ck_assert(ping(pinger, 2));
@@ -1028,10 +1033,7 @@ START_TEST(clear_responsive)
     fcntl(srv_up, F_SETFL, O_NONBLOCK);
     /* PING until the clear has returned and its sweep is over (bounded: 30 s). */
     while ((cleared < 0 || pending > 0) && now_s() - t0 < 30) {
-        double t = now_s();
-        ck_assert(ping(pinger, 10 + (uint32_t)pings++));
-        double dt = now_s() - t;
-        worst = dt > worst ? dt : worst;
+        ck_assert(timed_ping(pinger, 10 + (uint32_t)pings++, &worst));
         if (cleared < 0 && read(srv_up, &cleared, sizeof cleared) == (ssize_t)sizeof cleared)
             cleared_s = now_s() - t0;
         if (cleared >= 0 && pings % 10 == 0)
@@ -1088,10 +1090,7 @@ START_TEST(release_responsive)
     json_int_t left = full;
     /* PING until the memory is given back (bounded: 30 s). */
     while (left > full / 100 && now_s() - t0 < 30) {
-        double t = now_s();
-        ck_assert(ping(pinger, 10 + (uint32_t)pings++));
-        double dt = now_s() - t;
-        worst = dt > worst ? dt : worst;
+        ck_assert(timed_ping(pinger, 10 + (uint32_t)pings++, &worst));
         if (pings % 10 == 0)
             left = status_int("memory", NULL);
     }
