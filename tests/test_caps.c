@@ -968,7 +968,8 @@ static bool timed_ping(int fd, uint32_t tag, double *worst)
     return ok;
 }
 
-/* A server (768 MiB for keys) holding `keys` empty keys, all stored (a PING after them came back). */
+/* A server (768 MiB for keys) holding `keys` empty keys, all stored (a PING after them came
+ * back). */
 static void start_full_server(int keys)
 {
     rdzv_server_options o;
