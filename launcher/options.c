@@ -6,7 +6,7 @@
  * text and whether PET_<NAME> may supply it; the parser and ddprun_print_help() both walk it, so
  * the help (and through tests/test_help_man.sh the man page) cannot drift from the parser. The
  * table's type, the abbreviation-aware lookup, the integer and seconds parsers and the help
- * layout are the programs' shared ones (rendezvous/cli.h).
+ * layout are the programs' shared ones (rendezvous/common/cli.h).
  *
  * Parsing happens in three steps, as torchrun's argparse does: every option starts from its
  * default, replaced by PET_<NAME> when that is set, replaced by the command line (the last

@@ -5,14 +5,14 @@ usage: optim_torch.py OPTIM_TORCH_DRIVER
 
 For each optimizer setting, the same initial parameters and gradients (float32, seeded) go
 through torch.optim.SGD or torch.optim.AdamW (single-tensor path: foreach and fused off) and
-through optim-torch-driver (worker/optim.c) with the kernel set chosen at run time. After
+through optim-torch-driver (worker/libddp/optim.c) with the kernel set chosen at run time. After
 every step the parameters and the optimizer state are compared; the largest absolute
 difference (also as a fraction of the array's largest magnitude) and the number of differing
 elements are printed. Every other kernel set this CPU runs must reproduce the chosen one's bits.
 
 Hyperparameters are float32-representable values, so both sides start from the same numbers
 (optim.h). Where PyTorch runs its AVX2 or AVX-512 CPU kernels, SGD's parameters and momentum
-buffer and AdamW's moments must be bit-identical (worker/optim.h promises it). AdamW's
+buffer and AdamW's moments must be bit-identical (worker/libddp/optim.h promises it). AdamW's
 parameters may differ by an ulp here and there, because PyTorch's CPU float sqrt is not
 correctly rounded (1 ulp off for about a fifth of inputs with MKL) and ours is; and where
 PyTorch's kernels are its portable ones they do not fuse multiply-adds. Those comparisons allow

@@ -1,8 +1,8 @@
 /*
- * Tests of libddp's checkpoint arithmetic that needs no communicator: CRC32C (worker/crc32c.c:
+ * Tests of libddp's checkpoint arithmetic that needs no communicator: CRC32C (worker/libddp/crc32c.c:
  * the standard check value, the chosen implementation and the table against a bitwise
  * reference, a CRC extended piece by piece equal to the whole) and the load's range mapping
- * (ddp__ckpt_map_range in worker/ckpt.c: the runs of a saving layout that fill each rank's part
+ * (ddp__ckpt_map_range in worker/libddp/ckpt.c: the runs of a saving layout that fill each rank's part
  * of a loading layout, for uneven paddings, world sizes 1-5 and bucket or unit layouts on both
  * sides, checked by simulating the shard files and the load).
  */

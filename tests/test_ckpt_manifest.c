@@ -1,5 +1,5 @@
 /*
- * Tests of the checkpoint manifest's reader (worker/ckpt_manifest.c): a good manifest parses
+ * Tests of the checkpoint manifest's reader (worker/libddp/ckpt_manifest.c): a good manifest parses
  * into what it says; each broken key, inconsistent layout, or file that is not JSON is refused
  * with -EPROTO and a sentence naming the file and the key; a missing manifest is -ENOENT. The
  * manifests are written by the test into a temporary directory; no shard files are needed.

@@ -1,5 +1,5 @@
 /*
- * Tests of ddp__ckpt_verify_shard() (worker/ckpt_verify.c) on shard files made here, described
+ * Tests of ddp__ckpt_verify_shard() (worker/libddp/ckpt_verify.c) on shard files made here, described
  * by a manifest built by hand (the parser has its own tests): an intact file of several chunks
  * (the last one short), then a flipped byte in the middle chunk, a truncated file, a longer
  * file, a missing file, an empty shard, and a whole-file CRC that disagrees with intact chunks:

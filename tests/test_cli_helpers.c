@@ -1,5 +1,5 @@
 /*
- * Unit tests of the programs' shared command-line helpers (rendezvous/cli.c): the value parsers
+ * Unit tests of the programs' shared command-line helpers (rendezvous/common/cli.c): the value parsers
  * (ranges, the syntax every program accepted before they were shared, error sentences that name
  * the flag, out-parameters untouched on failure), lists of integers, the report of a failed parse,
  * the table lookups, getopt_long's tables built from a table (and getopt_long run on them), and

@@ -1,5 +1,5 @@
 /*
- * Unit tests of ddp-train's data pipeline (worker/data.c): the distributed sampler, IDX parsing
+ * Unit tests of ddp-train's data pipeline (worker/trainer/data.c): the distributed sampler, IDX parsing
  * of small files written here, and the loader thread against the synchronous path.
  *
  * Sampler properties, for world sizes 1, 2, 3 and 4 and several accumulation counts: the

@@ -1,6 +1,6 @@
 /*
- * libddp's CUDA operations table (worker/ddp_cuda.cu, through ddp_ops.h) against the host table
- * (worker/ops_host.c over optim.c's kernels): the same inputs on both sides, every operation
+ * libddp's CUDA operations table (worker/libddp/ddp_cuda.cu, through ddp_ops.h) against the host table
+ * (worker/libddp/ops_host.c over optim.c's kernels): the same inputs on both sides, every operation
  * of the step compared element by element. Exits 77 without a GPU (cudaGetDeviceCount() fails
  * or finds none). No fork: a CUDA context does not survive fork().
  *

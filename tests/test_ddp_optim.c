@@ -1,5 +1,5 @@
 /*
- * Unit tests of libddp's optimizer kernels and learning-rate schedule (worker/optim.c).
+ * Unit tests of libddp's optimizer kernels and learning-rate schedule (worker/libddp/optim.c).
  *
  * Every kernel is run with every instruction set this build and CPU support (portable, AVX2,
  * AVX-512) and checked two ways: against a scalar reference in double precision, within a

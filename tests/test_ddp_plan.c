@@ -1,5 +1,5 @@
 /*
- * Tests of libddp's layout arithmetic (worker/plan.c): buckets built from the last parameter
+ * Tests of libddp's layout arithmetic (worker/libddp/plan.c): buckets built from the last parameter
  * back under their caps, units, padding to a multiple of the world size, and shards that cover
  * every group exactly. Pure functions; no communicator.
  */

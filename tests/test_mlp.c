@@ -1,5 +1,5 @@
 /*
- * Unit tests of ddp-train's MLP (worker/mlp.c): backward against finite differences, a forward
+ * Unit tests of ddp-train's MLP (worker/trainer/mlp.c): backward against finite differences, a forward
  * computed by hand, gradient accumulation, the hooks' order, the initialisation's bounds, and the
  * bf16 mode against f32.
  *

@@ -1,5 +1,5 @@
 /*
- * mlp_cuda (worker/mlp_cuda.h) against mlp (worker/mlp.h), the host reference: the same
+ * mlp_cuda (worker/trainer/mlp_cuda.h) against mlp (worker/trainer/mlp.h), the host reference: the same
  * parameters, the same batch gathered on the device (mlp_cuda_data) and on the host, then the
  * loss, correct count, probabilities and every parameter gradient compared; for f32 and for
  * bf16 (against mlp.c's emulation of the device's rounding). Exits 77 without a GPU.

@@ -1,5 +1,5 @@
 /*
- * Tests of the programs' safetensors reader and writer (worker/safetensors.c): a file written by
+ * Tests of the programs' safetensors reader and writer (worker/trainer/safetensors.c): a file written by
  * st_write() reads back equal, and malformed input of every kind the format can be wrong in
  * (header length, JSON, dtype, shape, offsets out of range, gaps, overlaps, trailing bytes,
  * metadata) is refused with a sentence naming the problem, never read out of bounds (the

@@ -1,5 +1,5 @@
 /*
- * ddp-train's backend decision (worker/train_backend.c) over synthetic reports: distinct GPUs
+ * ddp-train's backend decision (worker/trainer/train_backend.c) over synthetic reports: distinct GPUs
  * with NCCL everywhere take nccl; two ranks on the same GPU (as on hosts with fewer GPUs than
  * ranks), a rank without a GPU or without NCCL take cpu under auto, naming the first ranks
  * concerned, and refuse --backend nccl alike; one GPU per rank seen through

@@ -1,5 +1,5 @@
 /*
- * ddp-train's checkpoint user state (worker/train_state.c): the JSON round trip, malformed or
+ * ddp-train's checkpoint user state (worker/trainer/train_state.c): the JSON round trip, malformed or
  * foreign states refused with a sentence, and the resume decision: the same settings resume,
  * another world size, stage or accumulation resumes too, a changed schedule resumes with a
  * warning, and a changed model, data order or optimizer is refused naming the setting.

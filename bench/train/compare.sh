@@ -214,7 +214,7 @@ if [[ $DEVICE == cpu ]]; then
         run "sgemm.$s" "$sgemm" --json --batch "$batches" --hidden "$h" --layers "$l"
     done
     # Every trainer on the OpenBLAS kernels sgemm ran with: ddp-train picks fast ones where
-    # OpenBLAS does not know the CPU (worker/mlp.h), and Debian's torch 1.13 computes on the
+    # OpenBLAS does not know the CPU (worker/trainer/mlp.h), and Debian's torch 1.13 computes on the
     # same OpenBLAS, which would otherwise run its slow fallback there.
     core=$(sed -n 's/.*"core": "\([A-Za-z0-9]*\)".*/\1/p' "$OUT"/sgemm.*.out | tail -n 1)
     [[ -n $core ]] && export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$core}

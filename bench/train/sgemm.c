@@ -6,7 +6,7 @@
  *
  *   square  C = A B with M = N = K = --square (2048): the library's peak on this core;
  *   model   the GEMMs of one training step of ddp-train's MLP (784-H-...-H-10, --hidden,
- *           --layers) on a micro-batch of B rows, with the calls and transposes worker/mlp.c
+ *           --layers) on a micro-batch of B rows, with the calls and transposes worker/trainer/mlp.c
  *           makes: per layer the forward y = x W^T (B x out x in), the weight gradient
  *           dW += dy^T x (out x in x B) and, except for the first layer, dx = dy W
  *           (B x in x out); their flops summed over their times summed. One row per B in
@@ -66,7 +66,7 @@ typedef struct layer {
     float *x, *W, *y, *dy, *dW, *dx;
 } layer;
 
-/* The GEMMs of one training step, as worker/mlp.c calls them. Returns the flops. */
+/* The GEMMs of one training step, as worker/trainer/mlp.c calls them. Returns the flops. */
 static double model_step(layer *ls, int L, int B)
 {
     double flops = 0;
@@ -120,7 +120,7 @@ static double square_step(sq *s)
 
 int main(int argc, char **argv)
 {
-    (void)mlp_blas_select(argv); /* the kernels ddp-train runs with (worker/mlp.h) */
+    (void)mlp_blas_select(argv); /* the kernels ddp-train runs with (worker/trainer/mlp.h) */
     int square = 2048, hidden = 512, layers = 2, reps = 5, ms = 200, json = 0;
     int batches[MAX_BATCHES] = {256, 128, 64}, nb = 3;
     for (int i = 1; i < argc; i++) {

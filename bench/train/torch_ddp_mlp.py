@@ -7,12 +7,12 @@ Run it under ddprun (or torchrun) like ddp-train:
     ddprun --standalone --nproc-per-node 1 --no-prefix python3 bench/train/torch_ddp_mlp.py \\
         --device cuda --precision bf16
 
-It trains what ddp-train trains with its defaults (worker/ddp-train.c, DEF_*), the way a torch
+It trains what ddp-train trains with its defaults (worker/trainer/ddp-train.c, DEF_*), the way a torch
 user would write it:
   - the MLP 784-512-512-10 (--hidden, --layers), ReLU, softmax cross-entropy, torch.nn.Linear's
     default initialisation, torch.manual_seed(--seed) on every rank (DDP broadcasts rank 0's);
   - Fashion-MNIST from the same IDX .gz files (--data, default Debian's dataset-fashion-mnist
-    directory), pixels x = (p / 255 - 0.2860) / 0.3530 as in worker/data.h;
+    directory), pixels x = (p / 255 - 0.2860) / 0.3530 as in worker/trainer/data.h;
   - every epoch a permutation of the training set drawn from (seed, epoch); global batch G =
     256 of consecutive permutation entries, rank r taking the r-th contiguous G / world of it
     (DistributedSampler-like, the global batch independent of the world size); the last

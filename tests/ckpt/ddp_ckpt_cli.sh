@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ddp-ckpt end to end (worker/ddp-ckpt.c, ddp-ckpt(1)), on checkpoints ddp-train writes under
+# ddp-ckpt end to end (worker/tools/ddp-ckpt.c, ddp-ckpt(1)), on checkpoints ddp-train writes under
 # ddprun at world size 2, ZeRO-2 (small buckets: several groups, in reverse arena order), and at
 # world size 3, ZeRO-3 (units); a width of 99 gives groups of odd sizes, padded to the world:
 #  1. inspect (text and --json): step, world size, stage, tensors and shapes as ddp-train

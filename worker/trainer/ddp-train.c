@@ -4,7 +4,7 @@
  *
  *     ddprun --standalone --nproc-per-node 2 build/worker/ddp-train [--zero 2] [--epochs 10]
  *
- * One training loop serves every stage, as libddp is meant to be used (worker/ddp.h): the
+ * One training loop serves every stage, as libddp is meant to be used (worker/libddp/ddp.h): the
  * model's layers are its units, each linear layer registers its weight (out, in) and bias (out);
  * mlp_forward() and mlp_backward() ask for a layer's parameters through hooks that gather it
  * (ZeRO-3), take its gradient buffers and mark them ready as soon as the layer's backward is

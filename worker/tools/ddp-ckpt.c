@@ -1,5 +1,5 @@
 /*
- * ddp-ckpt: libddp's checkpoints from the shell (worker/ckpt.h gives the format):
+ * ddp-ckpt: libddp's checkpoints from the shell (worker/libddp/ckpt.h gives the format):
  *
  *     ddp-ckpt inspect DIR [--json]             the manifest, summarised
  *     ddp-ckpt verify DIR [--all]               every shard's size and CRC32C
