@@ -150,9 +150,9 @@ int main(int argc, char **argv)
 
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = rdzv__now_s();
+        double t0 = mono_now_s();
         memcpy(dst, bufs[0], nbytes);
-        double t = rdzv__now_s() - t0;
+        double t = mono_now_s() - t0;
         best = t < best ? t : best;
     }
     printf("%-8s %5s %-12s %8.2f %8s %9.2f\n", "memcpy", "-", "-", 2.0 * nbytes / best / 1e9, "-",
@@ -173,9 +173,9 @@ int main(int argc, char **argv)
                 void *out = inplace ? bufs[0] : dst;
                 best = 1e30;
                 for (int r = 0; r < reps; r++) {
-                    double t0 = rdzv__now_s();
+                    double t0 = mono_now_s();
                     coll__reduce_n(out, srcs, nsrc, count, dt, op);
-                    double t = rdzv__now_s() - t0;
+                    double t = mono_now_s() - t0;
                     best = t < best ? t : best;
                 }
                 /* In place keeps reducing into srcs[0]; refresh it so later rows see sane data. */

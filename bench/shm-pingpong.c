@@ -50,7 +50,7 @@ static int join(coll__shm *s, int n, int rank, int spin)
     s->local_abort = &no_abort;
     for (int i = 0; i < n; i++)
         s->granks[i] = i;
-    int64_t deadline = rdzv__deadline_ns(30000);
+    int64_t deadline = mono_deadline_ns(30000);
     int rc = coll__shm_attach_done(s, deadline);
     if (rc != 0)
         return rc;
@@ -74,8 +74,8 @@ static int64_t ring(coll__shm *s, uint64_t first, uint64_t last)
 {
     coll__shm_hdr *h = s->base;
     int n = s->nlocal, r = s->local_rank, prev = (r + n - 1) % n;
-    int64_t deadline = rdzv__deadline_ns(120000);
-    int64_t t0 = rdzv__now_ns();
+    int64_t deadline = mono_deadline_ns(120000);
+    int64_t t0 = mono_now_ns();
     for (uint64_t i = first; i <= last; i++) {
         int rc;
         if (r == 0) {
@@ -88,7 +88,7 @@ static int64_t ring(coll__shm *s, uint64_t first, uint64_t last)
         if (rc != 0)
             return rc;
     }
-    return rdzv__now_ns() - t0;
+    return mono_now_ns() - t0;
 }
 
 static int cmp_i64(const void *a, const void *b)

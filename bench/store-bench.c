@@ -88,7 +88,7 @@ __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, .
 /* The project's monotonic clock (monoclock.h), unsigned for this file's arithmetic. */
 static uint64_t now_ns(void)
 {
-    return (uint64_t)rdzv__now_ns();
+    return (uint64_t)mono_now_ns();
 }
 
 /* CPU time of another process (all its threads), in ns; -1 if it cannot be read. */

@@ -42,7 +42,7 @@ static void die(const char *what, int rc)
 static void rank_main(coll__tcp *t, size_t nbytes, int reps, int iters, int bufsize)
 {
     int peer = 1 - t->rank, culprit = -1, rc;
-    rc = coll__tcp_conn(t, peer, rdzv__deadline_ns(10000));
+    rc = coll__tcp_conn(t, peer, mono_deadline_ns(10000));
     if (rc < 0)
         die("conn", rc);
     if (bufsize > 0) {
@@ -59,12 +59,12 @@ static void rank_main(coll__tcp *t, size_t nbytes, int reps, int iters, int bufs
     double *sec = calloc((size_t)reps + (size_t)iters, sizeof *sec);
     struct iovec s = {sbuf, nbytes}, r = {rbuf, nbytes};
     for (int i = -1; i < reps; i++) {
-        int64_t t0 = rdzv__now_ns();
-        rc = coll__tcp_xfer(t, peer, &s, 1, peer, &r, 1, rdzv__deadline_ns(60000), &culprit);
+        int64_t t0 = mono_now_ns();
+        rc = coll__tcp_xfer(t, peer, &s, 1, peer, &r, 1, mono_deadline_ns(60000), &culprit);
         if (rc < 0)
             die("exchange", rc);
         if (i >= 0)
-            sec[i] = (double)(rdzv__now_ns() - t0) * 1e-9;
+            sec[i] = (double)(mono_now_ns() - t0) * 1e-9;
     }
     if (t->rank == 0) {
         qsort(sec, (size_t)reps, sizeof *sec, cmp_double);
@@ -78,22 +78,22 @@ static void rank_main(coll__tcp *t, size_t nbytes, int reps, int iters, int bufs
     uint64_t msg = 0;
     struct iovec m = {&msg, sizeof msg};
     for (int i = -100; i < iters; i++) {
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         if (t->rank == 0) {
-            rc = coll__tcp_xfer(t, peer, &m, 1, -1, NULL, 0, rdzv__deadline_ns(10000), &culprit);
+            rc = coll__tcp_xfer(t, peer, &m, 1, -1, NULL, 0, mono_deadline_ns(10000), &culprit);
             if (rc == 0)
                 rc =
-                    coll__tcp_xfer(t, -1, NULL, 0, peer, &m, 1, rdzv__deadline_ns(10000), &culprit);
+                    coll__tcp_xfer(t, -1, NULL, 0, peer, &m, 1, mono_deadline_ns(10000), &culprit);
         } else {
-            rc = coll__tcp_xfer(t, -1, NULL, 0, peer, &m, 1, rdzv__deadline_ns(10000), &culprit);
+            rc = coll__tcp_xfer(t, -1, NULL, 0, peer, &m, 1, mono_deadline_ns(10000), &culprit);
             if (rc == 0)
                 rc =
-                    coll__tcp_xfer(t, peer, &m, 1, -1, NULL, 0, rdzv__deadline_ns(10000), &culprit);
+                    coll__tcp_xfer(t, peer, &m, 1, -1, NULL, 0, mono_deadline_ns(10000), &culprit);
         }
         if (rc < 0)
             die("ping-pong", rc);
         if (i >= 0)
-            sec[i] = (double)(rdzv__now_ns() - t0) * 1e-9;
+            sec[i] = (double)(mono_now_ns() - t0) * 1e-9;
     }
     if (t->rank == 0) {
         qsort(sec, (size_t)iters, sizeof *sec, cmp_double);

@@ -591,7 +591,7 @@ int ddprun_hb_init(ddprun_hb_state *st, const char *prefix, int round, int nnode
         ddprun_hb_free(&s);
         return -ENOMEM;
     }
-    double now = rdzv__now_s();
+    double now = mono_now_s();
     for (int i = 0; i < nnodes; i++) {
         s.value[i] = -1;
         s.changed_s[i] = now;
@@ -707,7 +707,7 @@ int ddprun_dead_nodes(rdzv_client *c, ddprun_hb_state *st, int *dead, int dead_c
             goto out;
         }
     }
-    double now = rdzv__now_s();
+    double now = mono_now_s();
     int ndead = 0;
     for (int i = 0; i < nn; i++) {
         if (seen[i] != st->value[i]) {
@@ -796,7 +796,7 @@ int ddprun_rdzv_exit_barrier(rdzv_client *c, const char *prefix, int round, int 
     if (!c || bad_prefix(prefix) || round < 0 || nnodes < 1 || nnodes > DDPRUN_RDZV_MAX_NODES ||
         poll_ms < 1 || !failure)
         return -EINVAL;
-    int64_t deadline = rdzv__deadline_ns(to_ms(timeout_s));
+    int64_t deadline = mono_deadline_ns(to_ms(timeout_s));
     char *count = round_key(prefix, round, "exit/count");
     char *done = round_key(prefix, round, "exit/done");
     char *failed = round_key(prefix, round, "failed");
@@ -808,7 +808,7 @@ int ddprun_rdzv_exit_barrier(rdzv_client *c, const char *prefix, int round, int 
     if (rc == 0 && arrived >= nnodes)
         rc = rdzv_set(c, done, "1", 1);
     while (rc == 0) {
-        int left = rdzv__ms_left(deadline);
+        int left = mono_ms_left(deadline);
         if (left == 0) {
             rc = -ETIMEDOUT;
             break;

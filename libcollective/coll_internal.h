@@ -41,8 +41,8 @@ extern "C" {
 #define COLL_ERROR_CODE_LOW (-1099)
 
 /*
- * Clocks: monoclock.h's rdzv__now_ns(), rdzv__deadline_ns() and rdzv__ms_left(), the project's
- * one monotonic clock; every deadline in this library is a rdzv__deadline_ns() value.
+ * Clocks: monoclock.h's mono_now_ns(), mono_deadline_ns() and mono_ms_left(), the project's
+ * one monotonic clock; every deadline in this library is a mono_deadline_ns() value.
  */
 
 /* ------------------------------------------------------------------------------------------ */

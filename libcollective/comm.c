@@ -368,7 +368,7 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence e
     char err[ERR_BYTES];
     failure_message(c, err, sizeof err, what, rc, culprit,
                     culprit >= 0 ? c->ops->hostname(c, culprit) : "",
-                    (long)((rdzv__now_ns() - started) / 1000000), detail);
+                    (long)((mono_now_ns() - started) / 1000000), detail);
     pthread_mutex_lock(&c->lock);
     if (!c->sticky) {
         c->sticky = rc;
@@ -520,8 +520,8 @@ static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
     uint64_t k = c->ncoll;
     if (is_collective(op->kind))
         c->ncoll++;
-    int64_t started = rdzv__now_ns();
-    int64_t deadline = rdzv__deadline_ns(c->opts.timeout_ms);
+    int64_t started = mono_now_ns();
+    int64_t deadline = mono_deadline_ns(c->opts.timeout_ms);
     int culprit = -1;
     char detail[256] = "";
     int rc = c->cuda ? run_staged(c, op, deadline, &culprit, detail, sizeof detail)
@@ -638,11 +638,11 @@ static int cpu_stream_wait(coll_request *req, void *stream)
 /* Waits for the queue to empty, for at most the timeout; aborts what is still stuck then. */
 static void cpu_drain(coll_comm *c)
 {
-    int64_t deadline = rdzv__deadline_ns(c->opts.timeout_ms);
+    int64_t deadline = mono_deadline_ns(c->opts.timeout_ms);
     pthread_mutex_lock(&c->lock);
-    while ((c->head || c->busy) && rdzv__now_ns() < deadline) {
+    while ((c->head || c->busy) && mono_now_ns() < deadline) {
         /* c->done runs on CLOCK_MONOTONIC. */
-        struct timespec ts = rdzv__timespec_at(rdzv__deadline_ns(1000));
+        struct timespec ts = mono_timespec_at(mono_deadline_ns(1000));
         pthread_cond_timedwait(&c->done, &c->lock, &ts);
     }
     bool stuck = c->head || c->busy;
@@ -729,8 +729,8 @@ static void nccl_submit(coll_comm *c, coll_request *req)
     req->k = c->ncoll;
     if (is_collective(req->op.kind))
         c->ncoll++;
-    req->issued = rdzv__now_ns();
-    req->deadline = rdzv__deadline_ns(c->opts.timeout_ms);
+    req->issued = mono_now_ns();
+    req->deadline = mono_deadline_ns(c->opts.timeout_ms);
     int sticky = c->sticky;
     int rc = sticky ? sticky
                     : coll__nccl_start(c->nccl, &req->op, c->stream, req->deadline, &req->event,
@@ -769,7 +769,7 @@ static int nccl_check(coll_request *req)
         req->result = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, req->issued);
         return 1;
     }
-    if (rc == 0 && rdzv__now_ns() >= req->deadline) {
+    if (rc == 0 && mono_now_ns() >= req->deadline) {
         req->result =
             fail(c, &req->op, req->seq,
                  evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "", req->issued);
@@ -1112,7 +1112,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
         rc = -ENOMEM;
         goto out;
     }
-    int64_t deadline = rdzv__deadline_ns(opts->timeout_ms);
+    int64_t deadline = mono_deadline_ns(opts->timeout_ms);
     if ((rc = rdzv_client_dup(store, &c->store)) < 0) {
         snprintf(err, sizeof err, "opening a store connection: %s", rdzv_client_last_error(NULL));
         goto out;

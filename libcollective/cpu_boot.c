@@ -77,7 +77,7 @@ static uint64_t fnv1a(const char *s)
  */
 static int wait_ms(int64_t deadline)
 {
-    int ms = rdzv__ms_left(deadline);
+    int ms = mono_ms_left(deadline);
     return ms == 0 ? 1 : ms;
 }
 

@@ -157,7 +157,7 @@ static ncclResult_t wait_ready(ncclComm_t comm, int64_t deadline_ns, const int *
             return r;
         if (state != ncclInProgress)
             return state;
-        if ((abort_req != NULL && load_flag(abort_req)) || rdzv__now_ns() >= deadline_ns)
+        if ((abort_req != NULL && load_flag(abort_req)) || mono_now_ns() >= deadline_ns)
             return ncclInProgress;
         poll_pause(i);
     }
@@ -312,7 +312,7 @@ static void unlist_locked(coll__nccl *n, nccl_event *ev)
  */
 static void check_deadlines_locked(coll__nccl *n)
 {
-    int64_t now = rdzv__now_ns();
+    int64_t now = mono_now_ns();
     nccl_event *ev = n->pending;
 
     while (ev != NULL && n->comm != NULL) {
@@ -355,7 +355,7 @@ static void *watchdog_main(void *arg)
 
     pthread_mutex_lock(&n->mu);
     while (!n->stop && n->comm != NULL) {
-        struct timespec ts = rdzv__timespec_at(rdzv__deadline_ns(WATCHDOG_PERIOD_MS));
+        struct timespec ts = mono_timespec_at(mono_deadline_ns(WATCHDOG_PERIOD_MS));
         ncclResult_t state = ncclSuccess;
         ncclResult_t r;
 
@@ -433,7 +433,7 @@ static int exchange_id(struct rdzv_client *store, const char *prefix, int rank, 
     }
 
     {
-        int timeout_ms = rdzv__ms_left(deadline_ns); /* 0: passed (one look); -1: no deadline */
+        int timeout_ms = mono_ms_left(deadline_ns); /* 0: passed (one look); -1: no deadline */
 
         ret = rdzv_wait_get(store, key, timeout_ms < 0 ? INT_MAX : timeout_ms, &value, &nbytes);
     }
@@ -504,7 +504,7 @@ int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int
     n->rank = rank;
     n->world = world;
     n->error = ncclSuccess;
-    n->timeout_ns = deadline_ns == INT64_MAX ? -1 : deadline_ns - rdzv__now_ns();
+    n->timeout_ns = deadline_ns == INT64_MAX ? -1 : deadline_ns - mono_now_ns();
     if (deadline_ns != INT64_MAX && n->timeout_ns < 1)
         n->timeout_ns = 1;
 
@@ -624,7 +624,7 @@ void coll__nccl_destroy(coll__nccl *n)
     pthread_mutex_unlock(&n->mu);
 
     if (comm != NULL) {
-        int64_t deadline = n->timeout_ns < 0 ? INT64_MAX : rdzv__now_ns() + n->timeout_ns;
+        int64_t deadline = n->timeout_ns < 0 ? INT64_MAX : mono_now_ns() + n->timeout_ns;
         ncclResult_t r = ncclCommFinalize(comm);
 
         if (r == ncclSuccess || r == ncclInProgress)
@@ -703,7 +703,7 @@ int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, int64_t de
     }
     r = issue(n, op, dt, ro, s);
     if (r == ncclInProgress) {
-        int64_t deadline = n->timeout_ns < 0 ? INT64_MAX : rdzv__now_ns() + n->timeout_ns;
+        int64_t deadline = n->timeout_ns < 0 ? INT64_MAX : mono_now_ns() + n->timeout_ns;
 
         r = wait_ready(n->comm, deadline, &n->abort_req);
     }

@@ -145,7 +145,7 @@ static uint64_t random64(void)
     uint64_t r;
     if (getrandom(&r, sizeof r, GRND_NONBLOCK) == (ssize_t)sizeof r)
         return r;
-    return mix64((uint64_t)rdzv__now_ns() ^ ((uint64_t)getpid() << 32) ^ atomic_fetch_add(&seq, 1));
+    return mix64((uint64_t)mono_now_ns() ^ ((uint64_t)getpid() << 32) ^ atomic_fetch_add(&seq, 1));
 }
 
 /*
@@ -328,7 +328,7 @@ int coll__shm_attach_done(coll__shm *s, int64_t deadline_ns)
             rc = COLL_EREMOTE;
             break;
         }
-        int64_t left = deadline_ns - rdzv__now_ns();
+        int64_t left = deadline_ns - mono_now_ns();
         if (left <= 0) {
             rc = -ETIMEDOUT;
             break;
@@ -442,7 +442,7 @@ static int check_failures(const coll__shm *s, int watch, int64_t deadline_ns, in
                            COLL_EREMOTE);
     if (watch >= 0 && watch != s->local_rank && rank_dead(s, watch))
         return set_culprit(culprit, s->granks[watch], COLL_EREMOTE);
-    *left_ns = deadline_ns - rdzv__now_ns();
+    *left_ns = deadline_ns - mono_now_ns();
     if (*left_ns <= 0)
         return set_culprit(culprit, watch >= 0 ? s->granks[watch] : -1, -ETIMEDOUT);
     return 0;

@@ -57,7 +57,7 @@ static bool aborted(const coll__tcp *t)
 /* Milliseconds to wait in one poll(): at most POLL_SLICE_MS, at least 0, never past deadline. */
 static int slice_ms(int64_t deadline_ns)
 {
-    int left = rdzv__ms_left(deadline_ns); /* -1: no deadline */
+    int left = mono_ms_left(deadline_ns); /* -1: no deadline */
     return left < 0 || left > POLL_SLICE_MS ? POLL_SLICE_MS : left;
 }
 
@@ -146,7 +146,7 @@ static int hello_io(const coll__tcp *t, int fd, uint8_t *buf, bool out, int64_t 
             return -errno;
         if (aborted(t))
             return -ECANCELED;
-        if (rdzv__now_ns() >= deadline_ns)
+        if (mono_now_ns() >= deadline_ns)
             return -ETIMEDOUT;
         struct pollfd p = {.fd = fd, .events = out ? POLLOUT : POLLIN};
         if (poll(&p, 1, slice_ms(deadline_ns)) < 0 && errno != EINTR)
@@ -292,7 +292,7 @@ static int connect_once(coll__tcp *t, int peer, int64_t deadline_ns)
                 rc = -ECANCELED;
                 goto fail;
             }
-            if (rdzv__now_ns() >= deadline_ns) {
+            if (mono_now_ns() >= deadline_ns) {
                 rc = -ETIMEDOUT;
                 goto fail;
             }
@@ -345,15 +345,15 @@ static int connect_peer(coll__tcp *t, int peer, int64_t deadline_ns)
         if (fd != -EAGAIN)
             return fd;
         /* Backoff before the next attempt, in slices so that an abort is seen in time. */
-        int64_t until = rdzv__now_ns() + backoff_ms * 1000000;
+        int64_t until = mono_now_ns() + backoff_ms * 1000000;
         if (until > deadline_ns)
             until = deadline_ns;
         for (;;) {
             if (aborted(t))
                 return -ECANCELED;
-            if (rdzv__now_ns() >= deadline_ns)
+            if (mono_now_ns() >= deadline_ns)
                 return -ETIMEDOUT;
-            if (rdzv__now_ns() >= until)
+            if (mono_now_ns() >= until)
                 break;
             (void)poll(NULL, 0, slice_ms(until));
         }
@@ -437,7 +437,7 @@ static int accept_peer(coll__tcp *t, int peer, int64_t deadline_ns)
             rc = -ECANCELED;
             goto out;
         }
-        if (rdzv__now_ns() >= deadline_ns) {
+        if (mono_now_ns() >= deadline_ns) {
             rc = -ETIMEDOUT;
             goto out;
         }
@@ -651,7 +651,7 @@ int coll__tcp_xfer(coll__tcp *t, int send_peer, const struct iovec *siov, int sn
             rc = -ECANCELED;
             break;
         }
-        if (rdzv__now_ns() >= deadline_ns) {
+        if (mono_now_ns() >= deadline_ns) {
             rc = -ETIMEDOUT;
             bad = rdone ? s.peer : r.peer;
             break;

@@ -60,7 +60,7 @@
 #define KEY_QUOTE_BYTES 64
 
 /* "No deadline": far enough in the future never to pass. */
-#define NO_DEADLINE INT64_MAX /* what rdzv__deadline_ns() returns for no timeout */
+#define NO_DEADLINE INT64_MAX /* what mono_deadline_ns() returns for no timeout */
 
 struct rdzv_client {
     int fd;      /* -1 once broken */
@@ -107,7 +107,7 @@ static uint64_t rng_seed(const void *salt)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 40) ^
-                 (uint64_t)(uintptr_t)salt ^ (uint64_t)rdzv__now_ns();
+                 (uint64_t)(uintptr_t)salt ^ (uint64_t)mono_now_ns();
     return s ? s : 0x9E3779B97F4A7C15ULL;
 }
 
@@ -267,13 +267,13 @@ static int wait_fd(int fd, short events, int64_t deadline)
 {
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = events};
-        int ms = rdzv__ms_left(deadline);
+        int ms = mono_ms_left(deadline);
         int n = poll(&pfd, 1, ms);
         if (n > 0)
             return 0;
         if (n < 0 && errno != EINTR)
             return -errno;
-        if (n == 0 && deadline != NO_DEADLINE && rdzv__now_ns() >= deadline)
+        if (n == 0 && deadline != NO_DEADLINE && mono_now_ns() >= deadline)
             return -ETIMEDOUT;
     }
 }
@@ -494,7 +494,7 @@ static int connect_addrs(const struct addrinfo *list, int64_t deadline)
         if (rc < 0 && errno == EINPROGRESS) {
             int64_t share = deadline;
             if (deadline != NO_DEADLINE && naddr > 1)
-                share = rdzv__now_ns() + (deadline - rdzv__now_ns()) / naddr;
+                share = mono_now_ns() + (deadline - mono_now_ns()) / naddr;
             rc = wait_fd(fd, POLLOUT, share);
             if (rc == 0) {
                 int soerr = 0;
@@ -667,7 +667,7 @@ static int auth_handshake(rdzv_client *c, int64_t deadline, char *why, size_t wh
 /* Sleeps until `until` (monotonic nanoseconds). */
 static void sleep_until(int64_t until)
 {
-    struct timespec ts = rdzv__timespec_at(until);
+    struct timespec ts = mono_timespec_at(until);
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
 }
@@ -697,7 +697,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
         return -EINVAL;
     }
     rdzv__format_endpoint(endpoint, sizeof endpoint, host, port);
-    int64_t deadline = rdzv__deadline_ns(opts->connect_timeout_ms);
+    int64_t deadline = mono_deadline_ns(opts->connect_timeout_ms);
 
     c = calloc(1, sizeof *c);
     if (!c) {
@@ -738,7 +738,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                              .ai_protocol = IPPROTO_TCP,
                              .ai_flags = AI_NUMERICSERV};
     int64_t backoff_ms = opts->backoff_initial_ms;
-    int64_t start = rdzv__now_ns();
+    int64_t start = mono_now_ns();
     /* The handshake window opens at the first accepted connection (and again after a refusal:
      * whatever held the port went away). 0: not open. */
     int64_t hs_end = 0;
@@ -770,7 +770,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                 why[0] = 0;
                 if (opts->handshake_timeout_ms >= 0) {
                     if (hs_end == 0)
-                        hs_end = rdzv__now_ns() + (int64_t)opts->handshake_timeout_ms * 1000000;
+                        hs_end = mono_now_ns() + (int64_t)opts->handshake_timeout_ms * 1000000;
                     if (hs_end < hs_deadline)
                         hs_deadline = hs_end;
                 }
@@ -797,7 +797,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                          "PyTorch store (another service on this port?)");
             } else if (in_handshake && hs_end != 0 &&
                        ((rc == -ETIMEDOUT && hs_deadline < deadline) ||
-                        (closed && rdzv__now_ns() >= hs_end))) {
+                        (closed && mono_now_ns() >= hs_end))) {
                 if (hs_closed > 0)
                     snprintf(why, sizeof why,
                              "the peer accepted and closed %d connection%s without answering the "
@@ -816,7 +816,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
             } else if (rc == -ETIMEDOUT && in_handshake) {
                 snprintf(why, sizeof why, "no answer to the handshake");
             } else if (rc == -ECONNREFUSED && opts->refused_timeout_ms >= 0 &&
-                       rdzv__now_ns() - start >= (int64_t)opts->refused_timeout_ms * 1000000) {
+                       mono_now_ns() - start >= (int64_t)opts->refused_timeout_ms * 1000000) {
                 snprintf(why, sizeof why, "%s: nothing listens there%s", rdzv_strerror(rc),
                          opts->refused_timeout_ms > 0 ? " (still, after waiting for it)" : "");
                 retry = false;
@@ -826,7 +826,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
         }
         if (!retry)
             goto out;
-        if (deadline != NO_DEADLINE && rdzv__now_ns() >= deadline) {
+        if (deadline != NO_DEADLINE && mono_now_ns() >= deadline) {
             rc = -ETIMEDOUT;
             goto out;
         }
@@ -836,7 +836,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
          */
         int64_t half = backoff_ms / 2;
         int64_t delay_ms = backoff_ms - (half > 0 ? (int64_t)(rng_next(&c->rng) % (half + 1)) : 0);
-        int64_t wake = rdzv__now_ns() + delay_ms * 1000000;
+        int64_t wake = mono_now_ns() + delay_ms * 1000000;
         sleep_until(wake < deadline ? wake : deadline);
         backoff_ms *= 2;
         if (backoff_ms < 1)
@@ -944,7 +944,7 @@ const char *rdzv_client_last_error(const rdzv_client *c)
 /* The deadline of an ordinary call: the client's timeout from now. */
 static int64_t call_deadline(const rdzv_client *c)
 {
-    return rdzv__deadline_ns(c->timeout_ms);
+    return mono_deadline_ns(c->timeout_ms);
 }
 
 /* Validates a key array: non-NULL entries, and a non-NULL array when there are keys. */
@@ -1219,7 +1219,7 @@ int rdzv_wait(rdzv_client *c, const char *const *keys, size_t nkeys, int timeout
     int rc = op_begin(c, "wait", keys, nkeys);
     if (rc == 0 && nkeys > 0) {
         int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
-        rc = do_wait(c, keys, nkeys, rdzv__deadline_ns(ms), ms);
+        rc = do_wait(c, keys, nkeys, mono_deadline_ns(ms), ms);
     }
     op_end(c);
     return rc;
@@ -1608,7 +1608,7 @@ int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_m
     if (rc < 0)
         goto out;
     int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
-    int64_t deadline = rdzv__deadline_ns(ms);
+    int64_t deadline = mono_deadline_ns(ms);
     state = key_printf("%s/state", name);
     if (!state) {
         rc = fail(c, -ENOMEM, "out of memory");

@@ -810,10 +810,10 @@ out:
 /* Client commands                                                                             */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Milliseconds left until `deadline` (rdzv__now_ns() nanoseconds), at least 1. */
+/* Milliseconds left until `deadline` (mono_now_ns() nanoseconds), at least 1. */
 static int ms_left(int64_t deadline)
 {
-    int left = rdzv__ms_left(deadline);
+    int left = mono_ms_left(deadline);
     return left < 1 ? 1 : left;
 }
 
@@ -864,7 +864,7 @@ static int read_stdin(char **buf, size_t *len, size_t cap, int64_t deadline,
             have = more;
         }
         struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
-        int rc = poll(&pfd, 1, rdzv__ms_left(deadline));
+        int rc = poll(&pfd, 1, mono_ms_left(deadline));
         if (rc < 0 && errno == EINTR)
             continue;
         if (rc == 0) {
@@ -950,7 +950,7 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
 {
     rdzv_client_options copts;
     rdzv_client *c = NULL;
-    int64_t deadline = rdzv__now_ns() + (int64_t)(cfg->timeout_s * 1e9);
+    int64_t deadline = mono_now_ns() + (int64_t)(cfg->timeout_s * 1e9);
     char what[96];
     int rc, code = EXIT_OK;
     int64_t n;

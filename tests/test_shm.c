@@ -75,7 +75,7 @@ static int join(coll__shm *s, int nlocal, int rank)
     s->local_abort = &local_abort;
     for (int i = 0; i < nlocal; i++)
         s->granks[i] = GRANK(i);
-    int64_t deadline = rdzv__deadline_ns(10000);
+    int64_t deadline = mono_deadline_ns(10000);
     int rc = coll__shm_attach_done(s, deadline);
     if (rc != 0)
         return rc;
@@ -196,9 +196,9 @@ START_TEST(test_create_open_attach)
     ck_assert_uint_eq(s.name[0], 0);
     ck_assert_uint_eq(atomic_load(&h->attached), 3);
     int culprit = -1;
-    ck_assert_int_eq(coll__shm_wait(&s, &h->arrive[1].v, 11, 1, rdzv__deadline_ns(10000), &culprit),
+    ck_assert_int_eq(coll__shm_wait(&s, &h->arrive[1].v, 11, 1, mono_deadline_ns(10000), &culprit),
                      0);
-    ck_assert_int_eq(coll__shm_wait(&s, &h->arrive[2].v, 12, 2, rdzv__deadline_ns(10000), &culprit),
+    ck_assert_int_eq(coll__shm_wait(&s, &h->arrive[2].v, 12, 2, mono_deadline_ns(10000), &culprit),
                      0);
     for (int r = 1; r < 3; r++)
         reap_ok(kids[r]);
@@ -220,7 +220,7 @@ START_TEST(test_bad_arguments)
     ck_assert_int_eq(coll__shm_open(&s, "no-slash", NB), -EINVAL);
     ck_assert_int_eq(coll__shm_open(&s, "/a/b", NB), -EINVAL);
     ck_assert_int_eq(coll__shm_open(&s, NULL, NB), -EINVAL);
-    ck_assert_int_eq(coll__shm_attach_done(&s, rdzv__deadline_ns(0)), -EINVAL);
+    ck_assert_int_eq(coll__shm_attach_done(&s, mono_deadline_ns(0)), -EINVAL);
     ck_assert_int_eq(coll__shm_watch(&s), -EINVAL);
 
     /* A segment smaller than the reader expects is a protocol mismatch. */
@@ -271,9 +271,9 @@ START_TEST(test_attach_timeout)
     strcpy(name, s.name);
     s.nlocal = 2;
     s.local_rank = 0;
-    double t0 = rdzv__now_s();
-    ck_assert_int_eq(coll__shm_attach_done(&s, rdzv__deadline_ns(200)), -ETIMEDOUT);
-    double dt = rdzv__now_s() - t0;
+    double t0 = mono_now_s();
+    ck_assert_int_eq(coll__shm_attach_done(&s, mono_deadline_ns(200)), -ETIMEDOUT);
+    double dt = mono_now_s() - t0;
     ck_assert_msg(dt > 0.19 && dt < 2.0, "took %.3f s", dt);
     ck_assert(!shm_exists(name)); /* unlinked on timeout too */
     coll__shm_close(&s);
@@ -349,7 +349,7 @@ static int child_pong(coll__shm *s, void *arg)
     if (spin >= 0)
         s->spin = spin;
     coll__shm_hdr *h = hdr(s);
-    int64_t deadline = rdzv__deadline_ns(60000);
+    int64_t deadline = mono_deadline_ns(60000);
     for (uint64_t i = 1; i <= ROUNDS; i++) {
         if (coll__shm_wait(s, &h->arrive[0].v, i, 0, deadline, NULL) != 0)
             return 1;
@@ -375,10 +375,10 @@ START_TEST(test_pingpong)
     if (spin >= 0)
         s.spin = spin;
     coll__shm_hdr *h = hdr(&s);
-    int64_t deadline = rdzv__deadline_ns(60000);
+    int64_t deadline = mono_deadline_ns(60000);
     uint64_t i, seen = 0;
     int rc = 0, culprit = -1;
-    double t0 = rdzv__now_s();
+    double t0 = mono_now_s();
     for (i = 1; i <= ROUNDS; i++) { /* no ck_assert in the loop: each one writes to a pipe */
         coll__shm_post(&s, &h->arrive[0].v, i);
         rc = coll__shm_wait(&s, &h->arrive[1].v, i, 1, deadline, &culprit);
@@ -386,7 +386,7 @@ START_TEST(test_pingpong)
         if (rc != 0 || seen != i)
             break;
     }
-    double dt = rdzv__now_s() - t0;
+    double dt = mono_now_s() - t0;
     ck_assert_msg(rc == 0 && seen == i - 1, "round %" PRIu64 ": rc %d, counter %" PRIu64, i, rc,
                   seen);
     reap_ok(kids[1]);
@@ -407,7 +407,7 @@ static int barrier_rounds(coll__shm *s)
 {
     coll__shm_hdr *h = hdr(s);
     struct extra *x = extra(s);
-    int64_t deadline = rdzv__deadline_ns(60000);
+    int64_t deadline = mono_deadline_ns(60000);
     for (uint64_t k = 1; k <= BARRIERS; k++) {
         atomic_store_explicit(&x->slots[s->local_rank], k, memory_order_relaxed);
         coll__shm_post(s, &h->arrive[s->local_rank].v, k);
@@ -476,9 +476,9 @@ START_TEST(test_timeout_names_late_rank)
     coll__shm_post(&s, &hdr(&s)->arrive[0].v, 1);
 
     int culprit = -1;
-    double t0 = rdzv__now_s();
-    ck_assert_int_eq(coll__shm_wait_all(&s, 1, rdzv__deadline_ns(300), &culprit), -ETIMEDOUT);
-    double dt = rdzv__now_s() - t0;
+    double t0 = mono_now_s();
+    ck_assert_int_eq(coll__shm_wait_all(&s, 1, mono_deadline_ns(300), &culprit), -ETIMEDOUT);
+    double dt = mono_now_s() - t0;
     ck_assert_int_eq(culprit, GRANK(2));
     ck_assert_msg(dt > 0.29 && dt < 3.0, "timed out after %.3f s", dt);
 
@@ -536,9 +536,9 @@ START_TEST(test_killed_rank)
     ck_assert_int_eq(pthread_create(&th, NULL, killer_main, &k), 0);
 
     int culprit = -1;
-    double t0 = rdzv__now_s();
-    int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, rdzv__deadline_ns(10000), &culprit);
-    double dt = rdzv__now_s() - t0;
+    double t0 = mono_now_s();
+    int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, mono_deadline_ns(10000), &culprit);
+    double dt = mono_now_s() - t0;
     ck_assert_int_eq(rc, COLL_EREMOTE);
     ck_assert_int_eq(culprit, GRANK(1));
     ck_assert_msg(dt < 1.0, "noticed after %.3f s", dt);
@@ -564,9 +564,9 @@ START_TEST(test_remote_abort)
     pid_t kids[2];
     start_group(&s, 2, kids, child_abort, NULL);
     int culprit = -1;
-    double t0 = rdzv__now_s();
-    int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, rdzv__deadline_ns(10000), &culprit);
-    double dt = rdzv__now_s() - t0;
+    double t0 = mono_now_s();
+    int rc = coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 1, 1, mono_deadline_ns(10000), &culprit);
+    double dt = mono_now_s() - t0;
     ck_assert_int_eq(rc, COLL_EREMOTE);
     ck_assert_int_eq(culprit, 7);
     ck_assert_msg(dt < 1.0, "woken after %.3f s", dt);
@@ -574,11 +574,11 @@ START_TEST(test_remote_abort)
 
     /* Still aborted, still the same culprit, though the aborting rank has exited since. */
     culprit = -1;
-    ck_assert_int_eq(coll__shm_wait_all(&s, 1, rdzv__deadline_ns(10000), &culprit), COLL_EREMOTE);
+    ck_assert_int_eq(coll__shm_wait_all(&s, 1, mono_deadline_ns(10000), &culprit), COLL_EREMOTE);
     ck_assert_int_eq(culprit, 7);
     ck_assert_int_eq(atomic_load(&hdr(&s)->culprit), 7);
     /* A counter already reached wins over the flag. */
-    ck_assert_int_eq(coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 0, 1, rdzv__deadline_ns(0), NULL),
+    ck_assert_int_eq(coll__shm_wait(&s, &hdr(&s)->arrive[1].v, 0, 1, mono_deadline_ns(0), NULL),
                      0);
     coll__shm_close(&s);
 }
@@ -600,24 +600,24 @@ START_TEST(test_local_abort)
 
     /* Satisfied: returns at once and leaves culprit alone, abort flag or not. */
     int culprit = 1234;
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, rdzv__deadline_ns(0), &culprit), 0);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, mono_deadline_ns(0), &culprit), 0);
     ck_assert_int_eq(culprit, 1234);
 
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, set_local_abort, &s), 0);
-    double t0 = rdzv__now_s();
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, rdzv__deadline_ns(10000), &culprit),
+    double t0 = mono_now_s();
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, mono_deadline_ns(10000), &culprit),
                      -ECANCELED);
-    double dt = rdzv__now_s() - t0;
+    double dt = mono_now_s() - t0;
     ck_assert_msg(dt < 1.0, "noticed after %.3f s", dt);
     pthread_join(th, NULL);
 
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, rdzv__deadline_ns(0), &culprit), 0);
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, 0, rdzv__deadline_ns(10000), &culprit), -ECANCELED);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 5, -1, mono_deadline_ns(0), &culprit), 0);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, 0, mono_deadline_ns(10000), &culprit), -ECANCELED);
 
     /* Deadline with no rank to blame: culprit -1. */
     atomic_store(&local_abort, 0);
-    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, rdzv__deadline_ns(20), &culprit), -ETIMEDOUT);
+    ck_assert_int_eq(coll__shm_wait(&s, ctr, 6, -1, mono_deadline_ns(20), &culprit), -ETIMEDOUT);
     ck_assert_int_eq(culprit, -1);
     coll__shm_close(&s);
 }

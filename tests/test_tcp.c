@@ -204,7 +204,7 @@ static void xfer1(coll__tcp *t, int sp, void *sbuf, size_t sn, int rp, void *rbu
 {
     struct iovec s = {sbuf, sn}, r = {rbuf, rn};
     int culprit = -7;
-    CHECK_RC(coll__tcp_xfer(t, sp, &s, sp >= 0, rp, &r, rp >= 0, rdzv__deadline_ns(timeout_ms),
+    CHECK_RC(coll__tcp_xfer(t, sp, &s, sp >= 0, rp, &r, rp >= 0, mono_deadline_ns(timeout_ms),
                             &culprit),
              0);
 }
@@ -256,9 +256,9 @@ START_TEST(test_init_and_arguments)
     ck_assert_str_eq(t.addrs[2], "127.0.0.1");
     ck_assert_int_eq(t.ports[2], 80);
 
-    ck_assert_int_eq(coll__tcp_conn(&t, 1, rdzv__deadline_ns(100)), -EINVAL);
-    ck_assert_int_eq(coll__tcp_conn(&t, 3, rdzv__deadline_ns(100)), -EINVAL);
-    ck_assert_int_eq(coll__tcp_conn(&t, -1, rdzv__deadline_ns(100)), -EINVAL);
+    ck_assert_int_eq(coll__tcp_conn(&t, 1, mono_deadline_ns(100)), -EINVAL);
+    ck_assert_int_eq(coll__tcp_conn(&t, 3, mono_deadline_ns(100)), -EINVAL);
+    ck_assert_int_eq(coll__tcp_conn(&t, -1, mono_deadline_ns(100)), -EINVAL);
 
     char b[4];
     struct iovec v = {b, sizeof b};
@@ -299,14 +299,14 @@ static void ring_rank(coll__tcp *t, void *arg)
     int sn = split(sbuf, n, siov, 200, 11 + (uint64_t)t->rank, 17);
     int rn = split(rbuf, n, riov, 1500, 99 + (uint64_t)t->rank, 5);
     int culprit = -7;
-    CHECK_RC(coll__tcp_xfer(t, next, siov, sn, prev, riov, rn, rdzv__deadline_ns(60000), &culprit),
+    CHECK_RC(coll__tcp_xfer(t, next, siov, sn, prev, riov, rn, mono_deadline_ns(60000), &culprit),
              0);
     CHECK(culprit == -7);
     CHECK(verify(rbuf, n, (uint64_t)prev));
     CHECK(t->fds[next] >= 0 && t->fds[prev] >= 0);
     /* A second round on the same connections, the other way around. */
     fill(sbuf, n, 1000 + (uint64_t)t->rank);
-    CHECK_RC(coll__tcp_xfer(t, prev, siov, sn, next, riov, rn, rdzv__deadline_ns(60000), &culprit),
+    CHECK_RC(coll__tcp_xfer(t, prev, siov, sn, next, riov, rn, mono_deadline_ns(60000), &culprit),
              0);
     CHECK(verify(rbuf, n, 1000 + (uint64_t)next));
     free(sbuf);
@@ -369,7 +369,7 @@ static void zero_rank(coll__tcp *t, void *arg)
 {
     (void)arg;
     int peer = 1 - t->rank, culprit = -7;
-    int64_t dl = rdzv__deadline_ns(10000);
+    int64_t dl = mono_deadline_ns(10000);
     struct iovec empty[3] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
     CHECK_RC(coll__tcp_xfer(t, -1, NULL, 0, -1, NULL, 0, dl, &culprit), 0);
     CHECK_RC(coll__tcp_xfer(t, peer, NULL, 0, peer, NULL, 0, dl, &culprit), 0);
@@ -423,7 +423,7 @@ static void say_rank(coll__tcp *t, int peer)
 static void stash_rank(coll__tcp *t, void *arg)
 {
     (void)arg;
-    int64_t dl = rdzv__deadline_ns(10000);
+    int64_t dl = mono_deadline_ns(10000);
     char c = 'x';
     if (t->rank == 0) {
         close(stash_pipe[0]);
@@ -505,7 +505,7 @@ static void expect_closed(int fd)
 static void bad_hello_rank(coll__tcp *t, void *arg)
 {
     (void)arg;
-    CHECK(coll__tcp_conn(t, 1 - t->rank, rdzv__deadline_ns(10000)) >= 0);
+    CHECK(coll__tcp_conn(t, 1 - t->rank, mono_deadline_ns(10000)) >= 0);
     say_rank(t, 1 - t->rank);
 }
 
@@ -531,12 +531,12 @@ START_TEST(test_bad_hellos)
     fds[5] = raw_connect(j.ports[1], NULL, 0);
     fds[6] = raw_connect(j.ports[1], b[5], 8);
 
-    double t0 = rdzv__now_s();
+    double t0 = mono_now_s();
     job_spawn(&j, 1, bad_hello_rank, NULL);
     job_spawn(&j, 0, bad_hello_rank, NULL);
     job_detach(&j);
     job_expect_ok(&j);
-    ck_assert_double_lt(rdzv__now_s() - t0, 5.0);
+    ck_assert_double_lt(mono_now_s() - t0, 5.0);
     for (int i = 0; i < 7; i++)
         expect_closed(fds[i]);
 }
@@ -551,7 +551,7 @@ static int dup_pipe[2], dup_go[2];
 static void dup_rank(coll__tcp *t, void *arg)
 {
     (void)arg;
-    int64_t dl = rdzv__deadline_ns(10000);
+    int64_t dl = mono_deadline_ns(10000);
     char c = 'x';
     close(dup_pipe[0]);
     close(dup_go[1]);
@@ -628,7 +628,7 @@ static void silent_rank(coll__tcp *t, void *arg)
         return;
     }
     if (a->connect)
-        CHECK(coll__tcp_conn(t, a->active, rdzv__deadline_ns(10000)) >= 0);
+        CHECK(coll__tcp_conn(t, a->active, mono_deadline_ns(10000)) >= 0);
     wait_eof(silent_pipe[0]);
 }
 
@@ -651,7 +651,7 @@ static void run_silent(int world, int active, rank_fn fn, bool connect)
     do {                                                                                           \
         int culprit_ = -7;                                                                         \
         int rc_ = (call);                                                                          \
-        double dt_ = rdzv__now_s() - (start);                                                      \
+        double dt_ = mono_now_s() - (start);                                                      \
         fprintf(stderr, "%s: %d after %.3f s, culprit %d\n", #call, rc_, dt_, culprit_);           \
         CHECK_RC(rc_, expect);                                                                     \
         CHECK(culprit_ == (who));                                                                  \
@@ -661,25 +661,25 @@ static void run_silent(int world, int active, rank_fn fn, bool connect)
 static void timeout_active(coll__tcp *t, void *arg)
 {
     (void)arg;
-    CHECK(coll__tcp_conn(t, 1, rdzv__deadline_ns(10000)) >= 0);
-    CHECK(coll__tcp_conn(t, 2, rdzv__deadline_ns(10000)) >= 0);
+    CHECK(coll__tcp_conn(t, 1, mono_deadline_ns(10000)) >= 0);
+    CHECK(coll__tcp_conn(t, 2, mono_deadline_ns(10000)) >= 0);
     size_t n = 64 * MIB;
     uint8_t *buf = calloc(1, n);
     CHECK(buf);
     /* Receiving from a peer that sends nothing. */
     struct iovec v = {buf, 4096};
-    double t0 = rdzv__now_s();
-    CHECK_FAIL(coll__tcp_xfer(t, -1, NULL, 0, 2, &v, 1, rdzv__deadline_ns(500), &culprit_), t0, 0.5,
+    double t0 = mono_now_s();
+    CHECK_FAIL(coll__tcp_xfer(t, -1, NULL, 0, 2, &v, 1, mono_deadline_ns(500), &culprit_), t0, 0.5,
                0.8, -ETIMEDOUT, 2);
     /* Sending more than the socket buffers hold to a peer that reads nothing. */
     v.iov_len = n;
-    t0 = rdzv__now_s();
-    CHECK_FAIL(coll__tcp_xfer(t, 1, &v, 1, -1, NULL, 0, rdzv__deadline_ns(500), &culprit_), t0, 0.5,
+    t0 = mono_now_s();
+    CHECK_FAIL(coll__tcp_xfer(t, 1, &v, 1, -1, NULL, 0, mono_deadline_ns(500), &culprit_), t0, 0.5,
                0.8, -ETIMEDOUT, 1);
     /* Both at once: the one still receiving is named. */
     struct iovec r = {buf, 16};
-    t0 = rdzv__now_s();
-    CHECK_FAIL(coll__tcp_xfer(t, 1, &v, 1, 2, &r, 1, rdzv__deadline_ns(300), &culprit_), t0, 0.3,
+    t0 = mono_now_s();
+    CHECK_FAIL(coll__tcp_xfer(t, 1, &v, 1, 2, &r, 1, mono_deadline_ns(300), &culprit_), t0, 0.3,
                0.6, -ETIMEDOUT, 2);
     free(buf);
 }
@@ -694,14 +694,14 @@ END_TEST
 static void conn_timeout_active(coll__tcp *t, void *arg)
 {
     (void)arg;
-    double t0 = rdzv__now_s();
-    int rc = coll__tcp_conn(t, 2, rdzv__deadline_ns(400));
+    double t0 = mono_now_s();
+    int rc = coll__tcp_conn(t, 2, mono_deadline_ns(400));
     CHECK_RC(rc, -ETIMEDOUT);
-    CHECK(rdzv__now_s() - t0 >= 0.4 && rdzv__now_s() - t0 < 0.7);
-    t0 = rdzv__now_s();
-    rc = coll__tcp_conn(t, 0, rdzv__deadline_ns(400));
+    CHECK(mono_now_s() - t0 >= 0.4 && mono_now_s() - t0 < 0.7);
+    t0 = mono_now_s();
+    rc = coll__tcp_conn(t, 0, mono_deadline_ns(400));
     CHECK_RC(rc, -ETIMEDOUT);
-    CHECK(rdzv__now_s() - t0 >= 0.4 && rdzv__now_s() - t0 < 0.7);
+    CHECK(mono_now_s() - t0 >= 0.4 && mono_now_s() - t0 < 0.7);
     CHECK(t->fds[0] == -1 && t->fds[2] == -1);
 }
 
@@ -723,9 +723,9 @@ static void killed_rank(coll__tcp *t, void *arg)
         xfer1(t, peer, sbuf, MIB, peer, rbuf, MIB, 10000);
         raise(SIGKILL);
     }
-    double t0 = rdzv__now_s();
+    double t0 = mono_now_s();
     struct iovec s = {sbuf, n}, r = {rbuf, n};
-    CHECK_FAIL(coll__tcp_xfer(t, peer, &s, 1, peer, &r, 1, rdzv__deadline_ns(20000), &culprit_), t0,
+    CHECK_FAIL(coll__tcp_xfer(t, peer, &s, 1, peer, &r, 1, mono_deadline_ns(20000), &culprit_), t0,
                0.0, 2.0, COLL_EREMOTE, 1);
     free(sbuf);
     free(rbuf);
@@ -743,9 +743,9 @@ static void killed_sender_rank(coll__tcp *t, void *arg)
         xfer1(t, peer, buf, MIB, -1, NULL, 0, 10000);
         raise(SIGKILL);
     }
-    double t0 = rdzv__now_s();
+    double t0 = mono_now_s();
     struct iovec r = {buf, n};
-    CHECK_FAIL(coll__tcp_xfer(t, -1, NULL, 0, peer, &r, 1, rdzv__deadline_ns(20000), &culprit_), t0,
+    CHECK_FAIL(coll__tcp_xfer(t, -1, NULL, 0, peer, &r, 1, mono_deadline_ns(20000), &culprit_), t0,
                0.0, 2.0, COLL_EREMOTE, 1);
     free(buf);
 }
@@ -783,7 +783,7 @@ static void *aborter(void *arg)
     (void)arg;
     struct timespec d = {0, 250 * 1000 * 1000};
     nanosleep(&d, NULL); /* the stimulus's timing, not synchronisation */
-    abort_at = rdzv__now_s();
+    abort_at = mono_now_s();
     atomic_store(&g_abort, 1);
     return NULL;
 }
@@ -796,11 +796,11 @@ static void abort_active(coll__tcp *t, void *arg)
     struct iovec v = {buf, sizeof buf};
 
     /* In a transfer from a connected peer that sends nothing. */
-    CHECK(coll__tcp_conn(t, 0, rdzv__deadline_ns(10000)) >= 0);
+    CHECK(coll__tcp_conn(t, 0, mono_deadline_ns(10000)) >= 0);
     CHECK(pthread_create(&th, NULL, aborter, NULL) == 0);
     int culprit = -7;
-    int rc = coll__tcp_xfer(t, -1, NULL, 0, 0, &v, 1, rdzv__deadline_ns(30000), &culprit);
-    double dt = rdzv__now_s() - abort_at;
+    int rc = coll__tcp_xfer(t, -1, NULL, 0, 0, &v, 1, mono_deadline_ns(30000), &culprit);
+    double dt = mono_now_s() - abort_at;
     pthread_join(th, NULL);
     fprintf(stderr, "xfer: %d, %.3f s after the abort\n", rc, dt);
     CHECK_RC(rc, -ECANCELED);
@@ -810,8 +810,8 @@ static void abort_active(coll__tcp *t, void *arg)
     /* Accepting (rank 1 never connects)... */
     atomic_store(&g_abort, 0);
     CHECK(pthread_create(&th, NULL, aborter, NULL) == 0);
-    rc = coll__tcp_conn(t, 1, rdzv__deadline_ns(30000));
-    dt = rdzv__now_s() - abort_at;
+    rc = coll__tcp_conn(t, 1, mono_deadline_ns(30000));
+    dt = mono_now_s() - abort_at;
     pthread_join(th, NULL);
     fprintf(stderr, "accept: %d, %.3f s after the abort\n", rc, dt);
     CHECK_RC(rc, -ECANCELED);
@@ -820,15 +820,15 @@ static void abort_active(coll__tcp *t, void *arg)
     /* ... and connecting to a listener that never accepts. */
     atomic_store(&g_abort, 0);
     CHECK(pthread_create(&th, NULL, aborter, NULL) == 0);
-    rc = coll__tcp_conn(t, 3, rdzv__deadline_ns(30000));
-    dt = rdzv__now_s() - abort_at;
+    rc = coll__tcp_conn(t, 3, mono_deadline_ns(30000));
+    dt = mono_now_s() - abort_at;
     pthread_join(th, NULL);
     fprintf(stderr, "connect: %d, %.3f s after the abort\n", rc, dt);
     CHECK_RC(rc, -ECANCELED);
     CHECK(dt < 0.2);
 
     /* Set before the call: nothing blocks. */
-    rc = coll__tcp_xfer(t, -1, NULL, 0, 0, &v, 1, rdzv__deadline_ns(30000), &culprit);
+    rc = coll__tcp_xfer(t, -1, NULL, 0, 0, &v, 1, mono_deadline_ns(30000), &culprit);
     CHECK_RC(rc, -ECANCELED);
 }
 
@@ -865,7 +865,7 @@ static void *shutter(void *arg)
     (void)arg;
     struct timespec d = {0, 250 * 1000 * 1000};
     nanosleep(&d, NULL);
-    abort_at = rdzv__now_s();
+    abort_at = mono_now_s();
     coll__tcp_shutdown(shut_t);
     return NULL;
 }
@@ -877,20 +877,20 @@ static void shutdown_rank(coll__tcp *t, void *arg)
     uint8_t buf[64];
     struct iovec v = {buf, sizeof buf};
     int culprit = -7;
-    CHECK(coll__tcp_conn(t, peer, rdzv__deadline_ns(10000)) >= 0);
+    CHECK(coll__tcp_conn(t, peer, mono_deadline_ns(10000)) >= 0);
     if (t->rank == 0) {
         pthread_t th;
         shut_t = t;
         CHECK(pthread_create(&th, NULL, shutter, NULL) == 0);
-        int rc = coll__tcp_xfer(t, -1, NULL, 0, peer, &v, 1, rdzv__deadline_ns(30000), &culprit);
-        double dt = rdzv__now_s() - abort_at;
+        int rc = coll__tcp_xfer(t, -1, NULL, 0, peer, &v, 1, mono_deadline_ns(30000), &culprit);
+        double dt = mono_now_s() - abort_at;
         pthread_join(th, NULL);
         fprintf(stderr, "local: %d culprit %d, %.3f s after the shutdown\n", rc, culprit, dt);
         CHECK(rc == COLL_EREMOTE || rc == -ECANCELED);
         CHECK(dt < 0.2);
     } else {
-        double t0 = rdzv__now_s();
-        CHECK_FAIL(coll__tcp_xfer(t, -1, NULL, 0, peer, &v, 1, rdzv__deadline_ns(30000), &culprit_),
+        double t0 = mono_now_s();
+        CHECK_FAIL(coll__tcp_xfer(t, -1, NULL, 0, peer, &v, 1, mono_deadline_ns(30000), &culprit_),
                    t0, 0.0, 5.0, COLL_EREMOTE, 0);
     }
 }
@@ -910,8 +910,8 @@ START_TEST(test_shutdown_wakes_accept)
     pthread_t th;
     shut_t = &t;
     ck_assert_int_eq(pthread_create(&th, NULL, shutter, NULL), 0);
-    int rc = coll__tcp_conn(&t, 0, rdzv__deadline_ns(30000));
-    double dt = rdzv__now_s() - abort_at;
+    int rc = coll__tcp_conn(&t, 0, mono_deadline_ns(30000));
+    double dt = mono_now_s() - abort_at;
     pthread_join(th, NULL);
     ck_assert_msg(rc == -ESHUTDOWN, "conn: %d", rc);
     ck_assert_double_lt(dt, 0.2);

@@ -74,7 +74,7 @@ static void log_fn(void *arg, int level, const char *msg)
 
 static double ms_since(int64_t t0)
 {
-    return (double)(rdzv__now_ns() - t0) / 1e6;
+    return (double)(mono_now_ns() - t0) / 1e6;
 }
 
 /* The compute of --batch B: layer l maps width[l] to width[l + 1] features. */
@@ -200,7 +200,7 @@ static int step(ddp_model *m, double *step_ms)
     }
     if (rc == 0)
         rc = ddp_micro_end(m);
-    int64_t t0 = rdzv__now_ns();
+    int64_t t0 = mono_now_ns();
     if (rc == 0)
         rc = ddp_step(m, 1e-4f, NULL);
     if (step_ms)
@@ -332,7 +332,7 @@ int main(int argc, char **argv)
     char path[4096];
     for (int r = 0; r < reps; r++) {
         coll_barrier(comm);
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         if (check(m, ddp_checkpoint_save(m, dir, NULL, NULL, 1, DDP_CKPT_SYNC), "sync save") < 0)
             return 1;
         coll_barrier(comm);
@@ -345,7 +345,7 @@ int main(int argc, char **argv)
     }
     for (int r = 0; r < reps; r++) {
         coll_barrier(comm);
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         if (check(m, ddp_checkpoint_load(m, path, 0, NULL, NULL), "load") < 0)
             return 1;
         coll_barrier(comm);
@@ -357,7 +357,7 @@ int main(int argc, char **argv)
      * covers four synchronous saves' time, so that the writer normally finishes inside the
      * window even when it shares the CPU with the ranks. */
     coll_barrier(comm);
-    int64_t t0 = rdzv__now_ns();
+    int64_t t0 = mono_now_ns();
     if (check(m, steps(m, 3, NULL), "steps") < 0)
         return 1;
     double step_ms = ms_since(t0) / 3;
@@ -371,19 +371,19 @@ int main(int argc, char **argv)
         return 1;
     }
     coll_barrier(comm);
-    t0 = rdzv__now_ns();
+    t0 = mono_now_ns();
     if (check(m, steps(m, k, plain_step), "steps") < 0)
         return 1;
     coll_barrier(comm);
     double plain_ms = ms_since(t0);
     waited_ms = 0;
-    t0 = rdzv__now_ns();
+    t0 = mono_now_ns();
     if (check(m, ddp_checkpoint_save(m, dir, NULL, NULL, 1, 0), "async save") < 0)
         return 1;
     double call_ms = ms_since(t0);
     if (check(m, steps(m, k, async_step), "steps") < 0)
         return 1;
-    int64_t tw = rdzv__now_ns();
+    int64_t tw = mono_now_ns();
     if (check(m, ddp_checkpoint_wait(m), "wait") < 0)
         return 1;
     double wait_ms = ms_since(tw);

@@ -1133,10 +1133,10 @@ int main(int argc, char **argv)
             rc = run_iters(&b, per, a->warmup, reqs);
         if (rc == 0)
             rc = coll_barrier(b.comm);
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         if (rc == 0)
             rc = run_iters(&b, per, iters, reqs);
-        double mean_us = (double)(rdzv__now_ns() - t0) / 1e3 / iters;
+        double mean_us = (double)(mono_now_ns() - t0) / 1e3 / iters;
         if (rc < 0) {
             err("rank %d: %s of %zu bytes: %s: %s", b.rank, kind_names[a->kind], nbytes,
                 coll_strerror(rc), coll_last_error(b.comm));

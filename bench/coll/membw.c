@@ -120,11 +120,11 @@ static void *worker_main(void *arg)
 static double pass(shared *sh, worker *w0, enum kernel k)
 {
     sh->k = k;
-    double t0 = rdzv__now_s();
+    double t0 = mono_now_s();
     pthread_barrier_wait(&sh->start);
     run_kernel(w0);
     pthread_barrier_wait(&sh->end);
-    return rdzv__now_s() - t0;
+    return mono_now_s() - t0;
 }
 
 static int usable_cpus(void)

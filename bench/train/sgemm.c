@@ -108,10 +108,10 @@ static double square_step(sq *s)
         (void)(call);                                                                              \
         double best_ = 0;                                                                          \
         for (int r_ = 0; r_ < reps; r_++) {                                                        \
-            double fl_ = 0, t0_ = rdzv__now_s(), t_;                                               \
+            double fl_ = 0, t0_ = mono_now_s(), t_;                                               \
             do                                                                                     \
                 fl_ += (call);                                                                     \
-            while ((t_ = rdzv__now_s() - t0_) < ms * 1e-3);                                        \
+            while ((t_ = mono_now_s() - t0_) < ms * 1e-3);                                        \
             if (fl_ / t_ > best_)                                                                  \
                 best_ = fl_ / t_;                                                                  \
         }                                                                                          \

@@ -8,8 +8,8 @@
  * strict -std=c99 build defines _POSIX_C_SOURCE >= 199309L (or _GNU_SOURCE, as the project
  * does) before its first system header.
  */
-#ifndef RDZV_MONOCLOCK_H
-#define RDZV_MONOCLOCK_H
+#ifndef DDP_MONOCLOCK_H
+#define DDP_MONOCLOCK_H
 
 #include <stdint.h>
 #include <time.h>
@@ -19,7 +19,7 @@
 #endif
 
 /* Nanoseconds on CLOCK_MONOTONIC (which cannot fail on Linux with a valid pointer). */
-static inline int64_t rdzv__now_ns(void)
+static inline int64_t mono_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -27,28 +27,28 @@ static inline int64_t rdzv__now_ns(void)
 }
 
 /* Seconds on the same clock, for durations printed to people. */
-static inline double rdzv__now_s(void)
+static inline double mono_now_s(void)
 {
-    return (double)rdzv__now_ns() / 1e9;
+    return (double)mono_now_ns() / 1e9;
 }
 
 /* The deadline timeout_ms from now; INT64_MAX (never) for timeout_ms < 0. */
-static inline int64_t rdzv__deadline_ns(int timeout_ms)
+static inline int64_t mono_deadline_ns(int timeout_ms)
 {
     if (timeout_ms < 0)
         return INT64_MAX;
-    return rdzv__now_ns() + (int64_t)timeout_ms * 1000000;
+    return mono_now_ns() + (int64_t)timeout_ms * 1000000;
 }
 
 /*
- * Milliseconds left until `deadline` (from rdzv__deadline_ns()), rounded up so that a wait for
+ * Milliseconds left until `deadline` (from mono_deadline_ns()), rounded up so that a wait for
  * them does not end early: -1 for INT64_MAX (no deadline), 0 once it has passed.
  */
-static inline int rdzv__ms_left(int64_t deadline)
+static inline int mono_ms_left(int64_t deadline)
 {
     if (deadline == INT64_MAX)
         return -1;
-    int64_t left = deadline - rdzv__now_ns();
+    int64_t left = deadline - mono_now_ns();
     if (left <= 0)
         return 0;
     left = (left + 999999) / 1000000;
@@ -56,12 +56,12 @@ static inline int rdzv__ms_left(int64_t deadline)
 }
 
 /*
- * The point `ns` of this clock (from rdzv__now_ns() or rdzv__deadline_ns()) as an absolute
+ * The point `ns` of this clock (from mono_now_ns() or mono_deadline_ns()) as an absolute
  * struct timespec: for pthread_cond_timedwait() on a condition variable whose clock is
  * CLOCK_MONOTONIC (pthread_condattr_setclock()), and for clock_nanosleep(CLOCK_MONOTONIC,
  * TIMER_ABSTIME, ...).
  */
-static inline struct timespec rdzv__timespec_at(int64_t ns)
+static inline struct timespec mono_timespec_at(int64_t ns)
 {
     struct timespec ts;
     ts.tv_sec = (time_t)(ns / 1000000000);
@@ -69,4 +69,4 @@ static inline struct timespec rdzv__timespec_at(int64_t ns)
     return ts;
 }
 
-#endif /* RDZV_MONOCLOCK_H */
+#endif /* DDP_MONOCLOCK_H */

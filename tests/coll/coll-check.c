@@ -102,7 +102,7 @@ static int g_watchdog_s = 300;
 
 static double ms_since(int64_t t0)
 {
-    return (double)(rdzv__now_ns() - t0) / 1e6;
+    return (double)(mono_now_ns() - t0) / 1e6;
 }
 
 /* Names the step this rank is in, for the watchdog, and counts as progress. */
@@ -114,7 +114,7 @@ static void set_where(const char *fmt, ...)
     vsnprintf(where, sizeof(where), fmt, ap);
     pthread_mutex_unlock(&where_lock);
     va_end(ap);
-    atomic_store(&last_progress_ns, rdzv__now_ns());
+    atomic_store(&last_progress_ns, mono_now_ns());
 }
 
 static void *watchdog(void *arg)
@@ -122,7 +122,7 @@ static void *watchdog(void *arg)
     (void)arg;
     for (;;) {
         sleep(1); /* a poll interval, not synchronisation */
-        int64_t idle = rdzv__now_ns() - atomic_load(&last_progress_ns);
+        int64_t idle = mono_now_ns() - atomic_load(&last_progress_ns);
         if (idle > (int64_t)g_watchdog_s * 1000000000) {
             pthread_mutex_lock(&where_lock);
             fprintf(stderr, "coll-check: rank %d: WATCHDOG: no progress for %d s, stuck in: %s\n",
@@ -856,7 +856,7 @@ static int comm_create(ctx *c, const char *suffix, int timeout_ms, coll_comm **o
     char prefix[320];
     snprintf(prefix, sizeof(prefix), "%s%s", c->prefix, suffix);
     set_where("coll_comm_init %s", prefix);
-    int64_t t0 = rdzv__now_ns();
+    int64_t t0 = mono_now_ns();
     int rc = coll_comm_init(c->store, prefix, c->rank, c->world, c->backend, -1, &o, out);
     if (rc < 0) {
         fail(c, "coll_comm_init(%s): %s: %s", prefix, coll_strerror(rc), coll_last_error(NULL));
@@ -1027,7 +1027,7 @@ static int scen_big(ctx *c)
         tbuf b;
         tb_prepare(&b, t, c->rank, w);
         rc = coll_barrier(comm); /* so the timing covers the operation alone */
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         if (rc == 0)
             rc = tb_issue(comm, &b, false);
         double ms = ms_since(t0);
@@ -1156,10 +1156,10 @@ static int scen_inflight(ctx *c)
                 fail(c, "issuing polled operation %d: %s", i, coll_strerror(rc));
         }
         int left = rc == 0 ? NPOLL : 0;
-        int64_t deadline = rdzv__now_ns() + (int64_t)effective_timeout(c, 120000) * 1000000;
+        int64_t deadline = mono_now_ns() + (int64_t)effective_timeout(c, 120000) * 1000000;
         long polls = 0;
         set_where("polling %d operations with coll_test", NPOLL);
-        while (left > 0 && rdzv__now_ns() < deadline) {
+        while (left > 0 && mono_now_ns() < deadline) {
             for (int i = 0; i < NPOLL; i++) {
                 if (done[i])
                     continue;
@@ -1769,7 +1769,7 @@ static int scen_abort(ctx *c)
         aborter a = {comm, 300};
         pthread_t th;
         pthread_create(&th, NULL, abort_thread, &a);
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         set_where("abort part 1: waiting for the allreduce the other thread aborts");
         int wr = rc == 0 ? coll_wait(q) : rc;
         double ms = ms_since(t0);
@@ -1795,7 +1795,7 @@ static int scen_abort(ctx *c)
             fail(c, "store get %s: %s", key, rdzv_strerror(rc));
         rdzv_free(v);
         set_where("abort part 1: allreduce with an aborted rank 0");
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         int ar = rc == 0 ? coll_allreduce(comm, buf, buf, CNT, COLL_F32, COLL_SUM) : 0;
         if (rc == 0)
             expect_named(c, comm, ar, 0, ms_since(t0), tmo + slack,
@@ -1834,7 +1834,7 @@ static int scen_abort(ctx *c)
     } else if (rc == 0) {
         coll_request *q;
         set_where("abort part 2: allreduce rank %d aborts", ab);
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         rc = coll_iallreduce(comm, buf, buf, CNT, COLL_F32, COLL_SUM, &q);
         if (rc == 0) {
             snprintf(key, sizeof(key), "%s/test/issued/%d", c->prefix, r);
@@ -1873,7 +1873,7 @@ static int scen_timeout(ctx *c)
         fail(c, "warm-up allreduce: %s: %s", coll_strerror(rc), coll_last_error(comm));
     if (rc == 0 && r != sk) {
         set_where("timeout: allreduce rank %d skips", sk);
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         int ar = coll_allreduce(comm, buf, buf, CNT, COLL_F32, COLL_SUM);
         double ms = ms_since(t0);
         expect_named(c, comm, ar, sk, ms, tmo * 1.5 + 2000, "allreduce rank skipped", true);
@@ -1897,7 +1897,7 @@ static int scen_timeout(ctx *c)
         snprintf(prefix, sizeof(prefix), "%s/init", c->prefix);
         set_where("timeout: coll_comm_init without rank %d", sk);
         coll_comm *m = (coll_comm *)&o;
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         int ir = coll_comm_init(c->store, prefix, r, w, c->backend, -1, &o, &m);
         double ms = ms_since(t0);
         const char *le = coll_last_error(NULL);
@@ -1968,7 +1968,7 @@ static int scen_kill(ctx *c)
     double ms = 0;
     for (; i < NOPS && ar == 0; i++) {
         set_where("kill: allreduce %d while rank %d dies", i, victim);
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         ar = coll_allreduce(comm, buf, buf, n, COLL_F32, COLL_SUM);
         ms = ms_since(t0);
     }
@@ -2360,7 +2360,7 @@ int main(int argc, char **argv)
         snprintf(c.prefix, sizeof(c.prefix), "%s/%s", c.attempt, c.scenario);
         c.checks = c.failures = c.reports = 0;
         memset(c.max_ratio, 0, sizeof(c.max_ratio));
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         for (size_t k = 0; k < sizeof(scenarios) / sizeof(scenarios[0]); k++)
             if (strcmp(c.scenario, scenarios[k].name) == 0)
                 rc = scenarios[k].fn(&c);

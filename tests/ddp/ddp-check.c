@@ -165,7 +165,7 @@ static void misuse_one(coll_comm *comm, int stage, int twice)
     ddp_model *m = c ? build(c, &o, (int64_t[]){8, 4, 4}, 3, 4, 1) : NULL;
     CHECK(m, "build");
     int misusing = rank == 1, rc = m ? 0 : -1;
-    int64_t t0 = rdzv__now_ns();
+    int64_t t0 = mono_now_ns();
     for (int step = 0; rc == 0 && step < 2; step++) {
         rc = ddp_micro_begin(m, 1);
         for (int u = ddp_num_units(m) - 1; rc == 0 && u >= 0; u--) {
@@ -188,7 +188,7 @@ static void misuse_one(coll_comm *comm, int stage, int twice)
         if (rc == 0)
             rc = ddp_step(m, 0.1f, NULL);
     }
-    int64_t ms = (rdzv__now_ns() - t0) / 1000000;
+    int64_t ms = (mono_now_ns() - t0) / 1000000;
     const char *err = m ? ddp_last_error(m) : "";
     const char *want = !misusing ? "(rank 1)"
                        : twice   ? "'bias' (parameter 3) was marked twice"
@@ -353,8 +353,8 @@ static void on_trace(void *arg, ddp_event ev, int index, int64_t t)
 /* Stands in for a layer's backward: about `ms` of arithmetic into the gradient. */
 static void compute(float *g, size_t n, int ms)
 {
-    int64_t until = rdzv__now_ns() + (int64_t)ms * 1000000;
-    while (rdzv__now_ns() < until)
+    int64_t until = mono_now_ns() + (int64_t)ms * 1000000;
+    while (mono_now_ns() < until)
         for (size_t i = 0; i < n; i++)
             g[i] += 1e-3f * (float)(i % 7);
 }

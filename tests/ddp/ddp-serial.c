@@ -171,7 +171,7 @@ static void set_where(const char *fmt, ...)
     vsnprintf(where, sizeof where, fmt, ap);
     pthread_mutex_unlock(&where_lock);
     va_end(ap);
-    atomic_store(&last_progress_ns, rdzv__now_ns());
+    atomic_store(&last_progress_ns, mono_now_ns());
 }
 
 static void *watchdog(void *arg)
@@ -179,7 +179,7 @@ static void *watchdog(void *arg)
     (void)arg;
     for (;;) {
         sleep(1); /* a poll interval, not synchronisation */
-        if (rdzv__now_ns() - atomic_load(&last_progress_ns) > (int64_t)g_watchdog_s * 1000000000) {
+        if (mono_now_ns() - atomic_load(&last_progress_ns) > (int64_t)g_watchdog_s * 1000000000) {
             pthread_mutex_lock(&where_lock);
             fprintf(stderr, "ddp-serial: rank %d: WATCHDOG: no progress for %d s, stuck in: %s\n",
                     g_rank, g_watchdog_s, where);
@@ -451,9 +451,9 @@ static int train(ctx *c, const run_cfg *r, run_out *out)
         }
         ddp_step_info info;
         set_where("stage %d: ddp_step %d", r->stage, n);
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         if ((rc = ddp_step(m, lr, &info)) != 0) {
-            out->fail_ms = (double)(rdzv__now_ns() - t0) / 1e6;
+            out->fail_ms = (double)(mono_now_ns() - t0) / 1e6;
             goto failed;
         }
         out->norm[n] = info.grad_norm;
@@ -1093,9 +1093,9 @@ static int fault(ctx *c, bool stall)
     r.stage = c->stage;
     r.fault_step = 2;
     r.stall = stall;
-    int64_t t0 = rdzv__now_ns();
+    int64_t t0 = mono_now_ns();
     int rc = train(c, &r, &o);
-    double ms = (double)(rdzv__now_ns() - t0) / 1e6, limit = c->timeout_ms + 5000;
+    double ms = (double)(mono_now_ns() - t0) / 1e6, limit = c->timeout_ms + 5000;
     /* The victim never gets here. */
     bool ok = (rc == -ETIMEDOUT || (!stall && rc == COLL_EREMOTE)) &&
               names_rank(o.err, c->victim) && ms <= limit && (!stall || ms >= 0.9 * c->timeout_ms);
@@ -1225,7 +1225,7 @@ int main(int argc, char **argv)
         coll_options_init(&co);
         co.timeout_ms = c.timeout_ms;
         set_where("coll_comm_init %s", c.prefix);
-        int64_t t0 = rdzv__now_ns();
+        int64_t t0 = mono_now_ns();
         rc = coll_comm_init(c.store, c.prefix, c.rank, c.world, COLL_BACKEND_CPU, -1, &co, &c.comm);
         if (rc < 0) {
             fail(&c, "coll_comm_init: %s: %s", coll_strerror(rc), coll_last_error(NULL));
@@ -1243,7 +1243,7 @@ int main(int argc, char **argv)
                      c.max_norm_err);
         printf("ddp-serial: rank %d/%d %s: %s (%ld checks, %ld failed, %.2f s%s)\n", c.rank,
                c.world, c.scenario, ok ? "PASS" : "FAIL", c.checks, c.failures,
-               (double)(rdzv__now_ns() - t0) / 1e9, extra);
+               (double)(mono_now_ns() - t0) / 1e9, extra);
         fflush(stdout);
         if (!ok) {
             status = 1;

@@ -41,12 +41,12 @@ int main(int argc, char **argv)
     char host[256] = "?", key[sizeof job.prefix + 32];
     gethostname(host, sizeof(host) - 1);
     snprintf(key, sizeof(key), "%s/host/%d", job.prefix, rank);
-    int64_t t0 = rdzv__now_ns();
+    int64_t t0 = mono_now_ns();
     rc = rdzv_set(c, key, host, strlen(host));
     snprintf(key, sizeof(key), "%s/barrier", job.prefix);
     if (rc == 0)
         rc = rdzv_barrier(c, key, world, -1);
-    int64_t t1 = rdzv__now_ns();
+    int64_t t1 = mono_now_ns();
     if (rc == 0 && rank == 0 && !quiet) {
         printf("ddp-hello: %d ranks passed the barrier on %s:%d (%.2f ms at rank 0)\n", world,
                job.env.master_addr, job.env.master_port, (double)(t1 - t0) / 1e6);

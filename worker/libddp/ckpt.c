@@ -512,11 +512,11 @@ static void set_copied(struct ddp__ckpt_state *ck, int groups)
 static int64_t wait_copied(struct ddp__ckpt_state *ck, int g)
 {
     pthread_mutex_lock(&ck->lock);
-    int64_t t0 = ck->copied > g ? 0 : rdzv__now_ns();
+    int64_t t0 = ck->copied > g ? 0 : mono_now_ns();
     while (ck->copied <= g)
         pthread_cond_wait(&ck->cond, &ck->lock);
     pthread_mutex_unlock(&ck->lock);
-    return t0 ? rdzv__now_ns() - t0 : 0;
+    return t0 ? mono_now_ns() - t0 : 0;
 }
 
 int64_t ddp__ckpt_wait_group(struct ddp__ckpt_state *ck, int g)

@@ -290,7 +290,7 @@ static int misuse(ddp_model *m, const char *fmt, ...)
 static void trace(ddp_model *m, ddp_event ev, int index)
 {
     if (m->o.trace)
-        m->o.trace(m->o.trace_arg, ev, index, rdzv__now_ns());
+        m->o.trace(m->o.trace_arg, ev, index, mono_now_ns());
 }
 
 /*

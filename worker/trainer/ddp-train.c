@@ -1624,7 +1624,7 @@ static int train(trainer *t, double *final_acc, double *train_s)
 
     int64_t interval_steps = 0;
     double t_train = 0;            /* seconds in training steps, evaluation excluded */
-    double t_mark = rdzv__now_s(); /* start of the current stretch of training */
+    double t_mark = mono_now_s(); /* start of the current stretch of training */
     double t_report = t_train;
     double acc = NAN;
     const data_batch *b;
@@ -1663,7 +1663,7 @@ static int train(trainer *t, double *final_acc, double *train_s)
             mlp_stats st;
             if ((rc = t->ops->take(t, &st)) < 0)
                 return failed_compute(t, "the loss", step, rc);
-            double now = rdzv__now_s(); /* after take(), which waits for the device */
+            double now = mono_now_s(); /* after take(), which waits for the device */
             t_train += now - t_mark;
             double sum = st.loss_sum + t->carry_loss;
             t->carry_loss = 0;
@@ -1676,16 +1676,16 @@ static int train(trainer *t, double *final_acc, double *train_s)
                 report_step(t, step, b->epoch, loss, lr, info.grad_norm, rate, eta);
             interval_steps = 0;
             t_report = t_train;
-            t_mark = rdzv__now_s();
+            t_mark = mono_now_s();
         }
         if (epoch_end || step == t->total_steps) {
-            t_train += rdzv__now_s() - t_mark;
+            t_train += mono_now_s() - t_mark;
             double test_loss;
             if ((rc = evaluate(t, step, &test_loss, &acc)) != 0)
                 return rc;
             if (t->rank == 0)
                 report_epoch(t, step, b->epoch, test_loss, acc);
-            t_mark = rdzv__now_s();
+            t_mark = mono_now_s();
         }
         if (a->ckpt_every && step % a->ckpt_every == 0 && (rc = save_checkpoint(t, step)) != 0)
             return rc;
