@@ -1333,11 +1333,19 @@ static int get_allow(const struct raw *r, ddprun_config *c, char *err, size_t er
     return 0;
 }
 
+/* --rdzv-backend's values, by ddprun_backend: the names of backend.c's rows. */
+static const char *backends[] = {
+    [DDPRUN_BACKEND_STATIC] = "static", [DDPRUN_BACKEND_C10D] = "c10d", NULL};
+
+const char *ddprun_backend_name(ddprun_backend backend)
+{
+    size_t n = sizeof(backends) / sizeof(backends[0]) - 1;
+    return (unsigned)backend < n ? backends[backend] : NULL;
+}
+
 /* Step 4: converts and checks the final values into c, then applies torchrun's run() rules. */
 static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err, size_t errlen)
 {
-    static const char *backends[] = {
-        [DDPRUN_BACKEND_STATIC] = "static", [DDPRUN_BACKEND_C10D] = "c10d", NULL};
     static const char *methods[] = {"spawn", "fork", "forkserver", NULL};
     static const char *numa[] = {"node", "socket", "exclusive", "core-complex", NULL};
     int rc;

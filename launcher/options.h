@@ -129,6 +129,10 @@ int ddprun_config_parse(int argc, char **argv, ddprun_config *cfg, char *err, si
 
 void ddprun_config_free(ddprun_config *cfg);
 
+/* The name of rendezvous backend `backend` (--rdzv-backend's value, and the name of its row in
+ * backend.h's table), or NULL for a value out of range. */
+const char *ddprun_backend_name(ddprun_backend backend);
+
 /*
  * The device a worker of local rank local_rank sees as its only one under --virtual-local-rank,
  * as torchrun picks it: entry local_rank of visible (CUDA_VISIBLE_DEVICES or
