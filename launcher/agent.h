@@ -86,7 +86,7 @@ typedef enum { ST_WAITING, ST_RUNNING, ST_STOPPING, ST_DONE } agent_state;
 
 struct agent;
 
-/* A blocking store call run off the loop (see the file comment). */
+/* A blocking store call run off the loop (see ddprun.c's file comment). */
 typedef enum { JOB_CONNECT, JOB_RENDEZVOUS, JOB_PUBLISH, JOB_BARRIER } job_kind;
 
 typedef struct store_job {

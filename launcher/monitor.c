@@ -5,8 +5,9 @@
  * monitor connections closing, and for an elastic job nodes waiting to join. Whatever it learns
  * goes to the loop through uv_async_send() (ddprun.c's remote_cb()).
  *
- * Not done here: acting on what it reports (ddprun.c). It shares with the loop only what
- * agent.h marks as under the agent's mutex.
+ * Not done here: acting on what it reports (ddprun.c). Besides what the loop never changes
+ * once the job runs (configuration, run prefix, store endpoint, token), it reads the round and
+ * the assignment and writes its report under the agent's mutex.
  */
 #include "agent.h"
 #include "monoclock.h"
