@@ -1,9 +1,9 @@
 /*
  * ddprun: the torchrun-compatible launcher. One agent per node: it hosts the rendezvous store
  * (node 0, or the c10d endpoint's host) in-process on a thread of its own, runs the node-level
- * rendezvous through it, spawns the local workers with torchrun's environment, relays their
- * output line by line, and tears everything down when a worker fails anywhere in the job,
- * restarting the whole job while restarts remain.
+ * rendezvous through its backend (backend.h), spawns the local workers with torchrun's
+ * environment, relays their output line by line, and tears everything down when a worker fails
+ * anywhere in the job, restarting the whole job while restarts remain.
  *
  * Event handling is libuv's: process exits, pipes, signals and timers on one loop, which never
  * blocks. The agent's own store calls (connecting, the rendezvous, clearing the workers' keys,

@@ -11,7 +11,9 @@
 
 #define DDPRUN_MAX_LOCAL 1024 /* most workers per node */
 
-/* The rendezvous backend, --rdzv-backend: parsed once by options.c, then compared as an enum. */
+/* The rendezvous backend, --rdzv-backend: parsed once by options.c, whose rules for the other
+ * options differ per backend; the agent runs the row of backend.h's table of that name
+ * (ddprun_backend_name()). */
 typedef enum ddprun_backend {
     DDPRUN_BACKEND_STATIC, /* "static": node ranks given (--node-rank); node 0 hosts the store */
     DDPRUN_BACKEND_C10D,   /* "c10d": elastic, node ranks in join order; store at the endpoint */
