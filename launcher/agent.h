@@ -1,11 +1,11 @@
 /*
  * ddprun's internal declarations, shared by the files of the one program: the agent's state
  * (struct agent, its workers and their output streams, the store calls it queues), the constants
- * of its timing, and the functions one file calls in another. Nothing here is an API: the agent
- * is ddprun.c (rounds, failures, signals, the store calls, main), spawn.c (the workers'
- * environment, PID namespace and spawning, the log directory), relay.c (the output relay),
- * monitor.c (the monitor thread) and guard.c (the worker guard and the namespace's init, this
- * binary re-executed).
+ * of its timing, and the functions one file calls in another. Nothing here is an API. The
+ * program is ddprun.c (the agent's rounds, failures, signals, store calls, main), spawn.c (the
+ * workers' environment, PID namespace and spawning, the log directory), relay.c (the output
+ * relay), monitor.c (the monitor thread) and guard.c (the worker guard and the namespace's init:
+ * this binary re-executed).
  */
 #ifndef DDPRUN_AGENT_H
 #define DDPRUN_AGENT_H
@@ -42,7 +42,7 @@
 #define PARTIAL_MS 50
 
 /*
- * A line assembler for one output stream of one worker (see relay()). `col0` and `after_cr` are
+ * A line assembler for one output stream of one worker (see relay.c). `col0` and `after_cr` are
  * where the stream's console output stands: at the start of a line (its prefix is due before
  * the next byte) and just after a carriage return.
  */
