@@ -9,7 +9,7 @@
  *   static  backend_static.c: node ranks given (--node-rank); node 0 serves the store
  *   c10d    backend_c10d.c:   elastic, node ranks in join order; the endpoint's host serves it
  * Both keep their control keys in the workers' store itself, through noderdzv.h, and share the
- * operations of backend_store.c (every row but plan_store and join).
+ * operations of backend_store.c (all but plan_store, join and num_waiting).
  *
  * Adding a backend (etcd, say) is one new file, backend_<name>.c, defining a
  * `const ddprun_backend_ops ddprun_backend_<name>`, and one row in backend.c's table (with the
@@ -60,12 +60,14 @@ typedef struct ddprun_backend_ops {
 
     /*
      * Opens a connection to the rendezvous. `host`:`port` is the workers' store as this agent
-     * reaches it; `o` (borrowed) bounds connecting and every later call and carries the job's
-     * token. Returns 0 and sets *out, or a negative errno; then `err` receives what the
-     * transport said (may be ""). close() releases a connection; NULL is a no-op.
+     * reaches it (where the store-backed rows connect); a backend with an endpoint of its own
+     * finds it in `cfg`. `o` bounds connecting and every later call and carries the job's token.
+     * `cfg` and `o` are borrowed. Returns 0 and sets *out, or a negative errno; then `err` (may
+     * be NULL when errlen is 0) receives what the transport said, or "". close() releases a
+     * connection; NULL is a no-op.
      */
-    int (*connect)(const char *host, int port, const rdzv_client_options *o, ddprun_rdzv_conn **out,
-                   char *err, size_t errlen);
+    int (*connect)(const ddprun_config *cfg, const char *host, int port,
+                   const rdzv_client_options *o, ddprun_rdzv_conn **out, char *err, size_t errlen);
     void (*close)(ddprun_rdzv_conn *c);
 
     /*
@@ -133,8 +135,9 @@ const ddprun_backend_ops *ddprun_backend_find(const char *name);
  * as functions of these names, and the store client behind a connection (borrowed).
  */
 rdzv_client *ddprun_store_client(ddprun_rdzv_conn *c);
-int ddprun_store_connect(const char *host, int port, const rdzv_client_options *o,
-                         ddprun_rdzv_conn **out, char *err, size_t errlen);
+int ddprun_store_connect(const ddprun_config *cfg, const char *host, int port,
+                         const rdzv_client_options *o, ddprun_rdzv_conn **out, char *err,
+                         size_t errlen);
 void ddprun_store_close(ddprun_rdzv_conn *c);
 int ddprun_store_clear_worker_keys(rdzv_server *srv, ddprun_rdzv_conn *c, const char *prefix,
                                    int round, int nnodes, double timeout_s);

@@ -24,9 +24,13 @@ rdzv_client *ddprun_store_client(ddprun_rdzv_conn *c)
     return c->client;
 }
 
-int ddprun_store_connect(const char *host, int port, const rdzv_client_options *o,
-                         ddprun_rdzv_conn **out, char *err, size_t errlen)
+int ddprun_store_connect(const ddprun_config *cfg, const char *host, int port,
+                         const rdzv_client_options *o, ddprun_rdzv_conn **out, char *err,
+                         size_t errlen)
 {
+    (void)cfg;
+    if (errlen)
+        err[0] = '\0';
     ddprun_rdzv_conn *c = calloc(1, sizeof(*c));
     if (!c)
         return -ENOMEM;

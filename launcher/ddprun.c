@@ -809,7 +809,8 @@ static void job_work(uv_work_t *req)
         co.timeout_ms = (int)(a->cfg->timeout_s * 1000);
         co.token = a->token[0] ? a->token : NULL;
         char why[256] = "";
-        j->rc = a->rdzv->connect(a->connect_host, a->store_port, &co, &a->client, why, sizeof(why));
+        j->rc = a->rdzv->connect(a->cfg, a->connect_host, a->store_port, &co, &a->client, why,
+                                 sizeof(why));
         if (j->rc < 0) {
             char ep[300];
             rdzv__format_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);

@@ -107,7 +107,7 @@ void *monitor_main(void *arg)
     co.timeout_ms = timeout_s < INT_MAX / 1000 ? (int)(timeout_s * 1000) : -1;
     co.token = a->token[0] ? a->token : NULL;
     ddprun_rdzv_conn *c = NULL;
-    if (a->rdzv->connect(a->store_host, a->store_port, &co, &c, NULL, 0) < 0)
+    if (a->rdzv->connect(a->cfg, a->store_host, a->store_port, &co, &c, NULL, 0) < 0)
         return NULL;
     ddprun_rdzv_watch *hb = NULL;
     int hb_round = -1;

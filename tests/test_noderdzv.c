@@ -1101,7 +1101,7 @@ START_TEST(test_backend_ops_through_store)
         o.timeout_ms = 10000;
         char err[512] = "x";
         ddprun_rdzv_conn *c = NULL;
-        ck_assert_int_eq(b->connect("127.0.0.1", port, &o, &c, err, sizeof err), 0);
+        ck_assert_int_eq(b->connect(&cfg, "127.0.0.1", port, &o, &c, err, sizeof err), 0);
         int round = 0;
         ddprun_assignment a;
         ck_assert_int_eq(b->join(c, prefix, &cfg, "host:1", &round, &a, err, sizeof err), 0);
@@ -1136,10 +1136,11 @@ START_TEST(test_backend_ops_through_store)
     rdzv_client_options o;
     rdzv_client_options_init(&o);
     o.connect_timeout_ms = 200;
+    ddprun_config cfg = {0};
     ddprun_rdzv_conn *c = NULL;
     char err[512] = "";
     ck_assert_int_lt(
-        ddprun_backend_find("static")->connect("127.0.0.1", 1, &o, &c, err, sizeof err), 0);
+        ddprun_backend_find("static")->connect(&cfg, "127.0.0.1", 1, &o, &c, err, sizeof err), 0);
     ck_assert_ptr_null(c);
     ck_assert_msg(err[0], "no reason given");
     ddprun_backend_find("static")->close(NULL);
