@@ -3,6 +3,8 @@
  * through the store (librendezvous) to agree on node ranks, global rank offsets and the world
  * size, to notice nodes that stopped beating, to broadcast the first failure of a round, to
  * leave together (the exit barrier), and to clear the workers' keys between attempts.
+ * The store-backed rendezvous backends (backend_store.c, backend_static.c, backend_c10d.c) are
+ * built on these functions; the agent calls them only through backend.h's operations.
  *
  * Every key the agents write is here. All live under DDPRUN_RDZV_ROOT ("/ddprun"), in the run's
  * prefix "/ddprun/<run_id>" (ddprun_rdzv_run_prefix(); `prefix` below, without a trailing '/'),

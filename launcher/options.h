@@ -11,7 +11,9 @@
 
 #define DDPRUN_MAX_LOCAL 1024 /* most workers per node */
 
-/* The rendezvous backend, --rdzv-backend: parsed once by options.c, then compared as an enum. */
+/* The rendezvous backend, --rdzv-backend: parsed once by options.c, whose rules for the other
+ * options differ per backend; the agent runs the row of backend.h's table of that name
+ * (ddprun_backend_name()). */
 typedef enum ddprun_backend {
     DDPRUN_BACKEND_STATIC, /* "static": node ranks given (--node-rank); node 0 hosts the store */
     DDPRUN_BACKEND_C10D,   /* "c10d": elastic, node ranks in join order; store at the endpoint */
@@ -128,6 +130,10 @@ void ddprun_liveness(const ddprun_config *cfg, double *beat_s, double *dead_afte
 int ddprun_config_parse(int argc, char **argv, ddprun_config *cfg, char *err, size_t errlen);
 
 void ddprun_config_free(ddprun_config *cfg);
+
+/* The name of rendezvous backend `backend` (--rdzv-backend's value, and the name of its row in
+ * backend.h's table), or NULL for a value out of range. */
+const char *ddprun_backend_name(ddprun_backend backend);
 
 /*
  * The device a worker of local rank local_rank sees as its only one under --virtual-local-rank,

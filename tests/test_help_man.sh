@@ -2,7 +2,7 @@
 # Checks that a program's --help and its man page document the same long options: every long
 # option --help prints appears in the man page, and every long option the man page mentions is
 # one --help prints. The programs print --help from the option table their parser uses, so this
-# keeps the man pages in step with the parsers (ddprun: launcher/options.c; coll-bench:
+# keeps the man pages in step with the parsers (ddprun: launcher/options_table.c; coll-bench:
 # bench/coll/coll-bench.c).
 #
 # Usage: test_help_man.sh BINARY MAN_PAGE [OPTION...]

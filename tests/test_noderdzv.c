@@ -4,7 +4,9 @@
  * each; they report their result (return code, assignment, error text, timings) through a pipe,
  * and the test process checks them together: prefix sums, agreement on the participant list,
  * closing at max_nodes or after the last call, late nodes, timeouts naming the missing nodes,
- * round isolation, heartbeat detection within its bound, and first-writer-wins failure reports.
+ * round isolation, heartbeat detection within its bound, and first-writer-wins failure reports;
+ * then the rendezvous-backend table above them (launcher/backend.h): its rows by name, where
+ * each says the store is served, and each row's operations through the store.
  *
  * Every case runs in its own forked process (Check's fork mode) under a timeout of a few seconds.
  * Nothing waits on a sleep for synchronisation: ordering between nodes comes from store keys.
@@ -25,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "failure.h"
 #include "monoclock.h"
 #include "noderdzv.h"
@@ -1016,6 +1019,134 @@ START_TEST(test_invalid_arguments)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------------------------ */
+/* The rendezvous-backend table (backend.h)                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every --rdzv-backend value names a row, each row has every operation but the elastic one. */
+START_TEST(test_backend_table)
+{
+    const ddprun_backend_ops *st = ddprun_backend_find("static");
+    const ddprun_backend_ops *cd = ddprun_backend_find("c10d");
+    ck_assert_ptr_nonnull(st);
+    ck_assert_ptr_nonnull(cd);
+    ck_assert_str_eq(st->name, "static");
+    ck_assert_str_eq(cd->name, "c10d");
+    ck_assert_ptr_null(ddprun_backend_find("etcd"));
+    ck_assert_ptr_null(ddprun_backend_find(""));
+    ck_assert_ptr_null(ddprun_backend_find(NULL));
+    ck_assert_ptr_eq(ddprun_backend_find(ddprun_backend_name(DDPRUN_BACKEND_STATIC)), st);
+    ck_assert_ptr_eq(ddprun_backend_find(ddprun_backend_name(DDPRUN_BACKEND_C10D)), cd);
+    ck_assert_ptr_null(ddprun_backend_name((ddprun_backend)99));
+    const ddprun_backend_ops *rows[] = {st, cd};
+    for (int i = 0; i < 2; i++) {
+        const ddprun_backend_ops *b = rows[i];
+        ck_assert(b->plan_store && b->connect && b->close && b->join && b->clear_worker_keys &&
+                  b->publish_failure && b->wait_failure && b->exit_barrier && b->exit_done &&
+                  b->publish_conn && b->conn_owner && b->heartbeat && b->watch_open &&
+                  b->dead_nodes && b->watch_close);
+    }
+    ck_assert_ptr_null(st->num_waiting); /* static jobs never grow */
+    ck_assert_ptr_nonnull(cd->num_waiting);
+}
+END_TEST
+
+/* Where each row says the workers' store is, and whether this agent must serve it. */
+START_TEST(test_backend_plan_store)
+{
+    ddprun_config cfg = {0};
+    ddprun_store_plan plan;
+    cfg.master_addr = "10.0.0.1";
+    cfg.master_port = 29500;
+    cfg.rdzv_host = "127.0.0.1";
+    cfg.rdzv_port = 4321;
+    ddprun_backend_find("static")->plan_store(&cfg, &plan);
+    ck_assert_str_eq(plan.host, "10.0.0.1");
+    ck_assert_int_eq(plan.port, 29500);
+    ck_assert(plan.serve && plan.must_serve); /* node 0 */
+    cfg.node_rank = 1;
+    ddprun_backend_find("static")->plan_store(&cfg, &plan);
+    ck_assert(!plan.serve);
+
+    const ddprun_backend_ops *cd = ddprun_backend_find("c10d");
+    cd->plan_store(&cfg, &plan); /* is_host not given: an address of this machine serves */
+    ck_assert_str_eq(plan.host, "127.0.0.1");
+    ck_assert_int_eq(plan.port, 4321);
+    ck_assert(plan.serve && !plan.must_serve);
+    cfg.is_host_given = 1;
+    cfg.is_host = false;
+    cd->plan_store(&cfg, &plan);
+    ck_assert(!plan.serve && plan.must_serve);
+    cfg.is_host = true;
+    cd->plan_store(&cfg, &plan);
+    ck_assert(plan.serve && plan.must_serve);
+}
+END_TEST
+
+/* Each row's operations through the fixture's store, as one node of a one-node job uses them. */
+START_TEST(test_backend_ops_through_store)
+{
+    const char *names[] = {"static", "c10d"};
+    for (int i = 0; i < 2; i++) {
+        const ddprun_backend_ops *b = ddprun_backend_find(names[i]);
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, PREFIX "/%s", names[i]);
+        ddprun_config cfg = {0};
+        cfg.nnodes_min = cfg.nnodes_max = 1;
+        cfg.nproc_per_node = 3;
+        cfg.join_timeout_s = 5;
+        cfg.last_call_timeout_s = 0;
+        rdzv_client_options o;
+        rdzv_client_options_init(&o);
+        o.timeout_ms = 10000;
+        char err[512] = "x";
+        ddprun_rdzv_conn *c = NULL;
+        ck_assert_int_eq(b->connect(&cfg, "127.0.0.1", port, &o, &c, err, sizeof err), 0);
+        int round = 0;
+        ddprun_assignment a;
+        ck_assert_int_eq(b->join(c, prefix, &cfg, "host:1", &round, &a, err, sizeof err), 0);
+        ck_assert_int_eq(round, 0);
+        ck_assert_int_eq(a.nnodes, 1);
+        ck_assert_int_eq(a.node_rank, 0);
+        ck_assert_int_eq(a.world_size, 3);
+
+        ddprun_rdzv_watch *w = NULL;
+        ck_assert_int_eq(b->watch_open(prefix, 0, 1, 60.0, &w), 0);
+        ck_assert_int_eq(b->heartbeat(c, prefix, 0, 0), 0);
+        ck_assert_int_eq(b->dead_nodes(c, w, NULL, 0), 0);
+        b->watch_close(w);
+        ck_assert_int_eq(b->publish_conn(c, prefix, 0, 0), 0);
+        ck_assert_int_eq(b->exit_done(c, prefix, 0), 0);
+
+        char *json = NULL;
+        ck_assert_int_eq(b->wait_failure(c, prefix, 0, 0, &json), -ETIMEDOUT);
+        ck_assert_int_eq(b->publish_failure(c, prefix, 0, "{\"x\":1}"), 1);
+        ck_assert_int_eq(b->publish_failure(c, prefix, 0, "{\"x\":2}"), 0);
+        ck_assert_int_eq(b->wait_failure(c, prefix, 0, 1000, &json), 0);
+        ck_assert_str_eq(json, "{\"x\":1}");
+        rdzv_free(json);
+        if (b->num_waiting) {
+            int64_t waiting = -1;
+            ck_assert_int_eq(b->num_waiting(c, prefix, 0, &waiting), 0);
+            ck_assert_int_eq(waiting, 0);
+        }
+        b->close(c);
+    }
+    /* Nothing listens on port 1: the connection fails with a negative errno and a reason. */
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.connect_timeout_ms = 200;
+    ddprun_config cfg = {0};
+    ddprun_rdzv_conn *c = NULL;
+    char err[512] = "";
+    ck_assert_int_lt(
+        ddprun_backend_find("static")->connect(&cfg, "127.0.0.1", 1, &o, &c, err, sizeof err), 0);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(err[0], "no reason given");
+    ddprun_backend_find("static")->close(NULL);
+}
+END_TEST
+
 static Suite *noderdzv_suite(void)
 {
     Suite *s = suite_create("noderdzv");
@@ -1027,13 +1158,13 @@ static Suite *noderdzv_suite(void)
         test_heartbeat_detects_silent_node, test_failure_first_writer_wins,
         test_failure_record_through_store, test_conn_records, test_exit_barrier_all_arrive,
         test_exit_barrier_failure_ends_wait, test_exit_barrier_timeout, test_clear_worker_keys,
-        test_invalid_arguments);
+        test_invalid_arguments, test_backend_ops_through_store);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     /* Pure functions: no store. */
     check_tcase(s, "records", 5, test_run_prefix, test_failure_record_init,
                 test_failure_record_json, test_failure_record_exit_status,
-                test_failure_summary_order);
+                test_failure_summary_order, test_backend_table, test_backend_plan_store);
     return s;
 }
 

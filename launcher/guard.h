@@ -1,0 +1,36 @@
+/*
+ * The worker guard and the init of the workers' PID namespace (guard.c): this binary re-executed
+ * under another name, so that ddprun's main() hands over to shim_main() or init_main() before it
+ * parses any option. Internal to ddprun.
+ */
+#ifndef DDPRUN_GUARD_H
+#define DDPRUN_GUARD_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+/* ddprun's helper processes: this binary re-executed under these names (argv[0], and the name
+ * ps and pgrep match, PR_SET_NAME), which do not contain "ddprun", so that `pkill ddprun` or
+ * `pgrep -f ddprun` find the agent alone. */
+#define GUARD_NAME "ddp-guard"
+#define INIT_NAME "ddp-init"
+
+/* The signal that asks a guard to kill its worker and everything below it at once: ddprun's
+ * SIGKILL for a worker, and the guard's parent-death signal. A real-time signal, unused else. */
+#define GUARD_KILL_SIG (SIGRTMIN + 2)
+
+/* Marks every descriptor above standard error close-on-exec (the agent, at startup). */
+void cloexec_inherited_fds(void);
+
+/* State (ps's letter) and parent of process `pid` from /proc; 0, or -1 if it is gone. */
+int proc_stat(pid_t pid, char *state, long *ppid);
+
+/* SIGKILLs every descendant of this process and reaps them (see guard.c). */
+void kill_descendants(bool any_child, void (*on_reaped)(pid_t, int, void *), void *arg);
+
+/* The guard's and the init's main(): argv as re-executed (see guard.c). Return the exit code. */
+int shim_main(int argc, char **argv);
+int init_main(void);
+
+#endif /* DDPRUN_GUARD_H */

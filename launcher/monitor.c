@@ -1,0 +1,198 @@
+/*
+ * The monitor thread: while workers run, it blocks on the rendezvous (a connection of its own,
+ * through the backend's operations) for the round's failure report, sends this node's
+ * heartbeats, watches the other nodes' heartbeats and, on the agent that serves the store, their
+ * monitor connections closing, and for an elastic job nodes waiting to join. Whatever it learns
+ * goes to the loop through uv_async_send() (ddprun.c's remote_cb()).
+ *
+ * Not done here: acting on what it reports (ddprun.c). Besides what the loop never changes
+ * once the job runs (configuration, run prefix, store endpoint, token), it reads the round and
+ * the assignment and writes its report under the agent's mutex.
+ */
+#include "agent.h"
+#include "monoclock.h"
+#include "rdzv_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Monitor thread                                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * The store's on_close hook (the store's thread, when this agent hosts it): notes the closed
+ * connection's far end for the monitor, which looks it up among the nodes' connection records.
+ * A ring: if more connections close within one monitor slice than it holds, the oldest are
+ * forgotten, and a node among them counts as dead only once its heartbeats time out.
+ */
+void store_conn_closed(void *arg, const char *host, int port)
+{
+    agent *a = arg;
+    pthread_mutex_lock(&a->mu);
+    closed_peer *p = &a->closed[a->nclosed++ % MAX_CLOSED];
+    snprintf(p->host, sizeof(p->host), "%s", host);
+    p->port = port;
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* On the hosting agent: the node rank whose monitor connection closed since the last look, or
+ * -1. A connection of this node, or one that is no node's monitor (a worker's), is no news. */
+static int closed_node(agent *a, ddprun_rdzv_conn *c, int round, int nnodes, int me)
+{
+    closed_peer seen[MAX_CLOSED];
+    pthread_mutex_lock(&a->mu);
+    uint64_t n = a->nclosed - a->closed_seen;
+    if (n > MAX_CLOSED)
+        n = MAX_CLOSED;
+    for (uint64_t i = 0; i < n; i++)
+        seen[i] = a->closed[(a->nclosed - n + i) % MAX_CLOSED];
+    a->closed_seen = a->nclosed;
+    pthread_mutex_unlock(&a->mu);
+    for (uint64_t i = 0; i < n; i++) {
+        int r = a->rdzv->conn_owner(c, a->prefix, round, nnodes, seen[i].host, seen[i].port);
+        if (r >= 0 && r != me)
+            return r;
+    }
+    return -1;
+}
+
+/*
+ * A node found dead: unless the round already ended well (every node passed the exit barrier,
+ * after which nodes leave), publish it as the round's failure so that every node stops at once
+ * with the same root cause, and hand the record to the loop. Runs on the monitor's thread with
+ * its own client, so a store that is slow to answer never blocks the loop.
+ */
+static void report_dead_node(agent *a, ddprun_rdzv_conn *c, int round, const char *why,
+                             char *report, size_t n)
+{
+    if (a->rdzv->exit_done(c, a->prefix, round) == 1)
+        return;
+    ddprun_failure f;
+    ddprun_failure_init(&f, "?", -1, -1, 1, 0, why);
+    char *js = ddprun_failure_to_json(&f);
+    if (!js) {
+        snprintf(report, n, "%s", why);
+        return;
+    }
+    a->rdzv->publish_failure(c, a->prefix, round, js);
+    snprintf(report, n, "%s", js);
+    free(js);
+}
+
+/*
+ * Blocks on the store for the current round's failure key, beats, and watches the other nodes:
+ * either wakes the loop. It uses a connection of its own (whose local end it publishes, so that
+ * the store's host knows it when it closes), and waits in short slices so that it notices a new
+ * round or the end of the job. A node is dead when its heartbeats stop for the liveness timeout
+ * (ddprun_liveness()), or, seen by the store's host, at once when its monitor's connection
+ * closes. The client's timeout outlasts the liveness timeout, so an outage the other nodes ride
+ * out does not break this node's connection either.
+ */
+void *monitor_main(void *arg)
+{
+    agent *a = arg;
+    double beat_s, dead_s;
+    ddprun_liveness(a->cfg, &beat_s, &dead_s);
+    int slice_ms = beat_s * 1000 < HEARTBEAT_MS ? (int)(beat_s * 1000) : HEARTBEAT_MS;
+    if (slice_ms < 10)
+        slice_ms = 10;
+    rdzv_client_options co;
+    rdzv_client_options_init(&co);
+    co.connect_timeout_ms = 10000;
+    double timeout_s = dead_s + 2 < 5 ? 5 : dead_s + 2;
+    co.timeout_ms = timeout_s < INT_MAX / 1000 ? (int)(timeout_s * 1000) : -1;
+    co.token = a->token[0] ? a->token : NULL;
+    ddprun_rdzv_conn *c = NULL;
+    if (a->rdzv->connect(a->cfg, a->store_host, a->store_port, &co, &c, NULL, 0) < 0)
+        return NULL;
+    ddprun_rdzv_watch *hb = NULL;
+    int hb_round = -1;
+    bool dynamic = a->rdzv->num_waiting != NULL;
+    bool reported = false;
+    double last_beat = 0;
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        int round = a->monitor_round;
+        int nnodes = a->asg.nnodes, me = a->asg.node_rank;
+        pthread_mutex_unlock(&a->mu);
+        if (round < 0)
+            break;
+        if (round != hb_round) {
+            a->rdzv->watch_close(hb);
+            hb = NULL;
+            if (a->rdzv->watch_open(a->prefix, round, nnodes, dead_s, &hb) < 0)
+                break;
+            hb_round = round;
+            reported = false;
+            a->rdzv->publish_conn(c, a->prefix, round, me);
+            last_beat = 0;
+        }
+        char report[1024] = "";
+        char *json = NULL;
+        int rc = a->rdzv->wait_failure(c, a->prefix, round, slice_ms, &json);
+        if (rc == 0) {
+            snprintf(report, sizeof(report), "%s", json);
+            rdzv_free(json);
+        } else if (rc != -ETIMEDOUT) {
+            char ep[300];
+            rdzv__format_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
+            snprintf(report, sizeof(report), "lost the rendezvous store at %s (%s)", ep,
+                     rdzv_strerror(rc));
+        } else {
+            double now = mono_now_s();
+            if (now - last_beat >= beat_s) {
+                a->rdzv->heartbeat(c, a->prefix, round, me);
+                last_beat = now;
+            }
+            int dead[16];
+            int nd = a->rdzv->dead_nodes(c, hb, dead, 16);
+            int gone = a->store ? closed_node(a, c, round, nnodes, me) : -1;
+            int64_t waiting = 0;
+            char why[160];
+            if (gone >= 0) {
+                snprintf(why, sizeof(why),
+                         "node %d closed its connection to the store (its ddprun exited or was "
+                         "killed)",
+                         gone);
+                report_dead_node(a, c, round, why, report, sizeof(report));
+            } else if (nd > 0) {
+                snprintf(why, sizeof(why), "node %d stopped sending heartbeats (none for %g s)",
+                         dead[0], dead_s);
+                report_dead_node(a, c, round, why, report, sizeof(report));
+            } else if (dynamic && a->rdzv->num_waiting(c, a->prefix, round, &waiting) == 0 &&
+                       waiting > 0) {
+                snprintf(report, sizeof(report), "%s", MEMBERSHIP_CHANGE);
+            }
+        }
+        if (report[0] && !reported) {
+            reported = true;
+            pthread_mutex_lock(&a->mu);
+            snprintf(a->remote_failure, sizeof(a->remote_failure), "%s", report);
+            a->remote_round = round;
+            pthread_mutex_unlock(&a->mu);
+            uv_async_send(&a->remote);
+        }
+        if (reported) {
+            /* Reported (or the store is gone): nothing more to watch this round. */
+            pthread_mutex_lock(&a->mu);
+            while (a->monitor_round == round)
+                pthread_cond_wait(&a->cv, &a->mu);
+            pthread_mutex_unlock(&a->mu);
+        }
+    }
+    a->rdzv->watch_close(hb);
+    a->rdzv->close(c);
+    return NULL;
+}
+
+void monitor_set_round(agent *a, int round)
+{
+    pthread_mutex_lock(&a->mu);
+    a->monitor_round = round;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}

@@ -1,0 +1,298 @@
+/*
+ * The output relay: each worker's standard output and error arrive on pipes, are assembled into
+ * lines (up to LINE_MAX_BYTES; an unfinished line goes out after PARTIAL_MS), prefixed as
+ * --log-line-prefix-template asks, and written to the worker's log file and to ddprun's
+ * console. A console over its limit pauses reading for the workers that write to it
+ * (back-pressure) until it drains; nothing else waits.
+ *
+ * Not done here: creating the pipes and log files (spawn.c's setup_stream()), the console's
+ * descriptors and queues (console.c), deciding when a round is over (ddprun.c).
+ */
+#include "agent.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Output relay                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * Expands the prefix template for one worker as torchrun's string.Template.safe_substitute() does:
+ * ${name} and $name for role_name, rank and local_rank, and (ddprun's own) hostname; "$$" is
+ * "$"; anything else stays as written.
+ */
+void line_prefix(const agent *a, const worker *w, char *out, size_t n)
+{
+    const char *t =
+        a->cfg->log_line_prefix_template ? a->cfg->log_line_prefix_template : "[${rank}]:";
+    size_t o = 0;
+    while (*t && o + 1 < n) {
+        if (t[0] == '$' && t[1] == '$') {
+            out[o++] = '$';
+            t += 2;
+            continue;
+        }
+        if (t[0] == '$') {
+            bool braced = t[1] == '{';
+            const char *name = t + 1 + braced;
+            size_t len = 0;
+            if (isalpha((unsigned char)name[0]) || name[0] == '_')
+                while (isalnum((unsigned char)name[len]) || name[len] == '_')
+                    len++;
+            char val[64];
+            const char *sub = NULL;
+#define IS(key) (len == sizeof(key) - 1 && !strncmp(name, key, len))
+            if (IS("rank"))
+                snprintf(val, sizeof(val), "%d", w->rank), sub = val;
+            else if (IS("local_rank"))
+                snprintf(val, sizeof(val), "%d", w->local_rank), sub = val;
+            else if (IS("role_name"))
+                sub = a->cfg->role;
+            else if (IS("hostname"))
+                sub = a->hostname;
+#undef IS
+            if (sub && (!braced || name[len] == '}')) {
+                o += (size_t)snprintf(out + o, n - o, "%s", sub);
+                if (o >= n)
+                    o = n - 1;
+                t = name + len + braced;
+                continue;
+            }
+        }
+        out[o++] = *t++;
+    }
+    out[o] = '\0';
+}
+
+/* Writes all `n` bytes; returns 0, or -errno with *done set to the bytes written before. */
+int write_all(int fd, const char *p, size_t n, size_t *done)
+{
+    size_t k0 = n;
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            if (done)
+                *done = k0 - n;
+            return -errno;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    if (done)
+        *done = k0;
+    return 0;
+}
+
+/* Stops reading a worker's pipe while its console is over its limit: the worker waits. */
+static void stream_pause(stream *s)
+{
+    if (s->open && !s->paused) {
+        uv_read_stop((uv_stream_t *)&s->pipe);
+        s->paused = true;
+    }
+}
+
+/* A console drained: the workers whose `which` stream waited for it may go on. */
+static void resume_streams(agent *a, int which)
+{
+    for (int i = 0; i < a->nworkers; i++) {
+        stream *s = which == DDPRUN_STD_OUT ? &a->workers[i].out : &a->workers[i].err;
+        if (s->open && s->paused) {
+            s->paused = false;
+            uv_read_start((uv_stream_t *)&s->pipe, stream_alloc, stream_read);
+        }
+    }
+}
+
+void stdout_drained(void *arg)
+{
+    resume_streams(arg, DDPRUN_STD_OUT);
+}
+
+void stderr_drained(void *arg)
+{
+    resume_streams(arg, DDPRUN_STD_ERR);
+}
+
+/*
+ * Queues the first `n` bytes held for stream `s` for its console, in one write so that they
+ * never interleave with another worker's, and drops them from the stream's buffer. Every line
+ * starts with the worker's prefix, and so does every stretch after a carriage return (a
+ * progress bar's redraw: "\r[0]: 40%|####"), except a "\n" that ends "\r\n"; the prefix goes
+ * out with the line's first byte, so a line flushed in parts (a partial line, then the rest)
+ * carries it once. When the console's last bytes are another worker's unfinished line, a
+ * newline ends that line first (with a prefix on; that worker's next bytes then start a line of
+ * their own). Over the console's limit, reading this worker's pipe stops until it drains.
+ */
+static void relay(stream *s, size_t n)
+{
+    if (n == 0)
+        return;
+    agent *a = s->w->a;
+    int c = s->which == DDPRUN_STD_OUT ? 1 : 2;
+    const char *prefix = a->cfg->prefix_output ? s->w->prefix : "";
+    size_t pl = strlen(prefix), starts = 1;
+    for (size_t i = 0; i < n; i++)
+        starts += s->line[i] == '\n' || s->line[i] == '\r';
+    size_t total = 1 + n + starts * pl;
+    char stackbuf[8192];
+    char *buf = total <= sizeof(stackbuf) ? stackbuf : malloc(total);
+    if (!buf)
+        die_oom();
+    size_t o = 0;
+    stream *other = a->partial[c];
+    if (pl && other && other != s) {
+        buf[o++] = '\n';
+        other->col0 = true;
+        other->after_cr = false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char ch = s->line[i];
+        if (s->col0 && ch != '\r' && !(ch == '\n' && s->after_cr)) {
+            memcpy(buf + o, prefix, pl);
+            o += pl;
+            s->col0 = false;
+        }
+        buf[o++] = ch;
+        s->col0 = ch == '\n' || ch == '\r';
+        s->after_cr = ch == '\r';
+    }
+    a->partial[c] = buf[o - 1] == '\n' ? NULL : s;
+    if (ddprun_console_write(a->con[c], buf, o) == 1)
+        stream_pause(s);
+    if (buf != stackbuf)
+        free(buf);
+    memmove(s->line, s->line + n, s->len - n);
+    s->len -= n;
+}
+
+/* A partial line waited PARTIAL_MS for its newline: out with it (a prompt, a progress bar). */
+static void partial_timer_cb(uv_timer_t *t)
+{
+    stream *s = t->data;
+    relay(s, s->len);
+}
+
+/*
+ * Relays the complete lines held for `s`, and arms its timer for what is left: an unfinished
+ * line goes out PARTIAL_MS after its first byte arrived unless its newline comes first.
+ */
+static void relay_lines(stream *s)
+{
+    size_t end = s->len;
+    while (end > 0 && s->line[end - 1] != '\n')
+        end--;
+    relay(s, end);
+    if (s->len == 0)
+        uv_timer_stop(&s->partial_timer);
+    else if (end > 0 || !uv_is_active((uv_handle_t *)&s->partial_timer))
+        uv_timer_start(&s->partial_timer, partial_timer_cb, PARTIAL_MS, 0);
+}
+
+void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    stream *s = h->data;
+    (void)suggested;
+    if (s->cap - s->len < 16384 && s->cap < LINE_MAX_BYTES) {
+        size_t cap = s->cap ? s->cap * 2 : 65536;
+        char *p = realloc(s->line, cap);
+        if (!p) {
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        s->line = p;
+        s->cap = cap;
+    }
+    *buf = uv_buf_init(s->line + s->len, (unsigned)(s->cap - s->len));
+}
+
+static void stream_closed(uv_handle_t *h)
+{
+    stream *s = h->data;
+    if (--s->closing > 0)
+        return;
+    free(s->line);
+    s->line = NULL;
+    s->len = s->cap = 0;
+    s->w->a->nstreams--;
+    maybe_round_over(s->w->a);
+}
+
+/* At the end of a stream: what is held goes out, and a line it left unfinished is ended. */
+void stream_close(stream *s)
+{
+    if (!s->open)
+        return;
+    if (s->console) {
+        relay(s, s->len);
+        agent *a = s->w->a;
+        int c = s->which == DDPRUN_STD_OUT ? 1 : 2;
+        if (a->partial[c] == s) {
+            ddprun_console_write(a->con[c], "\n", 1);
+            a->partial[c] = NULL;
+        }
+    }
+    s->len = 0;
+    if (s->file >= 0)
+        close(s->file);
+    s->file = -1;
+    s->open = false;
+    s->closing = 2;
+    uv_close((uv_handle_t *)&s->partial_timer, stream_closed);
+    uv_close((uv_handle_t *)&s->pipe, stream_closed);
+}
+
+/* The log file of `s` cannot be written: say so, and send the rest to the console instead. */
+static void log_write_failed(stream *s, int err)
+{
+    worker *w = s->w;
+    agent *a = w->a;
+    say("rank %d: cannot write %s/attempt_%d/%d/%s: %s; the rest of its output goes to the "
+        "console",
+        w->rank, a->logdir, a->restart_count, w->local_rank,
+        s->which == DDPRUN_STD_OUT ? "stdout.log" : "stderr.log", strerror(-err));
+    close(s->file);
+    s->file = -1;
+    s->console = true;
+}
+
+void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    stream *s = st->data;
+    (void)buf;
+    if (nread > 0) {
+        size_t n = (size_t)nread;
+        s->w->last_output_ms = uv_now(s->w->a->loop);
+        /* Bytes go to the log file as they arrive: no tail thread, no lag. */
+        if (s->file >= 0) {
+            size_t done;
+            bool console = s->console;
+            int rc = write_all(s->file, s->line + s->len, n, &done);
+            if (rc < 0) {
+                log_write_failed(s, rc);
+                if (!console) { /* what the file did not take goes to the console */
+                    memmove(s->line + s->len, s->line + s->len + done, n - done);
+                    n -= done;
+                }
+            }
+        }
+        s->len += n;
+        if (!s->console) {
+            s->len = 0;
+            return;
+        }
+        if (s->len == s->cap) /* a line longer than the buffer: pass it on as it is */
+            relay(s, s->len);
+        relay_lines(s);
+        return;
+    }
+    if (nread < 0)
+        stream_close(s);
+}
