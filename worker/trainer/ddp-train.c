@@ -4,7 +4,7 @@
  * DDP or ZeRO-1/2/3, on the host (OpenBLAS) or a GPU (cuBLAS), over libcollective's cpu or
  * nccl backend:
  *
- *     ddprun --standalone --nproc-per-node 2 build/worker/ddp-train [--zero 2] [--epochs 10]
+ *     ddprun --standalone --nproc-per-node 2 build/worker/trainer/ddp-train [--zero 2] [--epochs 10]
  *
  * One training loop serves every stage, as libddp is meant to be used (worker/libddp/ddp.h): the
  * model's units are libddp's, and its passes ask for a unit's parameters through hooks that
