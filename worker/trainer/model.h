@@ -157,7 +157,9 @@ typedef struct model_ops {
 
     /* Its shape for the run's first line ("MLP 784-512-512-10") into buf[cap]. */
     void (*describe)(const model *m, char *buf, size_t cap);
-    /* Its settings that a checkpoint must match (train_state's model fields). */
+    /* Its settings that a checkpoint must match, into train_state's model fields (in_dim,
+     * hidden, layers, classes: the MLP's shape; a model of another shape adds its own fields
+     * to train_state.h and compares them there). */
     void (*state)(const model *m, train_state *st);
     /* Up to MODEL_MAX_META (key, value) pairs for a dump's metadata; returns how many. */
     int (*meta)(const model *m, char key[][32], char value[][32]);
