@@ -3,7 +3,8 @@
  * exit statuses and messages, and each file's entry points. Internal to the program; nothing
  * here is a library's API.
  *
- *   ddp-train.c     the options, --help, main()
+ *   ddp-train.c     main(): the steps in order, the exit status
+ *   train_options.c the options and --help
  *   train_job.c     joining the job: store, device, backend agreement, communicators; failure
  *                   reports; teardown
  *   train_setup.c   the data set, sampler and schedule; the model (model.h) registered with
@@ -127,6 +128,11 @@ void train_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* "ddp-train: <message>" on stderr, for what does not stop the run. */
 #define warn(...) cli_msg(stderr, "ddp-train", __VA_ARGS__)
+
+/* train_options.c: fills *a from the command line (--model's options into a->model_cfg,
+ * which the caller frees). Returns -1 to exit with EXIT_OK (--help, --version: printed), 0 to
+ * train, or EXIT_USAGE (printed). */
+int parse_args(int argc, char **argv, train_args *a);
 
 /* train_job.c */
 
