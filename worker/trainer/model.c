@@ -6,6 +6,9 @@
 
 #include "model.h"
 
+/* The rows, each defined in its own file model_NAME.c. */
+extern const model_ops model_mlp;
+
 static const model_ops *const model_table[] = {
     &model_mlp,
 };

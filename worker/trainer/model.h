@@ -8,16 +8,20 @@
  *
  * Adding a model is one new file plus one table row:
  *
- *   1. worker/trainer/model_NAME.c defines `const model_ops model_NAME = {...}` (declare it
- *      below, beside model_mlp): its options (a cli_option table with ids from MODEL_OPT_BASE,
- *      and config_init()/config_parse() that fill its own configuration struct), create() and
- *      free(), units() (libddp's units and parameters, in registration order), init_param(), a
- *      host model_compute and, optionally, a device one, and the few descriptive calls below.
- *      model_mlp.c is the example to copy.
- *   2. model.c: add &model_NAME to model_table[]; worker/trainer/meson.build: add the file.
- *      --help and --model's choices list the new row; man/ddp-train.1 documents its options
- *      (tests/test_help_man.sh checks that).
+ *   1. worker/trainer/model_NAME.c defines `const model_ops model_NAME = {...}`: its options
+ *      (a cli_option table with ids from MODEL_OPT_BASE, and config_init()/config_parse() that
+ *      fill its own configuration struct), create() and free(), units() (libddp's units and
+ *      parameters, in registration order), init_param(), a host model_compute and, optionally,
+ *      a device one, and the few descriptive calls below. model_mlp.c is the example to copy.
+ *   2. model.c: declare model_NAME and add &model_NAME to model_table[] (the row);
+ *      worker/trainer/meson.build: add the file to ddp-train's sources (a device path's .cu
+ *      file goes through nvcc as mlp_cuda.cu does).
  *
+ * --help and --model's error list the new row and its options; man/ddp-train.1 documents them
+ * (tests/test_help_man.sh checks that). Only the chosen row's options are parsed, so rows may
+ * share option names: a transformer row would declare --layers, --heads and --seq-len in its
+ * own table, beside the mlp row's --hidden and --layers, and ddp-train.c would not change.
+
  * What the trainer does with a model, in order: config_init(), config_parse() for each of the
  * row's options given on the command line, create() (after the job, the device and the data
  * set are known), units() and init_param() through libddp's registration and commit, then for
@@ -164,9 +168,6 @@ typedef struct model_ops {
     /* Up to MODEL_MAX_META (key, value) pairs for a dump's metadata; returns how many. */
     int (*meta)(const model *m, char key[][32], char value[][32]);
 } model_ops;
-
-/* The rows. */
-extern const model_ops model_mlp;
 
 /* The row named `name`, or NULL. */
 const model_ops *model_find(const char *name);
