@@ -39,7 +39,9 @@
  * Not here: the data. Every model trains on the trainer's data set (data.h): a micro-step gets
  * the data_batch the loader made (the sampled rows' indices, and their inputs and labels on the
  * host), an evaluation a range of the test set's rows. A model that reads other data needs a
- * data source beside data.c.
+ * data source beside data.c. Nor the device: the trainer opens it (train_job.c, through the
+ * device calls at the top of mlp_cuda.h, which every model's device path shares) and hands the
+ * model its ordinal and stream.
  *
  * Conventions: functions that can fail return 0 or a negative errno-style code; after a failure
  * of create() or of a pass outside a hook, last_error() says why. A model is used by one thread
