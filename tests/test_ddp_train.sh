@@ -42,6 +42,11 @@ expect_exit() {
 expect_exit 1 "--zero: expected an integer from 0 to 3" "$TRAIN" --zero 4
 expect_exit 1 "unknown option '--bogus'" "$TRAIN" --bogus
 expect_exit 1 "--optimizer: unknown optimizer 'adam'" "$TRAIN" --optimizer adam
+# --model picks a row of the model table (worker/trainer/model.h), mlp the default: a bad name
+# is an error naming --model and the rows, and another row's options are not this one's.
+expect_exit 1 "^ddp-train: --model: unknown model 'nope' \(mlp\)$" "$TRAIN" --model nope
+expect_exit 1 "^ddp-train: --model: unknown model 'nope' \(mlp\)$" "$TRAIN" --model=nope --hidden 8
+"$TRAIN" --help | grep -qx "  mlp (default)" || fail "--help lacks the model table's mlp row"
 expect_exit 1 "$tmp/none/train-images-idx3-ubyte: cannot open" "$TRAIN" --data "$tmp/none"
 mkdir "$tmp/bad"
 cp "$DATA"/* "$tmp/bad/"
@@ -67,10 +72,11 @@ expect_exit 1 "rank 0 has no GPU" env CUDA_VISIBLE_DEVICES= "$DDPRUN" --standalo
 [[ $(grep -c "^ddp-train: .*backend nccl" "$tmp/err") -eq 1 ]] || # (the failure table quotes it too)
     fail "--backend nccl without a GPU on two ranks: not one message"
 
-# Alone, then two ranks, on the host: 20 SGD steps, a loss every 5, metrics as JSON Lines.
+# Alone, then two ranks, on the host: 20 SGD steps, a loss every 5, metrics as JSON Lines (alone
+# naming --model mlp, the two ranks taking it by default).
 common=(--device cpu --max-steps 20 --log-every 5 --optimizer sgd --lr 0.05 --warmup 0)
 expect_exit 0 "test accuracy" "$TRAIN" "${common[@]}" --metrics "$tmp/w1.jsonl" \
-    --dump-init "$tmp/init.safetensors" --dump-batches "$tmp/batches.safetensors"
+    --dump-init "$tmp/init.safetensors" --dump-batches "$tmp/batches.safetensors" --model mlp
 expect_exit 0 "test accuracy" "$DDPRUN" --standalone --nproc-per-node 2 "$TRAIN" \
     "${common[@]}" --grad-accum 2 --metrics "$tmp/w2.jsonl"
 

@@ -7,8 +7,8 @@ Run it under ddprun (or torchrun) like ddp-train:
     ddprun --standalone --nproc-per-node 1 --no-prefix python3 bench/train/torch_ddp_mlp.py \\
         --device cuda --precision bf16
 
-It trains what ddp-train trains with its defaults (worker/trainer/ddp-train.c, DEF_*), the way a torch
-user would write it:
+It trains what ddp-train trains with its defaults (DEF_* in worker/trainer/train_options.c and
+model_mlp.c), the way a torch user would write it:
   - the MLP 784-512-512-10 (--hidden, --layers), ReLU, softmax cross-entropy, torch.nn.Linear's
     default initialisation, torch.manual_seed(--seed) on every rank (DDP broadcasts rank 0's);
   - Fashion-MNIST from the same IDX .gz files (--data, default Debian's dataset-fashion-mnist

@@ -1,0 +1,174 @@
+/*
+ * train_ckpt.c: ddp-train's checkpoints. Saving goes through libddp (ddp_checkpoint_save(),
+ * asynchronous): the model's state and the sampler's position, plus the trainer's own state
+ * (train_state.h: the step that drives the schedule, and the settings a resume must share).
+ * Restoring is --resume (auto: the newest complete checkpoint under --checkpoint-dir, at
+ * whatever world size and stage the job now has) or --init-from (the parameters only).
+ *
+ * Not here: when a checkpoint is saved (train_loop.c) or what the model is (model.h).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer.h"
+
+/* This run's settings as a checkpoint records them, `step` being the next step to train; the
+ * model fills its own. */
+static train_state run_state(const trainer *t, int64_t step)
+{
+    const train_args *a = &t->a;
+    train_state st = {.step = step,
+                      .world = t->world,
+                      .zero = a->zero,
+                      .grad_accum = a->grad_accum,
+                      .global_batch = a->global_batch,
+                      .train_samples = t->train.n,
+                      .seed = a->seed,
+                      .optimizer = a->optimizer,
+                      .schedule = a->schedule,
+                      .lr = a->lr,
+                      .warmup = a->warmup,
+                      .total_steps = t->total_steps};
+    a->model->state(t->model, &st);
+    return st;
+}
+
+/*
+ * Saves the checkpoint of the steps taken so far (`step`), asynchronously: libddp copies the
+ * owned state and a thread writes it while training goes on. The progress is the next step's
+ * place in the data order, (epoch, step within it), which does not depend on the world size.
+ * Every rank. Returns 0 or EXIT_FAIL (printed).
+ */
+int save_checkpoint(trainer *t, int64_t step)
+{
+    train_state st = run_state(t, step);
+    char *user = NULL;
+    int rc = train_state_json(&st, &user);
+    ddp_checkpoint_progress pr = {.epoch = step / t->steps_per_epoch,
+                                  .position = step % t->steps_per_epoch,
+                                  .seed = t->a.seed};
+    if (rc == 0)
+        rc = ddp_checkpoint_save(t->m, t->a.ckpt_dir, &pr, user, t->a.keep, 0);
+    free(user);
+    if (rc < 0) {
+        train_err("rank %d: checkpoint of step %" PRId64 " under %s failed: %s: %s", t->rank, step,
+                  t->a.ckpt_dir, ddp_strerror(rc), ddp_last_error(t->m));
+        return EXIT_FAIL;
+    }
+    return 0;
+}
+
+/* What restore() does, decided by rank 0 and broadcast with the path. */
+enum { RESTORE_NONE = 0, RESTORE_RESUME, RESTORE_INIT, RESTORE_ERROR };
+
+/*
+ * Rank 0's choice: --resume PATH; --resume auto, the newest complete checkpoint under
+ * --checkpoint-dir (libddp skips torn or malformed ones with a warning line each), or nothing;
+ * then --init-from when nothing is resumed. Writes the path into path[cap].
+ */
+static int restore_choice(trainer *t, char *path, size_t cap)
+{
+    const train_args *a = &t->a;
+    if (a->resume && strcmp(a->resume, "auto")) {
+        snprintf(path, cap, "%s", a->resume);
+        return RESTORE_RESUME;
+    }
+    if (a->resume) {
+        int rc = ddp_checkpoint_latest(a->ckpt_dir, path, cap, train_log, &t->rank);
+        if (rc < 0) {
+            train_err("--resume auto: cannot search %s: %s", a->ckpt_dir, strerror(-rc));
+            return RESTORE_ERROR;
+        }
+        if (rc == 1)
+            return RESTORE_RESUME;
+        fprintf(stderr, "ddp-train: no complete checkpoint under %s: starting from scratch\n",
+                a->ckpt_dir);
+    }
+    if (a->init_from) {
+        snprintf(path, cap, "%s", a->init_from);
+        return RESTORE_INIT;
+    }
+    return RESTORE_NONE;
+}
+
+/*
+ * After commit: loads what --resume or --init-from names, on every rank (rank 0 chooses and
+ * broadcasts the path, so every rank loads the same checkpoint). A resumed run checks that the
+ * checkpoint's user state fits this run (train_state_compare()) and starts at its step.
+ * Returns 0, EXIT_USAGE (no such checkpoint, or another model or data order) or EXIT_FAIL.
+ */
+int restore(trainer *t)
+{
+    const train_args *a = &t->a;
+    if (!a->resume && !a->init_from)
+        return 0;
+    char buf[PATH_MAX + 1] = {0}; /* buf[0]: the choice; then the path */
+    if (t->rank == 0)
+        buf[0] = (char)restore_choice(t, buf + 1, sizeof buf - 1);
+    int rc = coll_broadcast(t->hcomm, buf, buf, sizeof buf, COLL_U8, 0);
+    if (rc < 0) {
+        train_err("rank %d: broadcasting the checkpoint to load: %s: %s", t->rank,
+                  coll_strerror(rc), coll_last_error(t->hcomm));
+        return EXIT_FAIL;
+    }
+    int choice = buf[0];
+    const char *path = buf + 1;
+    if (choice == RESTORE_NONE || choice == RESTORE_ERROR)
+        return choice == RESTORE_NONE ? 0 : EXIT_USAGE;
+
+    ddp_checkpoint_progress pr;
+    char *user = NULL;
+    rc = ddp_checkpoint_load(t->m, path, choice == RESTORE_INIT ? DDP_CKPT_PARAMS_ONLY : 0, &pr,
+                             choice == RESTORE_INIT ? NULL : &user);
+    if (rc < 0) {
+        /* The same code on every rank; rank 0 says it once. */
+        if (t->rank == 0)
+            train_err("%s %s: %s: %s", choice == RESTORE_INIT ? "--init-from" : "--resume", path,
+                      ddp_strerror(rc), ddp_last_error(t->m));
+        return rc == -EINVAL || rc == -ENOENT || rc == -EPROTO || rc == -EBADMSG ? EXIT_USAGE
+                                                                                 : EXIT_FAIL;
+    }
+    if (choice == RESTORE_INIT) {
+        if (t->rank == 0)
+            fprintf(stderr, "ddp-train: parameters from %s; optimizer state from scratch\n", path);
+        return 0;
+    }
+
+    /* Every rank decides alike: same checkpoint, same arguments. */
+    train_state saved, now = run_state(t, 0);
+    char why[512];
+    int status = EXIT_USAGE;
+    if (!user)
+        snprintf(why, sizeof why, "it has no ddp-train state (saved by another program?)");
+    else if (train_state_parse(user, &saved, why, sizeof why) < 0)
+        ;
+    else if ((rc = train_state_compare(&saved, &now, why, sizeof why)) < 0)
+        ;
+    else if (saved.step != pr.epoch * t->steps_per_epoch + pr.position)
+        snprintf(why, sizeof why,
+                 "its step %" PRId64 " is not its sampler position (epoch %" PRId64
+                 ", step %" PRId64 " of %d)",
+                 saved.step, pr.epoch, pr.position, t->steps_per_epoch);
+    else
+        status = 0;
+    free(user);
+    if (status != 0) {
+        if (t->rank == 0)
+            train_err("--resume %s: cannot resume from it: %s", path, why);
+        return status;
+    }
+    if (rc == 1 && t->rank == 0)
+        warn("--resume %s: %s", path, why); /* the schedule changed */
+    t->start_step = saved.step;
+    if (t->rank == 0)
+        fprintf(stderr,
+                "ddp-train: resuming from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64
+                " of it), saved by %d rank%s at ZeRO-%d\n",
+                path, saved.step, pr.epoch + 1, pr.position, saved.world,
+                saved.world == 1 ? "" : "s", saved.zero);
+    return 0;
+}

@@ -1,0 +1,204 @@
+/*
+ * train_loop.c: ddp-train's training loop and evaluation, the same for every model, device and
+ * ZeRO stage. Each micro-step is one call of the model's compute between ddp_micro_begin() and
+ * ddp_micro_end(); each step is ddp_step() at the schedule's learning rate; reports allreduce
+ * the loss; an evaluation after each epoch runs the test set, each rank a shard.
+ *
+ * On a GPU the loop stays asynchronous: the host waits for the device only when it takes the
+ * model's sums (a report, an evaluation) or a step's info (a report).
+ */
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "monoclock.h"
+#include "trainer.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Evaluation                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Test loss and accuracy over the whole test set: rank r takes the contiguous shard
+ * [r * ceil(n / W), ...), in chunks of EVAL_CHUNK rows, and the sums are allreduced. Every rank
+ * runs the same number of forward passes (a short shard ends with empty ones) because each
+ * pass gathers the units at ZeRO-3, which is collective. Every rank. Returns 0 or EXIT_FAIL
+ * (printed, naming `step`).
+ */
+static int evaluate(trainer *t, int64_t step, double *loss, double *accuracy)
+{
+    const data_set *ds = &t->test;
+    int per = (ds->n + t->world - 1) / t->world;
+    int lo = t->rank * per < ds->n ? t->rank * per : ds->n;
+    int hi = lo + per < ds->n ? lo + per : ds->n;
+    int chunks = (per + EVAL_CHUNK - 1) / EVAL_CHUNK;
+    /* The training passes' loss not reported yet waits for the next report. */
+    model_stats st;
+    t->hook_failed = 0;
+    int rc = t->compute->take(t->model, &st);
+    if (rc < 0)
+        return failed_compute(t, "evaluation", step, rc);
+    t->carry_loss += st.loss_sum;
+    double sums[2] = {0, 0}; /* loss, correct */
+    for (int c = 0; c < chunks; c++) {
+        int start = lo + c * EVAL_CHUNK;
+        int count = hi - start < EVAL_CHUNK ? hi - start : EVAL_CHUNK;
+        if (count <= 0) { /* an empty pass: its gathers only */
+            count = 0;
+            start = lo;
+        }
+        if ((rc = t->compute->eval(t->model, start, count)) < 0 ||
+            (rc = t->compute->take(t->model, &st)) < 0)
+            return failed_compute(t, "evaluation", step, rc);
+        sums[0] += st.loss_sum;
+        sums[1] += st.correct;
+    }
+    if ((rc = coll_allreduce(t->hcomm, sums, sums, 2, COLL_F64, COLL_SUM)) < 0)
+        return failed_by(t, "evaluation", step, rc, BY_COMM);
+    *loss = sums[0] / ds->n;
+    *accuracy = sums[1] / ds->n;
+    return 0;
+}
+
+/*
+ * DDP_TRAIN_TEST_KILL=RANK:STEP[:STOP], for tests that need a rank to die at a known point
+ * rather than at a time: on the job's first attempt (TORCHELASTIC_RESTART_COUNT unset or 0),
+ * rank RANK (* : any rank that reads it) raises SIGKILL, or SIGSTOP with :STOP, right after
+ * step STEP and its checkpoint save. A save is complete only once every rank's writer is
+ * known to be done, which takes a collective after the save returns, so a rank killed right
+ * after a save leaves that checkpoint torn (no manifest), and the one before it complete (a
+ * save first waits for the previous one to complete). Not in --help: not for users.
+ */
+void test_kill_read(trainer *t)
+{
+    const char *spec = getenv("DDP_TRAIN_TEST_KILL");
+    const char *attempt = getenv("TORCHELASTIC_RESTART_COUNT");
+    char rank[16] = "", sig[8] = "KILL";
+    t->kill_rank = -1;
+    if (!spec || (attempt && strcmp(attempt, "0")) ||
+        sscanf(spec, "%15[^:]:%" SCNd64 ":%7s", rank, &t->kill_step, sig) < 2)
+        return;
+    t->kill_rank = !strcmp(rank, "*") ? -2 : atoi(rank);
+    t->kill_sig = !strcmp(sig, "STOP") ? SIGSTOP : SIGKILL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Training                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+int train(trainer *t, double *final_acc, double *train_s)
+{
+    train_args *a = &t->a;
+    /* libddp averages gradients over the ranks, so each rank scales by its own share of the
+     * global batch: the result is the gradient of the mean loss over the global batch. */
+    const float loss_scale = (float)t->world / (float)a->global_batch;
+    int64_t step = t->start_step;     /* steps taken, by this run and the one it resumes */
+    const int async = t->device >= 0; /* ddp_step() is not asked for its info: that would wait */
+    int rc = step < t->total_steps
+                 ? data_loader_create(&t->train, &t->sampler, (int)(step / t->steps_per_epoch),
+                                      (int)(step % t->steps_per_epoch), a->epochs,
+                                      (int64_t)t->total_steps, &t->loader)
+                 : 0;
+    if (rc < 0) {
+        train_err("rank %d: %s", t->rank, data_last_error());
+        return EXIT_FAIL;
+    }
+
+    int64_t interval_steps = 0;
+    double t_train = 0;           /* seconds in training steps, evaluation excluded */
+    double t_mark = mono_now_s(); /* start of the current stretch of training */
+    double t_report = t_train;
+    double acc = NAN;
+    const data_batch *b;
+    while (t->loader && data_loader_next(t->loader, &b) == 0) {
+        int last = b->micro == a->grad_accum - 1;
+        if ((rc = ddp_micro_begin(t->m, last)) < 0)
+            return failed(t, "ddp_micro_begin", step, rc);
+        t->hook_failed = 0;
+        rc = t->compute->micro(t->model, b, loss_scale);
+        int end = ddp_micro_end(t->m); /* surfaces the library's account of a hook's failure */
+        if (rc < 0)
+            return failed_compute(t, "the forward or backward pass", step, end < 0 ? end : rc);
+        if (end < 0)
+            return failed(t, "ddp_micro_end", step, end);
+        if (!last)
+            continue;
+
+        /* On the device the step stays asynchronous: its info is read when reported. */
+        float lr = ddp_schedule_lr(&t->sched, step);
+        ddp_step_info info = {0};
+        if ((rc = ddp_step(t->m, lr, async ? NULL : &info)) < 0)
+            return failed(t, "ddp_step", step, rc);
+        if (t->dump.x)
+            dump_record(t, b, step, lr);
+        step++;
+        interval_steps++;
+        int epoch_end = b->step == t->steps_per_epoch - 1;
+        int report = step % a->log_every == 0 || epoch_end || step == t->total_steps;
+        if (report && async && (rc = ddp_step_info_get(t->m, &info)) < 0)
+            return failed(t, "ddp_step", step - 1, rc);
+        if (info.skipped && t->rank == 0)
+            warn("%sstep %" PRId64 " skipped: the gradient norm is %g", t->tty ? "\r\033[K" : "",
+                 step, info.grad_norm);
+
+        if (report) {
+            model_stats st;
+            if ((rc = t->compute->take(t->model, &st)) < 0)
+                return failed_compute(t, "the loss", step, rc);
+            double now = mono_now_s(); /* after take(), which waits for the device */
+            t_train += now - t_mark;
+            double sum = st.loss_sum + t->carry_loss;
+            t->carry_loss = 0;
+            if ((rc = coll_allreduce(t->hcomm, &sum, &sum, 1, COLL_F64, COLL_SUM)) < 0)
+                return failed_by(t, "the loss allreduce", step, rc, BY_COMM);
+            double loss = sum / ((double)interval_steps * a->global_batch);
+            double rate = (double)interval_steps * a->global_batch / (t_train - t_report);
+            double eta = (t->total_steps - step) * (t_train / (double)(step - t->start_step));
+            if (t->rank == 0)
+                report_step(t, step, b->epoch, loss, lr, info.grad_norm, rate, eta);
+            interval_steps = 0;
+            t_report = t_train;
+            t_mark = mono_now_s();
+        }
+        if (epoch_end || step == t->total_steps) {
+            t_train += mono_now_s() - t_mark;
+            double test_loss;
+            if ((rc = evaluate(t, step, &test_loss, &acc)) != 0)
+                return rc;
+            if (t->rank == 0)
+                report_epoch(t, step, b->epoch, test_loss, acc);
+            t_mark = mono_now_s();
+        }
+        if (a->ckpt_every && step % a->ckpt_every == 0 && (rc = save_checkpoint(t, step)) != 0)
+            return rc;
+        if (step == t->kill_step && (t->rank == t->kill_rank || t->kill_rank == -2))
+            raise(t->kill_sig);
+    }
+    if (isnan(acc)) { /* resumed at or past the last step: nothing trained, still report */
+        double test_loss;
+        if ((rc = evaluate(t, step, &test_loss, &acc)) != 0)
+            return rc;
+        if (t->rank == 0)
+            report_epoch(t, step, (int)((step - 1) / t->steps_per_epoch), test_loss, acc);
+    }
+    /* The last save completes (its manifest is written) before the run ends. A failed save
+     * does not stop training (libddp logged it, on every rank, and the next one tries again);
+     * the last one's failure is the run's, once it has done the rest. */
+    if (a->ckpt_dir && (rc = ddp_checkpoint_wait(t->m)) < 0) {
+        if (ddp_model_broken(t->m))
+            return failed(t, "the last checkpoint", step, rc);
+        char newest[PATH_MAX];
+        int found = ddp_checkpoint_latest(a->ckpt_dir, newest, sizeof newest, NULL, NULL);
+        train_err(
+            "rank %d: trained, but the last save failed: %s; %s%s", t->rank, ddp_last_error(t->m),
+            found == 1 ? "the newest complete checkpoint is " : "no complete checkpoint remains",
+            found == 1 ? newest : "");
+        t->last_save_failed = 1;
+    }
+    *final_acc = acc;
+    *train_s = t_train;
+    return EXIT_OK;
+}
