@@ -28,7 +28,7 @@ static int nccl_init(coll_comm *c, rdzv_client *store, int64_t deadline, char *e
 static coll__evidence nccl_evidence(const coll_comm *c, const coll_request *req, int rc)
 {
     return coll__comm_evidence(c, &req->op, req->k, rc,
-                    rc == COLL_EREMOTE ? COLL__EV_CLOSED : COLL__EV_TIMEOUT, -1);
+                               rc == COLL_EREMOTE ? COLL__EV_CLOSED : COLL__EV_TIMEOUT, -1);
 }
 
 /* Enqueues the operation on the stream; a failure to enqueue completes the request failed. */
@@ -77,13 +77,15 @@ static int nccl_check(coll_request *req)
     }
     int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
     if (rc < 0) {
-        req->result = coll__comm_fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, req->issued);
+        req->result =
+            coll__comm_fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, req->issued);
         return 1;
     }
     if (rc == 0 && mono_now_ns() >= req->deadline) {
-        req->result =
-            coll__comm_fail(c, &req->op, req->seq,
-                 coll__comm_evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "", req->issued);
+        req->result = coll__comm_fail(
+            c, &req->op, req->seq,
+            coll__comm_evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "",
+            req->issued);
         return 1;
     }
     if (rc == 1)

@@ -134,7 +134,7 @@ typedef struct coll_options {
     void *log_arg;         /* passed to log */
     size_t chunk_bytes;    /* cpu: pipeline chunk per rank (0: 1 MiB) */
     size_t small_bytes;    /* cpu: messages up to this use the latency-optimised algorithm
-                              (0: 16 KiB) */
+                              unless COLL_CPU_ALGO says otherwise (0: 16 KiB) */
     const char *bind_addr; /* cpu: address peers on other hosts reach this rank at; copied.
                               NULL: the local address of the connection to the store */
 } coll_options;
@@ -150,9 +150,11 @@ void coll_options_init(coll_options *opts);
  * (RDZV_PRIVATE_COLL_ROOT), which a store with a token keeps private to the job's authenticated
  * connections (a client connected with the job's token, as rdzv_env_connect() does under
  * ddprun). `device` is a CUDA device ordinal for the nccl backend
- * and -1 for none. `opts` may be NULL for the defaults.
+ * and -1 for none. `opts` may be NULL for the defaults. The cpu backend reads the environment
+ * variable COLL_CPU_ALGO (auto, latency or ring: its reduction algorithm; libcollective(3)).
  *
- * Returns 0 and sets *out, or -EINVAL (bad argument), -ENOTSUP (backend nccl in a build
+ * Returns 0 and sets *out, or -EINVAL (bad argument; a COLL_CPU_ALGO that names no algorithm,
+ * or ranks that chose different ones), -ENOTSUP (backend nccl in a build
  * without it, or no GPU), -ETIMEDOUT (not every rank arrived within the timeout; the message in
  * coll_last_error(NULL) names the missing ranks), -ENOMEM, COLL_ENCCL, COLL_ECUDA, or a store
  * or socket error. On failure coll_last_error(NULL) describes it.

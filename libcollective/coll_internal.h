@@ -397,15 +397,16 @@ void coll__nccl_destroy(coll__nccl *n);
 
 #ifndef __cplusplus /* cpu_boot.c, cpu.c: C only, like shm.c and tcp.c */
 /* ------------------------------------------------------------------------------------------ */
-/* cpu_boot.c (bootstrap, teardown, queries) and cpu.c (coll__cpu_run)                         */
+/* cpu_boot.c (bootstrap, teardown, queries) and cpu.c (coll__cpu_run, the algorithms)        */
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct coll__cpu coll__cpu;
 
 /*
  * Bootstraps the cpu backend through the store (see cpu_boot.c). `abort` is the communicator's
- * flag. Returns 0 and sets *out, or a negative code with err filled and *culprit set to a rank
- * that did not arrive (-1 if none is known; culprit may be NULL).
+ * flag. Reads COLL_CPU_ALGO. Returns 0 and sets *out, or a negative code with err filled and
+ * *culprit set to a rank that did not arrive (-1 if none is known; culprit may be NULL):
+ * -EINVAL for a COLL_CPU_ALGO no row names, or ranks that chose different rows.
  */
 int coll__cpu_init(struct rdzv_client *store, const char *prefix, int rank, int world,
                    const coll_options *opts, const _Atomic int *abort, int64_t deadline,
@@ -426,6 +427,16 @@ int coll__cpu_local(const coll__cpu *c, int *nlocal);
 bool coll__cpu_segment_aborted(const coll__cpu *c);
 /* The culprit the segment was marked failed with, -1 if none. */
 int coll__cpu_segment_culprit(const coll__cpu *c);
+/*
+ * The reduction algorithm COLL_CPU_ALGO names (see cpu.c's table of reductions): *algo gets its
+ * row, or COLL__CPU_ALGO_AUTO for "auto", "" and NULL. Returns 0, or -EINVAL for another name.
+ */
+#define COLL__CPU_ALGO_AUTO (-1)
+int coll__cpu_algo_parse(const char *name, int *algo);
+/* The name of a row or of COLL__CPU_ALGO_AUTO ("auto"). Static. */
+const char *coll__cpu_algo_name(int algo);
+/* The accepted names, comma-separated ("auto, latency, ring"), for messages. */
+void coll__cpu_algo_list(char *buf, size_t cap);
 /* Whether rank shares this rank's host. */
 bool coll__cpu_same_host(const coll__cpu *c, int rank);
 /* The hostname rank published, for messages. */
@@ -503,16 +514,16 @@ struct coll_comm {
 
     /* backend_cpu.c's: the cpu backend, and staging of device buffers through pinned memory */
     coll__cpu *cpu;
-    bool cuda;      /* device buffers possible (CUDA build with a device) */
-    void *stage;    /* pinned staging buffer for device buffers */
+    bool cuda;   /* device buffers possible (CUDA build with a device) */
+    void *stage; /* pinned staging buffer for device buffers */
     size_t stage_bytes;
 
     coll__nccl *nccl; /* backend_nccl.c's */
 
     pthread_mutex_t lock;
-    pthread_cond_t work;       /* cpu: the progress thread waits here */
-    pthread_cond_t done;       /* waiters for requests (CLOCK_MONOTONIC) */
-    coll_request *head, *tail; /* cpu: queued, not yet running */
+    pthread_cond_t work;                 /* cpu: the progress thread waits here */
+    pthread_cond_t done;                 /* waiters for requests (CLOCK_MONOTONIC) */
+    coll_request *head, *tail;           /* cpu: queued, not yet running */
     bool busy, stopping, thread_started; /* cpu: one running; its progress thread's state */
     pthread_t thread;
     uint64_t issued;

@@ -260,7 +260,7 @@ static void failure_message(const coll_comm *c, char *err, size_t cap, const cha
 
 /* The evidence of a failure of op (index k among the collectives) with code rc, naming guess. */
 coll__evidence coll__comm_evidence(const coll_comm *c, const coll__op *op, uint64_t k, int rc,
-                               coll__evkind kind, int guess)
+                                   coll__evkind kind, int guess)
 {
     return (coll__evidence){
         .rank = c->rank,
@@ -281,7 +281,7 @@ coll__evidence coll__comm_evidence(const coll_comm *c, const coll__op *op, uint6
  * thread that ran the operation.
  */
 int coll__comm_fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence ev,
-                const char *detail, int64_t started)
+                    const char *detail, int64_t started)
 {
     char what[128];
     describe(op, seq, what, sizeof what);
