@@ -2,18 +2,25 @@
  * Internals shared across libcollective's files (coll__ prefix). Not installed.
  *
  * Modules:
- *   reduce.c      element-wise reduction kernels (no I/O, unit-tested alone)
+ *   coll.h        the public API (installed); libcollective.map exports exactly its functions
+ *   comm.c        the public API's communicators, argument checks, requests, failure
+ *                 accounting, split, and the backend table it dispatches through
+ *   backend_cpu.c the cpu backend's row: request queue, progress thread, device-buffer staging
+ *   backend_nccl.c the nccl backend's row: adapters over nccl.cu (built with NCCL)
+ *   env.c         coll_comm_init_env(): joining the job from the torchrun environment
+ *   util.c        names and parsers of dtypes, reductions and backends; coll_strerror()
+ *   settle.c      failure settlement's decision: evidence in, culprit and code out (no I/O)
+ *   cpu_boot.c    the cpu backend's bootstrap through the store: ranks, layout, segment, ring
+ *   cpu.c         the cpu backend's algorithms on top of shm.c and tcp.c (a table of reductions)
+ *   cpu.h         the cpu backend's state, shared by cpu_boot.c and cpu.c
+ *   layout.c      the cpu backend's host layout from the ranks' host identities (no I/O)
  *   shm.c         per-host shared-memory segments and the waits on counters inside them
  *   tcp.c         rank-to-rank TCP connections and bounded, abortable duplex transfers
- *   layout.c      the cpu backend's host layout from the ranks' host identities (no I/O)
- *   cpu_boot.c    the cpu backend's bootstrap through the store: ranks, layout, segment, ring
- *   cpu.c         the cpu backend's algorithms on top of shm.c and tcp.c
- *   cpu.h         the cpu backend's state, shared by cpu_boot.c and cpu.c
- *   settle.c      failure settlement's decision: evidence in, culprit and code out (no I/O)
- *   comm.c        the public API: bootstrap through the store, requests, progress thread
- *   env.c         coll_comm_init_env(): joining the job from the torchrun environment
- *   nccl.cu       the nccl backend (built with NCCL)
+ *   reduce.c      element-wise reduction kernels (no I/O, unit-tested alone)
+ *   nccl.cu       every NCCL call of the nccl backend (built with NCCL)
  *   cuda_stage.cu device-pointer detection and pinned staging for the cpu backend (CUDA builds)
+ *   cuda_stub.c   what the build has (coll_have_cuda/nccl()); cuda_stage.cu's stand-ins
+ *                 without CUDA
  *
  * The store keys these files use ("<prefix>/cpu/<rank>", "<prefix>/failed", ...) are listed,
  * with their writers and value formats, in one table: libcollective(3), STORE KEYS.

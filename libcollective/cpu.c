@@ -21,8 +21,8 @@
  * within a host and a direct TCP connection across hosts.
  *
  * Not here: the bootstrap, the segment's layout and teardown (cpu_boot.c), which ranks share a
- * host (layout.c), the request queue and the progress thread (comm.c), device buffers (comm.c
- * stages them), and the element kernels (reduce.c). No store I/O happens here.
+ * host (layout.c), the request queue and the progress thread (backend_cpu.c), device buffers
+ * (backend_cpu.c stages them), and the element kernels (reduce.c). No store I/O happens here.
  */
 #include "cpu.h"
 
