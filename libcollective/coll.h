@@ -24,6 +24,10 @@
  * they were issued, on a progress thread, so that they overlap the caller's compute. Each
  * request is released by exactly one coll_wait().
  *
+ * Release: a communicator by coll_comm_destroy(), a request by coll_wait(), what
+ * coll_comm_init_env() made by coll_env_free(). The library hands out no other memory: the
+ * strings it returns are its own (static, or the communicator's).
+ *
  * Thread-safety: a communicator may be used from several threads; operations are ordered by
  * the time their call took the communicator's lock. Every rank must issue the same sequence.
  *

@@ -473,10 +473,11 @@ struct coll_request {
 /*
  * A backend as the API drives it: one row of comm.c's backends[], chosen once in
  * coll_comm_init(); nothing outside the backend's own file asks which backend a communicator
- * has. A new backend is one file, backend_<name>.c, defining its coll__backend_ops (declared
- * below), plus one row in backends[] (and its value in coll.h's coll_backend). The rows:
- * backend_cpu.c (operations run on the calling thread or the progress thread) and
- * backend_nccl.c (enqueued on the CUDA stream at issue, events polled; NCCL builds only).
+ * has. A new backend is one file, backend_<name>.c (listed in meson.build), defining its
+ * coll__backend_ops (declared below), plus one row in backends[] (and its value in coll.h's
+ * coll_backend). The rows: backend_cpu.c (operations run on the calling thread or the progress
+ * thread) and backend_nccl.c (enqueued on the CUDA stream at issue, events polled; NCCL builds
+ * only).
  */
 typedef struct coll__backend_ops {
     /* Bootstraps through the store (bounded by deadline); err gets the detail. */
