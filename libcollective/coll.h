@@ -238,7 +238,8 @@ int coll_comm_split(coll_comm *comm, int color, int key, coll_comm **out);
 /*
  * Aborts `comm`: every pending and running operation completes with -ECANCELED (peers that
  * were waiting on this rank get COLL_EREMOTE naming it), and so does every later one. Safe
- * to call from any thread, including a signal-free watchdog thread, at any time. Returns 0.
+ * to call from any thread, including a signal-free watchdog thread, at any time. Returns 0, or
+ * -EINVAL (comm NULL).
  */
 int coll_comm_abort(coll_comm *comm);
 
@@ -249,10 +250,11 @@ int coll_comm_abort(coll_comm *comm);
  */
 void coll_comm_destroy(coll_comm *comm);
 
+/* This rank, the number of ranks, and the backend chosen (never AUTO); -1 and AUTO for NULL. */
 int coll_comm_rank(const coll_comm *comm);
 int coll_comm_size(const coll_comm *comm);
 coll_backend coll_comm_backend(const coll_comm *comm);
-/* Number of distinct hosts and this rank's host-local index and host-local size. */
+/* Number of distinct hosts and this rank's host-local index and host-local size; -1 for NULL. */
 int coll_comm_nhosts(const coll_comm *comm);
 int coll_comm_local_rank(const coll_comm *comm);
 int coll_comm_local_size(const coll_comm *comm);
