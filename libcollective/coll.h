@@ -24,6 +24,10 @@
  * they were issued, on a progress thread, so that they overlap the caller's compute. Each
  * request is released by exactly one coll_wait().
  *
+ * Release: a communicator by coll_comm_destroy(), a request by coll_wait(), what
+ * coll_comm_init_env() made by coll_env_free(). The library hands out no other memory: the
+ * strings it returns are its own (static, or the communicator's).
+ *
  * Thread-safety: a communicator may be used from several threads; operations are ordered by
  * the time their call took the communicator's lock. Every rank must issue the same sequence.
  *
@@ -134,7 +138,7 @@ typedef struct coll_options {
     void *log_arg;         /* passed to log */
     size_t chunk_bytes;    /* cpu: pipeline chunk per rank (0: 1 MiB) */
     size_t small_bytes;    /* cpu: messages up to this use the latency-optimised algorithm
-                              (0: 16 KiB) */
+                              unless COLL_CPU_ALGO says otherwise (0: 16 KiB) */
     const char *bind_addr; /* cpu: address peers on other hosts reach this rank at; copied.
                               NULL: the local address of the connection to the store */
 } coll_options;
@@ -150,9 +154,11 @@ void coll_options_init(coll_options *opts);
  * (RDZV_PRIVATE_COLL_ROOT), which a store with a token keeps private to the job's authenticated
  * connections (a client connected with the job's token, as rdzv_env_connect() does under
  * ddprun). `device` is a CUDA device ordinal for the nccl backend
- * and -1 for none. `opts` may be NULL for the defaults.
+ * and -1 for none. `opts` may be NULL for the defaults. The cpu backend reads the environment
+ * variable COLL_CPU_ALGO (auto, latency or ring: its reduction algorithm; libcollective(3)).
  *
- * Returns 0 and sets *out, or -EINVAL (bad argument), -ENOTSUP (backend nccl in a build
+ * Returns 0 and sets *out, or -EINVAL (bad argument; a COLL_CPU_ALGO that names no algorithm,
+ * or ranks that chose different ones), -ENOTSUP (backend nccl in a build
  * without it, or no GPU), -ETIMEDOUT (not every rank arrived within the timeout; the message in
  * coll_last_error(NULL) names the missing ranks), -ENOMEM, COLL_ENCCL, COLL_ECUDA, or a store
  * or socket error. On failure coll_last_error(NULL) describes it.
@@ -232,7 +238,8 @@ int coll_comm_split(coll_comm *comm, int color, int key, coll_comm **out);
 /*
  * Aborts `comm`: every pending and running operation completes with -ECANCELED (peers that
  * were waiting on this rank get COLL_EREMOTE naming it), and so does every later one. Safe
- * to call from any thread, including a signal-free watchdog thread, at any time. Returns 0.
+ * to call from any thread, including a signal-free watchdog thread, at any time. Returns 0, or
+ * -EINVAL (comm NULL).
  */
 int coll_comm_abort(coll_comm *comm);
 
@@ -243,10 +250,11 @@ int coll_comm_abort(coll_comm *comm);
  */
 void coll_comm_destroy(coll_comm *comm);
 
+/* This rank, the number of ranks, and the backend chosen (never AUTO); -1 and AUTO for NULL. */
 int coll_comm_rank(const coll_comm *comm);
 int coll_comm_size(const coll_comm *comm);
 coll_backend coll_comm_backend(const coll_comm *comm);
-/* Number of distinct hosts and this rank's host-local index and host-local size. */
+/* Number of distinct hosts and this rank's host-local index and host-local size; -1 for NULL. */
 int coll_comm_nhosts(const coll_comm *comm);
 int coll_comm_local_rank(const coll_comm *comm);
 int coll_comm_local_size(const coll_comm *comm);

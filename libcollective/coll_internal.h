@@ -2,18 +2,25 @@
  * Internals shared across libcollective's files (coll__ prefix). Not installed.
  *
  * Modules:
- *   reduce.c      element-wise reduction kernels (no I/O, unit-tested alone)
+ *   coll.h        the public API (installed); libcollective.map exports exactly its functions
+ *   comm.c        the public API's communicators, argument checks, requests, failure
+ *                 accounting, split, and the backend table it dispatches through
+ *   backend_cpu.c the cpu backend's row: request queue, progress thread, device-buffer staging
+ *   backend_nccl.c the nccl backend's row: adapters over nccl.cu (built with NCCL)
+ *   env.c         coll_comm_init_env(): joining the job from the torchrun environment
+ *   util.c        names and parsers of dtypes, reductions and backends; coll_strerror()
+ *   settle.c      failure settlement's decision: evidence in, culprit and code out (no I/O)
+ *   cpu_boot.c    the cpu backend's bootstrap through the store: ranks, layout, segment, ring
+ *   cpu.c         the cpu backend's algorithms on top of shm.c and tcp.c (a table of reductions)
+ *   cpu.h         the cpu backend's state, shared by cpu_boot.c and cpu.c
+ *   layout.c      the cpu backend's host layout from the ranks' host identities (no I/O)
  *   shm.c         per-host shared-memory segments and the waits on counters inside them
  *   tcp.c         rank-to-rank TCP connections and bounded, abortable duplex transfers
- *   layout.c      the cpu backend's host layout from the ranks' host identities (no I/O)
- *   cpu_boot.c    the cpu backend's bootstrap through the store: ranks, layout, segment, ring
- *   cpu.c         the cpu backend's algorithms on top of shm.c and tcp.c
- *   cpu.h         the cpu backend's state, shared by cpu_boot.c and cpu.c
- *   settle.c      failure settlement's decision: evidence in, culprit and code out (no I/O)
- *   comm.c        the public API: bootstrap through the store, requests, progress thread
- *   env.c         coll_comm_init_env(): joining the job from the torchrun environment
- *   nccl.cu       the nccl backend (built with NCCL)
+ *   reduce.c      element-wise reduction kernels (no I/O, unit-tested alone)
+ *   nccl.cu       every NCCL call of the nccl backend (built with NCCL)
  *   cuda_stage.cu device-pointer detection and pinned staging for the cpu backend (CUDA builds)
+ *   cuda_stub.c   what the build has (coll_have_cuda/nccl()); cuda_stage.cu's stand-ins
+ *                 without CUDA
  *
  * The store keys these files use ("<prefix>/cpu/<rank>", "<prefix>/failed", ...) are listed,
  * with their writers and value formats, in one table: libcollective(3), STORE KEYS.
@@ -30,6 +37,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#ifndef __cplusplus
+#include <pthread.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -394,15 +404,16 @@ void coll__nccl_destroy(coll__nccl *n);
 
 #ifndef __cplusplus /* cpu_boot.c, cpu.c: C only, like shm.c and tcp.c */
 /* ------------------------------------------------------------------------------------------ */
-/* cpu_boot.c (bootstrap, teardown, queries) and cpu.c (coll__cpu_run)                         */
+/* cpu_boot.c (bootstrap, teardown, queries) and cpu.c (coll__cpu_run, the algorithms)        */
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct coll__cpu coll__cpu;
 
 /*
  * Bootstraps the cpu backend through the store (see cpu_boot.c). `abort` is the communicator's
- * flag. Returns 0 and sets *out, or a negative code with err filled and *culprit set to a rank
- * that did not arrive (-1 if none is known; culprit may be NULL).
+ * flag. Reads COLL_CPU_ALGO. Returns 0 and sets *out, or a negative code with err filled and
+ * *culprit set to a rank that did not arrive (-1 if none is known; culprit may be NULL):
+ * -EINVAL for a COLL_CPU_ALGO no row names, or ranks that chose different rows.
  */
 int coll__cpu_init(struct rdzv_client *store, const char *prefix, int rank, int world,
                    const coll_options *opts, const _Atomic int *abort, int64_t deadline,
@@ -423,10 +434,139 @@ int coll__cpu_local(const coll__cpu *c, int *nlocal);
 bool coll__cpu_segment_aborted(const coll__cpu *c);
 /* The culprit the segment was marked failed with, -1 if none. */
 int coll__cpu_segment_culprit(const coll__cpu *c);
+/*
+ * The reduction algorithm COLL_CPU_ALGO names (see cpu.c's table of reductions): *algo gets its
+ * row, or COLL__CPU_ALGO_AUTO for "auto", "" and NULL. Returns 0, or -EINVAL for another name.
+ */
+#define COLL__CPU_ALGO_AUTO (-1)
+int coll__cpu_algo_parse(const char *name, int *algo);
+/* The name of a row or of COLL__CPU_ALGO_AUTO ("auto"). Static. */
+const char *coll__cpu_algo_name(int algo);
+/* The accepted names, comma-separated ("auto, latency, ring"), for messages. */
+void coll__cpu_algo_list(char *buf, size_t cap);
 /* Whether rank shares this rank's host. */
 bool coll__cpu_same_host(const coll__cpu *c, int rank);
 /* The hostname rank published, for messages. */
 const char *coll__cpu_hostname(const coll__cpu *c, int rank);
+#endif
+
+#ifndef __cplusplus /* comm.c and the backends: C only, like shm.c and tcp.c */
+/* ------------------------------------------------------------------------------------------ */
+/* comm.c: the communicator, for the backends (backend_cpu.c, backend_nccl.c)                  */
+/* ------------------------------------------------------------------------------------------ */
+
+#define COLL__ERR_BYTES 512
+
+struct coll_request {
+    coll_comm *comm;
+    coll__op op;
+    uint64_t seq;
+    uint64_t k; /* nccl: index among the collectives */
+    int result;
+    bool done;
+    void *event;      /* nccl */
+    int64_t issued;   /* nccl: when it was enqueued, for messages */
+    int64_t deadline; /* nccl */
+    coll_request *next;
+};
+
+/*
+ * A backend as the API drives it: one row of comm.c's backends[], chosen once in
+ * coll_comm_init(); nothing outside the backend's own file asks which backend a communicator
+ * has. A new backend is one file, backend_<name>.c (listed in meson.build), defining its
+ * coll__backend_ops (declared below), plus one row in backends[] (and its value in coll.h's
+ * coll_backend). The rows: backend_cpu.c (operations run on the calling thread or the progress
+ * thread) and backend_nccl.c (enqueued on the CUDA stream at issue, events polled; NCCL builds
+ * only).
+ */
+typedef struct coll__backend_ops {
+    /* Bootstraps through the store (bounded by deadline); err gets the detail. */
+    int (*init)(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen);
+    /* Takes a checked request (seq not yet given) and queues or starts it; never fails. */
+    void (*submit)(coll_comm *c, coll_request *req);
+    /* The blocking form of a checked operation: its result. */
+    int (*run)(coll_comm *c, const coll__op *op);
+    /* Advances a request without blocking (coll_test); a no-op once it is done. */
+    void (*poll)(coll_request *req);
+    /* Blocks until the request is done and releases what the backend holds for it. */
+    void (*wait)(coll_request *req);
+    /* Makes a CUDA stream wait for the request without releasing it: 0 or a failure. */
+    int (*stream_wait)(coll_request *req, void *stream);
+    /* Before teardown: lets pending operations finish, for at most the timeout. */
+    void (*drain)(coll_comm *c);
+    /* Makes this rank's failure seen: local waits end, peers see it naming culprit. */
+    void (*abort)(coll_comm *c, int culprit);
+    /* Frees the backend's state; accepts a half-built communicator. */
+    void (*destroy)(coll_comm *c);
+    /* Layout: number of hosts, this rank's index on its host (*nlocal: the host's ranks). */
+    int (*nhosts)(const coll_comm *c);
+    int (*local)(const coll_comm *c, int *nlocal);
+    /* The host of rank, for messages ("" unknown). */
+    const char *(*hostname)(const coll_comm *c, int rank);
+    /* coll_comm_init() refuses device < 0 with -ENOTSUP. */
+    bool needs_device;
+} coll__backend_ops;
+
+extern const coll__backend_ops coll__cpu_backend;  /* backend_cpu.c */
+extern const coll__backend_ops coll__nccl_backend; /* backend_nccl.c, NCCL builds only */
+
+struct coll_comm {
+    int rank, world, device;
+    coll_backend backend;
+    const coll__backend_ops *ops;
+    coll_options opts;
+    char *prefix, *bind_addr;
+    rdzv_client *store; /* our own connection; store_lock serialises it */
+    pthread_mutex_t store_lock;
+    void *stream;
+
+    /* backend_cpu.c's: the cpu backend, and staging of device buffers through pinned memory */
+    coll__cpu *cpu;
+    bool cuda;   /* device buffers possible (CUDA build with a device) */
+    void *stage; /* pinned staging buffer for device buffers */
+    size_t stage_bytes;
+
+    coll__nccl *nccl; /* backend_nccl.c's */
+
+    pthread_mutex_t lock;
+    pthread_cond_t work;                 /* cpu: the progress thread waits here */
+    pthread_cond_t done;                 /* waiters for requests (CLOCK_MONOTONIC) */
+    coll_request *head, *tail;           /* cpu: queued, not yet running */
+    bool busy, stopping, thread_started; /* cpu: one running; its progress thread's state */
+    pthread_t thread;
+    uint64_t issued;
+    uint64_t ncoll; /* collectives started: the index progress is measured in */
+    int nsplit;
+
+    _Atomic int aborted;
+    _Atomic int failed_rank;
+    int sticky; /* first failure, 0 for none */
+    char err[COLL__ERR_BYTES];
+};
+
+static inline bool coll__is_collective(enum coll__kind kind)
+{
+    return kind != COLL__SEND && kind != COLL__RECV;
+}
+
+/* Bytes op reads from sendbuf (*in) and writes to recvbuf (*out) on this rank. */
+void coll__op_bytes(const coll_comm *c, const coll__op *op, size_t *in, size_t *out);
+/*
+ * Checks op, queues it through the backend's submit and sets *out: 0, or -EINVAL (bad
+ * arguments, out NULL), -ECANCELED (aborted), -ENOMEM. The request is released by coll_wait().
+ */
+int coll__comm_issue(coll_comm *c, const coll__op *op, coll_request **out);
+/* The evidence of a failure of op (index k among the collectives) with code rc, naming guess. */
+coll__evidence coll__comm_evidence(const coll_comm *c, const coll__op *op, uint64_t k, int rc,
+                                   coll__evkind kind, int guess);
+/*
+ * A failed operation (number seq, started at `started`): settles its culprit and code with the
+ * peers through the store (settle.c decides), makes the backend abort, and makes the failure
+ * sticky with its message; detail is the failed call's own account. Returns the settled code.
+ * Runs on the thread that ran the operation.
+ */
+int coll__comm_fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence ev,
+                    const char *detail, int64_t started);
 #endif
 
 #ifdef __cplusplus

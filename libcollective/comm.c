@@ -1,13 +1,11 @@
 /*
- * The public API: communicators, argument checks, requests and the progress thread, failure
- * accounting, split, abort; and staging of device buffers for the cpu backend.
+ * The public API: communicators, argument checks, requests, failure accounting, split, abort;
+ * and the generic dispatch to the backend.
  *
- * The backend is a table of operations (backend_ops) chosen once, in coll_comm_init(); the API
- * calls through it and never asks which backend it has.
- * cpu: requests queue up per communicator and one progress thread runs them in issue order. A
- * blocking call that finds the queue empty and nothing running runs its operation on the
- * calling thread instead (same order, no thread hand-offs on the latency path).
- * nccl: operations are enqueued on the stream at issue; a request is a CUDA event.
+ * The backend is a row of the table below (coll__backend_ops, coll_internal.h), chosen once, in
+ * coll_comm_init(); the API calls through it and never asks which backend it has. Each row's
+ * file says how it runs operations: backend_cpu.c (a queue and a progress thread, inline runs of
+ * blocking calls), backend_nccl.c (enqueued on the CUDA stream at issue, a request is an event).
  *
  * Failures. A failed operation leaves the communicator failed: later operations return the same
  * code at once (like NCCL, the communicator must be destroyed and made again). Before it returns,
@@ -20,7 +18,8 @@
  * The decision itself is settle.c's (coll__settle(): evidence in, culprit and code out); this
  * file gathers the evidence, asks the store what coll__settle() asks for, and words the message.
  *
- * Not here: the algorithms (cpu.c), NCCL calls (nccl.cu) and the settling rules (settle.c).
+ * Not here: the backends (backend_*.c), the algorithms (cpu.c), NCCL calls (nccl.cu) and the
+ * settling rules (settle.c).
  */
 #include "coll_internal.h"
 #include "rdzv.h"
@@ -34,87 +33,19 @@
 #include <string.h>
 #include <time.h>
 
-#define ERR_BYTES 512
-
-struct coll_request {
-    coll_comm *comm;
-    coll__op op;
-    uint64_t seq;
-    uint64_t k; /* nccl: index among the collectives */
-    int result;
-    bool done;
-    void *event;      /* nccl */
-    int64_t issued;   /* nccl: when it was enqueued, for messages */
-    int64_t deadline; /* nccl */
-    coll_request *next;
-};
-
 /*
- * A backend as the API drives it, chosen once in coll_comm_init(): nothing outside the two
- * tables below asks which backend a communicator has. The cpu backend runs operations on the
- * calling thread or its progress thread; the nccl backend enqueues them on the CUDA stream at
- * issue and polls their events.
+ * The backends, by coll_backend value: one row per backend_<name>.c. A NULL row is a backend
+ * this build does not have (nccl without NCCL); coll_comm_init() refuses it with -ENOTSUP.
  */
-typedef struct backend_ops {
-    /* Bootstraps through the store (bounded by deadline); err gets the detail. */
-    int (*init)(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen);
-    /* Takes a checked request (seq not yet given) and queues or starts it; never fails. */
-    void (*submit)(coll_comm *c, coll_request *req);
-    /* The blocking form of a checked operation: its result. */
-    int (*run)(coll_comm *c, const coll__op *op);
-    /* Advances a request without blocking (coll_test); a no-op once it is done. */
-    void (*poll)(coll_request *req);
-    /* Blocks until the request is done and releases what the backend holds for it. */
-    void (*wait)(coll_request *req);
-    /* Makes a CUDA stream wait for the request without releasing it: 0 or a failure. */
-    int (*stream_wait)(coll_request *req, void *stream);
-    /* Before teardown: lets pending operations finish, for at most the timeout. */
-    void (*drain)(coll_comm *c);
-    /* Makes this rank's failure seen: local waits end, peers see it naming culprit. */
-    void (*abort)(coll_comm *c, int culprit);
-    /* Frees the backend's state; accepts a half-built communicator. */
-    void (*destroy)(coll_comm *c);
-    /* Layout: number of hosts, this rank's index on its host (*nlocal: the host's ranks). */
-    int (*nhosts)(const coll_comm *c);
-    int (*local)(const coll_comm *c, int *nlocal);
-    /* The host of rank, for messages ("" unknown). */
-    const char *(*hostname)(const coll_comm *c, int rank);
-} backend_ops;
-
-struct coll_comm {
-    int rank, world, device;
-    coll_backend backend;
-    const backend_ops *ops;
-    coll_options opts;
-    char *prefix, *bind_addr;
-    rdzv_client *store; /* our own connection; store_lock serialises it */
-    pthread_mutex_t store_lock;
-    void *stream;
-
-    coll__cpu *cpu; /* cpu backend */
-    bool cuda;      /* device buffers possible (CUDA build with a device) */
-    void *stage;    /* pinned staging buffer for device buffers */
-    size_t stage_bytes;
-
-    coll__nccl *nccl; /* nccl backend */
-
-    pthread_mutex_t lock;
-    pthread_cond_t work;       /* the progress thread waits here */
-    pthread_cond_t done;       /* waiters for requests (CLOCK_MONOTONIC) */
-    coll_request *head, *tail; /* cpu: queued, not yet running */
-    bool busy, stopping, thread_started;
-    pthread_t thread;
-    uint64_t issued;
-    uint64_t ncoll; /* collectives started: the index progress is measured in */
-    int nsplit;
-
-    _Atomic int aborted;
-    _Atomic int failed_rank;
-    int sticky; /* first failure, 0 for none */
-    char err[ERR_BYTES];
+static const coll__backend_ops *const backends[] = {
+    [COLL_BACKEND_CPU] = &coll__cpu_backend,
+#if COLL_HAVE_NCCL
+    [COLL_BACKEND_NCCL] = &coll__nccl_backend,
+#endif
 };
+#define NBACKENDS (sizeof backends / sizeof backends[0])
 
-static _Thread_local char init_err[ERR_BYTES];
+static _Thread_local char init_err[COLL__ERR_BYTES];
 
 void coll__set_init_error(const char *fmt, ...)
 {
@@ -136,7 +67,7 @@ static void logf_(const coll_comm *c, int level, const char *fmt, ...)
 {
     if (!c->opts.log)
         return;
-    char line[ERR_BYTES + 64];
+    char line[COLL__ERR_BYTES + 64];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
@@ -147,11 +78,6 @@ static void logf_(const coll_comm *c, int level, const char *fmt, ...)
 /* ------------------------------------------------------------------------------------------ */
 /* Failure accounting                                                                          */
 /* ------------------------------------------------------------------------------------------ */
-
-static bool is_collective(enum coll__kind kind)
-{
-    return kind != COLL__SEND && kind != COLL__RECV;
-}
 
 /*
  * The store I/O of settling, one function per question coll__settle() asks (settle.c decides,
@@ -333,14 +259,14 @@ static void failure_message(const coll_comm *c, char *err, size_t cap, const cha
 }
 
 /* The evidence of a failure of op (index k among the collectives) with code rc, naming guess. */
-static coll__evidence evidence(const coll_comm *c, const coll__op *op, uint64_t k, int rc,
-                               coll__evkind kind, int guess)
+coll__evidence coll__comm_evidence(const coll_comm *c, const coll__op *op, uint64_t k, int rc,
+                                   coll__evkind kind, int guess)
 {
     return (coll__evidence){
         .rank = c->rank,
         .world = c->world,
         .k = k,
-        .collective = is_collective(op->kind),
+        .collective = coll__is_collective(op->kind),
         .rc = rc,
         .aborted = atomic_load(&c->aborted) != 0,
         .kind = kind,
@@ -354,8 +280,8 @@ static coll__evidence evidence(const coll_comm *c, const coll__op *op, uint64_t 
  * gathered, and through the store), tells the peers, and makes the failure sticky. Runs on the
  * thread that ran the operation.
  */
-static int fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence ev,
-                const char *detail, int64_t started)
+int coll__comm_fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence ev,
+                    const char *detail, int64_t started)
 {
     char what[128];
     describe(op, seq, what, sizeof what);
@@ -365,7 +291,7 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence e
     logf_(c, COLL_LOG_DEBUG, "%s: failure settled as %s naming rank %d (evidence: %s)", what,
           coll_strerror(rc), culprit, coll__evkind_name(ev.kind));
 
-    char err[ERR_BYTES];
+    char err[COLL__ERR_BYTES];
     failure_message(c, err, sizeof err, what, rc, culprit,
                     culprit >= 0 ? c->ops->hostname(c, culprit) : "",
                     (long)((mono_now_ns() - started) / 1000000), detail);
@@ -385,7 +311,7 @@ static int fail(coll_comm *c, const coll__op *op, uint64_t seq, coll__evidence e
 /* ------------------------------------------------------------------------------------------ */
 
 /* Bytes the operation reads from sendbuf and writes to recvbuf on this rank. */
-static void op_bytes(const coll_comm *c, const coll__op *op, size_t *in, size_t *out)
+void coll__op_bytes(const coll_comm *c, const coll__op *op, size_t *in, size_t *out)
 {
     size_t n = op->count * coll_dtype_size(op->dtype), w = (size_t)c->world;
     *in = *out = 0;
@@ -436,452 +362,17 @@ static int check_op(const coll_comm *c, const coll__op *op)
     if (op->count == 0 || op->kind == COLL__BARRIER)
         return 0;
     size_t in, out;
-    op_bytes(c, op, &in, &out);
+    coll__op_bytes(c, op, &in, &out);
     if ((in && !op->sendbuf) || (out && !op->recvbuf))
         return -EINVAL;
     return 0;
 }
 
-static int issue(coll_comm *c, const coll__op *op, coll_request **out);
-
-/* ------------------------------------------------------------------------------------------ */
-/* The cpu backend: a queue, a progress thread, and inline runs of blocking calls               */
-/* ------------------------------------------------------------------------------------------ */
-
-/*
- * cpu backend with device buffers: copies them through one pinned host buffer that keeps the
- * send and receive buffers' relative position (so in-place stays in place). The buffers'
- * device is current on this thread meanwhile (a progress thread's is device 0 until then), so
- * that the copies and a NULL stream are that device's and no context is made on another.
- */
-static int run_staged(coll_comm *c, const coll__op *op, int64_t deadline, int *culprit,
-                      char *detail, size_t dlen)
-{
-    size_t nin, nout;
-    op_bytes(c, op, &nin, &nout);
-    const unsigned char *s = op->sendbuf;
-    unsigned char *r = op->recvbuf;
-    int sdev = nin ? coll__cuda_device_of(s) : -1, rdev = nout ? coll__cuda_device_of(r) : -1;
-    bool ds = sdev >= 0, dr = rdev >= 0;
-    if (!ds && !dr)
-        return coll__cpu_run(c->cpu, op, deadline, culprit, detail, dlen);
-    int restore;
-    int rc = coll__cuda_enter(ds ? sdev : rdev, &restore, detail, dlen);
-    if (rc < 0)
-        return rc;
-
-    /* One span covering both device buffers when they overlap, else two regions. */
-    bool overlap = ds && dr && !(s + nin <= r || r + nout <= s);
-    const unsigned char *lo = overlap ? (s < r ? s : r) : NULL;
-    size_t span = overlap ? (size_t)((s + nin > r + nout ? s + nin : r + nout) - lo) : 0;
-    size_t need = overlap ? span : (ds ? nin : 0) + (dr ? nout : 0);
-    if (need > c->stage_bytes) {
-        coll__cuda_host_free(c->stage);
-        c->stage = coll__cuda_host_alloc(need);
-        c->stage_bytes = c->stage ? need : 0;
-        if (!c->stage) {
-            rc = -ENOMEM;
-            goto out;
-        }
-    }
-    unsigned char *h = c->stage;
-    coll__op staged = *op;
-    if (overlap) {
-        staged.sendbuf = h + (s - lo);
-        staged.recvbuf = h + (r - lo);
-        rc = coll__cuda_copy(h, lo, span, c->stream, detail, dlen);
-    } else {
-        if (ds) {
-            staged.sendbuf = h;
-            rc = coll__cuda_copy(h, s, nin, c->stream, detail, dlen);
-        }
-        if (dr)
-            staged.recvbuf = h + (ds ? nin : 0);
-    }
-    if (rc == 0)
-        rc = coll__cpu_run(c->cpu, &staged, deadline, culprit, detail, dlen);
-    if (rc == 0 && dr)
-        rc = coll__cuda_copy(r, staged.recvbuf, nout, c->stream, detail, dlen);
-out:
-    coll__cuda_leave(restore);
-    return rc;
-}
-
-/* Runs one cpu operation to completion; on the progress thread or inline. */
-static int execute(coll_comm *c, const coll__op *op, uint64_t seq)
-{
-    if (atomic_load(&c->aborted))
-        return -ECANCELED;
-    pthread_mutex_lock(&c->lock);
-    int sticky = c->sticky;
-    pthread_mutex_unlock(&c->lock);
-    if (sticky)
-        return sticky;
-    uint64_t k = c->ncoll;
-    if (is_collective(op->kind))
-        c->ncoll++;
-    int64_t started = mono_now_ns();
-    int64_t deadline = mono_deadline_ns(c->opts.timeout_ms);
-    int culprit = -1;
-    char detail[256] = "";
-    int rc = c->cuda ? run_staged(c, op, deadline, &culprit, detail, sizeof detail)
-                     : coll__cpu_run(c->cpu, op, deadline, &culprit, detail, sizeof detail);
-    if (rc < 0) {
-        coll__evkind kind = COLL__EV_TIMEOUT;
-        if (rc == COLL_EREMOTE)
-            kind = coll__cpu_segment_aborted(c->cpu)      ? COLL__EV_ABORTED
-                   : coll__cpu_same_host(c->cpu, culprit) ? COLL__EV_DEAD
-                                                          : COLL__EV_CLOSED;
-        coll__evidence ev = evidence(c, op, k, rc, kind, culprit);
-        ev.segment_culprit = coll__cpu_segment_culprit(c->cpu);
-        rc = fail(c, op, seq, ev, detail, started);
-    }
-    return rc;
-}
-
-static void *progress_main(void *arg)
-{
-    coll_comm *c = arg;
-    pthread_mutex_lock(&c->lock);
-    for (;;) {
-        while ((!c->head || c->busy) && !c->stopping)
-            pthread_cond_wait(&c->work, &c->lock);
-        if (!c->head)
-            break;
-        coll_request *req = c->head;
-        c->head = req->next;
-        if (!c->head)
-            c->tail = NULL;
-        c->busy = true;
-        pthread_mutex_unlock(&c->lock);
-        int rc = execute(c, &req->op, req->seq);
-        pthread_mutex_lock(&c->lock);
-        c->busy = false;
-        req->result = rc;
-        req->done = true;
-        pthread_cond_broadcast(&c->done);
-    }
-    pthread_mutex_unlock(&c->lock);
-    return NULL;
-}
-
-static int cpu_init(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen)
-{
-    c->cuda = coll__cuda_available();
-    int rc = coll__cpu_init(store, c->prefix, c->rank, c->world, &c->opts, &c->aborted, deadline,
-                            &c->cpu, NULL, err, errlen);
-    if (rc < 0)
-        return rc;
-    rc = pthread_create(&c->thread, NULL, progress_main, c);
-    c->thread_started = rc == 0;
-    return -rc;
-}
-
-static void cpu_submit(coll_comm *c, coll_request *req)
-{
-    pthread_mutex_lock(&c->lock);
-    req->seq = c->issued++;
-    if (c->tail)
-        c->tail->next = req;
-    else
-        c->head = req;
-    c->tail = req;
-    pthread_cond_signal(&c->work);
-    pthread_mutex_unlock(&c->lock);
-}
-
-/* Runs inline when nothing is queued or running, else queues and waits. */
-static int cpu_run(coll_comm *c, const coll__op *op)
-{
-    pthread_mutex_lock(&c->lock);
-    if (!c->head && !c->busy) {
-        c->busy = true;
-        uint64_t seq = c->issued++;
-        pthread_mutex_unlock(&c->lock);
-        int rc = execute(c, op, seq);
-        pthread_mutex_lock(&c->lock);
-        c->busy = false;
-        pthread_cond_signal(&c->work);
-        pthread_cond_broadcast(&c->done);
-        pthread_mutex_unlock(&c->lock);
-        return rc;
-    }
-    pthread_mutex_unlock(&c->lock);
-    coll_request *req;
-    int rc = issue(c, op, &req);
-    return rc < 0 ? rc : coll_wait(req);
-}
-
-/* The progress thread completes requests; there is nothing to advance from outside. */
-static void cpu_poll(coll_request *req)
-{
-    (void)req;
-}
-
-static void cpu_wait(coll_request *req)
-{
-    coll_comm *c = req->comm;
-    pthread_mutex_lock(&c->lock);
-    while (!req->done)
-        pthread_cond_wait(&c->done, &c->lock);
-    pthread_mutex_unlock(&c->lock);
-}
-
-/* The host runs the operation, so a stream can only be made to wait by waiting here. */
-static int cpu_stream_wait(coll_request *req, void *stream)
-{
-    (void)stream;
-    cpu_wait(req);
-    return req->result;
-}
-
-/* Waits for the queue to empty, for at most the timeout; aborts what is still stuck then. */
-static void cpu_drain(coll_comm *c)
-{
-    int64_t deadline = mono_deadline_ns(c->opts.timeout_ms);
-    pthread_mutex_lock(&c->lock);
-    while ((c->head || c->busy) && mono_now_ns() < deadline) {
-        /* c->done runs on CLOCK_MONOTONIC. */
-        struct timespec ts = mono_timespec_at(mono_deadline_ns(1000));
-        pthread_cond_timedwait(&c->done, &c->lock, &ts);
-    }
-    bool stuck = c->head || c->busy;
-    pthread_mutex_unlock(&c->lock);
-    if (stuck)
-        coll_comm_abort(c);
-}
-
-static void cpu_abort(coll_comm *c, int culprit)
-{
-    coll__cpu_abort(c->cpu, culprit);
-}
-
-static void cpu_destroy(coll_comm *c)
-{
-    if (c->thread_started) {
-        pthread_mutex_lock(&c->lock);
-        c->stopping = true;
-        pthread_cond_signal(&c->work);
-        pthread_mutex_unlock(&c->lock);
-        pthread_join(c->thread, NULL);
-    }
-    coll__cpu_destroy(c->cpu);
-    coll__cuda_host_free(c->stage);
-}
-
-static int cpu_nhosts(const coll_comm *c)
-{
-    return coll__cpu_nhosts(c->cpu);
-}
-
-static int cpu_local(const coll_comm *c, int *nlocal)
-{
-    return coll__cpu_local(c->cpu, nlocal);
-}
-
-static const char *cpu_hostname(const coll_comm *c, int rank)
-{
-    return coll__cpu_hostname(c->cpu, rank);
-}
-
-static const backend_ops cpu_ops = {
-    .init = cpu_init,
-    .submit = cpu_submit,
-    .run = cpu_run,
-    .poll = cpu_poll,
-    .wait = cpu_wait,
-    .stream_wait = cpu_stream_wait,
-    .drain = cpu_drain,
-    .abort = cpu_abort,
-    .destroy = cpu_destroy,
-    .nhosts = cpu_nhosts,
-    .local = cpu_local,
-    .hostname = cpu_hostname,
-};
-
-/* ------------------------------------------------------------------------------------------ */
-/* The nccl backend: operations enqueued on the stream at issue, requests are events            */
-/* ------------------------------------------------------------------------------------------ */
-
-static int nccl_init(coll_comm *c, rdzv_client *store, int64_t deadline, char *err, size_t errlen)
-{
-    return coll__nccl_init(store, c->prefix, c->rank, c->world, c->device, deadline, &c->nccl, err,
-                           errlen);
-}
-
-/*
- * The evidence of an nccl failure: an asynchronous error from a peer counts as a broken
- * connection to an unknown peer (a record its author left is adopted, else the rank that did
- * not reach the operation is blamed); anything else as the failed call's own account.
- */
-static coll__evidence nccl_evidence(const coll_comm *c, const coll_request *req, int rc)
-{
-    return evidence(c, &req->op, req->k, rc,
-                    rc == COLL_EREMOTE ? COLL__EV_CLOSED : COLL__EV_TIMEOUT, -1);
-}
-
-/* Enqueues the operation on the stream; a failure to enqueue completes the request failed. */
-static void nccl_submit(coll_comm *c, coll_request *req)
-{
-    char detail[256] = "";
-    pthread_mutex_lock(&c->lock);
-    req->seq = c->issued++;
-    req->k = c->ncoll;
-    if (is_collective(req->op.kind))
-        c->ncoll++;
-    req->issued = mono_now_ns();
-    req->deadline = mono_deadline_ns(c->opts.timeout_ms);
-    int sticky = c->sticky;
-    int rc = sticky ? sticky
-                    : coll__nccl_start(c->nccl, &req->op, c->stream, req->deadline, &req->event,
-                                       detail, sizeof detail);
-    pthread_mutex_unlock(&c->lock);
-    if (rc < 0 && !sticky)
-        rc = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, req->issued);
-    if (rc < 0) {
-        req->result = rc;
-        req->done = true;
-    }
-}
-
-/*
- * Polls the request's event: 1 done (req->result set), 0 pending. Once the communicator has
- * failed, every pending request completes with that first failure, as cpu's queued ones do
- * (NCCL's aborted kernels end early and their events fire: not a result).
- */
-static int nccl_check(coll_request *req)
-{
-    coll_comm *c = req->comm;
-    char detail[256] = "";
-    if (atomic_load(&c->aborted)) {
-        req->result = -ECANCELED;
-        return 1;
-    }
-    pthread_mutex_lock(&c->lock);
-    int sticky = c->sticky;
-    pthread_mutex_unlock(&c->lock);
-    if (sticky) {
-        req->result = sticky;
-        return 1;
-    }
-    int rc = coll__nccl_query(c->nccl, req->event, detail, sizeof detail);
-    if (rc < 0) {
-        req->result = fail(c, &req->op, req->seq, nccl_evidence(c, req, rc), detail, req->issued);
-        return 1;
-    }
-    if (rc == 0 && mono_now_ns() >= req->deadline) {
-        req->result =
-            fail(c, &req->op, req->seq,
-                 evidence(c, &req->op, req->k, -ETIMEDOUT, COLL__EV_TIMEOUT, -1), "", req->issued);
-        return 1;
-    }
-    if (rc == 1)
-        req->result = 0;
-    return rc;
-}
-
-static int nccl_run(coll_comm *c, const coll__op *op)
-{
-    coll_request *req;
-    int rc = issue(c, op, &req);
-    return rc < 0 ? rc : coll_wait(req);
-}
-
-static void nccl_poll(coll_request *req)
-{
-    if (!req->done && req->event)
-        req->done = nccl_check(req) != 0;
-}
-
-static void nccl_wait(coll_request *req)
-{
-    long pause_ns = 1000;
-    while (!req->done && req->event && !nccl_check(req)) {
-        struct timespec ts = {0, pause_ns};
-        nanosleep(&ts, NULL); /* polling a GPU event: back off up to 1 ms */
-        if (pause_ns < 1000000)
-            pause_ns *= 2;
-    }
-    req->done = true;
-    if (req->event)
-        coll__nccl_event_free(req->event);
-    req->event = NULL;
-}
-
-/* A stream wait on the operation's event; a request that failed to enqueue has its result. */
-static int nccl_stream_wait(coll_request *req, void *stream)
-{
-    coll_comm *c = req->comm;
-    if (req->done || !req->event)
-        return req->result;
-    char detail[256] = "";
-    int rc = coll__nccl_stream_wait(req->event, stream, detail, sizeof detail);
-    if (rc < 0) {
-        pthread_mutex_lock(&c->lock);
-        if (!c->sticky)
-            snprintf(c->err, sizeof c->err, "%s", detail);
-        pthread_mutex_unlock(&c->lock);
-    }
-    return rc;
-}
-
-/* Nothing is queued on the host side: the stream holds the pending operations. */
-static void nccl_drain(coll_comm *c)
-{
-    (void)c;
-}
-
-static void nccl_abort(coll_comm *c, int culprit)
-{
-    (void)culprit;
-    coll__nccl_abort(c->nccl);
-}
-
-static void nccl_destroy(coll_comm *c)
-{
-    coll__nccl_destroy(c->nccl);
-}
-
-static int nccl_nhosts(const coll_comm *c)
-{
-    (void)c;
-    return 1;
-}
-
-static int nccl_local(const coll_comm *c, int *nlocal)
-{
-    (void)c;
-    *nlocal = 1;
-    return 0;
-}
-
-static const char *nccl_hostname(const coll_comm *c, int rank)
-{
-    (void)c;
-    (void)rank;
-    return "";
-}
-
-static const backend_ops nccl_ops = {
-    .init = nccl_init,
-    .submit = nccl_submit,
-    .run = nccl_run,
-    .poll = nccl_poll,
-    .wait = nccl_wait,
-    .stream_wait = nccl_stream_wait,
-    .drain = nccl_drain,
-    .abort = nccl_abort,
-    .destroy = nccl_destroy,
-    .nhosts = nccl_nhosts,
-    .local = nccl_local,
-    .hostname = nccl_hostname,
-};
-
 /* ------------------------------------------------------------------------------------------ */
 /* Issuing                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-static int issue(coll_comm *c, const coll__op *op, coll_request **out)
+int coll__comm_issue(coll_comm *c, const coll__op *op, coll_request **out)
 {
     int rc = check_op(c, op);
     if (rc < 0 || !out)
@@ -939,46 +430,46 @@ int coll_request_stream_wait(coll_request *req, void *stream)
 int coll_iallreduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
                     coll_request **req)
 {
-    return issue(c, &OP(COLL__ALLREDUCE, s, r, n, dt, op, 0), req);
+    return coll__comm_issue(c, &OP(COLL__ALLREDUCE, s, r, n, dt, op, 0), req);
 }
 
 int coll_ireduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
                  int root, coll_request **req)
 {
-    return issue(c, &OP(COLL__REDUCE, s, r, n, dt, op, root), req);
+    return coll__comm_issue(c, &OP(COLL__REDUCE, s, r, n, dt, op, root), req);
 }
 
 int coll_ibroadcast(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, int root,
                     coll_request **req)
 {
-    return issue(c, &OP(COLL__BROADCAST, s, r, n, dt, COLL_SUM, root), req);
+    return coll__comm_issue(c, &OP(COLL__BROADCAST, s, r, n, dt, COLL_SUM, root), req);
 }
 
 int coll_iallgather(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt,
                     coll_request **req)
 {
-    return issue(c, &OP(COLL__ALLGATHER, s, r, n, dt, COLL_SUM, 0), req);
+    return coll__comm_issue(c, &OP(COLL__ALLGATHER, s, r, n, dt, COLL_SUM, 0), req);
 }
 
 int coll_ireduce_scatter(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op,
                          coll_request **req)
 {
-    return issue(c, &OP(COLL__REDUCE_SCATTER, s, r, n, dt, op, 0), req);
+    return coll__comm_issue(c, &OP(COLL__REDUCE_SCATTER, s, r, n, dt, op, 0), req);
 }
 
 int coll_ibarrier(coll_comm *c, coll_request **req)
 {
-    return issue(c, &OP(COLL__BARRIER, NULL, NULL, 0, COLL_U8, COLL_MAX, 0), req);
+    return coll__comm_issue(c, &OP(COLL__BARRIER, NULL, NULL, 0, COLL_U8, COLL_MAX, 0), req);
 }
 
 int coll_isend(coll_comm *c, const void *buf, size_t n, coll_dtype dt, int peer, coll_request **req)
 {
-    return issue(c, &OP(COLL__SEND, buf, NULL, n, dt, COLL_SUM, peer), req);
+    return coll__comm_issue(c, &OP(COLL__SEND, buf, NULL, n, dt, COLL_SUM, peer), req);
 }
 
 int coll_irecv(coll_comm *c, void *buf, size_t n, coll_dtype dt, int peer, coll_request **req)
 {
-    return issue(c, &OP(COLL__RECV, NULL, buf, n, dt, COLL_SUM, peer), req);
+    return coll__comm_issue(c, &OP(COLL__RECV, NULL, buf, n, dt, COLL_SUM, peer), req);
 }
 
 int coll_allreduce(coll_comm *c, const void *s, void *r, size_t n, coll_dtype dt, coll_op op)
@@ -1064,7 +555,7 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     coll_options defaults;
     coll_comm *c = NULL;
     int rc;
-    char err[ERR_BYTES] = "";
+    char err[COLL__ERR_BYTES] = "";
 
     init_err[0] = 0;
     if (!opts) {
@@ -1081,15 +572,22 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     if (backend == COLL_BACKEND_AUTO)
         backend = coll_have_nccl() && device >= 0 && coll__cuda_available() ? COLL_BACKEND_NCCL
                                                                             : COLL_BACKEND_CPU;
-    if (backend == COLL_BACKEND_NCCL && (!coll_have_nccl() || device < 0)) {
-        snprintf(init_err, sizeof init_err, "coll_comm_init: the nccl backend needs %s",
-                 coll_have_nccl() ? "a device (device >= 0)" : "a build with NCCL");
+    const coll__backend_ops *ops = (size_t)backend < NBACKENDS ? backends[backend] : NULL;
+    if (!ops) {
+        snprintf(init_err, sizeof init_err, "coll_comm_init: this build has no %s backend",
+                 coll_backend_name(backend));
+        return -ENOTSUP;
+    }
+    if (ops->needs_device && device < 0) {
+        snprintf(init_err, sizeof init_err,
+                 "coll_comm_init: the %s backend needs a device (device >= 0)",
+                 coll_backend_name(backend));
         return -ENOTSUP;
     }
     c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
-    c->ops = backend == COLL_BACKEND_NCCL ? &nccl_ops : &cpu_ops;
+    c->ops = ops;
     pthread_condattr_t monotonic;
     pthread_condattr_init(&monotonic);
     pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);

@@ -14,14 +14,15 @@
  * Algorithms. Reductions: every local rank copies its chunk into its slot, then reduces 1/L of
  * the chunk over all slots into R (a reduce-scatter in shared memory); with several hosts the
  * leader runs a ring allreduce of R with the other leaders; then everyone copies R out (an
- * allgather in shared memory). Messages up to small_bytes on a single host take one phase:
- * every rank reduces all slots itself. Broadcast forwards R along the leaders' ring; allgather
- * runs a ring allgather of host blocks. Send/recv use the pair's channel within a host and a
- * direct TCP connection across hosts.
+ * allgather in shared memory). That is the "ring" row of the reductions' table; its "latency"
+ * row takes messages up to small_bytes on a single host in one phase: every rank reduces all
+ * slots itself. COLL_CPU_ALGO forces a row (cpu_boot.c reads it). Broadcast forwards R along the
+ * leaders' ring; allgather runs a ring allgather of host blocks. Send/recv use the pair's channel
+ * within a host and a direct TCP connection across hosts.
  *
  * Not here: the bootstrap, the segment's layout and teardown (cpu_boot.c), which ranks share a
- * host (layout.c), the request queue and the progress thread (comm.c), device buffers (comm.c
- * stages them), and the element kernels (reduce.c). No store I/O happens here.
+ * host (layout.c), the request queue and the progress thread (backend_cpu.c), device buffers
+ * (backend_cpu.c stages them), and the element kernels (reduce.c). No store I/O happens here.
  */
 #include "cpu.h"
 
@@ -285,8 +286,55 @@ static int ring_broadcast(coll__cpu *c, unsigned char *R, size_t len, int root_h
 /* Collectives                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Allreduce, reduce (only root copies out) and reduce-scatter. */
-static int run_reduction(coll__cpu *c, const coll__op *op)
+/*
+ * Reductions: allreduce, reduce (only root copies out), reduce-scatter, and the barrier (a
+ * one-byte allreduce). Each algorithm below is a row of `reductions`.
+ */
+
+/* Latency: one phase on a single host, every rank reduces every slot itself. */
+static bool latency_fits(const coll__cpu *c, const coll__op *op)
+{
+    return op->kind != COLL__REDUCE_SCATTER && c->nhosts == 1 &&
+           op->count * coll_dtype_size(op->dtype) <= c->chunk;
+}
+
+static bool latency_picks(const coll__cpu *c, const coll__op *op)
+{
+    return op->count * coll_dtype_size(op->dtype) <= c->small;
+}
+
+static int run_latency(coll__cpu *c, const coll__op *op)
+{
+    size_t esz = coll_dtype_size(op->dtype);
+    bool copy_result = op->kind != COLL__REDUCE || op->peer == c->rank;
+    uint64_t s = c->step++;
+    int rc;
+    if ((rc = guard(c, s)) < 0)
+        return rc;
+    memcpy(slot(c, s, c->local), op->sendbuf, op->count * esz);
+    post(c, s * PHASES + 1);
+    if ((rc = wait_all(c, s * PHASES + 1)) < 0)
+        return rc;
+    if (copy_result) {
+        reduce_slots(c, s, op->recvbuf, 0, op->count, esz, op->dtype, op->op);
+        if (op->op == COLL_AVG)
+            coll__scale_avg(op->recvbuf, op->count, op->dtype, c->world);
+    }
+    return 0;
+}
+
+/*
+ * Ring: chunk by chunk, a reduce-scatter in shared memory, the leaders' ring allreduce across
+ * hosts, an allgather in shared memory. Runs every reduction.
+ */
+static bool ring_fits(const coll__cpu *c, const coll__op *op)
+{
+    (void)c;
+    (void)op;
+    return true;
+}
+
+static int run_ring(coll__cpu *c, const coll__op *op)
 {
     size_t esz = coll_dtype_size(op->dtype);
     bool rs = op->kind == COLL__REDUCE_SCATTER;
@@ -297,23 +345,6 @@ static int run_reduction(coll__cpu *c, const coll__op *op)
     const unsigned char *in = op->sendbuf;
     unsigned char *out = op->recvbuf;
     int rc;
-
-    /* Latency path: one phase, every rank reduces every slot. */
-    if (!rs && c->nhosts == 1 && op->count * esz <= c->small) {
-        uint64_t s = c->step++;
-        if ((rc = guard(c, s)) < 0)
-            return rc;
-        memcpy(slot(c, s, c->local), in, op->count * esz);
-        post(c, s * PHASES + 1);
-        if ((rc = wait_all(c, s * PHASES + 1)) < 0)
-            return rc;
-        if (copy_result) {
-            reduce_slots(c, s, out, 0, op->count, esz, op->dtype, op->op);
-            if (op->op == COLL_AVG)
-                coll__scale_avg(out, op->count, op->dtype, c->world);
-        }
-        return 0;
-    }
 
     for (size_t off = 0; off < op->count; off += cmax) {
         size_t n = op->count - off < cmax ? op->count - off : cmax;
@@ -351,6 +382,70 @@ static int run_reduction(coll__cpu *c, const coll__op *op)
             copy_out(out + off * esz, R, n * esz, stream);
     }
     return 0;
+}
+
+/*
+ * The reduction algorithms. With COLL_CPU_ALGO=auto (coll__cpu.algo < 0) an operation runs with
+ * the first row whose `fits` and `picks` both hold; with a row forced, that row wherever it
+ * fits and the last row elsewhere, which fits every reduction. The rules read only the
+ * arguments every rank passes alike and the layout, and cpu_boot.c checks that every rank
+ * chose the same row, so that all ranks run the same steps. A new algorithm is one function
+ * and one row here.
+ */
+typedef struct reduction {
+    const char *name;                                      /* its COLL_CPU_ALGO value */
+    bool (*fits)(const coll__cpu *c, const coll__op *op);  /* can run op at all */
+    bool (*picks)(const coll__cpu *c, const coll__op *op); /* auto's cost rule; NULL: always */
+    int (*run)(coll__cpu *c, const coll__op *op);
+} reduction;
+
+static const reduction reductions[] = {
+    {"latency", latency_fits, latency_picks, run_latency},
+    {"ring", ring_fits, NULL, run_ring},
+};
+#define NREDUCTIONS ((int)(sizeof reductions / sizeof reductions[0]))
+
+static const reduction *pick_reduction(const coll__cpu *c, const coll__op *op)
+{
+    if (c->algo >= 0)
+        return reductions[c->algo].fits(c, op) ? &reductions[c->algo]
+                                               : &reductions[NREDUCTIONS - 1];
+    for (int i = 0; i < NREDUCTIONS - 1; i++)
+        if (reductions[i].fits(c, op) && (!reductions[i].picks || reductions[i].picks(c, op)))
+            return &reductions[i];
+    return &reductions[NREDUCTIONS - 1];
+}
+
+static int run_reduction(coll__cpu *c, const coll__op *op)
+{
+    return pick_reduction(c, op)->run(c, op);
+}
+
+int coll__cpu_algo_parse(const char *name, int *algo)
+{
+    if (!name || !name[0] || strcmp(name, "auto") == 0) {
+        *algo = COLL__CPU_ALGO_AUTO;
+        return 0;
+    }
+    for (int i = 0; i < NREDUCTIONS; i++) {
+        if (strcmp(name, reductions[i].name) == 0) {
+            *algo = i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+const char *coll__cpu_algo_name(int algo)
+{
+    return algo >= 0 && algo < NREDUCTIONS ? reductions[algo].name : "auto";
+}
+
+void coll__cpu_algo_list(char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "auto");
+    for (int i = 0; i < NREDUCTIONS && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, ", %s", reductions[i].name);
 }
 
 static int run_broadcast(coll__cpu *c, const coll__op *op)

@@ -34,6 +34,7 @@ typedef struct coll__rank_info {
     char addr[64];  /* numeric address of its TCP listener */
     int port;
     int pid;
+    char algo[16]; /* its COLL_CPU_ALGO choice, by name */
 } coll__rank_info;
 
 struct coll__cpu {
@@ -52,6 +53,8 @@ struct coll__cpu {
     struct iovec *iov;       /* [world] scratch for host blocks */
     int64_t deadline;        /* of the operation running */
     int culprit;             /* rank named by the last failure, -1 none */
+    int algo;                /* the reductions' row COLL_CPU_ALGO forces, or
+                                COLL__CPU_ALGO_AUTO (cpu.c) */
 };
 
 static inline coll__shm_hdr *coll__cpu_hdr(coll__cpu *c)

@@ -2,15 +2,16 @@
  * The cpu backend's bootstrap and teardown: everything it does through the store, once per
  * communicator, before any operation runs.
  *
- * Every rank opens its TCP listener and publishes a record under "<prefix>/cpu/<rank>" (JSON:
- * its host identity, hostname, address, port and pid), then waits for every rank's record and
- * reads them all. The host identity is the kernel's boot id plus the identities of the mount,
- * pid and network namespaces: ranks that share these share /dev/shm and can see each other's
- * pids. layout.c turns the identities into hosts, leaders and local ranks. The leader of each
- * host creates the host's shared segment (cpu.h describes its layout) and publishes its name
- * under "<prefix>/cpu/shm/<host>"; the others wait for the name and map it. Finally the leaders
- * connect their TCP ring, so that a broken network shows at init rather than in the first
- * collective.
+ * Every rank reads its reduction algorithm from COLL_CPU_ALGO (cpu.c's table of reductions),
+ * opens its TCP listener and publishes a record under "<prefix>/cpu/<rank>" (JSON: its host
+ * identity, hostname, address, port, pid and algorithm), then waits for every rank's record and
+ * reads them all; ranks that chose different algorithms fail here rather than in a collective. The
+ * host identity is the kernel's boot id plus the identities of the mount, pid and network
+ * namespaces: ranks that share these share /dev/shm and can see each other's pids. layout.c turns
+ * the identities into hosts, leaders and local ranks. The leader of each host creates the host's
+ * shared segment (cpu.h describes its layout) and publishes its name under
+ * "<prefix>/cpu/shm/<host>"; the others wait for the name and map it. Finally the leaders connect
+ * their TCP ring, so that a broken network shows at init rather than in the first collective.
  *
  * Not here: the algorithms (cpu.c), the grouping rules (layout.c), the segment's primitives
  * (shm.c) and sockets (tcp.c). Errors are returned with a sentence in the caller's buffer and,
@@ -82,13 +83,13 @@ static int wait_ms(int64_t deadline)
 }
 
 /* This rank's record, the JSON text published under "<prefix>/cpu/<rank>"; NULL: no memory. */
-static char *own_record(const char *addr, int port)
+static char *own_record(const char *addr, int port, int algo)
 {
     char id[160], name[64] = "";
     host_identity(id, sizeof id);
     gethostname(name, sizeof name - 1);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i}", "host", id, "name", name, "addr", addr,
-                          "port", port, "pid", (int)getpid());
+    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:s}", "host", id, "name", name, "addr", addr,
+                          "port", port, "pid", (int)getpid(), "algo", coll__cpu_algo_name(algo));
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return text;
@@ -99,10 +100,10 @@ static int parse_record(coll__cpu *c, int r, const void *val, size_t len, char *
 {
     json_error_t jerr;
     json_t *o = json_loadb(val, len, 0, &jerr);
-    const char *host, *name, *addr;
+    const char *host, *name, *addr, *algo;
     int port, pid;
-    if (!o || json_unpack(o, "{s:s, s:s, s:s, s:i, s:i}", "host", &host, "name", &name, "addr",
-                          &addr, "port", &port, "pid", &pid) != 0) {
+    if (!o || json_unpack(o, "{s:s, s:s, s:s, s:i, s:i, s:s}", "host", &host, "name", &name, "addr",
+                          &addr, "port", &port, "pid", &pid, "algo", &algo) != 0) {
         json_decref(o);
         snprintf(err, errlen, "rank %d's record in the store is malformed", r);
         return -EPROTO;
@@ -113,6 +114,7 @@ static int parse_record(coll__cpu *c, int r, const void *val, size_t len, char *
     snprintf(ri->addr, sizeof ri->addr, "%s", addr);
     ri->port = port;
     ri->pid = pid;
+    snprintf(ri->algo, sizeof ri->algo, "%s", algo);
     json_decref(o);
     return 0;
 }
@@ -125,7 +127,7 @@ static int parse_record(coll__cpu *c, int r, const void *val, size_t len, char *
 static int exchange_records(coll__cpu *c, rdzv_client *store, const char *prefix, int64_t deadline,
                             const char *addr, int port, char *err, size_t errlen)
 {
-    char *own = own_record(addr, port), where[512];
+    char *own = own_record(addr, port, c->algo), where[512];
     void **vals = calloc((size_t)c->world, sizeof *vals);
     size_t *lens = calloc((size_t)c->world, sizeof *lens);
     unsigned char *missing = calloc((size_t)c->world, 1);
@@ -159,6 +161,25 @@ out:
     free(lens);
     free(missing);
     return rc;
+}
+
+/*
+ * Every rank must run the same reduction algorithm (cpu.c's steps would not meet otherwise):
+ * -EINVAL, naming the first rank whose COLL_CPU_ALGO differs from this rank's.
+ */
+static int check_algo(const coll__cpu *c, char *err, size_t errlen)
+{
+    const char *mine = coll__cpu_algo_name(c->algo);
+    for (int r = 0; r < c->world; r++) {
+        if (strcmp(c->ranks[r].algo, mine) != 0) {
+            snprintf(err, errlen,
+                     "rank %d runs COLL_CPU_ALGO=%.15s, rank %d %s: every rank must choose the "
+                     "same algorithm",
+                     r, c->ranks[r].algo, c->rank, mine);
+            return -EINVAL;
+        }
+    }
+    return 0;
 }
 
 /*
@@ -283,6 +304,15 @@ int coll__cpu_init(rdzv_client *store, const char *prefix, int rank, int world,
     if (c->small > c->chunk)
         c->small = c->chunk;
     c->tcp.listen_fd = -1;
+    const char *algo = getenv("COLL_CPU_ALGO");
+    if (coll__cpu_algo_parse(algo, &c->algo) < 0) {
+        char names[128];
+        coll__cpu_algo_list(names, sizeof names);
+        snprintf(err, errlen, "COLL_CPU_ALGO=%.32s is not an algorithm of the cpu backend (%s)",
+                 algo, names);
+        rc = -EINVAL;
+        goto out;
+    }
     c->ranks = calloc((size_t)world, sizeof *c->ranks);
     c->tmp = malloc(c->chunk);
     c->iov = calloc((size_t)world, sizeof *c->iov);
@@ -304,7 +334,7 @@ int coll__cpu_init(rdzv_client *store, const char *prefix, int rank, int world,
         goto out;
     }
     if ((rc = exchange_records(c, store, prefix, deadline, addr, port, err, errlen)) < 0 ||
-        (rc = build_layout(c, err, errlen)) < 0)
+        (rc = check_algo(c, err, errlen)) < 0 || (rc = build_layout(c, err, errlen)) < 0)
         goto out;
     for (int r = 0; r < world; r++) {
         if (r != rank &&

@@ -3,9 +3,9 @@
  *
  * Always compiled, by the C compiler, with COLL_HAVE_CUDA and COLL_HAVE_NCCL set to 0 or 1 by
  * the build. coll_have_cuda() and coll_have_nccl() report them. Without CUDA, the staging
- * functions of cuda_stage.cu answer "no device" (false, -1, NULL, -ENOTSUP); without NCCL, the
- * nccl.cu functions refuse to make a communicator (-ENOTSUP, "built without NCCL"), so no
- * handle, and hence no start or query, can ever reach the others. They never touch a GPU.
+ * functions of cuda_stage.cu answer "no device" (false, -1, NULL, -ENOTSUP); they never touch a
+ * GPU. Without NCCL nothing stands in for nccl.cu: its only caller, backend_nccl.c, is left out
+ * of the build too, and comm.c's backend table has no nccl row.
  */
 #include "coll_internal.h"
 
@@ -84,68 +84,3 @@ int coll__cuda_copy(void *dst, const void *src, size_t nbytes, void *stream, cha
 }
 
 #endif /* !COLL_HAVE_CUDA */
-
-#if !COLL_HAVE_NCCL
-
-int coll__nccl_init(struct rdzv_client *store, const char *prefix, int rank, int world, int device,
-                    int64_t deadline_ns, coll__nccl **out, char *err, size_t errlen)
-{
-    (void)store;
-    (void)prefix;
-    (void)rank;
-    (void)world;
-    (void)device;
-    (void)deadline_ns;
-    (void)out;
-    if (err != NULL && errlen > 0)
-        snprintf(err, errlen, "built without NCCL");
-    return -ENOTSUP;
-}
-
-int coll__nccl_start(coll__nccl *n, const coll__op *op, void *stream, int64_t deadline_ns,
-                     void **event, char *err, size_t errlen)
-{
-    (void)n;
-    (void)op;
-    (void)stream;
-    (void)deadline_ns;
-    (void)event;
-    if (err != NULL && errlen > 0)
-        snprintf(err, errlen, "built without NCCL");
-    return -ENOTSUP;
-}
-
-int coll__nccl_query(coll__nccl *n, void *event, char *err, size_t errlen)
-{
-    (void)n;
-    (void)event;
-    if (err != NULL && errlen > 0)
-        snprintf(err, errlen, "built without NCCL");
-    return -ENOTSUP;
-}
-
-void coll__nccl_event_free(void *event)
-{
-    (void)event;
-}
-
-int coll__nccl_stream_wait(void *event, void *stream, char *err, size_t errlen)
-{
-    (void)event;
-    (void)stream;
-    if (err != NULL && errlen > 0)
-        snprintf(err, errlen, "built without NCCL");
-    return -ENOTSUP;
-}
-
-void coll__nccl_abort(coll__nccl *n)
-{
-    (void)n;
-}
-
-void coll__nccl_destroy(coll__nccl *n)
-{
-    (void)n;
-}
-
-#endif /* !COLL_HAVE_NCCL */

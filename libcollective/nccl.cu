@@ -30,7 +30,7 @@
  * ncclCommFinalize); meson.build reads nccl.h's version and leaves this file out below that.
  *
  * Not done here: argument validation (comm.c validates at the public entry points), ordering of
- * operations (comm.c issues them one at a time), user buffer registration, ncclCommSplit (splits
+ * operations (backend_nccl.c enqueues them one at a time, in issue order), user buffer registration, ncclCommSplit (splits
  * make fresh communicators through the store).
  */
 #include "coll_internal.h"

@@ -26,9 +26,10 @@
  * s->base is mapped; create and open set them all to -1.
  *
  * Not done here: choosing the layout after the header, deciding who the leader is, publishing
- * the name (comm.c does these), and reacting to a failure beyond reporting it (the caller
- * decides whether to coll__shm_abort()). The zombie of a dead rank counts as dead only through
- * its pidfd: the kill() fallback, for kernels without pidfd_open (< 5.3), sees it once reaped.
+ * the name (cpu_boot.c and layout.c do these), and reacting to a failure beyond reporting it
+ * (the caller decides whether to coll__shm_abort()). The zombie of a dead rank counts as dead
+ * only through its pidfd: the kill() fallback, for kernels without pidfd_open (< 5.3), sees it
+ * once reaped.
  * The stale sweep trusts pids, so it assumes /dev/shm is not shared with processes of the same
  * uid in another pid namespace.
  */

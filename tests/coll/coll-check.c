@@ -18,6 +18,8 @@
  *   kill      --victim dies by SIGKILL inside a large allreduce; survivors get an error naming it
  *             within --timeout-ms
  *   args      invalid arguments give -EINVAL and queue nothing
+ *   algos     the cpu backend's reduction algorithms (COLL_CPU_ALGO=latency, ring, auto) give
+ *             bit-identical, correct results; an unknown or disagreeing choice fails init
  *
  * Inputs are deterministic: element j of rank r's buffer is derived from a hash of (seed, r, j),
  * so every rank computes the serial reference for all ranks by itself. Integers must match
@@ -992,6 +994,152 @@ static int scen_ops(ctx *c)
         coll_comm_abort(comm);
     set_where("coll_comm_destroy");
     coll_comm_destroy(comm);
+    return rc;
+}
+
+/*
+ * The result bytes of a reduction case on this rank (NULL where it has none: a reduce's
+ * non-root), copied; the case is verified against the reference first.
+ */
+static unsigned char *run_kept(ctx *c, coll_comm *comm, const tcase *t, const char *algo, int *rc)
+{
+    char desc[160];
+    describe(t, desc, sizeof(desc));
+    set_where("COLL_CPU_ALGO=%s: %s", algo, desc);
+    tbuf b;
+    tb_prepare(&b, t, c->rank, c->world);
+    *rc = tb_issue(comm, &b, false);
+    unsigned char *kept = NULL;
+    size_t nbytes = t->count * esize(t->dt);
+    if (*rc != 0) {
+        fail(c, "COLL_CPU_ALGO=%s: %s: returned %d (%s): %s", algo, desc, *rc, coll_strerror(*rc),
+             coll_last_error(comm));
+    } else {
+        tb_verify(c, &b);
+        if (b.recvp && (t->kind != K_REDUCE || c->rank == t->root)) {
+            kept = malloc(nbytes ? nbytes : 1);
+            if (!kept) {
+                fprintf(stderr, "coll-check: out of memory\n");
+                exit(2);
+            }
+            memcpy(kept, b.recvp, nbytes);
+        }
+    }
+    tb_free(&b);
+    return kept;
+}
+
+/*
+ * coll_comm_init with COLL_CPU_ALGO=value on this rank: expects -EINVAL at once and
+ * coll_last_error(NULL) naming the variable.
+ */
+static void expect_algo_refused(ctx *c, const char *value, const char *why)
+{
+    char prefix[320];
+    coll_comm *m = NULL;
+    snprintf(prefix, sizeof(prefix), "%s/%s", c->prefix, why);
+    setenv("COLL_CPU_ALGO", value, 1);
+    set_where("coll_comm_init with COLL_CPU_ALGO=%s (%s)", value, why);
+    int rc = coll_comm_init(c->store, prefix, c->rank, c->world, COLL_BACKEND_CPU, -1, NULL, &m);
+    c->checks++;
+    if (rc != -EINVAL || !strstr(coll_last_error(NULL), "COLL_CPU_ALGO")) {
+        fail(c,
+             "coll_comm_init with COLL_CPU_ALGO=%s (%s): %d (%s), \"%s\"; expected -EINVAL "
+             "naming COLL_CPU_ALGO",
+             value, why, rc, coll_strerror(rc), coll_last_error(NULL));
+        coll_comm_destroy(m);
+    } else if (c->verbose) {
+        note(c, "COLL_CPU_ALGO=%s (%s): \"%s\"", value, why, coll_last_error(NULL));
+    }
+}
+
+/*
+ * algos: the cpu backend's reduction algorithms agree bit for bit. One communicator per value
+ * of COLL_CPU_ALGO (set in this process before each is made, alike on every rank); every
+ * reduction case runs on each, is verified against the reference, and its result must equal
+ * the first communicator's byte for byte. Counts cover both paths: within small_bytes, between
+ * it and chunk_bytes (where only a forced latency runs the latency path), and beyond a chunk.
+ * Then a value no algorithm has, and ranks that disagree, are refused at init.
+ */
+static int scen_algos(ctx *c)
+{
+    static const char *const algos[] = {"latency", "ring", "auto"};
+    enum { NALGOS = sizeof(algos) / sizeof(algos[0]) };
+    const char *saved = getenv("COLL_CPU_ALGO");
+    char *restore = saved ? strdup(saved) : NULL;
+    coll_comm *comms[NALGOS] = {NULL};
+    int rc = 0, w = c->world;
+    if (c->backend != COLL_BACKEND_CPU) {
+        note(c, "only the cpu backend has algorithms to choose: nothing to check");
+        free(restore);
+        return 0;
+    }
+    for (int a = 0; a < NALGOS && rc == 0; a++) {
+        char suffix[32];
+        snprintf(suffix, sizeof(suffix), "/%s", algos[a]);
+        setenv("COLL_CPU_ALGO", algos[a], 1);
+        rc = comm_create(c, suffix, effective_timeout(c, 120000), &comms[a]);
+    }
+    size_t counts[] = {1, 1009, (size_t)w * 37 + 3, 100003, 300007};
+    size_t ncounts = c->quick ? 3 : 5;
+    uint64_t id = 0;
+    for (size_t ci = 0; ci < ncounts && rc == 0; ci++) {
+        for (int dt = 0; dt < COLL_DTYPE_COUNT && rc == 0; dt++) {
+            for (int op = 0; op < COLL_OP_COUNT && rc == 0; op++) {
+                for (int k = 0; k < 3 && rc == 0; k++) {
+                    tcase t = {.kind = k == 0   ? K_ALLREDUCE
+                                       : k == 1 ? K_REDUCE
+                                                : K_REDUCE_SCATTER,
+                               .dt = (coll_dtype)dt,
+                               .op = (coll_op)op,
+                               .count = counts[ci],
+                               .root = w - 1,
+                               .inplace = (id & 1) != 0,
+                               .cls = value_class((coll_dtype)dt, (coll_op)op),
+                               .seed = mix64(c->seed + ++id)};
+                    unsigned char *first = NULL;
+                    for (int a = 0; a < NALGOS && rc == 0; a++) {
+                        unsigned char *got = run_kept(c, comms[a], &t, algos[a], &rc);
+                        if (a == 0) {
+                            first = got;
+                            continue;
+                        }
+                        c->checks++;
+                        if (rc == 0 && (!got != !first ||
+                                        (got && memcmp(got, first, t.count * esize(t.dt)) != 0))) {
+                            char desc[160];
+                            describe(&t, desc, sizeof(desc));
+                            fail(c, "%s: COLL_CPU_ALGO=%s differs from %s", desc, algos[a],
+                                 algos[0]);
+                        }
+                        free(got);
+                    }
+                    free(first);
+                }
+            }
+        }
+        for (int a = 0; a < NALGOS && rc == 0; a++) {
+            set_where("COLL_CPU_ALGO=%s: barrier after count %zu", algos[a], counts[ci]);
+            if ((rc = coll_barrier(comms[a])) != 0)
+                fail(c, "COLL_CPU_ALGO=%s: barrier: %s: %s", algos[a], coll_strerror(rc),
+                     coll_last_error(comms[a]));
+        }
+    }
+    for (int a = 0; a < NALGOS; a++) {
+        if (rc != 0 && comms[a])
+            coll_comm_abort(comms[a]);
+        coll_comm_destroy(comms[a]);
+    }
+    if (rc == 0) {
+        expect_algo_refused(c, "bogus", "unknown");
+        if (w > 1)
+            expect_algo_refused(c, c->rank == 0 ? "ring" : "latency", "disagreeing");
+    }
+    if (restore)
+        setenv("COLL_CPU_ALGO", restore, 1);
+    else
+        unsetenv("COLL_CPU_ALGO");
+    free(restore);
     return rc;
 }
 
@@ -2180,7 +2328,7 @@ static const struct {
     {"ops", scen_ops},     {"big", scen_big},         {"inflight", scen_inflight},
     {"split", scen_split}, {"p2p", scen_p2p},         {"barrier", scen_barrier},
     {"abort", scen_abort}, {"timeout", scen_timeout}, {"kill", scen_kill},
-    {"args", scen_args},
+    {"args", scen_args},   {"algos", scen_algos},
 };
 
 enum {

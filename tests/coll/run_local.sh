@@ -2,7 +2,8 @@
 # libcollective on one host (shared memory): coll-check under ddprun --standalone.
 # World sizes 1 to 8 run ops (every operation x dtype x reduction x count x root), args and
 # barrier; 3 and 6 ranks run ops again with tiny chunks (one odd-sized)
-# and a tiny small-message threshold, so that the pipelined paths see the odd counts; 4 ranks run
+# and a tiny small-message threshold, so that the pipelined paths see the odd counts; 4 and 3
+# ranks run algos, and 4 ranks ops again with COLL_CPU_ALGO=latency and =ring; 4 ranks run
 # big, inflight, split, p2p, abort, timeout and kill; 3 ranks split, p2p, inflight, abort,
 # timeout and kill (an odd size); 8 ranks timeout. Every ddprun is bounded by timeout(1).
 # Usage: run_local.sh DDPRUN COLL_CHECK [FILTER]. FILTER (a grep -E pattern) picks jobs by name.
@@ -65,6 +66,12 @@ for n in 1 2 3 4 5 6 7 8; do
 done
 job ops-3-chunks 3 300 all ops --chunk-bytes 4096 --small-bytes 256
 job ops-6-chunks 6 300 all ops --quick --chunk-bytes 1001 --small-bytes 0
+# The reduction algorithms of the cpu backend: algos checks that forced and automatic choices
+# agree bit for bit (and refuses bad values); ops runs again with each one forced.
+job algos-4 4 300 all algos
+job algos-3-chunks 3 300 all algos --quick --chunk-bytes 4096 --small-bytes 256
+COLL_CPU_ALGO=latency job ops-4-latency 4 300 all ops --quick
+COLL_CPU_ALGO=ring job ops-4-ring 4 300 all ops --quick
 job misc-4 4 600 all big inflight split p2p
 job misc-3 3 600 all split p2p inflight
 job abort-4 4 120 all abort

@@ -4,9 +4,9 @@
 # host, TCP between host leaders) and an uneven one of 1, 2 and 3 ranks on 3 hosts. Each host is a ddprun in its own network namespace
 # and, where unshare(1) allows, its own UTS namespace with a hostname of its own, started with
 # static rendezvous (--nnodes/--node-rank/--master-addr/--master-port) and running coll-check:
-# ops (also with tiny chunks), big, split, p2p, inflight, timeout, abort, and kill with the
-# victim on another host than the store; in the mixed layout the victim (and the rank that skips
-# in timeout) is a host's non-leader or the other host's leader.
+# ops (also with tiny chunks), algos (2 x 2), big, split, p2p, inflight, timeout, abort, and kill
+# with the victim on another host than the store; in the mixed layout the victim (and the rank
+# that skips in timeout) is a host's non-leader or the other host's leader.
 # Every ddprun is bounded by timeout(1). The namespaces are removed on exit.
 # Usage: run_netns.sh DDPRUN COLL_CHECK [FILTER]. FILTER (a grep -E pattern) picks jobs by name.
 # Exit 0 pass, 1 fail, 77 skip (not root, no ip/netns, missing programs).
@@ -106,6 +106,7 @@ job 3x1-timeout 3 1 120 all timeout --skipper 1
 job 3x1-kill 3 1 120 kill:2 --timeout-ms 20000 --victim 2 kill
 job 2x2-ops  2 2 400 all ops big split p2p inflight barrier
 job 2x2-chunks 2 2 300 all ops --quick --chunk-bytes 4096 --small-bytes 256
+job 2x2-algos 2 2 300 all algos --quick
 job 2x2-abort 2 2 120 all abort
 job 2x2-timeout-leader 2 2 120 all timeout --skipper 2
 job 2x2-kill 2 2 120 kill:3 --timeout-ms 20000 --victim 3 kill
