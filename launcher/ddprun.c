@@ -38,7 +38,7 @@
 #include "noderdzv.h"
 #include "options.h"
 #include "rdzv.h"
-#include "rdzv_internal.h"
+#include "fmt.h"
 
 #include <assert.h>
 #include <ctype.h>
@@ -2179,7 +2179,7 @@ static void *monitor_main(void *arg)
             rdzv_free(json);
         } else if (rc != -ETIMEDOUT) {
             char ep[300];
-            rdzv__format_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
+            fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
             snprintf(report, sizeof(report), "lost the rendezvous store at %s (%s)", ep,
                      rdzv_strerror(rc));
         } else {
@@ -2380,7 +2380,7 @@ static void job_work(uv_work_t *req)
         j->rc = rdzv_client_connect(a->connect_host, a->store_port, &co, &a->client);
         if (j->rc < 0) {
             char ep[300];
-            rdzv__format_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
+            fmt_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
             snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s: %s (%s)",
                      ep, rdzv_strerror(j->rc),
                      rdzv_client_last_error(NULL)); /* thread-local: read here */
@@ -2740,7 +2740,7 @@ static int setup_store(agent *a)
         int rc = rdzv_server_start(&o, &a->store);
         if (rc < 0 && (is_static || cfg->is_host_given)) {
             char ep[300];
-            rdzv__format_endpoint(ep, sizeof(ep), o.host, port);
+            fmt_endpoint(ep, sizeof(ep), o.host, port);
             say("cannot serve the store on %s: %s", ep, rdzv_strerror(rc));
             return rc;
         }

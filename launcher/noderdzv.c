@@ -19,6 +19,7 @@
 #include "noderdzv.h"
 
 #include "monoclock.h"
+#include "fmt.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -167,7 +168,7 @@ static int static_timeout(const unsigned char *missing, int nnodes, int round, d
 {
     char what[64], msg[384];
     snprintf(what, sizeof what, "did not show up within %g s", timeout_s);
-    if (rdzv_missing_ranks(missing, nnodes, "node rank", what, msg, sizeof msg) == 0)
+    if (fmt_missing_ranks(missing, nnodes, "node rank", what, msg, sizeof msg) == 0)
         /* Every node arrived between the wait's end and the checks: still a timeout. */
         snprintf(msg, sizeof msg, "every node showed up, but only after %g s", timeout_s);
     return set_err(err, errlen, -ETIMEDOUT, "static rendezvous round %d: %s", round, msg);

@@ -27,6 +27,7 @@
 #include "auth.h"
 #include "proto.h"
 #include "monoclock.h"
+#include "fmt.h"
 #include "rdzv_internal.h"
 
 #include <assert.h>
@@ -696,7 +697,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
                  host ? host : "NULL", port, opts->backoff_initial_ms, opts->backoff_max_ms);
         return -EINVAL;
     }
-    rdzv__format_endpoint(endpoint, sizeof endpoint, host, port);
+    fmt_endpoint(endpoint, sizeof endpoint, host, port);
     int64_t deadline = mono_deadline_ns(opts->connect_timeout_ms);
 
     c = calloc(1, sizeof *c);

@@ -497,7 +497,7 @@ int rdzv_wait_get(rdzv_client *c, const char *key, int timeout_ms, void **value,
  *
  * timeout_ms bounds the wait for the other ranks (< 0: the client's timeout). On -ETIMEDOUT
  * rdzv_client_last_error(c) names the missing ranks ("ranks 3, 5 did not publish <prefix>
- * within 2000 ms (6 of 8 present)", built by rdzv_missing_ranks()) and, if `missing` is not NULL
+ * within 2000 ms (6 of 8 present)") and, if `missing` is not NULL
  * (an array of `world` entries), missing[i] is set to 1 for each rank that had not published
  * and to 0 for the others (the one exception to "out-parameters only on success"). Returns 0,
  * -EINVAL (NULL argument, world < 1, rank outside [0, world), nbytes == 0), -ENOMEM,
@@ -521,28 +521,6 @@ int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, cons
  */
 int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void **values,
                 size_t *nbytes, unsigned char *missing);
-
-/*
- * Writes the ranks i with flags[i] != 0 (i < n) into buf as "1, 3, 5", the first 16 of them,
- * then " and K more": the one way the project names a set of ranks in a message. buf always
- * receives a NUL-terminated string (cut to cap). Returns how many flags are set, or -EINVAL.
- * Pure; thread-safe.
- */
-int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap);
-
-/*
- * Writes the one sentence the project gives for ranks that did not arrive in time into buf:
- * "<noun>s <list> <what> (<k> of <n> present)", with the ranks i < n that have missing[i] != 0
- * listed as rdzv_rank_list() does, the noun singular for one rank, and k the ranks present. For
- * example noun "rank" and what "did not publish /job/x within 300 ms" give "ranks 1, 3 did not
- * publish /job/x within 300 ms (3 of 5 present)"; noun "node rank" and what "did not show up
- * within 0.5 s" give "node rank 2 did not show up within 0.5 s (3 of 4 present)". With no rank
- * missing buf receives "". `noun` and `what` are borrowed; buf always receives a NUL-terminated
- * string (cut to cap). Returns how many ranks are missing, or -EINVAL (NULL argument, n < 0,
- * cap == 0). Pure; thread-safe.
- */
-int rdzv_missing_ranks(const unsigned char *missing, int n, const char *noun, const char *what,
-                       char *buf, size_t cap);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The torchrun environment                                                                    */

@@ -67,59 +67,6 @@ START_TEST(test_rank_keys)
 }
 END_TEST
 
-START_TEST(test_rank_list)
-{
-    unsigned char f[40] = {0};
-    char buf[256];
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 0);
-    ck_assert_str_eq(buf, "");
-    f[3] = 1;
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 1);
-    ck_assert_str_eq(buf, "3");
-    f[0] = f[39] = 1;
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 3);
-    ck_assert_str_eq(buf, "0, 3, 39");
-    memset(f, 1, sizeof f);
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 40);
-    ck_assert_str_eq(buf, "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 and 24 more");
-    /* Cut to the buffer, always terminated. */
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, 8), 40);
-    ck_assert_str_eq(buf, "0, 1, 2");
-    ck_assert_int_eq(rdzv_rank_list(NULL, 1, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_rank_list(f, 1, buf, 0), -EINVAL);
-}
-END_TEST
-
-START_TEST(test_missing_ranks)
-{
-    unsigned char f[20] = {0};
-    char buf[256];
-    const char *what = "did not publish /job/x within 300 ms";
-    ck_assert_int_eq(rdzv_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 0);
-    ck_assert_str_eq(buf, "");
-    f[1] = f[3] = 1;
-    ck_assert_int_eq(rdzv_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 2);
-    ck_assert_str_eq(buf, "ranks 1, 3 did not publish /job/x within 300 ms (3 of 5 present)");
-    f[1] = 0;
-    ck_assert_int_eq(
-        rdzv_missing_ranks(f, 4, "node rank", "did not show up within 0.5 s", buf, sizeof buf), 1);
-    ck_assert_str_eq(buf, "node rank 3 did not show up within 0.5 s (3 of 4 present)");
-    /* Many ranks: the first are named, the rest counted; cut to the buffer, always terminated. */
-    memset(f, 1, sizeof f);
-    f[0] = 0;
-    ck_assert_int_eq(rdzv_missing_ranks(f, 20, "rank", "did not come", buf, sizeof buf), 19);
-    ck_assert_str_eq(buf, "ranks 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 and 3 more "
-                          "did not come (1 of 20 present)");
-    ck_assert_int_eq(rdzv_missing_ranks(f, 20, "rank", "did not come", buf, 10), 19);
-    ck_assert_str_eq(buf, "ranks 1, ");
-    ck_assert_int_eq(rdzv_missing_ranks(NULL, 1, "rank", what, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_missing_ranks(f, -1, "rank", what, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_missing_ranks(f, 1, NULL, what, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_missing_ranks(f, 1, "rank", NULL, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_missing_ranks(f, 1, "rank", what, buf, 0), -EINVAL);
-}
-END_TEST
-
 /* ------------------------------------------------------------------------------------------ */
 /* rdzv_set_once                                                                               */
 /* ------------------------------------------------------------------------------------------ */
@@ -555,9 +502,8 @@ END_TEST
 static Suite *helpers_suite(void)
 {
     Suite *s = suite_create("helpers");
-    TCase *tc = check_tcase(s, "store", 30, test_rank_keys, test_rank_list, test_missing_ranks,
-                            test_set_once, test_wait_get, test_wait_get_timeout,
-                            test_wait_get_bad_args, test_allgather,
+    TCase *tc = check_tcase(s, "store", 30, test_rank_keys, test_set_once, test_wait_get,
+                            test_wait_get_timeout, test_wait_get_bad_args, test_allgather,
                             test_allgather_timeout_names_missing, test_gather, test_env_connect);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
