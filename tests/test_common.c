@@ -1,5 +1,5 @@
 /*
- * Tests of the ground floor's shared pieces (rendezvous/common/): the bf16 conversion (bf16.h:
+ * Tests of the ground floor's shared pieces (rendezvous/common/): the bf16 conversion (bf16conv.h:
  * exact widening, ties to even, NaNs quietened, overflow to infinity), the intrusive queue
  * (queue.h), the last-error buffer (errbuf.h: per-thread, cut to size, returns the code) and the
  * sentences for rank sets and endpoints (fmt.h). The option tables and parsers have their own
@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "bf16.h"
+#include "bf16conv.h"
 #include "errbuf.h"
 #include "fmt.h"
 #include "queue.h"

@@ -12,14 +12,16 @@
  * Internal to the project: not installed. Header-only (static inline); compiles as C99, C++ and
  * CUDA (there the functions are __host__ __device__).
  */
-#ifndef DDP_BF16_H
-#define DDP_BF16_H
+#ifndef DDP_BF16CONV_H
+#define DDP_BF16CONV_H
 
 #include <stdint.h>
 #include <string.h>
 
 #ifdef __CUDACC__
 #define BF16_FN __host__ __device__ static inline
+#elif defined(__GNUC__)
+#define BF16_FN static inline __attribute__((always_inline)) /* inside vectorised loops */
 #else
 #define BF16_FN static inline
 #endif
@@ -62,4 +64,4 @@ BF16_FN float bf16_to_f32(uint16_t h)
     return bf16__f32_from_bits((uint32_t)h << 16);
 }
 
-#endif /* DDP_BF16_H */
+#endif /* DDP_BF16CONV_H */
