@@ -79,11 +79,11 @@ typedef struct client {
     rdzv__conn conn;
     rdzv__parser parser;
     rdzv__buf pend; /* bytes of an incomplete frame */
-    struct client *prev, *next;
+    queue node;     /* in srv->clients */
     bool reading, closing;
     bool probation;       /* from an address not (yet) of the job: may only authenticate */
     uint64_t accepted_ms; /* uv_now() at the accept: the probation deadline counts from it */
-    struct client *pprev, *pnext; /* on probation: the FIFO srv->prob_head..prob_tail */
+    queue prob_node;      /* on probation: in srv->probation, oldest first */
     source *src;                  /* on probation: its address's count */
     rdzv__auth_conn auth; /* the handshake's state; auth.state == RDZV_AUTH_DONE: authenticated */
     bool awaiting;             /* the last parse stopped inside a frame: waiting on the peer */
@@ -124,7 +124,7 @@ struct rdzv_server {
     size_t nconns;
     uint64_t accepted, rejected, closed_bad_input;
     uint64_t gens[3]; /* connections by detected generation */
-    client *clients;
+    queue clients;    /* client (node) */
 
     /* access control (auth.h) */
     char *token;         /* owned; NULL: no authentication */
@@ -134,7 +134,7 @@ struct rdzv_server {
     rdzv__peercred cred; /* the kernel queries of the other-user rule, descriptors kept open */
     uint64_t authenticated, auth_failed, refused_address, refused_user, refused_private;
     uint64_t refused_owner;        /* from this host, owner unknown: refused (fail closed) */
-    client *prob_head, *prob_tail; /* connections on probation, oldest first */
+    queue probation;               /* client (prob_node) on probation, oldest first */
     size_t nprobation, max_probation;
     source *sources[SOURCE_BUCKETS]; /* probation connections by address */
     uint64_t auth_timeouts;          /* probation connections closed for auth_timeout_s */
@@ -306,15 +306,17 @@ static bool probation_begin(client *c, const struct sockaddr *sa)
     s->n++;
     c->src = s;
     c->probation = true;
-    c->pnext = NULL;
-    c->pprev = srv->prob_tail;
-    if (srv->prob_tail)
-        srv->prob_tail->pnext = c;
-    else
-        srv->prob_head = c;
-    srv->prob_tail = c;
+    queue_insert_tail(&srv->probation, &c->prob_node);
     srv->nprobation++;
     return true;
+}
+
+/* The connection on probation the longest, or NULL. */
+static client *oldest_on_probation(rdzv_server *srv)
+{
+    return queue_empty(&srv->probation)
+               ? NULL
+               : queue_data(queue_head(&srv->probation), client, prob_node);
 }
 
 /* Takes `c` off probation (it authenticated, or it closes). */
@@ -324,15 +326,7 @@ static void probation_end(client *c)
     if (!c->probation)
         return;
     c->probation = false;
-    if (c->pprev)
-        c->pprev->pnext = c->pnext;
-    else
-        srv->prob_head = c->pnext;
-    if (c->pnext)
-        c->pnext->pprev = c->pprev;
-    else
-        srv->prob_tail = c->pprev;
-    c->pprev = c->pnext = NULL;
+    queue_remove(&c->prob_node);
     srv->nprobation--;
     if (--c->src->n == 0) {
         source **p = &srv->sources[source_bucket(c->src->key)];
@@ -358,7 +352,7 @@ static void sweeper_cb(uv_idle_t *h)
 /* Starts the sweeper if the store has something for it (on the loop thread, lock held). */
 static void start_sweeper(rdzv_server *srv)
 {
-    if (!srv->closing && (srv->store.nstale > 0 || srv->store.dead))
+    if (!srv->closing && (srv->store.nstale > 0 || !queue_empty(&srv->store.dead)))
         uv_idle_start(&srv->sweeper, sweeper_cb);
 }
 
@@ -377,12 +371,7 @@ static void client_close(client *c, const char *why)
         srv->opts.on_close(srv->opts.on_close_arg, c->addr, c->port);
     rdzv__conn_release(&srv->store, &c->conn);
     start_sweeper(srv);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        srv->clients = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    queue_remove(&c->node);
     srv->nconns--;
     uv_close((uv_handle_t *)&c->tcp, client_closed);
 }
@@ -927,11 +916,12 @@ static bool shed_one(rdzv_server *srv, int err)
  */
 static bool evict_stranger(rdzv_server *srv, const char *what)
 {
-    if (!srv->prob_head)
+    client *oldest = oldest_on_probation(srv);
+    if (!oldest)
         return false;
     char why[200];
     snprintf(why, sizeof(why), "not authenticated, closed to make room for %s", what);
-    refuse(srv->prob_head, &srv->probation_shed, why);
+    refuse(oldest, &srv->probation_shed, why);
     return true;
 }
 
@@ -965,10 +955,7 @@ static void admit(rdzv_server *srv, int fd, const struct sockaddr *peer)
     c->tcp.data = c;
     srv->open_handles++;
     /* Link first so that client_close() can unlink on every path below. */
-    c->next = srv->clients;
-    if (srv->clients)
-        srv->clients->prev = c;
-    srv->clients = c;
+    queue_insert_head(&srv->clients, &c->node);
     srv->nconns++;
 
     int rc = uv_tcp_open(&c->tcp, fd);
@@ -1062,15 +1049,16 @@ static void sweep_cb(uv_timer_t *t)
     lock(srv);
     uint64_t now = uv_now(srv->loop);
     uint64_t auth_ms = (uint64_t)srv->opts.auth_timeout_s * 1000;
-    while (auth_ms && srv->prob_head && now - srv->prob_head->accepted_ms >= auth_ms) {
+    for (client *c; auth_ms && (c = oldest_on_probation(srv)) && now - c->accepted_ms >= auth_ms;) {
         snprintf(why, sizeof(why), "did not authenticate within %d s (auth_timeout_s)",
                  srv->opts.auth_timeout_s);
-        refuse(srv->prob_head, &srv->auth_timeouts, why);
+        refuse(c, &srv->auth_timeouts, why);
     }
     uint64_t req_ms = (uint64_t)srv->opts.request_timeout_s * 1000;
     uint64_t idle_ms = (uint64_t)srv->opts.idle_timeout_s * 1000;
-    for (client *c = srv->clients, *next; c; c = next) {
-        next = c->next;
+    queue *q, *next;
+    queue_foreach_safe(q, next, &srv->clients) {
+        client *c = queue_data(q, client, node);
         if (req_ms && c->partial_since_ms && elapsed_ms(now, c->partial_since_ms) >= req_ms) {
             snprintf(why, sizeof(why), "request incomplete for %d s (request_timeout_s)",
                      srv->opts.request_timeout_s);
@@ -1123,8 +1111,10 @@ static char *status_json(rdzv_server *srv)
     if (!o)
         return NULL;
     size_t queued = 0; /* reply bytes not yet sent, over all connections */
-    for (client *c = srv->clients; c; c = c->next)
-        queued += c->conn.out_held;
+    queue *q;
+    queue_foreach(q, &srv->clients) {
+        queued += queue_data(q, client, node)->conn.out_held;
+    }
     json_object_set_new(o, "output_queued_bytes", json_integer((json_int_t)queued));
     json_object_set_new(
         o, "security",
@@ -1436,8 +1426,11 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
         goto out;
     }
     srv = calloc(1, sizeof(*srv));
-    if (srv)
+    if (srv) {
         srv->listen_fd = srv->spare_fd = -1;
+        queue_init(&srv->clients);
+        queue_init(&srv->probation);
+    }
     if (!srv || (opts->host && !(srv->host = strdup(opts->host)))) {
         rc = -ENOMEM;
         goto out;
@@ -1572,8 +1565,8 @@ int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server 
 static void begin_close(rdzv_server *srv)
 {
     srv->closing = true;
-    while (srv->clients)
-        client_close(srv->clients, NULL);
+    while (!queue_empty(&srv->clients))
+        client_close(queue_data(queue_head(&srv->clients), client, node), NULL);
     uv_close((uv_handle_t *)&srv->listener, listener_closed);
     uv_close((uv_handle_t *)&srv->sweep, handle_closed);
     uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);

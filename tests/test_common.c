@@ -126,8 +126,7 @@ static int values_of(queue *h, int *out)
 {
     int n = 0;
     queue *q;
-    queue_foreach(q, h)
-    {
+    queue_foreach(q, h) {
         out[n++] = queue_data(q, struct item, node)->value;
     }
     return n;
@@ -166,8 +165,7 @@ START_TEST(queue_order)
     /* Removing every node while visiting: the safe loop. */
     queue *q, *n;
     int seen = 0;
-    queue_foreach_safe(q, n, &h)
-    {
+    queue_foreach_safe(q, n, &h) {
         queue_remove(q);
         seen++;
     }
