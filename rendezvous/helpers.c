@@ -90,7 +90,7 @@ int rdzv_wait_get(rdzv_client *c, const char *key, int timeout_ms, void **value,
  * missing ones are named in the client's last error, and one MULTI_GET fetches the rest.
  */
 static int gather(rdzv_client *c, const char *prefix, char **keys, int n, int timeout_ms,
-                  void **values, size_t *nbytes, unsigned char *missing)
+                  void **values, size_t *nbytes, bool *missing)
 {
     int rc = rdzv_wait(c, (const char *const *)keys, (size_t)n, timeout_ms);
     if (rc == 0)
@@ -98,7 +98,7 @@ static int gather(rdzv_client *c, const char *prefix, char **keys, int n, int ti
     if (rc != -ETIMEDOUT)
         return rc;
 
-    unsigned char *flags = missing ? missing : calloc((size_t)n, 1);
+    bool *flags = missing ? missing : calloc((size_t)n, sizeof *flags);
     const char **present = calloc((size_t)n, sizeof *present);
     void **pvals = calloc((size_t)n, sizeof *pvals);
     size_t *plens = calloc((size_t)n, sizeof *plens);
@@ -140,7 +140,7 @@ out:
 }
 
 int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void **values,
-                size_t *nbytes, unsigned char *missing)
+                size_t *nbytes, bool *missing)
 {
     if (!c || !prefix || n < 1 || !values || !nbytes)
         return -EINVAL;
@@ -154,7 +154,7 @@ int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void 
 
 int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, const void *value,
                    size_t nbytes, int timeout_ms, void **values, size_t *nbytes_out,
-                   unsigned char *missing)
+                   bool *missing)
 {
     if (!c || !prefix || world < 1 || rank < 0 || rank >= world || !value || nbytes == 0 ||
         !values || !nbytes_out)

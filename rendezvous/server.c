@@ -1410,12 +1410,6 @@ static void begin_close(rdzv_server *srv)
     uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
 }
 
-void rdzv_server_close(rdzv_server *srv)
-{
-    if (!srv || srv->closing)
-        return;
-    begin_close(srv);
-}
 
 static void stop_cb(uv_async_t *a)
 {
@@ -1461,11 +1455,15 @@ int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out)
     return 0;
 }
 
-void rdzv_server_stop(rdzv_server *srv)
+void rdzv_server_close(rdzv_server *srv)
 {
     if (!srv)
         return;
-    uv_async_send(&srv->stop_async);
-    uv_thread_join(&srv->thread);
-    server_free(srv);
+    if (srv->threaded) {
+        uv_async_send(&srv->stop_async);
+        uv_thread_join(&srv->thread);
+        server_free(srv);
+    } else if (!srv->closing) {
+        begin_close(srv);
+    }
 }

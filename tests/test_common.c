@@ -11,6 +11,7 @@
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -218,17 +219,18 @@ END_TEST
 
 START_TEST(rank_list)
 {
-    unsigned char f[40] = {0};
+    bool f[40] = {false};
     char buf[256];
     ck_assert_int_eq(fmt_rank_list(f, 40, buf, sizeof buf), 0);
     ck_assert_str_eq(buf, "");
-    f[3] = 1;
+    f[3] = true;
     ck_assert_int_eq(fmt_rank_list(f, 40, buf, sizeof buf), 1);
     ck_assert_str_eq(buf, "3");
-    f[0] = f[39] = 1;
+    f[0] = f[39] = true;
     ck_assert_int_eq(fmt_rank_list(f, 40, buf, sizeof buf), 3);
     ck_assert_str_eq(buf, "0, 3, 39");
-    memset(f, 1, sizeof f);
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        f[i] = true;
     ck_assert_int_eq(fmt_rank_list(f, 40, buf, sizeof buf), 40);
     ck_assert_str_eq(buf, "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 and 24 more");
     /* Cut to the buffer, always terminated. */
@@ -241,21 +243,22 @@ END_TEST
 
 START_TEST(missing_ranks)
 {
-    unsigned char f[20] = {0};
+    bool f[20] = {false};
     char buf[256];
     const char *what = "did not publish /job/x within 300 ms";
     ck_assert_int_eq(fmt_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 0);
     ck_assert_str_eq(buf, "");
-    f[1] = f[3] = 1;
+    f[1] = f[3] = true;
     ck_assert_int_eq(fmt_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 2);
     ck_assert_str_eq(buf, "ranks 1, 3 did not publish /job/x within 300 ms (3 of 5 present)");
-    f[1] = 0;
+    f[1] = false;
     ck_assert_int_eq(
         fmt_missing_ranks(f, 4, "node rank", "did not show up within 0.5 s", buf, sizeof buf), 1);
     ck_assert_str_eq(buf, "node rank 3 did not show up within 0.5 s (3 of 4 present)");
     /* Many ranks: the first are named, the rest counted; cut to the buffer, always terminated. */
-    memset(f, 1, sizeof f);
-    f[0] = 0;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        f[i] = true;
+    f[0] = false;
     ck_assert_int_eq(fmt_missing_ranks(f, 20, "rank", "did not come", buf, sizeof buf), 19);
     ck_assert_str_eq(buf, "ranks 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 and 3 more "
                           "did not come (1 of 20 present)");

@@ -206,7 +206,7 @@ struct rank_arg {
     int rank, world, timeout_ms;
     const char *prefix;
     int rc;
-    unsigned char missing[WORLD];
+    bool missing[WORLD];
     char err[512];
     void *values[WORLD];
     size_t nbytes[WORLD];
@@ -272,8 +272,8 @@ START_TEST(test_allgather_timeout_names_missing)
         pthread_join(t[i], NULL);
     for (int i = 0; i < 3; i++) {
         ck_assert_int_eq(r[i].rc, -ETIMEDOUT);
-        const unsigned char want[WORLD] = {0, 1, 0, 1, 0};
-        ck_assert_mem_eq(r[i].missing, want, WORLD);
+        const bool want[WORLD] = {false, true, false, true, false};
+        ck_assert_mem_eq(r[i].missing, want, sizeof want);
         ck_assert_msg(strstr(r[i].err, "ranks 1, 3 did not publish /job/late within 300 ms (3 of "
                                        "5 present)") != NULL,
                       "message: %s", r[i].err);
@@ -287,7 +287,7 @@ START_TEST(test_allgather_timeout_names_missing)
     ck_assert_int_eq(rdzv_allgather(c, "p", 0, 2, "", 0, 10, v, n, NULL), -EINVAL);
     ck_assert_int_eq(rdzv_allgather(c, NULL, 0, 2, "x", 1, 10, v, n, NULL), -EINVAL);
     /* The client stays usable after a timed-out all-gather. */
-    unsigned char missing[2] = {7, 7};
+    bool missing[2] = {true, false};
     ck_assert_int_eq(rdzv_allgather(c, "q", 0, 2, "x", 1, 50, v, n, missing), -ETIMEDOUT);
     ck_assert_int_eq(missing[0], 0);
     ck_assert_int_eq(missing[1], 1);
@@ -304,15 +304,15 @@ START_TEST(test_gather)
     ck_assert_int_eq(rdzv_set(c, "/g/2", "cc", 2), 0);
     void *v[3];
     size_t n[3];
-    unsigned char missing[3];
+    bool missing[3];
     ck_assert_int_eq(rdzv_gather(c, "/g", 3, 100, v, n, missing), -ETIMEDOUT);
     /* After a timeout the arrays hold what was there. */
     ck_assert_uint_eq(n[0], 1);
     ck_assert_mem_eq(v[0], "a", 1);
     ck_assert_uint_eq(n[1], 0);
     ck_assert_uint_eq(n[2], 2);
-    const unsigned char want[3] = {0, 1, 0};
-    ck_assert_mem_eq(missing, want, 3);
+    const bool want[3] = {false, true, false};
+    ck_assert_mem_eq(missing, want, sizeof want);
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "rank 1 did not publish /g within"));
     for (int i = 0; i < 3; i++)
         rdzv_free(v[i]);

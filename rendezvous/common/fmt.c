@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-int fmt_rank_list(const unsigned char *flags, int n, char *buf, size_t cap)
+int fmt_rank_list(const bool *flags, int n, char *buf, size_t cap)
 {
     if (!flags || n < 0 || !buf || cap == 0)
         return -EINVAL;
@@ -28,7 +28,7 @@ int fmt_rank_list(const unsigned char *flags, int n, char *buf, size_t cap)
     return count;
 }
 
-int fmt_missing_ranks(const unsigned char *missing, int n, const char *noun, const char *what,
+int fmt_missing_ranks(const bool *missing, int n, const char *noun, const char *what,
                       char *buf, size_t cap)
 {
     if (!missing || n < 0 || !noun || !what || !buf || cap == 0)

@@ -9,21 +9,22 @@
 #ifndef DDP_FMT_H
 #define DDP_FMT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Ranks named in a list by fmt_rank_list(); the rest are counted. */
 #define FMT_SHOW_RANKS 16
 
 /*
- * Writes the ranks i with flags[i] != 0 (i < n) into buf as "1, 3, 5", the first
+ * Writes the ranks i with flags[i] set (i < n) into buf as "1, 3, 5", the first
  * FMT_SHOW_RANKS of them, then " and K more". Returns how many flags are set, or -EINVAL (NULL
  * argument, n < 0, cap == 0).
  */
-int fmt_rank_list(const unsigned char *flags, int n, char *buf, size_t cap);
+int fmt_rank_list(const bool *flags, int n, char *buf, size_t cap);
 
 /*
  * Writes the one sentence the project gives for ranks that did not arrive in time into buf:
- * "<noun>s <list> <what> (<k> of <n> present)", with the ranks i < n that have missing[i] != 0
+ * "<noun>s <list> <what> (<k> of <n> present)", with the ranks i < n that have missing[i] set
  * listed as fmt_rank_list() does, the noun singular for one rank, and k the ranks present. For
  * example noun "rank" and what "did not publish /job/x within 300 ms" give "ranks 1, 3 did not
  * publish /job/x within 300 ms (3 of 5 present)"; noun "node rank" and what "did not show up
@@ -31,7 +32,7 @@ int fmt_rank_list(const unsigned char *flags, int n, char *buf, size_t cap);
  * missing buf receives "". `noun` and `what` are borrowed. Returns how many ranks are missing,
  * or -EINVAL (NULL argument, n < 0, cap == 0).
  */
-int fmt_missing_ranks(const unsigned char *missing, int n, const char *noun, const char *what,
+int fmt_missing_ranks(const bool *missing, int n, const char *noun, const char *what,
                       char *buf, size_t cap);
 
 /*

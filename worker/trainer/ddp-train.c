@@ -1750,7 +1750,7 @@ static void trainer_free(trainer *t)
         coll_comm_destroy(t->hcomm);
     coll_comm_destroy(t->comm);
     rdzv_client_close(t->store);
-    rdzv_server_stop(t->own_store);
+    rdzv_server_close(t->own_store);
     mlp_free(t->net);
     mlp_cuda_free(t->gnet);
     mlp_cuda_data_free(t->gtrain);
