@@ -17,11 +17,11 @@
  * Buffers of RDZV__BUF_MAP_BYTES and more are pages of their own (mmap), grown with mremap and
  * given back with munmap: their capacity beyond what was written costs no memory, and freeing
  * them returns the memory at once. From the allocator, a reply buffer's doubling, and the
- * chunks it frees and keeps, made the server's resident size 2 to 3 times what its buffer caps
- * count.
+ * chunks it frees and keeps, would make the server's resident size 2 to 3 times what its buffer
+ * caps count.
  *
  * Mapping and unmapping each large request and reply costs page faults (a round trip of 1 MiB
- * took up to 9 times as long, 32 connections doing so 4 times), so each thread keeps freed
+ * takes up to 9 times as long, 32 connections doing so 4 times), so each thread keeps freed
  * mappings, up to spare_limit bytes (rdzv__buf_spares_limit()), for the next large buffers:
  * that much may stay resident beyond what the caps count. Sent pages are not given back
  * early (madvise) for the same reason: a reused buffer would fault them in again.

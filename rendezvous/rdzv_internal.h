@@ -1,7 +1,7 @@
 /*
  * Internals shared across librendezvous's files (rdzv__ prefix), not exported from the shared
  * library: what the store helpers and the environment reader (helpers.c, env.c) need of the
- * client (client.c), whose struct stays private to client.c.
+ * client (client.c, connect.c), whose struct stays private to those two files (client.h).
  */
 #ifndef RDZV_INTERNAL_H
 #define RDZV_INTERNAL_H

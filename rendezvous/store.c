@@ -79,7 +79,7 @@ struct rdzv__watch {
  * What a connection's WAITs (or, in a second one, its watches) name it by, so that a closing
  * connection, or a CANCEL_WAIT, lets go of all of them in O(1): the peer loses its connection
  * ("dies") and goes on the store's dead list, and the sweep frees its records a bounded slice
- * at a time (releasing a connection with 5M waiter nodes at once held the server 0.65 s).
+ * at a time (releasing a connection with 5M waiter nodes at once would hold the server 0.65 s).
  * Until then a dead WAIT is answered to nobody and takes no queue item, a dead watch is told
  * nothing, and both stay counted in memory.
  */

@@ -180,7 +180,7 @@ size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len);
 /* Work units of a sweep: one per chain walked, RDZV__SWEEP_NAME per name, waiter node or watch
  * freed. A slice of
  * RDZV__SWEEP_SLICE frees up to 4096 names or walks 128 Ki empty chains: 1 to 2 ms (3M
- * empty keys took 1.8 s in 765 slices on a loaded machine). */
+ * empty keys take 1.8 s in 765 slices on a loaded machine). */
 #define RDZV__SWEEP_NAME 32
 #define RDZV__SWEEP_SLICE (4096 * RDZV__SWEEP_NAME)
 

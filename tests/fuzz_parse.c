@@ -157,7 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     while (rdzv__store_sweep(&st, 7))
         ;
     if (st.nentries != 0 || st.bytes != 0 || st.memory != 0 || st.private_memory != 0 ||
-        st.nkeys != 0 || st.nstale != 0 || st.dead)
+        st.nkeys != 0 || st.nstale != 0 || !queue_empty(&st.dead))
         abort();
     rdzv__store_destroy(&st);
     return 0;

@@ -1,8 +1,9 @@
 /*
- * Tests of the blocking client (rendezvous/client.c) against the real server, started in-process
- * on 127.0.0.1 port 0 for every case, and against tiny scripted fake servers for the failures a
- * real server does not produce on demand: a peer that closes or stalls mid-reply, a malformed
- * reply, a peer that is not a store, and the STOP_WAITING/WAIT_CANCELED race of a cancelled wait.
+ * Tests of the blocking client (rendezvous/client.c, connect.c) against the real server, started
+ * in-process on 127.0.0.1 port 0 for every case, and against tiny scripted fake servers for the
+ * failures a real server does not produce on demand: a peer that closes or stalls mid-reply, a
+ * malformed reply, a peer that is not a store, and the STOP_WAITING/WAIT_CANCELED race of a
+ * cancelled wait.
  *
  * Every case runs in its own forked process (Check's fork mode) under a timeout. Multi-process
  * cases fork further children that report through their exit status. Nothing waits on a sleep
