@@ -228,17 +228,12 @@ int rdzv__wait_fd(int fd, short events, int64_t deadline)
     }
 }
 
-/*
- * Sends the request in c->sbuf. A failure after part of the request left, or a dead connection,
- * breaks the client; a timeout before any byte left leaves it usable. Returns 0 or a negative
- * errno.
- */
-static int send_request(rdzv_client *c, int64_t deadline)
+int rdzv__send_all(rdzv_client *c, const uint8_t *p, size_t len, int64_t deadline, size_t *sent)
 {
     size_t off = 0;
     int rc = 0;
-    while (off < c->sbuf.len) {
-        ssize_t n = send(c->fd, c->sbuf.data + off, c->sbuf.len - off, MSG_NOSIGNAL);
+    while (off < len) {
+        ssize_t n = send(c->fd, p + off, len - off, MSG_NOSIGNAL);
         if (n > 0) {
             off += (size_t)n;
             continue;
@@ -254,10 +249,24 @@ static int send_request(rdzv_client *c, int64_t deadline)
         rc = (n < 0 && errno != EPIPE) ? -errno : -ECONNRESET;
         break;
     }
-    if (rc == 0) {
+    if (sent)
+        *sent = off;
+    if (rc == 0)
         c->just_sent = true;
+    return rc;
+}
+
+/*
+ * Sends the request in c->sbuf. A failure after part of the request left, or a dead connection,
+ * breaks the client; a timeout before any byte left leaves it usable. Returns 0 or a negative
+ * errno.
+ */
+static int send_request(rdzv_client *c, int64_t deadline)
+{
+    size_t off = 0;
+    int rc = rdzv__send_all(c, c->sbuf.data, c->sbuf.len, deadline, &off);
+    if (rc == 0)
         return 0;
-    }
     if (rc == -ETIMEDOUT && off == 0)
         return fail(c, rc, "sending the request timed out");
     return fail_broken(c, rc, "sending the request: %s", io_reason(rc));

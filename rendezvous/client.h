@@ -61,6 +61,13 @@ uint64_t rdzv__rng_next(uint64_t *s);
 int rdzv__wait_fd(int fd, short events, int64_t deadline);
 
 /*
+ * Sends `len` bytes on the client's socket, waiting for room up to `deadline`. Returns 0,
+ * -ETIMEDOUT, -ECONNRESET (the peer closed) or another negative errno; records and breaks
+ * nothing. *sent (if not NULL) receives how many bytes left, also on failure.
+ */
+int rdzv__send_all(rdzv_client *c, const uint8_t *p, size_t len, int64_t deadline, size_t *sent);
+
+/*
  * Reads exactly `n` reply bytes into `dst` (NULL: discard them). Returns 0, -ETIMEDOUT,
  * -ECONNRESET (the peer closed), or another negative errno; records and breaks nothing.
  */

@@ -156,33 +156,6 @@ static int gai_errno(int gai, bool *retry)
 }
 
 /*
- * Sends `len` bytes of a handshake on the fresh connection. Returns 0 or a negative errno; the
- * caller closes the socket on failure.
- */
-static int send_all(rdzv_client *c, const uint8_t *p, size_t len, int64_t deadline)
-{
-    size_t off = 0;
-    while (off < len) {
-        ssize_t n = send(c->fd, p + off, len - off, MSG_NOSIGNAL);
-        if (n > 0) {
-            off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int rc = rdzv__wait_fd(c->fd, POLLOUT, deadline);
-            if (rc < 0)
-                return rc;
-            continue;
-        }
-        return (n < 0 && errno != EPIPE) ? -errno : -ECONNRESET;
-    }
-    c->just_sent = true;
-    return 0;
-}
-
-/*
  * Opens the modern protocol on a fresh connection: VALIDATE with the magic, then a PING whose
  * nonce must come back, both in one segment. Returns 0, -EPROTO (the peer answered something
  * else), -ETIMEDOUT, or an I/O error such as -ECONNRESET. Leaves the client unbroken either
@@ -198,7 +171,7 @@ static int handshake(rdzv_client *c, int64_t deadline)
     rdzv__put_u8(&w, RDZV_M_PING);
     rdzv__put_u32(&w, nonce);
     assert(w.err == 0 && w.len == sizeof req);
-    int rc = send_all(c, req, sizeof req, deadline);
+    int rc = rdzv__send_all(c, req, sizeof req, deadline, NULL);
     if (rc < 0)
         return rc;
     uint8_t b[4];
@@ -251,7 +224,7 @@ static int auth_handshake(rdzv_client *c, int64_t deadline, char *why, size_t wh
     rdzv__put_u8(&w, RDZV_M_AUTH_HELLO);
     rdzv__put_vec(&w, cn, sizeof cn);
     assert(w.err == 0 && w.len == sizeof req);
-    if ((rc = send_all(c, req, sizeof req, deadline)) < 0 ||
+    if ((rc = rdzv__send_all(c, req, sizeof req, deadline, NULL)) < 0 ||
         (rc = recv_small_vec(c, reply, sizeof reply, &n, deadline)) < 0)
         return rc;
     rc = rdzv__auth_client_check(c->token, cn, reply, n, proof);
@@ -270,7 +243,7 @@ static int auth_handshake(rdzv_client *c, int64_t deadline, char *why, size_t wh
     rdzv__put_u8(&w, RDZV_M_AUTH_PROOF);
     rdzv__put_vec(&w, proof, sizeof proof);
     assert(w.err == 0 && w.len == sizeof msg);
-    if ((rc = send_all(c, msg, sizeof msg, deadline)) < 0)
+    if ((rc = rdzv__send_all(c, msg, sizeof msg, deadline, NULL)) < 0)
         return rc;
     rc = recv_small_vec(c, reply, sizeof reply, &n, deadline);
     if (rc == -ECONNRESET) {
