@@ -26,6 +26,7 @@
 
 #include "cli.h"
 #include "coll_internal.h"
+#include "bf16conv.h"
 #include "monoclock.h"
 
 #define MAXSRC 4
@@ -58,7 +59,7 @@ static void fill(void *buf, size_t count, coll_dtype dt, unsigned seed)
             ((uint16_t *)buf)[i] = coll__f32_to_f16(v);
             break;
         case COLL_BF16:
-            ((uint16_t *)buf)[i] = coll__f32_to_bf16(v);
+            ((uint16_t *)buf)[i] = bf16_from_f32(v);
             break;
         case COLL_I32:
             ((int32_t *)buf)[i] = (int32_t)x;

@@ -37,9 +37,9 @@
  * and queues (console.c).
  */
 #include "agent.h"
+#include "fmt.h"
 #include "guard.h"
 #include "jobtoken.h"
-#include "rdzv_internal.h"
 
 #include <arpa/inet.h>
 #include <assert.h>
@@ -813,7 +813,7 @@ static void job_work(uv_work_t *req)
                                  sizeof(why));
         if (j->rc < 0) {
             char ep[300];
-            rdzv__format_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
+            fmt_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
             snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s: %s (%s)", ep,
                      rdzv_strerror(j->rc), why);
         }
@@ -1144,7 +1144,7 @@ static int setup_store(agent *a)
         int rc = rdzv_server_start(&o, &a->store);
         if (rc < 0 && plan.must_serve) {
             char ep[300];
-            rdzv__format_endpoint(ep, sizeof(ep), o.host, port);
+            fmt_endpoint(ep, sizeof(ep), o.host, port);
             say("cannot serve the store on %s: %s", ep, rdzv_strerror(rc));
             return rc;
         }

@@ -10,8 +10,8 @@
  * the assignment and writes its report under the agent's mutex.
  */
 #include "agent.h"
+#include "fmt.h"
 #include "monoclock.h"
-#include "rdzv_internal.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -139,7 +139,7 @@ void *monitor_main(void *arg)
             rdzv_free(json);
         } else if (rc != -ETIMEDOUT) {
             char ep[300];
-            rdzv__format_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
+            fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
             snprintf(report, sizeof(report), "lost the rendezvous store at %s (%s)", ep,
                      rdzv_strerror(rc));
         } else {

@@ -19,6 +19,7 @@
 #include "noderdzv.h"
 
 #include "monoclock.h"
+#include "fmt.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -162,12 +163,12 @@ static bool prefix_sums(const int64_t *nproc, int nnodes, int me, int *offset, i
 /* ------------------------------------------------------------------------------------------ */
 
 /* The sentence for a static round whose all-gather timed out: the missing node ranks. */
-static int static_timeout(const unsigned char *missing, int nnodes, int round, double timeout_s,
+static int static_timeout(const bool *missing, int nnodes, int round, double timeout_s,
                           char *err, size_t errlen)
 {
     char what[64], msg[384];
     snprintf(what, sizeof what, "did not show up within %g s", timeout_s);
-    if (rdzv_missing_ranks(missing, nnodes, "node rank", what, msg, sizeof msg) == 0)
+    if (fmt_missing_ranks(missing, nnodes, "node rank", what, msg, sizeof msg) == 0)
         /* Every node arrived between the wait's end and the checks: still a timeout. */
         snprintf(msg, sizeof msg, "every node showed up, but only after %g s", timeout_s);
     return set_err(err, errlen, -ETIMEDOUT, "static rendezvous round %d: %s", round, msg);
@@ -190,7 +191,7 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
     void **values = NULL;
     size_t *lens = NULL;
     int64_t *nprocs = NULL;
-    unsigned char *missing = NULL; /* node ranks that did not publish, after a timeout */
+    bool *missing = NULL; /* node ranks that did not publish, after a timeout */
     char num[32];
     void *opened = NULL; /* the node count the round was opened with */
     size_t opened_len = 0;
@@ -240,7 +241,7 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
     values = calloc((size_t)nnodes, sizeof *values);
     lens = calloc((size_t)nnodes, sizeof *lens);
     nprocs = calloc((size_t)nnodes, sizeof *nprocs);
-    missing = calloc((size_t)nnodes, 1);
+    missing = calloc((size_t)nnodes, sizeof *missing);
     if (!key || !values || !lens || !nprocs || !missing)
         goto oom;
     snprintf(num, sizeof num, "%d", nproc);

@@ -181,11 +181,9 @@ void coll__reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count, 
                     coll_op op);
 /* buf[i] /= n (truncating for integers). */
 void coll__scale_avg(void *buf, size_t count, coll_dtype dtype, int n);
-/* Conversions used by the kernels and by the tests' references. */
+/* Conversions used by the kernels and by the tests' references (bf16's: bf16conv.h). */
 float coll__f16_to_f32(uint16_t h);
 uint16_t coll__f32_to_f16(float f);
-float coll__bf16_to_f32(uint16_t h);
-uint16_t coll__f32_to_bf16(float f);
 
 /*
  * The shm.c and tcp.c sections use C11 _Atomic, which C++ lacks; nvcc compiles the .cu files as

@@ -130,7 +130,7 @@ static int exchange_records(coll__cpu *c, rdzv_client *store, const char *prefix
     char *own = own_record(addr, port, c->algo), where[512];
     void **vals = calloc((size_t)c->world, sizeof *vals);
     size_t *lens = calloc((size_t)c->world, sizeof *lens);
-    unsigned char *missing = calloc((size_t)c->world, 1);
+    bool *missing = calloc((size_t)c->world, sizeof *missing);
     int rc = -ENOMEM, ms = wait_ms(deadline);
     bool gathered = false;
     if (!own || !vals || !lens || !missing)

@@ -120,6 +120,6 @@ void coll_env_free(coll_env *env)
     env->comm = NULL;
     rdzv_client_close(env->store);
     env->store = NULL;
-    rdzv_server_stop(env->server);
+    rdzv_server_close(env->server);
     env->server = NULL;
 }

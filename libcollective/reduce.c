@@ -1,6 +1,7 @@
 /*
  * Element-wise reduction kernels: dst = srcs[0] op srcs[1] op ... op srcs[nsrc-1] for every
- * dtype and op, the division that finishes an AVG, and the f16/bf16 <-> f32 conversions. No
+ * dtype and op, the division that finishes an AVG, and the f16/bf16 <-> f32 conversions (bf16's
+ * scalar one is the project's, bf16conv.h; the vector one below implements it bit for bit). No
  * I/O, no allocation, no locks and no global state: the cpu backend runs them on its progress
  * thread over shared memory and receive buffers, and the unit tests call them alone. Threading
  * a single reduction and non-temporal stores are deliberately not done here; the caller splits
@@ -32,6 +33,7 @@
  *    pass through f16/bf16 come out quiet.
  */
 #include "coll_internal.h"
+#include "bf16conv.h"
 
 #include <assert.h>
 #include <stdatomic.h>
@@ -74,20 +76,6 @@ INLINE uint32_t f32_bits(float f)
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
-}
-
-INLINE float bf16_to_f32(uint16_t h)
-{
-    return f32_from_bits((uint32_t)h << 16);
-}
-
-/* Branch-free so that loops of it vectorise: NaNs are quietened, the rest rounded to even. */
-INLINE uint16_t f32_to_bf16(float f)
-{
-    uint32_t u = f32_bits(f);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t quiet = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
 /* As F16C's vcvtph2ps: exact; a NaN keeps sign and payload and comes out quiet. */
@@ -150,16 +138,6 @@ uint16_t coll__f32_to_f16(float f)
     return f32_to_f16(f);
 }
 
-float coll__bf16_to_f32(uint16_t h)
-{
-    return bf16_to_f32(h);
-}
-
-uint16_t coll__f32_to_bf16(float f)
-{
-    return f32_to_bf16(f);
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* Block conversions: f16/bf16 <-> the f32 accumulator                                         */
 /* ------------------------------------------------------------------------------------------ */
@@ -184,7 +162,7 @@ X86V3 static void f16_store_f16c(uint16_t *out, const float *restrict in, size_t
         out[j] = f32_to_f16(in[j]);
 }
 
-/* f32_to_bf16() on 16 lanes: round to nearest even in integers, quieten NaNs, pack. */
+/* bf16_from_f32() on 16 lanes: round to nearest even in integers, quieten NaNs, pack. */
 X86V3 INLINE __m256i bf16x8_bits(__m256 f)
 {
     __m256i u = _mm256_castps_si256(f);
@@ -208,7 +186,7 @@ X86V3 static void bf16_store_avx2(uint16_t *out, const float *restrict in, size_
         _mm256_storeu_si256((__m256i *)(out + j), packed);
     }
     for (; j < n; j++)
-        out[j] = f32_to_bf16(in[j]);
+        out[j] = bf16_from_f32(in[j]);
 }
 #endif
 
@@ -242,7 +220,7 @@ INLINE void half_store(uint16_t *out, const float *restrict in, size_t n, bool b
 #endif
     if (bf16) {
         for (size_t j = 0; j < n; j++)
-            out[j] = f32_to_bf16(in[j]);
+            out[j] = bf16_from_f32(in[j]);
         return;
     }
 #if HAVE_X86V3

@@ -111,6 +111,7 @@ struct config {
     const char **allow;      /* serve: every --allow, in order (room for argc of them) */
     size_t nallow;
     int quiet, verbose, help, version;
+    int allow_other_users; /* serve: --allow-other-users, given (> 0) or not */
 };
 
 enum opt_id {
@@ -341,7 +342,7 @@ static const struct rule rules[O_COUNT] = {
     [O_MAX_CONNECTIONS] = {KIND_SIZE, AT(srv.max_connections), 0, 0},
     [O_MAX_PENDING_OUTPUT] = {KIND_SIZE, AT(srv.max_pending_output), 1, 0},
     [O_ALLOW] = {KIND_LIST, AT(allow), 0, 0},
-    [O_ALLOW_OTHER_USERS] = {KIND_FLAG, AT(srv.allow_other_users), 0, 0},
+    [O_ALLOW_OTHER_USERS] = {KIND_FLAG, AT(allow_other_users), 0, 0},
     [O_MAX_CONN_OUTPUT] = {KIND_SIZE, AT(srv.max_conn_output), 1, 0},
     [O_MAX_BUFFERED] = {KIND_SIZE, AT(srv.max_buffered_bytes), 1, 0},
     [O_IDLE_TIMEOUT] = {KIND_INT, AT(srv.idle_timeout_s), 0, (long)CLI_SECONDS_MAX},
@@ -749,6 +750,7 @@ static int cmd_serve(struct config *cfg)
     cfg->srv.log_arg = &st.log_level;
     cfg->srv.allow = cfg->allow;
     cfg->srv.nallow = cfg->nallow;
+    cfg->srv.allow_other_users = cfg->allow_other_users > 0;
     char token[RDZV_TOKEN_MAX_BYTES + 1];
     if (read_token(cfg, token, sizeof(token)) < 0)
         return EXIT_USAGE;

@@ -71,7 +71,7 @@ int rdzv_env_read(rdzv_env *env)
     if (set == 0) {
         /* Not a failure, but a program that needs a job prints this account of it. */
         rdzv__client_error(NULL, 0, "%s", NO_JOB);
-        e.standalone = 1;
+        e.standalone = true;
         e.local_world_size = 1;
         *env = e;
         return 0;

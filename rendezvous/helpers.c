@@ -13,13 +13,12 @@
  */
 #include "rdzv.h"
 #include "rdzv_internal.h"
+#include "fmt.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define SHOW_RANKS 16 /* ranks named in a list; the rest are counted */
 
 int rdzv_rank_keys(const char *prefix, int n, char ***keys)
 {
@@ -85,48 +84,13 @@ int rdzv_wait_get(rdzv_client *c, const char *key, int timeout_ms, void **value,
     return rc;
 }
 
-int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap)
-{
-    if (!flags || n < 0 || !buf || cap == 0)
-        return -EINVAL;
-    size_t used = 0;
-    int count = 0;
-    buf[0] = '\0';
-    for (int r = 0; r < n; r++) {
-        if (!flags[r])
-            continue;
-        if (count++ < SHOW_RANKS && used < cap) {
-            int w = snprintf(buf + used, cap - used, "%s%d", count > 1 ? ", " : "", r);
-            used = w < 0 ? cap : used + (size_t)w;
-        }
-    }
-    if (count > SHOW_RANKS && used < cap)
-        snprintf(buf + used, cap - used, " and %d more", count - SHOW_RANKS);
-    return count;
-}
-
-int rdzv_missing_ranks(const unsigned char *missing, int n, const char *noun, const char *what,
-                       char *buf, size_t cap)
-{
-    if (!missing || n < 0 || !noun || !what || !buf || cap == 0)
-        return -EINVAL;
-    char list[SHOW_RANKS * 12 + 32];
-    int count = rdzv_rank_list(missing, n, list, sizeof list);
-    if (count == 0)
-        buf[0] = '\0';
-    else
-        snprintf(buf, cap, "%s%s %s %s (%d of %d present)", noun, count == 1 ? "" : "s", list, what,
-                 n - count, n);
-    return count;
-}
-
 /*
  * Waits for the keys, then fetches them in one MULTI_GET. After a timeout, each key is checked
  * on its own (a store need not answer MULTI_GET for missing keys: PyTorch's does not), the
  * missing ones are named in the client's last error, and one MULTI_GET fetches the rest.
  */
 static int gather(rdzv_client *c, const char *prefix, char **keys, int n, int timeout_ms,
-                  void **values, size_t *nbytes, unsigned char *missing)
+                  void **values, size_t *nbytes, bool *missing)
 {
     int rc = rdzv_wait(c, (const char *const *)keys, (size_t)n, timeout_ms);
     if (rc == 0)
@@ -134,7 +98,7 @@ static int gather(rdzv_client *c, const char *prefix, char **keys, int n, int ti
     if (rc != -ETIMEDOUT)
         return rc;
 
-    unsigned char *flags = missing ? missing : calloc((size_t)n, 1);
+    bool *flags = missing ? missing : calloc((size_t)n, sizeof *flags);
     const char **present = calloc((size_t)n, sizeof *present);
     void **pvals = calloc((size_t)n, sizeof *pvals);
     size_t *plens = calloc((size_t)n, sizeof *plens);
@@ -160,7 +124,7 @@ static int gather(rdzv_client *c, const char *prefix, char **keys, int n, int ti
     int ms = timeout_ms < 0 ? rdzv__client_timeout_ms(c) : timeout_ms;
     char what[400], msg[512];
     snprintf(what, sizeof what, "did not publish %s within %d ms", prefix, ms);
-    if (rdzv_missing_ranks(flags, n, "rank", what, msg, sizeof msg) == 0)
+    if (fmt_missing_ranks(flags, n, "rank", what, msg, sizeof msg) == 0)
         /* Everyone arrived between the wait's end and the checks: still a timeout. */
         rdzv__client_error(c, 0, "every rank published %s, but only after %d ms", prefix, ms);
     else
@@ -176,7 +140,7 @@ out:
 }
 
 int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void **values,
-                size_t *nbytes, unsigned char *missing)
+                size_t *nbytes, bool *missing)
 {
     if (!c || !prefix || n < 1 || !values || !nbytes)
         return -EINVAL;
@@ -190,7 +154,7 @@ int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void 
 
 int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, const void *value,
                    size_t nbytes, int timeout_ms, void **values, size_t *nbytes_out,
-                   unsigned char *missing)
+                   bool *missing)
 {
     if (!c || !prefix || world < 1 || rank < 0 || rank >= world || !value || nbytes == 0 ||
         !values || !nbytes_out)

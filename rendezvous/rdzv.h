@@ -11,15 +11,22 @@
  *
  * Conventions: functions that can fail return an int, >= 0 on success and a negative errno
  * value on failure (-ETIMEDOUT, -ECONNRESET, -EPROTO, -EINVAL, -ENOMEM, ...);
- * rdzv_strerror() names any of them. Out-parameters are written only on success. Memory that
- * the library allocates for the caller is released with rdzv_free(). Strings and buffers passed
- * in are borrowed for the duration of the call; the store copies what it keeps.
+ * rdzv_strerror() names any of them. Out-parameters are written only on success. Strings and
+ * buffers passed in are borrowed for the duration of the call; the store copies what it keeps.
+ * Yes-or-no values, in arguments, fields and out-arrays, are bool.
+ *
+ * Releasing: one function per kind of thing the library hands out, and each accepts NULL.
+ * Objects that hold connections (a server, a client) are released with their _close()
+ * function, rdzv_server_close() and rdzv_client_close(), which closes what they hold and frees
+ * them; memory the library allocates for the caller (values, key arrays, JSON text) is released
+ * with rdzv_free().
  *
  * The header compiles as C99 and C++.
  */
 #ifndef RDZV_H
 #define RDZV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -127,10 +134,11 @@ typedef struct rdzv_server_options {
                                  whose peers need not authenticate first; copied (NULL) */
     size_t nallow;            /* (0; at most RDZV_ALLOW_MAX); with no token but nallow > 0,
                                  peers outside them and not local are refused on connect */
-    int allow_other_users;    /* 0: refuse connections from this host owned by a user other
-                                 than the server's (and root), found with NETLINK_SOCK_DIAG
-                                 (sockets bound to a device included, with no new descriptor
-                                 needed), and those whose owner cannot be established (0) */
+    bool allow_other_users;   /* false: refuse connections from this host owned by a user
+                                 other than the server's (and root), found with
+                                 NETLINK_SOCK_DIAG (sockets bound to a device included, with no
+                                 new descriptor needed), and those whose owner cannot be
+                                 established (false) */
     size_t max_conn_output;    /* unsent reply bytes one connection may have queued; a reply or
                                   watch notification that would queue more closes it (256 MiB) */
     size_t max_buffered_bytes; /* unsent replies and partly received requests of all
@@ -220,25 +228,22 @@ int rdzv_token_read_file(const char *path, char *buf, size_t cap);
  */
 int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server **out);
 
-/*
- * Starts closing a server made by rdzv_server_create(): stops listening, closes every client
- * connection and frees the server once libuv has closed its handles (run the loop until then).
- * NULL is a no-op. Call on the loop thread.
- */
-void rdzv_server_close(rdzv_server *srv);
 
 /*
  * Creates a server that runs on a loop and thread of its own. Binding happens before this
  * returns, so errors are reported here (same codes as rdzv_server_create(), plus errors from
- * thread creation). Stop and free it with rdzv_server_stop().
+ * thread creation).
  */
 int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out);
 
 /*
- * Stops a server made by rdzv_server_start(): closes all connections, joins the thread and
- * frees everything. NULL is a no-op. Call from any thread but the server's own.
+ * Closes and frees a server. One made by rdzv_server_create() starts closing: it stops
+ * listening, closes every client connection and is freed once libuv has closed its handles
+ * (run the loop until then); call on the loop thread, and at most once. One made by
+ * rdzv_server_start() is stopped: every connection closed, its thread joined and everything
+ * freed before the call returns; call from any thread but the server's own. NULL is a no-op.
  */
-void rdzv_server_stop(rdzv_server *srv);
+void rdzv_server_close(rdzv_server *srv);
 
 /*
  * Deletes every key (value and queue) whose name does not start with `keep_prefix` (NULL or "":
@@ -497,15 +502,15 @@ int rdzv_wait_get(rdzv_client *c, const char *key, int timeout_ms, void **value,
  *
  * timeout_ms bounds the wait for the other ranks (< 0: the client's timeout). On -ETIMEDOUT
  * rdzv_client_last_error(c) names the missing ranks ("ranks 3, 5 did not publish <prefix>
- * within 2000 ms (6 of 8 present)", built by rdzv_missing_ranks()) and, if `missing` is not NULL
- * (an array of `world` entries), missing[i] is set to 1 for each rank that had not published
- * and to 0 for the others (the one exception to "out-parameters only on success"). Returns 0,
+ * within 2000 ms (6 of 8 present)") and, if `missing` is not NULL
+ * (an array of `world` entries), missing[i] is set to true for each rank that had not published
+ * and to false for the others (the one exception to "out-parameters only on success"). Returns 0,
  * -EINVAL (NULL argument, world < 1, rank outside [0, world), nbytes == 0), -ENOMEM,
  * -ETIMEDOUT, or another negative errno from the store.
  */
 int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, const void *value,
                    size_t nbytes, int timeout_ms, void **values, size_t *nbytes_out,
-                   unsigned char *missing);
+                   bool *missing);
 
 /*
  * The gathering half of rdzv_allgather(), for ranks that published under "<prefix>/<rank>"
@@ -520,29 +525,7 @@ int rdzv_allgather(rdzv_client *c, const char *prefix, int rank, int world, cons
  * is allocated).
  */
 int rdzv_gather(rdzv_client *c, const char *prefix, int n, int timeout_ms, void **values,
-                size_t *nbytes, unsigned char *missing);
-
-/*
- * Writes the ranks i with flags[i] != 0 (i < n) into buf as "1, 3, 5", the first 16 of them,
- * then " and K more": the one way the project names a set of ranks in a message. buf always
- * receives a NUL-terminated string (cut to cap). Returns how many flags are set, or -EINVAL.
- * Pure; thread-safe.
- */
-int rdzv_rank_list(const unsigned char *flags, int n, char *buf, size_t cap);
-
-/*
- * Writes the one sentence the project gives for ranks that did not arrive in time into buf:
- * "<noun>s <list> <what> (<k> of <n> present)", with the ranks i < n that have missing[i] != 0
- * listed as rdzv_rank_list() does, the noun singular for one rank, and k the ranks present. For
- * example noun "rank" and what "did not publish /job/x within 300 ms" give "ranks 1, 3 did not
- * publish /job/x within 300 ms (3 of 5 present)"; noun "node rank" and what "did not show up
- * within 0.5 s" give "node rank 2 did not show up within 0.5 s (3 of 4 present)". With no rank
- * missing buf receives "". `noun` and `what` are borrowed; buf always receives a NUL-terminated
- * string (cut to cap). Returns how many ranks are missing, or -EINVAL (NULL argument, n < 0,
- * cap == 0). Pure; thread-safe.
- */
-int rdzv_missing_ranks(const unsigned char *missing, int n, const char *noun, const char *what,
-                       char *buf, size_t cap);
+                size_t *nbytes, bool *missing);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The torchrun environment                                                                    */
@@ -561,7 +544,7 @@ typedef struct rdzv_env {
     char master_addr[256]; /* MASTER_ADDR */
     int master_port;       /* MASTER_PORT */
     char run_id[128];      /* TORCHELASTIC_RUN_ID ("none" when unset) */
-    int standalone;        /* 1: none of RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT was set and
+    bool standalone;       /* none of RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT was set and
                               the fields describe a job of one (rank 0 of 1, no store address) */
     char token[RDZV_TOKEN_MAX_BYTES + 1]; /* RDZV_TOKEN_ENV (DDPRUN_STORE_TOKEN): the job's
                               secret, which ddprun gives its workers; "" when unset */
@@ -569,7 +552,7 @@ typedef struct rdzv_env {
 
 /*
  * Reads the torchrun environment into *env. RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are
- * required together; with none of them set the call succeeds with env->standalone = 1 (a job
+ * required together; with none of them set the call succeeds with env->standalone true (a job
  * of one) and leaves in rdzv_client_last_error(NULL) the sentence a program that needs a job
  * prints as it is: "none of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT is set (run under
  * ddprun or torchrun)". Integers must be decimal, in range (0 <= RANK < WORLD_SIZE,

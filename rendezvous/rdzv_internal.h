@@ -1,15 +1,12 @@
 /*
  * Internals shared across librendezvous's files (rdzv__ prefix), not exported from the shared
  * library: what the store helpers and the environment reader (helpers.c, env.c) need of the
- * client (client.c), whose struct stays private to client.c.
+ * client (client.c, connect.c), whose struct stays private to those two files (client.h).
  */
 #ifndef RDZV_INTERNAL_H
 #define RDZV_INTERNAL_H
 
 #include "rdzv.h"
-
-#include <stdio.h>
-#include <string.h>
 
 /*
  * Replaces the account rdzv_client_last_error() gives: the client's own (c != NULL) or the
@@ -27,15 +24,5 @@ int rdzv__client_timeout_ms(const rdzv_client *c);
  * its first key, with the client's prefix. Owned by the client, valid until its next call.
  */
 const char *rdzv__client_what(const rdzv_client *c);
-
-/*
- * Writes "host:port" into dst (cap bytes, truncated, NUL-terminated) for messages, bracketing an
- * IPv6 literal: "[::1]:29500". Inline, so that ddprun (linked to the shared library, which
- * exports no rdzv__ symbol) has it too.
- */
-static inline void rdzv__format_endpoint(char *dst, size_t cap, const char *host, int port)
-{
-    snprintf(dst, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
-}
 
 #endif /* RDZV_INTERNAL_H */

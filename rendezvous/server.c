@@ -36,6 +36,7 @@
  * that rdzv_server_status() may be called from other threads.
  */
 #include "auth.h"
+#include "listen.h"
 #include "rdzv.h"
 #include "store.h"
 
@@ -44,17 +45,13 @@
 #include <limits.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
@@ -79,11 +76,11 @@ typedef struct client {
     rdzv__conn conn;
     rdzv__parser parser;
     rdzv__buf pend; /* bytes of an incomplete frame */
-    struct client *prev, *next;
+    queue node;     /* in srv->clients */
     bool reading, closing;
     bool probation;       /* from an address not (yet) of the job: may only authenticate */
     uint64_t accepted_ms; /* uv_now() at the accept: the probation deadline counts from it */
-    struct client *pprev, *pnext; /* on probation: the FIFO srv->prob_head..prob_tail */
+    queue prob_node;      /* on probation: in srv->probation, oldest first */
     source *src;                  /* on probation: its address's count */
     rdzv__auth_conn auth; /* the handshake's state; auth.state == RDZV_AUTH_DONE: authenticated */
     bool awaiting;             /* the last parse stopped inside a frame: waiting on the peer */
@@ -124,7 +121,7 @@ struct rdzv_server {
     size_t nconns;
     uint64_t accepted, rejected, closed_bad_input;
     uint64_t gens[3]; /* connections by detected generation */
-    client *clients;
+    queue clients;    /* client (node) */
 
     /* access control (auth.h) */
     char *token;         /* owned; NULL: no authentication */
@@ -134,7 +131,7 @@ struct rdzv_server {
     rdzv__peercred cred; /* the kernel queries of the other-user rule, descriptors kept open */
     uint64_t authenticated, auth_failed, refused_address, refused_user, refused_private;
     uint64_t refused_owner;        /* from this host, owner unknown: refused (fail closed) */
-    client *prob_head, *prob_tail; /* connections on probation, oldest first */
+    queue probation;               /* client (prob_node) on probation, oldest first */
     size_t nprobation, max_probation;
     source *sources[SOURCE_BUCKETS]; /* probation connections by address */
     uint64_t auth_timeouts;          /* probation connections closed for auth_timeout_s */
@@ -180,33 +177,6 @@ static void logf_(rdzv_server *srv, int level, const char *fmt, ...)
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
     srv->opts.log(srv->opts.log_arg, level, line);
-}
-
-void rdzv_server_options_init(rdzv_server_options *o)
-{
-    memset(o, 0, sizeof(*o));
-    o->host = "127.0.0.1";
-    o->port = 0;
-    o->listen_fd = -1;
-    o->backlog = SOMAXCONN;
-    o->keepalive_s = 60;
-    o->max_key_bytes = 8 << 10;
-    o->max_value_bytes = 8 << 20;
-    o->max_keys_per_request = 128 << 10;
-    o->max_request_bytes = 64 << 20;
-    o->max_total_bytes = (size_t)1 << 30;
-    o->max_connections = 0;
-    o->max_pending_output = 64 << 20;
-    o->max_conn_output = 256 << 20;
-    o->max_buffered_bytes = (size_t)1 << 30;
-    o->fd_reserve = 64;
-    o->idle_timeout_s = 0;
-    o->request_timeout_s = 60;
-    o->max_private_bytes = 128 << 20;
-    o->max_list_keys = 128 << 10;
-    o->auth_timeout_s = 10;
-    o->max_probation = 0;
-    o->max_probation_per_address = 8;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -306,15 +276,17 @@ static bool probation_begin(client *c, const struct sockaddr *sa)
     s->n++;
     c->src = s;
     c->probation = true;
-    c->pnext = NULL;
-    c->pprev = srv->prob_tail;
-    if (srv->prob_tail)
-        srv->prob_tail->pnext = c;
-    else
-        srv->prob_head = c;
-    srv->prob_tail = c;
+    queue_insert_tail(&srv->probation, &c->prob_node);
     srv->nprobation++;
     return true;
+}
+
+/* The connection on probation the longest, or NULL. */
+static client *oldest_on_probation(rdzv_server *srv)
+{
+    return queue_empty(&srv->probation)
+               ? NULL
+               : queue_data(queue_head(&srv->probation), client, prob_node);
 }
 
 /* Takes `c` off probation (it authenticated, or it closes). */
@@ -324,15 +296,7 @@ static void probation_end(client *c)
     if (!c->probation)
         return;
     c->probation = false;
-    if (c->pprev)
-        c->pprev->pnext = c->pnext;
-    else
-        srv->prob_head = c->pnext;
-    if (c->pnext)
-        c->pnext->pprev = c->pprev;
-    else
-        srv->prob_tail = c->pprev;
-    c->pprev = c->pnext = NULL;
+    queue_remove(&c->prob_node);
     srv->nprobation--;
     if (--c->src->n == 0) {
         source **p = &srv->sources[source_bucket(c->src->key)];
@@ -358,7 +322,7 @@ static void sweeper_cb(uv_idle_t *h)
 /* Starts the sweeper if the store has something for it (on the loop thread, lock held). */
 static void start_sweeper(rdzv_server *srv)
 {
-    if (!srv->closing && (srv->store.nstale > 0 || srv->store.dead))
+    if (!srv->closing && (srv->store.nstale > 0 || !queue_empty(&srv->store.dead)))
         uv_idle_start(&srv->sweeper, sweeper_cb);
 }
 
@@ -377,12 +341,7 @@ static void client_close(client *c, const char *why)
         srv->opts.on_close(srv->opts.on_close_arg, c->addr, c->port);
     rdzv__conn_release(&srv->store, &c->conn);
     start_sweeper(srv);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        srv->clients = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    queue_remove(&c->node);
     srv->nconns--;
     uv_close((uv_handle_t *)&c->tcp, client_closed);
 }
@@ -927,11 +886,12 @@ static bool shed_one(rdzv_server *srv, int err)
  */
 static bool evict_stranger(rdzv_server *srv, const char *what)
 {
-    if (!srv->prob_head)
+    client *oldest = oldest_on_probation(srv);
+    if (!oldest)
         return false;
     char why[200];
     snprintf(why, sizeof(why), "not authenticated, closed to make room for %s", what);
-    refuse(srv->prob_head, &srv->probation_shed, why);
+    refuse(oldest, &srv->probation_shed, why);
     return true;
 }
 
@@ -965,10 +925,7 @@ static void admit(rdzv_server *srv, int fd, const struct sockaddr *peer)
     c->tcp.data = c;
     srv->open_handles++;
     /* Link first so that client_close() can unlink on every path below. */
-    c->next = srv->clients;
-    if (srv->clients)
-        srv->clients->prev = c;
-    srv->clients = c;
+    queue_insert_head(&srv->clients, &c->node);
     srv->nconns++;
 
     int rc = uv_tcp_open(&c->tcp, fd);
@@ -1062,15 +1019,16 @@ static void sweep_cb(uv_timer_t *t)
     lock(srv);
     uint64_t now = uv_now(srv->loop);
     uint64_t auth_ms = (uint64_t)srv->opts.auth_timeout_s * 1000;
-    while (auth_ms && srv->prob_head && now - srv->prob_head->accepted_ms >= auth_ms) {
+    for (client *c; auth_ms && (c = oldest_on_probation(srv)) && now - c->accepted_ms >= auth_ms;) {
         snprintf(why, sizeof(why), "did not authenticate within %d s (auth_timeout_s)",
                  srv->opts.auth_timeout_s);
-        refuse(srv->prob_head, &srv->auth_timeouts, why);
+        refuse(c, &srv->auth_timeouts, why);
     }
     uint64_t req_ms = (uint64_t)srv->opts.request_timeout_s * 1000;
     uint64_t idle_ms = (uint64_t)srv->opts.idle_timeout_s * 1000;
-    for (client *c = srv->clients, *next; c; c = next) {
-        next = c->next;
+    queue *q, *next;
+    queue_foreach_safe(q, next, &srv->clients) {
+        client *c = queue_data(q, client, node);
         if (req_ms && c->partial_since_ms && elapsed_ms(now, c->partial_since_ms) >= req_ms) {
             snprintf(why, sizeof(why), "request incomplete for %d s (request_timeout_s)",
                      srv->opts.request_timeout_s);
@@ -1123,8 +1081,10 @@ static char *status_json(rdzv_server *srv)
     if (!o)
         return NULL;
     size_t queued = 0; /* reply bytes not yet sent, over all connections */
-    for (client *c = srv->clients; c; c = c->next)
-        queued += c->conn.out_held;
+    queue *q;
+    queue_foreach(q, &srv->clients) {
+        queued += queue_data(q, client, node)->conn.out_held;
+    }
     json_object_set_new(o, "output_queued_bytes", json_integer((json_int_t)queued));
     json_object_set_new(
         o, "security",
@@ -1260,110 +1220,6 @@ static void listener_closed(uv_handle_t *h)
     handle_closed(h);
 }
 
-static int check_options(const rdzv_server_options *o)
-{
-    if (!o || (!o->host && o->listen_fd < 0) || o->port < 0 || o->port > 65535 || o->backlog < 1 ||
-        o->keepalive_s < 0 || o->keepalive_s > RDZV_KEEPALIVE_MAX_S || o->max_key_bytes < 1 ||
-        o->max_key_bytes > RDZV_KEY_BYTES_MAX || o->max_value_bytes < 1 ||
-        o->max_keys_per_request < 1 || o->max_pending_output < 1 ||
-        o->max_request_bytes < RDZV_REQUEST_BYTES_MIN ||
-        o->max_request_bytes > RDZV_REQUEST_BYTES_MAX ||
-        o->max_conn_output < 1 || o->max_buffered_bytes < 1 || o->idle_timeout_s < 0 ||
-        o->max_private_bytes < 1 || o->max_list_keys < 1 ||
-        o->request_timeout_s < 0 || o->idle_timeout_s > INT_MAX / 1000 ||
-        o->request_timeout_s > INT_MAX / 1000 || (o->token && rdzv_token_check(o->token) < 0) ||
-        (o->nallow > 0 && !o->allow) || o->nallow > RDZV_ALLOW_MAX)
-        return -EINVAL;
-    if (o->auth_timeout_s < 0 || o->auth_timeout_s > INT_MAX / 1000)
-        return -EINVAL;
-    return 0;
-}
-
-/* Resolves host:port into *ss: numeric IPv4/IPv6 literals directly, names by getaddrinfo. */
-static int resolve(const char *host, int port, struct sockaddr_storage *ss)
-{
-    memset(ss, 0, sizeof(*ss));
-    if (uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0)
-        return 0;
-    if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0)
-        return 0;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
-                             .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE},
-                    *res;
-    if (getaddrinfo(host, NULL, &hints, &res) != 0)
-        return -EADDRNOTAVAIL;
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    if (ss->ss_family == AF_INET6)
-        ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
-    else
-        ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
-    freeaddrinfo(res);
-    return 0;
-}
-
-static int set_int_opt(int fd, int level, int name, int value)
-{
-    return setsockopt(fd, level, name, &value, sizeof(value)) < 0 ? -errno : 0;
-}
-
-/*
- * Makes the listening socket with plain socket calls, before any libuv handle exists, so that
- * every way setting up the socket can fail (address in use, not local, not permitted, not a
- * socket) leaves the caller's loop untouched. *fd is opts->listen_fd (adopted) or -1 (bind
- * host:port); on return it holds the socket, which is the caller's to close on any failure.
- * The system calls are those uv_tcp_bind(), uv_tcp_nodelay(), uv_tcp_keepalive() (with its
- * probe interval of 1 s and count of 10) and uv_listen() make, in their order. TCP_NODELAY and
- * keepalive are set on the listener because Linux copies them to each accepted socket (see
- * accept_one()). Returns 0 and sets *port, or a negative errno.
- */
-static int listen_socket(const rdzv_server_options *o, int *fd, int *port)
-{
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    int rc = 0;
-
-    if (*fd < 0) {
-        rc = resolve(o->host, o->port, &ss);
-        if (rc < 0)
-            return rc;
-        *fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (*fd < 0 && errno == EAFNOSUPPORT && strcmp(o->host, "::") == 0) {
-            /* The IPv6 wildcard on a host without IPv6: IPv4's wildcard is what is left. */
-            resolve("0.0.0.0", o->port, &ss);
-            *fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        }
-        if (*fd < 0)
-            return -errno;
-        rc = set_int_opt(*fd, SOL_SOCKET, SO_REUSEADDR, 1);
-        if (rc == 0 && ss.ss_family == AF_INET6)
-            rc = set_int_opt(*fd, IPPROTO_IPV6, IPV6_V6ONLY, 0);
-        sl = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-        if (rc == 0 && bind(*fd, (const struct sockaddr *)&ss, sl) < 0)
-            rc = -errno;
-    }
-    if (rc == 0)
-        rc = set_int_opt(*fd, IPPROTO_TCP, TCP_NODELAY, 1);
-    if (rc == 0)
-        rc = set_int_opt(*fd, SOL_SOCKET, SO_KEEPALIVE, o->keepalive_s > 0);
-    if (rc == 0 && o->keepalive_s > 0) {
-        rc = set_int_opt(*fd, IPPROTO_TCP, TCP_KEEPIDLE, o->keepalive_s);
-        if (rc == 0)
-            rc = set_int_opt(*fd, IPPROTO_TCP, TCP_KEEPINTVL, 1);
-        if (rc == 0)
-            rc = set_int_opt(*fd, IPPROTO_TCP, TCP_KEEPCNT, 10);
-    }
-    if (rc == 0 && listen(*fd, o->backlog) < 0)
-        rc = -errno;
-    sl = sizeof(ss);
-    if (rc == 0 && getsockname(*fd, (struct sockaddr *)&ss, &sl) < 0)
-        rc = -errno;
-    if (rc == 0)
-        *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                               : ((struct sockaddr_in *)&ss)->sin_port);
-    return rc;
-}
-
 /*
  * Releases what server_init() built before it failed, without running the caller's loop.
  * Before the listener handle exists this is plain freeing. Once it exists (only libuv's own
@@ -1389,36 +1245,6 @@ static void server_discard(rdzv_server *srv)
     server_free(srv);
 }
 
-/* Counts the descriptors this process has open now (/proc/self/fd); 0 if it cannot tell. */
-static size_t open_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    size_t n = 0;
-    if (!d)
-        return 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n > 0 ? n - 1 : 0; /* less opendir()'s own */
-}
-
-/*
- * max_connections 0: what the descriptor limit leaves once the descriptors open now, 16 for the
- * server itself (its loop, the listener, the spare, timers) and the host program's reserve are
- * set aside; at least 1. Each connection takes one descriptor.
- */
-static size_t derive_max_connections(size_t reserve)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
-        rl.rlim_cur > (rlim_t)1 << 24)
-        rl.rlim_cur = (rlim_t)1 << 24;
-    size_t have = (size_t)rl.rlim_cur, taken = open_fds() + 16;
-    if (reserve >= have || taken >= have - reserve)
-        return 1;
-    return have - reserve - taken;
-}
-
 /*
  * Builds a server: on `loop` (embedded), or on a loop of its own (threaded). The socket is set
  * up in full before the listener handle is made, so that nearly every failure leaves nothing on
@@ -1431,13 +1257,16 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     int fd = opts ? opts->listen_fd : -1;
     int rc = 0;
 
-    if ((!threaded && !loop) || !out || check_options(opts) < 0) {
+    if ((!threaded && !loop) || !out || rdzv__server_check_options(opts) < 0) {
         rc = -EINVAL;
         goto out;
     }
     srv = calloc(1, sizeof(*srv));
-    if (srv)
+    if (srv) {
         srv->listen_fd = srv->spare_fd = -1;
+        queue_init(&srv->clients);
+        queue_init(&srv->probation);
+    }
     if (!srv || (opts->host && !(srv->host = strdup(opts->host)))) {
         rc = -ENOMEM;
         goto out;
@@ -1464,7 +1293,7 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
                                  opts->max_keys_per_request, opts->max_request_bytes};
     if ((rc = rdzv__store_init(&srv->store, opts->max_total_bytes)) < 0)
         goto out;
-    if ((rc = listen_socket(opts, &fd, &srv->port)) < 0)
+    if ((rc = rdzv__listen_socket(opts, &fd, &srv->port)) < 0)
         goto out;
     if (threaded) {
         if ((rc = uv_mutex_init(&srv->lock)) < 0)
@@ -1489,8 +1318,8 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
                   "connections from this host are refused until they open",
                   rdzv_strerror(prc));
     }
-    srv->max_connections =
-        opts->max_connections ? opts->max_connections : derive_max_connections(opts->fd_reserve);
+    srv->max_connections = opts->max_connections ? opts->max_connections
+                                                 : rdzv__derive_max_connections(opts->fd_reserve);
     srv->max_probation = opts->max_probation ? opts->max_probation : srv->max_connections / 2;
     if (srv->max_probation > srv->max_connections)
         srv->max_probation = srv->max_connections;
@@ -1572,8 +1401,8 @@ int rdzv_server_create(void *loop, const rdzv_server_options *opts, rdzv_server 
 static void begin_close(rdzv_server *srv)
 {
     srv->closing = true;
-    while (srv->clients)
-        client_close(srv->clients, NULL);
+    while (!queue_empty(&srv->clients))
+        client_close(queue_data(queue_head(&srv->clients), client, node), NULL);
     uv_close((uv_handle_t *)&srv->listener, listener_closed);
     uv_close((uv_handle_t *)&srv->sweep, handle_closed);
     uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
@@ -1581,12 +1410,6 @@ static void begin_close(rdzv_server *srv)
     uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
 }
 
-void rdzv_server_close(rdzv_server *srv)
-{
-    if (!srv || srv->closing)
-        return;
-    begin_close(srv);
-}
 
 static void stop_cb(uv_async_t *a)
 {
@@ -1632,11 +1455,15 @@ int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out)
     return 0;
 }
 
-void rdzv_server_stop(rdzv_server *srv)
+void rdzv_server_close(rdzv_server *srv)
 {
     if (!srv)
         return;
-    uv_async_send(&srv->stop_async);
-    uv_thread_join(&srv->thread);
-    server_free(srv);
+    if (srv->threaded) {
+        uv_async_send(&srv->stop_async);
+        uv_thread_join(&srv->thread);
+        server_free(srv);
+    } else if (!srv->closing) {
+        begin_close(srv);
+    }
 }

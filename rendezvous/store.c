@@ -35,7 +35,7 @@
  *    caps go on bounding what the process holds; a request that needs their room sweeps first
  *    (room()). `nstale` counts the stale names; find() never returns one.
  *
- * No I/O here: replies are appended to the connections' output buffers.
+ * No I/O here: replies are appended to the connections' output buffers (rdzv__buf, buf.c).
  */
 #include "store.h"
 
@@ -48,19 +48,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <time.h>
 
 typedef struct rdzv__wnode {
     rdzv__entry *e; /* NULL once fired */
-    struct rdzv__wnode *eprev, *enext;
+    queue enode;    /* in e->waiters */
     rdzv__wait *w;
 } rdzv__wnode;
 
 struct rdzv__wait {
     rdzv__peer *peer;
-    rdzv__wait *prev, *next; /* in the peer's list */
+    queue pnode;             /* in the peer's waits */
     int64_t threshold;       /* BARRIER: released once the key's counter reaches this; 0: a WAIT */
     bool priv;               /* charged to the private pool: it names a private key */
     size_t remaining;        /* nodes not fired yet */
@@ -72,7 +71,7 @@ struct rdzv__wait {
 struct rdzv__watch {
     rdzv__peer *peer;
     rdzv__entry *e;
-    rdzv__watch *eprev, *enext; /* in the entry's list */
+    queue enode;                /* in the entry's watchers */
     rdzv__watch *cnext;         /* in the peer's list */
 };
 
@@ -80,16 +79,16 @@ struct rdzv__watch {
  * What a connection's WAITs (or, in a second one, its watches) name it by, so that a closing
  * connection, or a CANCEL_WAIT, lets go of all of them in O(1): the peer loses its connection
  * ("dies") and goes on the store's dead list, and the sweep frees its records a bounded slice
- * at a time (releasing a connection with 5M waiter nodes at once held the server 0.65 s).
+ * at a time (releasing a connection with 5M waiter nodes at once would hold the server 0.65 s).
  * Until then a dead WAIT is answered to nobody and takes no queue item, a dead watch is told
  * nothing, and both stay counted in memory.
  */
 struct rdzv__peer {
     rdzv__conn *conn; /* NULL: dead */
-    rdzv__wait *waits;
-    rdzv__watch *watches;
-    size_t count;            /* its waiter nodes not fired yet, or its watches */
-    rdzv__peer *prev, *next; /* on the dead list */
+    queue waits;      /* its rdzv__wait records */
+    rdzv__watch *watches; /* its watches, through cnext */
+    size_t count;         /* its waiter nodes not fired yet, or its watches */
+    queue dead_node;      /* on the store's dead list */
 };
 
 typedef struct rdzv__qitem {
@@ -108,10 +107,10 @@ struct rdzv__entry {
     uint8_t pool; /* RDZV__POOL_*, by the name's root */
     uint32_t gen; /* its pool's generation when last current; an older one: stale (it would
                      take 2^32 clears before the sweep reaches it to wrap) */
-    rdzv__wnode *waiters, *waiters_tail;
+    queue waiters; /* rdzv__wnode, in arrival order */
     rdzv__qitem *qhead, *qtail;
     size_t qlen;
-    rdzv__watch *watchers;
+    queue watchers; /* rdzv__watch */
     size_t klen;
     uint8_t key[];
 };
@@ -202,159 +201,6 @@ static void mem_credit(rdzv__store *s, bool priv, size_t n)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Buffers                                                                                  */
-/* ---------------------------------------------------------------------------------------- */
-
-/*
- * Buffers of RDZV__BUF_MAP_BYTES and more are pages of their own (mmap), grown with mremap and
- * given back with munmap: their capacity beyond what was written costs no memory, and freeing
- * them returns the memory at once. From the allocator, a reply buffer's doubling, and the
- * chunks it frees and keeps, made the server's resident size 2 to 3 times what its buffer caps
- * count.
- *
- * Mapping and unmapping each large request and reply costs page faults (a round trip of 1 MiB
- * took up to 9 times as long, 32 connections doing so 4 times), so each thread keeps freed
- * mappings, up to spare_limit bytes (rdzv__buf_spares_limit()), for the next large buffers:
- * that much may stay resident beyond what the caps count. Sent pages are not given back
- * early (madvise) for the same reason: a reused buffer would fault them in again.
- */
-#define PAGE_ROUND(n) (((n) + 4095) & ~(size_t)4095)
-#define SPARE_SLOTS 32
-
-static _Thread_local struct spare {
-    uint8_t *p; /* NULL: a free slot */
-    size_t cap;
-} spares[SPARE_SLOTS];
-static _Thread_local size_t spare_bytes, spare_limit = 8 << 20;
-
-/* Takes the smallest spare mapping of at least `cap` bytes (setting *got to its size), or
- * returns NULL. */
-static uint8_t *spare_take(size_t cap, size_t *got)
-{
-    struct spare *best = NULL;
-    for (int i = 0; i < SPARE_SLOTS; i++)
-        if (spares[i].p && spares[i].cap >= cap && (!best || spares[i].cap < best->cap))
-            best = &spares[i];
-    if (!best)
-        return NULL;
-    uint8_t *p = best->p;
-    *got = best->cap;
-    spare_bytes -= best->cap;
-    best->p = NULL;
-    return p;
-}
-
-/* Keeps a freed mapping as a spare while there is room, else unmaps it. */
-static void spare_give(uint8_t *p, size_t cap)
-{
-    if (spare_bytes <= spare_limit && cap <= spare_limit - spare_bytes)
-        for (int i = 0; i < SPARE_SLOTS; i++)
-            if (!spares[i].p) {
-                spares[i] = (struct spare){p, cap};
-                spare_bytes += cap;
-                return;
-            }
-    munmap(p, cap);
-}
-
-void rdzv__buf_spares_limit(size_t nbytes)
-{
-    spare_limit = nbytes;
-    if (spare_bytes > nbytes)
-        rdzv__buf_spares_free();
-}
-
-void rdzv__buf_spares_free(void)
-{
-    for (int i = 0; i < SPARE_SLOTS; i++)
-        if (spares[i].p) {
-            munmap(spares[i].p, spares[i].cap);
-            spares[i].p = NULL;
-        }
-    spare_bytes = 0;
-}
-
-/* Moves b to a capacity of at least `cap` bytes. Returns 0 or -ENOMEM (b unchanged). */
-static int buf_resize(rdzv__buf *b, size_t cap)
-{
-    uint8_t *d;
-    if (cap >= RDZV__BUF_MAP_BYTES) {
-        cap = PAGE_ROUND(cap);
-        if (cap > b->cap && (d = spare_take(cap, &cap))) {
-            if (b->len)
-                memcpy(d, b->data, b->len);
-        } else {
-            d = b->mapped ? mremap(b->data, b->cap, cap, MREMAP_MAYMOVE)
-                          : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                                 -1, 0);
-            if (d == MAP_FAILED)
-                return -ENOMEM;
-            if (b->mapped) { /* moved or resized in place: nothing left to free */
-                b->data = d;
-                b->cap = cap;
-                return 0;
-            }
-            if (b->len)
-                memcpy(d, b->data, b->len);
-        }
-        if (b->mapped)
-            spare_give(b->data, b->cap);
-        else
-            free(b->data);
-        b->mapped = true;
-    } else {
-        if (b->mapped) /* shrinking below the mapped sizes: keep the pages */
-            return 0;
-        if (!(d = realloc(b->data, cap)))
-            return -ENOMEM;
-    }
-    b->data = d;
-    b->cap = cap;
-    return 0;
-}
-
-int rdzv__buf_reserve(rdzv__buf *b, size_t extra)
-{
-    if (b->cap - b->len >= extra)
-        return 0;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap - b->len < extra) {
-        if (cap > SIZE_MAX / 2)
-            return -ENOMEM;
-        cap *= 2;
-    }
-    return buf_resize(b, cap);
-}
-
-void rdzv__buf_fit(rdzv__buf *b)
-{
-    if (b->mapped && PAGE_ROUND(b->len) < b->cap && b->len >= RDZV__BUF_MAP_BYTES)
-        buf_resize(b, b->len); /* a failure keeps the larger mapping: still correct */
-}
-
-int rdzv__buf_append(rdzv__buf *b, const void *p, size_t n)
-{
-    int rc = rdzv__buf_reserve(b, n);
-    if (rc < 0)
-        return rc;
-    if (n)
-        memcpy(b->data + b->len, p, n);
-    b->len += n;
-    return 0;
-}
-
-void rdzv__buf_free(rdzv__buf *b)
-{
-    if (b->mapped)
-        spare_give(b->data, b->cap);
-    else
-        free(b->data);
-    b->mapped = false;
-    b->data = NULL;
-    b->len = b->cap = 0;
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* Replies                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -363,23 +209,16 @@ static void mark_dirty(rdzv__store *s, rdzv__conn *c)
     if (c->dirty)
         return;
     c->dirty = true;
-    c->dirty_prev = NULL;
-    c->dirty_next = s->dirty;
-    if (s->dirty)
-        s->dirty->dirty_prev = c;
-    s->dirty = c;
+    queue_insert_head(&s->dirty, &c->dirty_node);
 }
 
 rdzv__conn *rdzv__store_pop_dirty(rdzv__store *s)
 {
-    rdzv__conn *c = s->dirty;
-    if (!c)
+    if (queue_empty(&s->dirty))
         return NULL;
-    s->dirty = c->dirty_next;
-    if (s->dirty)
-        s->dirty->dirty_prev = NULL;
+    rdzv__conn *c = queue_data(queue_head(&s->dirty), rdzv__conn, dirty_node);
+    queue_remove(&c->dirty_node);
     c->dirty = false;
-    c->dirty_next = c->dirty_prev = NULL;
     return c;
 }
 
@@ -399,25 +238,15 @@ static void held_link(rdzv__store *s, rdzv__conn *c)
     if (c->holding)
         return;
     c->holding = true;
-    c->held_prev = NULL;
-    c->held_next = s->holders;
-    if (s->holders)
-        s->holders->held_prev = c;
-    s->holders = c;
+    queue_insert_head(&s->holders, &c->held_node);
 }
 
-static void held_unlink(rdzv__store *s, rdzv__conn *c)
+static void held_unlink(rdzv__conn *c)
 {
     if (!c->holding)
         return;
-    if (c->held_prev)
-        c->held_prev->held_next = c->held_next;
-    else
-        s->holders = c->held_next;
-    if (c->held_next)
-        c->held_next->held_prev = c->held_prev;
+    queue_remove(&c->held_node);
     c->holding = false;
-    c->held_prev = c->held_next = NULL;
 }
 
 /* Writes off everything `c` holds (it is failing or closing) and frees its unsent replies. */
@@ -425,7 +254,7 @@ static void drop_held(rdzv__store *s, rdzv__conn *c)
 {
     s->buffered -= c->out_held + c->in_held;
     c->out_held = c->in_held = 0;
-    held_unlink(s, c);
+    held_unlink(c);
     rdzv__buf_free(&c->out);
 }
 
@@ -449,9 +278,12 @@ static int make_room(rdzv__store *s, rdzv__conn *c, size_t n, bool in)
     while (n > s->max_buffered || s->buffered > s->max_buffered - n) {
         size_t mine = c->out_held + c->in_held + n;
         rdzv__conn *worst = NULL;
-        for (rdzv__conn *h = s->holders; h; h = h->held_next)
+        queue *q;
+        queue_foreach(q, &s->holders) {
+            rdzv__conn *h = queue_data(q, rdzv__conn, held_node);
             if (h != c && (!worst || h->out_held + h->in_held > worst->out_held + worst->in_held))
                 worst = h;
+        }
         if (!worst || worst->out_held + worst->in_held <= mine) {
             fail_conn(s, c, -ENOBUFS, why_buffered);
             drop_held(s, c);
@@ -483,7 +315,7 @@ void rdzv__conn_sent(rdzv__store *s, rdzv__conn *c, size_t n)
     c->out_held -= n;
     s->buffered -= n;
     if (c->out_held == 0 && c->in_held == 0)
-        held_unlink(s, c);
+        held_unlink(c);
 }
 
 int rdzv__conn_hold_input(rdzv__store *s, rdzv__conn *c, size_t n)
@@ -499,7 +331,7 @@ int rdzv__conn_hold_input(rdzv__store *s, rdzv__conn *c, size_t n)
     }
     c->in_held = n;
     if (c->out_held == 0 && c->in_held == 0)
-        held_unlink(s, c);
+        held_unlink(c);
     return 0;
 }
 
@@ -698,6 +530,8 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
     }
     e->hash = h;
     e->priv = priv;
+    queue_init(&e->waiters);
+    queue_init(&e->watchers);
     e->pool = pool_of(key, klen);
     e->gen = s->gens[e->pool];
     e->klen = klen;
@@ -718,7 +552,8 @@ static rdzv__entry *get_or_create(rdzv__store *s, const uint8_t *key, size_t kle
 /* Frees `e` if nothing refers to it any more; returns true if it did. */
 static bool maybe_free(rdzv__store *s, rdzv__entry *e)
 {
-    if (e->present || e->qlen || e->waiters || e->watchers || e == s->pinned)
+    if (e->present || e->qlen || !queue_empty(&e->waiters) || !queue_empty(&e->watchers) ||
+        e == s->pinned)
         return false;
     rdzv__entry **pp = chain(s, e->hash);
     while (*pp != e)
@@ -783,37 +618,26 @@ static bool satisfied(const rdzv__entry *e)
 
 static void unlink_node(rdzv__wnode *n)
 {
-    rdzv__entry *e = n->e;
-    if (n->eprev)
-        n->eprev->enext = n->enext;
-    else
-        e->waiters = n->enext;
-    if (n->enext)
-        n->enext->eprev = n->eprev;
-    else
-        e->waiters_tail = n->eprev;
+    queue_remove(&n->enode);
     n->e = NULL;
 }
 
 /* The peer in *slot, made for `c` if there is none yet; NULL for want of memory. */
 static rdzv__peer *peer_of(rdzv__peer **slot, rdzv__conn *c)
 {
-    if (!*slot && (*slot = calloc(1, sizeof(**slot))))
+    if (!*slot && (*slot = calloc(1, sizeof(**slot)))) {
         (*slot)->conn = c;
+        queue_init(&(*slot)->waits);
+    }
     return *slot;
 }
 
 /* Frees a dead peer once it holds nothing. */
-static void peer_done(rdzv__store *s, rdzv__peer *p)
+static void peer_done(rdzv__peer *p)
 {
-    if (p->conn || p->waits || p->watches)
+    if (p->conn || !queue_empty(&p->waits) || p->watches)
         return;
-    if (p->prev)
-        p->prev->next = p->next;
-    else
-        s->dead = p->next;
-    if (p->next)
-        p->next->prev = p->prev;
+    queue_remove(&p->dead_node);
     free(p);
 }
 
@@ -827,15 +651,11 @@ static void peer_kill(rdzv__store *s, rdzv__peer **slot, size_t *live)
         return;
     p->conn = NULL;
     *live -= p->count;
-    if (!p->waits && !p->watches) {
+    if (queue_empty(&p->waits) && !p->watches) {
         free(p);
         return;
     }
-    p->prev = NULL;
-    p->next = s->dead;
-    if (s->dead)
-        s->dead->prev = p;
-    s->dead = p;
+    queue_insert_head(&s->dead, &p->dead_node);
 }
 
 /* One of w's nodes left its entry. */
@@ -850,15 +670,10 @@ static void node_gone(rdzv__store *s, rdzv__wait *w)
 static void free_wait(rdzv__store *s, rdzv__wait *w)
 {
     rdzv__peer *p = w->peer;
-    if (w->prev)
-        w->prev->next = w->next;
-    else
-        p->waits = w->next;
-    if (w->next)
-        w->next->prev = w->prev;
+    queue_remove(&w->pnode);
     mem_credit(s, w->priv, wait_cost(w->n));
     free(w);
-    peer_done(s, p);
+    peer_done(p);
 }
 
 /* Fires one waiter node whose key has appeared; answers its WAIT when it was the last. */
@@ -886,9 +701,9 @@ static bool barrier_reached(const rdzv__entry *e, const rdzv__wait *w)
 /* Called whenever e's value changes: fires its WAITs, and the BARRIERs whose count is met. */
 static void wake_all(rdzv__store *s, rdzv__entry *e)
 {
-    rdzv__wnode *n = e->waiters, *next;
-    for (; n; n = next) {
-        next = n->enext; /* a fired node's WAIT may be freed, but never `next`'s */
+    queue *q, *next; /* a fired node's WAIT may be freed, but never `next`'s */
+    queue_foreach_safe(q, next, &e->waiters) {
+        rdzv__wnode *n = queue_data(q, rdzv__wnode, enode);
         if (n->w->threshold == 0 || barrier_reached(e, n->w))
             fire(s, n);
     }
@@ -901,7 +716,9 @@ static void wake_all(rdzv__store *s, rdzv__entry *e)
 static void wake_one(rdzv__store *s, rdzv__entry *e)
 {
     rdzv__wnode *first = NULL;
-    for (rdzv__wnode *n = e->waiters; n; n = n->enext) {
+    queue *q;
+    queue_foreach(q, &e->waiters) {
+        rdzv__wnode *n = queue_data(q, rdzv__wnode, enode);
         if (n->w->threshold || !n->w->peer->conn)
             continue; /* a BARRIER counts, it does not consume queue items */
         if (n->w->remaining == 1) {
@@ -926,12 +743,7 @@ static void drop_watch(rdzv__store *s, rdzv__watch *w)
 {
     rdzv__entry *e = w->e;
     rdzv__peer *p = w->peer;
-    if (w->eprev)
-        w->eprev->enext = w->enext;
-    else
-        e->watchers = w->enext;
-    if (w->enext)
-        w->enext->eprev = w->eprev;
+    queue_remove(&w->enode);
     p->watches = w->cnext;
     p->count--;
     if (p->conn)
@@ -939,7 +751,7 @@ static void drop_watch(rdzv__store *s, rdzv__watch *w)
     mem_credit(s, e->priv, watch_cost());
     free(w);
     maybe_free(s, e);
-    peer_done(s, p);
+    peer_done(p);
 }
 
 /*
@@ -948,14 +760,14 @@ static void drop_watch(rdzv__store *s, rdzv__watch *w)
  */
 static size_t sweep_dead(rdzv__store *s, size_t budget)
 {
-    while (s->dead && budget > 0) {
-        rdzv__peer *p = s->dead;
-        if (!p->waits) {
+    while (!queue_empty(&s->dead) && budget > 0) {
+        rdzv__peer *p = queue_data(queue_head(&s->dead), rdzv__peer, dead_node);
+        if (queue_empty(&p->waits)) {
             drop_watch(s, p->watches);
             budget = budget > RDZV__SWEEP_NAME ? budget - RDZV__SWEEP_NAME : 0;
             continue;
         }
-        rdzv__wait *w = p->waits;
+        rdzv__wait *w = queue_data(queue_head(&p->waits), rdzv__wait, pnode);
         for (; w->swept < w->n && budget > 0; w->swept++) {
             rdzv__wnode *n = &w->nodes[w->swept];
             rdzv__entry *e = n->e;
@@ -977,8 +789,9 @@ static size_t sweep_dead(rdzv__store *s, size_t budget)
 static void notify(rdzv__store *s, rdzv__entry *e, uint8_t type, const uint8_t *old, size_t oldlen,
                    const uint8_t *new, size_t newlen)
 {
-    for (rdzv__watch *w = e->watchers; w; w = w->enext) {
-        rdzv__conn *c = w->peer->conn;
+    queue *q;
+    queue_foreach(q, &e->watchers) {
+        rdzv__conn *c = queue_data(q, rdzv__watch, enode)->peer->conn;
         if (!c)
             continue; /* dead */
         reply_u8(s, c, type);
@@ -1005,7 +818,7 @@ static int store_owned(rdzv__store *s, rdzv__entry *e, uint8_t *buf, size_t n)
         free(buf);
         return -ENOSPC;
     }
-    if (e->watchers)
+    if (!queue_empty(&e->watchers))
         notify(s, e, e->present ? RDZV_WATCH_KEY_UPDATED : RDZV_WATCH_KEY_CREATED,
                e->present ? e->val : NULL, old, buf, n);
     free(e->val);
@@ -1175,7 +988,7 @@ static int do_delete(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     rdzv__entry *e = lookup(s, r->key, r->key_len);
     if (!e || !e->present)
         return reply_i64(s, c, 0);
-    if (e->watchers)
+    if (!queue_empty(&e->watchers))
         notify(s, e, RDZV_WATCH_KEY_DELETED, e->val, e->vlen, NULL, 0);
     drop_value(s, e);
     maybe_free(s, e);
@@ -1202,24 +1015,14 @@ static void add_node(rdzv__store *s, rdzv__wait *w, rdzv__entry *e)
     rdzv__wnode *n = &w->nodes[w->n++];
     n->e = e;
     n->w = w;
-    n->enext = NULL;
-    n->eprev = e->waiters_tail;
-    if (e->waiters_tail)
-        e->waiters_tail->enext = n;
-    else
-        e->waiters = n;
-    e->waiters_tail = n;
+    queue_insert_tail(&e->waiters, &n->enode);
     w->peer->count++;
     s->nwaiters++;
 }
 
 static void add_wait(rdzv__wait *w)
 {
-    rdzv__peer *p = w->peer;
-    w->next = p->waits;
-    if (p->waits)
-        p->waits->prev = w;
-    p->waits = w;
+    queue_insert_head(&w->peer->waits, &w->pnode);
 }
 
 /*
@@ -1319,10 +1122,7 @@ static int do_watch(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     mem_charge(s, e->priv, watch_cost());
     w->peer = p;
     w->e = e;
-    w->enext = e->watchers;
-    if (e->watchers)
-        e->watchers->eprev = w;
-    e->watchers = w;
+    queue_insert_head(&e->watchers, &w->enode);
     w->cnext = p->watches;
     p->watches = w;
     p->count++;
@@ -1598,7 +1398,7 @@ bool rdzv__store_sweep(rdzv__store *s, size_t budget)
             budget = budget > RDZV__SWEEP_NAME ? budget - RDZV__SWEEP_NAME : 0;
         }
     }
-    return s->nstale > 0 || s->dead;
+    return s->nstale > 0 || !queue_empty(&s->dead);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1617,6 +1417,9 @@ int rdzv__store_init(rdzv__store *s, size_t max_total_bytes)
     s->max_list_keys = SIZE_MAX;
     s->max_conn_output = SIZE_MAX;
     s->max_buffered = SIZE_MAX;
+    queue_init(&s->holders);
+    queue_init(&s->dead);
+    queue_init(&s->dirty);
     if (getrandom(s->seed, sizeof(s->seed), GRND_NONBLOCK) != (ssize_t)sizeof(s->seed)) {
         /* No entropy yet (early boot): fall back to something that still differs per run. */
         struct timespec ts;
@@ -1641,11 +1444,12 @@ void rdzv__store_destroy(rdzv__store *s)
             free(e);
         }
     }
-    for (rdzv__peer *p = s->dead, *pn; p; p = pn) { /* their names are freed above */
-        pn = p->next;
-        for (rdzv__wait *w = p->waits, *wn; w; w = wn) {
-            wn = w->next;
-            free(w);
+    queue *q, *qn;
+    queue_foreach_safe(q, qn, &s->dead) { /* their names are freed above */
+        rdzv__peer *p = queue_data(q, rdzv__peer, dead_node);
+        queue *wq, *wn;
+        queue_foreach_safe(wq, wn, &p->waits) {
+            free(queue_data(wq, rdzv__wait, pnode));
         }
         for (rdzv__watch *w = p->watches, *wn; w; w = wn) {
             wn = w->cnext;
@@ -1653,7 +1457,7 @@ void rdzv__store_destroy(rdzv__store *s)
         }
         free(p);
     }
-    s->dead = NULL;
+    queue_init(&s->dead);
     free(s->buckets);
     free(s->old);
     s->buckets = s->old = NULL;
@@ -1661,7 +1465,7 @@ void rdzv__store_destroy(rdzv__store *s)
 
 bool rdzv__conn_waiting(const rdzv__conn *c)
 {
-    return (c->waits && c->waits->waits) || (c->watches && c->watches->watches);
+    return (c->waits && !queue_empty(&c->waits->waits)) || (c->watches && c->watches->watches);
 }
 
 void rdzv__conn_init(rdzv__conn *c)
@@ -1674,12 +1478,7 @@ void rdzv__conn_release(rdzv__store *s, rdzv__conn *c)
     cancel_waits(s, c);
     peer_kill(s, &c->watches, &s->nwatches);
     if (c->dirty) {
-        if (c->dirty_prev)
-            c->dirty_prev->dirty_next = c->dirty_next;
-        else
-            s->dirty = c->dirty_next;
-        if (c->dirty_next)
-            c->dirty_next->dirty_prev = c->dirty_prev;
+        queue_remove(&c->dirty_node);
         c->dirty = false;
     }
     drop_held(s, c);

@@ -8,6 +8,7 @@
 #define RDZV_STORE_H
 
 #include "proto.h"
+#include "queue.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -52,7 +53,7 @@ typedef struct rdzv__conn {
     rdzv__buf out;
     rdzv__peer *waits;   /* what this connection's pending WAITs name it by (NULL: none yet) */
     rdzv__peer *watches; /* the same for its legacy WATCH_KEY registrations */
-    struct rdzv__conn *dirty_prev, *dirty_next;
+    queue dirty_node;    /* on the store's dirty list while `dirty` */
     bool dirty;
     int error;       /* set when a reply could not be queued: close this connection */
     const char *why; /* with `error`: a static reason for the log line, or NULL */
@@ -60,7 +61,7 @@ typedef struct rdzv__conn {
      * replies queued and not yet reported sent (rdzv__conn_sent()), and the partly received
      * request the server keeps (rdzv__conn_hold_input()). */
     size_t out_held, in_held;
-    struct rdzv__conn *held_prev, *held_next; /* on the store's list while holding any */
+    queue held_node; /* on the store's holders list while `holding` */
     bool holding;
 } rdzv__conn;
 
@@ -87,7 +88,7 @@ typedef struct rdzv__store {
     size_t max_conn_output; /* out_held one connection may reach (SIZE_MAX: no cap) */
     size_t max_buffered;    /* out_held + in_held of all connections together (SIZE_MAX) */
     size_t buffered;        /* out_held + in_held of all connections */
-    rdzv__conn *holders;    /* connections holding any buffered bytes */
+    queue holders;          /* rdzv__conn (held_node) holding any buffered bytes */
     uint64_t seed[2];       /* SipHash key, random per store */
     /* The private pool: `memory` of keys under the private roots (rdzv__key_private()) and of
      * the WAITs naming them, capped by max_private_bytes apart from the open keys, so that
@@ -107,10 +108,10 @@ typedef struct rdzv__store {
     bool sweep_found; /* this pass of the sweep met a stale name, or the table moved some */
     /* The WAITs and watches of closed connections and the WAITs a CANCEL_WAIT let go of, left
      * for the sweep (see rdzv__conn_release()); the name a request holds while it sweeps. */
-    rdzv__peer *dead;
+    queue dead; /* rdzv__peer (dead_node) */
     rdzv__entry *pinned;
     uint64_t ops[RDZV_OP_COUNT];
-    rdzv__conn *dirty; /* connections with output to send */
+    queue dirty; /* rdzv__conn (dirty_node) with output to send */
 } rdzv__store;
 
 /* Initialises an empty store, with no cap on buffered bytes or LIST_KEYS and a private pool as
@@ -179,7 +180,7 @@ size_t rdzv__store_clear(rdzv__store *s, const uint8_t *keep, size_t keep_len);
 /* Work units of a sweep: one per chain walked, RDZV__SWEEP_NAME per name, waiter node or watch
  * freed. A slice of
  * RDZV__SWEEP_SLICE frees up to 4096 names or walks 128 Ki empty chains: 1 to 2 ms (3M
- * empty keys took 1.8 s in 765 slices on a loaded machine). */
+ * empty keys take 1.8 s in 765 slices on a loaded machine). */
 #define RDZV__SWEEP_NAME 32
 #define RDZV__SWEEP_SLICE (4096 * RDZV__SWEEP_NAME)
 

@@ -150,14 +150,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* Invariants after every connection is gone: no waiters, no watches, and byte
      * accounting consistent with an empty store once every key is deleted. */
-    if (st.nwaiters != 0 || st.nwatches != 0 || st.buffered != 0 || st.holders)
+    if (st.nwaiters != 0 || st.nwatches != 0 || st.buffered != 0 || !queue_empty(&st.holders))
         abort();
     static const uint8_t none[300]; /* longer than any key: every key is cleared */
     rdzv__store_clear(&st, none, sizeof(none));
     while (rdzv__store_sweep(&st, 7))
         ;
     if (st.nentries != 0 || st.bytes != 0 || st.memory != 0 || st.private_memory != 0 ||
-        st.nkeys != 0 || st.nstale != 0 || st.dead)
+        st.nkeys != 0 || st.nstale != 0 || !queue_empty(&st.dead))
         abort();
     rdzv__store_destroy(&st);
     return 0;

@@ -43,7 +43,7 @@ static inline void server_setup(void)
         char c;
         while (read(down[0], &c, 1) > 0)
             ;
-        rdzv_server_stop(srv);
+        rdzv_server_close(srv);
         _exit(0);
     }
     close(up[1]);

@@ -450,7 +450,7 @@ START_TEST(authenticated_client_reaches_private_keys)
     ck_assert_int_eq(security(srv, "token"), 1);
     rdzv_client_close(d);
     rdzv_client_close(c);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -484,7 +484,7 @@ START_TEST(unauthenticated_client_kept_from_private_keys)
     ck_assert_int_eq(connect_with(srv, token, &c), 0);
     ck_assert_int_eq(rdzv_check(c, (const char *[]){"/ddprun/job/round_0/failed"}, 1), 0);
     rdzv_client_close(c);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -545,7 +545,7 @@ START_TEST(refusal_burst_logged_once_and_counted)
     printf("refusal burst: %d refusals, %ld accounted for in %d log lines\n", K, logged, lines);
     ck_assert_msg(logged == K, "%ld of %d refusals in the log:\n%s", logged, K, log_text);
     ck_assert_int_le(lines, 6); /* one, then one a second: the burst takes well under 5 s */
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -558,7 +558,7 @@ START_TEST(wrong_token_fails_at_once_on_both_sides)
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "could not prove"));
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "after 1 attempt"));
     ck_assert_ptr_null(strstr(rdzv_client_last_error(NULL), other));
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -594,7 +594,7 @@ START_TEST(server_refuses_wrong_proof)
     ck_assert_int_eq(security(srv, "auth_failed"), 1);
     ck_assert_int_eq(security(srv, "authenticated"), 0);
     ck_assert(log_has("authentication failed: wrong proof"));
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -605,12 +605,12 @@ START_TEST(impostor_store_refused)
     rdzv_server *srv = start(NULL);
     ck_assert_int_eq(connect_with(srv, token, &c), -EACCES);
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "has no secret"));
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
     /* A store with another job's secret. */
     srv = start(other);
     ck_assert_int_eq(connect_with(srv, token, &c), -EACCES);
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "could not prove"));
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -737,7 +737,7 @@ START_TEST(other_user_refused)
     rdzv_client *c;
     ck_assert_int_eq(connect_with(srv, NULL, &c), 0);
     rdzv_client_close(c);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 

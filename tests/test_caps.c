@@ -102,7 +102,7 @@ static void server_start(rdzv_server_options *o, rlim_t nofile)
             if (c == 'c' && write(up[1], &n, sizeof n) != (ssize_t)sizeof n)
                 _exit(1);
         }
-        rdzv_server_stop(srv);
+        rdzv_server_close(srv);
         _exit(0);
     }
     close(up[1]);

@@ -1,8 +1,9 @@
 /*
- * Tests of the blocking client (rendezvous/client.c) against the real server, started in-process
- * on 127.0.0.1 port 0 for every case, and against tiny scripted fake servers for the failures a
- * real server does not produce on demand: a peer that closes or stalls mid-reply, a malformed
- * reply, a peer that is not a store, and the STOP_WAITING/WAIT_CANCELED race of a cancelled wait.
+ * Tests of the blocking client (rendezvous/client.c, connect.c) against the real server, started
+ * in-process on 127.0.0.1 port 0 for every case, and against tiny scripted fake servers for the
+ * failures a real server does not produce on demand: a peer that closes or stalls mid-reply, a
+ * malformed reply, a peer that is not a store, and the STOP_WAITING/WAIT_CANCELED race of a
+ * cancelled wait.
  *
  * Every case runs in its own forked process (Check's fork mode) under a timeout. Multi-process
  * cases fork further children that report through their exit status. Nothing waits on a sleep
@@ -1144,7 +1145,7 @@ START_TEST(test_connect_retries_until_server_listens)
     ck_assert_int_eq(rdzv_server_start(&so, &s), 0);
     pthread_join(t, NULL);
     ck_assert_int_eq(a.rc, 0);
-    rdzv_server_stop(s);
+    rdzv_server_close(s);
 }
 END_TEST
 
@@ -1207,7 +1208,7 @@ static void check_on_close(const char *bind_host, const char *want_host)
     ck_assert_str_eq(l.host[0], want_host);
     ck_assert_int_eq(l.port[0], lport);
     pthread_mutex_unlock(&l.mu);
-    rdzv_server_stop(s);
+    rdzv_server_close(s);
 }
 
 START_TEST(test_on_close_hook)
@@ -1235,7 +1236,7 @@ START_TEST(test_connect_names_and_ipv6)
     set_str(c, "v6", "yes");
     expect_value(c, "v6", "yes");
     rdzv_client_close(c);
-    rdzv_server_stop(s6);
+    rdzv_server_close(s6);
 }
 END_TEST
 

@@ -274,7 +274,7 @@ START_TEST(test_job_store)
     ck_assert_str_eq(e.prefix, "only/t/2");
     ck_assert_int_eq(rdzv_barrier(e.store, "b", 1, 10000), 0);
     coll_env_free(&e);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 

@@ -8,7 +8,7 @@
  *  - the bf16 casts (with and without the pre-division of a bf16 reduction's copy), the f32
  *    widening (assign and add) and add: bit for bit. One IEEE operation per element on both
  *    sides (ddp_cuda.cu is built with -fmad=false and no fast math, so subnormals are kept)
- *    and the same rounding formula (optim.h's ddp__bf16_from_f32). NaNs are compared as NaNs,
+ *    and the same rounding formula (bf16conv.h's bf16_from_f32). NaNs are compared as NaNs,
  *    not by pattern: the GPU's arithmetic returns its canonical NaN, the CPU's keeps the
  *    operand's sign and payload.
  *  - the sum of squares: bit for bit against the device's order of summation reproduced here
@@ -451,7 +451,7 @@ static void adamw_case(float wd, float clip, int compute, int64_t start)
         /* The compute copy rounds the device's own masters. */
         size_t stale = 0;
         for (size_t i = 0; s.c && i < N; i++)
-            stale += s.rc[i] != ddp__bf16_from_f32(s.rp[i]);
+            stale += s.rc[i] != bf16_from_f32(s.rp[i]);
         ck_assert_msg(stale == 0, "adamw: %zu compute elements are not round(master)", stale);
     }
     ck_assert_int_eq(steps, start + K);

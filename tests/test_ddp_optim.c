@@ -691,25 +691,25 @@ static uint16_t bf16_ref(float x)
 START_TEST(bf16_conversion)
 {
     /* Ties: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: even (down); 1 + 3 * 2^-8 up. */
-    ck_assert_uint_eq(ddp__bf16_from_f32(1.0f + 0x1p-8f), 0x3f80u);
-    ck_assert_uint_eq(ddp__bf16_from_f32(1.0f + 3 * 0x1p-8f), 0x3f82u);
-    ck_assert_uint_eq(ddp__bf16_from_f32(-(1.0f + 3 * 0x1p-8f)), 0xbf82u);
+    ck_assert_uint_eq(bf16_from_f32(1.0f + 0x1p-8f), 0x3f80u);
+    ck_assert_uint_eq(bf16_from_f32(1.0f + 3 * 0x1p-8f), 0x3f82u);
+    ck_assert_uint_eq(bf16_from_f32(-(1.0f + 3 * 0x1p-8f)), 0xbf82u);
     /* Infinities, zeros, overflow to infinity, the largest bf16 kept. */
-    ck_assert_uint_eq(ddp__bf16_from_f32(INFINITY), 0x7f80u);
-    ck_assert_uint_eq(ddp__bf16_from_f32(-INFINITY), 0xff80u);
-    ck_assert_uint_eq(ddp__bf16_from_f32(-0.0f), 0x8000u);
-    ck_assert_uint_eq(ddp__bf16_from_f32(FLT_MAX), 0x7f80u);
-    ck_assert_uint_eq(ddp__bf16_from_f32(bits_f32(0x7f7f0000u)), 0x7f7fu);
+    ck_assert_uint_eq(bf16_from_f32(INFINITY), 0x7f80u);
+    ck_assert_uint_eq(bf16_from_f32(-INFINITY), 0xff80u);
+    ck_assert_uint_eq(bf16_from_f32(-0.0f), 0x8000u);
+    ck_assert_uint_eq(bf16_from_f32(FLT_MAX), 0x7f80u);
+    ck_assert_uint_eq(bf16_from_f32(bits_f32(0x7f7f0000u)), 0x7f7fu);
     /* NaNs stay NaNs (quiet, sign kept), even a signalling one whose payload is in the low
      * half only (truncation alone would make it an infinity). */
-    ck_assert(isnan(ddp__bf16_to_f32(ddp__bf16_from_f32(bits_f32(0x7f800001u)))));
-    ck_assert_uint_eq(ddp__bf16_from_f32(bits_f32(0xff800001u)) & 0x8000u, 0x8000u);
-    ck_assert(isnan(ddp__bf16_to_f32(ddp__bf16_from_f32(NAN))));
+    ck_assert(isnan(bf16_to_f32(bf16_from_f32(bits_f32(0x7f800001u)))));
+    ck_assert_uint_eq(bf16_from_f32(bits_f32(0xff800001u)) & 0x8000u, 0x8000u);
+    ck_assert(isnan(bf16_to_f32(bf16_from_f32(NAN))));
     /* Every bf16 widens exactly and narrows back to itself (NaNs to a quiet NaN). */
     for (uint32_t h = 0; h < 0x10000u; h++) {
-        float f = ddp__bf16_to_f32((uint16_t)h);
+        float f = bf16_to_f32((uint16_t)h);
         ck_assert_uint_eq(f32_bits(f), h << 16);
-        uint16_t back = ddp__bf16_from_f32(f);
+        uint16_t back = bf16_from_f32(f);
         ck_assert_uint_eq(back, isnan(f) ? (uint16_t)(h | 0x40u) : (uint16_t)h);
     }
     /* Every rounding case against the reference: random patterns, and each bf16's halfway
@@ -718,14 +718,14 @@ START_TEST(bf16_conversion)
     for (int i = 0; i < 1000000; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         float x = bits_f32((uint32_t)(st >> 32));
-        ck_assert_msg(ddp__bf16_from_f32(x) == bf16_ref(x), "%a: %04x, want %04x", (double)x,
-                      ddp__bf16_from_f32(x), bf16_ref(x));
+        ck_assert_msg(bf16_from_f32(x) == bf16_ref(x), "%a: %04x, want %04x", (double)x,
+                      bf16_from_f32(x), bf16_ref(x));
     }
     for (uint32_t h = 0; h < 0x10000u; h++) {
         for (int k = -1; k <= 1; k++) {
             float x = bits_f32((h << 16) + 0x8000u + (uint32_t)k);
-            ck_assert_msg(ddp__bf16_from_f32(x) == bf16_ref(x), "%a: %04x, want %04x",
-                          (double)x, ddp__bf16_from_f32(x), bf16_ref(x));
+            ck_assert_msg(bf16_from_f32(x) == bf16_ref(x), "%a: %04x, want %04x",
+                          (double)x, bf16_from_f32(x), bf16_ref(x));
         }
     }
 }
@@ -745,7 +745,7 @@ START_TEST(bf16_arrays)
         ck_assert_uint_eq(f32_bits(dst[i]), (uint32_t)h[i] << 16);
     ddp__from_bf16(dst, h, 37, 1);
     for (int i = 0; i < 37; i++)
-        ck_assert(dst[i] == 2 * ddp__bf16_to_f32(h[i]));
+        ck_assert(dst[i] == 2 * bf16_to_f32(h[i]));
     ddp__to_bf16(NULL, NULL, 0, 1.0f); /* n == 0 touches nothing */
     ddp__from_bf16(NULL, NULL, 0, 1);
 }

@@ -67,59 +67,6 @@ START_TEST(test_rank_keys)
 }
 END_TEST
 
-START_TEST(test_rank_list)
-{
-    unsigned char f[40] = {0};
-    char buf[256];
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 0);
-    ck_assert_str_eq(buf, "");
-    f[3] = 1;
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 1);
-    ck_assert_str_eq(buf, "3");
-    f[0] = f[39] = 1;
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 3);
-    ck_assert_str_eq(buf, "0, 3, 39");
-    memset(f, 1, sizeof f);
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, sizeof buf), 40);
-    ck_assert_str_eq(buf, "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 and 24 more");
-    /* Cut to the buffer, always terminated. */
-    ck_assert_int_eq(rdzv_rank_list(f, 40, buf, 8), 40);
-    ck_assert_str_eq(buf, "0, 1, 2");
-    ck_assert_int_eq(rdzv_rank_list(NULL, 1, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_rank_list(f, 1, buf, 0), -EINVAL);
-}
-END_TEST
-
-START_TEST(test_missing_ranks)
-{
-    unsigned char f[20] = {0};
-    char buf[256];
-    const char *what = "did not publish /job/x within 300 ms";
-    ck_assert_int_eq(rdzv_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 0);
-    ck_assert_str_eq(buf, "");
-    f[1] = f[3] = 1;
-    ck_assert_int_eq(rdzv_missing_ranks(f, 5, "rank", what, buf, sizeof buf), 2);
-    ck_assert_str_eq(buf, "ranks 1, 3 did not publish /job/x within 300 ms (3 of 5 present)");
-    f[1] = 0;
-    ck_assert_int_eq(
-        rdzv_missing_ranks(f, 4, "node rank", "did not show up within 0.5 s", buf, sizeof buf), 1);
-    ck_assert_str_eq(buf, "node rank 3 did not show up within 0.5 s (3 of 4 present)");
-    /* Many ranks: the first are named, the rest counted; cut to the buffer, always terminated. */
-    memset(f, 1, sizeof f);
-    f[0] = 0;
-    ck_assert_int_eq(rdzv_missing_ranks(f, 20, "rank", "did not come", buf, sizeof buf), 19);
-    ck_assert_str_eq(buf, "ranks 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 and 3 more "
-                          "did not come (1 of 20 present)");
-    ck_assert_int_eq(rdzv_missing_ranks(f, 20, "rank", "did not come", buf, 10), 19);
-    ck_assert_str_eq(buf, "ranks 1, ");
-    ck_assert_int_eq(rdzv_missing_ranks(NULL, 1, "rank", what, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_missing_ranks(f, -1, "rank", what, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_missing_ranks(f, 1, NULL, what, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_missing_ranks(f, 1, "rank", NULL, buf, sizeof buf), -EINVAL);
-    ck_assert_int_eq(rdzv_missing_ranks(f, 1, "rank", what, buf, 0), -EINVAL);
-}
-END_TEST
-
 /* ------------------------------------------------------------------------------------------ */
 /* rdzv_set_once                                                                               */
 /* ------------------------------------------------------------------------------------------ */
@@ -259,7 +206,7 @@ struct rank_arg {
     int rank, world, timeout_ms;
     const char *prefix;
     int rc;
-    unsigned char missing[WORLD];
+    bool missing[WORLD];
     char err[512];
     void *values[WORLD];
     size_t nbytes[WORLD];
@@ -325,8 +272,8 @@ START_TEST(test_allgather_timeout_names_missing)
         pthread_join(t[i], NULL);
     for (int i = 0; i < 3; i++) {
         ck_assert_int_eq(r[i].rc, -ETIMEDOUT);
-        const unsigned char want[WORLD] = {0, 1, 0, 1, 0};
-        ck_assert_mem_eq(r[i].missing, want, WORLD);
+        const bool want[WORLD] = {false, true, false, true, false};
+        ck_assert_mem_eq(r[i].missing, want, sizeof want);
         ck_assert_msg(strstr(r[i].err, "ranks 1, 3 did not publish /job/late within 300 ms (3 of "
                                        "5 present)") != NULL,
                       "message: %s", r[i].err);
@@ -340,7 +287,7 @@ START_TEST(test_allgather_timeout_names_missing)
     ck_assert_int_eq(rdzv_allgather(c, "p", 0, 2, "", 0, 10, v, n, NULL), -EINVAL);
     ck_assert_int_eq(rdzv_allgather(c, NULL, 0, 2, "x", 1, 10, v, n, NULL), -EINVAL);
     /* The client stays usable after a timed-out all-gather. */
-    unsigned char missing[2] = {7, 7};
+    bool missing[2] = {true, false};
     ck_assert_int_eq(rdzv_allgather(c, "q", 0, 2, "x", 1, 50, v, n, missing), -ETIMEDOUT);
     ck_assert_int_eq(missing[0], 0);
     ck_assert_int_eq(missing[1], 1);
@@ -357,15 +304,15 @@ START_TEST(test_gather)
     ck_assert_int_eq(rdzv_set(c, "/g/2", "cc", 2), 0);
     void *v[3];
     size_t n[3];
-    unsigned char missing[3];
+    bool missing[3];
     ck_assert_int_eq(rdzv_gather(c, "/g", 3, 100, v, n, missing), -ETIMEDOUT);
     /* After a timeout the arrays hold what was there. */
     ck_assert_uint_eq(n[0], 1);
     ck_assert_mem_eq(v[0], "a", 1);
     ck_assert_uint_eq(n[1], 0);
     ck_assert_uint_eq(n[2], 2);
-    const unsigned char want[3] = {0, 1, 0};
-    ck_assert_mem_eq(missing, want, 3);
+    const bool want[3] = {false, true, false};
+    ck_assert_mem_eq(missing, want, sizeof want);
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "rank 1 did not publish /g within"));
     for (int i = 0; i < 3; i++)
         rdzv_free(v[i]);
@@ -555,9 +502,8 @@ END_TEST
 static Suite *helpers_suite(void)
 {
     Suite *s = suite_create("helpers");
-    TCase *tc = check_tcase(s, "store", 30, test_rank_keys, test_rank_list, test_missing_ranks,
-                            test_set_once, test_wait_get, test_wait_get_timeout,
-                            test_wait_get_bad_args, test_allgather,
+    TCase *tc = check_tcase(s, "store", 30, test_rank_keys, test_set_once, test_wait_get,
+                            test_wait_get_timeout, test_wait_get_bad_args, test_allgather,
                             test_allgather_timeout_names_missing, test_gather, test_env_connect);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 

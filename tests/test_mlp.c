@@ -447,12 +447,12 @@ START_TEST(bf16_against_f32)
         q.W[l] = malloc(nW * sizeof(uint16_t));
         q.b[l] = malloc(nb * sizeof(uint16_t));
         for (size_t i = 0; i < nW; i++) {
-            q.W[l][i] = bf16_round(p.W[l][i]);
-            p.W[l][i] = bf16_widen(q.W[l][i]);
+            q.W[l][i] = bf16_from_f32(p.W[l][i]);
+            p.W[l][i] = bf16_to_f32(q.W[l][i]);
         }
         for (size_t i = 0; i < nb; i++) {
-            q.b[l][i] = bf16_round(p.b[l][i]);
-            p.b[l][i] = bf16_widen(q.b[l][i]);
+            q.b[l][i] = bf16_from_f32(p.b[l][i]);
+            p.b[l][i] = bf16_to_f32(q.b[l][i]);
         }
     }
     rng r;

@@ -83,9 +83,9 @@ static void model_init(model *m, const mlp_config *c)
         mlp_init_uniform(m->W[l], w, mlp_layer_in(c, l), 7, 2 * l);
         mlp_init_uniform(m->b[l], o, mlp_layer_in(c, l), 7, 2 * l + 1);
         for (size_t i = 0; i < w; i++)
-            m->W16[l][i] = bf16_round(m->W[l][i]);
+            m->W16[l][i] = bf16_from_f32(m->W[l][i]);
         for (size_t i = 0; i < o; i++)
-            m->b16[l][i] = bf16_round(m->b[l][i]);
+            m->b16[l][i] = bf16_from_f32(m->b[l][i]);
         ck_assert_int_eq(cudaMalloc(&m->dWp[l], w * es), cudaSuccess);
         ck_assert_int_eq(cudaMalloc(&m->dbp[l], o * es), cudaSuccess);
         ck_assert_int_eq(cudaMalloc((void **)&m->ddW[l], w * 4), cudaSuccess);

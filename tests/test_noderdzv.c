@@ -789,7 +789,7 @@ START_TEST(test_clear_worker_keys)
     ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, NULL, PREFIX, 1, 2, 1.0), -EINVAL);
     ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, c, PREFIX, -1, 2, 1.0), -EINVAL);
     rdzv_client_close(c);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "coll_internal.h"
+#include "bf16conv.h"
 #include "check_main.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -91,7 +92,7 @@ static void fill(void *buf, size_t count, coll_dtype dt)
             break;
         case COLL_BF16:
             ((uint16_t *)buf)[i] =
-                raw ? (uint16_t)(r >> 48) : coll__f32_to_bf16((float)rnd_moderate());
+                raw ? (uint16_t)(r >> 48) : bf16_from_f32((float)rnd_moderate());
             break;
         case COLL_I32:
             ((int32_t *)buf)[i] = (int32_t)(r >> 32);
@@ -193,8 +194,8 @@ static void ref_reduce(void *dst, const void *const *srcs, int nsrc, size_t coun
         }
         case COLL_F16:
         case COLL_BF16: {
-            float (*load)(uint16_t) = dt == COLL_F16 ? coll__f16_to_f32 : coll__bf16_to_f32;
-            uint16_t (*store)(float) = dt == COLL_F16 ? coll__f32_to_f16 : coll__f32_to_bf16;
+            float (*load)(uint16_t) = dt == COLL_F16 ? coll__f16_to_f32 : bf16_to_f32;
+            uint16_t (*store)(float) = dt == COLL_F16 ? coll__f32_to_f16 : bf16_from_f32;
             float acc = load(((const uint16_t *)srcs[0])[i]);
             for (int k = 1; k < nsrc; k++)
                 acc = ref_f32(acc, load(((const uint16_t *)srcs[k])[i]), op);
@@ -437,29 +438,29 @@ END_TEST
 START_TEST(bf16_conversions)
 {
     for (uint32_t h = 0; h <= 0xffff; h++) {
-        float f = coll__bf16_to_f32((uint16_t)h);
+        float f = bf16_to_f32((uint16_t)h);
         ck_assert_uint_eq(f32_bits(f), h << 16); /* NaNs too: a plain widening */
         if ((h & 0x7fff) > 0x7f80) {
-            ck_assert_uint_eq(coll__f32_to_bf16(f), h | 0x40); /* quietened */
+            ck_assert_uint_eq(bf16_from_f32(f), h | 0x40); /* quietened */
             continue;
         }
-        ck_assert_uint_eq(coll__f32_to_bf16(f), h);
+        ck_assert_uint_eq(bf16_from_f32(f), h);
         if ((h & 0x7fff) == 0x7f80)
             continue;
         /* Midpoint to h + 1 in magnitude (infinity after the largest finite) and neighbours. */
         uint32_t mid = (h << 16) | 0x8000u;
         uint32_t even = (h & 1) ? h + 1 : h;
-        ck_assert_uint_eq(coll__f32_to_bf16(bits_f32(mid)), even);
-        ck_assert_uint_eq(coll__f32_to_bf16(bits_f32(mid - 1)), h);
-        ck_assert_uint_eq(coll__f32_to_bf16(bits_f32(mid + 1)), h + 1);
+        ck_assert_uint_eq(bf16_from_f32(bits_f32(mid)), even);
+        ck_assert_uint_eq(bf16_from_f32(bits_f32(mid - 1)), h);
+        ck_assert_uint_eq(bf16_from_f32(bits_f32(mid + 1)), h + 1);
     }
-    ck_assert_uint_eq(coll__f32_to_bf16(FLT_MAX), 0x7f80);
-    ck_assert_uint_eq(coll__f32_to_bf16(-FLT_MAX), 0xff80);
-    ck_assert_uint_eq(coll__f32_to_bf16(bits_f32(0x7f7f7fffu)), 0x7f7f); /* largest finite */
-    ck_assert_uint_eq(coll__f32_to_bf16(bits_f32(0x00008000u)), 0x0000); /* subnormal tie */
-    ck_assert_uint_eq(coll__f32_to_bf16(bits_f32(0x00018000u)), 0x0002);
-    ck_assert_uint_eq(coll__f32_to_bf16(bits_f32(0x7f800001u)), 0x7fc0);
-    ck_assert_uint_eq(coll__f32_to_bf16(1.0f), 0x3f80);
+    ck_assert_uint_eq(bf16_from_f32(FLT_MAX), 0x7f80);
+    ck_assert_uint_eq(bf16_from_f32(-FLT_MAX), 0xff80);
+    ck_assert_uint_eq(bf16_from_f32(bits_f32(0x7f7f7fffu)), 0x7f7f); /* largest finite */
+    ck_assert_uint_eq(bf16_from_f32(bits_f32(0x00008000u)), 0x0000); /* subnormal tie */
+    ck_assert_uint_eq(bf16_from_f32(bits_f32(0x00018000u)), 0x0002);
+    ck_assert_uint_eq(bf16_from_f32(bits_f32(0x7f800001u)), 0x7fc0);
+    ck_assert_uint_eq(bf16_from_f32(1.0f), 0x3f80);
 }
 END_TEST
 
@@ -580,10 +581,10 @@ START_TEST(reduce_semantics)
     coll__reduce_n(ho, hsrc, 3, 2, COLL_F16, COLL_SUM);
     ck_assert(coll__f16_to_f32(ho[1]) == 2050.0f);
 
-    uint16_t ba[1] = {coll__f32_to_bf16(256.0f)}, bb[1] = {coll__f32_to_bf16(1.0f)}, bo[1];
+    uint16_t ba[1] = {bf16_from_f32(256.0f)}, bb[1] = {bf16_from_f32(1.0f)}, bo[1];
     const void *bsrc[3] = {ba, bb, bb};
     coll__reduce_n(bo, bsrc, 3, 1, COLL_BF16, COLL_SUM);
-    ck_assert(coll__bf16_to_f32(bo[0]) == 258.0f);
+    ck_assert(bf16_to_f32(bo[0]) == 258.0f);
 }
 END_TEST
 
@@ -609,7 +610,7 @@ static void check_scale(coll_dtype dt, size_t count, int n)
         }
         case COLL_BF16: {
             uint16_t h = ((uint16_t *)buf)[i];
-            ((uint16_t *)want)[i] = n <= 1 ? h : coll__f32_to_bf16(coll__bf16_to_f32(h) / (float)n);
+            ((uint16_t *)want)[i] = n <= 1 ? h : bf16_from_f32(bf16_to_f32(h) / (float)n);
             break;
         }
         case COLL_I32:

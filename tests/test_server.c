@@ -220,7 +220,7 @@ START_TEST(both_generations_one_port)
     close(l);
     close(silent);
     fr_free(&f);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -240,7 +240,7 @@ START_TEST(byte_at_a_time)
     expect_vec(fd, "slow-value");
     close(fd);
     fr_free(&f);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -266,7 +266,7 @@ START_TEST(half_sent_frame)
     close(a);
     close(b);
     fr_free(&f);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -318,7 +318,7 @@ START_TEST(bad_input_closes_one_connection)
     ck_assert(log_has("127.0.0.1:"));
     close(good);
     fr_free(&f);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -344,7 +344,7 @@ START_TEST(reset_connection_names_its_peer)
         usleep(1000);
     ck_assert_msg(log_has(want), "no '%s' in the log:\n%s", want, log_text);
     ck_assert(!log_has("?:0"));
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -382,7 +382,7 @@ START_TEST(connection_cap)
     ck_assert(ok);
     close(fds[0]);
     close(fds[2]);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -411,7 +411,7 @@ START_TEST(out_of_fds)
         char c;
         if (read(down[0], &c, 1) != 1) /* parent says: done */
             _exit(2);
-        rdzv_server_stop(srv);
+        rdzv_server_close(srv);
         _exit(0);
     }
     int port;
@@ -487,7 +487,7 @@ START_TEST(wait_across_connections)
     close(w);
     close(s);
     fr_free(&f);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -547,7 +547,7 @@ START_TEST(back_pressure)
     close(hog);
     close(other);
     fr_free(&f);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 }
 END_TEST
 
@@ -589,7 +589,7 @@ START_TEST(dual_stack)
     ck_assert(closed_by_peer(fd));
     close(fd);
     ck_assert(log_has("closing connection from 127.0.0.1:"));
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 
     rdzv_server_options_init(&o);
     o.host = "::1";
@@ -601,7 +601,7 @@ START_TEST(dual_stack)
         ck_assert_int_eq(rdzv_status(c, &js), 0);
         rdzv_free(js);
         rdzv_client_close(c);
-        rdzv_server_stop(srv);
+        rdzv_server_close(srv);
     }
 }
 END_TEST
@@ -622,7 +622,7 @@ START_TEST(ipv6_and_listen_fd)
         roundtrip(fd, "six", "v6");
         close(fd);
         fr_free(&f);
-        rdzv_server_stop(srv);
+        rdzv_server_close(srv);
     } /* else: no IPv6 loopback here; the fd path below still runs */
 
     /* A socket bound by the caller (port 0), not yet listening: the server takes it over. */
@@ -648,7 +648,7 @@ START_TEST(ipv6_and_listen_fd)
     int fd = modern_client(rdzv_server_port(srv));
     roundtrip(fd, "fd", "handed-in");
     close(fd);
-    rdzv_server_stop(srv);
+    rdzv_server_close(srv);
 
     /* Bad options and a taken port are reported, not fatal. */
     rdzv_server_options_init(&o);

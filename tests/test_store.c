@@ -36,7 +36,7 @@ static void sweep_all(void)
     while (rdzv__store_sweep(&st, RDZV__SWEEP_SLICE))
         ;
     ck_assert_uint_eq(st.nstale, 0);
-    ck_assert_ptr_null(st.dead);
+    ck_assert(queue_empty(&st.dead));
 }
 
 static void fake_init(fake *f, enum rdzv_gen gen)
@@ -804,7 +804,7 @@ START_TEST(release_is_lazy)
     ck_assert_uint_eq(st.nwaiters, 1); /* b's */
     ck_assert_uint_eq(st.nwatches, 0);
     ck_assert_uint_eq(st.memory, memory);
-    ck_assert_ptr_nonnull(st.dead);
+    ck_assert(!queue_empty(&st.dead));
     /* A push to q wakes b, not a's dead WAIT, which came first; a dead WAIT whose key appears
      * is freed then and there. */
     fr_u8(&fr, RDZV_M_QUEUE_PUSH);
@@ -821,7 +821,7 @@ START_TEST(release_is_lazy)
     while (rdzv__store_sweep(&st, 64 * RDZV__SWEEP_NAME))
         slices++;
     ck_assert_int_gt(slices, 100);
-    ck_assert_ptr_null(st.dead);
+    ck_assert(queue_empty(&st.dead));
     ck_assert_uint_eq(st.nentries, 3); /* q, z and k */
     ck_assert_uint_lt(st.memory, memory / 10);
     rdzv__conn_release(&st, &b.conn);
@@ -851,7 +851,7 @@ START_TEST(release_makes_room)
     }
     ck_assert_int_eq(rc, -ENOSPC);
     rdzv__conn_release(&st, &a.conn);
-    ck_assert_ptr_nonnull(st.dead);
+    ck_assert(!queue_empty(&st.dead));
     static char big[600 << 10];
     memset(big, 'b', sizeof(big));
     snprintf(k, sizeof(k), "w/%d/5", w - 2); /* in the last WAIT parked: swept first */

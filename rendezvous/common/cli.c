@@ -12,6 +12,7 @@
  * the help).
  */
 #include "cli.h"
+#include "errbuf.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -23,22 +24,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Thread_local char last_error[512];
+static _Thread_local errbuf last_error;
 
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    return -EINVAL;
-}
+/* Every failure here is a bad value: -EINVAL with a sentence naming it. */
+#define fail(...) errbuf_set(&last_error, -EINVAL, __VA_ARGS__)
 
 const char *cli_last_error(void)
 {
-    return last_error;
+    return last_error.msg;
 }
 
 /* ------------------------------------------------------------------------------------------ */

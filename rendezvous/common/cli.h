@@ -94,9 +94,8 @@ int cli_parse_seconds(const char *flag, const char *s, double min, double max, i
 /*
  * Parses a byte size in [min, max]: a decimal integer (strtoull's syntax without a sign of '-':
  * optional leading white space and '+') with an optional suffix K, M or G in either case for
- * 2^10, 2^20 or 2^30 bytes ("64M" is 67108864). The syntax every program accepted before this
- * file existed, all together. Returns 0 and sets *out, or -EINVAL (also for a size that does not
- * fit a size_t).
+ * 2^10, 2^20 or 2^30 bytes ("64M" is 67108864): the one syntax of every program's byte sizes.
+ * Returns 0 and sets *out, or -EINVAL (also for a size that does not fit a size_t).
  */
 int cli_parse_size(const char *flag, const char *s, size_t min, size_t max, size_t *out);
 

@@ -533,7 +533,7 @@ static const void *eq_data(ddp_model *m, int p, float *scratch)
 /* Element e of parameter p's data as eq_data() gives it, f32 or bf16. */
 static float eq_w(ddp_model *m, const void *w, size_t e)
 {
-    return ddp_param_dtype(m) == COLL_BF16 ? ddp__bf16_to_f32(((const uint16_t *)w)[e])
+    return ddp_param_dtype(m) == COLL_BF16 ? bf16_to_f32(((const uint16_t *)w)[e])
                                            : ((const float *)w)[e];
 }
 
@@ -894,7 +894,7 @@ static void bf_check_copy(ddp_model *m)
     }
     for (size_t i = 0; i < n; i++) {
         float master = full ? full[i] : v.param[i];
-        if ((full || bf_owned(&v, i)) && v.compute[i] != ddp__bf16_from_f32(master))
+        if ((full || bf_owned(&v, i)) && v.compute[i] != bf16_from_f32(master))
             bf_mismatch++;
     }
     free(full);
@@ -939,7 +939,7 @@ static void bf_check_ckpt(ddp_model *m, const eq_cfg *c)
             if (!bf_owned(&a, i))
                 continue;
             differ += memcmp(&a.param[i], &b.param[i], sizeof(float)) != 0;
-            stale += b.compute[i] != ddp__bf16_from_f32(b.param[i]);
+            stale += b.compute[i] != bf16_from_f32(b.param[i]);
         }
         CHECK(!differ && !stale, "bf16 stage %d: after the load %d masters differ, %d compute "
               "elements are not round(master)", c->stage, differ, stale);

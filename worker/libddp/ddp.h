@@ -184,6 +184,12 @@ void ddp_options_init(ddp_options *opts);
 /* A static description of any return code of this library (or of libcollective). */
 const char *ddp_strerror(int err);
 
+/*
+ * Releases memory this library allocated for the caller (ddp_checkpoint_load()'s user_json).
+ * NULL is a no-op. Thread-safe.
+ */
+void ddp_free(void *p);
+
 typedef struct ddp_model ddp_model;
 
 /*
@@ -499,8 +505,8 @@ int ddp_checkpoint_latest(const char *root, char *path, size_t cap, ddp_log_fn l
  * the manifest describes this model (every parameter, matched by its name "unit.param", with
  * its shape and dtype; the order may differ) and optimizer (kind; differing hyper-parameters
  * are logged as warnings). `progress` (may be NULL) receives the
- * saved progress; `user_json` (may be NULL) receives the saved user state as a malloc'ed JSON
- * text (the caller frees it) or NULL if none. Every rank must pass the same checkpoint (checked:
+ * saved progress; `user_json` (may be NULL) receives the saved user state as a JSON text (free
+ * it with ddp_free()) or NULL if none. Every rank must pass the same checkpoint (checked:
  * rank 0's step is compared). Returns 0, and on failure the same code on every rank, with
  * ddp_last_error() naming the file and what is wrong: -ENOENT (no manifest, a missing shard),
  * -EPROTO (malformed manifest, a shard of the wrong size), -EBADMSG (a CRC32C mismatch),

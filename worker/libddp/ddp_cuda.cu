@@ -36,6 +36,7 @@
  *    which go on the communication stream with the collective they feed or drain, between
  *    page-locked host memory and memory the compute stream does not use.
  */
+#include "bf16conv.h"
 #include "ddp_ops.h"
 
 #include <cuda_runtime_api.h>
@@ -113,19 +114,6 @@ static int launched(ddp__dev *d, const char *what)
 {
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? 0 : cuda_fail(d, what, e);
-}
-
-/* As optim.h's ddp__bf16_from_f32(), bit for bit. */
-__device__ static inline uint16_t bf16_from_f32(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
-}
-
-__device__ static inline float bf16_to_f32(uint16_t h)
-{
-    return __uint_as_float((uint32_t)h << 16);
 }
 
 /* ------------------------------------------------------------------------------------------ */

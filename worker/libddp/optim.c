@@ -566,17 +566,17 @@ void ddp__adamw_step(float *param, const float *grad, float *m, float *v, size_t
 void ddp__to_bf16(uint16_t *dst, const float *src, size_t n, float scale)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = ddp__bf16_from_f32(src[i] * scale);
+        dst[i] = bf16_from_f32(src[i] * scale);
 }
 
 void ddp__from_bf16(float *dst, const uint16_t *src, size_t n, int add)
 {
     if (add)
         for (size_t i = 0; i < n; i++)
-            dst[i] += ddp__bf16_to_f32(src[i]);
+            dst[i] += bf16_to_f32(src[i]);
     else
         for (size_t i = 0; i < n; i++)
-            dst[i] = ddp__bf16_to_f32(src[i]);
+            dst[i] = bf16_to_f32(src[i]);
 }
 
 double ddp__sum_squares(const float *x, size_t n)

@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bf16conv.h"
 #include "ddp.h"
 
 /*
@@ -104,30 +105,9 @@ void ddp__add(float *dst, const float *src, size_t n);
 int ddp__all_finite(const float *x, size_t n);
 
 /*
- * bf16, emulated on the host: the upper 16 bits of an f32's pattern. ddp__bf16_from_f32()
- * rounds to nearest, ties to even; a NaN stays a NaN (made quiet, sign kept), infinities stay
- * infinite, and finite values above bf16's largest round to infinity as IEEE rounding does.
- * ddp__bf16_to_f32() is exact. The CUDA kernels (ddp_cuda.cu) use the same formula, bit for bit.
+ * bf16, emulated on the host, rounds with the project's one conversion (bf16conv.h:
+ * bf16_from_f32(), bf16_to_f32()), as the CUDA kernels (ddp_cuda.cu) do, bit for bit.
  */
-static inline uint16_t ddp__bf16_from_f32(float f)
-{
-    union {
-        float f;
-        uint32_t u;
-    } x = {f};
-    uint32_t rounded = (x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16;
-    return (uint16_t)((x.u & 0x7fffffffu) > 0x7f800000u ? (x.u >> 16) | 0x40u : rounded);
-}
-
-static inline float ddp__bf16_to_f32(uint16_t h)
-{
-    union {
-        uint32_t u;
-        float f;
-    } x = {(uint32_t)h << 16};
-    return x.f;
-}
-
 /* dst[i] = bf16(src[i] * scale) for n elements (scale 1: a plain cast; the product is rounded
  * to f32 first, then to bf16). */
 void ddp__to_bf16(uint16_t *dst, const float *src, size_t n, float scale);

@@ -731,7 +731,7 @@ static void solo_free(solo *s)
     ddp_model_free(s->m);
     coll_comm_destroy(s->comm);
     rdzv_client_close(s->store);
-    rdzv_server_stop(s->server);
+    rdzv_server_close(s->server);
 }
 
 static void import_log(void *arg, int level, const char *msg)

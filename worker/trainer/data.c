@@ -23,7 +23,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +30,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "errbuf.h"
 #include "rng.h"
 
 /* The largest IDX payload accepted: Fashion-MNIST's training images are 47 MB. */
@@ -39,21 +39,14 @@
 /* The sampler's generator stream for epoch e: 2^32 + e, apart from mlp's per-parameter ones. */
 #define EPOCH_STREAM(e) ((1ull << 32) + (uint64_t)(e))
 
-static _Thread_local char last_error[512];
+static _Thread_local errbuf last_error;
 
 const char *data_last_error(void)
 {
-    return last_error;
+    return last_error.msg;
 }
 
-__attribute__((format(printf, 2, 3))) static int fail(int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    return code;
-}
+#define fail(...) errbuf_set(&last_error, __VA_ARGS__)
 
 /* ------------------------------------------------------------------------------------------ */
 /* IDX files                                                                                   */

@@ -201,7 +201,7 @@ template <> __device__ __forceinline__ float narrow<float>(float v)
 {
     return v;
 }
-/* Round to nearest even, as bf16.h's bf16_round() on the host. */
+/* Round to nearest even, as bf16conv.h's bf16_from_f32() on the host. */
 template <> __device__ __forceinline__ bf16 narrow<bf16>(float v)
 {
     return __float2bfloat16_rn(v);

@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,21 +21,16 @@
 
 #include <jansson.h>
 
-static _Thread_local char last_error[512];
+#include "errbuf.h"
+
+static _Thread_local errbuf last_error;
 
 const char *st_last_error(void)
 {
-    return last_error;
+    return last_error.msg;
 }
 
-__attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    return rc;
-}
+#define fail(...) errbuf_set(&last_error, __VA_ARGS__)
 
 static const struct {
     const char *name;

@@ -198,7 +198,7 @@ void trainer_free(trainer *t)
         coll_comm_destroy(t->hcomm);
     coll_comm_destroy(t->comm);
     rdzv_client_close(t->store);
-    rdzv_server_stop(t->own_store);
+    rdzv_server_close(t->own_store);
     if (t->a.model)
         t->a.model->free(t->model);
     free(t->a.model_cfg);
