@@ -22,6 +22,7 @@
  * settling rules (settle.c).
  */
 #include "coll_internal.h"
+#include "errbuf.h"
 #include "rdzv.h"
 
 #include <errno.h>
@@ -45,13 +46,13 @@ static const coll__backend_ops *const backends[] = {
 };
 #define NBACKENDS (sizeof backends / sizeof backends[0])
 
-static _Thread_local char init_err[COLL__ERR_BYTES];
+static _Thread_local errbuf init_err; /* coll_last_error(NULL) */
 
 void coll__set_init_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(init_err, sizeof init_err, fmt, ap);
+    (void)errbuf_vset(&init_err, 0, fmt, ap);
     va_end(ap);
 }
 
@@ -557,16 +558,16 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     int rc;
     char err[COLL__ERR_BYTES] = "";
 
-    init_err[0] = 0;
+    errbuf_clear(&init_err);
     if (!opts) {
         coll_options_init(&defaults);
         opts = &defaults;
     }
     if (!store || !prefix || !out || world_size < 1 || rank < 0 || rank >= world_size ||
         (unsigned)backend > COLL_BACKEND_NCCL) {
-        snprintf(init_err, sizeof init_err,
-                 "coll_comm_init: invalid argument (rank %d, world size %d, backend %d)", rank,
-                 world_size, (int)backend);
+        coll__set_init_error(
+            "coll_comm_init: invalid argument (rank %d, world size %d, backend %d)", rank,
+            world_size, (int)backend);
         return -EINVAL;
     }
     if (backend == COLL_BACKEND_AUTO)
@@ -574,14 +575,13 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
                                                                             : COLL_BACKEND_CPU;
     const coll__backend_ops *ops = (size_t)backend < NBACKENDS ? backends[backend] : NULL;
     if (!ops) {
-        snprintf(init_err, sizeof init_err, "coll_comm_init: this build has no %s backend",
-                 coll_backend_name(backend));
+        coll__set_init_error("coll_comm_init: this build has no %s backend",
+                             coll_backend_name(backend));
         return -ENOTSUP;
     }
     if (ops->needs_device && device < 0) {
-        snprintf(init_err, sizeof init_err,
-                 "coll_comm_init: the %s backend needs a device (device >= 0)",
-                 coll_backend_name(backend));
+        coll__set_init_error("coll_comm_init: the %s backend needs a device (device >= 0)",
+                             coll_backend_name(backend));
         return -ENOTSUP;
     }
     c = calloc(1, sizeof *c);
@@ -620,9 +620,9 @@ int coll_comm_init(struct rdzv_client *store, const char *prefix, int rank, int 
     *out = c;
     return 0;
 out:
-    snprintf(init_err, sizeof init_err, "coll_comm_init (%s, rank %d of %d, prefix %s): %s",
-             coll_backend_name(backend), rank, world_size, prefix,
-             err[0] ? err : coll_strerror(rc));
+    coll__set_init_error("coll_comm_init (%s, rank %d of %d, prefix %s): %s",
+                         coll_backend_name(backend), rank, world_size, prefix,
+                         err[0] ? err : coll_strerror(rc));
     free_comm(c);
     return rc;
 }
@@ -650,7 +650,7 @@ int coll_comm_abort(coll_comm *c)
 
 int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
 {
-    init_err[0] = 0;
+    errbuf_clear(&init_err);
     if (!c || !out || (color < 0 && color != COLL_SPLIT_NOCOLOR))
         return -EINVAL;
     /* Pending operations first: the split must not overtake them. */
@@ -674,8 +674,8 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
                         lens, NULL);
     /* On a timeout the helper's account names the missing ranks, as everywhere in the project. */
     if (rc < 0)
-        snprintf(init_err, sizeof init_err, "coll_comm_split: exchanging colors: %s",
-                 rdzv_client_last_error(c->store));
+        coll__set_init_error("coll_comm_split: exchanging colors: %s",
+                             rdzv_client_last_error(c->store));
     pthread_mutex_unlock(&c->store_lock);
     gathered = rc == 0;
     if (rc < 0)
@@ -686,7 +686,7 @@ int coll_comm_split(coll_comm *c, int color, int key, coll_comm **out)
         snprintf(buf, sizeof buf, "%.*s", (int)(lens[r] < 63 ? lens[r] : 63), (char *)vals[r]);
         if (sscanf(buf, "%d %d", &rc_color, &rkey) != 2) {
             rc = -EPROTO;
-            snprintf(init_err, sizeof init_err, "coll_comm_split: rank %d's color is malformed", r);
+            coll__set_init_error("coll_comm_split: rank %d's color is malformed", r);
             goto out;
         }
         if (rc_color != color || color == COLL_SPLIT_NOCOLOR)
@@ -753,7 +753,7 @@ int coll_comm_failed_rank(const coll_comm *c)
 
 const char *coll_last_error(const coll_comm *c)
 {
-    return c ? c->err : init_err;
+    return c ? c->err : init_err.msg;
 }
 
 int coll_comm_set_stream(coll_comm *c, void *stream)
