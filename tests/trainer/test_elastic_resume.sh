@@ -21,7 +21,7 @@ train=$(readlink -f "$2")
 [ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   { echo "skip: Fashion-MNIST is not installed"; exit 77; }
 
-. "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
+. "$(dirname "$(readlink -f "$0")")/../netns_lib.sh"
 
 netns_test_begin
 

@@ -27,7 +27,7 @@
 # Exit: 0 pass, 1 fail, 77 skipped.
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}; RDZV=${3:?usage}
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../libddp/lib.sh"
 need_data
 
 need_cuda_trainer "$TRAIN"

@@ -35,7 +35,7 @@
 # Exit: 0 pass, 1 fail, 77 skipped (no GPU, a build without CUDA, no Fashion-MNIST, no python3).
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../libddp/lib.sh"
 need_data
 need_python
 
