@@ -83,7 +83,7 @@ for s in $SHAPES; do
 done
 
 ddprun=$BUILD/launcher/ddprun
-trainer=$BUILD/worker/ddp-train
+trainer=$BUILD/worker/trainer/ddp-train
 sgemm=$BUILD/bench/sgemm
 needed=("$ddprun" "$trainer")
 [[ $DEVICE == cpu ]] && needed+=("$sgemm")
