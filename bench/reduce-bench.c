@@ -15,7 +15,8 @@
  * the clock starts, so page faults are not timed. One thread only: the cpu backend splits a
  * reduction across ranks, not across threads.
  *
- * Not run by `meson test`; a benchmark, not a check (test_reduce checks the results).
+ * Not run by `meson test`; a benchmark, not a check (tests/libcollective/test_reduce.c checks
+ * the results).
  */
 #include <errno.h>
 #include <stdbool.h>

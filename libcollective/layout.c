@@ -2,7 +2,8 @@
  * The cpu backend's host layout, as a pure function of the host identities the ranks published:
  * which ranks share a host, each host's leader, each rank's index on its host, and the order of
  * the hosts. No I/O and no knowledge of what an identity means (cpu_boot.c makes them) or of the
- * limits the shared segment imposes (cpu_boot.c checks them); unit-tested in tests/test_layout.c.
+ * limits the shared segment imposes (cpu_boot.c checks them); unit-tested in
+ * tests/libcollective/test_layout.c.
  *
  * The rules: ranks with byte-equal identities form a host; a host's ranks are ordered by global
  * rank, so its leader (local rank 0) is its lowest rank; hosts are ordered by their leaders'

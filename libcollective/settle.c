@@ -3,7 +3,8 @@
  * code, from the evidence gathered so far. No I/O, no clock, no printing, no allocation: comm.c
  * asks the store the questions this file names (coll__settle() returns them one at a time),
  * writes the answers into the evidence and calls again, until a verdict comes back; then it
- * formats the message. Unit tests drive it with fake store answers (tests/test_settle.c).
+ * formats the message. Unit tests drive it with fake store answers
+ * (tests/libcollective/test_settle.c).
  *
  * The rules (libcollective(3), FAILURES):
  *  - an operation of an aborted communicator that ended with -ECANCELED blames this rank;

@@ -6,7 +6,7 @@
  * One table, `options[]` (the programs' cli_option, cli.h), describes every option: its
  * spellings, argument, help text and the commands it applies to; `rules[]`, by the same ids, how
  * its value is checked and where it is stored. Parsing, applicability checks and --help are all
- * driven by them, and tests/test_cli.sh checks that every option --help prints is in
+ * driven by them, and tests/rendezvous/test_cli.sh checks that every option --help prints is in
  * ddp-rendezvous(1), so the three cannot drift apart.
  *
  * Exit codes (documented in the man page; keep the two in step): 0 success, 1 operation failed,
@@ -152,9 +152,9 @@ enum opt_id {
 
 /*
  * The option table (cli.h): spellings, argument, the ON() mask of the commands it applies to
- * (the tag column) and help. Keep ddp-rendezvous(1) in step: tests/test_cli.sh fails when an
- * option printed by --help is missing from the man page or vice versa. How each value is checked
- * and where it is stored is in `rules` below, by the same ids.
+ * (the tag column) and help. Keep ddp-rendezvous(1) in step: tests/rendezvous/test_cli.sh fails
+ * when an option printed by --help is missing from the man page or vice versa. How each value is
+ * checked and where it is stored is in `rules` below, by the same ids.
  */
 static const cli_option options[] = {
     /* serve */

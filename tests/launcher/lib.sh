@@ -1,6 +1,8 @@
-# Shared preamble of the launcher shell tests; source it after setting -uo pipefail. Gives a
-# temporary directory $tmp, an array pids of processes to SIGKILL at exit, fail/ok reporting
-# (failures counted in $fails) and wait_for SECONDS COMMAND..., which polls until COMMAND succeeds.
+# Shared preamble of the launcher shell tests, which other rooms' shell tests source too
+# (tests/libddp/lib.sh, tests/trainer/, tests/tools/, tests/test_nccl_floor.sh); source it after
+# setting -uo pipefail. Gives a temporary directory $tmp, an array pids of processes to SIGKILL
+# at exit, fail/ok reporting (failures counted in $fails) and wait_for SECONDS COMMAND..., which
+# polls until COMMAND succeeds.
 # A test with more to undo at exit defines cleanup_hook, which the exit trap runs after killing
 # the pids and before removing $tmp.
 tmp=$(mktemp -d)

@@ -1,7 +1,7 @@
 /*
  * CRC32C (Castagnoli) for the checkpoint files (ckpt.h): SSE4.2's crc32 instruction when the CPU
  * has it, chosen once at run time (never from the build machine's flags), else a byte table.
- * Both give the same value; tests/test_ckpt.c checks them against each other and against the
+ * Both give the same value; tests/libddp/test_ckpt.c checks them against each other and against the
  * standard check value. Debian packages no CRC32C library for C, so this is the one place that
  * computes it.
  */

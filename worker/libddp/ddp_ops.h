@@ -100,7 +100,7 @@ extern const ddp__ops ddp__host_ops;
 
 /* The CUDA table's launch shape: blocks of DDP__CUDA_THREADS threads, min(ceil(n / threads),
  * DDP__CUDA_MAX_BLOCKS) of them, which also fixes norm_add's order of summation (ddp_cuda.cu;
- * tests/test_ddp_cuda.c reproduces it). */
+ * tests/libddp/test_ddp_cuda.c reproduces it). */
 #define DDP__CUDA_THREADS 256
 #define DDP__CUDA_MAX_BLOCKS 4096
 

@@ -21,7 +21,7 @@
  *    parameters and the momentum buffer) and AdamW's two moments match it bit for bit. AdamW's
  *    parameters may differ in the last place: our sqrt is IEEE's, correctly rounded, while
  *    PyTorch's CPU float sqrt (MKL's vector math in the PyPI builds) is 1 ulp off for about a
- *    fifth of its inputs, which moves the occasional update by an ulp. tests/optim_torch.py
+ *    fifth of its inputs, which moves the occasional update by an ulp. tests/libddp/optim_torch.py
  *    checks both. Hyperparameters arrive as float;
  *    the per-call coefficients are computed in double from those float values, as PyTorch
  *    computes them from Python floats, and rounded to float once. So to reproduce PyTorch

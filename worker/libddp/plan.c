@@ -1,7 +1,7 @@
 /*
  * libddp's layout arithmetic: buckets or units, padding and shards (plan.h states the
- * invariants). Pure and allocation-only, so unit tests reach every edge (tests/test_ddp_plan.c)
- * without a communicator.
+ * invariants). Pure and allocation-only, so unit tests reach every edge
+ * (tests/libddp/test_ddp_plan.c) without a communicator.
  */
 #include "plan.h"
 

@@ -11,7 +11,7 @@
 # peer gone, restart, meet again as a world of 2, and ddp-train resumes, resharded, from step
 # 40 (the torn step 80 ignored with a line), then finishes. Checked: both exit 0, the resume
 # line, the final test accuracy within 0.5 percentage points of the undisturbed run's (only
-# float sums differ between layouts, see tests/ddp/resume.sh). Printed: accuracies and the
+# float sums differ between layouts, see tests/trainer/resume.sh). Printed: accuracies and the
 # time lost.
 # Usage: test_elastic_resume.sh DDPRUN DDP_TRAIN. Exit 0 pass, 1 fail, 77 skip (not root, no
 # ip netns, no Fashion-MNIST).
@@ -21,7 +21,7 @@ train=$(readlink -f "$2")
 [ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   { echo "skip: Fashion-MNIST is not installed"; exit 77; }
 
-. "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
+. "$(dirname "$(readlink -f "$0")")/../netns_lib.sh"
 
 netns_test_begin
 

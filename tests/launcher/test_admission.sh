@@ -30,7 +30,7 @@ check=$(readlink -f "$3")
 no_netlink=$([ -n "${4:-}" ] && readlink -f "$4")
 here=$(dirname "$(readlink -f "$0")")
 peer="$here/admission_peer.py"
-. "$here/netns_lib.sh"
+. "$here/../netns_lib.sh"
 netns_test_begin
 for tool in timeout setpriv python3 ss prlimit; do
   command -v $tool >/dev/null || { echo "skip: no $tool"; exit 77; }

@@ -4,7 +4,7 @@
  * (header length, JSON, dtype, shape, offsets out of range, gaps, overlaps, trailing bytes,
  * metadata) is refused with a sentence naming the problem, never read out of bounds (the
  * sanitizer setup runs this too). Files from the Python package are checked by
- * tests/ckpt/ddp_ckpt_cli.sh.
+ * tests/tools/ddp_ckpt_cli.sh.
  */
 #include <check.h>
 

@@ -7,7 +7,7 @@
 #     library's level (worlds 1-4: stages 0-3, SGD and AdamW, clipping, 1 or 4 micro-steps,
 #     against a serial double reference within 1e-5 relative; ddp-check.c says why);
 #  2. equivalence through ddp-train's per-step metrics (loss and gradient norm, 12 steps, on the
-#     host: --device cpu, whatever GPU the machine has; tests/ddp/gpu.sh checks the GPU):
+#     host: --device cpu, whatever GPU the machine has; tests/trainer/gpu.sh checks the GPU):
 #     worlds 1, 2 and 4 on the same global batch, ZeRO stages 0-3, SGD with momentum
 #     and AdamW with clipping, and 4 micro-steps x 64 against 1 x 256, all against world 1's
 #     stage 0 within 1e-5 relative (the reductions add in other orders: float32 sums of a few

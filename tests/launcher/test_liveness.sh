@@ -12,7 +12,7 @@
 set -uo pipefail
 ddprun=$(readlink -f "$1")
 
-. "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
+. "$(dirname "$(readlink -f "$0")")/../netns_lib.sh"
 
 netns_test_begin
 

@@ -20,14 +20,14 @@
 #  5. A rank killed mid-step (DDP_TRAIN_TEST_KILL: rank 1 SIGKILLs itself after step 3): the
 #     survivor exits 2 naming rank 1 within the communicator's timeout plus a margin. With two
 #     GPUs or more the ranks use NCCL (libcollective's watchdog path), else the cpu backend on
-#     one GPU. Ranks started by hand on ddp-rendezvous, as tests/ddp/run_ddp.sh does.
+#     one GPU. Ranks started by hand on ddp-rendezvous, as tests/libddp/run_ddp.sh does.
 # The GPUs used are those CUDA_VISIBLE_DEVICES lists when it is set (a CI job's share of the
 # machine), else every GPU nvidia-smi lists; "the first GPU" is the first of them.
 # Usage: gpu.sh DDPRUN DDP_TRAIN DDP_RENDEZVOUS
 # Exit: 0 pass, 1 fail, 77 skipped.
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}; RDZV=${3:?usage}
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../libddp/lib.sh"
 need_data
 
 need_cuda_trainer "$TRAIN"

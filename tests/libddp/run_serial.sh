@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # libddp against a serial reference: ddp-serial under ddprun --standalone on one host (written
 # with the first, parallel draft of libddp; its misuse scenario follows that draft's API choices
-# and is not run: tests/ddp/ddp-check.c covers misuse for this libddp).
+# and is not run: tests/libddp/ddp-check.c covers misuse for this libddp).
 # World sizes 1 to 4 run equiv, accum, nonfinite, layout, memory and trace (3 ranks:
 # odd sizes, so groups pad); 2 and 3 ranks run kill at every stage (a rank SIGKILLed in the
 # middle of a step; survivors must name it within the 5 s communicator timeout) and stall (a rank
 # sleeping past a 3 s timeout: survivors time out naming it). Every ddprun is bounded by
 # timeout(1).
-# Usage: run_ddp.sh DDPRUN DDP_SERIAL [FILTER]. FILTER (a grep -E pattern) picks jobs by name.
+# Usage: run_serial.sh DDPRUN DDP_SERIAL [FILTER]. FILTER (a grep -E pattern) picks jobs by name.
 # Exit 0 pass, 1 fail, 77 skip (missing programs).
 set -uo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 DDPRUN DDP_SERIAL [FILTER]"; exit 2; }

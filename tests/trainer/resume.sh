@@ -22,7 +22,7 @@
 # Usage: resume.sh DDPRUN DDP_TRAIN. Exit 0 pass, 1 fail, 77 skip (no Fashion-MNIST, no python3).
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../libddp/lib.sh"
 need_data
 need_python
 

@@ -24,8 +24,8 @@ for p in slurmctld slurmd srun salloc sbatch scancel squeue sinfo munged mungeke
   command -v "$p" >/dev/null || { echo "skip: $p not found (apt-get install slurmctld slurmd slurm-client munge)"; exit 77; }
 done
 
-. "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
-. "$(dirname "$(readlink -f "$0")")/launcher/marked.sh"
+. "$(dirname "$(readlink -f "$0")")/../netns_lib.sh"
+. "$(dirname "$(readlink -f "$0")")/marked.sh"
 
 tag=$$
 T=$(mktemp -d /tmp/ddprun-slurm.XXXXXX)

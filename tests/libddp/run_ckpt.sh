@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# libddp's checkpoints end to end, ddp-ckpt-check under ddprun (tests/ddp/ddp-ckpt-check.c says
+# libddp's checkpoints end to end, ddp-ckpt-check under ddprun (tests/libddp/ddp-ckpt-check.c says
 # what each scenario checks):
 #  1. resume: 2K steps straight against K, save, load into a new model, K more: identical shard
 #     files (parameters and optimizer state), every stage, SGD with momentum and AdamW, worlds 2

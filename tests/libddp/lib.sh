@@ -1,4 +1,5 @@
-# Shared preamble of the ddp shell tests (tests/ddp/*.sh); source it after set -uo pipefail.
+# Shared preamble of the shell tests of libddp and of the trainer (tests/libddp/*.sh,
+# tests/trainer/*.sh); source it after set -uo pipefail.
 # It sources tests/launcher/lib.sh ($tmp, pids to SIGKILL at exit, fail/ok counting $fails,
 # wait_for) and adds:
 #   need_data            skip (77) without Debian's dataset-fashion-mnist

@@ -10,7 +10,7 @@ torch.nn.utils.clip_grad_norm_, taking each step's learning rate from the dump, 
 every step's loss (the mean cross-entropy over the global batch before the update) and gradient
 norm (before clipping) with ddp-train's metrics. Prints the largest difference per
 configuration. It does not test the evaluation, the data pipeline's order (the batches come from
-the dump) or anything at more than two ranks (tests/ddp/run_ddp.sh does).
+the dump) or anything at more than two ranks (tests/libddp/run_ddp.sh does).
 
 Tolerances, relative, at every one of the 50 steps: 2e-4 for the loss, 1e-3 for the gradient
 norm. Both sides compute in float32 but sum in different orders (OpenBLAS against PyTorch's
@@ -37,7 +37,7 @@ whose kernels are Haswell's). So that the test checks the same arithmetic on eve
 may run on, ddp-train runs on the host (--device cpu, whatever GPU the machine has) with
 OpenBLAS's Haswell kernels (OPENBLAS_CORETYPE, on any CPU with AVX2; an explicit
 OPENBLAS_CORETYPE is kept). libddp's own kernels still dispatch by CPU as
-usual (test_ddp_optim covers each set).
+usual (the ddp-optim test covers each set).
 
 Usage: torch_reference.py DDPRUN DDP_TRAIN
 Exit: 0 pass, 1 fail, 77 skipped (no torch, or Fashion-MNIST is not installed).

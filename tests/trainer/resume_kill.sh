@@ -15,7 +15,7 @@
 # Usage: resume_kill.sh DDPRUN DDP_TRAIN. Exit 0 pass, 1 fail, 77 skip (no Fashion-MNIST).
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../libddp/lib.sh"
 need_data
 
 # run NAME [KILL]: the job, with rank 1 killed at KILL when given; the wall time in $tmp/NAME.s.

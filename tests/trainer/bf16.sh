@@ -14,7 +14,7 @@
 set -uo pipefail
 DDPRUN=${1:?usage: bf16.sh DDPRUN DDP_TRAIN}
 TRAIN=${2:?usage: bf16.sh DDPRUN DDP_TRAIN}
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../libddp/lib.sh"
 need_data
 
 common=(--device cpu --epochs 3 --log-every 1000 --timeout-ms 60000)

@@ -1,6 +1,6 @@
 /*
  * ddp-check: libddp's checks that need a real communicator, run under ddprun (see
- * tests/ddp/run_ddp.sh). One scenario per run:
+ * tests/libddp/run_ddp.sh). One scenario per run:
  *
  *   misuse   a gradient marked twice, a parameter never marked, a step without a synced
  *            micro-step: each -EINVAL with a message naming the parameter, on every rank; then
@@ -36,7 +36,7 @@
  *   equiv-nccl    the same on an nccl communicator (one GPU per rank; world 1 on a single GPU),
  *            the test's own exchanges of host values on a cpu one
  *   gpu-count  prints how many CUDA devices are visible (0 in a build without CUDA) and exits
- *            0, without a rendezvous (tests/ddp/gpu_check.sh asks it first)
+ *            0, without a rendezvous (tests/libddp/gpu_check.sh asks it first)
  *
  * Prints "ddp-check: rank R/W SCENARIO: PASS" or FAIL lines; exit status 0 when every check
  * passed, 1 when one failed, 2 on a setup error.

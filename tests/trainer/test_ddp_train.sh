@@ -21,7 +21,7 @@ if [[ ! -r $DATA/train-images-idx3-ubyte.gz ]]; then
     exit 77
 fi
 
-. "$(dirname "$0")/launcher/lib.sh" # $tmp, fail, ok
+. "$(dirname "$0")/../launcher/lib.sh" # $tmp, fail, ok
 
 # expect_exit CODE PATTERN CMD...: CMD exits with CODE and its stderr matches PATTERN.
 expect_exit() {

@@ -18,7 +18,7 @@
 # mount, no Fashion-MNIST).
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../libddp/lib.sh"
 need_data
 
 mnt=$tmp/mnt

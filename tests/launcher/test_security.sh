@@ -132,7 +132,7 @@ fi
 if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
   echo "skip: the two-node part needs root and iproute2"
 else
-  . "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
+  . "$(dirname "$(readlink -f "$0")")/../netns_lib.sh"
   if ! netns_setup sec "$$" 10.213.9 3; then
     echo "skip: cannot make network namespaces"
   else

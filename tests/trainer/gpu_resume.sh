@@ -4,7 +4,7 @@
 # for the device (libddp(3), THE DEVICE PATH), and the load back into device memory at the
 # same and at other world sizes and stages. Exits 77 where no GPU is visible or ddp-train was
 # built without CUDA. Every run is bounded by timeout(1); about a minute on one GPU.
-# The settings are tests/ddp/resume.sh's: --hidden 128, a global batch of 384 in micro-batches
+# The settings are tests/trainer/resume.sh's: --hidden 128, a global batch of 384 in micro-batches
 # of 64 (6, 3 or 2 micro-steps per rank at worlds 1, 2 and 3), one epoch (156 steps), AdamW at
 # a constant rate after 10 warmup steps (a cosine decay would span each leg's own length).
 #  1. World 1 (NCCL when libcollective has it, else the cpu backend on device buffers):
@@ -35,12 +35,12 @@
 # Exit: 0 pass, 1 fail, 77 skipped (no GPU, a build without CUDA, no Fashion-MNIST, no python3).
 set -uo pipefail
 DDPRUN=${1:?usage}; TRAIN=${2:?usage}
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../libddp/lib.sh"
 need_data
 need_python
 
 need_cuda_trainer "$TRAIN"
-# The first GPU (as tests/ddp/gpu.sh chooses it) for every run.
+# The first GPU (as tests/trainer/gpu.sh chooses it) for every run.
 if [[ -n ${CUDA_VISIBLE_DEVICES+x} ]]; then
     export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*}
 else

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# libddp with the model on GPUs, through ddp-check under ddprun (tests/ddp/ddp-check.c says
+# libddp with the model on GPUs, through ddp-check under ddprun (tests/libddp/ddp-check.c says
 # what each scenario checks and its tolerances). Exits 77 where no GPU is visible, or
 # ddp-check was built without CUDA. Each run is bounded by timeout(1); a few minutes on one GPU.
 #  1. equiv-device: the equivalence and bf16 scenarios with the model in device memory and the

@@ -1,6 +1,6 @@
 /*
  * ddp-ckpt-check: libddp's checkpoints with a real communicator, run under ddprun (see
- * tests/ddp/run_ckpt.sh). One scenario per run, every file under DIR:
+ * tests/libddp/run_ckpt.sh). One scenario per run, every file under DIR:
  *
  *   resume DIR     every stage, SGD with momentum and AdamW: 2K steps in one go against K steps,
  *                  a save, a new model that loads it, K more steps: the two final checkpoints'
