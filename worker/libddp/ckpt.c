@@ -165,12 +165,8 @@ static void state_names(const ddp__model_view *v, const char **names, int *n)
 {
     *n = 0;
     names[(*n)++] = "param";
-    if (v->o->optimizer == DDP_ADAMW) {
-        names[(*n)++] = "exp_avg";
-        names[(*n)++] = "exp_avg_sq";
-    } else if (v->opt[0]) {
-        names[(*n)++] = "momentum_buffer";
-    }
+    for (int k = 0; k < v->nopt; k++)
+        names[(*n)++] = ddp__optimizer(v->o->optimizer)->state[k];
 }
 
 /* The model's state array s: 0 the parameters, then the optimizer's. */
@@ -319,11 +315,11 @@ static json_t *build_manifest(ddp_model *m, const ddp__model_view *v, const char
     const ddp_options *o = v->o;
     json_t *j = json_object(), *st = json_array(), *units = json_array(), *params = json_array(),
            *groups = json_array();
-    json_t *opt = json_pack(
-        "{s:s, s:f, s:b, s:f, s:f, s:f, s:f, s:f}", "kind",
-        o->optimizer == DDP_ADAMW ? "adamw" : "sgd", "momentum", (double)o->momentum, "nesterov",
-        o->nesterov, "weight_decay", (double)o->weight_decay, "beta1", (double)o->beta1, "beta2",
-        (double)o->beta2, "eps", (double)o->eps, "clip_norm", (double)o->clip_norm);
+    json_t *opt = json_pack("{s:s, s:f, s:b, s:f, s:f, s:f, s:f, s:f}", "kind",
+                            ddp_optimizer_name(o->optimizer), "momentum", (double)o->momentum,
+                            "nesterov", o->nesterov, "weight_decay", (double)o->weight_decay,
+                            "beta1", (double)o->beta1, "beta2", (double)o->beta2, "eps",
+                            (double)o->eps, "clip_norm", (double)o->clip_norm);
     json_t *prog = json_pack("{s:I, s:I, s:I}", "epoch", (json_int_t)pr->epoch, "position",
                              (json_int_t)pr->position, "seed", (json_int_t)pr->seed);
     bool ok = j && st && units && params && groups && opt && prog;
@@ -1258,8 +1254,7 @@ out:
         snprintf(msg, cap,
                  "%s/" DDP__CKPT_MANIFEST ": the optimizer is %s, the model's %s (load with "
                  "DDP_CKPT_PARAMS_ONLY to take the parameters alone)",
-                 mf->dir, mf->optimizer == DDP_ADAMW ? "adamw" : "sgd",
-                 o->optimizer == DDP_ADAMW ? "adamw" : "sgd");
+                 mf->dir, ddp_optimizer_name(mf->optimizer), ddp_optimizer_name(o->optimizer));
         return -EINVAL;
     }
     if (!(flags & DDP_CKPT_PARAMS_ONLY) && v->rank == 0 &&
@@ -1389,9 +1384,8 @@ int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
     if ((rc = ddp__drop_units(m)) < 0)
         goto out;
     memset(v.param, 0, (v.stage == 3 ? v.plan->shard_total : v.plan->total) * sizeof(float));
-    for (int k = 0; k < 2; k++)
-        if (v.opt[k])
-            memset(v.opt[k], 0, v.opt_elems * sizeof(float));
+    for (int k = 0; k < v.nopt; k++)
+        memset(v.opt[k], 0, v.opt_elems * sizeof(float));
     local = read_owned(&v, &mf, flags, msg, sizeof msg);
     if ((rc = agree(m, &v, local, msg)) < 0)
         goto out;

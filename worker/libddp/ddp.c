@@ -36,6 +36,7 @@
 #include "ddp_ops.h"
 #include "monoclock.h"
 #include "optim.h"
+#include "optimizer.h"
 #include "plan.h"
 
 #include <assert.h>
@@ -90,14 +91,16 @@ struct ddp_model {
     bool rbf16;       /* reduce_dtype bf16 */
     uint16_t *cparam; /* bf16 compute copy of param (same layout), or NULL */
     uint16_t *rgrad;  /* stages 0-1, reduce_dtype bf16: the bf16 copy of grad reduced */
-    float *hparam, *hopt1, *hopt2; /* device: host mirrors for checkpoints, made at the first */
+    float *hparam, *hopt[DDP__OPT_MAX_STATE]; /* device: host mirrors for checkpoints, made at
+                                                 the first */
     coll_request **retire;         /* device: requests the streams wait on, released later */
     int nretire, cap_retire;
     float *param;     /* stages 0-2: arena; stage 3: owned parts (compact) */
     float *grad;      /* stages 0-1: arena; stages 2-3: owned parts (compact) */
-    float *opt1;      /* momentum, or AdamW's m */
-    float *opt2;      /* AdamW's v */
-    size_t opt_elems; /* elements of each optimizer state array */
+    const ddp__optimizer_def *opt_def; /* o.optimizer's row (optimizer.h) */
+    int nopt;                          /* its state arrays with these options */
+    float *opt[DDP__OPT_MAX_STATE];    /* the state arrays ([nopt]), named by opt_def->state */
+    size_t opt_elems;                  /* elements of each optimizer state array */
 
     /* Per group: how many of its parameters are ready, its request and its staging slot. */
     int *ready;
@@ -355,10 +358,9 @@ void ddp_options_init(ddp_options *o)
     o->first_bucket_bytes = 1u << 20;
     o->bucket_bytes = 25u << 20;
     o->pool_slots = 4;
+    /* beta1, beta2 and eps are AdamW's defaults whatever the optimizer (ddp.h). */
+    (void)ddp_options_set_optimizer(o, DDP_ADAMW);
     o->optimizer = DDP_SGD;
-    o->beta1 = 0.9f;
-    o->beta2 = 0.999f;
-    o->eps = 1e-8f;
     o->device = -1;
 }
 
@@ -374,9 +376,9 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
                       : o.zero_stage < 0 || o.zero_stage > 3 ? "zero_stage must be 0..3"
                       : o.first_bucket_bytes == 0 || o.bucket_bytes == 0
                           ? "bucket sizes must be > 0"
-                      : o.pool_slots < 2 ? "pool_slots must be >= 2"
-                      : o.optimizer != DDP_SGD && o.optimizer != DDP_ADAMW ? "unknown optimizer"
-                      : o.nesterov && o.momentum <= 0 ? "Nesterov needs momentum > 0"
+                      : o.pool_slots < 2                   ? "pool_slots must be >= 2"
+                      : !ddp__optimizer(o.optimizer)       ? "unknown optimizer"
+                      : ddp__optimizer(o.optimizer)->check ? ddp__optimizer(o.optimizer)->check(&o)
                       : o.precision != DDP_PREC_F32 && o.precision != DDP_PREC_BF16
                           ? "precision must be DDP_PREC_F32 or DDP_PREC_BF16"
                       : o.reduce_dtype != COLL_F32 && o.reduce_dtype != COLL_BF16
@@ -474,14 +476,14 @@ void ddp_model_free(ddp_model *m)
     const ddp__ops *ops = m->ops;
     ops->release(&m->dev, m->param);
     ops->release(&m->dev, m->grad);
-    ops->release(&m->dev, m->opt1);
-    ops->release(&m->dev, m->opt2);
+    for (int k = 0; k < DDP__OPT_MAX_STATE; k++) {
+        ops->release(&m->dev, m->opt[k]);
+        free(m->hopt[k]);
+    }
     ops->release(&m->dev, m->cparam);
     ops->release(&m->dev, m->rgrad);
     xch_release(m);
     free(m->hparam);
-    free(m->hopt1);
-    free(m->hopt2);
     /* close destroys the communication stream: the communicator, which outlives the model,
      * must not keep it (a later collective would be enqueued on a destroyed stream). */
     if (ops->is_device)
@@ -871,14 +873,16 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg)
     m->retire = calloc((size_t)m->cap_retire, sizeof *m->retire);
     if (!m->ready || !m->req || !m->grad_slot || !m->marked || !m->done_seen || !m->retire)
         goto out;
-    bool moments = m->o.optimizer == DDP_ADAMW || m->o.momentum != 0;
     if ((rc = alloc_model(m, &m->param, nparam, f)) < 0 ||
         (rc = alloc_model(m, &m->grad, stage >= 2 ? owned : full, f)) < 0 ||
         (m->bf16 && (rc = alloc_model(m, &m->cparam, nparam, h)) < 0) ||
-        (m->rbf16 && stage < 2 && (rc = alloc_model(m, &m->rgrad, full, h)) < 0) ||
-        (moments && (rc = alloc_model(m, &m->opt1, m->opt_elems, f)) < 0) ||
-        (m->o.optimizer == DDP_ADAMW && (rc = alloc_model(m, &m->opt2, m->opt_elems, f)) < 0))
+        (m->rbf16 && stage < 2 && (rc = alloc_model(m, &m->rgrad, full, h)) < 0))
         goto alloc_failed;
+    m->opt_def = ddp__optimizer(m->o.optimizer);
+    m->nopt = ddp__optimizer_nstate(m->opt_def, &m->o);
+    for (int k = 0; k < m->nopt; k++)
+        if ((rc = alloc_model(m, &m->opt[k], m->opt_elems, f)) < 0)
+            goto alloc_failed;
     for (int g = 0; g < G; g++)
         m->grad_slot[g] = -1;
     if (stage >= 2) {
@@ -1158,7 +1162,7 @@ static int finish_reductions(ddp_model *m)
 /* Micro-steps                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-int ddp_micro_begin(ddp_model *m, int sync)
+int ddp_micro_begin(ddp_model *m, bool sync)
 {
     int rc = usable(m);
     if (rc < 0)
@@ -1467,9 +1471,11 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
         int64_t waited = 0;
         for (int g = 0; rc == 0 && optimizer_range(m, g, &r); g++) {
             waited += dev ? 0 : ddp__ckpt_wait_group(m->ck, g);
-            rc = ops->optimize(&m->dev, &m->o, lr, r.param, r.grad,
-                               m->opt1 ? m->opt1 + r.state_at : NULL,
-                               m->opt2 ? m->opt2 + r.state_at : NULL, r.compute, r.n);
+            float *state[DDP__OPT_MAX_STATE] = {NULL};
+            for (int k = 0; k < m->nopt; k++)
+                state[k] = m->opt[k] + r.state_at;
+            rc = ops->optimize(&m->dev, &m->o, m->opt_def, lr, r.param, r.grad, state, r.compute,
+                               r.n);
         }
         ddp__ckpt_waited(m->ck, waited);
         if ((rc = dev_check(m, rc, "ddp_step: the optimizer")) < 0)
@@ -1531,7 +1537,7 @@ int ddp_memory_stats(const ddp_model *m, ddp_memory *out)
     size_t h = sizeof(uint16_t), np = stage == 3 ? m->plan.shard_total : m->plan.total;
     s.param_bytes = (stage == 3 ? owned : full) + (m->cparam ? np * h : 0); /* + compute copy */
     s.grad_bytes = stage >= 2 ? owned : full;
-    s.optimizer_bytes = ((m->opt1 ? 1u : 0u) + (m->opt2 ? 1u : 0u)) * m->opt_elems * f;
+    s.optimizer_bytes = (size_t)m->nopt * m->opt_elems * f;
     /* Gradient slots (and their bf16 copies), gathered units (in the compute precision), and
      * stages 0-1's bf16 reduction copy of the arena. */
     s.pool_bytes = (size_t)m->ngslots * m->plan.max_padded * (f + (m->rbf16 ? h : 0)) +
@@ -1561,13 +1567,15 @@ int ddp__model_view_get(ddp_model *m, ddp__model_view *v)
         .o = &m->o,
         .plan = &m->plan,
         .param = m->param,
-        .opt = {m->opt1, m->opt2},
+        .nopt = m->nopt,
         .compute = m->cparam,
         .opt_elems = m->opt_elems,
         .steps = &m->steps,
         .attempted = &m->attempted,
         .ck = &m->ck,
     };
+    for (int k = 0; k < m->nopt; k++)
+        v->opt[k] = m->opt[k];
     return 0;
 }
 /* A device model's parameters and optimizer state: to the device from the host copy (up), or
@@ -1576,14 +1584,11 @@ static int copy_state(ddp_model *m, bool up)
 {
     const ddp__ops *o = m->ops;
     size_t np = m->o.zero_stage == 3 ? m->plan.shard_total : m->plan.total;
-    float *dev[3] = {m->param, m->opt1, m->opt2}, *host[3] = {m->hparam, m->hopt1, m->hopt2};
-    size_t n[3] = {np, m->opt_elems, m->opt_elems};
     int rc = 0;
-    for (int i = 0; i < 3 && rc == 0; i++) {
-        size_t bytes = n[i] * sizeof(float);
-        if (dev[i])
-            rc = up ? o->upload(&m->dev, dev[i], host[i], bytes)
-                    : o->download(&m->dev, host[i], dev[i], bytes);
+    for (int i = 0; i <= m->nopt && rc == 0; i++) { /* the parameters, then the state arrays */
+        float *dev = i ? m->opt[i - 1] : m->param, *host = i ? m->hopt[i - 1] : m->hparam;
+        size_t bytes = (i ? m->opt_elems : np) * sizeof(float);
+        rc = up ? o->upload(&m->dev, dev, host, bytes) : o->download(&m->dev, host, dev, bytes);
     }
     return dev_check(m, rc, up ? "checkpoint: copying the state to the device"
                                : "checkpoint: copying the state from the device");
@@ -1596,9 +1601,10 @@ int ddp__model_view_host(ddp_model *m, ddp__model_view *v, bool download)
     if (rc < 0 || !m->ops->is_device)
         return rc;
     size_t np = m->o.zero_stage == 3 ? m->plan.shard_total : m->plan.total, f = sizeof(float);
-    if ((!m->hparam && !(m->hparam = malloc(np * f))) ||
-        (m->opt1 && !m->hopt1 && !(m->hopt1 = malloc(m->opt_elems * f))) ||
-        (m->opt2 && !m->hopt2 && !(m->hopt2 = malloc(m->opt_elems * f))))
+    bool ok = m->hparam || (m->hparam = malloc(np * f));
+    for (int k = 0; ok && k < m->nopt; k++)
+        ok = m->hopt[k] || (m->hopt[k] = malloc(m->opt_elems * f));
+    if (!ok)
         return fail(m, -ENOMEM, "checkpoint: out of memory for the host copy of the state");
     if (download) {
         ddp_step_info in;
@@ -1608,8 +1614,8 @@ int ddp__model_view_host(ddp_model *m, ddp__model_view *v, bool download)
             return rc;
     }
     v->param = m->hparam;
-    v->opt[0] = m->hopt1;
-    v->opt[1] = m->hopt2;
+    for (int k = 0; k < m->nopt; k++)
+        v->opt[k] = m->hopt[k];
     return 0;
 }
 
@@ -1624,11 +1630,11 @@ int ddp__state_loaded(ddp_model *m)
             return rc;
     }
     /* Stages 0-2: every rank's parts of the parameters (stage 0: also the optimizer's arrays). */
-    float *arrays[3] = {m->param, stage == 0 ? m->opt1 : NULL, stage == 0 ? m->opt2 : NULL};
-    for (int s = 0; stage < 3 && s < 3; s++) {
-        for (int g = 0; arrays[s] && g < pl->ngroups; g++) {
+    for (int s = 0; stage < 3 && s <= (stage == 0 ? m->nopt : 0); s++) {
+        float *array = s ? m->opt[s - 1] : m->param;
+        for (int g = 0; g < pl->ngroups; g++) {
             const ddp__group *gr = &pl->groups[g];
-            float *b = arrays[s] + gr->offset;
+            float *b = array + gr->offset;
             rc = coll_allgather(m->comm, b + (size_t)m->rank * gr->shard, b, gr->shard, COLL_F32);
             if (rc < 0)
                 return coll_failed(m, rc, "checkpoint: gathering the loaded state");
