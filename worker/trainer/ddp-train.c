@@ -69,7 +69,7 @@ enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAIL = 2, EXIT_CKPT = 3 };
 
 /* The defaults, shared by the option table's help and parse_args(). */
 #define DEF_ZERO 0
-#define DEF_OPTIMIZER "adamw"
+#define DEF_OPTIMIZER DDP_ADAMW
 #define DEF_LR 1e-3
 #define DEF_MOMENTUM 0.9
 #define DEF_WEIGHT_DECAY 0
@@ -204,7 +204,7 @@ static const cli_option opt_table[] = {
      "other rank uses (the ranks compare their GPUs' UUIDs) and has NCCL, else cpu (device "
      "buffers staged through host memory: NCCL allows one rank per GPU); nccl where that does "
      "not hold is an error."},
-    {OPT_OPTIMIZER, {"--optimizer"}, "sgd|adamw", DEF_OPTIMIZER, 0, "The optimizer."},
+    {OPT_OPTIMIZER, {"--optimizer"}, "NAME", NULL, 0, "The optimizer."}, /* usage() names them */
     {OPT_LR, {"--lr"}, "LR", STR(DEF_LR), 0, "Peak learning rate."},
     {OPT_MOMENTUM, {"--momentum"}, "M", STR(DEF_MOMENTUM), 0, "SGD momentum (0: none)."},
     {OPT_WEIGHT_DECAY,
@@ -212,7 +212,7 @@ static const cli_option opt_table[] = {
      "WD",
      STR(DEF_WEIGHT_DECAY),
      0,
-     "Weight decay: added to the gradient for SGD, decoupled for AdamW."},
+     "Weight decay: added to the gradient for SGD, decoupled for AdamW and Lion."},
     {OPT_SCHEDULE,
      {"--schedule"},
      "constant|cosine",
@@ -362,6 +362,17 @@ static const cli_option opt_table[] = {
 };
 #define NOPTS (sizeof(opt_table) / sizeof(opt_table[0]))
 
+/* libddp's optimizers' names joined by `sep` into buf[cap] (truncated if need be). */
+static const char *optimizer_names(char *buf, size_t cap, const char *sep)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; ddp_optimizer_name((ddp_optimizer)i) && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", i ? sep : "",
+                                ddp_optimizer_name((ddp_optimizer)i));
+    return buf;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ddp-train [OPTIONS]\n"
@@ -374,7 +385,16 @@ static void usage(FILE *f)
                       "trains alone.",
                       0);
     fprintf(f, "\noptions:\n");
-    cli_print_options(f, opt_table, NOPTS, 0, CLI_HELP_WIDTH);
+    /* --optimizer's values and default come from libddp's table of optimizers. */
+    cli_option opts[NOPTS];
+    char names[128];
+    memcpy(opts, opt_table, sizeof opts);
+    for (size_t i = 0; i < NOPTS; i++)
+        if (opts[i].id == OPT_OPTIMIZER) {
+            opts[i].metavar = optimizer_names(names, sizeof names, "|");
+            opts[i].def = ddp_optimizer_name(DEF_OPTIMIZER);
+        }
+    cli_print_options(f, opts, NOPTS, 0, CLI_HELP_WIDTH);
     fprintf(f, "\nexit status: 0 trained; 1 bad usage, environment or data; 2 the job failed "
                "(store,\ncommunicator, a peer, the library); 3 trained, but the last checkpoint "
                "save failed.\n");
@@ -409,7 +429,6 @@ static int leave(int status)
 }
 
 /* The words of the keyword options, each at the index of the value it stands for. */
-static const char *const optimizer_words[] = {[DDP_SGD] = "sgd", [DDP_ADAMW] = "adamw", NULL};
 static const char *const schedule_words[] = {[DDP_SCHED_CONSTANT] = "constant",
                                              [DDP_SCHED_COSINE] = "cosine", NULL};
 static const char *const device_words[] = {[DEV_AUTO] = "auto", [DEV_CPU] = "cpu",
@@ -466,14 +485,12 @@ static int parse_args(int argc, char **argv, train_args *a)
                       .keep = DEF_KEEP,
                       .seed = DEF_SEED,
                       .data = DATA_DEFAULT_DIR};
-    int opt_word, sched_word;
-    int ok = cli_parse_choice("--optimizer", DEF_OPTIMIZER, "optimizer", optimizer_words,
-                              &opt_word) == 0 &&
-             cli_parse_choice("--schedule", DEF_SCHEDULE, "schedule", schedule_words,
-                              &sched_word) == 0;
-    assert(ok); /* the defaults above are valid names */
+    int sched_word;
+    int ok =
+        cli_parse_choice("--schedule", DEF_SCHEDULE, "schedule", schedule_words, &sched_word) == 0;
+    assert(ok); /* the default above is a valid name */
     (void)ok;
-    a->optimizer = (ddp_optimizer)opt_word;
+    a->optimizer = DEF_OPTIMIZER;
     a->schedule = (ddp_schedule_kind)sched_word;
 
     cli_getopt_tables g;
@@ -509,8 +526,14 @@ static int parse_args(int argc, char **argv, train_args *a)
                 a->backend = (coll_backend)word;
             break;
         case OPT_OPTIMIZER:
-            if ((rc = cli_parse_choice(flag, optarg, "optimizer", optimizer_words, &word)) == 0)
+            if ((word = ddp_optimizer_from_name(optarg)) >= 0) {
                 a->optimizer = (ddp_optimizer)word;
+            } else {
+                char names[128];
+                err("%s: expected an optimizer (%s), got '%s'", flag,
+                    optimizer_names(names, sizeof names, ", "), optarg);
+                return EXIT_USAGE;
+            }
             break;
         case OPT_LR:
             rc = cli_parse_double(flag, optarg, 0, HUGE_VAL, CLI_OPEN_MIN, &a->lr);
@@ -1225,7 +1248,7 @@ static int setup_model(trainer *t)
     ddp_options o;
     ddp_options_init(&o);
     o.zero_stage = a->zero;
-    o.optimizer = a->optimizer;
+    (void)ddp_options_set_optimizer(&o, a->optimizer); /* and its default hyper-parameters */
     o.momentum = (float)a->momentum;
     o.weight_decay = (float)a->weight_decay;
     o.clip_norm = (float)a->clip;
@@ -1728,10 +1751,10 @@ static void summary(trainer *t, double acc, double train_s)
             "ddp-train: %d rank%s, ZeRO-%d, %s: test accuracy %.2f%% after %" PRId64
             " steps in %.1f s (%.0f samples/s); model state %.2f MiB on rank 0 (parameters "
             "%.2f, gradients %.2f, optimizer %.2f; pools %.2f more)\n",
-            t->world, t->world == 1 ? "" : "s", t->a.zero,
-            t->a.optimizer == DDP_ADAMW ? "AdamW" : "SGD", 100 * acc, t->total_steps, train_s,
-            samples / train_s, mem.model_state_bytes * mib, mem.param_bytes * mib,
-            mem.grad_bytes * mib, mem.optimizer_bytes * mib, mem.pool_bytes * mib);
+            t->world, t->world == 1 ? "" : "s", t->a.zero, ddp_optimizer_name(t->a.optimizer),
+            100 * acc, t->total_steps, train_s, samples / train_s, mem.model_state_bytes * mib,
+            mem.param_bytes * mib, mem.grad_bytes * mib, mem.optimizer_bytes * mib,
+            mem.pool_bytes * mib);
     metrics_write(
         t, json_pack("{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary",
                      "done", "world", t->world, "zero", t->a.zero, "test_accuracy", acc, "steps",
@@ -1811,7 +1834,7 @@ int main(int argc, char **argv)
                 "warmup %ld), global batch %d (%d x %d micro-steps per rank), %d epoch%s of %d "
                 "steps, %s (reduced in %s); %s\n",
                 t.world, t.world == 1 ? "" : "s", t.a.zero, shape, mlp_num_params(&t.cfg),
-                t.a.optimizer == DDP_ADAMW ? "AdamW" : "SGD", t.a.lr,
+                ddp_optimizer_name(t.a.optimizer), t.a.lr,
                 t.a.schedule == DDP_SCHED_COSINE ? "cosine" : "constant", t.a.warmup,
                 t.a.global_batch, t.sampler.micro, t.a.grad_accum, t.epochs,
                 t.epochs == 1 ? "" : "s", t.steps_per_epoch, t.a.bf16 ? "bf16" : "f32",
