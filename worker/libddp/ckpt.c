@@ -927,8 +927,10 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
     if (rc < 0)
         return rc;
     if (!root || !*root || keep < 0 || (flags & ~DDP_CKPT_SYNC))
-        return ddp__fail(m, -EINVAL, "ddp_checkpoint_save: bad argument (root %s, keep %d)",
-                         root ? root : "NULL", keep);
+        return ddp__fail(m, -EINVAL,
+                         "ddp_checkpoint_save: bad argument (root %s, keep %d, flags %#x: a "
+                         "save takes DDP_CKPT_SYNC)",
+                         root ? root : "NULL", keep, flags);
     json_t *user = NULL;
     if (user_json) {
         json_error_t je;
@@ -1350,7 +1352,10 @@ int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
     if (rc < 0)
         return rc;
     if (!path || (flags & ~DDP_CKPT_PARAMS_ONLY))
-        return ddp__fail(m, -EINVAL, "ddp_checkpoint_load: bad argument");
+        return ddp__fail(m, -EINVAL,
+                         "ddp_checkpoint_load: bad argument (path %s, flags %#x: a load takes "
+                         "DDP_CKPT_PARAMS_ONLY)",
+                         path ? path : "NULL", flags);
     ddp__ckpt_manifest mf = {0};
     char msg[MSG_BYTES] = "";
     char *user = NULL;
