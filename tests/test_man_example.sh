@@ -27,9 +27,9 @@ if [[ -n $pcdir ]]; then
         sed -e 's/^ *-L//' -e 's/ *-L/:/g' -e 's/ *$//')
     echo "pkg-config --cflags --libs $lib: $flags"
 else
-    flags="-I$src/worker -I$src/libcollective -I$src/rendezvous -L$build/worker"
+    flags="-I$src/worker/libddp -I$src/libcollective -I$src/rendezvous -L$build/worker/libddp"
     flags+=" -L$build/libcollective -L$build/rendezvous -lddp -lcollective -lrendezvous"
-    libs="$build/worker:$build/libcollective:$build/rendezvous"
+    libs="$build/worker/libddp:$build/libcollective:$build/rendezvous"
 fi
 # EXAMPLE_CFLAGS: the build's sanitizers, so that the program links against its libraries.
 # shellcheck disable=SC2086 # flags and EXAMPLE_CFLAGS are lists of words
