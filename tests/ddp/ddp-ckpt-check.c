@@ -244,7 +244,7 @@ static void scen_resume(const char *dir)
                   "progress %" PRId64 " %" PRId64 " %" PRIu64, got.epoch, got.position, got.seed);
             CHECK(user && strstr(user, "\"lr\"") && strstr(user, "\"x\""), "user state %s",
                   user ? user : "NULL");
-            free(user);
+            ddp_free(user);
             int64_t step = -1;
             CHECK(rc == 0 && train_from(m, K, K, &step) == 0 && step == 2 * K,
                   "stage %d %s: second half ends at step %" PRId64, stage, opt, step);

@@ -64,6 +64,11 @@ const char *ddp_strerror(int err)
     return coll_strerror(err);
 }
 
+void ddp_free(void *p)
+{
+    free(p);
+}
+
 const char *ddp_last_error(const ddp_model *m)
 {
     return m ? m->err : create_err;

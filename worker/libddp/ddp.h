@@ -9,7 +9,7 @@
  * (ddp_grad_ready) and "step" (ddp_step). One training loop serves every stage:
  *
  *   ddp_options o;  ddp_options_init(&o);  o.zero_stage = 2;
- *   ddp_options_set_optimizer(&o, ddp_optimizer_from_name("adamw"));
+ *   ddp_options_set_optimizer(&o, DDP_ADAMW);
  *   ddp_model *m;   ddp_model_create(comm, &o, &m);
  *   for each layer l:  u = ddp_unit_add(m, "fc1");
  *                      W = ddp_param_add(m, u, "weight", 2, (int64_t[]){out, in}, COLL_F32); ...
@@ -144,6 +144,10 @@ int ddp_optimizer_from_name(const char *name);
 /* A static description of any return code of this library (or of libcollective). */
 const char *ddp_strerror(int err);
 
+/* Releases memory that a function of this library allocated for the caller (the user state of
+ * ddp_checkpoint_load()). NULL is a no-op. Thread-safe. */
+void ddp_free(void *p);
+
 typedef struct ddp_model ddp_model;
 
 /*
@@ -187,9 +191,9 @@ int ddp_unit_add(ddp_model *m, const char *name);
 
 /*
  * Registers a parameter of unit `unit` (which must be the latest unit added): `name` (copied),
- * `ndim` dimensions of `shape` (copied; each > 0), `dtype` (COLL_F32 today). Parameters are laid
- * out in registration order. Returns the parameter's index (0, 1, ...), -EINVAL or -ENOTSUP
- * (a dtype the optimizers do not handle yet).
+ * `ndim` dimensions of `shape` (copied; each > 0), `dtype` (COLL_F32, the one dtype the
+ * optimizers handle). Parameters are laid out in registration order. Returns the parameter's
+ * index (0, 1, ...), -EINVAL or -ENOTSUP (another dtype).
  */
 int ddp_param_add(ddp_model *m, int unit, const char *name, int ndim, const int64_t *shape,
                   coll_dtype dtype);
@@ -460,9 +464,9 @@ int ddp_checkpoint_latest(const char *root, char *path, size_t cap, ddp_log_fn l
  * the manifest describes this model (every parameter, matched by its name "unit.param", with
  * its shape and dtype; the order may differ) and optimizer (kind; differing hyper-parameters
  * are logged as warnings). `progress` (may be NULL) receives the
- * saved progress; `user_json` (may be NULL) receives the saved user state as a malloc'ed JSON
- * text (the caller frees it) or NULL if none. Every rank must pass the same checkpoint (checked:
- * rank 0's step is compared). Returns 0, and on failure the same code on every rank, with
+ * saved progress; `user_json` (may be NULL) receives the saved user state as a JSON text the
+ * caller releases with ddp_free(), or NULL if none. Every rank must pass the same checkpoint
+ * (checked: rank 0's step is compared). Returns 0, and on failure the same code on every rank, with
  * ddp_last_error() naming the file and what is wrong: -ENOENT (no manifest, a missing shard),
  * -EPROTO (malformed manifest, a shard of the wrong size), -EBADMSG (a CRC32C mismatch),
  * -EINVAL (another model or optimizer, different checkpoints on different ranks, not

@@ -1569,7 +1569,7 @@ static int restore(trainer *t)
                  saved.step, pr.epoch, pr.position, t->steps_per_epoch);
     else
         status = 0;
-    free(user);
+    ddp_free(user);
     if (status != 0) {
         if (t->rank == 0)
             err("--resume %s: cannot resume from it: %s", path, why);
