@@ -530,8 +530,8 @@ static int parse_args(int argc, char **argv, train_args *a)
                 a->optimizer = (ddp_optimizer)word;
             } else {
                 char names[128];
-                err("%s: expected an optimizer (%s), got '%s'", flag,
-                    optimizer_names(names, sizeof names, ", "), optarg);
+                err("%s: unknown optimizer '%s' (%s)", flag, optarg,
+                    optimizer_names(names, sizeof names, ", "));
                 return EXIT_USAGE;
             }
             break;
