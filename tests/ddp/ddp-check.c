@@ -2,7 +2,9 @@
  * ddp-check: libddp's checks that need a real communicator, run under ddprun (see
  * tests/ddp/run_ddp.sh). One scenario per run:
  *
- *   misuse   a gradient marked twice, a parameter never marked, a step without a synced
+ *   misuse   options ddp_model_create() refuses (an unknown optimizer, Nesterov without
+ *            momentum, a bad precision after an optimizer whose own check passes); a gradient
+ *            marked twice, a parameter never marked, a step without a synced
  *            micro-step: each -EINVAL with a message naming the parameter, on every rank; then
  *            rank 1 alone leaves a gradient unmarked (stage 0) or marks one twice (stage 3):
  *            rank 1 fails naming the parameter, every other rank naming rank 1, well within
@@ -208,8 +210,43 @@ static void misuse_one(coll_comm *comm, int stage, int twice)
     coll_comm_destroy(c);
 }
 
+/* Options ddp_model_create() refuses, each with -EINVAL and its reason; the optimizer's own check
+ * (its row's) does not stop the checks after it. */
+static void bad_options(coll_comm *comm)
+{
+    struct {
+        ddp_optimizer opt;
+        bool nesterov;
+        ddp_precision prec;
+        const char *want; /* NULL: accepted */
+    } cases[] = {
+        {(ddp_optimizer)7, false, DDP_PREC_F32, "unknown optimizer"},
+        {DDP_SGD, true, DDP_PREC_F32, "Nesterov needs momentum > 0"},
+        {DDP_SGD, false, (ddp_precision)5, "precision must be"},
+        {DDP_LION, false, (ddp_precision)5, "precision must be"},
+        {DDP_LION, false, DDP_PREC_BF16, NULL},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ddp_options o;
+        ddp_options_init(&o);
+        o.optimizer = cases[k].opt;
+        o.nesterov = cases[k].nesterov;
+        o.precision = cases[k].prec;
+        ddp_model *m = NULL;
+        int rc = ddp_model_create(comm, &o, &m);
+        if (cases[k].want)
+            CHECK(rc == -EINVAL && strstr(ddp_last_error(NULL), cases[k].want),
+                  "options case %zu: %d (%s), want -EINVAL naming \"%s\"", k, rc,
+                  ddp_last_error(NULL), cases[k].want);
+        else
+            CHECK(rc == 0, "options case %zu: %d (%s)", k, rc, ddp_last_error(NULL));
+        ddp_model_free(m);
+    }
+}
+
 static void scen_misuse(coll_comm *comm)
 {
+    bad_options(comm);
     misuse_all(comm);
     if (world > 1) {
         misuse_one(comm, 0, 0);

@@ -289,6 +289,13 @@ void ddp_options_init(ddp_options *o)
     o->device = -1;
 }
 
+/* NULL, or why o's hyper-parameters do not suit its optimizer (its row's check). */
+static const char *optimizer_check(const ddp_options *o)
+{
+    const ddp__optimizer_def *def = ddp__optimizer(o->optimizer);
+    return def && def->check ? def->check(o) : NULL;
+}
+
 int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
 {
     create_err[0] = 0;
@@ -301,9 +308,9 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
                       : o.zero_stage < 0 || o.zero_stage > 3 ? "zero_stage must be 0..3"
                       : o.first_bucket_bytes == 0 || o.bucket_bytes == 0
                           ? "bucket sizes must be > 0"
-                      : o.pool_slots < 2                   ? "pool_slots must be >= 2"
-                      : !ddp__optimizer(o.optimizer)       ? "unknown optimizer"
-                      : ddp__optimizer(o.optimizer)->check ? ddp__optimizer(o.optimizer)->check(&o)
+                      : o.pool_slots < 2             ? "pool_slots must be >= 2"
+                      : !ddp__optimizer(o.optimizer) ? "unknown optimizer"
+                      : optimizer_check(&o)          ? optimizer_check(&o)
                       : o.precision != DDP_PREC_F32 && o.precision != DDP_PREC_BF16
                           ? "precision must be DDP_PREC_F32 or DDP_PREC_BF16"
                       : o.reduce_dtype != COLL_F32 && o.reduce_dtype != COLL_BF16
