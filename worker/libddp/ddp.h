@@ -171,7 +171,7 @@ int ddp_model_broken(const ddp_model *m);
 /*
  * Creates an empty model on `comm` (borrowed: it must outlive the model; the model issues its
  * collectives on it, so the caller must not run collectives of its own on `comm` between
- * ddp_micro_begin() and ddp_step(), and aborts it on misuse, see above). `opts` is copied
+ * ddp_micro_begin() and ddp_step(), and aborts it on misuse: libddp(3), Misuse). `opts` is copied
  * (NULL: defaults). Returns 0 and sets *out, -EINVAL (bad option: also a host model, device
  * -1, on an nccl communicator, whose collectives need device memory), -ENOTSUP (opts->device >= 0
  * in a build without CUDA, or no GPU), COLL_ECUDA (the device cannot be used, or the

@@ -1,8 +1,9 @@
 /*
  * libddp's optimizer table (internal): one row per ddp_optimizer, which everything that depends
  * on the optimizer reads (the options' check, the state arrays' allocation, the step's kernels,
- * the checkpoint's writer and reader, ddp-ckpt). Adding an optimizer is a host kernel
- * (optim.c), a CUDA kernel (ddp_cuda.cu) and a row in optimizer.c.
+ * the checkpoint's writer and reader, ddp-ckpt). Adding an optimizer is its value of
+ * ddp_optimizer (ddp.h), a host kernel (optim.c), a CUDA kernel with its launcher (ddp_cuda.cu,
+ * declared at the end of this file) and a row in optimizer.c; nothing else names one.
  */
 #ifndef DDP_OPTIMIZER_H
 #define DDP_OPTIMIZER_H
