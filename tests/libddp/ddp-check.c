@@ -2,7 +2,9 @@
  * ddp-check: libddp's checks that need a real communicator, run under ddprun (see
  * tests/libddp/run_ddp.sh). One scenario per run:
  *
- *   misuse   a gradient marked twice, a parameter never marked, a step without a synced
+ *   misuse   options ddp_model_create() refuses (an unknown optimizer, Nesterov without
+ *            momentum, a bad precision after an optimizer whose own check passes); a gradient
+ *            marked twice, a parameter never marked, a step without a synced
  *            micro-step: each -EINVAL with a message naming the parameter, on every rank; then
  *            rank 1 alone leaves a gradient unmarked (stage 0) or marks one twice (stage 3):
  *            rank 1 fails naming the parameter, every other rank naming rank 1, well within
@@ -19,13 +21,12 @@
  *            backward ends
  *   equiv    a linear least-squares model of four units (sizes that pad unevenly), each rank
  *            the gradient of its slice of a global batch, in 1 or 4 micro-steps: stages 0-3,
- *            SGD (momentum, Nesterov, weight decay) and AdamW, with clipping, against a serial
- *            double-precision reference over the whole batch that every rank computes
- *   bf16     the same model at precision bf16 and/or reduce_dtype bf16, stages 0-3, SGD and
- *            AdamW: after every step the compute copy is the masters rounded to nearest even
- *            (each rank's owned part; stages 1-2 also every rank's whole copy, against the
- *            gathered masters), the result is within a stated tolerance of the reference, and
- *            a checkpoint of a bf16 model loads into a fresh one with its compute copy
+ *            SGD (momentum, Nesterov, weight decay), AdamW and Lion, with clipping, against a
+ * serial double-precision reference over the whole batch that every rank computes bf16     the same
+ * model at precision bf16 and/or reduce_dtype bf16, stages 0-3, every optimizer: after every step
+ * the compute copy is the masters rounded to nearest even (each rank's owned part; stages 1-2 also
+ * every rank's whole copy, against the gathered masters), the result is within a stated tolerance
+ * of the reference, and a checkpoint of a bf16 model loads into a fresh one with its compute copy
  *            refreshed (libddp's internals, ddp_internal.h, give the masters)
  *   equiv-device  equiv and bf16 with the model on a GPU (opts.device = LOCAL_RANK modulo the
  *            devices visible, opts.stream a stream of the test's): the cpu backend on device
@@ -209,8 +210,43 @@ static void misuse_one(coll_comm *comm, int stage, int twice)
     coll_comm_destroy(c);
 }
 
+/* Options ddp_model_create() refuses, each with -EINVAL and its reason; the optimizer's own check
+ * (its row's) does not stop the checks after it. */
+static void bad_options(coll_comm *comm)
+{
+    struct {
+        ddp_optimizer opt;
+        bool nesterov;
+        ddp_precision prec;
+        const char *want; /* NULL: accepted */
+    } cases[] = {
+        {(ddp_optimizer)7, false, DDP_PREC_F32, "unknown optimizer"},
+        {DDP_SGD, true, DDP_PREC_F32, "Nesterov needs momentum > 0"},
+        {DDP_SGD, false, (ddp_precision)5, "precision must be"},
+        {DDP_LION, false, (ddp_precision)5, "precision must be"},
+        {DDP_LION, false, DDP_PREC_BF16, NULL},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ddp_options o;
+        ddp_options_init(&o);
+        o.optimizer = cases[k].opt;
+        o.nesterov = cases[k].nesterov;
+        o.precision = cases[k].prec;
+        ddp_model *m = NULL;
+        int rc = ddp_model_create(comm, &o, &m);
+        if (cases[k].want)
+            CHECK(rc == -EINVAL && strstr(ddp_last_error(NULL), cases[k].want),
+                  "options case %zu: %d (%s), want -EINVAL naming \"%s\"", k, rc,
+                  ddp_last_error(NULL), cases[k].want);
+        else
+            CHECK(rc == 0, "options case %zu: %d (%s)", k, rc, ddp_last_error(NULL));
+        ddp_model_free(m);
+    }
+}
+
 static void scen_misuse(coll_comm *comm)
 {
+    bad_options(comm);
     misuse_all(comm);
     if (world > 1) {
         misuse_one(comm, 0, 0);
@@ -508,7 +544,9 @@ static int eq_init(void *arg, int param, const char *name, void *data, size_t co
 }
 
 typedef struct eq_cfg {
-    int stage, adamw, nmicro, pool;
+    int stage;
+    ddp_optimizer opt;
+    int nmicro, pool;
     float lr, clip;
     ddp_precision prec;
     coll_dtype reduce;
@@ -537,12 +575,20 @@ static float eq_w(ddp_model *m, const void *w, size_t e)
                                            : ((const float *)w)[e];
 }
 
+/* The learning rate of the runs of `opt`: Lion's update has no scale of its own (every element
+ * moves by lr), so it gets a smaller one. */
+static float eq_lr(ddp_optimizer opt)
+{
+    return opt == DDP_ADAMW ? 0.01f : opt == DDP_LION ? 0.003f : 0.05f;
+}
+
 /* The serial reference: theta after EQ_K steps, and each step's gradient norm. */
 static void eq_reference(const eq_cfg *c, double *theta, double *norms)
 {
     size_t P = eq_base[EQ_NP];
     double m1[EQ_MAXP] = {0}, m2[EQ_MAXP] = {0}, g[EQ_MAXP];
     const double wd = 0.01, mom = 0.9, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    const double lion_b1 = 0.9, lion_b2 = 0.99;
     for (size_t j = 0; j < P; j++)
         theta[j] = (float)eq_theta0(j);
     for (int t = 0; t < EQ_K; t++) {
@@ -562,12 +608,17 @@ static void eq_reference(const eq_cfg *c, double *theta, double *norms)
             for (size_t j = 0; j < P; j++)
                 g[j] *= c->clip / (norms[t] + 1e-6);
         for (size_t j = 0; j < P; j++) {
-            if (c->adamw) {
+            if (c->opt == DDP_ADAMW) {
                 theta[j] *= 1 - c->lr * wd;
                 m1[j] = b1 * m1[j] + (1 - b1) * g[j];
                 m2[j] = b2 * m2[j] + (1 - b2) * g[j] * g[j];
                 double mh = m1[j] / (1 - pow(b1, t + 1)), vh = m2[j] / (1 - pow(b2, t + 1));
                 theta[j] -= c->lr * mh / (sqrt(vh) + eps);
+            } else if (c->opt == DDP_LION) { /* the sign of an interpolation, decoupled decay */
+                theta[j] *= 1 - c->lr * wd;
+                double u = lion_b1 * m1[j] + (1 - lion_b1) * g[j];
+                theta[j] -= c->lr * ((u > 0) - (u < 0));
+                m1[j] = lion_b2 * m1[j] + (1 - lion_b2) * g[j];
             } else { /* Nesterov momentum with L2 weight decay, torch's order */
                 double gj = g[j] + wd * theta[j];
                 m1[j] = t == 0 ? gj : mom * m1[j] + gj;
@@ -619,9 +670,9 @@ static void eq_options(const eq_cfg *c, ddp_options *out)
     ddp_options o;
     ddp_options_init(&o);
     o.zero_stage = c->stage;
-    o.optimizer = c->adamw ? DDP_ADAMW : DDP_SGD;
-    o.momentum = c->adamw ? 0.0f : 0.9f;
-    o.nesterov = !c->adamw;
+    ddp_options_set_optimizer(&o, c->opt); /* and its defaults: Lion's betas 0.9, 0.99 */
+    o.momentum = c->opt == DDP_SGD ? 0.9f : 0.0f;
+    o.nesterov = c->opt == DDP_SGD;
     o.weight_decay = 0.01f;
     o.clip_norm = c->clip;
     o.first_bucket_bytes = 64; /* 16 floats, then 24: several buckets, some one parameter */
@@ -764,18 +815,18 @@ static void scen_equiv(coll_comm *comm)
     eq_sizes();
     size_t P = eq_base[EQ_NP];
     double worst = 0;
-    for (int adamw = 0; adamw < 2; adamw++) {
+    for (int k = 0; ddp_optimizer_name((ddp_optimizer)k); k++) {
+        ddp_optimizer opt = (ddp_optimizer)k;
+        const char *name = ddp_optimizer_name(opt);
         for (int nmicro = 1; nmicro <= 4; nmicro += 3) {
             for (int sp = 0; sp < 6; sp++) {
                 int stage = sp < 4 ? sp : sp - 2, pool = sp < 4 ? 2 : 8; /* 2-3 twice */
-                eq_cfg c = {stage, adamw, nmicro, pool, adamw ? 0.01f : 0.05f, 0.3f,
-                            DDP_PREC_F32, COLL_F32};
+                eq_cfg c = {stage, opt, nmicro, pool, eq_lr(opt), 0.3f, DDP_PREC_F32, COLL_F32};
                 double ref[EQ_MAXP], got[EQ_MAXP], rn[EQ_K], gn[EQ_K];
                 int nclip = 0;
                 eq_reference(&c, ref, rn);
                 if (eq_train(comm, &c, got, gn, &nclip) < 0) {
-                    CHECK(0, "stage %d %s micro %d: training failed", stage,
-                          adamw ? "adamw" : "sgd", nmicro);
+                    CHECK(0, "stage %d %s micro %d: training failed", stage, name, nmicro);
                     return;
                 }
                 double dmax = 0, rmax = 0, nrel = 0;
@@ -803,14 +854,14 @@ static void scen_equiv(coll_comm *comm)
                 CHECK(rel <= 1e-5 && nrel <= 1e-5 && nclip == rclip,
                       "stage %d %s micro %d slots %d: parameters %.2e, norms %.2e relative; "
                       "clipped %d steps, the reference %d",
-                      stage, adamw ? "adamw" : "sgd", nmicro, pool, rel, nrel, nclip, rclip);
+                      stage, name, nmicro, pool, rel, nrel, nclip, rclip);
                 if (rank == 0)
                     printf("ddp-check: equiv world %d stage %d %-5s %d micro %d slots: parameters "
                            "%.1e, "
                            "norms %.1e relative; %d of %d steps clipped (norms %.3f to %.3f); %d "
                            "reductions before unit 0's backward\n",
-                           world, stage, adamw ? "adamw" : "sgd", nmicro, pool, rel, nrel, nclip,
-                           EQ_K, rn[0], rn[EQ_K - 1], eq_overlap);
+                           world, stage, name, nmicro, pool, rel, nrel, nclip, EQ_K, rn[0],
+                           rn[EQ_K - 1], eq_overlap);
             }
         }
     }
@@ -984,10 +1035,12 @@ static void scen_bf16(coll_comm *comm)
                  {DDP_PREC_BF16, COLL_BF16, "bf16 both"}};
     double worst = 0;
     for (int mode = 0; mode < 3; mode++) {
-        for (int adamw = 0; adamw < 2; adamw++) {
+        for (int k = 0; ddp_optimizer_name((ddp_optimizer)k); k++) {
+            ddp_optimizer opt = (ddp_optimizer)k;
+            const char *name = ddp_optimizer_name(opt);
             for (int stage = 0; stage < 4; stage++) {
-                eq_cfg c = {stage,       adamw,           1, 2, adamw ? 0.01f : 0.05f, 0.3f,
-                            modes[mode].prec, modes[mode].reduce};
+                eq_cfg c = {
+                    stage, opt, 1, 2, eq_lr(opt), 0.3f, modes[mode].prec, modes[mode].reduce};
                 double ref[EQ_MAXP], got[EQ_MAXP], rn[EQ_K], gn[EQ_K];
                 int nclip = 0;
                 eq_reference(&c, ref, rn);
@@ -1010,14 +1063,14 @@ static void scen_bf16(coll_comm *comm)
                 double rel = dmax / rmax;
                 worst = fmax(worst, rel);
                 CHECK(rel <= 2e-2, "%s stage %d %s: parameters %.2e relative to the reference",
-                      modes[mode].name, stage, adamw ? "adamw" : "sgd", rel);
+                      modes[mode].name, stage, name, rel);
                 CHECK(!compute || (bf_steps_checked == EQ_K + 1 && bf_mismatch == 0),
                       "%s stage %d: %d compute elements are not round(master) over %d checks",
                       modes[mode].name, stage, bf_mismatch, bf_steps_checked);
                 if (rank == 0)
                     printf("ddp-check: bf16 world %d %-12s stage %d %-5s: parameters %.1e "
                            "relative to the f32/double reference\n",
-                           world, modes[mode].name, stage, adamw ? "adamw" : "sgd", rel);
+                           world, modes[mode].name, stage, name, rel);
             }
         }
     }

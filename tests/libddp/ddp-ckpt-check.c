@@ -2,11 +2,12 @@
  * ddp-ckpt-check: libddp's checkpoints with a real communicator, run under ddprun (see
  * tests/libddp/run_ckpt.sh). One scenario per run, every file under DIR:
  *
- *   resume DIR     every stage, SGD with momentum and AdamW: 2K steps in one go against K steps,
- *                  a save, a new model that loads it, K more steps: the two final checkpoints'
+ *   resume DIR     every stage, every optimizer (SGD with momentum, AdamW, Lion): 2K steps in one
+ * go against K steps, a save, a new model that loads it, K more steps: the two final checkpoints'
  *                  shard files (parameters and optimizer state) are identical byte for byte;
  *                  progress and the user state come back
- *   save DIR       every stage (AdamW): 3 steps, then DIR/wNsS (the checkpoint) and
+ *   save DIR       every stage (AdamW, or the optimizer $CKPT_CHECK_OPTIMIZER names, as for
+ *                  every scenario below): 3 steps, then DIR/wNsS (the checkpoint) and
  *                  DIR/wNsS.params (rank 0's dump of the full parameters)
  *   load DIR N...  every checkpoint DIR/wNsS of the worlds N listed into every stage T: the
  *                  parameters right after the load to DIR/wNsS-wMtT.params, then a save to
@@ -31,7 +32,9 @@
  *                  (-EBADMSG), a truncated shard (-EPROTO), a missing one (-ENOENT), another
  *                  model (-EINVAL naming the parameter), another optimizer, different
  *                  checkpoints on different ranks: the same code on every rank, each message
- *                  naming the file; then a good load still works
+ *                  naming the file; then a good load still works; a load given the save's
+ *                  flag (DDP_CKPT_SYNC) and a save given the load's (DDP_CKPT_PARAMS_ONLY)
+ *                  are refused with -EINVAL
  *
  * Prints "ddp-ckpt-check: rank R/W SCENARIO: PASS" or FAIL lines; exit status 0 when every check
  * passed, 1 when one failed, 2 on a setup error.
@@ -50,6 +53,9 @@
 #include <unistd.h>
 
 static int rank, world, failures;
+/* The optimizer of the scenarios but resume (which runs every one): $CKPT_CHECK_OPTIMIZER, or
+ * AdamW. */
+static ddp_optimizer reshard_opt = DDP_ADAMW;
 static coll_comm *comm;
 
 #define CHECK(cond, ...)                                                                           \
@@ -79,15 +85,16 @@ static int init_fn(void *arg, int param, const char *name, void *data, size_t co
     return 0;
 }
 
-static ddp_model *build(int stage, int adamw, const shape *sh, int init)
+static ddp_model *build(int stage, ddp_optimizer opt, const shape *sh, int init)
 {
     ddp_options o;
     ddp_options_init(&o);
     o.zero_stage = stage;
     o.first_bucket_bytes = 256;
     o.bucket_bytes = 1024; /* several buckets at stages 0-2 */
-    o.optimizer = adamw ? DDP_ADAMW : DDP_SGD;
-    o.momentum = adamw ? 0 : 0.9f;
+    if (ddp_options_set_optimizer(&o, opt) < 0)
+        return NULL;
+    o.momentum = opt == DDP_SGD ? 0.9f : 0;
     o.weight_decay = 0.01f;
     ddp_model *m = NULL;
     if (ddp_model_create(comm, &o, &m) < 0)
@@ -204,19 +211,20 @@ static void scen_resume(const char *dir)
 {
     const int K = 3;
     for (int stage = 0; stage < 4; stage++) {
-        for (int adamw = 0; adamw < 2; adamw++) {
+        for (int k = 0; ddp_optimizer_name((ddp_optimizer)k); k++) {
             char a[512], b[512], c[512], sa[640], sc[640];
-            const char *opt = adamw ? "adamw" : "sgd";
+            ddp_optimizer id = (ddp_optimizer)k;
+            const char *opt = ddp_optimizer_name(id);
             snprintf(a, sizeof a, "%s/s%d-%s-straight", dir, stage, opt);
             snprintf(b, sizeof b, "%s/s%d-%s-half", dir, stage, opt);
             snprintf(c, sizeof c, "%s/s%d-%s-resumed", dir, stage, opt);
-            ddp_model *m = build(stage, adamw, &small, 1);
+            ddp_model *m = build(stage, id, &small, 1);
             CHECK(m && train(m, 2 * K, NULL) == 0, "stage %d %s: straight", stage, opt);
             int rc = m ? ddp_checkpoint_save(m, a, NULL, NULL, 0, DDP_CKPT_SYNC) : -1;
             CHECK(rc == 0, "save %s: %s", a, m ? ddp_last_error(m) : "");
             ddp_model_free(m);
 
-            m = build(stage, adamw, &small, 1);
+            m = build(stage, id, &small, 1);
             CHECK(m && train(m, K, NULL) == 0, "stage %d %s: first half", stage, opt);
             ddp_checkpoint_progress pr = {1, 17, 42};
             rc = m ? ddp_checkpoint_save(m, b, &pr, "{\"lr\": 0.5, \"name\": \"x\"}", 0,
@@ -225,7 +233,7 @@ static void scen_resume(const char *dir)
             CHECK(rc == 0, "save %s: %s", b, m ? ddp_last_error(m) : "");
             ddp_model_free(m);
 
-            m = build(stage, adamw, &small, 0); /* zeros: everything comes from the load */
+            m = build(stage, id, &small, 0); /* zeros: everything comes from the load */
             char path[600];
             CHECK(ddp_checkpoint_latest(b, path, sizeof path, NULL, NULL) == 1, "latest %s", b);
             ddp_checkpoint_progress got = {0};
@@ -262,7 +270,7 @@ static void scen_save(const char *dir)
         char ck[512], dump[600];
         snprintf(ck, sizeof ck, "%s/w%ds%d", dir, world, stage);
         snprintf(dump, sizeof dump, "%s.params", ck);
-        ddp_model *m = build(stage, 1, &small, 1);
+        ddp_model *m = build(stage, reshard_opt, &small, 1);
         CHECK(m && train(m, 3, NULL) == 0, "stage %d: training", stage);
         int rc = m ? ddp_checkpoint_save(m, ck, NULL, NULL, 0, DDP_CKPT_SYNC) : -1;
         CHECK(rc == 0, "save %s: %s", ck, m ? ddp_last_error(m) : "");
@@ -283,7 +291,7 @@ static void scen_load(const char *dir, int argc, char **argv)
                 snprintf(path, sizeof path, "%s/w%ds%d/step-%012d", dir, n, s, 3);
                 snprintf(out, sizeof out, "%s/w%ds%d-w%dt%d", dir, n, s, world, t);
                 snprintf(dump, sizeof dump, "%s.params", out);
-                ddp_model *m = build(t, 1, &small, 0);
+                ddp_model *m = build(t, reshard_opt, &small, 0);
                 int rc = m ? ddp_checkpoint_load(m, path, 0, NULL, NULL) : -1;
                 CHECK(rc == 0, "load %s at stage %d: %s", path, t, m ? ddp_last_error(m) : "");
                 if (rc == 0 && dump_params(m, dump) == 0) {
@@ -346,7 +354,8 @@ static void async_then_step(const char *dir, const shape *sh)
     snprintf(ref, sizeof ref, "%s/ref", dir);
     snprintf(at_save, sizeof at_save, "%s/at-save.params", dir);
     snprintf(loaded, sizeof loaded, "%s/loaded.params", dir);
-    ddp_model *m = build(2, 1, sh, 1), *twin = build(2, 1, sh, 1), *fresh = build(2, 1, sh, 0);
+    ddp_model *m = build(2, reshard_opt, sh, 1), *twin = build(2, reshard_opt, sh, 1);
+    ddp_model *fresh = build(2, reshard_opt, sh, 0);
     int rc = m && twin && fresh ? 0 : -1;
     CHECK(rc == 0, "build");
     if (rc == 0)
@@ -391,7 +400,7 @@ static void scen_async(const char *dir)
     /* 4 x 1024 x 1024 weights, AdamW: 48 MiB of state, half per rank at world 2. */
     shape big = {4, {1024, 1024, 1024, 1024}, 1024};
     async_then_step(dir, &big);
-    ddp_model *m = build(2, 1, &big, 1);
+    ddp_model *m = build(2, reshard_opt, &big, 1);
     CHECK(m != NULL, "build");
     if (!m)
         return;
@@ -457,7 +466,7 @@ static void scen_fail(const char *dir)
     signal(SIGXFSZ, SIG_IGN); /* a write beyond the limit fails with EFBIG instead */
     struct rlimit old;
     getrlimit(RLIMIT_FSIZE, &old);
-    ddp_model *m = build(1, 1, &small, 1);
+    ddp_model *m = build(1, reshard_opt, &small, 1);
     CHECK(m && train(m, 1, NULL) == 0, "training");
     if (!m)
         return;
@@ -533,7 +542,7 @@ static void scen_bad(const char *dir)
     char root[512], other[512], bad[4][512], path[700], file[800];
     snprintf(root, sizeof root, "%s/good", dir);
     snprintf(other, sizeof other, "%s/other", dir);
-    ddp_model *m = build(1, 1, &small, 1);
+    ddp_model *m = build(1, reshard_opt, &small, 1);
     CHECK(m && train(m, 2, NULL) == 0, "training");
     if (!m)
         return;
@@ -586,7 +595,7 @@ static void scen_bad(const char *dir)
         for (char *line = strtok(logged, "\n"); line; line = strtok(NULL, "\n"))
             printf("ddp-ckpt-check: bad: latest found %s; logged: %s\n", path, line);
 
-    ddp_model *l = build(1, 1, &small, 0);
+    ddp_model *l = build(1, reshard_opt, &small, 0);
     CHECK(l != NULL, "build");
     if (l) {
         char shard[64];
@@ -617,15 +626,22 @@ static void scen_bad(const char *dir)
     /* Another model: unit 1 is 20 x 7. Another optimizer: SGD. */
     shape sh = small;
     sh.rows[1] = 20;
-    l = build(1, 1, &sh, 0);
+    l = build(1, reshard_opt, &sh, 0);
     snprintf(path, sizeof path, "%s/step-%012d", bad[3], 2);
     if (l)
         expect_load(l, path, 0, -EINVAL,
                     "parameter 'fc1.weight' is [19, 7], the model's is [20, 7]");
     ddp_model_free(l);
-    l = build(3, 0, &small, 0);
+    l = build(3, DDP_SGD, &small, 0);
     if (l) {
-        expect_load(l, path, 0, -EINVAL, "the optimizer is adamw");
+        char what[64];
+        snprintf(what, sizeof what, "the optimizer is %s", ddp_optimizer_name(reshard_opt));
+        expect_load(l, path, 0, -EINVAL, what);
+        /* The save's flag given to a load, and the load's to a save: refused, nothing done. */
+        expect_load(l, path, DDP_CKPT_SYNC, -EINVAL, "flags 0x1");
+        int rc = ddp_checkpoint_save(l, other, NULL, NULL, 0, DDP_CKPT_PARAMS_ONLY);
+        CHECK(rc == -EINVAL && strstr(ddp_last_error(l), "flags 0x100"),
+              "save with DDP_CKPT_PARAMS_ONLY: %d (%s), want -EINVAL", rc, ddp_last_error(l));
         expect_load(l, path, DDP_CKPT_PARAMS_ONLY, 0, "");
     }
     ddp_model_free(l);
@@ -657,6 +673,13 @@ int main(int argc, char **argv)
     world = job.env.world_size;
     comm = job.comm;
     const char *dir = argv[2];
+    const char *opt = getenv("CKPT_CHECK_OPTIMIZER");
+    if (opt && ddp_optimizer_from_name(opt) < 0) {
+        fprintf(stderr, "ddp-ckpt-check: CKPT_CHECK_OPTIMIZER: no optimizer '%s'\n", opt);
+        return 2;
+    }
+    if (opt)
+        reshard_opt = (ddp_optimizer)ddp_optimizer_from_name(opt);
     if (!strcmp(argv[1], "resume"))
         scen_resume(dir);
     else if (!strcmp(argv[1], "save"))

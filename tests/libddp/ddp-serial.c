@@ -6,15 +6,14 @@
  * synthetic model with libddp through the one training loop of ddp.h, whatever the stage:
  *
  *   equiv     stages 0-3 x (SGD with momentum, Nesterov and weight decay; plain SGD; AdamW with
- *             decay and a warmup-cosine schedule), with clipping: K steps reach the parameters
- *             of a serial reference, and every step's gradient norm equals the serial norm
- *   accum     4 micro-steps of b samples reach what 1 micro-step of 4b does, at every stage
- *   nonfinite a NaN (then an infinity) in one rank's gradient skips the step on every rank;
- *             training then goes on and still matches the reference (which skips it too)
- *   misuse    a gradient marked twice, a parameter not marked, a gradient asked for after it was
- *             marked, a step without a synchronising micro-step, stage 3 release without gather:
- *             each a clear -EINVAL naming what; the model stays in step across ranks
- *   layout    a rank registering a different shape, an extra parameter or another zero_stage:
+ *             decay and a warmup-cosine schedule; Lion likewise), with clipping: K steps reach the
+ * parameters of a serial reference, and every step's gradient norm equals the serial norm accum 4
+ * micro-steps of b samples reach what 1 micro-step of 4b does, at every stage nonfinite a NaN (then
+ * an infinity) in one rank's gradient skips the step on every rank; training then goes on and still
+ * matches the reference (which skips it too) misuse    a gradient marked twice, a parameter not
+ * marked, a gradient asked for after it was marked, a step without a synchronising micro-step,
+ * stage 3 release without gather: each a clear -EINVAL naming what; the model stays in step across
+ * ranks layout    a rank registering a different shape, an extra parameter or another zero_stage:
  *             ddp_model_commit() fails on every rank, naming the rank (and the parameter)
  *   memory    ddp_memory_stats() against the ZeRO formulas for every stage and optimizer
  *   trace     with 5 buckets, a bucket's reduction is issued before backward ends, buckets go
@@ -35,9 +34,10 @@
  *
  * The reference: every rank computes the whole training serially in double precision (the
  * full-batch mean gradient, PyTorch's clip_grad_norm_ coefficient, torch.optim.SGD and AdamW's
- * update rules) and compares. Tolerance: |p - ref| <= 1e-5 max(1, |ref|) for the parameters,
- * 1e-5 relative for the norm. Why it holds: targets sit near +-2 and initial values within 0.5,
- * so no gradient element nears zero in K steps and AdamW's m / sqrt(v) is well conditioned; each
+ * update rules, Lion's) and compares. Tolerance: |p - ref| <= 1e-5 max(1, |ref|) for the
+ * parameters, 1e-5 relative for the norm. Why it holds: targets sit near +-2 and initial values
+ * within 0.5, so no gradient element nears zero in K steps, AdamW's m / sqrt(v) is well conditioned
+ * and Lion's interpolation keeps its sign far from rounding (a flipped sign would cost 2 lr); each
  * gradient element is a float sum of at most 48 O(1) terms (relative error below 48 * 2^-24 =
  * 3e-6, typically 10x less) and every step moves a parameter by lr times that, so K = 6 steps
  * accumulate at most a few 1e-6. The largest error seen is printed per scenario.
@@ -364,7 +364,7 @@ static int train(ctx *c, const run_cfg *r, run_out *out)
     o.first_bucket_bytes = 256;
     o.bucket_bytes = 512;
     o.pool_slots = r->pool_slots;
-    o.optimizer = r->opt;
+    ddp_options_set_optimizer(&o, r->opt); /* and its default betas */
     o.momentum = r->momentum;
     o.nesterov = r->nesterov;
     o.weight_decay = r->weight_decay;
@@ -524,6 +524,12 @@ static void reference(const run_cfg *r, ref_out *ref)
                     d = r->nesterov ? d + r->momentum * m1[e] : m1[e];
                 }
                 p[e] -= lr * d;
+            } else if (r->opt == DDP_LION) {
+                double b1 = 0.9f, b2 = 0.99f;
+                double u = b1 * m1[e] + (1 - b1) * g[e];
+                p[e] *= 1 - lr * wd;
+                p[e] -= lr * ((u > 0) - (u < 0));
+                m1[e] = b2 * m1[e] + (1 - b2) * g[e];
             } else {
                 double b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
                 p[e] *= 1 - lr * wd;
@@ -580,8 +586,8 @@ static double compare(ctx *c, const char *what, const run_cfg *r, const run_out 
 
 static const char *opt_name(const run_cfg *r)
 {
-    if (r->opt == DDP_ADAMW)
-        return "adamw";
+    if (r->opt != DDP_SGD)
+        return ddp_optimizer_name(r->opt);
     return r->momentum == 0 ? "sgd" : r->nesterov ? "sgd-nesterov" : "sgd-momentum";
 }
 
@@ -594,7 +600,7 @@ static int scen_equiv(ctx *c)
     static run_out o;
     static ref_out ref;
     for (int stage = 0; stage <= 3; stage++) {
-        for (int v = 0; v < 3; v++) {
+        for (int v = 0; v < 4; v++) {
             run_cfg r;
             cfg_defaults(&r);
             r.stage = stage;
@@ -606,11 +612,16 @@ static int scen_equiv(ctx *c)
             } else if (v == 1) { /* plain SGD, a clip that never bites */
                 r.clip = 1000.0f;
                 r.sched.lr = 0.2f;
-            } else { /* AdamW with decay, warmup then cosine, clipped */
+            } else if (v == 2) { /* AdamW with decay, warmup then cosine, clipped */
                 r.opt = DDP_ADAMW;
                 r.weight_decay = 0.05f;
                 r.clip = 25.0f;
                 r.sched = (ddp_schedule){DDP_SCHED_COSINE, 0.05f, 2, 6, 0.005f};
+            } else { /* Lion likewise, at a tenth of the learning rate */
+                r.opt = DDP_LION;
+                r.weight_decay = 0.05f;
+                r.clip = 25.0f;
+                r.sched = (ddp_schedule){DDP_SCHED_COSINE, 0.005f, 2, 6, 0.0005f};
             }
             char what[64];
             snprintf(what, sizeof what, "stage %d %s", stage, opt_name(&r));
@@ -950,15 +961,16 @@ static int scen_memory(ctx *c)
 {
     static run_out o;
     size_t psi = total_elems, n = (size_t)c->world, slack = NPARAMS * (n - 1);
-    for (int v = 0; v < 3; v++) {
-        size_t k = v == 0 ? 0 : v == 1 ? 4 : 8; /* bytes of optimizer state per element */
+    for (int v = 0; v < 4; v++) {
+        /* bytes of optimizer state per element: SGD 0, with momentum 4, AdamW 8, Lion 4 */
+        size_t k = v == 0 ? 0 : v == 2 ? 8 : 4;
         size_t base[3] = {0};                   /* stage 0's param, grad, optimizer bytes */
         for (int stage = 0; stage <= 3; stage++) {
             run_cfg r;
             cfg_defaults(&r);
             r.stage = stage;
             r.steps = 1;
-            r.opt = v == 2 ? DDP_ADAMW : DDP_SGD;
+            r.opt = v == 2 ? DDP_ADAMW : v == 3 ? DDP_LION : DDP_SGD;
             r.momentum = v == 1 ? 0.9f : 0;
             r.pool_slots = 3;
             int rc = train(c, &r, &o);

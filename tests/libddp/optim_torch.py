@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""libddp's SGD and AdamW kernels against PyTorch's torch.optim, step by step.
+"""libddp's SGD, AdamW and Lion kernels against PyTorch, step by step.
 
 usage: optim_torch.py OPTIM_TORCH_DRIVER
 
 For each optimizer setting, the same initial parameters and gradients (float32, seeded) go
-through torch.optim.SGD or torch.optim.AdamW (single-tensor path: foreach and fused off) and
+through torch.optim.SGD or torch.optim.AdamW (single-tensor path: foreach and fused off), or
+the Lion below (torch has none: the few lines of the common PyTorch implementation), and
 through optim-torch-driver (worker/libddp/optim.c) with the kernel set chosen at run time. After
 every step the parameters and the optimizer state are compared; the largest absolute
 difference (also as a fraction of the array's largest magnitude) and the number of differing
@@ -12,7 +13,8 @@ elements are printed. Every other kernel set this CPU runs must reproduce the ch
 
 Hyperparameters are float32-representable values, so both sides start from the same numbers
 (optim.h). Where PyTorch runs its AVX2 or AVX-512 CPU kernels, SGD's parameters and momentum
-buffer and AdamW's moments must be bit-identical (worker/libddp/optim.h promises it). AdamW's
+buffer, AdamW's moments and Lion's parameters and momentum must be bit-identical
+(worker/libddp/optim.h promises it). AdamW's
 parameters may differ by an ulp here and there, because PyTorch's CPU float sqrt is not
 correctly rounded (1 ulp off for about a fifth of inputs with MKL) and ours is; and where
 PyTorch's kernels are its portable ones they do not fuse multiply-adds. Those comparisons allow
@@ -55,6 +57,32 @@ ADAMW_CASES = [
     dict(lr=1e-2, betas=(0.3, 0.5), eps=1e-8, weight_decay=0.1),  # lerp's other branch
 ]
 
+LION_CASES = [
+    dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
+    dict(lr=3e-4, betas=(0.95, 0.98), weight_decay=1.0),
+]
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, Algorithm 2) with decoupled weight decay, as lion-pytorch."""
+
+    def __init__(self, params, lr, betas, weight_decay):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, (b1, b2), wd = group["lr"], group["betas"], group["weight_decay"]
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                m = state["exp_avg"]
+                p.mul_(1 - lr * wd)
+                update = m.clone().mul_(b1).add_(p.grad, alpha=1 - b1).sign_()
+                p.add_(update, alpha=-lr)
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
 
 def to_f32(case):
     out = {}
@@ -80,6 +108,8 @@ def run_torch(kind, case, p0, grads):
     param = torch.nn.Parameter(p0.clone())
     if kind == "sgd":
         opt = torch.optim.SGD([param], foreach=False, **case)
+    elif kind == "lion":
+        opt = Lion([param], **case)
     else:
         opt = torch.optim.AdamW([param], foreach=False, **case)
     steps = []
@@ -89,6 +119,8 @@ def run_torch(kind, case, p0, grads):
         st = opt.state[param]
         if kind == "sgd":
             extra = [st["momentum_buffer"].clone()] if case["momentum"] else []
+        elif kind == "lion":
+            extra = [st["exp_avg"].clone()]
         else:
             extra = [st["exp_avg"].clone(), st["exp_avg_sq"].clone()]
         steps.append([param.detach().clone()] + extra)
@@ -101,6 +133,11 @@ def run_c(driver, isa, kind, case, p0, grads):
             N, STEPS, case["lr"].hex(), case["momentum"].hex(), int(case["nesterov"]),
             case["weight_decay"].hex())
         per_step = 2 if case["momentum"] else 1
+    elif kind == "lion":
+        header = "lion %d %d %s %s %s %s\n" % (
+            N, STEPS, case["lr"].hex(), case["betas"][0].hex(), case["betas"][1].hex(),
+            case["weight_decay"].hex())
+        per_step = 2
     else:
         header = "adamw %d %d %s %s %s %s %s\n" % (
             N, STEPS, case["lr"].hex(), case["betas"][0].hex(), case["betas"][1].hex(),
@@ -128,7 +165,8 @@ def run_c(driver, isa, kind, case, p0, grads):
 
 def compare(kind, got, ref, exact):
     """One line per state array, and whether the comparison passes."""
-    names = ["param"] + (["momentum_buffer"] if kind == "sgd" else ["exp_avg", "exp_avg_sq"])
+    names = ["param"] + {"sgd": ["momentum_buffer"], "lion": ["exp_avg"]}.get(
+        kind, ["exp_avg", "exp_avg_sq"])
     names = names[:len(ref[0])]  # SGD without momentum has no buffer
     ok = True
     parts = []
@@ -157,11 +195,11 @@ def main():
     exact = capability in ("AVX2", "AVX512")
     print("torch %s, CPU capability %s: %s; %d elements, %d steps, worst step shown" % (
         torch.__version__, capability,
-        "SGD and AdamW's moments must be bit-identical" if exact else
+        "SGD, AdamW's moments and Lion must be bit-identical" if exact else
         "differences up to 1e-6 of each array's largest allowed", N, STEPS))
     p0, grads = data()
     failed = False
-    for kind, cases in (("sgd", SGD_CASES), ("adamw", ADAMW_CASES)):
+    for kind, cases in (("sgd", SGD_CASES), ("adamw", ADAMW_CASES), ("lion", LION_CASES)):
         for case in cases:
             case = to_f32(case)
             ref = run_torch(kind, case, p0, grads)

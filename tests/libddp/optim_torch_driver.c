@@ -1,15 +1,16 @@
 /*
- * The C half of optim_torch.py: runs libddp's SGD or AdamW kernel for a few steps on data it
+ * The C half of optim_torch.py: runs libddp's SGD, AdamW or Lion kernel for a few steps on data it
  * reads from stdin and writes every step's state to stdout, for the script to compare with
  * torch.optim. Not a unit test by itself.
  *
  *   optim-torch-driver [portable|avx2|avx512]      (no argument: the kernel set chosen at run time)
  *
- * stdin: one text line, "sgd N STEPS LR MOMENTUM NESTEROV WEIGHT_DECAY" or
- * "adamw N STEPS LR BETA1 BETA2 EPS WEIGHT_DECAY" (numbers as C reads them, hexadecimal floats
- * included), then native float32: the N initial parameters, then STEPS gradients of N each.
- * stdout, after each step: the N parameters, then the optimizer state (SGD with momentum: the
- * momentum buffer; AdamW: m, then v). stderr: the kernel set used.
+ * stdin: one text line, "sgd N STEPS LR MOMENTUM NESTEROV WEIGHT_DECAY",
+ * "adamw N STEPS LR BETA1 BETA2 EPS WEIGHT_DECAY" or "lion N STEPS LR BETA1 BETA2 WEIGHT_DECAY"
+ * (numbers as C reads them, hexadecimal floats included), then native float32: the N initial
+ * parameters, then STEPS gradients of N each. stdout, after each step: the N parameters, then
+ * the optimizer state (SGD with momentum: the momentum buffer; AdamW: m, then v; Lion: m).
+ * stderr: the kernel set used.
  *
  * Exit status: 0; 2 bad input or output; 3 the requested kernel set cannot run here.
  */
@@ -49,12 +50,13 @@ int main(int argc, char **argv)
     float lr, a, b, eps = 0, wd;
     if (!fgets(line, sizeof line, stdin))
         return 2;
-    int adamw = strncmp(line, "adamw ", 6) == 0;
+    int adamw = strncmp(line, "adamw ", 6) == 0, lion = strncmp(line, "lion ", 5) == 0;
     int got =
         adamw ? sscanf(line, "%15s %zu %d %g %g %g %g %g", kind, &n, &steps, &lr, &a, &b, &eps, &wd)
-              : sscanf(line, "%15s %zu %d %g %g %d %g", kind, &n, &steps, &lr, &a, &nesterov, &wd);
-    if (got != (adamw ? 8 : 7) || (!adamw && strcmp(kind, "sgd") != 0) || steps < 1 || n == 0 ||
-        n > ((size_t)1 << 28)) {
+        : lion ? sscanf(line, "%15s %zu %d %g %g %g %g", kind, &n, &steps, &lr, &a, &b, &wd) + 1
+               : sscanf(line, "%15s %zu %d %g %g %d %g", kind, &n, &steps, &lr, &a, &nesterov, &wd);
+    if (got != (adamw || lion ? 8 : 7) || (!adamw && !lion && strcmp(kind, "sgd") != 0) ||
+        steps < 1 || n == 0 || n > ((size_t)1 << 28)) {
         fprintf(stderr, "optim-torch-driver: bad header: %s", line);
         return 2;
     }
@@ -69,10 +71,13 @@ int main(int argc, char **argv)
             goto out;
         if (adamw) {
             ddp__adamw_step(p, g, s1, s2, n, lr, a, b, eps, wd, s + 1);
+        } else if (lion) {
+            ddp__lion_step(p, g, s1, n, lr, a, b, wd);
         } else {
             ddp__sgd_step(p, g, a != 0.0f ? s1 : NULL, n, lr, a, nesterov, wd, s == 0);
         }
-        if (write_floats(p, n) != 0 || (adamw || a != 0.0f ? write_floats(s1, n) : 0) != 0 ||
+        if (write_floats(p, n) != 0 ||
+            (adamw || lion || a != 0.0f ? write_floats(s1, n) : 0) != 0 ||
             (adamw ? write_floats(s2, n) : 0) != 0)
             goto out;
     }

@@ -42,6 +42,7 @@
 
 #include "ddp_ops.h"
 #include "optim.h"
+#include "optimizer.h"
 #include "check_main.h"
 
 /* An odd count that spans several blocks and leaves a partial one. */
@@ -354,8 +355,10 @@ static double new_grad(state *s, uint32_t seed)
 
 static void optimize_both(state *s, const ddp_options *o, float lr)
 {
-    OK(dops->optimize(&dev, o, lr, s->dp, s->dg, s->dm1, s->dm2, s->dc, N));
-    OK(ddp__host_ops.optimize(&host, o, lr, s->p, s->gh, s->m1, s->m2, s->c, N));
+    const ddp__optimizer_def *def = ddp__optimizer(o->optimizer);
+    float *dstate[] = {s->dm1, s->dm2}, *hstate[] = {s->m1, s->m2};
+    OK(dops->optimize(&dev, o, def, lr, s->dp, s->dg, dstate, s->dc, N));
+    OK(ddp__host_ops.optimize(&host, o, def, lr, s->p, s->gh, hstate, s->c, N));
     down(s->rp, s->dp, N * 4);
     if (s->dm1)
         down(s->rm1, s->dm1, N * 4);
@@ -460,6 +463,45 @@ static void adamw_case(float wd, float clip, int compute, int64_t start)
     state_free(&s);
     close_both();
 }
+
+/* Lion on both sides: bit for bit (its coefficients need no pow()), compute copy included. */
+static void lion_case(float wd, float clip, int compute)
+{
+    ddp_options o;
+    ddp_options_init(&o);
+    ck_assert_int_eq(ddp_options_set_optimizer(&o, DDP_LION), 0);
+    o.weight_decay = wd;
+    o.clip_norm = clip;
+    open_both();
+    state s;
+    state_init(&s, 1, compute);
+    int64_t steps = 0;
+    for (int t = 0; t < 5; t++) {
+        double ss = new_grad(&s, 30 + (uint32_t)t);
+        decide_both(&o, ss, &steps);
+        optimize_both(&s, &o, 1e-3f);
+        size_t dp = bit_diffs(s.rp, s.p, N, 4), dm = bit_diffs(s.rm1, s.m1, N, 4);
+        size_t dc = s.c ? bit_diffs(s.rc, s.c, N, 2) : 0;
+        ck_assert_msg(dp == 0 && dm == 0 && dc == 0,
+                      "lion wd %g clip %g, step %d: %zu parameters, %zu momentum elements, %zu "
+                      "compute elements differ",
+                      wd, clip, t + 1, dp, dm, dc);
+    }
+    state_free(&s);
+    close_both();
+}
+
+START_TEST(lion_plain)
+{
+    lion_case(0.0f, 0.0f, 0);
+}
+END_TEST
+
+START_TEST(lion_wd_clip_bf16)
+{
+    lion_case(0.1f, 1.0f, 1);
+}
+END_TEST
 
 START_TEST(adamw_plain)
 {
@@ -583,7 +625,7 @@ int main(void)
     Suite *s = suite_create("ddp_cuda");
     check_tcase(s, "against the host", 60, casts_and_add, sum_of_squares, sgd_plain,
                 sgd_momentum_wd, sgd_nesterov_clip_bf16, adamw_plain, adamw_wd_clip_bf16_resumed,
-                nonfinite_skips, comm_exchange);
+                lion_plain, lion_wd_clip_bf16, nonfinite_skips, comm_exchange);
     /* No fork: a CUDA context does not survive fork(). */
     int rc = check_run_fork(s, CK_NOFORK);
     cudaStreamDestroy(stream);

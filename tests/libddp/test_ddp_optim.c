@@ -1,11 +1,12 @@
 /*
- * Unit tests of libddp's optimizer kernels and learning-rate schedule (worker/libddp/optim.c).
+ * Unit tests of libddp's optimizer kernels (SGD, AdamW, Lion) and learning-rate schedule
+ * (worker/libddp/optim.c).
  *
  * Every kernel is run with every instruction set this build and CPU support (portable, AVX2,
  * AVX-512) and checked two ways: against a scalar reference in double precision, within a
  * bound of a few float roundings of the magnitudes involved (the largest error seen, as a
  * fraction of its bound, is printed), and bit for bit against the portable set on the same
- * inputs, which optim.h promises. SGD and AdamW run several steps, each step's reference
+ * inputs, which optim.h promises. SGD, AdamW and Lion run several steps, each step's reference
  * starting from the kernel's own float state so that errors do not compound. Sizes cover 0,
  * 1, less than one vector, vector and lane-group boundaries and a large odd count; pointers are
  * offset from a 64-byte alignment by 0, 1 and 3 elements; every buffer is followed by guard
@@ -372,6 +373,116 @@ START_TEST(adamw_first_step)
     ck_assert_float_eq(p[3], 2.0f); /* g = 0: m = v = 0, the update is 0 / eps */
     ck_assert_float_eq_tol(p[4], 3.1f, 1e-3f);
     ddp__adamw_step(NULL, NULL, NULL, NULL, 0, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Lion                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct lion_case {
+    const char *name;
+    float lr, beta1, beta2, weight_decay;
+    int steps;
+} lion_case;
+
+static const lion_case lion_cases[] = {
+    {"defaults", 1e-4f, 0.9f, 0.99f, 0.0f, 5},
+    {"weight decay", 3e-4f, 0.95f, 0.98f, 1.0f, 4},
+    {"beta1 0", 1e-3f, 0.0f, 0.5f, 0.1f, 3}, /* the update is sign(g) */
+};
+#define NLION (sizeof lion_cases / sizeof lion_cases[0])
+
+/*
+ * The double reference decides the sign from the exact interpolation; the kernel from its
+ * float one. They can disagree only where the interpolation is within a few roundings of 0,
+ * which the reference detects (|u| below the bound) and then accepts either sign or 0.
+ */
+static void lion_run(int isa, const lion_case *c, size_t n, size_t off)
+{
+    float *p = buf_new(n, off), *g = buf_new(n, off), *m = buf_new(n, off);
+    float *p0 = buf_new(n, off), *m0 = buf_new(n, off);
+    float *in = malloc((2 * n + 1) * sizeof *in); /* p, m before the step */
+    ck_assert_ptr_nonnull(in);
+    for (size_t i = 0; i < n; i++) {
+        p[i] = p0[i] = rnd_value(1.0);
+        m[i] = m0[i] = 0.0f;
+    }
+    for (int s = 1; s <= c->steps; s++) {
+        for (size_t i = 0; i < n; i++)
+            g[i] = rnd_value(0.1);
+        memcpy(in, p, n * sizeof *p);
+        memcpy(in + n, m, n * sizeof *m);
+        ck_assert_int_eq(ddp__optim_use_isa(isa), 0);
+        ddp__lion_step(p, g, m, n, c->lr, c->beta1, c->beta2, c->weight_decay);
+
+        double lr = c->lr, b1 = c->beta1, b2 = c->beta2, wd = c->weight_decay;
+        for (size_t i = 0; i < n; i++) {
+            double pi = in[i], mi = in[n + i], gi = g[i];
+            double u = b1 * mi + (1 - b1) * gi, umag = fabs(b1 * mi) + fabs((1 - b1) * gi);
+            double mw = b2 * mi + (1 - b2) * gi;
+            expect_near(m[i], mw, fabs(mi) + fabs(gi), 4, "lion m", i, n);
+            double p1 = pi * (1 - lr * wd);
+            if (fabs(u) > 4 * FLT_EPSILON * umag) {
+                double pw = p1 - lr * ((u > 0) - (u < 0));
+                expect_near(p[i], pw, fabs(p1) + lr, 4, "lion param", i, n);
+            } else {
+                double d = fabs((double)p[i] - p1);
+                CHECK(d <= lr + 4 * FLT_EPSILON * (fabs(p1) + lr),
+                      "lion param: element %zu of %zu moved by %g, more than lr", i, n, d);
+            }
+        }
+
+        ck_assert_int_eq(ddp__optim_use_isa(DDP__ISA_PORTABLE), 0);
+        ddp__lion_step(p0, g, m0, n, c->lr, c->beta1, c->beta2, c->weight_decay);
+        expect_same(p, p0, n, "lion param", isa);
+        expect_same(m, m0, n, "lion m", isa);
+        expect_guard(p, n, "lion param");
+        expect_guard(g, n, "lion grad");
+        expect_guard(m, n, "lion m");
+    }
+    buf_free(p, off);
+    buf_free(g, off);
+    buf_free(m, off);
+    buf_free(p0, off);
+    buf_free(m0, off);
+    free(in);
+}
+
+START_TEST(lion)
+{
+    int isa = _i;
+    if (!use_isa(isa))
+        return;
+    worst = 0;
+    for (size_t c = 0; c < NLION; c++)
+        for (size_t k = 0; k < NSIZES; k++)
+            for (size_t o = 0; o < NOFFSETS; o++)
+                lion_run(isa, &lion_cases[c], sizes[k], offsets[o]);
+    printf("lion [%s]: worst error %.3f of the bound (4 float epsilons)\n",
+           ddp__optim_isa_name(isa), worst);
+}
+END_TEST
+
+/* One step by hand: m = 0, so the update is lr * sign(g) after the decay; g = 0 moves nothing. */
+START_TEST(lion_first_step)
+{
+    float p[4] = {1.0f, -1.0f, 0.5f, 2.0f}, g[4] = {0.5f, -2.0f, 0.0f, -1e-30f};
+    const float g0[4] = {0.5f, -2.0f, 0.0f, -1e-30f};
+    float m[4] = {0};
+    ddp__lion_step(p, g, m, 4, 0.25f, 0.9f, 0.99f, 0.0f);
+    ck_assert_mem_eq(g, g0, sizeof g);
+    ck_assert_float_eq(p[0], 0.75f);
+    ck_assert_float_eq(p[1], -0.75f);
+    ck_assert_float_eq(p[2], 0.5f);
+    ck_assert_float_eq(p[3], 2.25f);
+    ck_assert_float_eq_tol(m[0], 0.005f, 1e-7f);
+    ck_assert_float_eq_tol(m[1], -0.02f, 1e-7f);
+    /* Decoupled decay: p * (1 - lr * wd) = 1 * 0.5, then - lr. */
+    float q = 1.0f, h = 1.0f, mq = 0.0f;
+    ddp__lion_step(&q, &h, &mq, 1, 0.25f, 0.9f, 0.99f, 2.0f);
+    ck_assert_float_eq(q, 0.25f);
+    ddp__lion_step(NULL, NULL, NULL, 0, 0.25f, 0.9f, 0.99f, 0.0f);
 }
 END_TEST
 
@@ -762,6 +873,8 @@ static Suite *optim_suite(void)
     tcase_add_test(tc, sgd_contract);
     tcase_add_loop_test(tc, adamw, 0, DDP__ISA_COUNT);
     tcase_add_test(tc, adamw_first_step);
+    tcase_add_loop_test(tc, lion, 0, DDP__ISA_COUNT);
+    tcase_add_test(tc, lion_first_step);
     tcase_add_loop_test(tc, sum_squares, 0, DDP__ISA_COUNT);
     tcase_add_loop_test(tc, scale_and_add, 0, DDP__ISA_COUNT);
     tcase_add_loop_test(tc, all_finite, 0, DDP__ISA_COUNT);

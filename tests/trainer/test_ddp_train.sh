@@ -41,7 +41,7 @@ expect_exit() {
 # Usage and data errors: exit 1, the flag or the file named.
 expect_exit 1 "--zero: expected an integer from 0 to 3" "$TRAIN" --zero 4
 expect_exit 1 "unknown option '--bogus'" "$TRAIN" --bogus
-expect_exit 1 "--optimizer: unknown optimizer 'adam'" "$TRAIN" --optimizer adam
+expect_exit 1 "--optimizer: unknown optimizer 'adam' \\(sgd, adamw, lion\\)" "$TRAIN" --optimizer adam
 # --model picks a row of the model table (worker/trainer/model.h), mlp the default: a bad name
 # is an error naming --model and the rows, and another row's options are not this one's.
 expect_exit 1 "^ddp-train: --model: unknown model 'nope' \(mlp\)$" "$TRAIN" --model nope
@@ -71,6 +71,11 @@ expect_exit 1 "rank 0 has no GPU" env CUDA_VISIBLE_DEVICES= "$DDPRUN" --standalo
     --nproc-per-node 2 --no-prefix "$TRAIN" --backend nccl
 [[ $(grep -c "^ddp-train: .*backend nccl" "$tmp/err") -eq 1 ]] || # (the failure table quotes it too)
     fail "--backend nccl without a GPU on two ranks: not one message"
+
+# Lion, libddp's third optimizer, named by --optimizer: 20 steps on two ranks learn something.
+expect_exit 0 "ZeRO-1, lion: test accuracy [1-9][0-9]\\." "$DDPRUN" --standalone --nproc-per-node 2 \
+    --no-prefix "$TRAIN" --device cpu --max-steps 20 --optimizer lion --lr 3e-4 --warmup 0 \
+    --zero 1
 
 # Alone, then two ranks, on the host: 20 SGD steps, a loss every 5, metrics as JSON Lines (alone
 # naming --model mlp, the two ranks taking it by default).

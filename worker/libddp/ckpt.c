@@ -165,12 +165,8 @@ static void state_names(const ddp__model_view *v, const char **names, int *n)
 {
     *n = 0;
     names[(*n)++] = "param";
-    if (v->o->optimizer == DDP_ADAMW) {
-        names[(*n)++] = "exp_avg";
-        names[(*n)++] = "exp_avg_sq";
-    } else if (v->opt[0]) {
-        names[(*n)++] = "momentum_buffer";
-    }
+    for (int k = 0; k < v->nopt; k++)
+        names[(*n)++] = ddp__optimizer(v->o->optimizer)->state[k];
 }
 
 /* The model's state array s: 0 the parameters, then the optimizer's. */
@@ -319,11 +315,11 @@ static json_t *build_manifest(ddp_model *m, const ddp__model_view *v, const char
     const ddp_options *o = v->o;
     json_t *j = json_object(), *st = json_array(), *units = json_array(), *params = json_array(),
            *groups = json_array();
-    json_t *opt = json_pack(
-        "{s:s, s:f, s:b, s:f, s:f, s:f, s:f, s:f}", "kind",
-        o->optimizer == DDP_ADAMW ? "adamw" : "sgd", "momentum", (double)o->momentum, "nesterov",
-        o->nesterov, "weight_decay", (double)o->weight_decay, "beta1", (double)o->beta1, "beta2",
-        (double)o->beta2, "eps", (double)o->eps, "clip_norm", (double)o->clip_norm);
+    json_t *opt = json_pack("{s:s, s:f, s:b, s:f, s:f, s:f, s:f, s:f}", "kind",
+                            ddp_optimizer_name(o->optimizer), "momentum", (double)o->momentum,
+                            "nesterov", o->nesterov, "weight_decay", (double)o->weight_decay,
+                            "beta1", (double)o->beta1, "beta2", (double)o->beta2, "eps",
+                            (double)o->eps, "clip_norm", (double)o->clip_norm);
     json_t *prog = json_pack("{s:I, s:I, s:I}", "epoch", (json_int_t)pr->epoch, "position",
                              (json_int_t)pr->position, "seed", (json_int_t)pr->seed);
     bool ok = j && st && units && params && groups && opt && prog;
@@ -931,8 +927,10 @@ int ddp_checkpoint_save(ddp_model *m, const char *root, const ddp_checkpoint_pro
     if (rc < 0)
         return rc;
     if (!root || !*root || keep < 0 || (flags & ~DDP_CKPT_SYNC))
-        return ddp__fail(m, -EINVAL, "ddp_checkpoint_save: bad argument (root %s, keep %d)",
-                         root ? root : "NULL", keep);
+        return ddp__fail(m, -EINVAL,
+                         "ddp_checkpoint_save: bad argument (root %s, keep %d, flags %#x: a "
+                         "save takes DDP_CKPT_SYNC)",
+                         root ? root : "NULL", keep, flags);
     json_t *user = NULL;
     if (user_json) {
         json_error_t je;
@@ -1258,8 +1256,7 @@ out:
         snprintf(msg, cap,
                  "%s/" DDP__CKPT_MANIFEST ": the optimizer is %s, the model's %s (load with "
                  "DDP_CKPT_PARAMS_ONLY to take the parameters alone)",
-                 mf->dir, mf->optimizer == DDP_ADAMW ? "adamw" : "sgd",
-                 o->optimizer == DDP_ADAMW ? "adamw" : "sgd");
+                 mf->dir, ddp_optimizer_name(mf->optimizer), ddp_optimizer_name(o->optimizer));
         return -EINVAL;
     }
     if (!(flags & DDP_CKPT_PARAMS_ONLY) && v->rank == 0 &&
@@ -1355,7 +1352,10 @@ int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
     if (rc < 0)
         return rc;
     if (!path || (flags & ~DDP_CKPT_PARAMS_ONLY))
-        return ddp__fail(m, -EINVAL, "ddp_checkpoint_load: bad argument");
+        return ddp__fail(m, -EINVAL,
+                         "ddp_checkpoint_load: bad argument (path %s, flags %#x: a load takes "
+                         "DDP_CKPT_PARAMS_ONLY)",
+                         path ? path : "NULL", flags);
     ddp__ckpt_manifest mf = {0};
     char msg[MSG_BYTES] = "";
     char *user = NULL;
@@ -1389,9 +1389,8 @@ int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
     if ((rc = ddp__drop_units(m)) < 0)
         goto out;
     memset(v.param, 0, (v.stage == 3 ? v.plan->shard_total : v.plan->total) * sizeof(float));
-    for (int k = 0; k < 2; k++)
-        if (v.opt[k])
-            memset(v.opt[k], 0, v.opt_elems * sizeof(float));
+    for (int k = 0; k < v.nopt; k++)
+        memset(v.opt[k], 0, v.opt_elems * sizeof(float));
     local = read_owned(&v, &mf, flags, msg, sizeof msg);
     if ((rc = agree(m, &v, local, msg)) < 0)
         goto out;

@@ -24,11 +24,13 @@
  *     "step": 200,                optimizer steps taken (ddp_step_info.step)
  *     "attempted": 203,           ddp_step() calls, skipped steps included
  *     "world_size": 4, "zero_stage": 2, "dtype": "float32",
- *     "optimizer": {"kind": "adamw" | "sgd", "momentum": 0, "nesterov": false,
- *                   "weight_decay": 0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
- *                   "clip_norm": 0},
- *     "state": ["param", "exp_avg", "exp_avg_sq"]     (sgd with momentum: ["param",
- *                                                      "momentum_buffer"]; without: ["param"]),
+ *     "optimizer": {"kind": "adamw",   ddp_optimizer_name(): "sgd", "adamw", "lion"
+ *                   "momentum": 0, "nesterov": false, "weight_decay": 0, "beta1": 0.9,
+ *                   "beta2": 0.999, "eps": 1e-8, "clip_norm": 0},   all of ddp_options'
+ *     "state": ["param", "exp_avg", "exp_avg_sq"]     "param", then the optimizer's state
+ *                                                      arrays, named by its row of optimizer.c
+ *                                                      (sgd with momentum: "momentum_buffer",
+ *                                                      without: none; lion: "exp_avg"),
  *     "units": ["fc1", "fc2"],
  *     "params": [{"name": "fc1.weight", "unit": 0, "shape": [256, 784], "dtype": "float32",
  *                 "offset": 0, "count": 200704, "group": 1}, ...]     arena offset, elements
@@ -55,6 +57,7 @@
 #include <stdint.h>
 
 #include "ddp.h"
+#include "optimizer.h"
 
 #define DDP__CKPT_FORMAT "ddp-checkpoint"
 #define DDP__CKPT_VERSION 1
@@ -63,7 +66,7 @@
 #define DDP__CKPT_DIR_FMT "step-%012" PRId64 /* needs <inttypes.h> */
 #define DDP__CKPT_SHARD_FMT "shard-%05d-of-%05d.bin"
 #define DDP__CKPT_CHUNK_BYTES ((size_t)1 << 20)
-#define DDP__CKPT_MAX_STATE 3
+#define DDP__CKPT_MAX_STATE (1 + DDP__OPT_MAX_STATE)
 #define DDP__CKPT_MAX_DIMS 8
 
 /* ------------------------------------------------------------------------------------------ */
@@ -173,6 +176,10 @@ typedef struct ddp__ckpt_manifest {
  * 2561". Thread-safe.
  */
 int ddp__ckpt_manifest_read(const char *dir, ddp__ckpt_manifest *out, char *err, size_t cap);
+
+/* The manifest's optimizer as options: ddp_options_init()'s, with the optimizer and every
+ * hyper-parameter the manifest holds. */
+void ddp__ckpt_manifest_options(const ddp__ckpt_manifest *mf, ddp_options *o);
 
 /* Frees what the manifest owns and zeroes it. NULL or a zeroed manifest is a no-op. */
 void ddp__ckpt_manifest_free(ddp__ckpt_manifest *mf);

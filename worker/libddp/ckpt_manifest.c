@@ -91,6 +91,19 @@ static json_t *get_array(reader *r, json_t *obj, const char *key, int *rc)
     return v;
 }
 
+void ddp__ckpt_manifest_options(const ddp__ckpt_manifest *mf, ddp_options *o)
+{
+    ddp_options_init(o);
+    o->optimizer = mf->optimizer;
+    o->momentum = mf->momentum;
+    o->nesterov = mf->nesterov;
+    o->weight_decay = mf->weight_decay;
+    o->beta1 = mf->beta1;
+    o->beta2 = mf->beta2;
+    o->eps = mf->eps;
+    o->clip_norm = mf->clip_norm;
+}
+
 static int read_optimizer(reader *r, json_t *root, ddp__ckpt_manifest *mf)
 {
     json_t *o = json_object_get(root, "optimizer");
@@ -100,12 +113,10 @@ static int read_optimizer(reader *r, json_t *root, ddp__ckpt_manifest *mf)
     const char *kind = get_string(r, o, "kind", "optimizer.", &rc);
     if (!kind)
         return rc;
-    if (strcmp(kind, "sgd") == 0)
-        mf->optimizer = DDP_SGD;
-    else if (strcmp(kind, "adamw") == 0)
-        mf->optimizer = DDP_ADAMW;
-    else
-        return bad(r, -EPROTO, "optimizer.kind: '%s' is neither 'sgd' nor 'adamw'", kind);
+    int id = ddp_optimizer_from_name(kind);
+    if (id < 0)
+        return bad(r, -EPROTO, "optimizer.kind: '%s' is no optimizer of libddp", kind);
+    mf->optimizer = (ddp_optimizer)id;
     json_t *nest = json_object_get(o, "nesterov");
     if (!json_is_boolean(nest))
         return bad(r, -EPROTO, "optimizer.nesterov: %s", nest ? "not a boolean" : "missing");
@@ -119,15 +130,13 @@ static int read_optimizer(reader *r, json_t *root, ddp__ckpt_manifest *mf)
         return rc;
 
     /* The state arrays are the optimizer's, in this order. */
-    const char *want[DDP__CKPT_MAX_STATE] = {"param", NULL, NULL};
-    int nwant = 1;
-    if (mf->optimizer == DDP_ADAMW) {
-        want[1] = "exp_avg", want[2] = "exp_avg_sq";
-        nwant = 3;
-    } else if (mf->momentum != 0) {
-        want[1] = "momentum_buffer";
-        nwant = 2;
-    }
+    ddp_options opts;
+    ddp__ckpt_manifest_options(mf, &opts);
+    const ddp__optimizer_def *def = ddp__optimizer(mf->optimizer);
+    const char *want[DDP__CKPT_MAX_STATE] = {"param"};
+    int nwant = 1 + ddp__optimizer_nstate(def, &opts);
+    for (int i = 1; i < nwant; i++)
+        want[i] = def->state[i - 1];
     json_t *st = get_array(r, root, "state", &rc);
     if (!st)
         return rc;

@@ -22,12 +22,14 @@
  *    marked twice) breaks the model likewise and aborts the communicator, so that the peers
  *    fail at once naming this rank rather than at the timeout (misuse()).
  *
- * Not here: checkpoints live in ckpt.c (this file only waits, before the optimizer, for an
- * asynchronous save's writer to have copied the state, polls the save after each step, through
- * ddp_internal.h, runs the small exchanges of host values the save needs (ddp__host_coll(),
- * ddp__host_icoll()), and joins its writer at free); device (CUDA) memory has its own issue; the
- * ops are f32 on the host. Nothing is printed: the log hook gets skipped steps, the trace hook
- * timestamps.
+ * Not here: the model's struct (model.h, shared with exchange.c and model_state.c); the small
+ * exchanges of host values (exchange.c); the memory figures and the checkpoints' view of the
+ * state (model_state.c); checkpoints themselves (ckpt.c: this file only waits, before the
+ * optimizer, for an asynchronous save's writer to have copied the state, polls the save after
+ * each step, and joins its writer at free); where memory lives and what the step runs on it
+ * (ddp_ops.h: the host table ops_host.c, the CUDA table ddp_cuda.cu); the optimizers (the
+ * table optimizer.c, the kernels optim.c). Nothing is printed: the log hook gets skipped steps,
+ * the trace hook timestamps.
  */
 #include "ddp.h"
 
@@ -36,6 +38,7 @@
 #include "ddp_ops.h"
 #include "monoclock.h"
 #include "optim.h"
+#include "optimizer.h"
 #include "plan.h"
 
 #include <assert.h>
@@ -48,87 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DDP_MAX_DIMS 8
-#define NAME_BYTES 128
-
-typedef struct param {
-    char name[NAME_BYTES];
-    int unit;
-    int ndim;
-    int64_t shape[DDP_MAX_DIMS];
-    coll_dtype dtype;
-    size_t count;
-} param;
-
-/* A buffer of the size of the largest group and what occupies it. */
-typedef struct slot {
-    float *buf;        /* f32 gradients; stage 3's units: the compute precision's values */
-    uint16_t *bf;      /* gradient slots with reduce_dtype bf16: the bf16 copy reduced */
-    int group;         /* -1: free */
-    coll_request *req; /* reduce-scatter (gradients) or allgather (units) in flight */
-    uint64_t seq;      /* issue order, to wait for the oldest first */
-} slot;
-
-enum state { BUILDING, READY, BROKEN };
-
-struct ddp_model {
-    coll_comm *comm;
-    ddp_options o;
-    int rank, world;
-    enum state state;
-    int broken_rc;
-
-    param *params;
-    int nparams, cap_params;
-    char (*unit_names)[NAME_BYTES];
-    int nunits, cap_units;
-
-    ddp__plan plan;
-    const ddp__ops *ops; /* host or CUDA, chosen at create (ddp_ops.h) */
-    ddp__dev dev;
-    bool bf16;        /* precision bf16: the compute copy below */
-    bool rbf16;       /* reduce_dtype bf16 */
-    uint16_t *cparam; /* bf16 compute copy of param (same layout), or NULL */
-    uint16_t *rgrad;  /* stages 0-1, reduce_dtype bf16: the bf16 copy of grad reduced */
-    float *hparam, *hopt1, *hopt2; /* device: host mirrors for checkpoints, made at the first */
-    coll_request **retire;         /* device: requests the streams wait on, released later */
-    int nretire, cap_retire;
-    float *param;     /* stages 0-2: arena; stage 3: owned parts (compact) */
-    float *grad;      /* stages 0-1: arena; stages 2-3: owned parts (compact) */
-    float *opt1;      /* momentum, or AdamW's m */
-    float *opt2;      /* AdamW's v */
-    size_t opt_elems; /* elements of each optimizer state array */
-
-    /* Per group: how many of its parameters are ready, its request and its staging slot. */
-    int *ready;
-    coll_request **req;
-    int *grad_slot;
-    char *marked;    /* per parameter: gradient marked ready in this micro-step */
-    char *done_seen; /* per group: its reduction's completion was traced */
-    int next_launch;
-
-    slot *gslots, *uslots; /* gradient staging (stages 2-3); gathered units (stage 3) */
-    int ngslots, nuslots;
-    int *unit_slot; /* stage 3: the uslot holding unit u, or -1 */
-    int last_gathered;
-    int direction; /* +1 forward, -1 backward */
-    uint64_t seq;
-
-    bool in_micro, sync, synced;
-    int64_t micro;
-    int64_t steps;              /* optimizer steps taken (skipped ones excluded) */
-    int64_t attempted;          /* ddp_step() calls, for the trace */
-    struct ddp__ckpt_state *ck; /* checkpoints (ckpt.c): NULL until the first save */
-    /* ddp__host_icoll()'s exchange: buffers reserved once, its request while in flight. */
-    struct {
-        unsigned char *buf;  /* the collective's buffer: model memory (device or host) */
-        unsigned char *host; /* device: page-locked host memory; host: buf */
-        size_t cap;
-        coll_request *req;
-        const char *what;
-    } xch;
-    char err[512];
-};
+#include "model.h"
 
 static _Thread_local char create_err[256];
 
@@ -360,11 +283,17 @@ void ddp_options_init(ddp_options *o)
     o->first_bucket_bytes = 1u << 20;
     o->bucket_bytes = 25u << 20;
     o->pool_slots = 4;
+    /* beta1, beta2 and eps are AdamW's defaults whatever the optimizer (ddp.h). */
+    (void)ddp_options_set_optimizer(o, DDP_ADAMW);
     o->optimizer = DDP_SGD;
-    o->beta1 = 0.9f;
-    o->beta2 = 0.999f;
-    o->eps = 1e-8f;
     o->device = -1;
+}
+
+/* NULL, or why o's hyper-parameters do not suit its optimizer (its row's check). */
+static const char *optimizer_check(const ddp_options *o)
+{
+    const ddp__optimizer_def *def = ddp__optimizer(o->optimizer);
+    return def && def->check ? def->check(o) : NULL;
 }
 
 int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
@@ -379,9 +308,9 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
                       : o.zero_stage < 0 || o.zero_stage > 3 ? "zero_stage must be 0..3"
                       : o.first_bucket_bytes == 0 || o.bucket_bytes == 0
                           ? "bucket sizes must be > 0"
-                      : o.pool_slots < 2 ? "pool_slots must be >= 2"
-                      : o.optimizer != DDP_SGD && o.optimizer != DDP_ADAMW ? "unknown optimizer"
-                      : o.nesterov && o.momentum <= 0 ? "Nesterov needs momentum > 0"
+                      : o.pool_slots < 2             ? "pool_slots must be >= 2"
+                      : !ddp__optimizer(o.optimizer) ? "unknown optimizer"
+                      : optimizer_check(&o)          ? optimizer_check(&o)
                       : o.precision != DDP_PREC_F32 && o.precision != DDP_PREC_BF16
                           ? "precision must be DDP_PREC_F32 or DDP_PREC_BF16"
                       : o.reduce_dtype != COLL_F32 && o.reduce_dtype != COLL_BF16
@@ -445,16 +374,6 @@ static void free_slots(ddp_model *m, slot *s, int n)
     free(s);
 }
 
-/* ddp__host_icoll()'s buffers, with no exchange in flight. */
-static void xch_release(ddp_model *m)
-{
-    if (m->xch.host != m->xch.buf)
-        m->ops->host_release(&m->dev, m->xch.host);
-    m->ops->release(&m->dev, m->xch.buf);
-    m->xch.buf = m->xch.host = NULL;
-    m->xch.cap = 0;
-}
-
 void ddp_model_free(ddp_model *m)
 {
     if (!m)
@@ -479,14 +398,14 @@ void ddp_model_free(ddp_model *m)
     const ddp__ops *ops = m->ops;
     ops->release(&m->dev, m->param);
     ops->release(&m->dev, m->grad);
-    ops->release(&m->dev, m->opt1);
-    ops->release(&m->dev, m->opt2);
+    for (int k = 0; k < DDP__OPT_MAX_STATE; k++) {
+        ops->release(&m->dev, m->opt[k]);
+        free(m->hopt[k]);
+    }
     ops->release(&m->dev, m->cparam);
     ops->release(&m->dev, m->rgrad);
-    xch_release(m);
+    ddp__xch_release(m);
     free(m->hparam);
-    free(m->hopt1);
-    free(m->hopt2);
     /* close destroys the communication stream: the communicator, which outlives the model,
      * must not keep it (a later collective would be enqueued on a destroyed stream). */
     if (ops->is_device)
@@ -585,135 +504,6 @@ static void describe_param(const param *p, char *buf, size_t cap)
         n += snprintf(buf + n, cap - (size_t)n, "%s%" PRId64, d ? ", " : "", p->shape[d]);
     if (n > 0 && (size_t)n < cap)
         snprintf(buf + n, cap - (size_t)n, "] %s", coll_dtype_name(p->dtype));
-}
-
-/* One collective, as ddp__host_coll() names it, issued. */
-static int run_icoll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out,
-                     size_t count, coll_dtype dt, coll_op op, coll_request **req)
-{
-    switch (kind) {
-    case DDP__HOST_ALLGATHER:
-        return coll_iallgather(m->comm, in, out, count, dt, req);
-    case DDP__HOST_BROADCAST:
-        return coll_ibroadcast(m->comm, in, out, count, dt, 0, req);
-    case DDP__HOST_ALLREDUCE:
-        return coll_iallreduce(m->comm, in, out, count, dt, op, req);
-    }
-    return -EINVAL;
-}
-
-/* The same, waited for. */
-static int run_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out, size_t count,
-                    coll_dtype dt, coll_op op)
-{
-    coll_request *req = NULL;
-    int rc = run_icoll(m, kind, in, out, count, dt, op, &req);
-    return rc < 0 ? rc : coll_wait(req);
-}
-
-/* The bytes an exchange reads on this rank and writes on every rank. */
-static void host_coll_bytes(const ddp_model *m, enum ddp__host_kind kind, size_t count,
-                            coll_dtype dt, size_t *nin, size_t *nout)
-{
-    *nin = count * coll_dtype_size(dt);
-    *nout = kind == DDP__HOST_ALLGATHER ? *nin * (size_t)m->world : *nin;
-}
-
-int ddp__host_coll(ddp_model *m, enum ddp__host_kind kind, const void *in, void *out, size_t count,
-                   coll_dtype dt, coll_op op, const char *what)
-{
-    bool gather = kind == DDP__HOST_ALLGATHER;
-    size_t nin, nout;
-    host_coll_bytes(m, kind, count, dt, &nin, &nout);
-    if (!m->ops->is_device) {
-        int rc = run_coll(m, kind, in, out, count, dt, op);
-        return rc < 0 ? coll_failed(m, rc, what) : 0;
-    }
-    unsigned char *buf = NULL;
-    int rc = m->ops->alloc(&m->dev, nout, (void **)&buf);
-    unsigned char *mine = gather ? buf + (size_t)m->rank * nin : buf;
-    if (rc == 0)
-        rc = m->ops->upload(&m->dev, mine, in, nin);
-    if (rc < 0) {
-        m->ops->release(&m->dev, buf);
-        return dev_check(m, rc, what);
-    }
-    rc = run_coll(m, kind, mine, buf, count, dt, op);
-    if (rc < 0)
-        rc = coll_failed(m, rc, what);
-    else
-        rc = dev_check(m, m->ops->download(&m->dev, out, buf, nout), what);
-    m->ops->release(&m->dev, buf);
-    return rc;
-}
-
-int ddp__host_icoll_reserve(ddp_model *m, size_t nbytes)
-{
-    assert(!m->xch.req);
-    if (nbytes <= m->xch.cap)
-        return 0;
-    xch_release(m);
-    const ddp__ops *o = m->ops;
-    int rc = o->alloc(&m->dev, nbytes, (void **)&m->xch.buf);
-    m->xch.host = m->xch.buf;
-    if (rc == 0 && o->is_device)
-        rc = o->host_alloc(&m->dev, nbytes, (void **)&m->xch.host);
-    if (rc < 0) {
-        xch_release(m);
-        return rc;
-    }
-    m->xch.cap = nbytes;
-    return 0;
-}
-
-/*
- * Device models: this rank's input goes up from the page-locked buffer, the collective runs
- * (nccl: on the communication stream; cpu: on the host, which coll_request_stream_wait()
- * then waits for), the result comes down into the page-locked buffer behind it, and a mark
- * ends the exchange. All of it is enqueued on the communication stream after the step's
- * reductions and gathers, whose buffers it does not share. Host models: the collective, in
- * place in the buffer, on libcollective's progress thread.
- */
-int ddp__host_icoll(ddp_model *m, enum ddp__host_kind kind, const void *in, size_t count,
-                    coll_dtype dt, coll_op op, const char *what)
-{
-    const ddp__ops *o = m->ops;
-    size_t nin, nout;
-    host_coll_bytes(m, kind, count, dt, &nin, &nout);
-    assert(!m->xch.req && nout <= m->xch.cap);
-    size_t at = kind == DDP__HOST_ALLGATHER ? (size_t)m->rank * nin : 0;
-    memcpy(m->xch.host + at, in, nin);
-    int rc = o->comm_copy(&m->dev, m->xch.buf + at, m->xch.host + at, nin);
-    if (rc < 0)
-        return dev_check(m, rc, what);
-    rc = run_icoll(m, kind, m->xch.buf + at, m->xch.buf, count, dt, op, &m->xch.req);
-    if (rc < 0)
-        return coll_failed(m, rc, what);
-    m->xch.what = what;
-    if (!o->is_device)
-        return 0;
-    /* On failure the request stays, released by the wait or ddp_model_free(). */
-    if ((rc = coll_request_stream_wait(m->xch.req, m->dev.comm_stream)) < 0)
-        return coll_failed(m, rc, what);
-    rc = o->comm_copy(&m->dev, m->xch.host, m->xch.buf, nout);
-    if (rc == 0)
-        rc = o->comm_mark(&m->dev);
-    return dev_check(m, rc, what);
-}
-
-int ddp__host_icoll_wait(ddp_model *m, const void **out)
-{
-    coll_request *req = m->xch.req;
-    assert(req);
-    m->xch.req = NULL;
-    int rc = m->ops->comm_wait(&m->dev);
-    int w = coll_wait(req); /* device: long done; host: the wait */
-    if (rc < 0)
-        return dev_check(m, rc, m->xch.what);
-    if (w < 0)
-        return coll_failed(m, w, m->xch.what);
-    *out = m->xch.host;
-    return 0;
 }
 
 /* Every rank checks that every rank registered this layout; the message is the same on all. */
@@ -876,14 +666,16 @@ int ddp_model_commit(ddp_model *m, ddp_init_fn init, void *arg)
     m->retire = calloc((size_t)m->cap_retire, sizeof *m->retire);
     if (!m->ready || !m->req || !m->grad_slot || !m->marked || !m->done_seen || !m->retire)
         goto out;
-    bool moments = m->o.optimizer == DDP_ADAMW || m->o.momentum != 0;
     if ((rc = alloc_model(m, &m->param, nparam, f)) < 0 ||
         (rc = alloc_model(m, &m->grad, stage >= 2 ? owned : full, f)) < 0 ||
         (m->bf16 && (rc = alloc_model(m, &m->cparam, nparam, h)) < 0) ||
-        (m->rbf16 && stage < 2 && (rc = alloc_model(m, &m->rgrad, full, h)) < 0) ||
-        (moments && (rc = alloc_model(m, &m->opt1, m->opt_elems, f)) < 0) ||
-        (m->o.optimizer == DDP_ADAMW && (rc = alloc_model(m, &m->opt2, m->opt_elems, f)) < 0))
+        (m->rbf16 && stage < 2 && (rc = alloc_model(m, &m->rgrad, full, h)) < 0))
         goto alloc_failed;
+    m->opt_def = ddp__optimizer(m->o.optimizer);
+    m->nopt = ddp__optimizer_nstate(m->opt_def, &m->o);
+    for (int k = 0; k < m->nopt; k++)
+        if ((rc = alloc_model(m, &m->opt[k], m->opt_elems, f)) < 0)
+            goto alloc_failed;
     for (int g = 0; g < G; g++)
         m->grad_slot[g] = -1;
     if (stage >= 2) {
@@ -1163,7 +955,7 @@ static int finish_reductions(ddp_model *m)
 /* Micro-steps                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-int ddp_micro_begin(ddp_model *m, int sync)
+int ddp_micro_begin(ddp_model *m, bool sync)
 {
     int rc = usable(m);
     if (rc < 0)
@@ -1472,9 +1264,11 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
         int64_t waited = 0;
         for (int g = 0; rc == 0 && optimizer_range(m, g, &r); g++) {
             waited += dev ? 0 : ddp__ckpt_wait_group(m->ck, g);
-            rc = ops->optimize(&m->dev, &m->o, lr, r.param, r.grad,
-                               m->opt1 ? m->opt1 + r.state_at : NULL,
-                               m->opt2 ? m->opt2 + r.state_at : NULL, r.compute, r.n);
+            float *state[DDP__OPT_MAX_STATE] = {NULL};
+            for (int k = 0; k < m->nopt; k++)
+                state[k] = m->opt[k] + r.state_at;
+            rc = ops->optimize(&m->dev, &m->o, m->opt_def, lr, r.param, r.grad, state, r.compute,
+                               r.n);
         }
         ddp__ckpt_waited(m->ck, waited);
         if ((rc = dev_check(m, rc, "ddp_step: the optimizer")) < 0)
@@ -1522,129 +1316,6 @@ int ddp_step_info_get(ddp_model *m, ddp_step_info *out)
     return 0;
 }
 
-/* ------------------------------------------------------------------------------------------ */
-/* Memory                                                                                      */
-/* ------------------------------------------------------------------------------------------ */
-
-int ddp_memory_stats(const ddp_model *m, ddp_memory *out)
-{
-    if (!m || !out || m->state == BUILDING)
-        return -EINVAL;
-    int stage = m->o.zero_stage;
-    size_t f = sizeof(float), full = m->plan.total * f, owned = m->plan.shard_total * f;
-    ddp_memory s = {0};
-    size_t h = sizeof(uint16_t), np = stage == 3 ? m->plan.shard_total : m->plan.total;
-    s.param_bytes = (stage == 3 ? owned : full) + (m->cparam ? np * h : 0); /* + compute copy */
-    s.grad_bytes = stage >= 2 ? owned : full;
-    s.optimizer_bytes = ((m->opt1 ? 1u : 0u) + (m->opt2 ? 1u : 0u)) * m->opt_elems * f;
-    /* Gradient slots (and their bf16 copies), gathered units (in the compute precision), and
-     * stages 0-1's bf16 reduction copy of the arena. */
-    s.pool_bytes = (size_t)m->ngslots * m->plan.max_padded * (f + (m->rbf16 ? h : 0)) +
-                   (size_t)m->nuslots * m->plan.max_padded * (m->bf16 ? h : f) +
-                   (m->rgrad ? m->plan.total * h : 0);
-    s.model_state_bytes = s.param_bytes + s.grad_bytes + s.optimizer_bytes;
-    *out = s;
-    return 0;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* For ckpt.c (ddp_internal.h)                                                                 */
-/* ------------------------------------------------------------------------------------------ */
-
-int ddp__model_view_get(ddp_model *m, ddp__model_view *v)
-{
-    int rc = usable(m);
-    if (rc < 0)
-        return rc;
-    if (m->in_micro)
-        return fail(m, -EINVAL, "a checkpoint is taken between steps, not inside a micro-step");
-    *v = (ddp__model_view){
-        .comm = m->comm,
-        .rank = m->rank,
-        .world = m->world,
-        .stage = m->o.zero_stage,
-        .o = &m->o,
-        .plan = &m->plan,
-        .param = m->param,
-        .opt = {m->opt1, m->opt2},
-        .compute = m->cparam,
-        .opt_elems = m->opt_elems,
-        .steps = &m->steps,
-        .attempted = &m->attempted,
-        .ck = &m->ck,
-    };
-    return 0;
-}
-/* A device model's parameters and optimizer state: to the device from the host copy (up), or
- * from the device into it. */
-static int copy_state(ddp_model *m, bool up)
-{
-    const ddp__ops *o = m->ops;
-    size_t np = m->o.zero_stage == 3 ? m->plan.shard_total : m->plan.total;
-    float *dev[3] = {m->param, m->opt1, m->opt2}, *host[3] = {m->hparam, m->hopt1, m->hopt2};
-    size_t n[3] = {np, m->opt_elems, m->opt_elems};
-    int rc = 0;
-    for (int i = 0; i < 3 && rc == 0; i++) {
-        size_t bytes = n[i] * sizeof(float);
-        if (dev[i])
-            rc = up ? o->upload(&m->dev, dev[i], host[i], bytes)
-                    : o->download(&m->dev, host[i], dev[i], bytes);
-    }
-    return dev_check(m, rc, up ? "checkpoint: copying the state to the device"
-                               : "checkpoint: copying the state from the device");
-}
-
-
-int ddp__model_view_host(ddp_model *m, ddp__model_view *v, bool download)
-{
-    int rc = ddp__model_view_get(m, v);
-    if (rc < 0 || !m->ops->is_device)
-        return rc;
-    size_t np = m->o.zero_stage == 3 ? m->plan.shard_total : m->plan.total, f = sizeof(float);
-    if ((!m->hparam && !(m->hparam = malloc(np * f))) ||
-        (m->opt1 && !m->hopt1 && !(m->hopt1 = malloc(m->opt_elems * f))) ||
-        (m->opt2 && !m->hopt2 && !(m->hopt2 = malloc(m->opt_elems * f))))
-        return fail(m, -ENOMEM, "checkpoint: out of memory for the host copy of the state");
-    if (download) {
-        ddp_step_info in;
-        if ((rc = ddp_step_info_get(m, &in)) < 0) /* synchronises; the device's step count */
-            return rc;
-        if ((rc = copy_state(m, false)) < 0)
-            return rc;
-    }
-    v->param = m->hparam;
-    v->opt[0] = m->hopt1;
-    v->opt[1] = m->hopt2;
-    return 0;
-}
-
-int ddp__state_loaded(ddp_model *m)
-{
-    const ddp__plan *pl = &m->plan;
-    const ddp__ops *o = m->ops;
-    int stage = m->o.zero_stage, rc = 0;
-    size_t np = stage == 3 ? pl->shard_total : pl->total;
-    if (o->is_device) {
-        if ((rc = copy_state(m, true)) < 0)
-            return rc;
-    }
-    /* Stages 0-2: every rank's parts of the parameters (stage 0: also the optimizer's arrays). */
-    float *arrays[3] = {m->param, stage == 0 ? m->opt1 : NULL, stage == 0 ? m->opt2 : NULL};
-    for (int s = 0; stage < 3 && s < 3; s++) {
-        for (int g = 0; arrays[s] && g < pl->ngroups; g++) {
-            const ddp__group *gr = &pl->groups[g];
-            float *b = arrays[s] + gr->offset;
-            rc = coll_allgather(m->comm, b + (size_t)m->rank * gr->shard, b, gr->shard, COLL_F32);
-            if (rc < 0)
-                return coll_failed(m, rc, "checkpoint: gathering the loaded state");
-        }
-    }
-    if (m->bf16 && (rc = dev_check(m, o->to_bf16(&m->dev, m->cparam, m->param, np, 1.0f),
-                                   "checkpoint: refreshing the bf16 compute copy")) < 0)
-        return rc;
-    return dev_check(m, o->set_steps(&m->dev, m->steps), "checkpoint: the step count");
-}
-
 void ddp__param_shape(const ddp_model *m, int p, int *unit, int *ndim, int64_t *shape)
 {
     const param *pa = &m->params[p];
@@ -1665,6 +1336,16 @@ int ddp__fail(ddp_model *m, int rc, const char *fmt, ...)
     vsnprintf(m->err, sizeof m->err, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+int ddp__usable(ddp_model *m)
+{
+    return usable(m);
+}
+
+int ddp__dev_check(ddp_model *m, int rc, const char *what)
+{
+    return dev_check(m, rc, what);
 }
 
 int ddp__coll_failed(ddp_model *m, int rc, const char *what)

@@ -1,18 +1,19 @@
 /*
  * libddp: data-parallel training steps (DDP and ZeRO stages 1, 2 and 3) for C trainers, on top
- * of libcollective.
+ * of libcollective. libddp(3) describes the stages, the layout, mixed precision, the device path
+ * and checkpoints; this header gives each call's contract.
  *
  * The caller owns the model's compute (forward and backward) and says four things at the right
  * moments: "I am about to use unit u" (ddp_unit_gather), "I am done with unit u"
  * (ddp_unit_release), "the gradient of parameter p is final for this micro-step"
- * (ddp_grad_ready) and "step" (ddp_step). One training loop serves every stage: the stage is an
- * option, and calls that have nothing to do at a stage return at once.
+ * (ddp_grad_ready) and "step" (ddp_step). One training loop serves every stage:
  *
- *   ddp_options o;  ddp_options_init(&o);  o.zero_stage = 2;  o.optimizer = DDP_ADAMW;
+ *   ddp_options o;  ddp_options_init(&o);  o.zero_stage = 2;
+ *   ddp_options_set_optimizer(&o, DDP_ADAMW);
  *   ddp_model *m;   ddp_model_create(comm, &o, &m);
  *   for each layer l:  u = ddp_unit_add(m, "fc1");
  *                      W = ddp_param_add(m, u, "weight", 2, (int64_t[]){out, in}, COLL_F32); ...
- *   ddp_model_commit(m, init_fn, arg);              (layout check, arenas, buckets or shards)
+ *   ddp_model_commit(m, init_fn, arg);
  *   for each step:
  *     for k in 0..nmicro-1:
  *       ddp_micro_begin(m, k == nmicro - 1);         (sync on the last micro-step only)
@@ -22,86 +23,22 @@
  *                 ddp_unit_release(m, u);
  *       ddp_micro_end(m);
  *     ddp_step(m, lr, &info);
- *
- * What each stage keeps (Ψ = parameter elements, N = world size, the ZeRO paper's terms):
- *   stage 0 (DDP): full parameters, full gradients, full optimizer state; buckets allreduced.
- *   stage 1: optimizer state for the owned part only; gradients reduce-scattered, each rank
- *            updates its part, parameters allgathered.
- *   stage 2: also gradients: only the owned part persists, plus a bounded pool of bucket
- *            staging buffers that backward writes into, reduce-scattered every micro-step.
- *   stage 3: also parameters: only the owned part persists; ddp_unit_gather() allgathers a
- *            unit into a pooled buffer (prefetching the next one), ddp_unit_release() frees it.
- *
- * Layout: one flat parameter arena and one gradient arena with a view per parameter. Buckets
- * (stages 0-2) are contiguous ranges of the arena built in reverse registration order (the
- * first 1 MiB, the others 25 MiB); units (stage 3) are the caller's layers. Each bucket or unit
- * is padded to a multiple of N elements and split into N equal parts; rank r owns part r.
+ *     ddp_model_free(m) at the end.
  *
  * Conventions: functions that can fail return an int, >= 0 on success and a negative errno value
  * or a libcollective code (COLL_EREMOTE, ...) on failure; ddp_strerror() names any of them and
- * ddp_last_error() gives the model's detailed account of its last failure (a peer failure names
- * the culprit rank with libcollective's message). Out-parameters are written only on success.
- * The library never exits, aborts or prints: messages go to the log hook. Calls marked "every
- * rank" are collective: every rank calls them in the same order. A model is not thread-safe.
- *
- * Misuse on one rank: a gradient not marked ready in a micro-step, or marked twice, would leave
- * that rank's reductions out of step with its peers', which would wait in a collective until the
- * communicator's timeout. So the rank that detects it (ddp_grad_ready(), ddp_micro_end()) gets
- * -EINVAL naming the parameter, its model breaks, and the library aborts the communicator
- * (coll_comm_abort()): every other rank's pending or next call fails at once with COLL_EREMOTE,
- * ddp_last_error() naming the misusing rank. The check itself is local and costs no collective.
- *
- * Buffers: ddp_param_data() and ddp_grad_buffer() return memory of the library, valid until the
- * call named with each: host memory when opts.device is -1, device memory when it is >= 0.
- *
- * Mixed precision (opts.precision = DDP_PREC_BF16, at either device): master parameters and
- * optimizer state stay f32, and checkpoints hold the f32 masters. The library keeps a bf16 compute
- * copy of the parameters (stages 0-2: of the whole arena; stage 3: of the owned part, and units
- * are gathered as bf16), which ddp_param_data() returns (ddp_param_dtype() says COLL_BF16) and
- * the optimizer refreshes, rounding each updated master to nearest even. Gradients are always
- * f32: backward accumulates f32 products of the bf16 values into ddp_grad_buffer(). Gradients are
- * reduced in f32 unless opts.reduce_dtype is COLL_BF16 (each bucket cast to bf16 pre-divided by
- * the world size, summed as bf16, cast back). On the host bf16 is emulated: a uint16_t holding
- * the upper half of the f32 bit pattern, rounded to nearest even (NaN stays NaN).
- *
- * The device path (opts.device >= 0, a CUDA build): the arenas are cudaMalloc'ed on that device
- * and every pointer the model hands out is a device pointer. Work is ordered by streams, not by
- * host waits:
- *  - the caller's compute stream (opts.stream) runs its forward and backward, and the library
- *    enqueues on it the gradients' zeroing, the casts and the optimizer;
- *  - the library sets the communicator's stream (coll_comm_set_stream()) to a communication
- *    stream of its own at ddp_model_create() (the caller must not change it afterwards; a
- *    second device model created on the communicator takes it over, and the first must then
- *    issue no more collectives), and back to NULL (the legacy default stream) at
- *    ddp_model_free(), which destroys that stream;
- *  - ddp_grad_ready() records an event on the compute stream: the caller has enqueued the
- *    kernels that write that gradient before calling it. A bucket's reduction is enqueued on the
- *    communication stream after a wait on the event of its last gradient, so it overlaps the rest
- *    of backward;
- *  - ddp_step() makes the compute stream wait for the reductions (a stream wait, with the nccl
- *    backend; the cpu backend, which stages device buffers through the host, completes them on
- *    the host), computes the norm, the clip factor and the finite flag on the device and runs
- *    fused optimizer kernels that read them there: a non-finite norm makes the kernels no-ops,
- *    so a skipped step needs no host decision. Stages 1-2 then allgather the parameters on the
- *    communication stream after an event recorded behind the optimizer, and the compute stream
- *    waits for that allgather. Stage 3's gathers likewise wait for the optimizer, and the compute
- *    stream for them;
- *  - so the host never waits for the device inside a step, except ddp_step() with info != NULL
- *    (it synchronises the compute stream to fill *info: pass NULL and call ddp_step_info_get()
- *    when you want the numbers), ddp_step_info_get(), and the checkpoint calls (a save's snapshot
- *    is copied from the device after the compute stream's work; a load copies back).
- * What the caller synchronises: it must not read ddp_param_data() or the gradients from another
- * stream or from the host without first waiting for the compute stream (the optimizer and the
- * gathers are behind it). CUDA failures are COLL_ECUDA with CUDA's message in ddp_last_error();
- * the model is broken after one, as after a failed collective. Several ranks may share one GPU
- * through the cpu backend (which accepts device buffers); the nccl backend needs one GPU per
- * rank. A build without CUDA refuses device >= 0 with -ENOTSUP.
+ * ddp_last_error() gives the model's detailed account of its last failure. Out-parameters are
+ * written only on success. The library never exits, aborts or prints: messages go to the log
+ * hook. Calls marked "every rank" are collective: every rank calls them in the same order. A
+ * model is not thread-safe. Buffers the model hands out are host memory when opts.device is -1
+ * and device memory (ordered by opts.stream) when it is >= 0.
  *
  * The header compiles as C99 and C++.
  */
 #ifndef DDP_H
 #define DDP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -115,7 +52,12 @@ extern "C" {
 /* Options                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef enum ddp_optimizer { DDP_SGD = 0, DDP_ADAMW = 1 } ddp_optimizer;
+/*
+ * The optimizers: torch.optim.SGD's and torch.optim.AdamW's arithmetic, and Lion's (Chen et
+ * al. 2023: the sign of an interpolation of the momentum and the gradient, decoupled weight
+ * decay). Their names ("sgd", "adamw", "lion") are ddp_optimizer_name()'s.
+ */
+typedef enum ddp_optimizer { DDP_SGD = 0, DDP_ADAMW = 1, DDP_LION = 2 } ddp_optimizer;
 
 /*
  * The parameters' precision for compute. Master parameters, gradients and optimizer state are
@@ -146,15 +88,18 @@ typedef struct ddp_options {
                                   gathered units; at least 2, and no more are made than there
                                   are buckets or units (4) */
 
-    ddp_optimizer optimizer; /* DDP_SGD or DDP_ADAMW (DDP_SGD) */
+    ddp_optimizer optimizer; /* a ddp_optimizer (DDP_SGD); ddp_options_set_optimizer() also
+                                sets its default hyper-parameters */
     float momentum;          /* SGD momentum (0) */
-    int nesterov;            /* SGD Nesterov momentum, needs momentum > 0 (0) */
-    float weight_decay;      /* SGD: L2 added to the gradient; AdamW: decoupled (0) */
-    float beta1, beta2, eps; /* AdamW (0.9, 0.999, 1e-8) */
+    bool nesterov;           /* SGD Nesterov momentum, needs momentum > 0 (false) */
+    float weight_decay;      /* SGD: L2 added to the gradient; AdamW, Lion: decoupled (0) */
+    float beta1, beta2, eps; /* AdamW (0.9, 0.999, 1e-8); Lion: beta1 weighs the update's
+                                interpolation, beta2 the momentum's (0.9, 0.99 through
+                                ddp_options_set_optimizer()), eps unused */
     float clip_norm;         /* clip the global gradient norm to this; <= 0: off (0) */
 
     int device; /* -1: host memory; >= 0: the CUDA device ordinal whose memory holds the arenas
-                   (a CUDA build; see "The device path" above); every call on the model
+                   (a CUDA build; libddp(3), THE DEVICE PATH); every call on the model
                    leaves it the calling thread's current device (-1) */
 
     ddp_log_fn log; /* optional; NULL: silent */
@@ -176,6 +121,21 @@ typedef struct ddp_options {
 
 /* Fills `opts` with the defaults given in brackets above. */
 void ddp_options_init(ddp_options *opts);
+
+/*
+ * Sets opts->optimizer to `opt` and the hyper-parameters that optimizer reads (not
+ * weight_decay, clip_norm) to its defaults, given in brackets above. Returns 0, or -EINVAL
+ * (NULL, or `opt` is no ddp_optimizer: opts unchanged). Thread-safe.
+ */
+int ddp_options_set_optimizer(ddp_options *opts, ddp_optimizer opt);
+
+/* The optimizer's name ("sgd", "adamw", "lion"), static; NULL for a value that is none. Every
+ * optimizer is ddp_optimizer_name(i) for i = 0, 1, ... up to the first NULL. Thread-safe. */
+const char *ddp_optimizer_name(ddp_optimizer opt);
+
+/* The ddp_optimizer named `name` (borrowed), >= 0, or -EINVAL (NULL or no such name).
+ * Thread-safe. */
+int ddp_optimizer_from_name(const char *name);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Errors                                                                                      */
@@ -213,7 +173,7 @@ int ddp_model_broken(const ddp_model *m);
 /*
  * Creates an empty model on `comm` (borrowed: it must outlive the model; the model issues its
  * collectives on it, so the caller must not run collectives of its own on `comm` between
- * ddp_micro_begin() and ddp_step(), and aborts it on misuse, see above). `opts` is copied
+ * ddp_micro_begin() and ddp_step(), and aborts it on misuse: libddp(3), Misuse). `opts` is copied
  * (NULL: defaults). Returns 0 and sets *out, -EINVAL (bad option: also a host model, device
  * -1, on an nccl communicator, whose collectives need device memory), -ENOTSUP (opts->device >= 0
  * in a build without CUDA, or no GPU), COLL_ECUDA (the device cannot be used, or the
@@ -233,9 +193,9 @@ int ddp_unit_add(ddp_model *m, const char *name);
 
 /*
  * Registers a parameter of unit `unit` (which must be the latest unit added): `name` (copied),
- * `ndim` dimensions of `shape` (copied; each > 0), `dtype` (COLL_F32 today). Parameters are laid
- * out in registration order. Returns the parameter's index (0, 1, ...), -EINVAL or -ENOTSUP
- * (a dtype the optimizers do not handle yet).
+ * `ndim` dimensions of `shape` (copied; each > 0), `dtype` (COLL_F32, the one dtype the
+ * optimizers handle). Parameters are laid out in registration order. Returns the parameter's
+ * index (0, 1, ...), -EINVAL or -ENOTSUP (another dtype).
  */
 int ddp_param_add(ddp_model *m, int unit, const char *name, int ndim, const int64_t *shape,
                   coll_dtype dtype);
@@ -300,11 +260,11 @@ void *ddp_grad_buffer(ddp_model *m, int param);
 /* ------------------------------------------------------------------------------------------ */
 
 /*
- * Begins a micro-step. `sync` = 0 accumulates gradients without communicating (PyTorch's
+ * Begins a micro-step. `sync` false accumulates gradients without communicating (PyTorch's
  * no_sync), stages 0-1 only (stages 2-3 reduce every micro-step whatever `sync` says); the last
- * micro-step before ddp_step() must have sync = 1. Returns 0 or -EINVAL (misuse). Every rank.
+ * micro-step before ddp_step() must have sync true. Returns 0 or -EINVAL (misuse). Every rank.
  */
-int ddp_micro_begin(ddp_model *m, int sync);
+int ddp_micro_begin(ddp_model *m, bool sync);
 
 /*
  * Stage 3: makes unit `unit`'s parameters available (allgathers them into a pool slot unless
@@ -338,8 +298,8 @@ int ddp_micro_end(ddp_model *m);
 /* What one step did. */
 typedef struct ddp_step_info {
     double grad_norm; /* the global gradient norm before clipping (inf/nan if not finite) */
-    int skipped;      /* 1: a gradient was not finite; no parameter changed, on every rank */
-    int clipped;      /* 1: gradients were scaled down to opts.clip_norm */
+    bool skipped;     /* a gradient was not finite; no parameter changed, on every rank */
+    bool clipped;     /* gradients were scaled down to opts.clip_norm */
     int64_t step;     /* steps taken so far, skipped ones excluded */
 } ddp_step_info;
 
@@ -348,7 +308,7 @@ typedef struct ddp_step_info {
  * one allreduce), clips, skips the step on every rank alike if a gradient is not finite, runs
  * the optimizer on the owned parts with learning rate `lr`, allgathers the parameters (stages
  * 1-2) and zeroes the gradients. `info` may be NULL. Returns 0; -EINVAL (misuse: no micro-step
- * with sync = 1 since the last step); or a collective's failure: -ETIMEDOUT (a peer did not take
+ * with sync true since the last step); or a collective's failure: -ETIMEDOUT (a peer did not take
  * part in time), COLL_EREMOTE (a peer died or aborted), -ECANCELED, with ddp_last_error() naming
  * the culprit rank; after a failure the model is unusable (free it); COLL_ECUDA (a CUDA call
  * failed; the model is broken likewise). Every rank.
@@ -414,8 +374,8 @@ int ddp_memory_stats(const ddp_model *m, ddp_memory *out);
  * for every group (bucket or unit) of the saving layout, part `rank` of the fp32 parameters and
  * of each optimizer state array, at every stage (stage 0 and the replicated parameters of
  * stages 1-2 are written once, split as stage 1 splits them). The manifest (JSON) describes the
- * layout, the optimizer, the progress and a CRC32C per shard file and per chunk of it; worker/
- * ckpt.h gives its exact format. A checkpoint loads at any world size and any stage.
+ * layout, the optimizer, the progress and a CRC32C per shard file and per chunk of it; libddp(3),
+ * CHECKPOINTS, gives its format. A checkpoint loads at any world size and any stage.
  */
 
 /* Where training stands, saved with the model and given back by ddp_checkpoint_load(). */
@@ -426,11 +386,12 @@ typedef struct ddp_checkpoint_progress {
     uint64_t seed;    /* the run's seed (data order, initial values) */
 } ddp_checkpoint_progress;
 
-/* ddp_checkpoint_save() flags. */
-#define DDP_CKPT_SYNC 1u /* return only when the checkpoint is complete (ddp_checkpoint_wait()) */
-
-/* ddp_checkpoint_load() flags. */
-#define DDP_CKPT_PARAMS_ONLY 1u /* load the parameters only: optimizer state zero, step 0 */
+/* ddp_checkpoint_save() flags (bits 0-7), and ddp_checkpoint_load() flags (bits 8-15): the two
+ * sets are disjoint, and each call refuses the other's flags, and unknown bits, with -EINVAL. */
+/* Save: return only when the checkpoint is complete (ddp_checkpoint_wait()). */
+#define DDP_CKPT_SYNC (1u << 0)
+/* Load: the parameters only (optimizer state zero, step 0). */
+#define DDP_CKPT_PARAMS_ONLY (1u << 8)
 
 /*
  * Saves the model's state as checkpoint ROOT/step-<steps taken> (ROOT is created if absent).

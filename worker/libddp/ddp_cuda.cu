@@ -1,7 +1,7 @@
 /*
  * libddp's CUDA operations table (ddp_ops.h): device memory, and kernels on the caller's
  * compute stream for the gradients' zeroing, the bf16 casts, the gradient norm, the step's
- * decision and the fused SGD and AdamW updates.
+ * decision and the fused updates of the optimizer table's rows (optimizer.h: SGD, AdamW, Lion).
  *
  * nvcc compiles this file as C++, but it is written as C plus kernels (no exceptions, no C++
  * library); the extern "C" linkage comes from ddp_ops.h. It never prints. CUDA results become
@@ -10,8 +10,9 @@
  * The step needs no host decision: norm_add accumulates the sum of squares into a double in
  * device memory (the scalars), which ddp.c allreduces on the communication stream; decide, one
  * thread, turns it into the norm, the finite flag, the clip factor, the step count and the
- * optimizer's coefficients (in double from the float options, as optim.c computes them); the
- * update kernels read those and do nothing when the norm is not finite.
+ * coefficients that depend on it (AdamW's bias corrections, in double from the float options,
+ * as optim.c computes them); the update kernels read those and do nothing when the norm is not
+ * finite.
  *
  * Invariants:
  *  - the element formulas are optim.h's, operation by operation: this file is compiled with
@@ -38,6 +39,7 @@
  */
 #include "bf16conv.h"
 #include "ddp_ops.h"
+#include "optimizer.h"
 
 #include <cuda_runtime_api.h>
 
@@ -182,8 +184,7 @@ __global__ static void k_sum_partials(const double *partial, unsigned nblocks, d
 }
 
 /* One thread: the decision and the coefficients (optim.c's, from the float options). */
-__global__ static void k_decide(struct ddp__scalars *s, float clip_norm, int adamw, float beta1,
-                                float beta2)
+__global__ static void k_decide(struct ddp__scalars *s, float clip_norm, float beta1, float beta2)
 {
     double norm = sqrt(s->ss);
     s->norm = norm;
@@ -198,17 +199,16 @@ __global__ static void k_decide(struct ddp__scalars *s, float clip_norm, int ada
     }
     s->steps++;
     s->first_step = s->steps == 1;
-    if (adamw) {
-        double step = (double)s->steps;
-        double w = 1.0 - (double)beta1;
-        s->bc1 = 1.0 - pow((double)beta1, step);
-        double bc2 = 1.0 - pow((double)beta2, step);
-        s->c2 = (float)(1.0 - (double)beta2);
-        s->bc2_sqrt = (float)pow(bc2, 0.5);
-        float wf = (float)w;
-        s->lerp_from_end = !(fabsf(wf) < 0.5f);
-        s->lerp_w = s->lerp_from_end ? wf - 1.0f : wf;
-    }
+    /* AdamW's; cheap enough to make for every optimizer, once a step. */
+    double step = (double)s->steps;
+    double w = 1.0 - (double)beta1;
+    s->bc1 = 1.0 - pow((double)beta1, step);
+    double bc2 = 1.0 - pow((double)beta2, step);
+    s->c2 = (float)(1.0 - (double)beta2);
+    s->bc2_sqrt = (float)pow(bc2, 0.5);
+    float wf = (float)w;
+    s->lerp_from_end = !(fabsf(wf) < 0.5f);
+    s->lerp_w = s->lerp_from_end ? wf - 1.0f : wf;
 }
 
 __global__ static void k_sgd(const struct ddp__scalars *s, float *param, const float *grad,
@@ -276,6 +276,66 @@ __global__ static void k_adamw(const struct ddp__scalars *s, float *param, const
         if (compute)
             compute[i] = bf16_from_f32(p);
     }
+}
+
+/* optim.h's Lion element formula; the coefficients come from the launcher, as optim.c makes
+ * them. */
+__global__ static void k_lion(const struct ddp__scalars *s, float *param, const float *grad,
+                              float *m, size_t n, float neg_lr, float decay, float beta1, float c1,
+                              float beta2, float c2, int use_wd, uint16_t *compute)
+{
+    if (!s->finite)
+        return;
+    const float clip = s->clip;
+    const int clipped = s->clipped;
+    GRID_STRIDE(i, n)
+    {
+        float g = grad[i];
+        if (clipped)
+            g = g * clip;
+        float p = use_wd ? param[i] * decay : param[i];
+        float mi = m[i];
+        float u = fmaf(c1, g, mi * beta1);
+        float sg = u > 0.0f ? 1.0f : u < 0.0f ? -1.0f : 0.0f;
+        p = fmaf(neg_lr, sg, p);
+        m[i] = fmaf(c2, g, mi * beta2);
+        param[i] = p;
+        if (compute)
+            compute[i] = bf16_from_f32(p);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The optimizer table's device kernels (optimizer.h), launched by c_optimize                 */
+/* ------------------------------------------------------------------------------------------ */
+
+int ddp__cuda_sgd_step(ddp__dev *d, const ddp_options *o, float lr, float *param, const float *grad,
+                       float *const *state, uint16_t *compute, size_t n)
+{
+    k_sgd<<<blocks_for(n), THREADS, 0, stream_of(d)>>>(
+        d->scal, param, grad, state[0], n, -lr, o->momentum, o->nesterov, o->weight_decay, compute);
+    return launched(d, "the SGD kernel");
+}
+
+int ddp__cuda_adamw_step(ddp__dev *d, const ddp_options *o, float lr, float *param,
+                         const float *grad, float *const *state, uint16_t *compute, size_t n)
+{
+    k_adamw<<<blocks_for(n), THREADS, 0, stream_of(d)>>>(d->scal, param, grad, state[0], state[1],
+                                                         n, lr, o->beta2, o->eps, o->weight_decay,
+                                                         compute);
+    return launched(d, "the AdamW kernel");
+}
+
+int ddp__cuda_lion_step(ddp__dev *d, const ddp_options *o, float lr, float *param,
+                        const float *grad, float *const *state, uint16_t *compute, size_t n)
+{
+    /* optim.c's lion_coef: in double from the floats, rounded once. */
+    float decay = (float)(1.0 - (double)lr * (double)o->weight_decay);
+    float c1 = (float)(1.0 - (double)o->beta1), c2 = (float)(1.0 - (double)o->beta2);
+    k_lion<<<blocks_for(n), THREADS, 0, stream_of(d)>>>(d->scal, param, grad, state[0], n, -lr,
+                                                        decay, o->beta1, c1, o->beta2, c2,
+                                                        o->weight_decay != 0.0f, compute);
+    return launched(d, "the Lion kernel");
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -478,26 +538,18 @@ static int c_decide(ddp__dev *d, const ddp_options *o, int64_t *steps)
     (void)steps; /* the count lives on the device */
     if (use_device(d) < 0)
         return COLL_ECUDA;
-    k_decide<<<1, 1, 0, stream_of(d)>>>(d->scal, o->clip_norm, o->optimizer == DDP_ADAMW,
-                                        o->beta1, o->beta2);
+    k_decide<<<1, 1, 0, stream_of(d)>>>(d->scal, o->clip_norm, o->beta1, o->beta2);
     return launched(d, "the step's decision kernel");
 }
 
-static int c_optimize(ddp__dev *d, const ddp_options *o, float lr, float *param, float *grad,
-                      float *m1, float *m2, uint16_t *compute, size_t n)
+static int c_optimize(ddp__dev *d, const ddp_options *o, const ddp__optimizer_def *def, float lr,
+                      float *param, float *grad, float *const *state, uint16_t *compute, size_t n)
 {
     if (n == 0)
         return 0;
     if (use_device(d) < 0)
         return COLL_ECUDA;
-    unsigned b = blocks_for(n);
-    if (o->optimizer == DDP_ADAMW)
-        k_adamw<<<b, THREADS, 0, stream_of(d)>>>(d->scal, param, grad, m1, m2, n, lr, o->beta2,
-                                                 o->eps, o->weight_decay, compute);
-    else
-        k_sgd<<<b, THREADS, 0, stream_of(d)>>>(d->scal, param, grad, m1, n, -lr, o->momentum,
-                                               o->nesterov, o->weight_decay, compute);
-    return launched(d, "the optimizer kernel");
+    return def->device(d, o, lr, param, grad, state, compute, n);
 }
 
 static int c_info(ddp__dev *d, ddp_step_info *out)

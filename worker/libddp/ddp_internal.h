@@ -1,5 +1,5 @@
 /*
- * What ddp.c shares with the rest of libddp (today ckpt.c) without opening its struct: a view of
+ * What ddp.c shares with the rest of libddp (ckpt.c) without opening its struct: a view of
  * the committed model's memory and layout, its error helpers, and the hooks checkpoints need
  * in the step's life cycle. Internal (ddp__ prefix); nothing here is exported.
  *
@@ -10,6 +10,7 @@
 #define DDP_INTERNAL_H
 
 #include "ddp.h"
+#include "optimizer.h"
 #include "plan.h"
 
 #include <stdbool.h>
@@ -23,7 +24,8 @@ typedef struct ddp__model_view {
     const ddp_options *o;
     const ddp__plan *plan;
     float *param;  /* stages 0-2: the arena (plan.total); stage 3: the owned parts (compact) */
-    float *opt[2]; /* momentum or AdamW's m, AdamW's v; NULL where the optimizer has none */
+    float *opt[DDP__OPT_MAX_STATE]; /* the optimizer's state arrays ([nopt]; NULL beyond) */
+    int nopt;                       /* ddp__optimizer_nstate() of o */
     const uint16_t *compute;    /* the bf16 compute copy (param's layout), or NULL at f32; model
                                    memory (device memory for a device model) */
     size_t opt_elems;           /* elements of each: plan.total at stage 0, else plan.shard_total */

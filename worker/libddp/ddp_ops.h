@@ -33,6 +33,7 @@ extern "C" {
 #endif
 
 struct ddp__scalars; /* the CUDA table's device-side step state (ddp_cuda.cu) */
+struct ddp__optimizer_def; /* a row of the optimizer table (optimizer.h) */
 
 /* One model's place to run: the device, its streams, the step's state. */
 typedef struct ddp__dev {
@@ -77,8 +78,11 @@ typedef struct ddp__ops {
     int (*norm_begin)(ddp__dev *d);
     int (*norm_add)(ddp__dev *d, const float *grad, size_t n);
     int (*decide)(ddp__dev *d, const ddp_options *o, int64_t *steps);
-    int (*optimize)(ddp__dev *d, const ddp_options *o, float lr, float *param, float *grad,
-                    float *m1, float *m2, uint16_t *compute, size_t n);
+    /* The optimizer `def` (o->optimizer's row) on one owned range: the row's host or device
+     * kernel, given the range's part of each state array (state[0 .. nstate - 1]). */
+    int (*optimize)(ddp__dev *d, const ddp_options *o, const struct ddp__optimizer_def *def,
+                    float lr, float *param, float *grad, float *const *state, uint16_t *compute,
+                    size_t n);
     int (*info)(ddp__dev *d, ddp_step_info *out);
     int (*set_steps)(ddp__dev *d, int64_t steps);
     /* Asynchronous exchanges of host values (ddp.c's ddp__host_icoll()). host_alloc: nbytes of

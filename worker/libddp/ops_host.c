@@ -9,6 +9,7 @@
 #include "ddp_ops.h"
 
 #include "optim.h"
+#include "optimizer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -102,11 +103,11 @@ static int h_decide(ddp__dev *d, const ddp_options *o, int64_t *steps)
     ddp_step_info in = {.grad_norm = sqrt(d->host_ss)};
     d->clip_scale = 1;
     if (!isfinite(in.grad_norm)) {
-        in.skipped = 1;
+        in.skipped = true;
     } else {
         if (o->clip_norm > 0 && in.grad_norm > o->clip_norm) {
             d->clip_scale = (float)(o->clip_norm / (in.grad_norm + 1e-6));
-            in.clipped = 1;
+            in.clipped = true;
         }
         ++*steps;
     }
@@ -116,19 +117,14 @@ static int h_decide(ddp__dev *d, const ddp_options *o, int64_t *steps)
 }
 
 /* The update of one owned range; d->info.step is the count including this step. */
-static int h_optimize(ddp__dev *d, const ddp_options *o, float lr, float *param, float *grad,
-                      float *m1, float *m2, uint16_t *compute, size_t n)
+static int h_optimize(ddp__dev *d, const ddp_options *o, const ddp__optimizer_def *def, float lr,
+                      float *param, float *grad, float *const *state, uint16_t *compute, size_t n)
 {
     if (d->info.skipped)
         return 0;
     if (d->info.clipped)
         ddp__scale(grad, n, d->clip_scale);
-    if (o->optimizer == DDP_ADAMW)
-        ddp__adamw_step(param, grad, m1, m2, n, lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-                        d->info.step);
-    else
-        ddp__sgd_step(param, grad, m1, n, lr, o->momentum, o->nesterov, o->weight_decay,
-                      d->info.step == 1);
+    def->host(o, lr, d->info.step, param, grad, state, n);
     if (compute)
         ddp__to_bf16(compute, param, n, 1.0f);
     return 0;

@@ -1,5 +1,5 @@
 /*
- * The optimizer kernels of libddp (SGD, AdamW) and their vector helpers (sum of squares,
+ * The optimizer kernels of libddp (SGD, AdamW, Lion) and their vector helpers (sum of squares,
  * scale, add, finiteness), plus the learning-rate schedule. No I/O, no allocation, no locks;
  * the only global state is the kernel set chosen at run time. optim.h states each contract;
  * this file is about how they are kept.
@@ -18,8 +18,9 @@
  *    correctly rounded (add, mul, div, sqrt, and fma, which the portable code calls as fmaf()),
  *    so results are bit-identical across sets; the build compiles this file with
  *    -ffp-contract=off so that the compiler fuses nothing we did not fuse ourselves.
- *  - The per-call coefficients (sgd_coef, adamw_coef) are computed once, in scalar code shared
- *    by all sets, which is where they follow PyTorch's double-precision scalar arithmetic.
+ *  - The per-call coefficients (sgd_coef, adamw_coef, lion_coef) are computed once, in scalar
+ *    code shared by all sets, which is where they follow PyTorch's double-precision scalar
+ * arithmetic.
  *  - The sum of squares is split by element index (lane i mod 32, not by address), so the
  *    vector widths and masked tails all reproduce the portable order exactly; squares of floats
  *    are exact in double, which makes fma and multiply-then-add agree there too.
@@ -66,6 +67,14 @@ typedef struct adamw_coef {
     bool lerp_from_end; /* |w| >= 0.5: m = fma(w - 1, g - m, g) */
 } adamw_coef;
 
+typedef struct lion_coef {
+    float neg_lr;
+    float decay;     /* float(1 - lr * wd); applied only if use_wd */
+    float beta1, c1; /* beta1 and float(1 - beta1): the sign's interpolation */
+    float beta2, c2; /* beta2 and float(1 - beta2): the momentum's update */
+    bool use_wd;
+} lion_coef;
+
 /* ------------------------------------------------------------------------------------------ */
 /* Element functions: the portable code, and the vector code's scalar tails                    */
 /* ------------------------------------------------------------------------------------------ */
@@ -101,6 +110,18 @@ INLINE void adamw_elem(float *restrict param, const float *restrict grad, float 
     v[i] = vi;
     float denom = sqrtf(vi) / c->bc2_sqrt + c->eps;
     param[i] = p + (c->neg_step * mi) / denom;
+}
+
+INLINE void lion_elem(float *restrict param, const float *restrict grad, float *restrict m,
+                      size_t i, const lion_coef *c)
+{
+    float g = grad[i];
+    float p = c->use_wd ? param[i] * c->decay : param[i];
+    float mi = m[i];
+    float u = fmaf(c->c1, g, mi * c->beta1);
+    float s = u > 0.0f ? 1.0f : u < 0.0f ? -1.0f : 0.0f;
+    param[i] = fmaf(c->neg_lr, s, p);
+    m[i] = fmaf(c->c2, g, mi * c->beta2);
 }
 
 INLINE uint32_t abs_bits(float f)
@@ -142,6 +163,13 @@ static void adamw_portable(float *restrict param, const float *restrict grad, fl
 {
     for (size_t i = 0; i < n; i++)
         adamw_elem(param, grad, m, v, i, c);
+}
+
+static void lion_portable(float *restrict param, const float *restrict grad, float *restrict m,
+                          size_t n, const lion_coef *c)
+{
+    for (size_t i = 0; i < n; i++)
+        lion_elem(param, grad, m, i, c);
 }
 
 static double sum_squares_portable(const float *x, size_t n)
@@ -231,6 +259,36 @@ AVX2 static void adamw_avx2(float *restrict param, const float *restrict grad, f
     }
     for (; i < n; i++)
         adamw_elem(param, grad, m, v, i, c);
+}
+
+/* The sign as +1, -1 or 0: (u > 0) - (u < 0), each comparison false for NaN. */
+AVX2 static inline __m256 sign_avx2(__m256 u)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    __m256 pos = _mm256_and_ps(_mm256_cmp_ps(u, zero, _CMP_GT_OQ), one);
+    __m256 neg = _mm256_and_ps(_mm256_cmp_ps(u, zero, _CMP_LT_OQ), one);
+    return _mm256_sub_ps(pos, neg);
+}
+
+AVX2 static void lion_avx2(float *restrict param, const float *restrict grad, float *restrict m,
+                           size_t n, const lion_coef *c)
+{
+    const __m256 decay = _mm256_set1_ps(c->decay), neg_lr = _mm256_set1_ps(c->neg_lr);
+    const __m256 b1 = _mm256_set1_ps(c->beta1), c1 = _mm256_set1_ps(c->c1);
+    const __m256 b2 = _mm256_set1_ps(c->beta2), c2 = _mm256_set1_ps(c->c2);
+    size_t i = 0;
+    for (; n - i >= 8; i += 8) {
+        __m256 g = _mm256_loadu_ps(grad + i);
+        __m256 p = _mm256_loadu_ps(param + i);
+        if (c->use_wd)
+            p = _mm256_mul_ps(p, decay);
+        __m256 mi = _mm256_loadu_ps(m + i);
+        __m256 u = _mm256_fmadd_ps(c1, g, _mm256_mul_ps(mi, b1));
+        _mm256_storeu_ps(param + i, _mm256_fmadd_ps(neg_lr, sign_avx2(u), p));
+        _mm256_storeu_ps(m + i, _mm256_fmadd_ps(c2, g, _mm256_mul_ps(mi, b2)));
+    }
+    for (; i < n; i++)
+        lion_elem(param, grad, m, i, c);
 }
 
 /* Four floats widened to four doubles, squared and added into one lane group. */
@@ -355,6 +413,29 @@ AVX512 static void adamw_avx512(float *restrict param, const float *restrict gra
     }
 }
 
+AVX512 static void lion_avx512(float *restrict param, const float *restrict grad, float *restrict m,
+                               size_t n, const lion_coef *c)
+{
+    const __m512 decay = _mm512_set1_ps(c->decay), neg_lr = _mm512_set1_ps(c->neg_lr);
+    const __m512 b1 = _mm512_set1_ps(c->beta1), c1 = _mm512_set1_ps(c->c1);
+    const __m512 b2 = _mm512_set1_ps(c->beta2), c2 = _mm512_set1_ps(c->c2);
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = mask16(i, n);
+        __m512 g = _mm512_maskz_loadu_ps(k, grad + i);
+        __m512 p = _mm512_maskz_loadu_ps(k, param + i);
+        if (c->use_wd)
+            p = _mm512_mul_ps(p, decay);
+        __m512 mi = _mm512_maskz_loadu_ps(k, m + i);
+        __m512 u = _mm512_fmadd_ps(c1, g, _mm512_mul_ps(mi, b1));
+        /* (u > 0) - (u < 0), each comparison false for NaN */
+        __m512 s = _mm512_sub_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, zero, _CMP_GT_OQ), one),
+                                 _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, zero, _CMP_LT_OQ), one));
+        _mm512_mask_storeu_ps(param + i, k, _mm512_fmadd_ps(neg_lr, s, p));
+        _mm512_mask_storeu_ps(m + i, k, _mm512_fmadd_ps(c2, g, _mm512_mul_ps(mi, b2)));
+    }
+}
+
 /*
  * Sixteen floats (masked-off ones read as +0, which adds nothing: lanes are never -0) widened
  * into two groups of eight doubles, lanes j..j+7 and j+8..j+15.
@@ -427,6 +508,8 @@ typedef struct kernels {
     void (*sgd)(float *restrict, const float *restrict, float *restrict, size_t, const sgd_coef *);
     void (*adamw)(float *restrict, const float *restrict, float *restrict, float *restrict, size_t,
                   const adamw_coef *);
+    void (*lion)(float *restrict, const float *restrict, float *restrict, size_t,
+                 const lion_coef *);
     double (*sum_squares)(const float *, size_t);
     void (*scale)(float *, size_t, float);
     void (*add)(float *, const float *, size_t);
@@ -434,13 +517,13 @@ typedef struct kernels {
 } kernels;
 
 static const kernels kernel_sets[DDP__ISA_COUNT] = {
-    [DDP__ISA_PORTABLE] = {sgd_portable, adamw_portable, sum_squares_portable, scale_portable,
-                           add_portable, all_finite_portable},
+    [DDP__ISA_PORTABLE] = {sgd_portable, adamw_portable, lion_portable, sum_squares_portable,
+                           scale_portable, add_portable, all_finite_portable},
 #if HAVE_X86
-    [DDP__ISA_AVX2] = {sgd_avx2, adamw_avx2, sum_squares_avx2, scale_avx2, add_avx2,
+    [DDP__ISA_AVX2] = {sgd_avx2, adamw_avx2, lion_avx2, sum_squares_avx2, scale_avx2, add_avx2,
                        all_finite_avx2},
-    [DDP__ISA_AVX512] = {sgd_avx512, adamw_avx512, sum_squares_avx512, scale_avx512, add_avx512,
-                         all_finite_avx512},
+    [DDP__ISA_AVX512] = {sgd_avx512, adamw_avx512, lion_avx512, sum_squares_avx512, scale_avx512,
+                         add_avx512, all_finite_avx512},
 #endif
 };
 
@@ -561,6 +644,24 @@ void ddp__adamw_step(float *param, const float *grad, float *m, float *v, size_t
     c.lerp_from_end = !(fabsf(wf) < 0.5f);
     c.lerp_w = c.lerp_from_end ? wf - 1.0f : wf;
     ks()->adamw(param, grad, m, v, n, &c);
+}
+
+void ddp__lion_step(float *param, const float *grad, float *m, size_t n, float lr, float beta1,
+                    float beta2, float weight_decay)
+{
+    if (n == 0)
+        return;
+    /* As a PyTorch implementation's Python floats give them to the tensor operations. */
+    lion_coef c = {
+        .neg_lr = -lr,
+        .decay = (float)(1.0 - (double)lr * (double)weight_decay),
+        .beta1 = beta1,
+        .c1 = (float)(1.0 - (double)beta1),
+        .beta2 = beta2,
+        .c2 = (float)(1.0 - (double)beta2),
+        .use_wd = weight_decay != 0.0f,
+    };
+    ks()->lion(param, grad, m, n, &c);
 }
 
 void ddp__to_bf16(uint16_t *dst, const float *src, size_t n, float scale)

@@ -1,5 +1,5 @@
 /*
- * libddp's optimizer kernels (internal): the SGD and AdamW updates of one contiguous range of
+ * libddp's optimizer kernels (internal): the SGD, AdamW and Lion updates of one contiguous range of
  * float32 elements (an owned shard, a bucket, a whole arena), and the small vector helpers the
  * step needs around them (sum of squares for the gradient norm, scaling for clipping and
  * averaging, accumulation, the finiteness check). The learning-rate schedule, ddp_schedule_lr(),
@@ -85,6 +85,31 @@ void ddp__sgd_step(float *param, const float *grad, float *momentum_buf, size_t 
  */
 void ddp__adamw_step(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+/*
+ * One Lion step (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", with
+ * decoupled weight decay as PyTorch implementations apply it) on n elements. Once per call, in
+ * double from the float arguments:
+ *
+ *   decay = float(1 - lr * weight_decay)
+ *   c1    = float(1 - beta1)
+ *   c2    = float(1 - beta2)
+ *
+ * then per element i, in float:
+ *
+ *   p = weight_decay != 0 ? param[i] * decay : param[i]
+ *   c = fma(c1, grad[i], m[i] * beta1)          the interpolation whose sign is the update
+ *   param[i] = fma(-lr, sign(c), p)             sign: +1, -1, or 0 for 0 (and for NaN)
+ *   m[i] = fma(c2, grad[i], m[i] * beta2)       the momentum, with its own rate
+ *
+ * which is torch's p.mul_(1 - lr * wd); p.add_((m * b1 + (1 - b1) g).sign(), alpha=-lr);
+ * m.mul_(b2).add_(g, alpha=1 - b2), operation by operation (tests/optim_torch.py runs those
+ * lines). `param` and `m` (zero before the first step) are updated in place; grad is
+ * read-only. No two of the three may overlap. Every element moves by exactly lr (or 0) after
+ * the decay: the update has no scale of its own, so Lion wants a smaller lr than AdamW.
+ */
+void ddp__lion_step(float *param, const float *grad, float *m, size_t n, float lr, float beta1,
+                    float beta2, float weight_decay);
 
 /*
  * The sum of x[i]^2 over n elements, accumulated in double (each square is exact in double).

@@ -104,8 +104,8 @@ static const cli_option opt_table[] = {
      NULL,
      NULL,
      ON(CMD_EXPORT),
-     "export: also the optimizer's arrays, as NAME.exp_avg, NAME.exp_avg_sq (AdamW) or "
-     "NAME.momentum_buffer (SGD with momentum)."},
+     "export: also the optimizer's state arrays, as NAME.STATE for each STATE that inspect "
+     "lists after param (PyTorch's names: NAME.exp_avg, ...)."},
     {OPT_STEP,
      {"--step"},
      "N",
@@ -356,6 +356,46 @@ static size_t param_elements(const ddp__ckpt_manifest *mf)
     return n;
 }
 
+/* The hyper-parameters of the manifest's optimizer (its row of libddp's table), and then
+ * weight_decay and clip_norm, every optimizer's: each(arg, name, value, is_bool). */
+static void each_hparam(const ddp__ckpt_manifest *mf,
+                        void (*each)(void *arg, const char *name, double value, bool is_bool),
+                        void *arg)
+{
+    ddp_options o;
+    ddp__ckpt_manifest_options(mf, &o);
+    const ddp__optimizer_def *def = ddp__optimizer(mf->optimizer);
+    for (int k = 0; k < DDP__OPT_MAX_HPARAMS && def->hparams[k].name; k++) {
+        const ddp__hparam *h = &def->hparams[k];
+        const char *at = (const char *)&o + h->offset;
+        each(arg, h->name, h->is_bool ? *(const bool *)at : *(const float *)at, h->is_bool);
+    }
+    each(arg, "weight_decay", o.weight_decay, false);
+    each(arg, "clip_norm", o.clip_norm, false);
+}
+
+static void hparam_json(void *arg, const char *name, double value, bool is_bool)
+{
+    json_object_set_new(arg, name, is_bool ? json_boolean(value != 0) : json_real(value));
+}
+
+/* "beta1 0.9, beta2 0.999, eps 1e-08, weight decay 0, clip norm 0"; a true flag as
+ * " (nesterov)", a false one not at all. */
+static void hparam_print(void *arg, const char *name, double value, bool is_bool)
+{
+    int *first = arg;
+    if (is_bool) {
+        if (value != 0)
+            printf(" (%s)", name);
+        return;
+    }
+    printf("%s", *first ? " " : ", ");
+    for (const char *c = name; *c; c++)
+        putchar(*c == '_' ? ' ' : *c);
+    printf(" %g", value);
+    *first = 0;
+}
+
 static json_t *inspect_json(const ddp__ckpt_manifest *mf, const skipped *sk)
 {
     json_t *o = json_pack("{s:s, s:I, s:I, s:{s:I, s:I, s:I}, s:i, s:i}", "path", mf->dir, "step",
@@ -363,14 +403,8 @@ static json_t *inspect_json(const ddp__ckpt_manifest *mf, const skipped *sk)
                           "epoch", (json_int_t)mf->progress.epoch, "position",
                           (json_int_t)mf->progress.position, "seed", (json_int_t)mf->progress.seed,
                           "world_size", mf->world, "zero_stage", mf->stage);
-    json_t *opt =
-        mf->optimizer == DDP_ADAMW
-            ? json_pack("{s:s, s:f, s:f, s:f}", "kind", "adamw", "beta1", (double)mf->beta1,
-                        "beta2", (double)mf->beta2, "eps", (double)mf->eps)
-            : json_pack("{s:s, s:f, s:b}", "kind", "sgd", "momentum", (double)mf->momentum,
-                        "nesterov", mf->nesterov);
-    json_object_set_new(opt, "weight_decay", json_real(mf->weight_decay));
-    json_object_set_new(opt, "clip_norm", json_real(mf->clip_norm));
+    json_t *opt = json_pack("{s:s}", "kind", ddp_optimizer_name(mf->optimizer));
+    each_hparam(mf, hparam_json, opt);
     json_object_set_new(o, "optimizer", opt);
     json_t *st = json_array(), *ts = json_array(), *sh = json_array();
     for (int s = 0; s < mf->nstate; s++)
@@ -429,13 +463,10 @@ static int cmd_inspect(const args *a)
            mf.progress.epoch, mf.progress.position, mf.progress.seed);
     printf("world size   %d\n", mf.world);
     printf("zero stage   %d\n", mf.stage);
-    if (mf.optimizer == DDP_ADAMW)
-        printf("optimizer    adamw: beta1 %g, beta2 %g, eps %g", (double)mf.beta1, (double)mf.beta2,
-               (double)mf.eps);
-    else
-        printf("optimizer    sgd: momentum %g%s", (double)mf.momentum,
-               mf.nesterov ? " (nesterov)" : "");
-    printf(", weight decay %g, clip norm %g\n", (double)mf.weight_decay, (double)mf.clip_norm);
+    int first = 1;
+    printf("optimizer    %s:", ddp_optimizer_name(mf.optimizer));
+    each_hparam(&mf, hparam_print, &first);
+    printf("\n");
     printf("state        ");
     for (int s = 0; s < mf.nstate; s++)
         printf("%s%s", s ? ", " : "", mf.state[s]);
@@ -681,7 +712,7 @@ static int cmd_export(const args *a)
                           "step",       step,
                           "world_size", world,
                           "zero_stage", stage,
-                          "optimizer",  mf.optimizer == DDP_ADAMW ? "adamw" : "sgd",
+                          "optimizer",  ddp_optimizer_name(mf.optimizer),
                           NULL};
     /* Written beside the output and renamed: a failed export leaves no half file behind. */
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", a->output, (long)getpid());

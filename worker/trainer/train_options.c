@@ -20,7 +20,7 @@
 
 /* The defaults, shared by the option table's help and parse_args(). */
 #define DEF_ZERO 0
-#define DEF_OPTIMIZER "adamw"
+#define DEF_OPTIMIZER DDP_ADAMW
 #define DEF_LR 1e-3
 #define DEF_MOMENTUM 0.9
 #define DEF_WEIGHT_DECAY 0
@@ -120,7 +120,7 @@ static const cli_option opt_table[] = {
      "other rank uses (the ranks compare their GPUs' UUIDs) and has NCCL, else cpu (device "
      "buffers staged through host memory: NCCL allows one rank per GPU); nccl where that does "
      "not hold is an error."},
-    {OPT_OPTIMIZER, {"--optimizer"}, "sgd|adamw", DEF_OPTIMIZER, 0, "The optimizer."},
+    {OPT_OPTIMIZER, {"--optimizer"}, "NAME", NULL, 0, "The optimizer."}, /* usage() names them */
     {OPT_LR, {"--lr"}, "LR", STR(DEF_LR), 0, "Peak learning rate."},
     {OPT_MOMENTUM, {"--momentum"}, "M", STR(DEF_MOMENTUM), 0, "SGD momentum (0: none)."},
     {OPT_WEIGHT_DECAY,
@@ -128,7 +128,7 @@ static const cli_option opt_table[] = {
      "WD",
      STR(DEF_WEIGHT_DECAY),
      0,
-     "Weight decay: added to the gradient for SGD, decoupled for AdamW."},
+     "Weight decay: added to the gradient for SGD, decoupled for AdamW and Lion."},
     {OPT_SCHEDULE,
      {"--schedule"},
      "constant|cosine",
@@ -283,6 +283,17 @@ static const cli_option opt_table[] = {
 };
 #define NOPTS (sizeof(opt_table) / sizeof(opt_table[0]))
 
+/* libddp's optimizers' names joined by `sep` into buf[cap] (truncated if need be). */
+static const char *optimizer_names(char *buf, size_t cap, const char *sep)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; ddp_optimizer_name((ddp_optimizer)i) && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", i ? sep : "",
+                                ddp_optimizer_name((ddp_optimizer)i));
+    return buf;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ddp-train [OPTIONS]\n"
@@ -295,7 +306,16 @@ static void usage(FILE *f)
                       "trains alone.",
                       0);
     fprintf(f, "\noptions:\n");
-    cli_print_options(f, opt_table, NOPTS, 0, CLI_HELP_WIDTH);
+    /* --optimizer's values and default come from libddp's table of optimizers. */
+    cli_option opts[NOPTS];
+    char names[128];
+    memcpy(opts, opt_table, sizeof opts);
+    for (size_t i = 0; i < NOPTS; i++)
+        if (opts[i].id == OPT_OPTIMIZER) {
+            opts[i].metavar = optimizer_names(names, sizeof names, "|");
+            opts[i].def = ddp_optimizer_name(DEF_OPTIMIZER);
+        }
+    cli_print_options(f, opts, NOPTS, 0, CLI_HELP_WIDTH);
     fprintf(f, "\nmodels (--model NAME) and their own options:\n");
     for (size_t i = 0; i < model_count(); i++) {
         const model_ops *mo = model_at(i);
@@ -309,14 +329,12 @@ static void usage(FILE *f)
 }
 
 /* The words of the keyword options, each at the index of the value it stands for. */
-static const char *const optimizer_words[] = {[DDP_SGD] = "sgd", [DDP_ADAMW] = "adamw", NULL};
-static const char *const schedule_words[] = {[DDP_SCHED_CONSTANT] = "constant",
-                                             [DDP_SCHED_COSINE] = "cosine", NULL};
-static const char *const device_words[] = {[DEV_AUTO] = "auto", [DEV_CPU] = "cpu",
-                                           [DEV_CUDA] = "cuda", NULL};
-static const char *const backend_words[] = {[COLL_BACKEND_AUTO] = "auto",
-                                            [COLL_BACKEND_CPU] = "cpu",
-                                            [COLL_BACKEND_NCCL] = "nccl", NULL};
+static const char *const schedule_words[] = {
+    [DDP_SCHED_CONSTANT] = "constant", [DDP_SCHED_COSINE] = "cosine", NULL};
+static const char *const device_words[] = {
+    [DEV_AUTO] = "auto", [DEV_CPU] = "cpu", [DEV_CUDA] = "cuda", NULL};
+static const char *const backend_words[] = {
+    [COLL_BACKEND_AUTO] = "auto", [COLL_BACKEND_CPU] = "cpu", [COLL_BACKEND_NCCL] = "nccl", NULL};
 static const char *const f32_bf16_words[] = {"f32", "bf16", NULL}; /* --precision, --reduce-dtype */
 
 /* The combinations parse_args() refuses. Returns 0 or EXIT_USAGE (printed). */
@@ -367,8 +385,8 @@ static int choose_model(int argc, char **argv, train_args *a, cli_option *table,
 {
     const char *name = model_arg(argc, argv);
     int word;
-    if (cli_parse_choice("--model", name ? name : model_names()[0], "model", model_names(),
-                         &word) < 0) {
+    if (cli_parse_choice("--model", name ? name : model_names()[0], "model", model_names(), &word) <
+        0) {
         train_err("%s", cli_last_error());
         return EXIT_USAGE;
     }
@@ -392,8 +410,8 @@ static void unknown_option(const train_args *a, const char *arg)
     for (size_t i = 0; i < model_count(); i++) {
         const model_ops *mo = model_at(i);
         if (mo != a->model && cli_find(mo->options, mo->noptions, arg, len, 0) >= 0) {
-            train_err("%.*s is an option of --model %s, not of --model %s", (int)len, arg,
-                      mo->name, a->model->name);
+            train_err("%.*s is an option of --model %s, not of --model %s", (int)len, arg, mo->name,
+                      a->model->name);
             return;
         }
     }
@@ -421,14 +439,12 @@ int parse_args(int argc, char **argv, train_args *a)
                       .keep = DEF_KEEP,
                       .seed = DEF_SEED,
                       .data = DATA_DEFAULT_DIR};
-    int opt_word, sched_word;
-    int ok = cli_parse_choice("--optimizer", DEF_OPTIMIZER, "optimizer", optimizer_words,
-                              &opt_word) == 0 &&
-             cli_parse_choice("--schedule", DEF_SCHEDULE, "schedule", schedule_words,
-                              &sched_word) == 0;
-    assert(ok); /* the defaults above are valid names */
+    int sched_word;
+    int ok =
+        cli_parse_choice("--schedule", DEF_SCHEDULE, "schedule", schedule_words, &sched_word) == 0;
+    assert(ok); /* the default above is a valid name */
     (void)ok;
-    a->optimizer = (ddp_optimizer)opt_word;
+    a->optimizer = DEF_OPTIMIZER;
     a->schedule = (ddp_schedule_kind)sched_word;
 
     cli_option table[CLI_GETOPT_MAX];
@@ -469,8 +485,14 @@ int parse_args(int argc, char **argv, train_args *a)
                 a->backend = (coll_backend)word;
             break;
         case OPT_OPTIMIZER:
-            if ((rc = cli_parse_choice(flag, optarg, "optimizer", optimizer_words, &word)) == 0)
+            if ((word = ddp_optimizer_from_name(optarg)) >= 0) {
                 a->optimizer = (ddp_optimizer)word;
+            } else {
+                char names[128];
+                train_err("%s: unknown optimizer '%s' (%s)", flag, optarg,
+                          optimizer_names(names, sizeof names, ", "));
+                return EXIT_USAGE;
+            }
             break;
         case OPT_LR:
             rc = cli_parse_double(flag, optarg, 0, HUGE_VAL, CLI_OPEN_MIN, &a->lr);

@@ -212,10 +212,10 @@ void summary(trainer *t, double acc, double train_s)
             "ddp-train: %d rank%s, ZeRO-%d, %s: test accuracy %.2f%% after %" PRId64
             " steps in %.1f s (%.0f samples/s); model state %.2f MiB on rank 0 (parameters "
             "%.2f, gradients %.2f, optimizer %.2f; pools %.2f more)\n",
-            t->world, t->world == 1 ? "" : "s", t->a.zero,
-            t->a.optimizer == DDP_ADAMW ? "AdamW" : "SGD", 100 * acc, t->total_steps, train_s,
-            samples / train_s, mem.model_state_bytes * mib, mem.param_bytes * mib,
-            mem.grad_bytes * mib, mem.optimizer_bytes * mib, mem.pool_bytes * mib);
+            t->world, t->world == 1 ? "" : "s", t->a.zero, ddp_optimizer_name(t->a.optimizer),
+            100 * acc, t->total_steps, train_s, samples / train_s, mem.model_state_bytes * mib,
+            mem.param_bytes * mib, mem.grad_bytes * mib, mem.optimizer_bytes * mib,
+            mem.pool_bytes * mib);
     metrics_write(
         t, json_pack("{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary",
                      "done", "world", t->world, "zero", t->a.zero, "test_accuracy", acc, "steps",
@@ -242,7 +242,7 @@ void report_start(trainer *t)
             "warmup %ld), global batch %d (%d x %d micro-steps per rank), %d epoch%s of %d "
             "steps, %s (reduced in %s); %s\n",
             t->world, t->world == 1 ? "" : "s", t->a.zero, model, t->nelems,
-            t->a.optimizer == DDP_ADAMW ? "AdamW" : "SGD", t->a.lr,
+            ddp_optimizer_name(t->a.optimizer), t->a.lr,
             t->a.schedule == DDP_SCHED_COSINE ? "cosine" : "constant", t->a.warmup,
             t->a.global_batch, t->sampler.micro, t->a.grad_accum, t->epochs,
             t->epochs == 1 ? "" : "s", t->steps_per_epoch, t->a.bf16 ? "bf16" : "f32",

@@ -211,7 +211,7 @@ int setup_model(trainer *t)
     ddp_options o;
     ddp_options_init(&o);
     o.zero_stage = a->zero;
-    o.optimizer = a->optimizer;
+    (void)ddp_options_set_optimizer(&o, a->optimizer); /* and its default hyper-parameters */
     o.momentum = (float)a->momentum;
     o.weight_decay = (float)a->weight_decay;
     o.clip_norm = (float)a->clip;

@@ -1,8 +1,7 @@
 /*
  * ddp-train's part of a checkpoint: the user-state JSON and the resume decision (train_state.h).
- * No I/O. Names of optimizers and schedules are written by index into the tables below, whose
- * order is that of ddp.h's ddp_optimizer and ddp_schedule_kind (not included here so that the
- * trainer's unit tests need no libddp).
+ * No I/O. Optimizers are written by libddp's names (ddp_optimizer_name()); schedules by index
+ * into the table below, whose order is that of ddp.h's ddp_schedule_kind.
  */
 #include "train_state.h"
 
@@ -14,9 +13,10 @@
 
 #include <jansson.h>
 
+#include "ddp.h"
+
 #define STATE_VERSION 1
 
-static const char *const optimizers[] = {"sgd", "adamw"};      /* DDP_SGD, DDP_ADAMW */
 static const char *const schedules[] = {"constant", "cosine"}; /* DDP_SCHED_* */
 #define SCHED_COSINE 1 /* its length shapes every learning rate */
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -24,6 +24,12 @@ static const char *const schedules[] = {"constant", "cosine"}; /* DDP_SCHED_* */
 static const char *name_of(const char *const *names, int n, int i)
 {
     return i >= 0 && i < n ? names[i] : "?";
+}
+
+static const char *optimizer_name(int opt)
+{
+    const char *name = ddp_optimizer_name((ddp_optimizer)opt);
+    return name ? name : "?";
 }
 
 int train_state_json(const train_state *st, char **out)
@@ -35,7 +41,7 @@ int train_state_json(const train_state *st, char **out)
         st->world, "zero", st->zero, "grad_accum", st->grad_accum, "model", "in_dim", st->in_dim,
         "hidden", st->hidden, "layers", st->layers, "classes", st->classes, "data", "global_batch",
         st->global_batch, "train_samples", st->train_samples, "seed", (json_int_t)st->seed,
-        "optimizer", name_of(optimizers, COUNT(optimizers), st->optimizer), "schedule", "kind",
+        "optimizer", optimizer_name(st->optimizer), "schedule", "kind",
         name_of(schedules, COUNT(schedules), st->schedule), "lr", st->lr, "warmup",
         (json_int_t)st->warmup, "total_steps", (json_int_t)st->total_steps);
     char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -89,7 +95,7 @@ int train_state_parse(const char *json, train_state *out, char *err, size_t cap)
                  version, STATE_VERSION);
         goto out;
     }
-    st.optimizer = index_of(optimizers, COUNT(optimizers), opt);
+    st.optimizer = ddp_optimizer_from_name(opt);
     st.schedule = index_of(schedules, COUNT(schedules), sched);
     if (st.optimizer < 0 || st.schedule < 0 || step < 0 || seed < 0) {
         snprintf(err, cap,
@@ -139,8 +145,7 @@ int train_state_compare(const train_state *saved, const train_state *now, char *
         }
     if (saved->optimizer != now->optimizer) {
         snprintf(err, cap, "it was saved with --optimizer %s, this run has %s",
-                 name_of(optimizers, COUNT(optimizers), saved->optimizer),
-                 name_of(optimizers, COUNT(optimizers), now->optimizer));
+                 optimizer_name(saved->optimizer), optimizer_name(now->optimizer));
         return -EINVAL;
     }
     /* The schedule may change on purpose (a longer run: --max-steps); say so, then go on. */
