@@ -24,9 +24,10 @@
  * they were issued, on a progress thread, so that they overlap the caller's compute. Each
  * request is released by exactly one coll_wait().
  *
- * Release: a communicator by coll_comm_destroy(), a request by coll_wait(), what
- * coll_comm_init_env() made by coll_env_free(). The library hands out no other memory: the
- * strings it returns are its own (static, or the communicator's).
+ * Release, by the project's rule (objects that hold connections are released with their
+ * _close(), what a library hands out with its _free()): a communicator by coll_comm_close(), a
+ * request by coll_wait(), what coll_comm_init_env() made by coll_env_free(). The library hands
+ * out no other memory: the strings it returns are its own (static, or the communicator's).
  *
  * Thread-safety: a communicator may be used from several threads; operations are ordered by
  * the time their call took the communicator's lock. Every rank must issue the same sequence.
@@ -219,7 +220,7 @@ typedef struct coll_env {
 int coll_comm_init_env(const coll_env_options *opts, coll_env *out);
 
 /*
- * Releases what *env holds, in order: destroys the communicator, closes the store connection,
+ * Releases what *env holds, in order: closes the communicator, closes the store connection,
  * stops the private store; sets each to NULL. NULL members, or env NULL, are skipped.
  */
 void coll_env_free(coll_env *env);
@@ -248,7 +249,7 @@ int coll_comm_abort(coll_comm *comm);
  * resources (shared memory, sockets, NCCL communicator). NULL is a no-op. Not collective, but
  * peers still using the communicator will see this rank as failed.
  */
-void coll_comm_destroy(coll_comm *comm);
+void coll_comm_close(coll_comm *comm);
 
 /* This rank, the number of ranks, and the backend chosen (never AUTO); -1 and AUTO for NULL. */
 int coll_comm_rank(const coll_comm *comm);

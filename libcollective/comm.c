@@ -8,7 +8,7 @@
  * blocking calls), backend_nccl.c (enqueued on the CUDA stream at issue, a request is an event).
  *
  * Failures. A failed operation leaves the communicator failed: later operations return the same
- * code at once (like NCCL, the communicator must be destroyed and made again). Before it returns,
+ * code at once (like NCCL, the communicator must be closed and made again). Before it returns,
  * the rank that saw the failure settles which rank to blame and tells its peers:
  *  - direct evidence (a rank on this host died or did not arrive in time) is written to the
  *    store under "<prefix>/failed" (first writer wins), then the shared-memory segment is marked
@@ -627,7 +627,7 @@ out:
     return rc;
 }
 
-void coll_comm_destroy(coll_comm *c)
+void coll_comm_close(coll_comm *c)
 {
     if (!c)
         return;

@@ -116,7 +116,7 @@ void coll_env_free(coll_env *env)
 {
     if (!env)
         return;
-    coll_comm_destroy(env->comm);
+    coll_comm_close(env->comm);
     env->comm = NULL;
     rdzv_client_close(env->store);
     env->store = NULL;

@@ -1230,7 +1230,7 @@ int main(int argc, char **argv)
 out:
     if (status == EXIT_COLL && b.comm)
         coll_comm_abort(b.comm);
-    coll_comm_destroy(b.comm);
+    coll_comm_close(b.comm);
     if (b.buf.hsend)
         buffers_free(&b.buf);
     free(reqs);

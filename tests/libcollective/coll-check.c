@@ -992,8 +992,8 @@ static int scen_ops(ctx *c)
     }
     if (rc != 0)
         coll_comm_abort(comm);
-    set_where("coll_comm_destroy");
-    coll_comm_destroy(comm);
+    set_where("coll_comm_close");
+    coll_comm_close(comm);
     return rc;
 }
 
@@ -1047,7 +1047,7 @@ static void expect_algo_refused(ctx *c, const char *value, const char *why)
              "coll_comm_init with COLL_CPU_ALGO=%s (%s): %d (%s), \"%s\"; expected -EINVAL "
              "naming COLL_CPU_ALGO",
              value, why, rc, coll_strerror(rc), coll_last_error(NULL));
-        coll_comm_destroy(m);
+        coll_comm_close(m);
     } else if (c->verbose) {
         note(c, "COLL_CPU_ALGO=%s (%s): \"%s\"", value, why, coll_last_error(NULL));
     }
@@ -1128,7 +1128,7 @@ static int scen_algos(ctx *c)
     for (int a = 0; a < NALGOS; a++) {
         if (rc != 0 && comms[a])
             coll_comm_abort(comms[a]);
-        coll_comm_destroy(comms[a]);
+        coll_comm_close(comms[a]);
     }
     if (rc == 0) {
         expect_algo_refused(c, "bogus", "unknown");
@@ -1193,8 +1193,8 @@ static int scen_big(ctx *c)
     }
     if (rc != 0)
         coll_comm_abort(comm);
-    set_where("coll_comm_destroy");
-    coll_comm_destroy(comm);
+    set_where("coll_comm_close");
+    coll_comm_close(comm);
     return rc;
 }
 
@@ -1378,13 +1378,13 @@ static int scen_inflight(ctx *c)
                 c->max_ratio[d] = ta[i].c.max_ratio[d];
         if (ta[i].rc != 0 && rc == 0)
             rc = ta[i].rc;
-        coll_comm_destroy(ta[i].comm);
+        coll_comm_close(ta[i].comm);
     }
 
     if (rc != 0)
         coll_comm_abort(comm);
-    set_where("coll_comm_destroy");
-    coll_comm_destroy(comm);
+    set_where("coll_comm_close");
+    coll_comm_close(comm);
     return rc;
 }
 
@@ -1502,8 +1502,8 @@ static int scen_split(ctx *c)
     for (int k = pr % 2; k < n; k += 2)
         members[m++] = (r % 2) + 2 * k;
     rc = check_sub(c, nest, members, m, "nested");
-    coll_comm_destroy(nest);
-    coll_comm_destroy(par);
+    coll_comm_close(nest);
+    coll_comm_close(par);
     if (rc != 0)
         goto out;
 
@@ -1514,7 +1514,7 @@ static int scen_split(ctx *c)
     for (int k = 0; k < w; k++)
         members[k] = w - 1 - k;
     rc = check_sub(c, rev, members, w, "reversed keys");
-    coll_comm_destroy(rev);
+    coll_comm_close(rev);
     if (rc != 0)
         goto out;
 
@@ -1533,7 +1533,7 @@ static int scen_split(ctx *c)
                 members[k - 1] = k;
             rc = check_sub(c, rest, members, w - 1, "no-color");
         }
-        coll_comm_destroy(rest);
+        coll_comm_close(rest);
         if (rc != 0)
             goto out;
     }
@@ -1546,7 +1546,7 @@ static int scen_split(ctx *c)
         if ((rc = do_split(c, comm, row, col, &rowc, "grid rows")) != 0)
             goto out;
         if ((rc = do_split(c, comm, col, row, &colc, "grid columns")) != 0) {
-            coll_comm_destroy(rowc);
+            coll_comm_close(rowc);
             goto out;
         }
         if (coll_comm_size(rowc) != cols || coll_comm_rank(rowc) != col ||
@@ -1594,8 +1594,8 @@ static int scen_split(ctx *c)
         c->checks++;
         free(rb);
         free(cb);
-        coll_comm_destroy(colc);
-        coll_comm_destroy(rowc);
+        coll_comm_close(colc);
+        coll_comm_close(rowc);
         if (rc != 0)
             goto out;
     }
@@ -1608,8 +1608,8 @@ out:
     free(members);
     if (rc != 0)
         coll_comm_abort(comm);
-    set_where("coll_comm_destroy");
-    coll_comm_destroy(comm);
+    set_where("coll_comm_close");
+    coll_comm_close(comm);
     return rc;
 }
 
@@ -1800,12 +1800,12 @@ static int scen_p2p(ctx *c)
     } else if (rc == 0 && comm_create(c, "/second", effective_timeout(c, 120000), &comm2) < 0) {
         rc = -1;
     }
-    coll_comm_destroy(comm2);
+    coll_comm_close(comm2);
 
     if (rc != 0)
         coll_comm_abort(comm);
-    set_where("coll_comm_destroy");
-    coll_comm_destroy(comm);
+    set_where("coll_comm_close");
+    coll_comm_close(comm);
     return rc;
 }
 
@@ -1846,7 +1846,7 @@ static int scen_barrier(ctx *c)
     }
     if (rc != 0)
         coll_comm_abort(comm);
-    coll_comm_destroy(comm);
+    coll_comm_close(comm);
     return rc;
 }
 
@@ -1950,7 +1950,7 @@ static int scen_abort(ctx *c)
                          "allreduce after rank 0 aborted", false);
     }
     set_where("abort part 1: destroy");
-    coll_comm_destroy(comm);
+    coll_comm_close(comm);
     if (store_barrier(c, "abort1", tmo + 30000) != 0 || rc != 0) {
         free(buf);
         return -1;
@@ -1996,7 +1996,7 @@ static int scen_abort(ctx *c)
         }
     }
     set_where("abort part 2: destroy");
-    coll_comm_destroy(comm);
+    coll_comm_close(comm);
     store_barrier(c, "abort2", tmo + 30000);
     free(buf);
     return rc;
@@ -2033,7 +2033,7 @@ static int scen_timeout(ctx *c)
     /* The skipper stays until the others have their answer. */
     store_barrier(c, "timeout", tmo * 3 + 30000);
     set_where("timeout: destroy");
-    coll_comm_destroy(comm);
+    coll_comm_close(comm);
 
     /* coll_comm_init without the skipper: -ETIMEDOUT, and coll_last_error(NULL) names it. */
     if (r != sk) {
@@ -2060,7 +2060,7 @@ static int scen_timeout(ctx *c)
             note(c, "coll_comm_init without rank %d: %s after %.0f ms: \"%s\"", sk,
                  coll_strerror(ir), ms, le);
         if (ir == 0)
-            coll_comm_destroy(m);
+            coll_comm_close(m);
     }
     store_barrier(c, "timeout-init", tmo * 3 + 30000);
     return rc;
@@ -2126,7 +2126,7 @@ static int scen_kill(ctx *c)
     fflush(stdout);
     free(buf);
     set_where("kill: destroy");
-    coll_comm_destroy(comm);
+    coll_comm_close(comm);
     return 0;
 }
 
@@ -2313,7 +2313,7 @@ static int scen_args(ctx *c)
             fail(c, "barrier: %s", coll_strerror(rc));
     }
 #undef EXPECT_EINVAL
-    coll_comm_destroy(comm);
+    coll_comm_close(comm);
     return rc;
 }
 

@@ -130,7 +130,7 @@ static void misuse_all(coll_comm *comm)
               "message: %s", ddp_last_error(m));
     }
     ddp_model_free(m);
-    coll_comm_destroy(c);
+    coll_comm_close(c);
 
     c = fresh_comm(comm);
     m = c ? build(c, &o, (int64_t[]){8, 4}, 2, 4, 1) : NULL;
@@ -144,7 +144,7 @@ static void misuse_all(coll_comm *comm)
               ddp_last_error(m));
     }
     ddp_model_free(m);
-    coll_comm_destroy(c);
+    coll_comm_close(c);
 }
 
 /*
@@ -207,7 +207,7 @@ static void misuse_one(coll_comm *comm, int stage, int twice)
                twice ? "marked a gradient twice" : "left a gradient unmarked", stage,
                (long long)slowest, err);
     ddp_model_free(m);
-    coll_comm_destroy(c);
+    coll_comm_close(c);
 }
 
 /* Options ddp_model_create() refuses, each with -EINVAL and its reason; the optimizer's own check
@@ -1201,7 +1201,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddp-check: unknown scenario %s\n", argv[1]);
         return 2;
     }
-    coll_comm_destroy(eq_mcomm);
+    coll_comm_close(eq_mcomm);
     coll_env_free(&job);
     device_close();
     printf("ddp-check: rank %d/%d %s: %s\n", rank, world, argv[1], failures ? "FAIL" : "PASS");

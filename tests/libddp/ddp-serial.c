@@ -1245,8 +1245,8 @@ int main(int argc, char **argv)
             for (size_t s = 0; s < NSCEN; s++)
                 if (strcmp(c.scenario, scenarios[s].name) == 0)
                     rc = scenarios[s].fn(&c);
-            set_where("coll_comm_destroy %s", c.prefix);
-            coll_comm_destroy(c.comm);
+            set_where("coll_comm_close %s", c.prefix);
+            coll_comm_close(c.comm);
         }
         bool ok = rc == 0 && c.failures == 0;
         char extra[128] = "";

@@ -36,6 +36,7 @@
 #include "ddp_internal.h"
 
 #include "ddp_ops.h"
+#include "errbuf.h"
 #include "monoclock.h"
 #include "optim.h"
 #include "optimizer.h"
@@ -53,7 +54,7 @@
 
 #include "model.h"
 
-static _Thread_local char create_err[256];
+static _Thread_local errbuf create_err; /* ddp_last_error(NULL) */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Errors and small helpers                                                                    */
@@ -71,7 +72,7 @@ void ddp_free(void *p)
 
 const char *ddp_last_error(const ddp_model *m)
 {
-    return m ? m->err : create_err;
+    return m ? m->err : create_err.msg;
 }
 
 int ddp_model_broken(const ddp_model *m)
@@ -298,7 +299,7 @@ static const char *optimizer_check(const ddp_options *o)
 
 int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
 {
-    create_err[0] = 0;
+    errbuf_clear(&create_err);
     ddp_options o;
     if (opts)
         o = *opts;
@@ -317,18 +318,19 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
                           ? "reduce_dtype must be COLL_F32 or COLL_BF16"
                           : NULL;
     if (bad) {
-        snprintf(create_err, sizeof create_err, "ddp_model_create: %s", bad);
+        (void)errbuf_set(&create_err, 0, "ddp_model_create: %s", bad);
         return -EINVAL;
     }
     const ddp__ops *ops = o.device >= 0 ? ddp__cuda_ops() : &ddp__host_ops;
     if (!ops) {
-        snprintf(create_err, sizeof create_err,
-                 "ddp_model_create: device %d: libddp was built without CUDA", o.device);
+        (void)errbuf_set(&create_err, 0,
+                         "ddp_model_create: device %d: libddp was built without CUDA", o.device);
         return -ENOTSUP;
     }
     if (o.device < 0 && coll_comm_backend(comm) == COLL_BACKEND_NCCL) {
-        snprintf(create_err, sizeof create_err,
-                 "ddp_model_create: a host model (device -1) cannot use an nccl communicator");
+        (void)errbuf_set(
+            &create_err, 0,
+            "ddp_model_create: a host model (device -1) cannot use an nccl communicator");
         return -EINVAL;
     }
     ddp_model *m = calloc(1, sizeof *m);
@@ -347,8 +349,8 @@ int ddp_model_create(coll_comm *comm, const ddp_options *opts, ddp_model **out)
     if (rc == 0 && ops->is_device && coll_comm_set_stream(comm, m->dev.comm_stream) < 0)
         rc = -EINVAL;
     if (rc < 0) {
-        snprintf(create_err, sizeof create_err, "ddp_model_create: device %d: %.200s", o.device,
-                 m->err[0] ? m->err : ddp_strerror(rc));
+        (void)errbuf_set(&create_err, 0, "ddp_model_create: device %d: %.200s", o.device,
+                         m->err[0] ? m->err : ddp_strerror(rc));
         if (ops->is_device)
             (void)coll_comm_set_stream(m->comm, NULL); /* the stream is closed below */
         ops->close(&m->dev);

@@ -760,7 +760,7 @@ typedef struct solo {
 static void solo_free(solo *s)
 {
     ddp_model_free(s->m);
-    coll_comm_destroy(s->comm);
+    coll_comm_close(s->comm);
     rdzv_client_close(s->store);
     rdzv_server_close(s->server);
 }

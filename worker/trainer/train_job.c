@@ -195,8 +195,8 @@ void trainer_free(trainer *t)
     data_loader_free(t->loader);
     ddp_model_free(t->m);
     if (t->hcomm != t->comm)
-        coll_comm_destroy(t->hcomm);
-    coll_comm_destroy(t->comm);
+        coll_comm_close(t->hcomm);
+    coll_comm_close(t->comm);
     rdzv_client_close(t->store);
     rdzv_server_close(t->own_store);
     if (t->a.model)
