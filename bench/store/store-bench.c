@@ -5,7 +5,7 @@
  * Each protocol generation is compared like with like: ddp-rendezvous spoken to in the legacy
  * protocol against torch 1.13's server, and in the modern protocol (VALIDATE first) against
  * torch 2.x's libuv server. Every server runs as a child process: ours as `ddp-rendezvous serve
- * --bind 127.0.0.1 --port 0`, torch's through bench/torch_store_server.py. Measurements:
+ * --bind 127.0.0.1 --port 0`, torch's through bench/store/torch_store_server.py. Measurements:
  * SET+GET round trips per second on 1 and 32 connections with 64 B and 1 MiB values (and the
  * mean time of one round trip on one connection), and the time for N connections to pass a
  * barrier (connect, ADD a counter, WAIT for a key that the last arrival SETs).
@@ -60,7 +60,7 @@
 #include "proto.h"
 
 #ifndef STORE_BENCH_SCRIPT
-#define STORE_BENCH_SCRIPT "bench/torch_store_server.py"
+#define STORE_BENCH_SCRIPT "bench/store/torch_store_server.py"
 #endif
 
 #define MIB (1024 * 1024)
