@@ -5,11 +5,12 @@ usage: optim_torch.py OPTIM_TORCH_DRIVER
 
 For each optimizer setting, the same initial parameters and gradients (float32, seeded) go
 through torch.optim.SGD or torch.optim.AdamW (single-tensor path: foreach and fused off), or
-the Lion below (torch has none: the few lines of the common PyTorch implementation), and
-through optim-torch-driver (worker/libddp/optim.c) with the kernel set chosen at run time. After
-every step the parameters and the optimizer state are compared; the largest absolute
-difference (also as a fraction of the array's largest magnitude) and the number of differing
-elements are printed. Every other kernel set this CPU runs must reproduce the chosen one's bits.
+the Lion of lion_torch.py beside this file (torch has none: the few lines of the common PyTorch
+implementation, shared with tests/trainer/torch_reference.py), and through optim-torch-driver
+(worker/libddp/optim.c) with the kernel set chosen at run time. After every step the
+parameters and the optimizer state are compared; the largest absolute difference (also as a
+fraction of the array's largest magnitude) and the number of differing elements are printed.
+Every other kernel set this CPU runs must reproduce the chosen one's bits.
 
 Hyperparameters are float32-representable values, so both sides start from the same numbers
 (optim.h). Where PyTorch runs its AVX2 or AVX-512 CPU kernels, SGD's parameters and momentum
@@ -22,6 +23,7 @@ a difference of 1e-6 of the array's largest magnitude (about 8 ulps of it) over 
 
 Exit status: 0 pass, 1 fail, 77 skipped (torch not importable).
 """
+import os
 import struct
 import subprocess
 import sys
@@ -36,6 +38,9 @@ if int(torch.__version__.split(".")[0]) < 2:
     # torch 1.x updates AdamW's first moment as mul_ then add_, not lerp_: other roundings.
     print(f"torch {torch.__version__} predates the operation order optim.c follows: skipped")
     sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lion_torch import Lion  # noqa: E402 - after the skip on no torch
 
 N = 4099  # 256 vectors of 16, and a tail of 3
 STEPS = 10
@@ -61,27 +66,6 @@ LION_CASES = [
     dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
     dict(lr=3e-4, betas=(0.95, 0.98), weight_decay=1.0),
 ]
-
-
-class Lion(torch.optim.Optimizer):
-    """Lion (Chen et al. 2023, Algorithm 2) with decoupled weight decay, as lion-pytorch."""
-
-    def __init__(self, params, lr, betas, weight_decay):
-        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            lr, (b1, b2), wd = group["lr"], group["betas"], group["weight_decay"]
-            for p in group["params"]:
-                state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p)
-                m = state["exp_avg"]
-                p.mul_(1 - lr * wd)
-                update = m.clone().mul_(b1).add_(p.grad, alpha=1 - b1).sign_()
-                p.add_(update, alpha=-lr)
-                m.mul_(b2).add_(p.grad, alpha=1 - b2)
 
 
 def to_f32(case):
