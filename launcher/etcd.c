@@ -904,15 +904,22 @@ int ddprun_etcd_lease_grant(ddprun_etcd *e, int64_t ttl_s, int64_t *id, int64_t 
     return rc;
 }
 
+/* A call about lease `id`; `what` (64 bytes) receives its name ("lease <verb> <id>"). */
+static int lease_call(ddprun_etcd *e, const char *verb, const char *path, int64_t id, char *what,
+                      json_t **reply)
+{
+    snprintf(what, 64, "lease %s %" PRId64, verb, id);
+    return call(e, what, path, lease_json(id, 0), reply);
+}
+
 int ddprun_etcd_lease_keepalive(ddprun_etcd *e, int64_t id, int64_t *ttl_s)
 {
     if (!e)
         return -EINVAL;
     char what[64];
-    snprintf(what, sizeof what, "lease keepalive %" PRId64, id);
     json_t *reply = NULL;
     /* A stream on the gateway: our one request, then its one answer, as {"result": {...}}. */
-    int rc = call(e, what, "/v3/lease/keepalive", lease_json(id, 0), &reply);
+    int rc = lease_call(e, "keepalive", "/v3/lease/keepalive", id, what, &reply);
     if (rc < 0)
         return rc;
     const json_t *result = json_object_get(reply, "result");
@@ -932,9 +939,8 @@ int ddprun_etcd_lease_revoke(ddprun_etcd *e, int64_t id)
     if (!e)
         return -EINVAL;
     char what[64];
-    snprintf(what, sizeof what, "lease revoke %" PRId64, id);
     json_t *reply = NULL;
-    int rc = call(e, what, "/v3/lease/revoke", lease_json(id, 0), &reply);
+    int rc = lease_call(e, "revoke", "/v3/lease/revoke", id, what, &reply);
     json_decref(reply);
     return rc;
 }

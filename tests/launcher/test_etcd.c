@@ -443,18 +443,24 @@ END_TEST
 /* Leases and watches                                                                          */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Grants a 2 s lease (*id, *ttl as granted) and puts key = "yes" bound to it at *rev. */
+static void leased_key(ddprun_etcd *e, const char *key, int64_t *id, int64_t *ttl, int64_t *rev)
+{
+    OK(e, ddprun_etcd_lease_grant(e, 2, id, ttl));
+    ck_assert_int_ne(*id, 0);
+    ck_assert_int_ge(*ttl, 2);
+    put_str(e, key, "yes", *id, rev);
+    ddprun_etcd_kv *kv = NULL;
+    OK(e, ddprun_etcd_get(e, key, &kv, NULL));
+    ck_assert_int_eq(kv->lease, *id);
+    ddprun_etcd_kvs_free(kv, 1);
+}
+
 START_TEST(test_lease_expiry)
 {
     ddprun_etcd *e = client();
     int64_t id = 0, ttl = 0, rev = 0;
-    OK(e, ddprun_etcd_lease_grant(e, 2, &id, &ttl));
-    ck_assert_int_ne(id, 0);
-    ck_assert_int_ge(ttl, 2);
-    put_str(e, "/t/lease/alive", "yes", id, &rev);
-    ddprun_etcd_kv *kv = NULL;
-    OK(e, ddprun_etcd_get(e, "/t/lease/alive", &kv, NULL));
-    ck_assert_int_eq(kv->lease, id);
-    ddprun_etcd_kvs_free(kv, 1);
+    leased_key(e, "/t/lease/alive", &id, &ttl, &rev);
 
     /* Without keepalives the lease ends within its TTL plus etcd's expiry check; a watch sees
      * the key go. */
@@ -481,8 +487,7 @@ START_TEST(test_lease_keepalive_revoke)
 {
     ddprun_etcd *e = client();
     int64_t id = 0, rev = 0, granted = 0;
-    OK(e, ddprun_etcd_lease_grant(e, 2, &id, &granted));
-    put_str(e, "/t/keep/alive", "yes", id, &rev);
+    leased_key(e, "/t/keep/alive", &id, &granted, &rev);
     /* Renew every 500 ms for 5 s, past twice the TTL; each pause is a watch that must not see
      * the key change. */
     int64_t until = mono_deadline_ns(5000);
