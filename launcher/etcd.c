@@ -40,7 +40,8 @@ struct ddprun_etcd {
     struct curl_slist *headers;
     int nendpoints;
     char (*endpoints)[ENDPOINT_BYTES];
-    int cur; /* member that answered last */
+    int cur;      /* member that answered last */
+    bool probing; /* creating: any transport failure passes to the next member */
     int timeout_ms;
     int protocol;
     char *cacert, *cert, *key;
@@ -293,7 +294,8 @@ static int curl_errno(CURLcode res)
 /*
  * Posts `len` bytes of `data` to `path` (timeout_ms for the whole transfer) and hands the answer
  * to cb(arg), starting at member e->cur and moving on, in list order, past members no connection
- * could be made to. On an answer, e->cur is the member that gave it and *status its HTTP status;
+ * could be made to (past any member that did not answer, while the client is being created). On
+ * an answer, e->cur is the member that gave it and *status its HTTP status;
  * after a reset, or a timeout of a unary call (timeout_ms the client's), e->cur is the next one.
  * A transfer that cb stopped (CURLE_WRITE_ERROR) counts as answered: cb's arg says why.
  * Returns 0 or a negative errno with e->err set.
@@ -347,7 +349,8 @@ static int exchange(ddprun_etcd *e, const char *path, const char *data, size_t l
             return 0;
         }
         const char *why = e->curl_err[0] ? e->curl_err : curl_easy_strerror(res);
-        bool unreachable = res == CURLE_COULDNT_CONNECT || res == CURLE_COULDNT_RESOLVE_HOST ||
+        bool unreachable = e->probing || res == CURLE_COULDNT_CONNECT ||
+                           res == CURLE_COULDNT_RESOLVE_HOST ||
                            (res == CURLE_OPERATION_TIMEDOUT && connect_us == 0);
         if (!unreachable) {
             /* The outcome is unknown; the member may be going away, so the next call starts at
@@ -587,7 +590,9 @@ int ddprun_etcd_create(const char *endpoints, const ddprun_etcd_options *o, ddpr
         goto out;
     }
     /* A member that answers /v3/maintenance/status with a version is etcd's gateway. */
+    e->probing = true;
     rc = call(e, "status", "/v3/maintenance/status", json_object(), &status);
+    e->probing = false;
     if (rc == 0 && !json_is_string(json_object_get(status, "version")))
         rc = fail(e, -EPROTO, "etcd at %s: the status answer has no version: not etcd",
                   e->endpoints[e->cur]);

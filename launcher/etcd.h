@@ -68,7 +68,9 @@ void ddprun_etcd_options_init(ddprun_etcd_options *o);
 
 /*
  * Creates a client for the cluster reachable at `endpoints` ("host:port[,host:port...]") and
- * checks that a member answers as etcd, trying the endpoints in order. `endpoints` and `o` (NULL:
+ * checks that a member answers as etcd, trying the endpoints in order and passing over any that
+ * fails to answer (unreachable, silent for timeout_ms, a broken connection); the sentence of a
+ * failure names each endpoint tried, why and for how long. `endpoints` and `o` (NULL:
  * the defaults) are borrowed; the paths in `o` are copied. On success *out holds the client, to be
  * released with ddprun_etcd_close().
  *

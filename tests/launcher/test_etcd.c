@@ -511,6 +511,27 @@ START_TEST(test_lease_keepalive_revoke)
 }
 END_TEST
 
+/* Compacts the store's history up to revision rev (the client has no call for it). */
+static void compact(int64_t rev)
+{
+    char url[64], body[64], answer[256] = "";
+    snprintf(url, sizeof url, "http://%s/v3/kv/compaction", member_ep[0]);
+    snprintf(body, sizeof body, "{\"revision\": %lld, \"physical\": true}", (long long)rev);
+    CURL *c = curl_easy_init();
+    ck_assert_ptr_nonnull(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 10000L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, keep_head);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, (void *)answer);
+    long status = 0;
+    ck_assert_int_eq(curl_easy_perform(c), CURLE_OK);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    ck_assert_msg(status == 200, "compaction: HTTP %ld: %s", status, answer);
+}
+
 START_TEST(test_watch)
 {
     ddprun_etcd *e = client();
@@ -544,15 +565,26 @@ START_TEST(test_watch)
 
     /* Prefix watches, from history: the delete after the put. */
     int64_t deleted = 0;
+    int rc;
     OK(e, ddprun_etcd_delete(e, "/t/watch/k", false, &deleted));
     OK(e, ddprun_etcd_watch(e, "/t/watch/", true, put_rev, 5000, &ev));
     ck_assert_int_eq(ev.type, DDPRUN_ETCD_DELETE);
     ck_assert_str_eq(ev.kv.key, "/t/watch/k");
     ddprun_etcd_event_clear(&ev);
 
+    /* A watch after a compacted revision: -ESTALE. */
+    put_str(e, "/t/watch/c", "1", 0, NULL);
+    int64_t now = 0;
+    put_str(e, "/t/watch/c", "2", 0, &now);
+    compact(now);
+    rc = ddprun_etcd_watch(e, "/t/watch/c", false, put_rev, 5000, &ev);
+    ck_assert_msg(rc == -ESTALE, "watch after a compacted revision: %d (%s)", rc,
+                  ddprun_etcd_last_error(e));
+    ck_assert_ptr_nonnull(strstr(ddprun_etcd_last_error(e), "compacted"));
+
     /* Nothing changes: -ETIMEDOUT after about the timeout, with a sentence. */
     int64_t t0 = mono_now_ns();
-    int rc = ddprun_etcd_watch(e, "/t/watch/quiet", false, 0, 300, &ev);
+    rc = ddprun_etcd_watch(e, "/t/watch/quiet", false, 0, 300, &ev);
     double took = (double)(mono_now_ns() - t0) / 1e9;
     ck_assert_int_eq(rc, -ETIMEDOUT);
     ck_assert_msg(took >= 0.25 && took < 3, "the watch timed out after %.2f s", took);
@@ -587,6 +619,48 @@ START_TEST(test_failover)
     put_str(e, "/t/failover", "ok", 0, NULL);
     expect_value(e, "/t/failover", "ok");
     ddprun_etcd_close(e);
+}
+END_TEST
+
+/* A loopback listener that never accepts (the kernel completes connections into its backlog):
+ * a member that is up but does not answer. Its port in *p; the socket is returned. */
+static int silent_listener(int *p)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(fd, 16), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *p = ntohs(a.sin_port);
+    return fd;
+}
+
+START_TEST(test_failover_silent)
+{
+    int p;
+    int fd = silent_listener(&p);
+    char eps[128];
+    snprintf(eps, sizeof eps, "127.0.0.1:%d,%s", p, member_ep[2]);
+    ddprun_etcd_options o;
+    ddprun_etcd_options_init(&o);
+    o.timeout_ms = 500;
+    ddprun_etcd *e = NULL;
+    int64_t t0 = mono_now_ns();
+    int rc = ddprun_etcd_create(eps, &o, &e);
+    double took = (double)(mono_now_ns() - t0) / 1e9;
+    ck_assert_msg(rc == 0, "create(%s): %d %s", eps, rc, ddprun_etcd_last_error(NULL));
+    ck_assert_msg(took >= 0.45 && took < 3, "creation took %.2f s", took);
+    ck_assert_str_eq(ddprun_etcd_endpoint(e), member_ep[2]);
+    ddprun_etcd_close(e);
+
+    /* Alone, the silent member fails creation within the timeout, with its name and the time. */
+    snprintf(eps, sizeof eps, "127.0.0.1:%d", p);
+    ck_assert_int_eq(ddprun_etcd_create(eps, &o, &e), -ECONNREFUSED);
+    const char *msg = ddprun_etcd_last_error(NULL);
+    ck_assert_msg(strstr(msg, eps) && strstr(msg, "0.5 s)"), "sentence: %s", msg);
+    close(fd);
 }
 END_TEST
 
@@ -664,7 +738,8 @@ int main(void)
     check_tcase(s, "kv", 30, test_put_get_range_delete, test_txn);
     check_tcase(s, "lease", 40, test_lease_expiry, test_lease_keepalive_revoke);
     check_tcase(s, "watch", 30, test_watch);
-    check_tcase(s, "endpoints", 40, test_failover, test_unreachable, test_member_lost);
+    check_tcase(s, "endpoints", 40, test_failover, test_failover_silent, test_unreachable,
+                test_member_lost);
     rc = check_run(s);
     cluster_stop();
     return rc;
