@@ -292,6 +292,15 @@ static int curl_errno(CURLcode res)
 }
 
 /*
+ * Which of the failures met on several members a call reports: TLS refused above all, then (the
+ * last of) those after a connection was made, then a refusal, then a name that did not resolve.
+ */
+static int told_rank(int code)
+{
+    return code == -EACCES ? 3 : code == -ECONNREFUSED ? 1 : code == -EHOSTUNREACH ? 0 : 2;
+}
+
+/*
  * Posts `len` bytes of `data` to `path` (timeout_ms for the whole transfer) and hands the answer
  * to cb(arg), starting at member e->cur and moving on, in list order, past members no connection
  * could be made to (past any member that did not answer, while the client is being created). On
@@ -306,8 +315,7 @@ static int exchange(ddprun_etcd *e, const char *path, const char *data, size_t l
     char tried[ERRBUF_BYTES] = "";
     size_t tlen = 0;
     int64_t t0 = mono_now_ns();
-    int rc = -ECONNREFUSED;
-    bool resolved = false;
+    int rc = -EHOSTUNREACH; /* the failure to tell, by told_rank() */
 
     for (int k = 0; k < e->nendpoints; k++) {
         int idx = (e->cur + k) % e->nendpoints;
@@ -349,27 +357,40 @@ static int exchange(ddprun_etcd *e, const char *path, const char *data, size_t l
             return 0;
         }
         const char *why = e->curl_err[0] ? e->curl_err : curl_easy_strerror(res);
+        int code = curl_errno(res);
+        char why_tls[CURL_ERROR_SIZE + 128];
+        if (code == -ECONNRESET && e->protocol == DDPRUN_ETCD_HTTPS && !e->cert) {
+            /* TLS 1.3 refuses a missing client certificate after the handshake, with no more
+             * than a closed connection to show for it. */
+            snprintf(why_tls, sizeof why_tls,
+                     "%s; no client certificate was given, and the member may require one", why);
+            why = why_tls;
+            code = -EACCES;
+        } else if (res == CURLE_GOT_NOTHING && e->protocol == DDPRUN_ETCD_HTTP) {
+            snprintf(why_tls, sizeof why_tls, "%s; the member may expect https", why);
+            why = why_tls;
+        }
         bool unreachable = e->probing || res == CURLE_COULDNT_CONNECT ||
                            res == CURLE_COULDNT_RESOLVE_HOST ||
                            (res == CURLE_OPERATION_TIMEDOUT && connect_us == 0);
         if (!unreachable) {
             /* The outcome is unknown; the member may be going away, so the next call starts at
              * the next one. A watch's own deadline is no fault of the member's. */
-            rc = curl_errno(res);
+            rc = code;
             if (rc == -ECONNRESET || (rc == -ETIMEDOUT && timeout_ms == e->timeout_ms))
                 e->cur = (idx + 1) % e->nendpoints;
             return fail(e, rc, "etcd at %s: %s", e->endpoints[idx], why);
         }
-        resolved |= res != CURLE_COULDNT_RESOLVE_HOST;
+        if (told_rank(code) >= told_rank(rc))
+            rc = code;
         if (tlen < sizeof tried) {
             int w = snprintf(tried + tlen, sizeof tried - tlen, "%s%s (%s, %.1f s)", k ? ", " : "",
                              e->endpoints[idx], why, took_s);
             tlen += w > 0 ? (size_t)w : 0;
         }
     }
-    rc = resolved ? -ECONNREFUSED : -EHOSTUNREACH;
-    return fail(e, rc, "no etcd member could be reached in %.1f s: %s",
-                (double)(mono_now_ns() - t0) / 1e9, tried);
+    return fail(e, rc, "no etcd member answered in %.1f s: %s", (double)(mono_now_ns() - t0) / 1e9,
+                tried);
 }
 
 /* gRPC's status codes in the gateway's error answers, as errno values. */

@@ -27,7 +27,9 @@
  *   -EINVAL        a bad argument (NULL, an empty key, a negative count)
  *   -ENOMEM        out of memory
  *   -ECONNREFUSED  no member could be reached (the sentence names each endpoint tried, how long
- *                  each took and why it failed); -EHOSTUNREACH where none even resolved
+ *                  each took and why it failed); -EHOSTUNREACH where none even resolved; where
+ *                  ddprun_etcd_create() passed over members that were reached, the code of the
+ *                  last such failure, -EACCES first
  *   -ETIMEDOUT     a member took longer than the client's timeout to answer
  *   -ECONNRESET    the connection broke during the request
  *   -EACCES        TLS refused (certificates) or etcd refused the credentials

@@ -3,14 +3,18 @@
  * 3-member cluster of Debian's etcd-server on loopback (ports found by binding port 0), waits for
  * every member's /health within a deadline, runs the cases, then kills the members and removes
  * their data, also when a case fails or the test is stopped by a signal (the members die with
- * the test process through PR_SET_PDEATHSIG in any case).
+ * the test process through PR_SET_PDEATHSIG in any case). Beside it runs a one-member cluster
+ * with TLS on its client port and client certificates required, its CA and certificates made by
+ * the openssl program (without it, the TLS case says so and checks nothing).
  *
  * The cases: puts, gets, ranges and deletes with revisions; a transaction's success and failure
  * branches; a lease's expiry deleting its key (seen by a watch, not a poll), keepalives keeping
- * a key alive, revocation; watches returning a change made by another process and timing out
- * with -ETIMEDOUT when nothing changes; failover past a closed port; the sentences for an
- * unreachable cluster and a malformed endpoint list; and, last, a member killed under a client
- * that then carries on with the others.
+ * a key alive, revocation; watches returning a change made by another process, -ESTALE after a
+ * compaction, and -ETIMEDOUT when nothing changes; failover past a closed port and past a member
+ * that accepts but never answers; the sentences for an unreachable cluster and a malformed
+ * endpoint list; https with the right certificates, and refused with a foreign CA, without a
+ * client certificate and over plain http; and, last, a member killed under a client that then
+ * carries on with the others.
  *
  * Exit 77 where the etcd binary is missing or cannot be executed. Each case runs in its own
  * forked process under a timeout; the one paced loop is the keepalive loop, which renews as an
@@ -41,13 +45,15 @@
 #include "monoclock.h"
 
 #define MEMBERS 3
+#define TLS MEMBERS /* the index of the TLS member, a cluster of its own */
 
 static char data_dir[64];
-static pid_t member_pid[MEMBERS];
-static int client_port[MEMBERS], peer_port[MEMBERS];
-static char endpoints[256]; /* every member, in order */
-static char member_ep[MEMBERS][32];
-static pid_t owner; /* the process that started the cluster */
+static pid_t member_pid[MEMBERS + 1];
+static int client_port[MEMBERS + 1], peer_port[MEMBERS + 1];
+static char endpoints[256]; /* every member of the plain cluster, in order */
+static char member_ep[MEMBERS + 1][32];
+static bool have_tls; /* the TLS member runs (openssl made its certificates) */
+static pid_t owner;   /* the process that started the cluster */
 
 /* ------------------------------------------------------------------------------------------ */
 /* The cluster                                                                                 */
@@ -56,7 +62,7 @@ static pid_t owner; /* the process that started the cluster */
 /* Binds n loopback sockets to port 0 at once (so the ports differ), reads the ports, closes. */
 static int free_ports(int *ports, int n)
 {
-    int fds[2 * MEMBERS];
+    int fds[2 * MEMBERS + 2];
     for (int i = 0; i < n; i++) {
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         socklen_t len = sizeof a;
@@ -82,7 +88,7 @@ static void cluster_stop(void)
 {
     if (getpid() != owner)
         return; /* a forked case exiting */
-    for (int i = 0; i < MEMBERS; i++)
+    for (int i = 0; i <= MEMBERS; i++)
         if (member_pid[i] > 0) {
             kill(member_pid[i], SIGKILL);
             waitpid(member_pid[i], NULL, 0);
@@ -113,14 +119,29 @@ static size_t keep_head(char *p, size_t size, size_t n, void *arg)
     return size * n;
 }
 
-/* Whether the member at client port p says {"health":"true"}. */
-static bool member_healthy(int p)
+/* A file of the TLS member's certificates, in data_dir. */
+static const char *tls_file(const char *name)
+{
+    static char path[4][128];
+    static int next;
+    char *p = path[next++ % 4];
+    snprintf(p, sizeof path[0], "%s/%s", data_dir, name);
+    return p;
+}
+
+/* Whether member i says {"health":"true"}. */
+static bool member_healthy(int i)
 {
     char url[64], body[256] = "";
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/health", p);
+    snprintf(url, sizeof url, "%s://%s/health", i == TLS ? "https" : "http", member_ep[i]);
     CURL *c = curl_easy_init();
     if (!c)
         return false;
+    if (i == TLS) {
+        curl_easy_setopt(c, CURLOPT_CAINFO, tls_file("ca.pem"));
+        curl_easy_setopt(c, CURLOPT_SSLCERT, tls_file("client.pem"));
+        curl_easy_setopt(c, CURLOPT_SSLKEY, tls_file("client.key"));
+    }
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1000L);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -150,65 +171,127 @@ static void print_log(int i)
 }
 
 /*
- * Starts the members and waits (30 s at most) until each is healthy. Returns 0, 77 (etcd cannot
- * run here) or 1.
+ * A CA, a certificate for 127.0.0.1 signed by it and a client certificate, in data_dir, with the
+ * openssl program. Returns whether they were made.
+ */
+static bool make_certificates(void)
+{
+    char script[2048];
+    snprintf(script, sizeof script,
+             "cd '%s' && k='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes' && "
+             "openssl req -x509 $k -keyout ca.key -out ca.pem -days 2 -subj /CN=ddprun-test-ca && "
+             "openssl req $k -keyout server.key -out server.csr -subj /CN=127.0.0.1 && "
+             "printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > "
+             "server.ext && "
+             "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+             "-out server.pem -days 2 -extfile server.ext && "
+             "openssl req $k -keyout client.key -out client.csr -subj /CN=ddprun-client && "
+             "printf 'extendedKeyUsage=clientAuth\n' > client.ext && "
+             "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+             "-out client.pem -days 2 -extfile client.ext",
+             data_dir);
+    char cmd[2200];
+    snprintf(cmd, sizeof cmd, "( %s ) >'%s/openssl.log' 2>&1", script, data_dir);
+    return system(cmd) == 0;
+}
+
+/*
+ * Starts member i of `cluster` (its name "m<i>"), with TLS on its client port for the TLS
+ * member. Reports a failed exec through the pipe fail_fd.
+ */
+static pid_t start_member(const char *etcd, int i, const char *cluster, int fail_fd)
+{
+    char name[8], dir[128], log[128], curl_[64], purl[64];
+    snprintf(name, sizeof name, "m%d", i);
+    snprintf(dir, sizeof dir, "%s/m%d", data_dir, i);
+    snprintf(log, sizeof log, "%s/member%d.log", data_dir, i);
+    snprintf(curl_, sizeof curl_, "%s://%s", i == TLS ? "https" : "http", member_ep[i]);
+    snprintf(purl, sizeof purl, "http://127.0.0.1:%d", peer_port[i]);
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+    }
+    const char *argv[40] = {etcd,
+                            "--name",
+                            name,
+                            "--data-dir",
+                            dir,
+                            "--listen-client-urls",
+                            curl_,
+                            "--advertise-client-urls",
+                            curl_,
+                            "--listen-peer-urls",
+                            purl,
+                            "--initial-advertise-peer-urls",
+                            purl,
+                            "--initial-cluster",
+                            cluster,
+                            "--initial-cluster-state",
+                            "new",
+                            "--initial-cluster-token",
+                            i == TLS ? "tls" : "plain"};
+    if (i == TLS) {
+        const char *tls[] = {"--cert-file",          tls_file("server.pem"), "--key-file",
+                             tls_file("server.key"), "--client-cert-auth",   "--trusted-ca-file",
+                             tls_file("ca.pem")};
+        memcpy(argv + 19, tls, sizeof tls);
+    }
+    execvp(etcd, (char *const *)argv);
+    int err = errno;
+    if (write(fail_fd, &err, sizeof err) < 0)
+        _exit(127);
+    _exit(127);
+}
+
+/*
+ * Starts the plain cluster's members and, where openssl made certificates, the TLS member, and
+ * waits (30 s at most) until each is healthy. Returns 0, 77 (etcd cannot run here) or 1.
  */
 static int cluster_start(void)
 {
     const char *etcd = getenv("ETCD") ? getenv("ETCD") : "etcd";
-    int ports[2 * MEMBERS];
+    int ports[2 * MEMBERS + 2];
     strcpy(data_dir, "/tmp/ddprun-etcd-XXXXXX");
     if (!mkdtemp(data_dir)) {
         data_dir[0] = '\0';
         perror("mkdtemp");
         return 1;
     }
-    if (free_ports(ports, 2 * MEMBERS) < 0) {
+    if (free_ports(ports, 2 * MEMBERS + 2) < 0) {
         perror("free ports");
         return 1;
     }
-    char cluster[512] = "";
-    for (int i = 0; i < MEMBERS; i++) {
-        client_port[i] = ports[i];
-        peer_port[i] = ports[MEMBERS + i];
+    char cluster[512] = "", tls_cluster[64];
+    for (int i = 0; i <= MEMBERS; i++) {
+        client_port[i] = ports[2 * i];
+        peer_port[i] = ports[2 * i + 1];
+        snprintf(member_ep[i], sizeof member_ep[i], "127.0.0.1:%d", client_port[i]);
+        if (i == TLS)
+            break;
         size_t l = strlen(cluster);
         snprintf(cluster + l, sizeof cluster - l, "%sm%d=http://127.0.0.1:%d", i ? "," : "", i,
                  peer_port[i]);
-        snprintf(member_ep[i], sizeof member_ep[i], "127.0.0.1:%d", client_port[i]);
         l = strlen(endpoints);
         snprintf(endpoints + l, sizeof endpoints - l, "%s%s", i ? "," : "", member_ep[i]);
     }
+    snprintf(tls_cluster, sizeof tls_cluster, "m%d=http://127.0.0.1:%d", TLS, peer_port[TLS]);
+    have_tls = make_certificates();
+    if (!have_tls)
+        fprintf(stderr, "openssl could not make certificates (%s/openssl.log): no TLS member\n",
+                data_dir);
+
     int exec_fail[2];
     if (pipe2(exec_fail, O_CLOEXEC) < 0)
         return 1;
-    for (int i = 0; i < MEMBERS; i++) {
-        char name[8], dir[128], log[128], curl_[64], purl[64];
-        snprintf(name, sizeof name, "m%d", i);
-        snprintf(dir, sizeof dir, "%s/m%d", data_dir, i);
-        snprintf(log, sizeof log, "%s/member%d.log", data_dir, i);
-        snprintf(curl_, sizeof curl_, "http://127.0.0.1:%d", client_port[i]);
-        snprintf(purl, sizeof purl, "http://127.0.0.1:%d", peer_port[i]);
-        pid_t pid = fork();
-        if (pid < 0)
+    for (int i = 0; i < MEMBERS + have_tls; i++) {
+        member_pid[i] = start_member(etcd, i, i == TLS ? tls_cluster : cluster, exec_fail[1]);
+        if (member_pid[i] < 0)
             return 1;
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-            if (fd >= 0) {
-                dup2(fd, 1);
-                dup2(fd, 2);
-            }
-            execlp(etcd, etcd, "--name", name, "--data-dir", dir, "--listen-client-urls", curl_,
-                   "--advertise-client-urls", curl_, "--listen-peer-urls", purl,
-                   "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
-                   "--initial-cluster-state", "new", "--initial-cluster-token", data_dir + 5,
-                   (char *)NULL);
-            int err = errno;
-            if (write(exec_fail[1], &err, sizeof err) < 0)
-                _exit(127);
-            _exit(127);
-        }
-        member_pid[i] = pid;
     }
     close(exec_fail[1]);
     int err = 0;
@@ -219,8 +302,8 @@ static int cluster_start(void)
         return 77;
     }
     int64_t deadline = mono_deadline_ns(30000);
-    for (int i = 0; i < MEMBERS; i++) {
-        while (!member_healthy(client_port[i])) {
+    for (int i = 0; i < MEMBERS + have_tls; i++) {
+        while (!member_healthy(i)) {
             int st;
             if (waitpid(member_pid[i], &st, WNOHANG) == member_pid[i]) {
                 member_pid[i] = 0;
@@ -657,7 +740,7 @@ START_TEST(test_failover_silent)
 
     /* Alone, the silent member fails creation within the timeout, with its name and the time. */
     snprintf(eps, sizeof eps, "127.0.0.1:%d", p);
-    ck_assert_int_eq(ddprun_etcd_create(eps, &o, &e), -ECONNREFUSED);
+    ck_assert_int_eq(ddprun_etcd_create(eps, &o, &e), -ETIMEDOUT);
     const char *msg = ddprun_etcd_last_error(NULL);
     ck_assert_msg(strstr(msg, eps) && strstr(msg, "0.5 s)"), "sentence: %s", msg);
     close(fd);
@@ -677,8 +760,8 @@ START_TEST(test_unreachable)
     ck_assert_msg((mono_now_ns() - t0) / 1000000 < 3000, "refusals took over 3 s");
     ck_assert_ptr_null(e);
     const char *msg = ddprun_etcd_last_error(NULL);
-    ck_assert_msg(strstr(msg, "no etcd member could be reached") && strstr(msg, ea) &&
-                      strstr(msg, eb) && strstr(msg, " s)"),
+    ck_assert_msg(strstr(msg, "no etcd member answered") && strstr(msg, ea) && strstr(msg, eb) &&
+                      strstr(msg, " s)"),
                   "sentence: %s", msg);
 
     /* Malformed lists name the member at fault. */
@@ -694,6 +777,50 @@ START_TEST(test_unreachable)
     o.timeout_ms = 0;
     ck_assert_int_eq(ddprun_etcd_create(endpoints, &o, &e), -EINVAL);
     ck_assert_ptr_nonnull(strstr(ddprun_etcd_last_error(NULL), "timeout"));
+}
+END_TEST
+
+START_TEST(test_tls)
+{
+    if (!have_tls)
+        return; /* said in main() */
+    ddprun_etcd_options o;
+    ddprun_etcd_options_init(&o);
+    o.protocol = DDPRUN_ETCD_HTTPS;
+    o.cacert = tls_file("ca.pem");
+    o.cert = tls_file("client.pem");
+    o.key = tls_file("client.key");
+    ddprun_etcd *e = NULL;
+    int rc = ddprun_etcd_create(member_ep[TLS], &o, &e);
+    ck_assert_msg(rc == 0, "https: %d %s", rc, ddprun_etcd_last_error(NULL));
+    put_str(e, "/t/tls", "private", 0, NULL);
+    expect_value(e, "/t/tls", "private");
+    ddprun_etcd_close(e);
+
+    /* Refusals: a CA that did not sign the member's certificate (the system's), no client
+     * certificate, plain HTTP to the TLS port. */
+    struct {
+        const char *cacert, *cert, *key;
+        int protocol, rc;
+        const char *says;
+    } refused[] = {
+        {NULL, o.cert, o.key, DDPRUN_ETCD_HTTPS, -EACCES, "certificate"},
+        {o.cacert, NULL, NULL, DDPRUN_ETCD_HTTPS, -EACCES, "certificate"},
+        {NULL, NULL, NULL, DDPRUN_ETCD_HTTP, -ECONNRESET, "expect https"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        o.cacert = refused[i].cacert;
+        o.cert = refused[i].cert;
+        o.key = refused[i].key;
+        o.protocol = refused[i].protocol;
+        rc = ddprun_etcd_create(member_ep[TLS], &o, &e);
+        const char *msg = ddprun_etcd_last_error(NULL);
+        ck_assert_msg(rc == refused[i].rc && strstr(msg, refused[i].says),
+                      "case %zu: %d, expected %d: %s", i, rc, refused[i].rc, msg);
+    }
+    o.key = "k.pem";
+    o.cert = NULL;
+    ck_assert_int_eq(ddprun_etcd_create(member_ep[TLS], &o, &e), -EINVAL);
 }
 END_TEST
 
@@ -738,6 +865,7 @@ int main(void)
     check_tcase(s, "kv", 30, test_put_get_range_delete, test_txn);
     check_tcase(s, "lease", 40, test_lease_expiry, test_lease_keepalive_revoke);
     check_tcase(s, "watch", 30, test_watch);
+    check_tcase(s, "tls", 30, test_tls);
     check_tcase(s, "endpoints", 40, test_failover, test_failover_silent, test_unreachable,
                 test_member_lost);
     rc = check_run(s);
