@@ -489,7 +489,11 @@ static int endpoint_norm(const char *s, size_t n, char *dst)
     if (n == 0 || n >= ENDPOINT_BYTES - 16 || memchr(s, '/', n) || memchr(s, '@', n) ||
         memchr(s, ' ', n) || memchr(s, '\t', n))
         return -EINVAL;
-    const char *last_colon = memrchr(s, ':', n);
+    const char *last_colon = NULL;
+    int colons = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ':')
+            last_colon = s + i, colons++;
     if (s[0] == '[') {
         const char *close = memchr(s, ']', n);
         if (!close || close == s + 1)
@@ -500,7 +504,7 @@ static int endpoint_norm(const char *s, size_t n, char *dst)
                 return -EINVAL;
             port = s + hlen + 1;
         }
-    } else if (last_colon && memchr(s, ':', n) == last_colon) {
+    } else if (colons == 1) {
         hlen = (size_t)(last_colon - s);
         port = last_colon + 1;
     }

@@ -764,6 +764,14 @@ START_TEST(test_unreachable)
                       strstr(msg, " s)"),
                   "sentence: %s", msg);
 
+    /* Host names and bracketed IPv6 addresses, named as given. */
+    snprintf(eps, sizeof eps, " localhost:%d ,[::1]:%d", a, b);
+    ck_assert_int_lt(ddprun_etcd_create(eps, NULL, &e), 0);
+    msg = ddprun_etcd_last_error(NULL);
+    snprintf(ea, sizeof ea, "localhost:%d (", a);
+    snprintf(eb, sizeof eb, "[::1]:%d (", b);
+    ck_assert_msg(strstr(msg, ea) && strstr(msg, eb), "sentence: %s", msg);
+
     /* Malformed lists name the member at fault. */
     static const char *const bad[] = {"",     "127.0.0.1:99999",       "127.0.0.1:2379,",
                                       "[::1", "http://127.0.0.1:2379", "host:port"};
