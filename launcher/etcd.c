@@ -135,8 +135,10 @@ static int64_t jint(const json_t *o, const char *name)
     return 0;
 }
 
-/* The end of the range of keys starting with prefix: prefix with its last byte below 0xff
- * increased and what follows dropped; "\0" (every key) for a prefix of 0xff bytes or "". */
+/*
+ * The end of the range of keys starting with prefix: prefix with its last byte below 0xff
+ * increased and what follows dropped; "\0" (every key) for a prefix of 0xff bytes or "".
+ */
 static json_t *range_end_json(const char *prefix)
 {
     size_t n = strlen(prefix);

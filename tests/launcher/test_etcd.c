@@ -705,8 +705,10 @@ START_TEST(test_failover)
 }
 END_TEST
 
-/* A loopback listener that never accepts (the kernel completes connections into its backlog):
- * a member that is up but does not answer. Its port in *p; the socket is returned. */
+/*
+ * A loopback listener that never accepts (the kernel completes connections into its backlog):
+ * a member that is up but does not answer. Its port in *p; the socket is returned.
+ */
 static int silent_listener(int *p)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
