@@ -177,6 +177,8 @@ typedef struct agent {
     int mntns_fd;            /* the init's mount namespace, for the guards to join; -1 */
     int own_pidns_fd;        /* ddprun's own PID namespace, to go back to; -1 */
     bool ns_unavailable;     /* no PID namespace can be had: the guards contain the workers */
+
+    bool store_gone; /* the store died with the node serving it (store_gone_with_node()); mu */
 } agent;
 
 /* ddprun.c */
@@ -208,5 +210,16 @@ void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 void store_conn_closed(void *arg, const char *host, int port);
 void *monitor_main(void *arg);
 void monitor_set_round(agent *a, int round);
+
+/*
+ * After a store call of this agent failed with `rc`: true when that means the store is gone
+ * with the node serving it -- the backend's store dies with its node (store_dies_with_node),
+ * this agent does not serve it, `rc` is a lost or refused connection, and a new connection to
+ * the store is refused at once. Then writes the sentence saying so (naming the endpoint) to
+ * `msg` (`n` bytes) and sets a->store_gone. Any thread; blocks for one connection attempt of
+ * at most 2 s.
+ */
+bool store_gone_with_node(agent *a, int rc, char *msg, size_t n);
+bool store_is_gone(agent *a); /* a->store_gone, read under the mutex */
 
 #endif /* DDPRUN_AGENT_H */

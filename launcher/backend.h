@@ -124,6 +124,13 @@ typedef struct ddprun_backend_ops {
      * for them, and restarts into the next round to admit them.
      */
     int (*num_waiting)(ddprun_rdzv_conn *c, const char *prefix, int round, int64_t *count);
+
+    /*
+     * True when the rendezvous lives only in the store that one agent serves (plan_store): it
+     * dies with that agent's node, and no other agent can carry on or restart the job without
+     * it. The agent then says so (store_gone_with_node()) instead of attempting a restart.
+     */
+    bool store_dies_with_node;
 } ddprun_backend_ops;
 
 /* The row named `name` (borrowed), or NULL if there is none. */

@@ -73,5 +73,6 @@ const ddprun_backend_ops ddprun_backend_c10d = {
     .plan_store = c10d_plan_store,
     .join = c10d_join,
     .num_waiting = c10d_num_waiting,
+    .store_dies_with_node = true, /* the endpoint's host serves it */
     DDPRUN_STORE_BACKEND_OPS,
 };

@@ -28,5 +28,6 @@ const ddprun_backend_ops ddprun_backend_static = {
     .name = "static",
     .plan_store = static_plan_store,
     .join = static_join,
+    .store_dies_with_node = true, /* node 0 serves it */
     DDPRUN_STORE_BACKEND_OPS,
 };

@@ -249,6 +249,8 @@ static void print_final_summary(agent *a)
     if (a->stop_for_signal)
         snprintf(title, sizeof(title), "job failed; no restart after SIG%s",
                  sigabbrev_np(a->signal_seen));
+    else if (store_is_gone(a))
+        snprintf(title, sizeof(title), "job failed: no restart without the rendezvous store");
     else if (a->cfg->max_restarts > 0)
         snprintf(title, sizeof(title), "job failed: no restart left (%d of %d used)",
                  a->restart_count, a->cfg->max_restarts);
@@ -467,7 +469,7 @@ static void round_over(agent *a)
         job_succeeded(a);
         return;
     }
-    if (!a->stop_for_signal && a->restart_count < a->cfg->max_restarts) {
+    if (!a->stop_for_signal && !store_is_gone(a) && a->restart_count < a->cfg->max_restarts) {
         char title[128];
         snprintf(title, sizeof(title), "worker group failed: restarting it (restart %d of %d)",
                  a->restart_count + 1, a->cfg->max_restarts);
@@ -669,7 +671,12 @@ static void remote_cb(uv_async_t *h)
         else
             say("%s: stopping the local workers", f.message);
     } else {
-        say("%s: stopping the local workers", msg);
+        if (store_is_gone(a)) { /* a sentence of its own, ending in a parenthesis */
+            say("%s", msg);
+            say("stopping the local workers");
+        } else {
+            say("%s: stopping the local workers", msg);
+        }
         /* Not a record (a node stopped beating, the store is gone): one without a worker. */
         ddprun_failure g;
         ddprun_failure_init(&g, "?", -1, -1, 1, 0, msg);
@@ -708,8 +715,9 @@ static int rendezvous_job(agent *a, store_job *j)
             a->rdzv->join(a->client, a->prefix, cfg, node_id, &j->round, &j->asg, err, sizeof(err));
     }
     if (rc < 0) {
-        snprintf(j->err, sizeof(j->err), "rendezvous failed: %s%s%s", rdzv_strerror(rc),
-                 err[0] ? ": " : "", err);
+        if (!store_gone_with_node(a, rc, j->err, sizeof(j->err)))
+            snprintf(j->err, sizeof(j->err), "rendezvous failed: %s%s%s", rdzv_strerror(rc),
+                     err[0] ? ": " : "", err);
         return rc;
     }
     /*

@@ -83,6 +83,46 @@ static void report_dead_node(agent *a, ddprun_rdzv_conn *c, int round, const cha
     free(js);
 }
 
+bool store_gone_with_node(agent *a, int rc, char *msg, size_t n)
+{
+    if (!a->rdzv->store_dies_with_node || a->store ||
+        (rc != -ECONNRESET && rc != -ENOTCONN && rc != -EPIPE && rc != -ECONNREFUSED))
+        return false;
+    /* A store still there, or one out of reach (a link down, a host that went silent), is
+     * some other failure: only a refusal says that nothing serves it any more (a store at its
+     * connection limit accepts and closes, which connect() retries and reports otherwise). */
+    rdzv_client_options co;
+    rdzv_client_options_init(&co);
+    co.connect_timeout_ms = 2000;
+    co.timeout_ms = 2000;
+    co.refused_timeout_ms = 0;
+    co.token = a->token[0] ? a->token : NULL;
+    ddprun_rdzv_conn *probe = NULL;
+    int prc = a->rdzv->connect(a->cfg, a->connect_host, a->store_port, &co, &probe, NULL, 0);
+    a->rdzv->close(probe);
+    if (prc != -ECONNREFUSED)
+        return false;
+    char ep[300];
+    fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
+    snprintf(msg, n,
+             "the rendezvous store at %s is gone with its node: the %s backend cannot outlive "
+             "it, so no restart can happen; start the job again (a backend that outlives any "
+             "node, --rdzv-backend etcd, is planned: see ddprun(1))",
+             ep, a->rdzv->name);
+    pthread_mutex_lock(&a->mu);
+    a->store_gone = true;
+    pthread_mutex_unlock(&a->mu);
+    return true;
+}
+
+bool store_is_gone(agent *a)
+{
+    pthread_mutex_lock(&a->mu);
+    bool gone = a->store_gone;
+    pthread_mutex_unlock(&a->mu);
+    return gone;
+}
+
 /*
  * Blocks on the store for the current round's failure key, beats, and watches the other nodes:
  * either wakes the loop. It uses a connection of its own (whose local end it publishes, so that
@@ -137,6 +177,8 @@ void *monitor_main(void *arg)
         if (rc == 0) {
             snprintf(report, sizeof(report), "%s", json);
             rdzv_free(json);
+        } else if (rc != -ETIMEDOUT && store_gone_with_node(a, rc, report, sizeof(report))) {
+            /* report says it all */
         } else if (rc != -ETIMEDOUT) {
             char ep[300];
             fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);

@@ -14,6 +14,8 @@
 #                                   keeps it and prints its path) and pids=() (the processes the
 #                                   test starts), and traps EXIT to kill $pids, run
 #                                   netns_cleanup and remove $tmp; fails=0.
+#   netns_run_node I LOG ARGS...    runs "$ddprun" ARGS in node I's namespace in the background,
+#                                   its output to LOG; pids[I] is its pid.
 #   fail MSG / ok MSG               report a check (fail counts it in $fails).
 NETNS_NODES=()
 NETNS_ADDRS=()
@@ -71,6 +73,13 @@ netns_test_begin() {
   pids=()
   fails=0
   trap netns_test_end EXIT
+}
+
+netns_run_node() {
+  local i=$1 log=$2
+  shift 2
+  ip netns exec "${NETNS_NODES[$i]}" "$ddprun" "$@" >"$log" 2>&1 &
+  pids[$i]=$!
 }
 
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
