@@ -98,6 +98,9 @@ typedef struct store_job {
     int round;             /* RENDEZVOUS: the round to start from; then the round joined */
     ddprun_assignment asg; /* RENDEZVOUS: the result */
     char *json;            /* PUBLISH: the record (malloc); BARRIER: a failure (rdzv_free) */
+    rdzv_server *srv;      /* RENDEZVOUS, a store moving with the rounds: the one served here */
+    char store_host[256];  /* RENDEZVOUS, ditto: where the round's store is */
+    int store_port;
     char err[640];         /* what went wrong, for the loop thread to print */
 } store_job;
 
@@ -114,7 +117,8 @@ typedef struct agent {
     char hostname[256];
     char run_id[128];
     char prefix[DDPRUN_RDZV_MAX_PREFIX + 1]; /* this job's keys: DDPRUN_RDZV_ROOT "/<run_id>" */
-    rdzv_server *store;                      /* hosted here (node 0 / c10d host), else NULL */
+    rdzv_server *store; /* hosted here (node 0, the c10d host, the round's rank 0), else NULL;
+                         * written on the loop under mu */
     char store_host[256];                    /* where agents and workers reach the store */
     char connect_host[256];                  /* where this agent reaches it */
     char bind_host[64];                      /* the address the store hosted here binds */
@@ -178,7 +182,9 @@ typedef struct agent {
     int own_pidns_fd;        /* ddprun's own PID namespace, to go back to; -1 */
     bool ns_unavailable;     /* no PID namespace can be had: the guards contain the workers */
 
-    bool store_gone; /* the store died with the node serving it (store_gone_with_node()); mu */
+    bool rdzv_lost; /* the rendezvous is gone for good: the store died with the node serving it
+                     * (store_gone_with_node()), or this node lost its place (heartbeat());
+                     * no restart can follow. Under mu */
 } agent;
 
 /* ddprun.c */
@@ -216,10 +222,11 @@ void monitor_set_round(agent *a, int round);
  * with the node serving it -- the backend's store dies with its node (store_dies_with_node),
  * this agent does not serve it, `rc` is a lost or refused connection, and a new connection to
  * the store is refused at once. Then writes the sentence saying so (naming the endpoint) to
- * `msg` (`n` bytes) and sets a->store_gone. Any thread; blocks for one connection attempt of
+ * `msg` (`n` bytes) and sets a->rdzv_lost. Any thread; blocks for one connection attempt of
  * at most 2 s.
  */
 bool store_gone_with_node(agent *a, int rc, char *msg, size_t n);
-bool store_is_gone(agent *a); /* a->store_gone, read under the mutex */
+bool rdzv_is_lost(agent *a); /* a->rdzv_lost, read under the mutex */
+void rdzv_set_lost(agent *a);
 
 #endif /* DDPRUN_AGENT_H */

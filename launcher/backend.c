@@ -8,10 +8,16 @@
 
 extern const ddprun_backend_ops ddprun_backend_static; /* backend_static.c */
 extern const ddprun_backend_ops ddprun_backend_c10d;   /* backend_c10d.c */
+#ifdef DDPRUN_HAVE_ETCD
+extern const ddprun_backend_ops ddprun_backend_etcd; /* backend_etcd.c (needs libcurl) */
+#endif
 
 static const ddprun_backend_ops *const backends[] = {
     &ddprun_backend_static,
     &ddprun_backend_c10d,
+#ifdef DDPRUN_HAVE_ETCD
+    &ddprun_backend_etcd,
+#endif
 };
 
 const ddprun_backend_ops *ddprun_backend_find(const char *name)

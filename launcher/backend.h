@@ -8,8 +8,10 @@
  * The rows:
  *   static  backend_static.c: node ranks given (--node-rank); node 0 serves the store
  *   c10d    backend_c10d.c:   elastic, node ranks in join order; the endpoint's host serves it
- * Both keep their control keys in the workers' store itself, through noderdzv.h, and share the
- * operations of backend_store.c (all but plan_store, join and num_waiting).
+ *   etcd    backend_etcd.c:   elastic, in an etcd cluster; each round's rank 0 serves the store
+ * static and c10d keep their control keys in the workers' store itself, through noderdzv.h, and
+ * share the operations of backend_store.c (all but plan_store, join and num_waiting); etcd has
+ * its own connection type and every operation.
  *
  * Adding a backend (etcd, say) is one new file, backend_<name>.c, defining a
  * `const ddprun_backend_ops ddprun_backend_<name>`, and one row in backend.c's table (with the
@@ -108,11 +110,13 @@ typedef struct ddprun_backend_ops {
                       const char *host, int port);
 
     /*
-     * Liveness: heartbeat() once per beat interval; a watch over node ranks 0..nnodes-1 of a round
+     * Liveness: heartbeat() once per beat interval (-ENOLINK: this node has lost its place in the
+     * rendezvous for good, `err` says why, and no restart can bring it back); a watch over node ranks 0..nnodes-1 of a round
      * (watch_open(), released by watch_close(), NULL a no-op) reports in dead[] the nodes silent
      * for more than dead_after_s (ddprun_heartbeat(), ddprun_hb_init(), ddprun_dead_nodes()).
      */
-    int (*heartbeat)(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank);
+    int (*heartbeat)(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank, char *err,
+                     size_t errlen);
     int (*watch_open)(const char *prefix, int round, int nnodes, double dead_after_s,
                       ddprun_rdzv_watch **out);
     int (*dead_nodes)(ddprun_rdzv_conn *c, ddprun_rdzv_watch *w, int *dead, int dead_cap);
@@ -131,6 +135,20 @@ typedef struct ddprun_backend_ops {
      * it. The agent then says so (store_gone_with_node()) instead of attempting a restart.
      */
     bool store_dies_with_node;
+
+    /*
+     * Backends whose control plane is not the workers' store (NULL otherwise): the store moves
+     * with the rounds. After each rendezvous the node of rank 0 serves a fresh store and
+     * publishes where it is (publish_store(), `host` borrowed); the others wait up to timeout_s
+     * for that (find_store(), into host[hostlen] and *port). local_address() writes the address
+     * by which the rendezvous reaches this node (the one to publish when --local-addr is not
+     * given) into buf[n]; -ENOENT when there is none.
+     */
+    int (*local_address)(ddprun_rdzv_conn *c, char *buf, size_t n);
+    int (*publish_store)(ddprun_rdzv_conn *c, const char *prefix, int round, const char *host,
+                         int port);
+    int (*find_store)(ddprun_rdzv_conn *c, const char *prefix, int round, double timeout_s,
+                      char *host, size_t hostlen, int *port);
 } ddprun_backend_ops;
 
 /* The row named `name` (borrowed), or NULL if there is none. */
@@ -158,7 +176,8 @@ int ddprun_store_exit_done(ddprun_rdzv_conn *c, const char *prefix, int round);
 int ddprun_store_publish_conn(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank);
 int ddprun_store_conn_owner(ddprun_rdzv_conn *c, const char *prefix, int round, int nnodes,
                             const char *host, int port);
-int ddprun_store_heartbeat(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank);
+int ddprun_store_heartbeat(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank,
+                           char *err, size_t errlen);
 int ddprun_store_watch_open(const char *prefix, int round, int nnodes, double dead_after_s,
                             ddprun_rdzv_watch **out);
 int ddprun_store_dead_nodes(ddprun_rdzv_conn *c, ddprun_rdzv_watch *w, int *dead, int dead_cap);

@@ -93,8 +93,10 @@ int ddprun_store_conn_owner(ddprun_rdzv_conn *c, const char *prefix, int round, 
     return ddprun_rdzv_conn_owner(c->client, prefix, round, nnodes, host, port);
 }
 
-int ddprun_store_heartbeat(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank)
+int ddprun_store_heartbeat(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank,
+                           char *err, size_t errlen)
 {
+    (void)err, (void)errlen; /* a failed beat is no verdict: the other nodes' watches decide */
     return ddprun_heartbeat(c->client, prefix, round, node_rank);
 }
 

@@ -249,8 +249,8 @@ static void print_final_summary(agent *a)
     if (a->stop_for_signal)
         snprintf(title, sizeof(title), "job failed; no restart after SIG%s",
                  sigabbrev_np(a->signal_seen));
-    else if (store_is_gone(a))
-        snprintf(title, sizeof(title), "job failed: no restart without the rendezvous store");
+    else if (rdzv_is_lost(a))
+        snprintf(title, sizeof(title), "job failed: no restart without the rendezvous");
     else if (a->cfg->max_restarts > 0)
         snprintf(title, sizeof(title), "job failed: no restart left (%d of %d used)",
                  a->restart_count, a->cfg->max_restarts);
@@ -469,7 +469,7 @@ static void round_over(agent *a)
         job_succeeded(a);
         return;
     }
-    if (!a->stop_for_signal && !store_is_gone(a) && a->restart_count < a->cfg->max_restarts) {
+    if (!a->stop_for_signal && !rdzv_is_lost(a) && a->restart_count < a->cfg->max_restarts) {
         char title[128];
         snprintf(title, sizeof(title), "worker group failed: restarting it (restart %d of %d)",
                  a->restart_count + 1, a->cfg->max_restarts);
@@ -671,7 +671,7 @@ static void remote_cb(uv_async_t *h)
         else
             say("%s: stopping the local workers", f.message);
     } else {
-        if (store_is_gone(a)) { /* a sentence of its own, ending in a parenthesis */
+        if (rdzv_is_lost(a)) { /* a sentence of its own, ending in a parenthesis */
             say("%s", msg);
             say("stopping the local workers");
         } else {
@@ -690,9 +690,55 @@ static void remote_cb(uv_async_t *h)
 /* Rendezvous and rounds                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
+static int serve_store(agent *a, const char *bind_host, int port, rdzv_server **out);
+static bool loopback_only(const char *host, char *buf, size_t n);
+
+/*
+ * A backend whose store moves with the rounds (publish_store): the round's rank 0 serves a fresh
+ * store and publishes where (--local-addr, else the address the rendezvous reaches it at, else
+ * the host name); the others wait for that. Leaves the store in j->srv (rank 0) and its endpoint
+ * in j->store_host and j->store_port, for job_after() to take over.
+ */
+static int round_store_job(agent *a, store_job *j)
+{
+    ddprun_config *cfg = a->cfg;
+    int rc;
+    if (j->asg.node_rank == 0) {
+        char host[256] = "", bind[64];
+        if (cfg->local_addr)
+            snprintf(host, sizeof(host), "%s", cfg->local_addr);
+        else if (!a->rdzv->local_address || a->rdzv->local_address(a->client, host, sizeof(host)))
+            snprintf(host, sizeof(host), "%s", a->hostname);
+        if (!loopback_only(host, bind, sizeof(bind)))
+            snprintf(bind, sizeof(bind), "::");
+        rc = serve_store(a, bind, 0, &j->srv);
+        if (rc < 0) {
+            snprintf(j->err, sizeof(j->err), "cannot serve the workers' store for round %d: %s",
+                     j->round, rdzv_strerror(rc));
+            return rc;
+        }
+        snprintf(j->store_host, sizeof(j->store_host), "%s", host);
+        j->store_port = rdzv_server_port(j->srv);
+        rc = cfg->nnodes_max == 1 ? 0
+                                  : a->rdzv->publish_store(a->client, a->prefix, j->round, host,
+                                                           j->store_port);
+        if (rc < 0)
+            snprintf(j->err, sizeof(j->err), "publishing the workers' store of round %d: %s",
+                     j->round, rdzv_strerror(rc));
+    } else {
+        rc = a->rdzv->find_store(a->client, a->prefix, j->round, cfg->join_timeout_s,
+                                 j->store_host, sizeof(j->store_host), &j->store_port);
+        if (rc < 0)
+            snprintf(j->err, sizeof(j->err),
+                     "waiting for node 0 to publish the workers' store of round %d: %s", j->round,
+                     rdzv_strerror(rc));
+    }
+    return rc;
+}
+
 /*
  * The node rendezvous of round j->round, then (rounds after the first) the clearing of the
- * workers' keys. Runs on the thread pool: reads only what the loop does not change while a job
+ * workers' keys, or where the store moves with the rounds, the round's store. Runs on the thread pool: reads only what the loop does not change while a job
  * runs (the configuration, the run prefix, the client) and leaves its results in `j`.
  */
 static int rendezvous_job(agent *a, store_job *j)
@@ -720,6 +766,8 @@ static int rendezvous_job(agent *a, store_job *j)
                      err[0] ? ": " : "", err);
         return rc;
     }
+    if (a->rdzv->publish_store)
+        return round_store_job(a, j);
     /*
      * Between attempts the workers' keys go (ddprun_rdzv_clear_worker_keys()): the hosting agent
      * clears everything outside ddprun's own keys once every node has met for the new round,
@@ -819,7 +867,10 @@ static void job_work(uv_work_t *req)
         char why[256] = "";
         j->rc = a->rdzv->connect(a->cfg, a->connect_host, a->store_port, &co, &a->client, why,
                                  sizeof(why));
-        if (j->rc < 0) {
+        if (j->rc < 0 && a->rdzv->publish_store) {
+            snprintf(j->err, sizeof(j->err), "cannot reach the %s rendezvous at %s: %s",
+                     a->rdzv->name, a->cfg->rdzv_endpoint, why);
+        } else if (j->rc < 0) {
             char ep[300];
             fmt_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
             snprintf(j->err, sizeof(j->err), "cannot reach the rendezvous store at %s: %s (%s)", ep,
@@ -869,9 +920,26 @@ static void job_after(uv_work_t *req, int status)
             }
             break;
         case JOB_RENDEZVOUS:
-            pthread_mutex_lock(&a->mu); /* the monitor reads the assignment */
+            pthread_mutex_lock(&a->mu); /* the monitor reads the assignment and a->store */
             a->round = j->round;
             a->asg = j->asg;
+            if (j->rc == 0 && a->rdzv->publish_store) {
+                /* The round's store replaces the last one (whose workers are all gone). */
+                rdzv_server *old = a->store;
+                a->store = j->srv;
+                j->srv = NULL;
+                snprintf(a->store_host, sizeof(a->store_host), "%s", j->store_host);
+                a->store_port = j->store_port;
+                pthread_mutex_unlock(&a->mu);
+                rdzv_server_close(old);
+                if (a->store && a->cfg->nnodes_max > 1) {
+                    char ep[300];
+                    fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
+                    say("round %d: node rank 0 of %d: serving the workers' store at %s", a->round,
+                        a->asg.nnodes, ep);
+                }
+                pthread_mutex_lock(&a->mu);
+            }
             pthread_mutex_unlock(&a->mu);
             if (j->rc < 0) {
                 say("%s", j->err);
@@ -910,6 +978,7 @@ static void job_after(uv_work_t *req, int status)
         free(j->json);
     else
         rdzv_free(j->json);
+    rdzv_server_close(j->srv); /* a round's store nobody took over */
     free(j);
     job_next(a);
 }
@@ -1102,8 +1171,35 @@ static bool loopback_only(const char *host, char *buf, size_t n)
     return all;
 }
 
+/*
+ * Starts the workers' store in-process on bind_host:port (0: a free port) with the job's token,
+ * allow list, descriptor reserve and hooks. Returns 0 and sets *out, or a negative errno.
+ */
+static int serve_store(agent *a, const char *bind_host, int port, rdzv_server **out)
+{
+    ddprun_config *cfg = a->cfg;
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.token = a->token[0] ? a->token : NULL;
+    o.allow = (const char *const *)cfg->allow;
+    o.nallow = (size_t)cfg->nallow;
+    o.host = bind_host;
+    o.port = port;
+    o.log = store_log;
+    o.on_close = store_conn_closed; /* a node whose monitor connection closes is gone */
+    o.on_close_arg = a;
+    /* The connection cap comes from the descriptor limit, less what spawning and watching the
+     * workers needs (two output pipes each, four descriptors while spawning, log and error
+     * files, the exec shim's pipe), so that a connection flood cannot starve a restart of
+     * descriptors. */
+    o.max_connections = 0;
+    o.fd_reserve = 64 + 8 * (size_t)cfg->nproc_per_node;
+    return rdzv_server_start(&o, out);
+}
+
 /* The backend's plan_store() says where the workers' store is and whether this agent serves it
- * in-process (static: node 0; c10d: the endpoint's host, or a --standalone agent). */
+ * in-process (static: node 0; c10d: the endpoint's host, or a --standalone agent; etcd: nobody
+ * before the first round, round_store_job() then). */
 static int setup_store(agent *a)
 {
     ddprun_config *cfg = a->cfg;
@@ -1117,7 +1213,8 @@ static int setup_store(agent *a)
     ddprun_token_source source;
     bool loose = false;
     char err[512] = "";
-    if (ddprun_job_token(cfg->token_file, hosting && cfg->nnodes_max == 1, a->token,
+    bool alone = (hosting || a->rdzv->publish_store) && cfg->nnodes_max == 1;
+    if (ddprun_job_token(cfg->token_file, alone, a->token,
                          sizeof(a->token), &source, &loose, err, sizeof(err)) < 0) {
         say("%s", err);
         return -EINVAL;
@@ -1127,32 +1224,16 @@ static int setup_store(agent *a)
             ddprun_token_source_name(source));
 
     if (hosting) {
-        rdzv_server_options o;
-        rdzv_server_options_init(&o);
-        o.token = a->token[0] ? a->token : NULL;
-        o.allow = (const char *const *)cfg->allow;
-        o.nallow = (size_t)cfg->nallow;
         /* Bind the wildcard of IPv6 and IPv4 (as PyTorch's store binds every interface; the
          * library falls back to IPv4's on a host without IPv6), except for a loopback endpoint. */
         if (cfg->standalone)
             snprintf(a->bind_host, sizeof(a->bind_host), "127.0.0.1");
         else if (!loopback_only(host, a->bind_host, sizeof(a->bind_host)))
             snprintf(a->bind_host, sizeof(a->bind_host), "::");
-        o.host = a->bind_host;
-        o.port = port;
-        o.log = store_log;
-        o.on_close = store_conn_closed; /* a node whose monitor connection closes is gone */
-        o.on_close_arg = a;
-        /* The connection cap comes from the descriptor limit, less what spawning and watching
-         * the workers needs (two output pipes each, four descriptors while spawning, log and
-         * error files, the exec shim's pipe), so that a connection flood cannot starve a
-         * restart of descriptors. */
-        o.max_connections = 0;
-        o.fd_reserve = 64 + 8 * (size_t)cfg->nproc_per_node;
-        int rc = rdzv_server_start(&o, &a->store);
+        int rc = serve_store(a, a->bind_host, port, &a->store);
         if (rc < 0 && plan.must_serve) {
             char ep[300];
-            fmt_endpoint(ep, sizeof(ep), o.host, port);
+            fmt_endpoint(ep, sizeof(ep), a->bind_host, port);
             say("cannot serve the store on %s: %s", ep, rdzv_strerror(rc));
             return rc;
         }
@@ -1160,6 +1241,14 @@ static int setup_store(agent *a)
             port = rdzv_server_port(a->store);
         else if (source == DDPRUN_TOKEN_GENERATED)
             a->token[0] = '\0'; /* someone else's store: our random token cannot be its */
+    }
+    if (a->rdzv->publish_store) {
+        /* The store moves with the rounds: each round's rank 0 serves it (round_store_job()). */
+        if (!a->token[0] && cfg->nnodes_max > 1)
+            say("warning: the job has no secret (--token-file, DDPRUN_TOKEN_FILE or "
+                "DDPRUN_TOKEN): anyone who can reach the workers' store can read and forge "
+                "its keys; see SECURITY in ddprun(1)");
+        return 0;
     }
     if (!a->token[0] && !cfg->standalone)
         say("warning: the job has no secret (--token-file, DDPRUN_TOKEN_FILE or DDPRUN_TOKEN): "

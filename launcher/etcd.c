@@ -46,6 +46,7 @@ struct ddprun_etcd {
     int protocol;
     char *cacert, *cert, *key;
     char curl_err[CURL_ERROR_SIZE];
+    char local_ip[64]; /* this end of the last answered request ("" before any) */
     errbuf err;
 };
 
@@ -74,6 +75,11 @@ const char *ddprun_etcd_last_error(const ddprun_etcd *e)
 const char *ddprun_etcd_endpoint(const ddprun_etcd *e)
 {
     return e ? e->endpoints[e->cur] : "";
+}
+
+const char *ddprun_etcd_local_address(const ddprun_etcd *e)
+{
+    return e ? e->local_ip : "";
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -355,6 +361,9 @@ static int exchange(ddprun_etcd *e, const char *path, const char *data, size_t l
         curl_easy_getinfo(c, CURLINFO_CONNECT_TIME_T, &connect_us);
         if (res == CURLE_OK || res == CURLE_WRITE_ERROR) {
             curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
+            char *ip = NULL;
+            if (curl_easy_getinfo(c, CURLINFO_LOCAL_IP, &ip) == CURLE_OK && ip)
+                snprintf(e->local_ip, sizeof e->local_ip, "%s", ip);
             e->cur = idx;
             return 0;
         }

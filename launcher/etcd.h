@@ -94,6 +94,13 @@ const char *ddprun_etcd_last_error(const ddprun_etcd *e);
 /* "host:port" of the member that answered last (borrowed from the client, valid until close). */
 const char *ddprun_etcd_endpoint(const ddprun_etcd *e);
 
+/*
+ * The address of this end of the last request a member answered ("10.0.0.7", "::1"; "" before
+ * any), as the member saw it: an address of this host by which the cluster reaches it (borrowed
+ * from the client, valid until its next call).
+ */
+const char *ddprun_etcd_local_address(const ddprun_etcd *e);
+
 /* A key with its value and metadata. Keys and values are owned by the array they are in. */
 typedef struct ddprun_etcd_kv {
     char *key;   /* NUL-terminated */

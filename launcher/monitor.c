@@ -105,20 +105,25 @@ bool store_gone_with_node(agent *a, int rc, char *msg, size_t n)
     char ep[300];
     fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
     snprintf(msg, n,
-             "the rendezvous store at %s is gone with its node: the %s backend cannot outlive "
-             "it, so no restart can happen; start the job again (a backend that outlives any "
-             "node, --rdzv-backend etcd, is planned: see ddprun(1))",
+             "the rendezvous store at %s is gone with its node; the %s backend cannot outlive "
+             "it, so no restart can happen -- see --rdzv-backend etcd in ddprun(1), RENDEZVOUS "
+             "BACKENDS (start the job again)",
              ep, a->rdzv->name);
-    pthread_mutex_lock(&a->mu);
-    a->store_gone = true;
-    pthread_mutex_unlock(&a->mu);
+    rdzv_set_lost(a);
     return true;
 }
 
-bool store_is_gone(agent *a)
+void rdzv_set_lost(agent *a)
 {
     pthread_mutex_lock(&a->mu);
-    bool gone = a->store_gone;
+    a->rdzv_lost = true;
+    pthread_mutex_unlock(&a->mu);
+}
+
+bool rdzv_is_lost(agent *a)
+{
+    pthread_mutex_lock(&a->mu);
+    bool gone = a->rdzv_lost;
     pthread_mutex_unlock(&a->mu);
     return gone;
 }
@@ -158,6 +163,7 @@ void *monitor_main(void *arg)
         pthread_mutex_lock(&a->mu);
         int round = a->monitor_round;
         int nnodes = a->asg.nnodes, me = a->asg.node_rank;
+        bool hosting = a->store != NULL;
         pthread_mutex_unlock(&a->mu);
         if (round < 0)
             break;
@@ -186,16 +192,26 @@ void *monitor_main(void *arg)
                      rdzv_strerror(rc));
         } else {
             double now = mono_now_s();
+            char why_lost[800] = "";
             if (now - last_beat >= beat_s) {
-                a->rdzv->heartbeat(c, a->prefix, round, me);
+                if (a->rdzv->heartbeat(c, a->prefix, round, me, why_lost, sizeof why_lost) ==
+                    -ENOLINK) {
+                    /* This node is out of the rendezvous for good: a sentence of its own. */
+                    snprintf(report, sizeof(report),
+                             "lost the rendezvous (%s at %s): %s; no restart can follow",
+                             a->rdzv->name, a->cfg->rdzv_endpoint, why_lost);
+                    rdzv_set_lost(a);
+                }
                 last_beat = now;
             }
             int dead[16];
-            int nd = a->rdzv->dead_nodes(c, hb, dead, 16);
-            int gone = a->store ? closed_node(a, c, round, nnodes, me) : -1;
+            int nd = report[0] ? 0 : a->rdzv->dead_nodes(c, hb, dead, 16);
+            int gone = hosting && !report[0] ? closed_node(a, c, round, nnodes, me) : -1;
             int64_t waiting = 0;
             char why[160];
-            if (gone >= 0) {
+            if (report[0]) {
+                /* said above */
+            } else if (gone >= 0) {
                 snprintf(why, sizeof(why),
                          "node %d closed its connection to the store (its ddprun exited or was "
                          "killed)",

@@ -543,6 +543,24 @@ static int get_rdzv_conf(const struct raw *r, ddprun_config *c, char *err, size_
         } else if (strcmp(key, "is_host") == 0) {
             rc = conf_bool(label, key, val, &c->is_host, err, errlen);
             c->is_host_given = 1;
+        } else if (!strcmp(key, "protocol")) {
+            if (strcasecmp(val, "http") && strcasecmp(val, "https"))
+                rc = fail(err, errlen, "%s: expected 'http' or 'https', got '%s'", what, val);
+            c->etcd_https = strcasecmp(val, "https") == 0;
+        } else if (!strcmp(key, "cacert") || !strcmp(key, "ca_cert") || !strcmp(key, "cert") ||
+                   !strcmp(key, "ssl_cert") || !strcmp(key, "key") ||
+                   !strcmp(key, "ssl_cert_key")) {
+            /* torchrun's etcd backend spells them cacert, cert, key; etcd-v2's ca_cert,
+             * ssl_cert, ssl_cert_key. */
+            char **dst = !strcmp(key, "cacert") || !strcmp(key, "ca_cert") ? &c->etcd_cacert
+                         : !strcmp(key, "key") || !strcmp(key, "ssl_cert_key") ? &c->etcd_key
+                                                                               : &c->etcd_cert;
+            if (access(val, R_OK) != 0)
+                rc = fail(err, errlen, "%s: cannot read '%s': %s", what, val, strerror(errno));
+            else {
+                free(*dst);
+                rc = dup_str(val, dst);
+            }
         } else if (strcmp(key, "store_type") == 0) {
             if (strcasecmp(val, "tcp") != 0)
                 rc = fail(err, errlen, "%s: only 'tcp' is supported, got '%s'", what, val);
@@ -551,13 +569,17 @@ static int get_rdzv_conf(const struct raw *r, ddprun_config *c, char *err, size_
                       "%s: unknown key '%s' (known: join_timeout, last_call_timeout, "
                       "close_timeout, read_timeout, timeout, heartbeat_timeout, is_host, "
                       "keep_alive_interval, keep_alive_max_attempt, cas_backoff_max_seconds, "
-                      "store_type)",
+                      "store_type; etcd: protocol, cacert, cert, key)",
                       label, key);
         }
         if (rc < 0)
             goto out;
+        if (!strcmp(key, "timeout"))
+            c->timeout_given = true;
     }
-    if (c->heartbeat_timeout_s == 0 &&
+    if (c->etcd_key && !c->etcd_cert)
+        rc = fail(err, errlen, "%s: key given without cert", label);
+    if (rc == 0 && c->heartbeat_timeout_s == 0 &&
         c->keep_alive_interval_s * c->keep_alive_max_attempt < LIVENESS_MIN_S)
         rc = fail(err, errlen,
                   "%s: keep_alive_interval x keep_alive_max_attempt is %g s: a node would count "
@@ -882,6 +904,9 @@ void ddprun_config_free(ddprun_config *c)
         return;
     free(c->master_addr);
     free(c->local_addr);
+    free(c->etcd_cacert);
+    free(c->etcd_cert);
+    free(c->etcd_key);
     free(c->rdzv_endpoint);
     free(c->rdzv_host);
     free(c->rdzv_id);
@@ -951,8 +976,11 @@ static int get_allow(const struct raw *r, ddprun_config *c, char *err, size_t er
 }
 
 /* --rdzv-backend's values, by ddprun_backend: the names of backend.c's rows. */
-static const char *backends[] = {
-    [DDPRUN_BACKEND_STATIC] = "static", [DDPRUN_BACKEND_C10D] = "c10d", NULL};
+static const char *backends[] = {[DDPRUN_BACKEND_STATIC] = "static",
+                                 [DDPRUN_BACKEND_C10D] = "c10d",
+                                 [DDPRUN_BACKEND_ETCD] = "etcd", NULL};
+/* What --rdzv-backend accepts: the names, and torchrun's second etcd backend as an alias. */
+static const char *backend_choices[] = {"static", "c10d", "etcd", "etcd-v2", NULL};
 
 const char *ddprun_backend_name(ddprun_backend backend)
 {
@@ -976,12 +1004,14 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     TRY(get_nnodes(r, &c->nnodes_min, &c->nnodes_max, err, errlen));
     TRY(get_nproc(r, &c->nproc_per_node, err, errlen));
     TRY(get_int(r, O_NODE_RANK, 0, INT32_MAX, &c->node_rank, err, errlen));
-    TRY(check_choice(r, O_RDZV_BACKEND, backends, err, errlen));
+    TRY(check_choice(r, O_RDZV_BACKEND, backend_choices, err, errlen));
     /* The one place the backend's name is compared: from here on it is an enum. */
     ddprun_backend backend = DDPRUN_BACKEND_STATIC;
     for (int i = 0; backends[i]; i++)
         if (strcmp(r->value[O_RDZV_BACKEND], backends[i]) == 0)
             backend = (ddprun_backend)i;
+    if (strcmp(r->value[O_RDZV_BACKEND], "etcd-v2") == 0)
+        backend = DDPRUN_BACKEND_ETCD;
     TRY(get_flag(r, O_STANDALONE, &c->standalone, err, errlen));
     TRY(get_int(r, O_MAX_RESTARTS, 0, INT32_MAX, &c->max_restarts, err, errlen));
     TRY(get_seconds(r->label[O_MONITOR_INTERVAL], r->value[O_MONITOR_INTERVAL], 0, 0,
@@ -1070,6 +1100,18 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     c->rdzv_backend = backend;
     TRY(dup_str(endpoint, &c->rdzv_endpoint));
     TRY(dup_str(r->value[O_RDZV_ID], &c->rdzv_id));
+    if (backend == DDPRUN_BACKEND_ETCD) {
+        /* The members are checked when ddprun connects (etcd.h's endpoint list); torchrun's
+         * etcd backends read timeout as the join timeout. */
+        if (!*endpoint)
+            return fail(err, errlen,
+                        "%s: the etcd backend needs the etcd cluster's members, "
+                        "HOST[:PORT][,HOST[:PORT]...]",
+                        r->label[O_RDZV_ENDPOINT]);
+        if (c->timeout_given)
+            c->join_timeout_s = c->timeout_s;
+        return 0;
+    }
     if (backend == DDPRUN_BACKEND_C10D) {
         if (!*endpoint) {
             /* torchrun's parse_rendezvous_endpoint() of an empty endpoint. */
@@ -1249,11 +1291,11 @@ static int check_extras(const struct raw *r, ddprun_config *c, char *err, size_t
                       "%s has no effect in ddprun: matching lines are not copied to a file "
                       "of their own",
                       r->label[id]);
-    if (!rc && r->value[O_LOCAL_ADDR])
+    if (!rc && r->value[O_LOCAL_ADDR] && c->rdzv_backend != DDPRUN_BACKEND_ETCD)
         rc = warn(c,
-                  "%s has no effect in ddprun: workers reach the store at the rendezvous "
-                  "address",
-                  r->label[O_LOCAL_ADDR]);
+                  "%s has no effect in ddprun with the %s backend: workers reach the store at the "
+                  "rendezvous address",
+                  r->label[O_LOCAL_ADDR], ddprun_backend_name(c->rdzv_backend));
     const char *sigs = r->value[O_SIGNALS_TO_HANDLE];
     for (const char *p = sigs; !rc && *p;) {
         size_t n = strcspn(p, ",");

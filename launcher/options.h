@@ -17,6 +17,8 @@
 typedef enum ddprun_backend {
     DDPRUN_BACKEND_STATIC, /* "static": node ranks given (--node-rank); node 0 hosts the store */
     DDPRUN_BACKEND_C10D,   /* "c10d": elastic, node ranks in join order; store at the endpoint */
+    DDPRUN_BACKEND_ETCD,   /* "etcd" (or "etcd-v2"): elastic, in an etcd cluster; each round's
+                            * rank 0 serves the store */
 } ddprun_backend;
 
 /* What -r/--redirects and -t/--tee select, as torchrun's Std: bit 1 stdout, bit 2 stderr. */
@@ -33,7 +35,8 @@ typedef struct ddprun_config {
 
     /* Rendezvous: --rdzv-backend, static (default) or c10d, then its settings. */
     ddprun_backend rdzv_backend;
-    char *rdzv_endpoint;        /* --rdzv-endpoint host[:port], "" if unset */
+    char *rdzv_endpoint;        /* --rdzv-endpoint host[:port], "" if unset; for etcd, the
+                                 * members: host[:port][,host[:port]...] */
     char *rdzv_host;            /* host part of the endpoint (or master_addr) */
     int rdzv_port;              /* port of the endpoint (default 29400 for c10d, as torchrun);
                                  * 0: this agent hosts the store on a free port and publishes it
@@ -93,6 +96,13 @@ typedef struct ddprun_config {
                          read by jobtoken.c) */
     char **allow;     /* --allow networks ("10.0.0.0/8", an address), nallow of them, checked */
     int nallow;
+
+    /* The etcd backend's connection (--rdzv-conf protocol, cacert, cert, key; ddprun(1)). */
+    bool etcd_https;   /* protocol=https */
+    char *etcd_cacert; /* CA of the members' certificates; NULL: the system's */
+    char *etcd_cert;   /* client certificate and its key; NULL: none */
+    char *etcd_key;
+    bool timeout_given; /* --rdzv-conf timeout was given (the etcd backend's join timeout) */
 
     /* What runs, resolved from the training script (ddprun(1), DESCRIPTION). */
     bool python;    /* run "$PYTHON_EXEC -u [-m] argv..." */

@@ -34,17 +34,21 @@ const cli_option ddprun__options[] = {
      "usable CPU; 'auto' for 'gpu' when there are GPUs, else 'cpu'."},
     {O_RDZV_BACKEND,
      {"--rdzv-backend", "--rdzv_backend"},
-     "static|c10d",
+     "static|c10d|etcd|etcd-v2",
      "static",
      true,
-     "Rendezvous backend."},
+     "Rendezvous backend: static (node ranks given, node 0 serves the store), c10d (elastic; "
+     "the endpoint's host serves the store, and the job ends with it) or etcd (elastic, in an "
+     "etcd cluster; each round's first node serves the store, so the job outlives any node; "
+     "etcd-v2 is the same)."},
     {O_RDZV_ENDPOINT,
      {"--rdzv-endpoint", "--rdzv_endpoint"},
      "HOST[:PORT]",
      "",
      true,
      "Rendezvous endpoint. The c10d backend's port defaults to 29400; with the static backend it "
-     "replaces --master-addr and --master-port."},
+     "replaces --master-addr and --master-port; with etcd, any members of the cluster, "
+     "HOST[:PORT][,HOST[:PORT]...] (port 2379)."},
     {O_RDZV_ID,
      {"--rdzv-id", "--rdzv_id"},
      "ID",
@@ -61,7 +65,9 @@ const cli_option ddprun__options[] = {
      "node liveness: a node beats every keep_alive_interval seconds (5, at least 0.1) and "
      "counts as dead after heartbeat_timeout seconds without a beat (at least 1; default "
      "keep_alive_interval x keep_alive_max_attempt (3), which must be at least 1 too); one "
-     "whose connection to the store closes, at once."},
+     "whose connection to the store closes, at once. etcd: protocol (http/https), cacert, "
+     "cert, key (PEM files; also ca_cert, ssl_cert, ssl_cert_key), timeout is the join "
+     "timeout, and the liveness timeout is the TTL of each node's lease."},
     {O_STANDALONE,
      {"--standalone"},
      NULL,
@@ -184,8 +190,10 @@ const cli_option ddprun__options[] = {
      "ADDR",
      NULL,
      true,
-     "Accepted for torchrun compatibility; warned of (no effect: workers reach the store at "
-     "the rendezvous address)."},
+     "This node's address for the others: with the etcd backend, where the workers' store is "
+     "published in a round this node serves it (default: the address this node reaches etcd "
+     "from). Other backends accept it and warn (workers reach the store at the rendezvous "
+     "address)."},
     {O_LOGS_SPECS,
      {"--logs-specs", "--logs_specs"},
      "NAME",

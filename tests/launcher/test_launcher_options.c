@@ -354,6 +354,23 @@ START_TEST(equals_form_and_abbreviations)
     ck_assert_int_eq(cfg.tee[0], 2);
     /* Empty value through '='. */
     PARSE_OK("--rdzv-conf=", "t.py");
+    /* etcd, and torchrun's etcd-v2 as its alias: the member list kept whole; timeout is the
+     * join timeout there; torchrun's spellings of the TLS files (both backends') accepted. */
+    PARSE_OK("--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "e1:2379,e2", "--nnodes", "1:4",
+             "--rdzv-conf", "protocol=https,ca_cert=/dev/null,ssl_cert=/dev/null,"
+             "ssl_cert_key=/dev/null,timeout=42",
+             "t.py");
+    ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_ETCD);
+    ck_assert_str_eq(cfg.rdzv_endpoint, "e1:2379,e2");
+    ck_assert(cfg.etcd_https);
+    ck_assert_str_eq(cfg.etcd_cacert, "/dev/null");
+    ck_assert_str_eq(cfg.etcd_cert, "/dev/null");
+    ck_assert_str_eq(cfg.etcd_key, "/dev/null");
+    ck_assert(cfg.join_timeout_s == 42);
+    PARSE_OK("--rdzv-backend", "etcd", "--rdzv-endpoint", "e", "--rdzv-conf",
+             "cacert=/dev/null,cert=/dev/null,key=/dev/null,protocol=HTTP", "t.py");
+    ck_assert(!cfg.etcd_https && cfg.etcd_key && cfg.etcd_cert && cfg.etcd_cacert);
+    ck_assert(cfg.join_timeout_s == 600);
     /* argparse's unambiguous prefixes; both spellings of one option are not ambiguous. */
     PARSE_OK("--nproc", "2", "--max-r", "3", "t.py");
     ck_assert_int_eq(cfg.nproc_per_node, 2);
@@ -600,8 +617,16 @@ START_TEST(errors_name_their_flag)
               "--node-rank", "2", "t");
     PARSE_ERR("--master-port: expected an integer from 0 to 65535", "--master-port", "65536", "t");
     PARSE_ERR("--master_port: expected an integer", "--master_port", "p", "t");
-    PARSE_ERR("--rdzv-backend: expected 'static' or 'c10d', got 'etcd'", "--rdzv-backend", "etcd",
-              "t");
+    PARSE_ERR("--rdzv-backend: expected 'static', 'c10d', 'etcd' or 'etcd-v2', got 'zk'",
+              "--rdzv-backend", "zk", "t");
+    PARSE_ERR("--rdzv-endpoint: the etcd backend needs the etcd cluster's members",
+              "--rdzv-backend", "etcd", "--nnodes", "1:2", "t");
+    PARSE_ERR("--rdzv-conf: protocol: expected 'http' or 'https', got 'grpc'", "--rdzv-backend",
+              "etcd", "--rdzv-endpoint", "e:2379", "--rdzv-conf", "protocol=grpc", "t");
+    PARSE_ERR("--rdzv-conf: cacert: cannot read '/nonexistent/ca.pem'", "--rdzv-backend", "etcd",
+              "--rdzv-endpoint", "e:2379", "--rdzv-conf", "cacert=/nonexistent/ca.pem", "t");
+    PARSE_ERR("--rdzv-conf: key given without cert", "--rdzv-backend", "etcd", "--rdzv-endpoint",
+              "e:2379", "--rdzv-conf", "key=/dev/null", "t");
     PARSE_ERR("--rdzv-endpoint: the static backend needs a port", "--nnodes", "2",
               "--rdzv-endpoint", "h", "t");
     PARSE_ERR("--rdzv-endpoint: the port of 'h:x' must be", "--rdzv-backend", "c10d",

@@ -1023,28 +1023,40 @@ END_TEST
 /* The rendezvous-backend table (backend.h)                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Every --rdzv-backend value names a row, each row has every operation but the elastic one. */
+/* Every --rdzv-backend value names a row, each row has every operation but the optional ones:
+ * num_waiting for the elastic rows, the moving store's three for etcd's. */
 START_TEST(test_backend_table)
 {
     const ddprun_backend_ops *st = ddprun_backend_find("static");
     const ddprun_backend_ops *cd = ddprun_backend_find("c10d");
+    const ddprun_backend_ops *et = ddprun_backend_find("etcd");
     ck_assert_ptr_nonnull(st);
     ck_assert_ptr_nonnull(cd);
     ck_assert_str_eq(st->name, "static");
     ck_assert_str_eq(cd->name, "c10d");
-    ck_assert_ptr_null(ddprun_backend_find("etcd"));
+#ifdef DDPRUN_HAVE_ETCD
+    ck_assert_ptr_nonnull(et);
+    ck_assert_ptr_eq(ddprun_backend_find(ddprun_backend_name(DDPRUN_BACKEND_ETCD)), et);
+    ck_assert(et->num_waiting && et->local_address && et->publish_store && et->find_store);
+    ck_assert(!et->store_dies_with_node);
+#else
+    ck_assert_ptr_null(et); /* built without libcurl */
+#endif
+    ck_assert_ptr_null(ddprun_backend_find("etcd-v2")); /* an alias options.c resolves */
     ck_assert_ptr_null(ddprun_backend_find(""));
     ck_assert_ptr_null(ddprun_backend_find(NULL));
     ck_assert_ptr_eq(ddprun_backend_find(ddprun_backend_name(DDPRUN_BACKEND_STATIC)), st);
     ck_assert_ptr_eq(ddprun_backend_find(ddprun_backend_name(DDPRUN_BACKEND_C10D)), cd);
     ck_assert_ptr_null(ddprun_backend_name((ddprun_backend)99));
-    const ddprun_backend_ops *rows[] = {st, cd};
-    for (int i = 0; i < 2; i++) {
+    const ddprun_backend_ops *rows[] = {st, cd, et};
+    for (int i = 0; i < 3 && rows[i]; i++) {
         const ddprun_backend_ops *b = rows[i];
         ck_assert(b->plan_store && b->connect && b->close && b->join && b->clear_worker_keys &&
                   b->publish_failure && b->wait_failure && b->exit_barrier && b->exit_done &&
                   b->publish_conn && b->conn_owner && b->heartbeat && b->watch_open &&
                   b->dead_nodes && b->watch_close);
+        if (b != et)
+            ck_assert(!b->local_address && !b->publish_store && !b->find_store);
     }
     ck_assert_ptr_null(st->num_waiting); /* static jobs never grow */
     ck_assert_ptr_nonnull(cd->num_waiting);
@@ -1112,7 +1124,7 @@ START_TEST(test_backend_ops_through_store)
 
         ddprun_rdzv_watch *w = NULL;
         ck_assert_int_eq(b->watch_open(prefix, 0, 1, 60.0, &w), 0);
-        ck_assert_int_eq(b->heartbeat(c, prefix, 0, 0), 0);
+        ck_assert_int_eq(b->heartbeat(c, prefix, 0, 0, NULL, 0), 0);
         ck_assert_int_eq(b->dead_nodes(c, w, NULL, 0), 0);
         b->watch_close(w);
         ck_assert_int_eq(b->publish_conn(c, prefix, 0, 0), 0);
