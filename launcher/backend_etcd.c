@@ -249,6 +249,43 @@ static int lease_get(ddprun_rdzv_conn *c, int64_t *id, char *err, size_t errlen)
     return 0;
 }
 
+/* -ENOLINK with the reason in err when this node's lease is lost, else 0. */
+static int lease_check(char *err, size_t errlen)
+{
+    pthread_mutex_lock(&lease.mu);
+    int rc = lease.lost ? set_err(err, errlen, -ENOLINK, "%s", lease.why) : 0;
+    pthread_mutex_unlock(&lease.mu);
+    return rc;
+}
+
+/*
+ * A wait's slice: the time left, but no more than the liveness timeout, so that a wait on a
+ * member that went silent (no reset) ends, and the lease is looked at again.
+ */
+static int slice_ms(const ddprun_rdzv_conn *c, double left_ms)
+{
+    double cap = c->dead_s * 1000.0;
+    double ms = left_ms < cap ? left_ms : cap;
+    return ms < 1 ? 1 : ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+/*
+ * After an etcd call failed with rc: true when etcd is out of reach or between leaders (rc
+ * says so) and has been since *since for no longer than the liveness timeout, after a pause:
+ * the caller tries again. *since is -1 while calls succeed.
+ */
+static bool retry_later(const ddprun_rdzv_conn *c, int rc, double *since)
+{
+    if (rc == -ENOMEM || rc == -EINVAL || rc == -EACCES || rc == -EPROTO || rc == -ENOLINK)
+        return false;
+    if (*since < 0)
+        *since = mono_now_s();
+    if (mono_now_s() - *since > c->dead_s || lease_check(NULL, 0) < 0)
+        return false;
+    nap_ms(RETRY_MS);
+    return true;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Connection                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
@@ -572,7 +609,10 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
         {.kind = DDPRUN_ETCD_OP_PUT, .key = kround, .value = rnum, .value_len = strlen(rnum)},
     };
     bool created = false;
-    rc = ddprun_etcd_txn(c->e, &opened, 1, open_ops, 2, NULL, 0, &created, NULL);
+    double failing_since = -1;
+    while ((rc = ddprun_etcd_txn(c->e, &opened, 1, open_ops, 2, NULL, 0, &created, NULL)) < 0 &&
+           retry_later(c, rc, &failing_since))
+        ;
     if (rc == 0 && !created) {
         rc = get_str(c->e, kconf, &have, NULL);
         if (rc == 0 && strcmp(have, want) != 0) {
@@ -593,7 +633,10 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
     ddprun_etcd_op wait = {.kind = DDPRUN_ETCD_OP_PUT, .key = kwait, .value = "1",
                            .value_len = 1, .lease = lease_id};
     bool joined = false;
-    rc = ddprun_etcd_txn(c->e, &open_still, 1, &join, 1, &wait, 1, &joined, NULL);
+    failing_since = -1;
+    while ((rc = ddprun_etcd_txn(c->e, &open_still, 1, &join, 1, &wait, 1, &joined, NULL)) < 0 &&
+           retry_later(c, rc, &failing_since))
+        ;
     if (rc < 0)
         goto etcd_failed;
     if (!joined) {
@@ -603,7 +646,8 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
         goto out;
     }
 
-    double t_join = mono_now_s(), quorum_since = -1, failing_since = -1;
+    double t_join = mono_now_s(), quorum_since = -1;
+    failing_since = -1;
     for (;;) {
         view_free(&v);
         rc = view_read(c, prefix, round, &v);
@@ -633,10 +677,11 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
                 goto transient;
             continue;
         }
-        double left_ms = (deadline - now) * 1000.0 + 1;
+        if ((rc = lease_check(err, errlen)) < 0)
+            goto out;
         ddprun_etcd_event ev = {0};
         rc = ddprun_etcd_watch(c->e, base, true, v.revision,
-                               left_ms > INT32_MAX ? INT32_MAX : (int)left_ms, &ev);
+                               slice_ms(c, (deadline - now) * 1000.0 + 1), &ev);
         ddprun_etcd_event_clear(&ev);
         if (rc == 0 || rc == -ETIMEDOUT || rc == -ESTALE) {
             failing_since = -1;
@@ -644,13 +689,8 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
         }
     transient:
         /* etcd out of reach or electing a leader: go on trying while the lease could live. */
-        if (rc == -ENOMEM || rc == -EINVAL || rc == -EACCES || rc == -EPROTO)
+        if (!retry_later(c, rc, &failing_since))
             goto etcd_failed;
-        if (failing_since < 0)
-            failing_since = mono_now_s();
-        if (mono_now_s() - failing_since > c->dead_s)
-            goto etcd_failed;
-        nap_ms(RETRY_MS);
     }
 
     int aborted = -1;
@@ -770,9 +810,13 @@ static int etcd_find_store(ddprun_rdzv_conn *c, const char *prefix, int round, d
             rc = -ETIMEDOUT;
             break;
         }
+        if (lease_check(NULL, 0) < 0) {
+            rc = -ENOLINK;
+            break;
+        }
         ddprun_etcd_event ev = {0};
         if (rc == -ENOENT)
-            rc = ddprun_etcd_watch(c->e, k, false, rev, left, &ev);
+            rc = ddprun_etcd_watch(c->e, k, false, rev, slice_ms(c, left), &ev);
         ddprun_etcd_event_clear(&ev);
         if (rc < 0 && rc != -ETIMEDOUT && rc != -ESTALE)
             nap_ms(RETRY_MS);
@@ -946,9 +990,13 @@ static int etcd_exit_barrier(ddprun_rdzv_conn *c, const char *prefix, int round,
                 goto out;
             }
             ddprun_etcd_event ev = {0};
-            rc = ddprun_etcd_watch(c->e, base, true, v.revision, left, &ev);
+            rc = lease_check(NULL, 0);
+            if (rc == 0)
+                rc = ddprun_etcd_watch(c->e, base, true, v.revision, slice_ms(c, left), &ev);
             ddprun_etcd_event_clear(&ev);
             view_free(&v);
+            if (rc == -ENOLINK)
+                goto out;
             if (rc == -ETIMEDOUT && mono_ms_left(deadline) <= 0)
                 goto out;
             if (rc == 0 || rc == -ETIMEDOUT || rc == -ESTALE) {
@@ -957,11 +1005,8 @@ static int etcd_exit_barrier(ddprun_rdzv_conn *c, const char *prefix, int round,
                 continue;
             }
         }
-        if (failing_since < 0)
-            failing_since = mono_now_s();
-        if (mono_now_s() - failing_since > c->dead_s)
+        if (!retry_later(c, rc, &failing_since))
             goto out;
-        nap_ms(RETRY_MS);
         rc = ddprun_etcd_put(c->e, kme, "1", 1, 0, NULL);
     }
 out:
@@ -1003,10 +1048,7 @@ static int etcd_heartbeat(ddprun_rdzv_conn *c, const char *prefix, int round, in
                           char *err, size_t errlen)
 {
     (void)c, (void)prefix, (void)round, (void)node_rank;
-    pthread_mutex_lock(&lease.mu);
-    int rc = lease.lost ? set_err(err, errlen, -ENOLINK, "%s", lease.why) : 0;
-    pthread_mutex_unlock(&lease.mu);
-    return rc;
+    return lease_check(err, errlen);
 }
 
 static int etcd_watch_open(const char *prefix, int round, int nnodes, double dead_after_s,

@@ -884,7 +884,7 @@ static void job_work(uv_work_t *req)
     case JOB_PUBLISH:
         j->rc = a->rdzv->publish_failure(a->client, a->prefix, j->round, j->json);
         if (j->rc < 0)
-            snprintf(j->err, sizeof(j->err), "could not publish the failure through the store: %s",
+            snprintf(j->err, sizeof(j->err), "could not publish the failure through the rendezvous: %s",
                      rdzv_strerror(j->rc));
         break;
     case JOB_BARRIER:
@@ -1307,7 +1307,11 @@ int main(int argc, char **argv)
     gethostname(a.hostname, sizeof(a.hostname) - 1);
     snprintf(a.run_id, sizeof(a.run_id), "%s", cfg.rdzv_id);
     a.rdzv = ddprun_backend_find(ddprun_backend_name(cfg.rdzv_backend));
-    assert(a.rdzv); /* options.c accepts only the names of backend.c's rows */
+    if (!a.rdzv) { /* a row this build left out (etcd without libcurl) */
+        fprintf(stderr, PROG ": --rdzv-backend %s: this build has no %s backend (it needs libcurl)\n",
+                ddprun_backend_name(cfg.rdzv_backend), ddprun_backend_name(cfg.rdzv_backend));
+        return 2;
+    }
     if (ddprun_rdzv_run_prefix(cfg.rdzv_id, a.prefix, sizeof(a.prefix)) < 0) {
         fprintf(stderr, PROG ": --rdzv-id: '%.64s...' is too long for the store's keys\n",
                 cfg.rdzv_id);

@@ -381,9 +381,13 @@ static int exchange(ddprun_etcd *e, const char *path, const char *data, size_t l
             snprintf(why_tls, sizeof why_tls, "%s; the member may expect https", why);
             why = why_tls;
         }
+        /* A connection kept from an earlier call made no new one (NUM_CONNECTS 0) and has no
+         * connect time: it was reached all the same. */
+        long nconnects = 0;
+        curl_easy_getinfo(c, CURLINFO_NUM_CONNECTS, &nconnects);
         bool unreachable = e->probing || res == CURLE_COULDNT_CONNECT ||
                            res == CURLE_COULDNT_RESOLVE_HOST ||
-                           (res == CURLE_OPERATION_TIMEDOUT && connect_us == 0);
+                           (res == CURLE_OPERATION_TIMEDOUT && connect_us == 0 && nconnects > 0);
         if (!unreachable) {
             /* The outcome is unknown; the member may be going away, so the next call starts at
              * the next one. A watch's own deadline is no fault of the member's. */
