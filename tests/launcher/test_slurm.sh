@@ -13,12 +13,18 @@
 #   4. sbatch -N2: `srun --ntasks-per-node=1 ddprun` in the script is a 2-node job; ddprun run
 #      directly in the script is a one-node job with a warning (it does not wait for a second
 #      node that never starts);
-#   5. scancel of a running job: ddprun and its workers are gone within 10 s.
+#   5. scancel of a running job: ddprun and its workers are gone within 10 s;
+#   6. an elastic job over etcd (one member in the controller's namespace): srun -N3 ddprun
+#      --nnodes 2:3 --rdzv-backend etcd --max-restarts 1 with ddp-train checkpointing and
+#      --resume auto; the ddprun of the node serving the workers' store SIGKILLed after step
+#      40's checkpoint: the other two resume at world 2 and finish (skipped without etcd,
+#      libcurl or Fashion-MNIST).
 #
-# Usage: test_slurm.sh DDPRUN. Exit 0 pass, 1 fail, 77 skip (not root, Slurm, munge or
+# Usage: test_slurm.sh DDPRUN [DDP_TRAIN]. Exit 0 pass, 1 fail, 77 skip (not root, Slurm, munge or
 # namespaces missing, or Slurm did not start).
 set -uo pipefail
 ddprun=$(readlink -f "$1")
+train=${2:+$(readlink -f "$2")}
 [ "$(id -u)" = 0 ] || { echo "skip: needs root for namespaces and Slurm's daemons"; exit 77; }
 for p in slurmctld slurmd srun salloc sbatch scancel squeue sinfo munged mungekey nsenter unshare ip; do
   command -v "$p" >/dev/null || { echo "skip: $p not found (apt-get install slurmctld slurmd slurm-client munge)"; exit 77; }
@@ -228,6 +234,51 @@ if [ $started = 1 ] && running; then
   fi
 else
   fail "scancel: the job's workers did not start (job '$job'); $(cat "$T/o5.sbatch" "$T/o5" 2>&1)"
+fi
+
+# 6. Elastic over etcd: the node serving the workers' store dies; the other two finish.
+if [ -z "$train" ] || ! command -v etcd >/dev/null ||
+   [ ! -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
+   "$ddprun" --rdzv-backend etcd --rdzv-endpoint 127.0.0.1:1 --nnodes 1:2 true 2>&1 | grep -q "no etcd backend"; then
+  echo "skip 6: no ddp-train, etcd, libcurl or Fashion-MNIST"
+else
+  client etcd --name s0 --data-dir "$T/etcd" --listen-client-urls "http://${addr[0]}:2379" \
+    --advertise-client-urls "http://${addr[0]}:2379" --listen-peer-urls "http://${addr[0]}:2380" \
+    --initial-advertise-peer-urls "http://${addr[0]}:2380" \
+    --initial-cluster "s0=http://${addr[0]}:2380" >"$T/etcd.log" 2>&1 &
+  daemons+=($!)
+  client timeout 200 srun -N3 --ntasks-per-node=1 --chdir="$T" "$ddprun" --nnodes 2:3 \
+    --rdzv-backend etcd --rdzv-endpoint "${addr[0]}:2379" --rdzv-id "elastic$tag" \
+    --rdzv-conf heartbeat_timeout=5,last_call_timeout=2 --max-restarts 1 --nproc-per-node 1 \
+    "$train" --device cpu --zero 2 --hidden 128 --global-batch 384 --micro-batch 64 --epochs 4 \
+    --timeout-ms 10000 --checkpoint-dir "$T/ck" --checkpoint-every 40 --resume auto \
+    >"$T/o6" 2>&1 &
+  step=$!
+  victim=
+  for _ in $(seq 1200); do # 120 s
+    [ -e "$T/ck/step-000000000040/manifest.json" ] && break
+    sleep 0.1
+  done
+  at=$(grep -o "round 0: node rank 0 of 3: serving the workers' store at [0-9.]*" "$T/o6" | grep -o '[0-9.]*$')
+  for ((i = 1; i <= n; i++)); do [ "${addr[$i]}" = "$at" ] && victim=$i; done
+  if [ -n "$victim" ] && [ -e "$T/ck/step-000000000040/manifest.json" ]; then
+    # That node's ddprun only (not its slurmd): its workers die with it.
+    for p in $(ip netns pids "${ns[$victim]}"); do
+      [ "$(cat /proc/$p/comm 2>/dev/null)" = ddprun ] && kill -KILL "$p"
+    done
+    timeout 200 tail --pid=$step -f /dev/null
+    wait $step
+    if [ "$(grep -c "ddprun: job succeeded after 1 restart" "$T/o6")" = 2 ] &&
+       grep -q "round 1: node rank 0 of 2: serving the workers' store" "$T/o6" &&
+       grep -q "resuming from .* at step" "$T/o6" && grep -q "2 ranks, ZeRO-2, adamw: test accuracy" "$T/o6"; then
+      ok "srun -N3 elastic over etcd: snode$victim (serving the store) killed after step 40; $(grep -o "2 ranks, ZeRO-2, adamw: test accuracy [0-9.]*%" "$T/o6" | head -1) on the other two"
+    else
+      fail "elastic over etcd: victim snode$victim; $(grep -v "step [0-9]*/" "$T/o6" | tail -n 25)"
+    fi
+  else
+    fail "elastic over etcd: no checkpoint of step 40 or no node serving the store ('$at'); $(tail -n 20 "$T/o6")"
+    kill $step 2>/dev/null
+  fi
 fi
 
 [ $fails = 0 ]
