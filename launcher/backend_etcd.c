@@ -14,7 +14,8 @@
  * Keys, under the run's prefix P ("/ddprun/<run_id>", ddprun_rdzv_run_prefix()):
  *   P/job                  "<min>:<max>": the --nnodes of the job using this run id
  *   P/round                the highest round opened, "%010d" (where a late node starts)
- *   P/ended                {"time":..,"by":..}: the job finished; on a lease of ENDED_TTL_S
+ *   P/ended                "ended at <time>, last node <id>": the job finished (set by the
+ *                          node completing the exit barrier), on a lease of ENDED_TTL_S
  *   P/r/<n>/config         "<min>:<max>" the round was opened with (created once)
  *   P/r/<n>/node/<id>      "<nproc>", leased: the node joined; create_revision orders the joins
  *   P/r/<n>/closed         {"nodes":[[id,nproc],...]} in node-rank order, or {"aborted":count};
@@ -407,11 +408,9 @@ static int job_check(ddprun_rdzv_conn *c, const char *prefix, int *round, char *
         ddprun_etcd_compare cmp = {.key = kjob, .target = DDPRUN_ETCD_MOD,
                                    .result = DDPRUN_ETCD_EQUAL, .number = mod};
         char *sub = rkey(prefix, -1, "%s", "");
-        ddprun_etcd_op ops[2] = {
-            {.kind = DDPRUN_ETCD_OP_DELETE_PREFIX, .key = sub},
-        };
+        ddprun_etcd_op wipe = {.kind = DDPRUN_ETCD_OP_DELETE_PREFIX, .key = sub};
         bool done = false;
-        rc = sub ? ddprun_etcd_txn(c->e, &cmp, 1, ops, 1, NULL, 0, &done, NULL) : -ENOMEM;
+        rc = sub ? ddprun_etcd_txn(c->e, &cmp, 1, &wipe, 1, NULL, 0, &done, NULL) : -ENOMEM;
         free(sub);
         if (rc < 0)
             goto etcd_failed;

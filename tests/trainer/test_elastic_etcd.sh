@@ -4,13 +4,15 @@
 # nodes 0-2 run ddprun with ddp-train, namespaces 3-5 one etcd member each (etcd_lib.sh). Every
 # job is `--nnodes 2:3` with checkpoints every 40 steps in a directory the nodes share and
 # --resume auto, as in test_elastic_resume.sh. The scenarios:
-#   1. undisturbed, 3 nodes: the reference accuracy and time;
+#   1. undisturbed, 3 nodes: the reference accuracy and time; then its finished job's
+#      --rdzv-id is refused to a new job;
 #   2. the node serving the workers' store (the one that says so) SIGKILLed with everything in
 #      its namespace after step 40's checkpoint: the other two re-rendezvous, the new rank 0
 #      serves a fresh store, ddp-train resumes and finishes within 0.5 points of the reference;
 #      the time lost is printed;
 #   3. a late node: two nodes train (--max-restarts 0), a third arrives after step 40: admitted
-#      (no restart used), the world grows to 3, ddp-train resumes from a checkpoint, all finish;
+#      (no restart used), the world grows to 3, ddp-train resumes from a checkpoint, all finish
+#      (before it comes, a job with other --nnodes under the same id is refused);
 #   4. the etcd leader SIGKILLed mid-run: the job finishes without a restart;
 #   5. every etcd member stopped mid-run: each node stops, saying it lost the rendezvous, within
 #      the lease's TTL and a few seconds, and leaves no process;
@@ -30,6 +32,7 @@ train=$(readlink -f "$2")
 here=$(dirname "$(readlink -f "$0")")
 . "$here/../netns_lib.sh"
 . "$here/../etcd_lib.sh"
+. "$here/elastic_lib.sh"
 
 netns_test_begin
 trap 'etcd_cluster_stop; netns_test_end' EXIT
@@ -56,17 +59,6 @@ start() {
     --checkpoint-every 40 --resume auto >"$tmp/$name.$i" 2>&1 &
   pids[$i]=$!
 }
-# finish NODES...: waits (bounded) for the nodes' ddprun; their exit codes in $rcs.
-finish() {
-  local i
-  rcs=""
-  for i in "$@"; do
-    timeout 200 tail --pid="${pids[$i]}" -f /dev/null
-    wait "${pids[$i]}"
-    rcs+="$? "
-  done
-}
-accuracy() { cat "$tmp/$1".* | grep -o 'test accuracy [0-9.]*%' | tail -1 | grep -o '[0-9.]*'; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 # wait_step NAME STEP: until the job's checkpoint of STEP is complete (its manifest; 120 s).
 wait_step() {
@@ -88,6 +80,15 @@ store_node() {
   done
   return 1
 }
+# refused NODE NAME NNODES TEXT WHAT: a one-node attempt to use job NAME's id with --nnodes
+# NNODES exits 1 saying TEXT.
+refused() {
+  local out rc
+  out=$(timeout 30 ip netns exec "${nodes[$1]}" "$ddprun" --nnodes "$3" --rdzv-backend etcd \
+    --rdzv-endpoint "$ETCD_ENDPOINTS" --rdzv-id "$2$tag" true 2>&1)
+  rc=$?
+  if [ $rc = 1 ] && grep -qF "$4" <<<"$out"; then ok "$5"; else fail "$5: rc=$rc: $out"; fi
+}
 kill_node() { # NODE: everything in its namespace
   ip netns pids "${nodes[$1]}" | xargs -r kill -KILL 2>/dev/null
   wait "${pids[$1]}" 2>/dev/null
@@ -106,6 +107,10 @@ if [ "$rcs" = "0 0 0 " ] && [ -n "$ref" ] && grep -q "3 ranks" "$tmp"/whole.* &&
 else
   fail "undisturbed: rcs=$rcs; $(tail -n 3 "$tmp"/whole.*)"
 fi
+
+# The finished job's id is refused to a new job, and a running job's to one with other --nnodes.
+refused 0 whole 2:3 "the rendezvous id 'whole$tag' belongs to a job that already finished" \
+  "a finished job's rendezvous id is refused"
 
 # 2. The node serving the workers' store dies.
 t0=$(now_ms)
@@ -137,8 +142,11 @@ else
 fi
 
 # 3. A late node joins a 2-node job (MAX 3), which uses no restart (--max-restarts 0) to admit it.
+# (Meanwhile a job with other --nnodes under the same id is refused.)
 for i in 0 1; do start late $i --max-restarts 0; done
 if wait_step late 40; then
+  refused 2 late 1:2 "the rendezvous id 'late$tag' is in use by another job, with --nnodes 2:3" \
+    "a running job's rendezvous id is refused to a job with other --nnodes"
   start late 2 --max-restarts 0
   finish 0 1 2
   acc=$(accuracy late)

@@ -22,6 +22,7 @@ train=$(readlink -f "$2")
   { echo "skip: Fashion-MNIST is not installed"; exit 77; }
 
 . "$(dirname "$(readlink -f "$0")")/../netns_lib.sh"
+. "$(dirname "$(readlink -f "$0")")/elastic_lib.sh"
 
 netns_test_begin
 
@@ -43,17 +44,6 @@ start() {
     >"$tmp/$name.$i" 2>&1 &
   pids[$i]=$!
 }
-# finish NODES...: waits (bounded) for the nodes' ddprun; their exit codes in $rcs.
-finish() {
-  local i
-  rcs=""
-  for i in "$@"; do
-    timeout 150 tail --pid="${pids[$i]}" -f /dev/null
-    wait "${pids[$i]}"
-    rcs+="$? "
-  done
-}
-accuracy() { cat "$tmp/$1".* | grep -o 'test accuracy [0-9.]*%' | tail -1 | grep -o '[0-9.]*'; }
 
 # 1. Undisturbed: three nodes, world 3, two epochs.
 t0=$(date +%s%N)
