@@ -137,6 +137,20 @@ typedef struct ddprun_backend_ops {
     bool store_dies_with_node;
 
     /*
+     * How the monitor says that node rank %d is gone, a printf format taking the rank (int) and
+     * the liveness timeout (double): "stopped sending heartbeats (none for %g s)" and the like.
+     */
+    const char *gone_format;
+
+    /*
+     * Called once as ddprun exits, from the loop thread, while a store job may still run
+     * (NULL: nothing to do): this node leaves the rendezvous at once, so that the other nodes
+     * see it gone without waiting for the liveness timeout. A second at most per etcd member
+     * tried.
+     */
+    void (*leave)(const ddprun_config *cfg);
+
+    /*
      * Backends whose control plane is not the workers' store (NULL otherwise): the store moves
      * with the rounds. After each rendezvous the node of rank 0 serves a fresh store and
      * publishes where it is (publish_store(), `host` borrowed); the others wait up to timeout_s
@@ -191,6 +205,7 @@ void ddprun_store_watch_close(ddprun_rdzv_watch *w);
     .exit_barrier = ddprun_store_exit_barrier, .exit_done = ddprun_store_exit_done,                \
     .publish_conn = ddprun_store_publish_conn, .conn_owner = ddprun_store_conn_owner,              \
     .heartbeat = ddprun_store_heartbeat, .watch_open = ddprun_store_watch_open,                    \
-    .dead_nodes = ddprun_store_dead_nodes, .watch_close = ddprun_store_watch_close
+    .dead_nodes = ddprun_store_dead_nodes, .watch_close = ddprun_store_watch_close,             \
+    .gone_format = "node %d stopped sending heartbeats (none for %g s)"
 
 #endif /* DDPRUN_BACKEND_H */

@@ -153,6 +153,7 @@ static struct {
     int64_t ttl_s;
     double last_ok_s; /* mono_now_s() of the last renewal */
     bool lost;
+    bool left; /* leave() revoked it: the keepalive thread ends without a word */
     char why[768];
     ddprun_etcd *e; /* the keepalive thread's */
     pthread_t thread;
@@ -171,6 +172,10 @@ static void *keepalive_main(void *arg)
         int rc = ddprun_etcd_lease_keepalive(e, id, &renewed);
         double now = mono_now_s();
         pthread_mutex_lock(&lease.mu);
+        if (lease.left) {
+            pthread_mutex_unlock(&lease.mu);
+            return NULL;
+        }
         if (rc == 0) {
             lease.last_ok_s = now;
         } else if (rc == -ENOENT) {
@@ -1159,6 +1164,25 @@ static int etcd_num_waiting(ddprun_rdzv_conn *c, const char *prefix, int round, 
     return 0;
 }
 
+/* Revokes the node's lease with a client of its own (the others may be busy), within a second:
+ * its keys go, and the other nodes' watches see it gone at once. */
+static void etcd_leave(const ddprun_config *cfg)
+{
+    pthread_mutex_lock(&lease.mu);
+    bool started = lease.started && !lease.left && !lease.lost;
+    int64_t id = lease.id;
+    lease.left = true;
+    pthread_mutex_unlock(&lease.mu);
+    if (!started)
+        return;
+    ddprun_etcd_options o;
+    etcd_options(cfg, 1, &o); /* REQUEST_MIN_MS */
+    ddprun_etcd *e = NULL;
+    if (ddprun_etcd_create(cfg->rdzv_endpoint, &o, &e) == 0)
+        ddprun_etcd_lease_revoke(e, id);
+    ddprun_etcd_close(e);
+}
+
 const ddprun_backend_ops ddprun_backend_etcd = {
     .name = "etcd",
     .plan_store = etcd_plan_store,
@@ -1181,4 +1205,6 @@ const ddprun_backend_ops ddprun_backend_etcd = {
     .publish_store = etcd_publish_store,
     .find_store = etcd_find_store,
     .store_dies_with_node = false,
+    .gone_format = "node %d left the rendezvous, or its lease expired (no renewal for %g s)",
+    .leave = etcd_leave,
 };

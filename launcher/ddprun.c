@@ -1353,6 +1353,8 @@ int main(int argc, char **argv)
     }
     while (a.state != ST_DONE && uv_run(a.loop, UV_RUN_ONCE))
         ;
+    if (a.rdzv->leave)
+        a.rdzv->leave(&cfg); /* the other nodes see this one gone at once */
     if (a.stop_for_signal)
         say("stopped by SIG%s", sigabbrev_np(a.signal_seen));
     /* A failure report on its way to the store gets EXIT_WAIT_MS to arrive; queued output as long

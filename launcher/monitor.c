@@ -218,8 +218,7 @@ void *monitor_main(void *arg)
                          gone);
                 report_dead_node(a, c, round, why, report, sizeof(report));
             } else if (nd > 0) {
-                snprintf(why, sizeof(why), "node %d stopped sending heartbeats (none for %g s)",
-                         dead[0], dead_s);
+                snprintf(why, sizeof(why), a->rdzv->gone_format, dead[0], dead_s);
                 report_dead_node(a, c, round, why, report, sizeof(report));
             } else if (dynamic && a->rdzv->num_waiting(c, a->prefix, round, &waiting) == 0 &&
                        waiting > 0) {
