@@ -30,6 +30,8 @@
 #   PYTHON113=/usr/bin/python3   torchrun's interpreter (torch 1.13, through
 #                     tests/launcher/torchrun113.py); "none" skips torchrun
 #   ETCD=etcd         the etcd binary (3.4; needs --enable-v2 for torchrun's etcd-v2)
+#   ETCD_DATA=DIR     where the members' data directories go (default: the temporary
+#                     directory; e.g. /dev/shm to take the disk's fsync out of the figures)
 #   SECTIONS="1 2"    which measurements to run
 #   KEEP=1            keep the temporary directory (agents' logs of the last node-death runs)
 #   ONLY="..."        restrict to some of: ddprun-etcd ddprun-c10d torchrun-etcd-v2 torchrun-c10d
@@ -53,21 +55,24 @@ stats_py=$(command -v python3 || echo /usr/bin/python3)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/rdzv_bench.XXXXXX")
 etcd_pids=()
 agent_pids=()
+etcd_data=$tmp/etcd
 cleanup() {
     local p
-    for p in "${agent_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-    kill_recorded_workers "$tmp"
+    for p in "${agent_pids[@]}"; do kill_tree "$p"; done
     for p in "${etcd_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
     for p in "${etcd_pids[@]}"; do wait "$p" 2>/dev/null; done
+    [[ $etcd_data != "$tmp"/* ]] && rm -rf "$etcd_data"
     if [[ -n ${KEEP:-} ]]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
 }
-# Workers write their pid in their start file; a worker a killed torchrun agent leaves behind is
-# ended here (ddprun's die with their agent).
-kill_recorded_workers() {
-    local f pid
-    for f in $(find "$1" -name '[0-9]*.[0-9]*' -path '*/w/*' 2>/dev/null); do
-        read -r _ pid _ <"$f" 2>/dev/null && [[ $pid =~ ^[0-9]+$ ]] && kill -KILL "$pid" 2>/dev/null
-    done
+descendants() {  # the pids below $1, children before grandchildren
+    local c
+    for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done
+}
+kill_tree() {  # SIGKILL to $1 and everything below it, all gathered first
+    local pids
+    pids=$(descendants "$1")
+    # shellcheck disable=SC2086
+    kill -KILL "$1" $pids 2>/dev/null
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -79,12 +84,19 @@ for x in s: x.bind(("127.0.0.1", 0))
 print(" ".join(str(x.getsockname()[1]) for x in s))' "$1"
 }
 now_ns() { date +%s%N; }
+started() {  # the start files of restart $2's workers in $1
+    find "$1" -maxdepth 1 -regex ".*/$2\.[0-9]+"
+}
 wants() { [[ " $only " == *" $1 "* ]]; }
 
 worker=$tmp/rdzv_worker
 cc -std=c11 -O2 -Wall -Wextra "$here/rdzv_worker.c" -o "$worker" || exit 1
 
 # ---- the etcd cluster ----------------------------------------------------------------------
+etcd_data=$tmp/etcd
+if [[ -n ${ETCD_DATA:-} ]]; then
+    mkdir -p "$ETCD_DATA" && etcd_data=$(mktemp -d "$ETCD_DATA/rdzv_bench_etcd.XXXXXX") || exit 1
+fi
 read -r -a ports <<<"$(free_ports 6)"
 cluster="" endpoints=""
 for i in 0 1 2; do
@@ -93,7 +105,7 @@ for i in 0 1 2; do
 done
 for i in 0 1 2; do
     c=http://127.0.0.1:${ports[2 * i]} p=http://127.0.0.1:${ports[2 * i + 1]}
-    "$etcd_bin" --name "m$i" --data-dir "$tmp/etcd/m$i" --listen-client-urls "$c" \
+    "$etcd_bin" --name "m$i" --data-dir "$etcd_data/m$i" --listen-client-urls "$c" \
         --advertise-client-urls "$c" --listen-peer-urls "$p" --initial-advertise-peer-urls "$p" \
         --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token bench \
         --enable-v2=true >"$tmp/etcd.m$i.log" 2>&1 &
@@ -112,7 +124,7 @@ for i in 0 1 2; do
     done
 done
 echo "etcd $("$etcd_bin" --version | head -1 | awk '{print $3}'): 3 members at $endpoints" \
-    "(data in $tmp/etcd, $(df -T "$tmp" | awk 'NR == 2 {print $2}'))"
+    "(data in $etcd_data, $(df -T "$etcd_data" | awk 'NR == 2 {print $2}'))"
 
 # ---- the launchers -------------------------------------------------------------------------
 torch_ver=""
@@ -165,7 +177,7 @@ round() {
     t1=$(now_ns)
     agent_pids=()
     local got
-    got=$(find "$d/w" -name '0.*' | wc -l)
+    got=$(started "$d/w" 0 | wc -l)
     if ((got != n)); then
         ok=0
         echo "  $name N=$n run $run: $got of $n workers started; last lines of agent 0's log:"
@@ -173,10 +185,9 @@ round() {
     fi
     if ((ok)); then
         local last
-        last=$(cat "$d/w"/0.* | awk 'BEGIN {m = 0} $1 > m {m = $1} END {print m}')
+        last=$(started "$d/w" 0 | xargs cat | awk 'BEGIN {m = 0} $1 > m {m = $1} END {print m}')
         echo "$name $n $(((last - t0) / 1000)) $(((t1 - t0) / 1000))" >>"$tmp/rounds"
     fi
-    kill_recorded_workers "$d"
     ((ok)) && rm -rf "$d"
 }
 
@@ -239,7 +250,7 @@ death() {
         agent_pids+=($!)
     done
     local deadline=$((SECONDS + 60))
-    until (($(find "$d/w" -name '0.*' ! -name '*tmp*' | wc -l) == 3)); do
+    until (($(started "$d/w" 0 | wc -l) == 3)); do
         if ((SECONDS > deadline)); then
             echo "  $name $mode: the first round did not start 3 workers in 60 s"
             echo "$name $mode fail 0" >>"$tmp/deaths"
@@ -262,7 +273,7 @@ death() {
             done ;;
         torchrun-etcd-v2)
             local f
-            for f in "$d/w"/0.*; do
+            for f in $(started "$d/w" 0); do
                 read -r _ wpid grp _ <"$f"
                 if [[ $grp == 0 ]]; then
                     local ap
@@ -276,19 +287,12 @@ death() {
     if [[ -z $victim ]]; then
         echo "  $name $mode: could not tell which node serves the store"
         echo "$name $mode fail 0" >>"$tmp/deaths"
-        kill -KILL "${agent_pids[@]}" 2>/dev/null; wait; kill_recorded_workers "$d"; return
+        for i in 0 1 2; do kill_tree "${agent_pids[i]}"; done
+        wait; agent_pids=(); return
     fi
-    # the node's processes: the agent (timeout's child) and its worker
-    local agent kids=()
-    agent=$(pgrep -P "${agent_pids[victim]}" | head -1)
-    for f in "$d/w"/0.*; do
-        read -r _ wpid _ <"$f"
-        local p=$wpid
-        while [[ -n $p && $p != 1 ]]; do
-            [[ $p == "$agent" ]] && kids+=("$wpid") && break
-            p=$(ps -o ppid= -p "$p" 2>/dev/null | tr -d ' ')
-        done
-    done
+    # the node's processes: its agent (timeout's child) and everything below it
+    local node
+    node=$(descendants "${agent_pids[victim]}")
     if [[ -n ${KEEP:-} && $name == ddprun-etcd ]]; then  # etcd's events, timed, for the logs
         local k e
         k=$(printf /ddprun/ | base64) e=$(printf /ddprun0 | base64)
@@ -298,14 +302,14 @@ death() {
     fi
     echo "kill at $(date '+%F %T.%N' | cut -c1-23)" >"$d/log/kill"
     t_kill=$(now_ns)
-    kill -KILL "$agent" "${kids[@]}" 2>/dev/null
+    # shellcheck disable=SC2086
+    kill -KILL $node 2>/dev/null
     # wait for a restart-1 worker, or for every survivor to exit
     local result="" t
     deadline=$((SECONDS + 25))
     while :; do
-        if compgen -G "$d/w/1.*" >/dev/null; then
-            sleep 0.2  # let both survivors' workers write
-            t=$(cat "$d/w"/1.* 2>/dev/null | awk 'NR == 1 || $1 < m {m = $1} END {print m}')
+        if [[ -n $(started "$d/w" 1) ]]; then
+            t=$(started "$d/w" 1 | xargs cat | awk 'NR == 1 || $1 < m {m = $1} END {print m}')
             result="restart $(((t - t_kill) / 1000))"
             break
         fi
@@ -329,7 +333,6 @@ death() {
     for i in 0 1 2; do kill -TERM "${agent_pids[i]}" 2>/dev/null; done
     for i in 0 1 2; do wait "${agent_pids[i]}" 2>/dev/null; done
     agent_pids=()
-    kill_recorded_workers "$d"
     cp -r "$d/log" "$tmp/last-death-logs.$name.$mode" 2>/dev/null
     rm -rf "$d"
 }

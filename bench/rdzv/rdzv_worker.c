@@ -11,17 +11,21 @@
  *          notice the lost node);
  *   watch  sleeps, but exits 1 within 20 ms once a worker of its own round (a file of the same
  *          restart count) is gone, as a collective does when a peer's connection drops. This is
- *          what makes a launcher that does not watch its peers (torchrun) restart at all.
+ *          what makes a launcher that does not watch its peers (torchrun) restart at all. Each
+ *          worker holds a lock on DIR/<restart>.<rank>.lock while it lives; see peer_gone().
+ * The pid written is the worker's own view of it: under ddprun, a pid in the node's namespace.
  * Either sleeping mode gives up after 600 s. It does not talk to any store. Exit status 0, or 1
  * on bad usage, a failed write, or (watch) a lost peer.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 static long env_long(const char *name, long dflt)
@@ -31,32 +35,24 @@ static long env_long(const char *name, long dflt)
 }
 
 /*
- * True when the worker recorded in DIR/<restart>.<rank> has a file but no process, or only a
- * zombie: a killed node's worker may be left unreaped (reparented to a pid 1 that reaps nothing).
+ * True when the worker recorded as DIR/<restart>.<rank> is gone: its start file exists but
+ * nobody holds the lock on DIR/<restart>.<rank>.lock any more. A lock, not a pid, because
+ * ddprun runs each node's workers in a pid namespace of their own; the kernel drops the lock
+ * when the process dies, zombie or not.
  */
 static int peer_gone(const char *dir, long restart, long rank)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%ld.%ld", dir, restart, rank);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    if (access(path, F_OK) != 0)
+        return 0; /* not started yet */
+    snprintf(path, sizeof path, "%s/%ld.%ld.lock", dir, restart, rank);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
         return 0;
-    long long t;
-    long pid = 0;
-    int n = fscanf(f, "%lld %ld", &t, &pid);
-    fclose(f);
-    if (n != 2 || pid <= 0)
-        return 0;
-    if (kill((pid_t)pid, 0) != 0)
-        return errno == ESRCH;
-    char stat[64], line[512];
-    snprintf(stat, sizeof stat, "/proc/%ld/stat", pid);
-    f = fopen(stat, "r");
-    if (!f)
-        return 1;
-    const char *paren = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;
-    fclose(f);
-    return paren && paren[1] == ' ' && paren[2] == 'Z';
+    int gone = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    close(fd); /* releases it */
+    return gone;
 }
 
 int main(int argc, char **argv)
@@ -71,6 +67,12 @@ int main(int argc, char **argv)
     long rank = env_long("RANK", 0), restart = env_long("TORCHELASTIC_RESTART_COUNT", 0);
     long world = env_long("WORLD_SIZE", 1), group = env_long("GROUP_RANK", -1);
     char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%ld.%ld.lock", argv[1], restart, rank);
+    int lock = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600); /* held until exit */
+    if (lock < 0 || flock(lock, LOCK_EX) != 0) {
+        perror(path);
+        return 1;
+    }
     snprintf(path, sizeof path, "%s/%ld.%ld", argv[1], restart, rank);
     snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
