@@ -10,9 +10,9 @@
 #    joined), a fresh --rdzv-id per run, workers that exit 0 at once. Reported, from the start
 #    of the first agent: the last worker started, and every agent exited. Median of R runs.
 # 2. Node death: 3 agents, --nnodes 2:3 --max-restarts 1, workers that stay up; once all three
-#    workers run, the node serving the workers' store is killed (SIGKILL to its agent and its
-#    worker). Reported: kill -> first worker of restart 1 started, or "job ends" (kill -> every
-#    agent exited) where the job cannot survive that node. ddprun runs with --rdzv-conf
+#    workers run, the node serving the workers' store is killed (SIGKILL to its agent and every
+#    process below it). Reported: kill -> first worker of restart 1 started, or "job ends" (kill ->
+#    every agent exited) where the job cannot survive that node. ddprun runs with --rdzv-conf
 #    heartbeat_timeout=3,last_call_timeout=1; torchrun with last_call_timeout=1 (its
 #    heartbeat interval is fixed at 5 s in torch 1.13's dynamic rendezvous, see README.md).
 #    Two worker kinds: "sleep" (the agents alone must notice the lost node) and "watch" (a
@@ -237,7 +237,7 @@ fi
 # death NAME MODE RUN: 3 agents, kill the store's node once all 3 workers run; appends
 # "NAME MODE restart|ends|none ms" to $tmp/deaths.
 death() {
-    local name=$1 mode=$2 run=$3 d=$tmp/d.$1.$2.$3 port i conf victim="" vw="" t_kill cmd
+    local name=$1 mode=$2 run=$3 d=$tmp/d.$1.$2.$3 port i conf victim="" t_kill cmd
     mkdir -p "$d/w" "$d/log"
     port=$(free_ports 1)
     if [[ $name == ddprun-* ]]; then conf=heartbeat_timeout=3,last_call_timeout=1
@@ -272,7 +272,7 @@ death() {
                 [[ $(ps -o ppid= -p "$lpid" 2>/dev/null | tr -d ' ') == "${agent_pids[i]}" ]] && victim=$i
             done ;;
         torchrun-etcd-v2)
-            local f
+            local f wpid grp
             for f in $(started "$d/w" 0); do
                 read -r _ wpid grp _ <"$f"
                 if [[ $grp == 0 ]]; then
@@ -328,8 +328,7 @@ death() {
         sleep 0.02
     done
     echo "$name $mode $result" >>"$tmp/deaths"
-    echo "  $name, $mode workers, run $run: node $victim killed: $result us" \
-        "(log: $(grep -h -m1 -i -E "lost|dead|expired|restart" "$d/log"/[0-2] 2>/dev/null | head -1 | cut -c1-110))"
+    echo "  $name, $mode workers, run $run: node $victim killed: $result us"
     for i in 0 1 2; do kill -TERM "${agent_pids[i]}" 2>/dev/null; done
     for i in 0 1 2; do wait "${agent_pids[i]}" 2>/dev/null; done
     agent_pids=()
