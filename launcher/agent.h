@@ -101,7 +101,7 @@ typedef struct store_job {
     rdzv_server *srv;      /* RENDEZVOUS, a store moving with the rounds: the one served here */
     char store_host[256];  /* RENDEZVOUS, ditto: where the round's store is */
     int store_port;
-    char err[640];         /* what went wrong, for the loop thread to print */
+    char err[640]; /* what went wrong, for the loop thread to print */
 } store_job;
 
 /* The far end of a store connection that closed (the store's on_close hook). */
@@ -117,11 +117,11 @@ typedef struct agent {
     char hostname[256];
     char run_id[128];
     char prefix[DDPRUN_RDZV_MAX_PREFIX + 1]; /* this job's keys: DDPRUN_RDZV_ROOT "/<run_id>" */
-    rdzv_server *store; /* hosted here (node 0, the c10d host, the round's rank 0), else NULL;
-                         * written on the loop under mu */
-    char store_host[256];                    /* where agents and workers reach the store */
-    char connect_host[256];                  /* where this agent reaches it */
-    char bind_host[64];                      /* the address the store hosted here binds */
+    rdzv_server *store;     /* hosted here (node 0, the c10d host, the round's rank 0), else NULL;
+                             * written on the loop under mu */
+    char store_host[256];   /* where agents and workers reach the store */
+    char connect_host[256]; /* where this agent reaches it */
+    char bind_host[64];     /* the address the store hosted here binds */
     int store_port;
     char token[RDZV_TOKEN_MAX_BYTES + 1]; /* the job's secret (jobtoken.h); "": none */
     const ddprun_backend_ops *rdzv;       /* the rendezvous backend (--rdzv-backend) */

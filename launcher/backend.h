@@ -111,9 +111,10 @@ typedef struct ddprun_backend_ops {
 
     /*
      * Liveness: heartbeat() once per beat interval (-ENOLINK: this node has lost its place in the
-     * rendezvous for good, `err` says why, and no restart can bring it back); a watch over node ranks 0..nnodes-1 of a round
-     * (watch_open(), released by watch_close(), NULL a no-op) reports in dead[] the nodes silent
-     * for more than dead_after_s (ddprun_heartbeat(), ddprun_hb_init(), ddprun_dead_nodes()).
+     * rendezvous for good, `err` says why, and no restart can bring it back); a watch over node
+     * ranks 0..nnodes-1 of a round (watch_open(), released by watch_close(), NULL a no-op) reports
+     * in dead[] the nodes silent for more than dead_after_s (ddprun_heartbeat(), ddprun_hb_init(),
+     * ddprun_dead_nodes()).
      */
     int (*heartbeat)(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank, char *err,
                      size_t errlen);
@@ -205,7 +206,7 @@ void ddprun_store_watch_close(ddprun_rdzv_watch *w);
     .exit_barrier = ddprun_store_exit_barrier, .exit_done = ddprun_store_exit_done,                \
     .publish_conn = ddprun_store_publish_conn, .conn_owner = ddprun_store_conn_owner,              \
     .heartbeat = ddprun_store_heartbeat, .watch_open = ddprun_store_watch_open,                    \
-    .dead_nodes = ddprun_store_dead_nodes, .watch_close = ddprun_store_watch_close,             \
+    .dead_nodes = ddprun_store_dead_nodes, .watch_close = ddprun_store_watch_close,                \
     .gone_format = "node %d stopped sending heartbeats (none for %g s)"
 
 #endif /* DDPRUN_BACKEND_H */

@@ -43,9 +43,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define ENDED_TTL_S 7200     /* how long a finished job's id stays refused (torchrun's 2 h) */
-#define RETRY_MS 200         /* pause after a failed etcd call before the next try */
-#define REQUEST_MAX_MS 5000  /* bound on one etcd request */
+#define ENDED_TTL_S 7200    /* how long a finished job's id stays refused (torchrun's 2 h) */
+#define RETRY_MS 200        /* pause after a failed etcd call before the next try */
+#define REQUEST_MAX_MS 5000 /* bound on one etcd request */
 #define REQUEST_MIN_MS 1000
 
 struct ddprun_rdzv_conn {
@@ -118,10 +118,13 @@ static void nap_ms(int ms)
 static int put_once(ddprun_etcd *e, const char *key, const char *value, int64_t lease,
                     bool *created)
 {
-    ddprun_etcd_compare cmp = {.key = key, .target = DDPRUN_ETCD_VERSION,
-                               .result = DDPRUN_ETCD_EQUAL, .number = 0};
-    ddprun_etcd_op put = {.kind = DDPRUN_ETCD_OP_PUT, .key = key, .value = value,
-                          .value_len = strlen(value), .lease = lease};
+    ddprun_etcd_compare cmp = {
+        .key = key, .target = DDPRUN_ETCD_VERSION, .result = DDPRUN_ETCD_EQUAL, .number = 0};
+    ddprun_etcd_op put = {.kind = DDPRUN_ETCD_OP_PUT,
+                          .key = key,
+                          .value = value,
+                          .value_len = strlen(value),
+                          .lease = lease};
     return ddprun_etcd_txn(e, &cmp, 1, &put, 1, NULL, 0, created, NULL);
 }
 
@@ -208,8 +211,9 @@ static void etcd_options(const ddprun_config *cfg, double dead_s, ddprun_etcd_op
     ddprun_etcd_options_init(o);
     /* A third of the liveness timeout, so that a member that hangs leaves time for another. */
     double ms = dead_s * 1000.0 / 3;
-    o->timeout_ms = ms > REQUEST_MAX_MS ? REQUEST_MAX_MS : ms < REQUEST_MIN_MS ? REQUEST_MIN_MS
-                                                                               : (int)ms;
+    o->timeout_ms = ms > REQUEST_MAX_MS   ? REQUEST_MAX_MS
+                    : ms < REQUEST_MIN_MS ? REQUEST_MIN_MS
+                                          : (int)ms;
     o->protocol = cfg->etcd_https ? DDPRUN_ETCD_HTTPS : DDPRUN_ETCD_HTTP;
     o->cacert = cfg->etcd_cacert;
     o->cert = cfg->etcd_cert;
@@ -348,8 +352,7 @@ static void etcd_close(ddprun_rdzv_conn *c)
  * or when a job with other --nnodes still has live nodes; the keys of a job with no live node
  * left (every node died) are taken over. Raises *round to the highest round opened.
  */
-static int job_check(ddprun_rdzv_conn *c, const char *prefix, int *round, char *err,
-                     size_t errlen)
+static int job_check(ddprun_rdzv_conn *c, const char *prefix, int *round, char *err, size_t errlen)
 {
     const ddprun_config *cfg = c->cfg;
     char want[64];
@@ -410,8 +413,8 @@ static int job_check(ddprun_rdzv_conn *c, const char *prefix, int *round, char *
             goto out;
         }
         /* Every node of that job is gone: its keys go, unless it changed meanwhile. */
-        ddprun_etcd_compare cmp = {.key = kjob, .target = DDPRUN_ETCD_MOD,
-                                   .result = DDPRUN_ETCD_EQUAL, .number = mod};
+        ddprun_etcd_compare cmp = {
+            .key = kjob, .target = DDPRUN_ETCD_MOD, .result = DDPRUN_ETCD_EQUAL, .number = mod};
         char *sub = rkey(prefix, -1, "%s", "");
         ddprun_etcd_op wipe = {.kind = DDPRUN_ETCD_OP_DELETE_PREFIX, .key = sub};
         bool done = false;
@@ -504,8 +507,8 @@ static int round_close(ddprun_rdzv_conn *c, const char *prefix, int round, const
     } else {
         json_t *list = json_array();
         for (size_t i = 0; i < count && i < v->nnodes; i++)
-            json_array_append_new(list, json_pack("[si]", v->nodes[i]->key + v->blen + 5,
-                                                  atoi(v->nodes[i]->value)));
+            json_array_append_new(
+                list, json_pack("[si]", v->nodes[i]->key + v->blen + 5, atoi(v->nodes[i]->value)));
         json_object_set_new(rec, "nodes", list);
     }
     char *text = json_dumps(rec, JSON_COMPACT);
@@ -522,8 +525,8 @@ static int round_close(ddprun_rdzv_conn *c, const char *prefix, int round, const
  * Reads the close record `closed`: the node count of an aborted round in *aborted (else -1), or
  * this node's place (-1: not among them) and the assignment.
  */
-static int read_closed(const ddprun_etcd_kv *closed, const char *node_id, int round,
-                       int *aborted, ddprun_assignment *out, bool *member)
+static int read_closed(const ddprun_etcd_kv *closed, const char *node_id, int round, int *aborted,
+                       ddprun_assignment *out, bool *member)
 {
     json_error_t jerr;
     json_t *rec = json_loadb(closed->value, closed->value_len, 0, &jerr);
@@ -555,9 +558,11 @@ static int read_closed(const ddprun_etcd_kv *closed, const char *node_id, int ro
         if (rc == 0 && world > INT32_MAX)
             rc = -EPROTO;
         if (rc == 0 && *member)
-            *out = (ddprun_assignment){.round = round, .node_rank = (int)me,
+            *out = (ddprun_assignment){.round = round,
+                                       .node_rank = (int)me,
                                        .nnodes = (int)json_array_size(list),
-                                       .rank_offset = (int)offset, .world_size = (int)world};
+                                       .rank_offset = (int)offset,
+                                       .world_size = (int)world};
     }
     json_decref(rec);
     return rc;
@@ -597,8 +602,10 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
     snprintf(np, sizeof np, "%d", cfg->nproc_per_node);
     snprintf(rnum, sizeof rnum, "%010d", round);
     char *kconf = rkey(prefix, round, "config"), *kround = rkey(prefix, -1, "round");
-    char *kclosed = rkey(prefix, round, "closed"), *knode = rkey(prefix, round, "node/%s", c->node_id);
-    char *kwait = rkey(prefix, round, "waiting/%s", c->node_id), *base = rkey(prefix, round, "%s", "");
+    char *kclosed = rkey(prefix, round, "closed"),
+         *knode = rkey(prefix, round, "node/%s", c->node_id);
+    char *kwait = rkey(prefix, round, "waiting/%s", c->node_id),
+         *base = rkey(prefix, round, "%s", "");
     char *have = NULL;
     round_view v = {0};
     int rc = -ENOMEM;
@@ -606,8 +613,8 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
         goto out;
 
     /* Open the round (the first node), or check that it was opened alike. */
-    ddprun_etcd_compare opened = {.key = kconf, .target = DDPRUN_ETCD_VERSION,
-                                  .result = DDPRUN_ETCD_EQUAL, .number = 0};
+    ddprun_etcd_compare opened = {
+        .key = kconf, .target = DDPRUN_ETCD_VERSION, .result = DDPRUN_ETCD_EQUAL, .number = 0};
     ddprun_etcd_op open_ops[2] = {
         {.kind = DDPRUN_ETCD_OP_PUT, .key = kconf, .value = want, .value_len = strlen(want)},
         {.kind = DDPRUN_ETCD_OP_PUT, .key = kround, .value = rnum, .value_len = strlen(rnum)},
@@ -621,8 +628,8 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
         rc = get_str(c->e, kconf, &have, NULL);
         if (rc == 0 && strcmp(have, want) != 0) {
             rc = set_err(err, errlen, -EINVAL,
-                         "round %d was opened with --nnodes %s, this node asks for %s", round,
-                         have, want);
+                         "round %d was opened with --nnodes %s, this node asks for %s", round, have,
+                         want);
             goto out;
         }
     }
@@ -630,12 +637,15 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
         goto etcd_failed;
 
     /* Join unless the round closed; a late node registers as waiting instead. */
-    ddprun_etcd_compare open_still = {.key = kclosed, .target = DDPRUN_ETCD_VERSION,
-                                      .result = DDPRUN_ETCD_EQUAL, .number = 0};
-    ddprun_etcd_op join = {.kind = DDPRUN_ETCD_OP_PUT, .key = knode, .value = np,
-                           .value_len = strlen(np), .lease = lease_id};
-    ddprun_etcd_op wait = {.kind = DDPRUN_ETCD_OP_PUT, .key = kwait, .value = "1",
-                           .value_len = 1, .lease = lease_id};
+    ddprun_etcd_compare open_still = {
+        .key = kclosed, .target = DDPRUN_ETCD_VERSION, .result = DDPRUN_ETCD_EQUAL, .number = 0};
+    ddprun_etcd_op join = {.kind = DDPRUN_ETCD_OP_PUT,
+                           .key = knode,
+                           .value = np,
+                           .value_len = strlen(np),
+                           .lease = lease_id};
+    ddprun_etcd_op wait = {
+        .kind = DDPRUN_ETCD_OP_PUT, .key = kwait, .value = "1", .value_len = 1, .lease = lease_id};
     bool joined = false;
     failing_since = -1;
     while ((rc = ddprun_etcd_txn(c->e, &open_still, 1, &join, 1, &wait, 1, &joined, NULL)) < 0 &&
@@ -709,8 +719,8 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
                      "join_timeout=%g s; round aborted",
                      aborted, cfg->nnodes_min, want, round, cfg->join_timeout_s);
     } else if (!member) {
-        rc = late(c, prefix, round, lease_id, "closed without this node (it was full)", err,
-                  errlen);
+        rc =
+            late(c, prefix, round, lease_id, "closed without this node (it was full)", err, errlen);
     }
     goto out;
 etcd_failed:
@@ -765,8 +775,8 @@ static int etcd_local_address(ddprun_rdzv_conn *c, char *buf, size_t n)
     return 0;
 }
 
-static int etcd_publish_store(ddprun_rdzv_conn *c, const char *prefix, int round,
-                              const char *host, int port)
+static int etcd_publish_store(ddprun_rdzv_conn *c, const char *prefix, int round, const char *host,
+                              int port)
 {
     int64_t lease_id = 0;
     int rc = lease_get(c, &lease_id, NULL, 0);
@@ -788,8 +798,8 @@ static int etcd_find_store(ddprun_rdzv_conn *c, const char *prefix, int round, d
     char *k = rkey(prefix, round, "store");
     if (!k)
         return -ENOMEM;
-    int64_t deadline = mono_deadline_ns(timeout_s * 1000 > INT32_MAX ? INT32_MAX
-                                                                      : (int)(timeout_s * 1000));
+    int64_t deadline =
+        mono_deadline_ns(timeout_s * 1000 > INT32_MAX ? INT32_MAX : (int)(timeout_s * 1000));
     int rc;
     for (;;) {
         ddprun_etcd_kv *kv = NULL;
@@ -933,7 +943,8 @@ static int etcd_exit_barrier(ddprun_rdzv_conn *c, const char *prefix, int round,
                              double timeout_s, int poll_ms, char **failure)
 {
     (void)poll_ms; /* a watch: woken by the change itself */
-    char *kme = rkey(prefix, round, "exit/%s", c->node_id), *kdone = rkey(prefix, round, "exit/done");
+    char *kme = rkey(prefix, round, "exit/%s", c->node_id),
+         *kdone = rkey(prefix, round, "exit/done");
     char *kf = rkey(prefix, round, "failed"), *kend = rkey(prefix, -1, "ended");
     char *base = rkey(prefix, round, "%s", ""), *kexit = rkey(prefix, round, "exit/");
     int64_t deadline = timeout_s < 0 ? INT64_MAX : mono_now_ns() + (int64_t)(timeout_s * 1e9);
@@ -976,8 +987,7 @@ static int etcd_exit_barrier(ddprun_rdzv_conn *c, const char *prefix, int round,
                     struct tm tm;
                     strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %z", localtime_r(&t, &tm));
                     char note[512];
-                    snprintf(note, sizeof note, "ended at %s, last node %.300s", when,
-                             c->node_id);
+                    snprintf(note, sizeof note, "ended at %s, last node %.300s", when, c->node_id);
                     put_once(c->e, kend, note, lid, &created);
                 }
                 done = rc == 0;

@@ -719,15 +719,15 @@ static int round_store_job(agent *a, store_job *j)
         }
         snprintf(j->store_host, sizeof(j->store_host), "%s", host);
         j->store_port = rdzv_server_port(j->srv);
-        rc = cfg->nnodes_max == 1 ? 0
-                                  : a->rdzv->publish_store(a->client, a->prefix, j->round, host,
-                                                           j->store_port);
+        rc = cfg->nnodes_max == 1
+                 ? 0
+                 : a->rdzv->publish_store(a->client, a->prefix, j->round, host, j->store_port);
         if (rc < 0)
             snprintf(j->err, sizeof(j->err), "publishing the workers' store of round %d: %s",
                      j->round, rdzv_strerror(rc));
     } else {
-        rc = a->rdzv->find_store(a->client, a->prefix, j->round, cfg->join_timeout_s,
-                                 j->store_host, sizeof(j->store_host), &j->store_port);
+        rc = a->rdzv->find_store(a->client, a->prefix, j->round, cfg->join_timeout_s, j->store_host,
+                                 sizeof(j->store_host), &j->store_port);
         if (rc < 0)
             snprintf(j->err, sizeof(j->err),
                      "waiting for node 0 to publish the workers' store of round %d: %s", j->round,
@@ -738,8 +738,9 @@ static int round_store_job(agent *a, store_job *j)
 
 /*
  * The node rendezvous of round j->round, then (rounds after the first) the clearing of the
- * workers' keys, or where the store moves with the rounds, the round's store. Runs on the thread pool: reads only what the loop does not change while a job
- * runs (the configuration, the run prefix, the client) and leaves its results in `j`.
+ * workers' keys, or where the store moves with the rounds, the round's store. Runs on the thread
+ * pool: reads only what the loop does not change while a job runs (the configuration, the run
+ * prefix, the client) and leaves its results in `j`.
  */
 static int rendezvous_job(agent *a, store_job *j)
 {
@@ -884,7 +885,8 @@ static void job_work(uv_work_t *req)
     case JOB_PUBLISH:
         j->rc = a->rdzv->publish_failure(a->client, a->prefix, j->round, j->json);
         if (j->rc < 0)
-            snprintf(j->err, sizeof(j->err), "could not publish the failure through the rendezvous: %s",
+            snprintf(j->err, sizeof(j->err),
+                     "could not publish the failure through the rendezvous: %s",
                      rdzv_strerror(j->rc));
         break;
     case JOB_BARRIER:
@@ -1214,8 +1216,8 @@ static int setup_store(agent *a)
     bool loose = false;
     char err[512] = "";
     bool alone = (hosting || a->rdzv->publish_store) && cfg->nnodes_max == 1;
-    if (ddprun_job_token(cfg->token_file, alone, a->token,
-                         sizeof(a->token), &source, &loose, err, sizeof(err)) < 0) {
+    if (ddprun_job_token(cfg->token_file, alone, a->token, sizeof(a->token), &source, &loose, err,
+                         sizeof(err)) < 0) {
         say("%s", err);
         return -EINVAL;
     }
@@ -1259,9 +1261,9 @@ static int setup_store(agent *a)
     a->store_port = port;
     /* The connection itself is a job (JOB_CONNECT): reaching another node's store may take the
      * whole join timeout. */
-    const char *own = !a->store                         ? host
+    const char *own = !a->store                    ? host
                       : strcmp(a->bind_host, "::") ? a->bind_host /* a loopback address */
-                                                        : "127.0.0.1";
+                                                   : "127.0.0.1";
     snprintf(a->connect_host, sizeof(a->connect_host), "%s", own);
     return 0;
 }
@@ -1308,7 +1310,8 @@ int main(int argc, char **argv)
     snprintf(a.run_id, sizeof(a.run_id), "%s", cfg.rdzv_id);
     a.rdzv = ddprun_backend_find(ddprun_backend_name(cfg.rdzv_backend));
     if (!a.rdzv) { /* a row this build left out (etcd without libcurl) */
-        fprintf(stderr, PROG ": --rdzv-backend %s: this build has no %s backend (it needs libcurl)\n",
+        fprintf(stderr,
+                PROG ": --rdzv-backend %s: this build has no %s backend (it needs libcurl)\n",
                 ddprun_backend_name(cfg.rdzv_backend), ddprun_backend_name(cfg.rdzv_backend));
         return 2;
     }

@@ -80,7 +80,8 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
     return -EINVAL;
 }
 
-/* Appends "warning: MESSAGE\n" to c->warnings (ddprun prints each line as its own message). Returns 0 or -ENOMEM. */
+/* Appends "warning: MESSAGE\n" to c->warnings (ddprun prints each line as its own message). Returns
+ * 0 or -ENOMEM. */
 static int warn(ddprun_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static int warn(ddprun_config *c, const char *fmt, ...)
@@ -552,7 +553,7 @@ static int get_rdzv_conf(const struct raw *r, ddprun_config *c, char *err, size_
                    !strcmp(key, "ssl_cert_key")) {
             /* torchrun's etcd backend spells them cacert, cert, key; etcd-v2's ca_cert,
              * ssl_cert, ssl_cert_key. */
-            char **dst = !strcmp(key, "cacert") || !strcmp(key, "ca_cert") ? &c->etcd_cacert
+            char **dst = !strcmp(key, "cacert") || !strcmp(key, "ca_cert")     ? &c->etcd_cacert
                          : !strcmp(key, "key") || !strcmp(key, "ssl_cert_key") ? &c->etcd_key
                                                                                : &c->etcd_cert;
             if (access(val, R_OK) != 0)
@@ -978,7 +979,8 @@ static int get_allow(const struct raw *r, ddprun_config *c, char *err, size_t er
 /* --rdzv-backend's values, by ddprun_backend: the names of backend.c's rows. */
 static const char *backends[] = {[DDPRUN_BACKEND_STATIC] = "static",
                                  [DDPRUN_BACKEND_C10D] = "c10d",
-                                 [DDPRUN_BACKEND_ETCD] = "etcd", NULL};
+                                 [DDPRUN_BACKEND_ETCD] = "etcd",
+                                 NULL};
 /* What --rdzv-backend accepts: the names, and torchrun's second etcd backend as an alias. */
 static const char *backend_choices[] = {"static", "c10d", "etcd", "etcd-v2", NULL};
 

@@ -357,7 +357,8 @@ START_TEST(equals_form_and_abbreviations)
     /* etcd, and torchrun's etcd-v2 as its alias: the member list kept whole; timeout is the
      * join timeout there; torchrun's spellings of the TLS files (both backends') accepted. */
     PARSE_OK("--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "e1:2379,e2", "--nnodes", "1:4",
-             "--rdzv-conf", "protocol=https,ca_cert=/dev/null,ssl_cert=/dev/null,"
+             "--rdzv-conf",
+             "protocol=https,ca_cert=/dev/null,ssl_cert=/dev/null,"
              "ssl_cert_key=/dev/null,timeout=42",
              "t.py");
     ck_assert_int_eq(cfg.rdzv_backend, DDPRUN_BACKEND_ETCD);
