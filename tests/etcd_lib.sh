@@ -1,6 +1,8 @@
 # A real etcd cluster (Debian's etcd-server) for tests and benchmarks; source it (bash). Each
 # member runs in a network namespace of its own (tests/netns_lib.sh) or, with an empty
-# namespace name, on this host's loopback. Needs curl for the health checks.
+# namespace name, on this host's loopback. Needs curl for the health checks. ETCD names the
+# binary (default etcd on PATH) and ETCD_ARGS adds arguments to every member's command line
+# (bench/rdzv gives --enable-v2=true for torchrun's etcd-v2 backend).
 #
 #   etcd_cluster_start DIR NS:ADDR:CPORT:PPORT...
 #                        starts one member per argument (namespace, or "" for none; its address;
@@ -27,7 +29,8 @@ etcd_in() { # NS CMD...: exec CMD in namespace NS (none if empty): run it in a s
 etcd_cluster_start() {
   local dir=$1 i ns addr cport pport cluster="" m
   shift
-  command -v etcd >/dev/null || { echo "skip: no etcd binary (apt-get install etcd-server)"; return 77; }
+  command -v "${ETCD:-etcd}" >/dev/null ||
+    { echo "skip: no etcd binary (apt-get install etcd-server)"; return 77; }
   command -v curl >/dev/null || { echo "skip: no curl"; return 77; }
   ETCD_MEMBERS=("$@")
   ETCD_PIDS=()
@@ -43,7 +46,8 @@ etcd_cluster_start() {
   for m in "$@"; do
     IFS=: read -r ns addr cport pport <<<"$m"
     mkdir -p "$dir/m$i"
-    etcd_in "$ns" etcd --name "m$i" --data-dir "$dir/m$i/data" \
+    # shellcheck disable=SC2086 # ETCD_ARGS: words on purpose
+    etcd_in "$ns" "${ETCD:-etcd}" --name "m$i" --data-dir "$dir/m$i/data" ${ETCD_ARGS:-} \
       --listen-client-urls "http://$addr:$cport" --advertise-client-urls "http://$addr:$cport" \
       --listen-peer-urls "http://$addr:$pport" --initial-advertise-peer-urls "http://$addr:$pport" \
       --initial-cluster "$cluster" --initial-cluster-state new \

@@ -98,31 +98,15 @@ if [[ -n ${ETCD_DATA:-} ]]; then
     mkdir -p "$ETCD_DATA" && etcd_data=$(mktemp -d "$ETCD_DATA/rdzv_bench_etcd.XXXXXX") || exit 1
 fi
 read -r -a ports <<<"$(free_ports 6)"
-cluster="" endpoints=""
-for i in 0 1 2; do
-    cluster+="${cluster:+,}m$i=http://127.0.0.1:${ports[2 * i + 1]}"
-    endpoints+="${endpoints:+,}127.0.0.1:${ports[2 * i]}"
-done
-for i in 0 1 2; do
-    c=http://127.0.0.1:${ports[2 * i]} p=http://127.0.0.1:${ports[2 * i + 1]}
-    "$etcd_bin" --name "m$i" --data-dir "$etcd_data/m$i" --listen-client-urls "$c" \
-        --advertise-client-urls "$c" --listen-peer-urls "$p" --initial-advertise-peer-urls "$p" \
-        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token bench \
-        --enable-v2=true >"$tmp/etcd.m$i.log" 2>&1 &
-    etcd_pids+=($!)
-done
+# shellcheck source=../../tests/etcd_lib.sh
+. "$here/../../tests/etcd_lib.sh"
+ETCD=$etcd_bin ETCD_ARGS=--enable-v2=true etcd_cluster_start "$etcd_data" \
+    ":127.0.0.1:${ports[0]}:${ports[1]}" ":127.0.0.1:${ports[2]}:${ports[3]}" \
+    ":127.0.0.1:${ports[4]}:${ports[5]}" >"$tmp/etcd.start" 2>&1 ||
+    { echo "the etcd cluster did not start:" >&2; cat "$tmp/etcd.start" >&2; exit 1; }
+etcd_pids=("${ETCD_PIDS[@]}")
+endpoints=$ETCD_ENDPOINTS
 etcd0=127.0.0.1:${ports[0]}  # torchrun's etcd backends take one member
-deadline=$((SECONDS + 30))
-for i in 0 1 2; do
-    until curl -fs "http://127.0.0.1:${ports[2 * i]}/health" 2>/dev/null | grep -q '"true"'; do
-        if ((SECONDS > deadline)) || ! kill -0 "${etcd_pids[i]}" 2>/dev/null; then
-            echo "etcd member m$i did not become healthy:" >&2
-            tail -20 "$tmp/etcd.m$i.log" >&2
-            exit 1
-        fi
-        sleep 0.1
-    done
-done
 echo "etcd $("$etcd_bin" --version | head -1 | awk '{print $3}'): 3 members at $endpoints" \
     "(data in $etcd_data, $(df -T "$etcd_data" | awk 'NR == 2 {print $2}'))"
 
