@@ -18,6 +18,7 @@
 #      the lease's TTL and a few seconds, and leaves no process;
 #   6. the same job with --rdzv-backend c10d and the store's host (node 0) killed: the survivors
 #      say the store is gone with its node and stop, no hang.
+# Before them, etcd out of reach at the start: ddprun stops at once, naming every member it tried.
 # Usage: test_elastic_etcd.sh DDPRUN DDP_TRAIN. Exit 0 pass, 1 fail, 77 skip (not root, no ip
 # netns, no etcd or curl, no Fashion-MNIST).
 set -uo pipefail
@@ -93,6 +94,19 @@ kill_node() { # NODE: everything in its namespace
   ip netns pids "${nodes[$1]}" | xargs -r kill -KILL 2>/dev/null
   wait "${pids[$1]}" 2>/dev/null
 }
+
+# etcd out of reach at the start: ddprun names every member it tried, with why and how long.
+t1=$(now_ms)
+out=$(timeout 30 ip netns exec "${nodes[0]}" "$ddprun" --nnodes 2:3 --rdzv-backend etcd \
+  --rdzv-endpoint "${NETNS_ADDRS[3]}:2399,${NETNS_ADDRS[4]}:2399" --rdzv-id none$tag true 2>&1)
+rc=$?
+ms=$(($(now_ms) - t1))
+if [ $rc = 1 ] && grep -qF "cannot reach the etcd rendezvous at ${NETNS_ADDRS[3]}:2399,${NETNS_ADDRS[4]}:2399: no etcd member answered in" <<<"$out" &&
+   grep -qF "${NETNS_ADDRS[4]}:2399 (" <<<"$out"; then
+  ok "etcd out of reach: stopped in $ms ms, naming both members"
+else
+  fail "etcd out of reach: rc=$rc after $ms ms: $out"
+fi
 
 # 1. Undisturbed. (Four epochs, 624 steps, leave the later scenarios time to act after step 40.)
 epochs=4
