@@ -5,7 +5,7 @@
  * program is ddprun.c (the agent's rounds, failures, signals, store calls, main), spawn.c (the
  * workers' environment, PID namespace and spawning, the log directory), relay.c (the output
  * relay), monitor.c (the monitor thread) and guard.c (the worker guard and the namespace's init:
- * this binary re-executed).
+ * the ddp-guard program, whose process-tree helpers ddprun shares).
  */
 #ifndef DDPRUN_AGENT_H
 #define DDPRUN_AGENT_H
@@ -16,6 +16,7 @@
 #include "noderdzv.h"
 #include "options.h"
 #include "rdzv.h"
+#include "walltime.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -188,8 +189,6 @@ typedef struct agent {
 } agent;
 
 /* ddprun.c */
-double wall_now_s(void);
-void format_time(double t, char *buf, size_t n);
 void die_oom(void);
 void *xcalloc(size_t n, size_t sz);
 void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

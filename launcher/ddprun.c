@@ -15,8 +15,8 @@
  * heartbeat to stop, and wakes the loop with uv_async_send().
  *
  * Each worker runs in its own session and process group, so signals reach its children too.
- * Workers are started through a small guard (this same binary, re-executed as "ddp-guard";
- * shim_main()) that stays as the worker's parent: a child subreaper that forwards ddprun's
+ * Workers are started through a small guard (the ddp-guard program, guard_main.c, which links
+ * only libc; shim_main()) that stays as the worker's parent: a child subreaper that forwards ddprun's
  * signals and, once the worker has exited or ddprun has died (its parent-death signal), kills
  * every descendant left, double-forked and setsid()'d daemons included. Where ddprun may create
  * namespaces (CAP_SYS_ADMIN), the guards and workers of a node live in a PID namespace of their
@@ -56,27 +56,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-/*
- * The time of ddprun's own messages and of its failure summary: local wall-clock time to the
- * millisecond, "2026-11-24 21:03:04.123", the format of the summary's time column.
- */
-double wall_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void format_time(double t, char *buf, size_t n)
-{
-    time_t sec = (time_t)t;
-    struct tm tm;
-    localtime_r(&sec, &tm);
-    size_t k = strftime(buf, n, "%Y-%m-%d %H:%M:%S", &tm);
-    int ms = (int)((t - (double)sec) * 1000);
-    snprintf(buf + k, n - k, ".%03d", ms < 0 ? 0 : ms > 999 ? 999 : ms);
-}
 
 void die_oom(void)
 {
@@ -1274,11 +1253,6 @@ static int setup_store(agent *a)
 
 int main(int argc, char **argv)
 {
-    if (argc > 0 && !strcmp(argv[0], GUARD_NAME))
-        return shim_main(argc, argv);
-    if (argc > 0 && !strcmp(argv[0], INIT_NAME))
-        return init_main();
-
     ddprun_config cfg;
     char err[1024] = "";
     int rc = ddprun_config_parse(argc, argv, &cfg, err, sizeof(err));

@@ -17,7 +17,11 @@
  */
 #include "etcd.h"
 
+/* libcurl is loaded when the first client is made (curl_load()), not linked: ddprun and its
+ * helpers start without its dozens of libraries unless a job uses etcd. */
+#define CURL_DISABLE_TYPECHECK
 #include <curl/curl.h>
+#include <dlfcn.h>
 #include <jansson.h>
 #include <openssl/evp.h>
 
@@ -25,6 +29,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,12 +57,66 @@ struct ddprun_etcd {
 
 static _Thread_local errbuf create_error;
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_rc;
+/* The libcurl functions used here, from dlopen("libcurl.so.4") (its soname since 7.16). */
+static struct {
+    CURLcode (*global_init)(long flags);
+    CURL *(*easy_init)(void);
+    void (*easy_cleanup)(CURL *c);
+    void (*easy_reset)(CURL *c);
+    CURLcode (*easy_setopt)(CURL *c, CURLoption option, ...);
+    CURLcode (*easy_perform)(CURL *c);
+    CURLcode (*easy_getinfo)(CURL *c, CURLINFO info, ...);
+    const char *(*easy_strerror)(CURLcode code);
+    struct curl_slist *(*slist_append)(struct curl_slist *list, const char *s);
+    void (*slist_free_all)(struct curl_slist *list);
+} lib;
+#define curl_global_init lib.global_init
+#define curl_easy_init lib.easy_init
+#define curl_easy_cleanup lib.easy_cleanup
+#define curl_easy_reset lib.easy_reset
+#undef curl_easy_setopt /* curl.h may define both as macros */
+#undef curl_easy_getinfo
+#define curl_easy_setopt lib.easy_setopt
+#define curl_easy_perform lib.easy_perform
+#define curl_easy_getinfo lib.easy_getinfo
+#define curl_easy_strerror lib.easy_strerror
+#define curl_slist_append lib.slist_append
+#define curl_slist_free_all lib.slist_free_all
 
-static void curl_init(void)
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static char curl_load_error[256]; /* why libcurl could not be loaded; "" once it is */
+
+/* Loads libcurl and initialises it, once per process (pthread_once). */
+static void curl_load(void)
 {
-    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+    void *h = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(curl_load_error, sizeof curl_load_error, "cannot load libcurl: %s", dlerror());
+        return;
+    }
+    static const struct {
+        const char *name;
+        size_t offset;
+    } syms[] = {
+#define SYM(f, n) {n, offsetof(__typeof__(lib), f)}
+        SYM(global_init, "curl_global_init"),   SYM(easy_init, "curl_easy_init"),
+        SYM(easy_cleanup, "curl_easy_cleanup"), SYM(easy_reset, "curl_easy_reset"),
+        SYM(easy_setopt, "curl_easy_setopt"),   SYM(easy_perform, "curl_easy_perform"),
+        SYM(easy_getinfo, "curl_easy_getinfo"), SYM(easy_strerror, "curl_easy_strerror"),
+        SYM(slist_append, "curl_slist_append"), SYM(slist_free_all, "curl_slist_free_all"),
+#undef SYM
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        void *f = dlsym(h, syms[i].name);
+        if (!f) {
+            snprintf(curl_load_error, sizeof curl_load_error, "libcurl lacks %s", syms[i].name);
+            return;
+        }
+        memcpy((char *)&lib + syms[i].offset, &f, sizeof f);
+    }
+    CURLcode rc = lib.global_init(CURL_GLOBAL_DEFAULT);
+    if (rc != CURLE_OK)
+        snprintf(curl_load_error, sizeof curl_load_error, "libcurl: %s", lib.easy_strerror(rc));
 }
 
 void ddprun_etcd_options_init(ddprun_etcd_options *o)
@@ -600,10 +659,9 @@ int ddprun_etcd_create(const char *endpoints, const ddprun_etcd_options *o, ddpr
     if (o->key && !o->cert)
         return errbuf_set(&create_error, -EINVAL, "etcd key '%s' given without a certificate",
                           o->key);
-    pthread_once(&curl_once, curl_init);
-    if (curl_init_rc != CURLE_OK)
-        return errbuf_set(&create_error, -ENOMEM, "etcd: libcurl: %s",
-                          curl_easy_strerror(curl_init_rc));
+    pthread_once(&curl_once, curl_load);
+    if (curl_load_error[0])
+        return errbuf_set(&create_error, -ENOSYS, "etcd: %s", curl_load_error);
 
     json_t *status = NULL;
     ddprun_etcd *e = calloc(1, sizeof *e);

@@ -77,8 +77,8 @@ void ddprun_etcd_options_init(ddprun_etcd_options *o);
  * released with ddprun_etcd_close().
  *
  * Returns 0; -EINVAL (an empty or malformed endpoint list, more than DDPRUN_ETCD_MAX_ENDPOINTS
- * members, timeout_ms <= 0, an unknown protocol, a key without a certificate); or a code of the
- * list above. The sentence of a failed creation is ddprun_etcd_last_error(NULL), per thread.
+ * members, timeout_ms <= 0, an unknown protocol, a key without a certificate); -ENOSYS (libcurl,
+ * loaded at the first call rather than linked, cannot be loaded); or a code of the list above. The sentence of a failed creation is ddprun_etcd_last_error(NULL), per thread.
  */
 int ddprun_etcd_create(const char *endpoints, const ddprun_etcd_options *o, ddprun_etcd **out);
 

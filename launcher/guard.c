@@ -1,7 +1,8 @@
 /*
  * The worker guard and the init of the workers' PID namespace: the two helper programs of
- * ddprun, this same binary re-executed as "ddp-guard" (shim_main()) and "ddp-init"
- * (init_main()), which main() hands over to before anything else. The guard stays as its
+ * ddprun, one small executable of their own (ddp-guard, guard_main.c) started as "ddp-guard"
+ * (shim_main()) or "ddp-init" (init_main()). It links nothing but libc, so that starting a
+ * worker does not load what ddprun links (libuv, libcrypto, jansson, libcurl). The guard stays as its
  * worker's parent, forwards ddprun's signals to the worker's process group, and kills every
  * descendant left once the worker has exited or ddprun has died; the init dies with ddprun, so
  * that the kernel kills every process of the namespace. Also the process-tree helpers the agent
@@ -10,8 +11,8 @@
  * Not done here: spawning the guards and starting the init (spawn.c). Neither program touches
  * the agent's state: they run after an exec, with what their argv, fds and memfd carry.
  */
-#include "agent.h"
 #include "guard.h"
+#include "walltime.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -33,6 +34,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#define PROG "ddprun" /* the name the guard's few messages go out under */
 
 /*
  * Marks every descriptor above standard error close-on-exec, so that what the user's shell passed

@@ -1,7 +1,8 @@
 /*
- * The worker guard and the init of the workers' PID namespace (guard.c): this binary re-executed
- * under another name, so that ddprun's main() hands over to shim_main() or init_main() before it
- * parses any option. Internal to ddprun.
+ * The worker guard and the init of the workers' PID namespace (guard.c): the ddp-guard program
+ * (guard_main.c), started under one name or the other, hands over to shim_main() or init_main();
+ * ddprun finds it beside itself or in libexecdir (spawn.c). The process-tree helpers are ddprun's too. Internal to
+ * ddprun.
  */
 #ifndef DDPRUN_GUARD_H
 #define DDPRUN_GUARD_H
@@ -10,9 +11,9 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
-/* ddprun's helper processes: this binary re-executed under these names (argv[0], and the name
- * ps and pgrep match, PR_SET_NAME), which do not contain "ddprun", so that `pkill ddprun` or
- * `pgrep -f ddprun` find the agent alone. */
+/* ddprun's helper processes: the ddp-guard program started under these names (argv[0], and
+ * the name ps and pgrep match, PR_SET_NAME), which do not contain "ddprun", so that `pkill
+ * ddprun` or `pgrep -f ddprun` find the agent alone. */
 #define GUARD_NAME "ddp-guard"
 #define INIT_NAME "ddp-init"
 
@@ -29,7 +30,7 @@ int proc_stat(pid_t pid, char *state, long *ppid);
 /* SIGKILLs every descendant of this process and reaps them (see guard.c). */
 void kill_descendants(bool any_child, void (*on_reaped)(pid_t, int, void *), void *arg);
 
-/* The guard's and the init's main(): argv as re-executed (see guard.c). Return the exit code. */
+/* The guard's and the init's main(): argv as started (see guard.c). Return the exit code. */
 int shim_main(int argc, char **argv);
 int init_main(void);
 

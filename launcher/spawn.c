@@ -133,14 +133,24 @@ static envb worker_env(agent *a, worker *w)
 /* Spawning                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-/* This program's path, for re-executing it as a guard or an init. */
-static void self_exe(char *self, size_t n)
+/*
+ * The path of the ddp-guard program (the guards and the namespace's init): the one beside this
+ * executable (the build tree), else the installed one (DDPRUN_GUARD_PATH, in libexecdir).
+ */
+static void guard_path(char *buf, size_t n)
 {
-    ssize_t sl = readlink("/proc/self/exe", self, n - 1);
-    if (sl <= 0)
-        snprintf(self, n, "%s", "/proc/self/exe");
-    else
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (sl > 0) {
         self[sl] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            snprintf(buf, n, "%.*s/" GUARD_NAME, (int)(slash - self), self);
+            if (access(buf, X_OK) == 0)
+                return;
+        }
+    }
+    snprintf(buf, n, "%s", DDPRUN_GUARD_PATH);
 }
 
 /* Leaves the workers' PID namespace: guards start in ddprun's own again, until job_ns_start(). */
@@ -207,15 +217,15 @@ int job_ns_start(agent *a)
         err = errno;
         goto out;
     }
-    char self[PATH_MAX];
-    self_exe(self, sizeof(self));
+    char guard[PATH_MAX];
+    guard_path(guard, sizeof(guard));
     char *args[] = {INIT_NAME, NULL};
     uv_stdio_container_t io[5] = {{.flags = UV_IGNORE},
                                   {.flags = UV_IGNORE},
                                   {.flags = UV_IGNORE},
                                   {.flags = UV_INHERIT_FD, .data.fd = alive[0]},
                                   {.flags = UV_INHERIT_FD, .data.fd = ready[1]}};
-    uv_process_options_t o = {.file = self,
+    uv_process_options_t o = {.file = guard,
                               .args = args,
                               .exit_cb = init_exited,
                               .flags = UV_PROCESS_DETACHED,
@@ -445,10 +455,10 @@ int spawn_worker(agent *a, worker *w)
         return rc;
     }
 
-    char self[PATH_MAX];
-    self_exe(self, sizeof(self));
+    char guard[PATH_MAX];
+    guard_path(guard, sizeof(guard));
     uv_process_options_t o = {0};
-    o.file = self;
+    o.file = guard;
     o.args = args;
     o.env = NULL; /* ddprun's own */
     o.exit_cb = on_worker_exit;
