@@ -30,7 +30,9 @@
  */
 #include "backend.h"
 #include "etcd.h"
+#include "fmt.h"
 #include "monoclock.h"
+#include "walltime.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -40,7 +42,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define ENDED_TTL_S 7200    /* how long a finished job's id stays refused (torchrun's 2 h) */
@@ -74,19 +75,6 @@ struct ddprun_rdzv_watch {
 /* Small pieces                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
-static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* "<prefix>/r/<round>/<what>" (round >= 0) or "<prefix>/<what>", malloc'd; NULL: no memory. */
 static char *rkey(const char *prefix, int round, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -106,12 +94,6 @@ static char *rkey(const char *prefix, int round, const char *fmt, ...)
     else
         snprintf(k, n, "%s/%s", prefix, tail);
     return k;
-}
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* "create `key` = value unless it exists": the transaction every create-once key uses. */
@@ -195,7 +177,7 @@ static void *keepalive_main(void *arg)
         pthread_mutex_unlock(&lease.mu);
         if (lost)
             return NULL;
-        nap_ms(rc == 0 ? every_ms : RETRY_MS);
+        mono_sleep_until(mono_deadline_ns(rc == 0 ? every_ms : RETRY_MS));
     }
 }
 
@@ -232,14 +214,14 @@ static int lease_get(ddprun_rdzv_conn *c, int64_t *id, char *err, size_t errlen)
     int64_t lid = 0, ttl = 0;
     int rc = ddprun_etcd_lease_grant(c->e, ttl_of(c->dead_s), &lid, &ttl);
     if (rc < 0)
-        return set_err(err, errlen, rc, "granting this node's lease: %s",
+        return fmt_err(err, errlen, rc, "granting this node's lease: %s",
                        ddprun_etcd_last_error(c->e));
     ddprun_etcd_options o;
     etcd_options(c->cfg, c->dead_s, &o);
     ddprun_etcd *ke = NULL;
     rc = ddprun_etcd_create(c->cfg->rdzv_endpoint, &o, &ke);
     if (rc < 0)
-        return set_err(err, errlen, rc, "%s", ddprun_etcd_last_error(NULL));
+        return fmt_err(err, errlen, rc, "%s", ddprun_etcd_last_error(NULL));
     pthread_mutex_lock(&lease.mu);
     lease.id = lid;
     lease.ttl_s = ttl > 0 ? ttl : ttl_of(c->dead_s);
@@ -252,7 +234,7 @@ static int lease_get(ddprun_rdzv_conn *c, int64_t *id, char *err, size_t errlen)
         lease.lost = true;
         snprintf(lease.why, sizeof lease.why, "cannot start the lease's keepalive thread");
         pthread_mutex_unlock(&lease.mu);
-        return set_err(err, errlen, -EAGAIN, "cannot start the lease's keepalive thread");
+        return fmt_err(err, errlen, -EAGAIN, "cannot start the lease's keepalive thread");
     }
     pthread_detach(lease.thread);
     *id = lid;
@@ -263,7 +245,7 @@ static int lease_get(ddprun_rdzv_conn *c, int64_t *id, char *err, size_t errlen)
 static int lease_check(char *err, size_t errlen)
 {
     pthread_mutex_lock(&lease.mu);
-    int rc = lease.lost ? set_err(err, errlen, -ENOLINK, "%s", lease.why) : 0;
+    int rc = lease.lost ? fmt_err(err, errlen, -ENOLINK, "%s", lease.why) : 0;
     pthread_mutex_unlock(&lease.mu);
     return rc;
 }
@@ -292,7 +274,7 @@ static bool retry_later(const ddprun_rdzv_conn *c, int rc, double *since)
         *since = mono_now_s();
     if (mono_now_s() - *since > c->dead_s || lease_check(NULL, 0) < 0)
         return false;
-    nap_ms(RETRY_MS);
+    mono_sleep_until(mono_deadline_ns(RETRY_MS));
     return true;
 }
 
@@ -327,7 +309,7 @@ static int etcd_connect(const ddprun_config *cfg, const char *host, int port,
     etcd_options(cfg, c->dead_s, &o);
     int rc = ddprun_etcd_create(cfg->rdzv_endpoint, &o, &c->e);
     if (rc < 0) {
-        set_err(err, errlen, rc, "%s", ddprun_etcd_last_error(NULL));
+        fmt_err(err, errlen, rc, "%s", ddprun_etcd_last_error(NULL));
         free(c);
         return rc;
     }
@@ -365,7 +347,7 @@ static int job_check(ddprun_rdzv_conn *c, const char *prefix, int *round, char *
     for (int attempt = 0; attempt < 8; attempt++) {
         rc = get_str(c->e, kend, &ended, NULL);
         if (rc == 0) {
-            rc = set_err(err, errlen, -EEXIST,
+            rc = fmt_err(err, errlen, -EEXIST,
                          "the rendezvous id '%s' belongs to a job that already finished (%s); "
                          "give this job a new --rdzv-id, or delete the old one's keys: etcdctl "
                          "del --prefix '%s/' (they expire by themselves %d s after it ended)",
@@ -406,7 +388,7 @@ static int job_check(ddprun_rdzv_conn *c, const char *prefix, int *round, char *
             live += kvs[i].lease != 0;
         ddprun_etcd_kvs_free(kvs, n);
         if (live > 0) {
-            rc = set_err(err, errlen, -EEXIST,
+            rc = fmt_err(err, errlen, -EEXIST,
                          "the rendezvous id '%s' is in use by another job, with --nnodes %s "
                          "(this one has %s); give this job a --rdzv-id of its own",
                          cfg->rdzv_id, have ? have : "?", want);
@@ -434,7 +416,7 @@ static int job_check(ddprun_rdzv_conn *c, const char *prefix, int *round, char *
     rc = 0;
     goto out;
 etcd_failed:
-    set_err(err, errlen, rc, "%s", ddprun_etcd_last_error(c->e));
+    fmt_err(err, errlen, rc, "%s", ddprun_etcd_last_error(c->e));
 out:
     free(kjob);
     free(kend);
@@ -580,9 +562,9 @@ static int late(ddprun_rdzv_conn *c, const char *prefix, int round, int64_t leas
     free(kw);
     free(kn);
     if (rc < 0)
-        return set_err(err, errlen, rc, "registering as a waiting node: %s",
+        return fmt_err(err, errlen, rc, "registering as a waiting node: %s",
                        ddprun_etcd_last_error(c->e));
-    return set_err(err, errlen, -EAGAIN, "round %d %s; waiting for round %d", round, why,
+    return fmt_err(err, errlen, -EAGAIN, "round %d %s; waiting for round %d", round, why,
                    round + 1);
 }
 
@@ -627,7 +609,7 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
     if (rc == 0 && !created) {
         rc = get_str(c->e, kconf, &have, NULL);
         if (rc == 0 && strcmp(have, want) != 0) {
-            rc = set_err(err, errlen, -EINVAL,
+            rc = fmt_err(err, errlen, -EINVAL,
                          "round %d was opened with --nnodes %s, this node asks for %s", round, have,
                          want);
             goto out;
@@ -654,7 +636,7 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
     if (rc < 0)
         goto etcd_failed;
     if (!joined) {
-        rc = set_err(err, errlen, -EAGAIN,
+        rc = fmt_err(err, errlen, -EAGAIN,
                      "round %d closed before this node came; waiting for round %d", round,
                      round + 1);
         goto out;
@@ -711,10 +693,10 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
     bool member = false;
     rc = read_closed(v.closed, c->node_id, round, &aborted, out, &member);
     if (rc < 0) {
-        set_err(err, errlen, rc, "round %d: malformed close record '%.200s'", round,
+        fmt_err(err, errlen, rc, "round %d: malformed close record '%.200s'", round,
                 v.closed->value);
     } else if (aborted >= 0) {
-        rc = set_err(err, errlen, -ETIMEDOUT,
+        rc = fmt_err(err, errlen, -ETIMEDOUT,
                      "only %d of the %d nodes needed (--nnodes %s) joined round %d within "
                      "join_timeout=%g s; round aborted",
                      aborted, cfg->nnodes_min, want, round, cfg->join_timeout_s);
@@ -724,7 +706,7 @@ static int join_round(ddprun_rdzv_conn *c, const char *prefix, int round, int64_
     }
     goto out;
 etcd_failed:
-    set_err(err, errlen, rc, "round %d: %s", round, ddprun_etcd_last_error(c->e));
+    fmt_err(err, errlen, rc, "round %d: %s", round, ddprun_etcd_last_error(c->e));
 out:
     view_free(&v);
     free(kconf);
@@ -833,7 +815,7 @@ static int etcd_find_store(ddprun_rdzv_conn *c, const char *prefix, int round, d
             rc = ddprun_etcd_watch(c->e, k, false, rev, slice_ms(c, left), &ev);
         ddprun_etcd_event_clear(&ev);
         if (rc < 0 && rc != -ETIMEDOUT && rc != -ESTALE)
-            nap_ms(RETRY_MS);
+            mono_sleep_until(mono_deadline_ns(RETRY_MS));
     }
     free(k);
     return rc;
@@ -930,7 +912,7 @@ unreachable:
     {
         int left = mono_ms_left(deadline);
         if (left > 0)
-            nap_ms(left);
+            mono_sleep_until(mono_deadline_ns(left));
     }
     rc = -ETIMEDOUT;
 out:
@@ -952,9 +934,11 @@ static int etcd_exit_barrier(ddprun_rdzv_conn *c, const char *prefix, int round,
     int rc = -ENOMEM;
     if (!kme || !kdone || !kf || !kend || !base || !kexit)
         goto out;
-    rc = ddprun_etcd_put(c->e, kme, "1", 1, 0, NULL);
-    while (rc == 0 || rc != -ENOMEM) {
+    bool passed_here = false; /* kme is written */
+    for (;;) {
         round_view v = {0};
+        rc = passed_here ? 0 : ddprun_etcd_put(c->e, kme, "1", 1, 0, NULL);
+        passed_here = rc == 0;
         if (rc == 0)
             rc = view_read(c, prefix, round, &v);
         if (rc == 0) {
@@ -982,11 +966,8 @@ static int etcd_exit_barrier(ddprun_rdzv_conn *c, const char *prefix, int round,
                 int64_t lid = 0;
                 if (rc == 0 && created &&
                     ddprun_etcd_lease_grant(c->e, ENDED_TTL_S, &lid, NULL) == 0) {
-                    char when[64];
-                    time_t t = time(NULL);
-                    struct tm tm;
-                    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %z", localtime_r(&t, &tm));
-                    char note[512];
+                    char when[32], note[512];
+                    format_time(wall_now_s(), when, sizeof when);
                     snprintf(note, sizeof note, "ended at %s, last node %.300s", when, c->node_id);
                     put_once(c->e, kend, note, lid, &created);
                 }
@@ -1014,14 +995,12 @@ static int etcd_exit_barrier(ddprun_rdzv_conn *c, const char *prefix, int round,
             if (rc == -ETIMEDOUT && mono_ms_left(deadline) <= 0)
                 goto out;
             if (rc == 0 || rc == -ETIMEDOUT || rc == -ESTALE) {
-                rc = 0;
                 failing_since = -1;
                 continue;
             }
         }
         if (!retry_later(c, rc, &failing_since))
             goto out;
-        rc = ddprun_etcd_put(c->e, kme, "1", 1, 0, NULL);
     }
 out:
     free(kme);

@@ -36,22 +36,10 @@
 /* Helpers                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Writes a formatted sentence into the caller's buffer, if any, and returns `rc`. */
-static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* A failed store call: the client's own account of it follows what we were doing. */
 static int store_err(rdzv_client *c, char *err, size_t errlen, int rc, const char *what, int round)
 {
-    return set_err(err, errlen, rc, "rendezvous round %d: %s: %s (%s)", round, what,
+    return fmt_err(err, errlen, rc, "rendezvous round %d: %s: %s (%s)", round, what,
                    rdzv_strerror(rc), rdzv_client_last_error(c));
 }
 
@@ -163,15 +151,15 @@ static bool prefix_sums(const int64_t *nproc, int nnodes, int me, int *offset, i
 /* ------------------------------------------------------------------------------------------ */
 
 /* The sentence for a static round whose all-gather timed out: the missing node ranks. */
-static int static_timeout(const bool *missing, int nnodes, int round, double timeout_s,
-                          char *err, size_t errlen)
+static int static_timeout(const bool *missing, int nnodes, int round, double timeout_s, char *err,
+                          size_t errlen)
 {
     char what[64], msg[384];
     snprintf(what, sizeof what, "did not show up within %g s", timeout_s);
     if (fmt_missing_ranks(missing, nnodes, "node rank", what, msg, sizeof msg) == 0)
         /* Every node arrived between the wait's end and the checks: still a timeout. */
         snprintf(msg, sizeof msg, "every node showed up, but only after %g s", timeout_s);
-    return set_err(err, errlen, -ETIMEDOUT, "static rendezvous round %d: %s", round, msg);
+    return fmt_err(err, errlen, -ETIMEDOUT, "static rendezvous round %d: %s", round, msg);
 }
 
 int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes, int node_rank,
@@ -182,7 +170,7 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
         err[0] = '\0';
     if (!c || bad_prefix(prefix) || !out || round < 0 || nnodes < 1 ||
         nnodes > DDPRUN_RDZV_MAX_NODES || node_rank < 0 || node_rank >= nnodes || nproc < 1)
-        return set_err(err, errlen, -EINVAL,
+        return fmt_err(err, errlen, -EINVAL,
                        "static rendezvous: invalid argument (round %d, nnodes %d, node rank %d, "
                        "nproc %d)",
                        round, nnodes, node_rank, nproc);
@@ -209,7 +197,7 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
         goto out;
     }
     if (rc == 0) {
-        rc = set_err(err, errlen, -EINVAL,
+        rc = fmt_err(err, errlen, -EINVAL,
                      "static rendezvous round %d: this node (rank %d) says nnodes=%d but the "
                      "round was opened with nnodes=%.*s",
                      round, node_rank, nnodes, (int)(opened_len > 16 ? 16 : opened_len),
@@ -228,7 +216,7 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
         goto out;
     }
     if (claims != 1) {
-        rc = set_err(err, errlen, -EEXIST,
+        rc = fmt_err(err, errlen, -EEXIST,
                      "static rendezvous round %d: node rank %d was claimed by another node "
                      "(check --node-rank on every node)",
                      round, node_rank);
@@ -257,7 +245,7 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
     }
     for (int i = 0; i < nnodes; i++) {
         if (!parse_int(values[i], lens[i], 1, INT_MAX, &nprocs[i], NULL)) {
-            rc = set_err(err, errlen, -EPROTO,
+            rc = fmt_err(err, errlen, -EPROTO,
                          "static rendezvous round %d: node rank %d published a malformed nproc",
                          round, i);
             goto out;
@@ -265,7 +253,7 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
     }
     int offset = 0, world = 0;
     if (!prefix_sums(nprocs, nnodes, node_rank, &offset, &world)) {
-        rc = set_err(err, errlen, -EPROTO, "static rendezvous round %d: the world size exceeds %d",
+        rc = fmt_err(err, errlen, -EPROTO, "static rendezvous round %d: the world size exceeds %d",
                      round, INT_MAX);
         goto out;
     }
@@ -277,7 +265,7 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
     rc = 0;
     goto out;
 oom:
-    rc = set_err(err, errlen, -ENOMEM, "static rendezvous round %d: out of memory", round);
+    rc = fmt_err(err, errlen, -ENOMEM, "static rendezvous round %d: out of memory", round);
 out:
     rdzv_free(opened);
     free(key);
@@ -354,7 +342,7 @@ static int dyn_late(rdzv_client *c, const dyn_keys *k, int round, const char *wh
     int rc = rdzv_add(c, k->waiting, 1, &waiting);
     if (rc < 0)
         return store_err(c, err, errlen, rc, "registering as a waiting node", round);
-    return set_err(err, errlen, -EAGAIN,
+    return fmt_err(err, errlen, -EAGAIN,
                    "dynamic rendezvous round %d: %s; this node is waiting (%" PRId64
                    " waiting): retry with round %d once the members restart",
                    round, why, waiting, round + 1);
@@ -373,7 +361,7 @@ static int dyn_assign(rdzv_client *c, const char *prefix, int round, int n, int 
     int64_t *nprocs = calloc((size_t)n, sizeof *nprocs);
     int rc = -ENOMEM;
     if (!where || !values || !lens || !nprocs) {
-        set_err(err, errlen, rc, "dynamic rendezvous round %d: out of memory", round);
+        fmt_err(err, errlen, rc, "dynamic rendezvous round %d: out of memory", round);
         goto out;
     }
     rc = rdzv_gather(c, where, n, join_ms, values, lens, NULL);
@@ -386,14 +374,14 @@ static int dyn_assign(rdzv_client *c, const char *prefix, int round, int n, int 
         if (!parse_int(values[i], lens[i], 1, INT_MAX, &nprocs[i], &end) || end >= lens[i] ||
             ((const char *)values[i])[end] != ' ') {
             rc =
-                set_err(err, errlen, -EPROTO,
+                fmt_err(err, errlen, -EPROTO,
                         "dynamic rendezvous round %d: malformed record for node rank %d", round, i);
             goto out;
         }
     }
     int offset = 0, world = 0;
     if (!prefix_sums(nprocs, n, slot, &offset, &world)) {
-        rc = set_err(err, errlen, -EPROTO, "dynamic rendezvous round %d: the world size exceeds %d",
+        rc = fmt_err(err, errlen, -EPROTO, "dynamic rendezvous round %d: the world size exceeds %d",
                      round, INT_MAX);
         goto out;
     }
@@ -434,7 +422,7 @@ int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_n
     if (!c || bad_prefix(prefix) || !out || !node_id || !node_id[0] || strlen(node_id) > 4096 ||
         round < 0 || min_nodes < 1 || max_nodes < min_nodes || max_nodes > DDPRUN_RDZV_MAX_NODES ||
         nproc < 1 || !(last_call_timeout_s >= 0))
-        return set_err(err, errlen, -EINVAL,
+        return fmt_err(err, errlen, -EINVAL,
                        "dynamic rendezvous: invalid argument (round %d, nnodes %d:%d, nproc %d)",
                        round, min_nodes, max_nodes, nproc);
 
@@ -461,7 +449,7 @@ int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_n
         goto out;
     }
     if (rc == 0) {
-        rc = set_err(err, errlen, -EINVAL,
+        rc = fmt_err(err, errlen, -EINVAL,
                      "dynamic rendezvous round %d: this node asks for nnodes %s but the round "
                      "was opened with other bounds",
                      round, num);
@@ -474,7 +462,7 @@ int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_n
         goto out;
     }
     if (joined < 1) {
-        rc = set_err(err, errlen, -EPROTO, "dynamic rendezvous round %d: bad join count", round);
+        rc = fmt_err(err, errlen, -EPROTO, "dynamic rendezvous round %d: bad join count", round);
         goto out;
     }
     int64_t slot = joined - 1;
@@ -523,7 +511,7 @@ int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_n
     if (rc == 0)
         rc = dyn_read_closed(c, &k, max_nodes, &n, &aborted);
     if (rc == -EPROTO) {
-        set_err(err, errlen, rc, "dynamic rendezvous round %d: malformed close record", round);
+        fmt_err(err, errlen, rc, "dynamic rendezvous round %d: malformed close record", round);
         goto out;
     }
     if (rc < 0) {
@@ -539,7 +527,7 @@ int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_n
         goto out;
     }
     if (aborted) {
-        rc = set_err(err, errlen, -ETIMEDOUT,
+        rc = fmt_err(err, errlen, -ETIMEDOUT,
                      "dynamic rendezvous round %d: only %" PRId64
                      " of min_nodes=%d nodes joined within %g s; round aborted",
                      round, n, min_nodes, join_timeout_s);
@@ -548,7 +536,7 @@ int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_n
     rc = dyn_assign(c, prefix, round, (int)n, (int)slot, join_ms, out, err, errlen);
     goto out;
 oom:
-    rc = set_err(err, errlen, -ENOMEM, "dynamic rendezvous round %d: out of memory", round);
+    rc = fmt_err(err, errlen, -ENOMEM, "dynamic rendezvous round %d: out of memory", round);
 out:
     dyn_keys_free(&k);
     free(node_key);

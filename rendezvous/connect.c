@@ -256,14 +256,6 @@ static int auth_handshake(rdzv_client *c, int64_t deadline, char *why, size_t wh
     return n == 1 && reply[0] == RDZV_AUTH_STATUS_OK ? 0 : -EPROTO;
 }
 
-/* Sleeps until `until` (monotonic nanoseconds). */
-static void sleep_until(int64_t until)
-{
-    struct timespec ts = mono_timespec_at(until);
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-        ;
-}
-
 int rdzv_client_connect(const char *host, int port, const rdzv_client_options *opts,
                         rdzv_client **out)
 {
@@ -430,7 +422,7 @@ int rdzv_client_connect(const char *host, int port, const rdzv_client_options *o
         int64_t delay_ms =
             backoff_ms - (half > 0 ? (int64_t)(rdzv__rng_next(&c->rng) % (half + 1)) : 0);
         int64_t wake = mono_now_ns() + delay_ms * 1000000;
-        sleep_until(wake < deadline ? wake : deadline);
+        mono_sleep_until(wake < deadline ? wake : deadline);
         backoff_ms *= 2;
         if (backoff_ms < 1)
             backoff_ms = 1;

@@ -5,6 +5,7 @@
 #include "fmt.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -28,8 +29,8 @@ int fmt_rank_list(const bool *flags, int n, char *buf, size_t cap)
     return count;
 }
 
-int fmt_missing_ranks(const bool *missing, int n, const char *noun, const char *what,
-                      char *buf, size_t cap)
+int fmt_missing_ranks(const bool *missing, int n, const char *noun, const char *what, char *buf,
+                      size_t cap)
 {
     if (!missing || n < 0 || !noun || !what || !buf || cap == 0)
         return -EINVAL;
@@ -46,4 +47,15 @@ int fmt_missing_ranks(const bool *missing, int n, const char *noun, const char *
 void fmt_endpoint(char *dst, size_t cap, const char *host, int port)
 {
     snprintf(dst, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+}
+
+int fmt_err(char *err, size_t cap, int rc, const char *fmt, ...)
+{
+    if (err && cap > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, cap, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
 }

@@ -1,7 +1,8 @@
 /*
  * The sentences every component gives for the same things, written once: a set of ranks
  * ("1, 3, 5 and 2 more"), the ranks that did not arrive in time ("ranks 1, 3 did not publish
- * /job/x within 300 ms (3 of 5 present)"), and a network endpoint ("[::1]:29500").
+ * /job/x within 300 ms (3 of 5 present)"), a network endpoint ("[::1]:29500"), and the
+ * sentence of a failure into a caller's error buffer (fmt_err()).
  *
  * Pure: no I/O, no allocation; thread-safe. Every function writes a NUL-terminated string into
  * the caller's buffer, cut to its size. Internal to the project: not installed.
@@ -32,13 +33,21 @@ int fmt_rank_list(const bool *flags, int n, char *buf, size_t cap);
  * missing buf receives "". `noun` and `what` are borrowed. Returns how many ranks are missing,
  * or -EINVAL (NULL argument, n < 0, cap == 0).
  */
-int fmt_missing_ranks(const bool *missing, int n, const char *noun, const char *what,
-                      char *buf, size_t cap);
+int fmt_missing_ranks(const bool *missing, int n, const char *noun, const char *what, char *buf,
+                      size_t cap);
 
 /*
  * Writes "host:port" into dst (cap bytes) for messages, bracketing an IPv6 literal:
  * "[::1]:29500".
  */
 void fmt_endpoint(char *dst, size_t cap, const char *host, int port);
+
+/*
+ * Writes a formatted sentence into the caller's error buffer err (cap bytes; nothing when err is
+ * NULL or cap is 0) and returns rc, so that a failure path of a function taking (err, errlen)
+ * reads `return fmt_err(err, errlen, -EINVAL, "...", ...)`.
+ */
+int fmt_err(char *err, size_t cap, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif /* DDP_FMT_H */

@@ -11,6 +11,7 @@
 #ifndef DDP_MONOCLOCK_H
 #define DDP_MONOCLOCK_H
 
+#include <errno.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -67,6 +68,14 @@ static inline struct timespec mono_timespec_at(int64_t ns)
     ts.tv_sec = (time_t)(ns / 1000000000);
     ts.tv_nsec = (long)(ns % 1000000000);
     return ts;
+}
+
+/* Sleeps until the point `ns` of this clock (mono_deadline_ns()); at once if it has passed. */
+static inline void mono_sleep_until(int64_t ns)
+{
+    struct timespec ts = mono_timespec_at(ns);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
 }
 
 #endif /* DDP_MONOCLOCK_H */

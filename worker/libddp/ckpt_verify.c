@@ -10,27 +10,16 @@
  * chunks it reads as it reads them).
  */
 #include "ckpt.h"
+#include "fmt.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-__attribute__((format(printf, 3, 4))) static void set_err(char *err, size_t cap, const char *fmt,
-                                                          ...)
-{
-    if (!err || cap == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-}
 
 /* Reads exactly n bytes at the file's position; 0, or -EIO (short: the file shrank), -errno. */
 static int read_full(int fd, unsigned char *buf, size_t n)
@@ -52,13 +41,13 @@ static int read_full(int fd, unsigned char *buf, size_t n)
 int ddp__ckpt_verify_shard(const ddp__ckpt_manifest *mf, int rank, char *err, size_t cap)
 {
     if (!mf || rank < 0 || rank >= mf->world || !mf->shards || mf->chunk_bytes == 0) {
-        set_err(err, cap, "ddp__ckpt_verify_shard: bad argument");
+        fmt_err(err, cap, 0, "ddp__ckpt_verify_shard: bad argument");
         return -EINVAL;
     }
     const ddp__ckpt_shard *sh = &mf->shards[rank];
     char path[4096];
     if (snprintf(path, sizeof path, "%s/%s", mf->dir, sh->file) >= (int)sizeof path) {
-        set_err(err, cap, "%s/%s: path too long", mf->dir, sh->file);
+        fmt_err(err, cap, 0, "%s/%s: path too long", mf->dir, sh->file);
         return -ENAMETOOLONG;
     }
     unsigned char *buf = NULL;
@@ -67,20 +56,20 @@ int ddp__ckpt_verify_shard(const ddp__ckpt_manifest *mf, int rank, char *err, si
     if (fd < 0) {
         rc = -errno;
         if (rc == -ENOENT)
-            set_err(err, cap, "%s: missing (shard %d of %d)", path, rank, mf->world);
+            fmt_err(err, cap, 0, "%s: missing (shard %d of %d)", path, rank, mf->world);
         else
-            set_err(err, cap, "%s: cannot open: %s", path, strerror(-rc));
+            fmt_err(err, cap, 0, "%s: cannot open: %s", path, strerror(-rc));
         goto out;
     }
     struct stat st;
     if (fstat(fd, &st) < 0) {
         rc = -errno;
-        set_err(err, cap, "%s: cannot stat: %s", path, strerror(-rc));
+        fmt_err(err, cap, 0, "%s: cannot stat: %s", path, strerror(-rc));
         goto out;
     }
     if ((uint64_t)st.st_size != sh->bytes) {
         rc = -EPROTO;
-        set_err(err, cap, "%s: %" PRIu64 " bytes, the manifest says %" PRIu64 " (%s)", path,
+        fmt_err(err, cap, 0, "%s: %" PRIu64 " bytes, the manifest says %" PRIu64 " (%s)", path,
                 (uint64_t)st.st_size, sh->bytes,
                 (uint64_t)st.st_size < sh->bytes ? "truncated" : "too long");
         goto out;
@@ -88,7 +77,7 @@ int ddp__ckpt_verify_shard(const ddp__ckpt_manifest *mf, int rank, char *err, si
     size_t chunk = mf->chunk_bytes;
     if (sh->bytes > 0 && !(buf = malloc(sh->bytes < chunk ? (size_t)sh->bytes : chunk))) {
         rc = -ENOMEM;
-        set_err(err, cap, "%s: out of memory for a %zu-byte chunk", path, chunk);
+        fmt_err(err, cap, 0, "%s: out of memory for a %zu-byte chunk", path, chunk);
         goto out;
     }
     uint32_t whole = 0;
@@ -98,7 +87,7 @@ int ddp__ckpt_verify_shard(const ddp__ckpt_manifest *mf, int rank, char *err, si
         uint64_t lo = (uint64_t)c * chunk;
         size_t n = sh->bytes - lo < chunk ? (size_t)(sh->bytes - lo) : chunk;
         if ((rc = read_full(fd, buf, n)) < 0) {
-            set_err(err, cap, "%s: read error in bytes [%" PRIu64 ", %" PRIu64 "): %s", path, lo,
+            fmt_err(err, cap, 0, "%s: read error in bytes [%" PRIu64 ", %" PRIu64 "): %s", path, lo,
                     lo + n, rc == -EIO ? "the file shrank while read" : strerror(-rc));
             rc = -EIO;
             goto out;
@@ -113,13 +102,13 @@ int ddp__ckpt_verify_shard(const ddp__ckpt_manifest *mf, int rank, char *err, si
     }
     if (bad) {
         rc = -EBADMSG;
-        set_err(err, cap, "%s: CRC32C mismatch in bytes [%" PRIu64 ", %" PRIu64 ")", path, bad_lo,
-                bad_hi);
+        fmt_err(err, cap, 0, "%s: CRC32C mismatch in bytes [%" PRIu64 ", %" PRIu64 ")", path,
+                bad_lo, bad_hi);
     } else if (whole != sh->crc32c) {
         /* Every chunk matches but the whole does not: the manifest's list disagrees with its
            own file CRC (or the file changed between chunks). */
         rc = -EBADMSG;
-        set_err(err, cap,
+        fmt_err(err, cap, 0,
                 "%s: CRC32C of the whole file is %08" PRIx32 ", the manifest says %08" PRIx32, path,
                 whole, sh->crc32c);
     }
