@@ -16,11 +16,11 @@
  *
  * Each worker runs in its own session and process group, so signals reach its children too.
  * Workers are started through a small guard (the ddp-guard program, guard_main.c, which links
- * only libc; shim_main()) that stays as the worker's parent: a child subreaper that forwards ddprun's
- * signals and, once the worker has exited or ddprun has died (its parent-death signal), kills
- * every descendant left, double-forked and setsid()'d daemons included. Where ddprun may create
- * namespaces (CAP_SYS_ADMIN), the guards and workers of a node live in a PID namespace of their
- * own whose init ("ddp-init", init_main()) dies with ddprun, so that the kernel kills every
+ * only libc; shim_main()) that stays as the worker's parent: a child subreaper that forwards
+ * ddprun's signals and, once the worker has exited or ddprun has died (its parent-death signal),
+ * kills every descendant left, double-forked and setsid()'d daemons included. Where ddprun may
+ * create namespaces (CAP_SYS_ADMIN), the guards and workers of a node live in a PID namespace of
+ * their own whose init ("ddp-init", init_main()) dies with ddprun, so that the kernel kills every
  * process in it however ddprun and the guards die, together included (job_ns_start()).
  * Elsewhere ddprun is a child subreaper as well, and kills whatever reaches it from a guard that
  * was itself killed; nothing cleans up when ddprun and a guard die at once.
@@ -900,28 +900,29 @@ static void job_after(uv_work_t *req, int status)
                 start_round(a);
             }
             break;
-        case JOB_RENDEZVOUS:
+        case JOB_RENDEZVOUS: {
+            /* A store that moves with the rounds: the round's replaces the last one (whose
+             * workers are all gone). */
+            bool moved = j->rc == 0 && a->rdzv->publish_store;
+            rdzv_server *old = NULL;
             pthread_mutex_lock(&a->mu); /* the monitor reads the assignment and a->store */
             a->round = j->round;
             a->asg = j->asg;
-            if (j->rc == 0 && a->rdzv->publish_store) {
-                /* The round's store replaces the last one (whose workers are all gone). */
-                rdzv_server *old = a->store;
+            if (moved) {
+                old = a->store;
                 a->store = j->srv;
                 j->srv = NULL;
                 snprintf(a->store_host, sizeof(a->store_host), "%s", j->store_host);
                 a->store_port = j->store_port;
-                pthread_mutex_unlock(&a->mu);
-                rdzv_server_close(old);
-                if (a->store && a->cfg->nnodes_max > 1) {
-                    char ep[300];
-                    fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
-                    say("round %d: node rank 0 of %d: serving the workers' store at %s", a->round,
-                        a->asg.nnodes, ep);
-                }
-                pthread_mutex_lock(&a->mu);
             }
             pthread_mutex_unlock(&a->mu);
+            rdzv_server_close(old);
+            if (moved && a->store && a->cfg->nnodes_max > 1) {
+                char ep[300];
+                fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
+                say("round %d: node rank 0 of %d: serving the workers' store at %s", a->round,
+                    a->asg.nnodes, ep);
+            }
             if (j->rc < 0) {
                 say("%s", j->err);
                 a->exit_code = 1;
@@ -932,6 +933,7 @@ static void job_after(uv_work_t *req, int status)
                 spawn_round(a);
             }
             break;
+        }
         case JOB_PUBLISH:
             if (j->rc < 0)
                 say("%s", j->err);
@@ -1223,19 +1225,19 @@ static int setup_store(agent *a)
         else if (source == DDPRUN_TOKEN_GENERATED)
             a->token[0] = '\0'; /* someone else's store: our random token cannot be its */
     }
-    if (a->rdzv->publish_store) {
-        /* The store moves with the rounds: each round's rank 0 serves it (round_store_job()). */
-        if (!a->token[0] && cfg->nnodes_max > 1)
-            say("warning: the job has no secret (--token-file, DDPRUN_TOKEN_FILE or "
-                "DDPRUN_TOKEN): anyone who can reach the workers' store can read and forge "
-                "its keys; see SECURITY in ddprun(1)");
-        return 0;
-    }
-    if (!a->token[0] && !cfg->standalone)
+    /* A store that moves with the rounds (round_store_job()) has no address yet. */
+    bool moving = a->rdzv->publish_store != NULL;
+    if (!a->token[0] && !cfg->standalone && !(moving && cfg->nnodes_max == 1)) {
+        char where[300] = "the workers' store";
+        if (!moving)
+            snprintf(where, sizeof(where), "the store at %.256s:%d", host, port);
         say("warning: the job has no secret (--token-file, DDPRUN_TOKEN_FILE or DDPRUN_TOKEN): "
-            "anyone who can reach the store at %s:%d can read and forge the job's control "
-            "keys; see SECURITY in ddprun(1)",
-            host, port);
+            "anyone who can reach %s can read and forge the job's control keys; see SECURITY "
+            "in ddprun(1)",
+            where);
+    }
+    if (moving)
+        return 0;
     snprintf(a->store_host, sizeof(a->store_host), "%s", cfg->standalone ? "127.0.0.1" : host);
     a->store_port = port;
     /* The connection itself is a job (JOB_CONNECT): reaching another node's store may take the
