@@ -1,7 +1,7 @@
 /*
  * The etcd v3 client of etcd.h, over etcd's JSON gateway: every call is one HTTP/1.1 POST of a
  * JSON body on the client's one libcurl easy handle (which keeps the connection between calls),
- * with keys and values base64-encoded (OpenSSL's EVP_EncodeBlock/EVP_DecodeBlock) and every JSON
+ * with keys and values base64-encoded (Nettle's base64 codec) and every JSON
  * byte built and read by jansson. The gateway writes 64-bit numbers as JSON strings and leaves out
  * fields that are zero, false or empty; jint() and the parsers below read both forms.
  *
@@ -23,7 +23,7 @@
 #include <curl/curl.h>
 #include <dlfcn.h>
 #include <jansson.h>
-#include <openssl/evp.h>
+#include <nettle/base64.h>
 
 #include <errno.h>
 #include <inttypes.h>
@@ -150,10 +150,11 @@ static json_t *b64_json(const void *p, size_t n)
 {
     if (n > (size_t)INT_MAX / 4 * 3 - 3)
         return NULL;
-    char *s = malloc(4 * ((n + 2) / 3) + 1);
+    char *s = malloc(BASE64_ENCODE_RAW_LENGTH(n) + 1);
     if (!s)
         return NULL;
-    EVP_EncodeBlock((unsigned char *)s, (const unsigned char *)p, (int)n);
+    base64_encode_raw(s, n, p);
+    s[BASE64_ENCODE_RAW_LENGTH(n)] = '\0';
     json_t *j = json_string(s);
     free(s);
     return j;
@@ -168,19 +169,19 @@ static int b64_decode(const char *s, char **out, size_t *n)
     size_t len = s ? strlen(s) : 0;
     if (len % 4 || len > INT_MAX)
         return -EPROTO;
-    unsigned char *d = malloc(len / 4 * 3 + 1);
+    size_t got = BASE64_DECODE_LENGTH(len);
+    uint8_t *d = malloc(got + 1);
     if (!d)
         return -ENOMEM;
-    int got = len ? EVP_DecodeBlock(d, (const unsigned char *)s, (int)len) : 0;
-    if (got < 0) {
+    struct base64_decode_ctx ctx;
+    base64_decode_init(&ctx);
+    if (!base64_decode_update(&ctx, &got, d, len, s ? s : "") || !base64_decode_final(&ctx)) {
         free(d);
         return -EPROTO;
     }
-    /* EVP_DecodeBlock counts the padding as zero bytes. */
-    size_t pad = (len >= 1 && s[len - 1] == '=') + (len >= 2 && s[len - 2] == '=');
-    d[got - pad] = '\0';
+    d[got] = '\0';
     *out = (char *)d;
-    *n = (size_t)got - pad;
+    *n = got;
     return 0;
 }
 

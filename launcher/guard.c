@@ -2,7 +2,7 @@
  * The worker guard and the init of the workers' PID namespace: the two helper programs of
  * ddprun, one small executable of their own (ddp-guard, guard_main.c) started as "ddp-guard"
  * (shim_main()) or "ddp-init" (init_main()). It links nothing but libc, so that starting a
- * worker does not load what ddprun links (libuv, libcrypto, jansson, libcurl). The guard stays as its
+ * worker does not load what ddprun links (libuv, jansson, Nettle, libcurl). The guard stays as its
  * worker's parent, forwards ddprun's signals to the worker's process group, and kills every
  * descendant left once the worker has exited or ddprun has died; the init dies with ddprun, so
  * that the kernel kills every process of the namespace. Also the process-tree helpers the agent

@@ -43,12 +43,12 @@ enum { RDZV_AUTH_STATUS_OK = 0, RDZV_AUTH_STATUS_NO_SECRET = 1 };
 /* Which side a proof comes from: part of what is signed, so a proof is never valid both ways. */
 enum rdzv_auth_dir { RDZV_AUTH_SERVER = 0, RDZV_AUTH_CLIENT = 1 };
 
-/* Fills `nonce` with RDZV_AUTH_NONCE_BYTES from OpenSSL's RAND_bytes. Returns 0 or -EIO. */
+/* Fills `nonce` with RDZV_AUTH_NONCE_BYTES from the kernel (getrandom(2)). Returns 0 or -EIO. */
 int rdzv__auth_nonce(uint8_t nonce[RDZV_AUTH_NONCE_BYTES]);
 
 /*
  * The proof of side `dir`: HMAC-SHA256 keyed with `token` over that side's label, the client
- * nonce `cn` and the server nonce `sn`, into `mac`. Returns 0 or -EIO (OpenSSL failed).
+ * nonce `cn` and the server nonce `sn`, into `mac` (Nettle's HMAC). Returns 0.
  */
 int rdzv__auth_mac(const char *token, enum rdzv_auth_dir dir, const uint8_t *cn, const uint8_t *sn,
                    uint8_t mac[RDZV_AUTH_MAC_BYTES]);

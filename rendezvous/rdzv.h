@@ -203,7 +203,7 @@ void rdzv_server_options_init(rdzv_server_options *opts);
 int rdzv_token_check(const char *token);
 
 /*
- * Writes a fresh random token (64 hex digits from OpenSSL's RAND_bytes, NUL-terminated) into
+ * Writes a fresh random token (64 hex digits from getrandom(2), NUL-terminated) into
  * buf. Returns 0, -ENOSPC (cap < 65) or -EIO (no randomness). Thread-safe.
  */
 int rdzv_token_generate(char *buf, size_t cap);
