@@ -66,7 +66,6 @@ typedef struct worker {
     struct agent *a;
     int local_rank, rank;
     char prefix[256]; /* of its console lines (--log-line-prefix-template); "": none */
-    uv_process_t proc;
     stream out, err;
     pid_t pid;        /* the guard's: ddprun signals it */
     pid_t worker_pid; /* the program's, as the guard reported it (0: unknown) */
@@ -138,7 +137,6 @@ typedef struct agent {
     worker *workers;
     int nworkers, nrunning;
     int nstreams;             /* worker output pipes still open */
-    int nprocs;               /* worker process handles not closed yet */
     uv_timer_t restart_timer; /* starts the next round from a fresh loop iteration */
     bool round_done;          /* round_over() ran for this round */
     uv_timer_t drain_timer;   /* closes pipes that outlive every worker and guard */
@@ -186,6 +184,11 @@ typedef struct agent {
     bool rdzv_lost; /* the rendezvous is gone for good: the store died with the node serving it
                      * (store_gone_with_node()), or this node lost its place (heartbeat());
                      * no restart can follow. Under mu */
+
+    /* Spawning the guards (spawn.c) */
+    char guard[PATH_MAX]; /* the ddp-guard program's path; "": not looked up yet */
+    uv_signal_t sigchld;  /* reaps the guards (on_sigchld()) */
+    bool sigchld_started;
 } agent;
 
 /* ddprun.c */
@@ -194,7 +197,7 @@ void *xcalloc(size_t n, size_t sz);
 void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void describe_exit(int code, char *buf, size_t n);
 void maybe_round_over(agent *a);
-void on_worker_exit(uv_process_t *p, int64_t status, int term_signal);
+void on_worker_exit(worker *w, int64_t status, int term_signal);
 
 /* spawn.c */
 int job_ns_start(agent *a);

@@ -555,7 +555,7 @@ static void drain_timer_cb(uv_timer_t *t)
  */
 void maybe_round_over(agent *a)
 {
-    if (a->round_done || a->nrunning > 0 || a->nprocs > 0)
+    if (a->round_done || a->nrunning > 0)
         return;
     if (a->init_proc)
         kill(a->init_proc->pid, SIGUSR1); /* the PID namespace's init adopted the strays */
@@ -574,20 +574,12 @@ void maybe_round_over(agent *a)
     round_over(a);
 }
 
-static void proc_closed(uv_handle_t *h)
+/* Worker w's guard exited (spawn.c reaped it) with `status`, or killed by `term_signal`. */
+void on_worker_exit(worker *w, int64_t status, int term_signal)
 {
-    worker *w = h->data;
-    w->a->nprocs--;
-    maybe_round_over(w->a);
-}
-
-void on_worker_exit(uv_process_t *p, int64_t status, int term_signal)
-{
-    worker *w = p->data;
     agent *a = w->a;
     w->running = false;
     a->nrunning--;
-    uv_close((uv_handle_t *)p, proc_closed);
     if (w->envfd >= 0) {
         worker_program_pid(w); /* the summary names the program's process */
         close(w->envfd);
@@ -790,7 +782,6 @@ static void spawn_round(agent *a)
     a->workers = xcalloc((size_t)a->nworkers, sizeof(worker));
     a->nrunning = 0;
     a->nstreams = 0;
-    a->nprocs = 0;
     a->round_done = false;
     a->con_waiting = false;
     a->state = ST_RUNNING;
