@@ -21,6 +21,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,6 +265,26 @@ static int guard_join_mounts(int fd)
 }
 
 /*
+ * Sets the signals below SIGRTMIN that glibc keeps for itself (32 and 33 on Linux) to their
+ * default action. ddprun starts the guard with posix_spawn(), whose child glibc leaves with
+ * these ignored (its sigaction() refuses to touch them, so only the system call can), and an
+ * ignored signal stays ignored across exec: the worker would start with them ignored, unlike
+ * every other signal (POSIX_SPAWN_SETSIGDEF). The kernel's struct sigaction, without a handler
+ * to return to, is all zeros but the handler on every architecture.
+ */
+static void default_reserved_signals(void)
+{
+    struct {
+        void (*handler)(int);
+        unsigned long flags;
+        void (*restorer)(void);
+        uint64_t mask;
+    } dfl = {SIG_DFL, 0, NULL, 0};
+    for (int sig = 32; sig < SIGRTMIN; sig++)
+        syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof(dfl.mask));
+}
+
+/*
  * argv: ddp-guard PARENT_PID program args...; fd 3: a memfd holding the worker's environment
  * (NUL-separated), into which the worker writes its pid before it execs. In a PID namespace of
  * ddprun's, PARENT_PID is 0 and fd 4 is the job's mount namespace.
@@ -300,6 +321,7 @@ int shim_main(int argc, char **argv)
     sigaddset(&set, GUARD_KILL_SIG);
     sigprocmask(SIG_BLOCK, &set, &old);
     prctl(PR_SET_NAME, GUARD_NAME);
+    default_reserved_signals();
 
     /* 0 in a PID namespace of ddprun's: ddprun is outside, where getppid() says 0 as well. */
     pid_t parent = (pid_t)strtol(argv[1], NULL, 10);
