@@ -175,11 +175,12 @@ typedef struct agent {
     uint64_t nclosed, closed_seen;  /* ring positions: written, looked at by the monitor */
 
     /* The workers' PID namespace (job_ns_start()) */
-    uv_process_t *init_proc; /* its init, while it runs (freed once closed); NULL: none */
-    int init_alive_fd;       /* the pipe's write end the init watches; -1 */
-    int mntns_fd;            /* the init's mount namespace, for the guards to join; -1 */
-    int own_pidns_fd;        /* ddprun's own PID namespace, to go back to; -1 */
-    bool ns_unavailable;     /* no PID namespace can be had: the guards contain the workers */
+    pid_t init_pid;      /* its init, while it runs; 0: none */
+    int init_alive_fd;   /* the pipe's write end the init watches; -1 */
+    int init_ready_fd;   /* the pipe the init says it is ready on, until read; -1 */
+    int mntns_fd;        /* the init's mount namespace, for the guards to join; -1 */
+    int own_pidns_fd;    /* ddprun's own PID namespace, to go back to; -1 */
+    bool ns_unavailable; /* no PID namespace can be had: the guards contain the workers */
 
     bool rdzv_lost; /* the rendezvous is gone for good: the store died with the node serving it
                      * (store_gone_with_node()), or this node lost its place (heartbeat());

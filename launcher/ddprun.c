@@ -557,8 +557,8 @@ void maybe_round_over(agent *a)
 {
     if (a->round_done || a->nrunning > 0)
         return;
-    if (a->init_proc)
-        kill(a->init_proc->pid, SIGUSR1); /* the PID namespace's init adopted the strays */
+    if (a->init_pid)
+        kill(a->init_pid, SIGUSR1); /* the PID namespace's init adopted the strays */
     else
         kill_descendants(false, NULL, NULL);
     if (a->nstreams > 0) {
@@ -786,7 +786,7 @@ static void spawn_round(agent *a)
     a->con_waiting = false;
     a->state = ST_RUNNING;
     /* Where permitted, the workers go into a PID namespace; if not, the guards contain them. */
-    if (!a->init_proc && !a->ns_unavailable && job_ns_start(a) < 0)
+    if (!a->init_pid && !a->ns_unavailable && job_ns_start(a) < 0)
         a->ns_unavailable = true;
     for (int i = 0; i < a->nworkers; i++) {
         worker *w = &a->workers[i];
@@ -1267,7 +1267,7 @@ int main(int argc, char **argv)
 
     agent a = {0};
     a.cfg = &cfg;
-    a.init_alive_fd = a.mntns_fd = a.own_pidns_fd = -1;
+    a.init_alive_fd = a.init_ready_fd = a.mntns_fd = a.own_pidns_fd = -1;
     a.ns_unavailable = !cfg.pid_namespace;
     a.loop = uv_default_loop();
     a.monitor_round = -1;

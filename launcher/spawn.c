@@ -156,6 +156,113 @@ static void guard_path(char *buf, size_t n)
     snprintf(buf, n, "%s", DDPRUN_GUARD_PATH);
 }
 
+static void init_exited(agent *a, int st);
+
+/*
+ * SIGCHLD: reaps the namespace's init and the guards that exited, each guard reported to
+ * on_worker_exit(). ddprun's other children, strays, are maybe_round_over()'s.
+ */
+static void on_sigchld(uv_signal_t *h, int signum)
+{
+    (void)signum;
+    agent *a = h->data;
+    int st;
+    if (a->init_pid > 0 && waitpid(a->init_pid, &st, WNOHANG) == a->init_pid)
+        init_exited(a, st);
+    for (int i = 0; i < a->nworkers; i++) {
+        worker *w = &a->workers[i];
+        pid_t r;
+        if (!w->running)
+            continue;
+        while ((r = waitpid(w->pid, &st, WNOHANG)) < 0 && errno == EINTR)
+            ;
+        if (r == w->pid)
+            on_worker_exit(w, WIFEXITED(st) ? WEXITSTATUS(st) : 0,
+                           WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    }
+}
+
+/*
+ * Starts ddp-guard (as a guard or as the init, by args[0]) with `args` and ddprun's environment
+ * in a session of its own (setsid()), with default signal dispositions and no signal blocked,
+ * and descriptors 0 to nio - 1 as `io` says: UV_IGNORE, /dev/null; UV_INHERIT_FD, that
+ * descriptor; UV_CREATE_PIPE, one end of a new socket pair whose other end io[k].data.stream (an
+ * initialised uv_pipe_t) opens. This is uv_spawn() with posix_spawn() instead of fork(): glibc's
+ * clone(CLONE_VM | CLONE_VFORK) copies no page tables, and ddprun resumes as soon as the child
+ * has exec'd, where uv_spawn() waited until its forked copy of ddprun had been scheduled, run
+ * and exec'd (most of a spawn's time on a busy machine: 0.9 ms a worker with 64 of them). Exits
+ * come to on_sigchld(). Returns 0 with *pid set, or a negative errno.
+ */
+static int spawn_child(agent *a, char **args, uv_stdio_container_t *io, int nio, pid_t *pid)
+{
+    int rc = 0, tmp[5] = {-1, -1, -1, -1, -1}, pair[5][2];
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    sigset_t all, none;
+    assert(nio <= 5);
+    if (!a->guard[0])
+        guard_path(a->guard, sizeof(a->guard));
+    if (!a->sigchld_started) {
+        uv_signal_init(a->loop, &a->sigchld);
+        a->sigchld.data = a;
+        uv_signal_start(&a->sigchld, on_sigchld, SIGCHLD);
+        uv_unref((uv_handle_t *)&a->sigchld); /* children keep no loop running */
+        a->sigchld_started = true;
+    }
+    for (int k = 0; k < nio; k++)
+        pair[k][0] = pair[k][1] = -1;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&attr);
+    sigfillset(&all);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setflags(&attr,
+                             POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+    for (int k = 0; k < nio && rc == 0; k++) {
+        int fd;
+        if (io[k].flags == UV_IGNORE) {
+            rc = -posix_spawn_file_actions_addopen(&fa, k, "/dev/null", O_RDWR, 0);
+            continue;
+        }
+        if (io[k].flags & UV_CREATE_PIPE) {
+            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair[k]) != 0) {
+                rc = -errno;
+                break;
+            }
+            /* ddprun's end belongs to the stream from here on, which the caller closes. */
+            if ((rc = uv_pipe_open((uv_pipe_t *)io[k].data.stream, pair[k][0])) < 0)
+                close(pair[k][0]);
+            pair[k][0] = -1;
+            if (rc < 0)
+                break;
+            fd = pair[k][1];
+        } else {
+            fd = io[k].data.fd;
+        }
+        /* dup2() in the child, in order: a source that is a lower slot's target would be gone
+         * by then, and one already in its slot must lose close-on-exec; a copy above the
+         * slots serves both. */
+        if (fd == k && !(fcntl(fd, F_GETFD) & FD_CLOEXEC))
+            continue;
+        if (fd < nio && (tmp[k] = fd = fcntl(fd, F_DUPFD_CLOEXEC, nio)) < 0)
+            rc = -errno;
+        else
+            rc = -posix_spawn_file_actions_adddup2(&fa, fd, k);
+    }
+    if (rc == 0)
+        rc = -posix_spawn(pid, a->guard, &fa, &attr, args, environ);
+    for (int k = 0; k < nio; k++) {
+        if (tmp[k] >= 0)
+            close(tmp[k]);
+        if (pair[k][1] >= 0)
+            close(pair[k][1]); /* the guard's end */
+    }
+    posix_spawnattr_destroy(&attr);
+    posix_spawn_file_actions_destroy(&fa);
+    return rc;
+}
+
 /* Leaves the workers' PID namespace: guards start in ddprun's own again, until job_ns_start(). */
 static void job_ns_end(agent *a)
 {
@@ -163,33 +270,50 @@ static void job_ns_end(agent *a)
         close(a->mntns_fd);
     if (a->init_alive_fd >= 0)
         close(a->init_alive_fd);
-    a->mntns_fd = a->init_alive_fd = -1;
-    a->init_proc = NULL;
+    if (a->init_ready_fd >= 0)
+        close(a->init_ready_fd);
+    a->mntns_fd = a->init_alive_fd = a->init_ready_fd = -1;
+    a->init_pid = 0;
     if (setns(a->own_pidns_fd, CLONE_NEWPID) != 0)
         a->ns_unavailable = true; /* cannot happen: it was ours, and we may unshare */
 }
 
-static void init_closed(uv_handle_t *h)
+/*
+ * The init of the workers' PID namespace exited with wait status `st`: if it was not ddprun's
+ * doing, every guard and worker in the namespace has been killed with it. The next round starts
+ * a new namespace.
+ */
+static void init_exited(agent *a, int st)
 {
-    free(h);
+    char how[48];
+    describe_exit(WIFSIGNALED(st) ? -WTERMSIG(st) : WEXITSTATUS(st), how, sizeof(how));
+    say("the workers' PID namespace ended with its init (pid %d, " INIT_NAME "): %s; the next "
+        "workers start in a new one",
+        (int)a->init_pid, how);
+    job_ns_end(a);
 }
 
 /*
- * The init of the workers' PID namespace exited: if it was not ddprun's doing, every guard and
- * worker in the namespace has been killed with it. The next round starts a new namespace.
+ * The namespace's set-up failed with errno value `err`: its init, if any, is killed and reaped,
+ * ddprun goes back to its own namespace, and the guards contain the workers from now on.
+ * Returns -err.
  */
-static void init_exited(uv_process_t *p, int64_t status, int term_signal)
+static int job_ns_fail(agent *a, int err)
 {
-    agent *a = p->data;
-    if (p == a->init_proc) {
-        char how[48];
-        describe_exit(term_signal ? -term_signal : (int)status, how, sizeof(how));
-        say("the workers' PID namespace ended with its init (pid %d, " INIT_NAME "): %s; the next "
-            "workers start in a new one",
-            p->pid, how);
-        job_ns_end(a);
+    pid_t init = a->init_pid;
+    a->init_pid = 0; /* not init_exited()'s to report */
+    if (init > 0) {
+        kill(init, SIGKILL);
+        while (waitpid(init, NULL, 0) < 0 && errno == EINTR)
+            ;
     }
-    uv_close((uv_handle_t *)p, init_closed);
+    job_ns_end(a);
+    a->ns_unavailable = true;
+    /* Unlike a refused unshare() (an unprivileged user, as documented), this is unexpected. */
+    say("cannot set up the workers' PID namespace: %s; they start in ddprun's own (see PROCESS "
+        "CONTAINMENT in ddprun(1))",
+        strerror(err));
+    return -err;
 }
 
 /*
@@ -200,14 +324,16 @@ static void init_exited(uv_process_t *p, int64_t status, int term_signal)
  * job's. Needs CAP_SYS_ADMIN (unshare(CLONE_NEWPID), mounting /proc); on the agent's loop
  * thread, whose pid_ns_for_children it sets.
  *
- * Returns 0, with a->init_proc set, or a negative errno (-EPERM: not permitted, -EINVAL: no PID
- * namespaces in this kernel, or what the init's setup failed with, which it says), with the
- * guards left to start in ddprun's own namespace.
+ * The init makes the mounts while ddprun prepares the first worker: job_ns_ready() waits for
+ * them, before the first guard starts.
+ *
+ * Returns 0, with a->init_pid set, or a negative errno (-EPERM: not permitted, -EINVAL: no PID
+ * namespaces in this kernel, or why the init could not start, which it says), with the guards
+ * left to start in ddprun's own namespace.
  */
 int job_ns_start(agent *a)
 {
-    int alive[2] = {-1, -1}, ready[2] = {-1, -1}, err = EPIPE;
-    uv_process_t *p = NULL;
+    int alive[2] = {-1, -1}, ready[2] = {-1, -1}, err = 0;
     if (a->own_pidns_fd < 0 &&
         (a->own_pidns_fd = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC)) < 0)
         return -errno;
@@ -218,69 +344,44 @@ int job_ns_start(agent *a)
         return -errno;
     if (pipe2(alive, O_CLOEXEC) != 0 || pipe2(ready, O_CLOEXEC) != 0) {
         err = errno;
-        goto out;
+    } else {
+        char *args[] = {INIT_NAME, NULL};
+        uv_stdio_container_t io[5] = {{.flags = UV_IGNORE},
+                                      {.flags = UV_IGNORE},
+                                      {.flags = UV_IGNORE},
+                                      {.flags = UV_INHERIT_FD, .data.fd = alive[0]},
+                                      {.flags = UV_INHERIT_FD, .data.fd = ready[1]}};
+        err = -spawn_child(a, args, io, 5, &a->init_pid);
     }
-    char guard[PATH_MAX];
-    guard_path(guard, sizeof(guard));
-    char *args[] = {INIT_NAME, NULL};
-    uv_stdio_container_t io[5] = {{.flags = UV_IGNORE},
-                                  {.flags = UV_IGNORE},
-                                  {.flags = UV_IGNORE},
-                                  {.flags = UV_INHERIT_FD, .data.fd = alive[0]},
-                                  {.flags = UV_INHERIT_FD, .data.fd = ready[1]}};
-    uv_process_options_t o = {.file = guard,
-                              .args = args,
-                              .exit_cb = init_exited,
-                              .flags = UV_PROCESS_DETACHED,
-                              .stdio_count = 5,
-                              .stdio = io};
-    p = xcalloc(1, sizeof(*p));
-    p->data = a;
-    int rc = uv_spawn(a->loop, p, &o);
-    if (rc < 0) {
-        uv_close((uv_handle_t *)p, init_closed); /* uv_spawn() initialised it all the same */
-        p = NULL;
-        err = -rc;
-        goto out;
-    }
-    uv_unref((uv_handle_t *)p); /* it lasts as long as ddprun: no reason to run the loop */
-    close(ready[1]);
-    ready[1] = -1;
-    ssize_t k;
-    while ((k = read(ready[0], &err, sizeof(err))) < 0 && errno == EINTR)
-        ;
-    if (k != (ssize_t)sizeof(err))
-        err = EPIPE; /* the init died before it could say */
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/ns/mnt", p->pid);
-    if (err == 0 && (a->mntns_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        err = errno;
-out:
     /* The init has its own copies; ddprun keeps alive[1] for as long as the init shall live. */
     if (alive[0] >= 0)
         close(alive[0]);
-    if (ready[0] >= 0)
-        close(ready[0]);
     if (ready[1] >= 0)
         close(ready[1]);
-    if (err == 0) {
-        a->init_alive_fd = alive[1];
-        a->init_proc = p;
-        return 0;
-    }
-    if (alive[1] >= 0)
-        close(alive[1]); /* the init, if any, exits; init_exited() closes its handle */
-    if (p)
-        kill(p->pid, SIGKILL);
-    if (a->mntns_fd >= 0)
-        close(a->mntns_fd);
-    a->mntns_fd = -1;
-    setns(a->own_pidns_fd, CLONE_NEWPID);
-    /* Unlike a refused unshare() (an unprivileged user, as documented), this is unexpected. */
-    say("cannot set up the workers' PID namespace: %s; they start in ddprun's own (see PROCESS "
-        "CONTAINMENT in ddprun(1))",
-        strerror(err));
-    return -err;
+    a->init_alive_fd = alive[1];
+    a->init_ready_fd = ready[0];
+    return err ? job_ns_fail(a, err) : 0;
+}
+
+/*
+ * Waits until the init of job_ns_start() has made the namespace's mounts, and opens them for the
+ * guards (a->mntns_fd). Returns 0, or a negative errno after job_ns_fail().
+ */
+static int job_ns_ready(agent *a)
+{
+    int err = EPIPE;
+    ssize_t k;
+    while ((k = read(a->init_ready_fd, &err, sizeof(err))) < 0 && errno == EINTR)
+        ;
+    if (k != (ssize_t)sizeof(err))
+        err = EPIPE; /* the init died before it could say */
+    close(a->init_ready_fd);
+    a->init_ready_fd = -1;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/ns/mnt", (int)a->init_pid);
+    if (err == 0 && (a->mntns_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        err = errno;
+    return err ? job_ns_fail(a, err) : 0;
 }
 
 /* Builds the command: python3 -u script, python3 -u -m module, or the program itself (options.c
@@ -375,104 +476,6 @@ static int setup_stream(agent *a, worker *w, stream *s, int which, const char *d
     return 0;
 }
 
-/*
- * SIGCHLD: reaps the guards that exited, each reported to on_worker_exit(). ddprun's other
- * children are left alone: the namespace's init is libuv's to reap (uv_spawn()), strays
- * maybe_round_over()'s.
- */
-static void on_sigchld(uv_signal_t *h, int signum)
-{
-    (void)signum;
-    agent *a = h->data;
-    for (int i = 0; i < a->nworkers; i++) {
-        worker *w = &a->workers[i];
-        int st;
-        pid_t r;
-        if (!w->running)
-            continue;
-        while ((r = waitpid(w->pid, &st, WNOHANG)) < 0 && errno == EINTR)
-            ;
-        if (r == w->pid)
-            on_worker_exit(w, WIFEXITED(st) ? WEXITSTATUS(st) : 0,
-                           WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-    }
-}
-
-/*
- * Starts the guard (a->guard) with `args` and ddprun's environment in a session of its own
- * (setsid()), with default signal dispositions and no signal blocked, and descriptors 0 to
- * nio - 1 as `io` says: UV_INHERIT_FD, that descriptor; UV_CREATE_PIPE, one end of a new socket
- * pair whose other end io[k].data.stream (an initialised uv_pipe_t) opens. This is what
- * uv_spawn() did, with posix_spawn() instead of fork(): glibc's clone(CLONE_VM | CLONE_VFORK)
- * copies no page tables, and ddprun resumes as soon as the guard has exec'd, where uv_spawn()
- * waited until its forked copy of ddprun had been scheduled, run and exec'd (most of a spawn's
- * time on a busy machine: 64 workers, 0.9 ms each). The guards' exits come to on_sigchld().
- * Returns 0 with *pid set, or a negative errno.
- */
-static int spawn_guard(agent *a, char **args, uv_stdio_container_t *io, int nio, pid_t *pid)
-{
-    int rc = 0, tmp[5] = {-1, -1, -1, -1, -1}, pair[5][2];
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    sigset_t all, none;
-    assert(nio <= 5);
-    if (!a->sigchld_started) {
-        uv_signal_init(a->loop, &a->sigchld);
-        a->sigchld.data = a;
-        uv_signal_start(&a->sigchld, on_sigchld, SIGCHLD);
-        uv_unref((uv_handle_t *)&a->sigchld); /* the workers keep the loop running, not this */
-        a->sigchld_started = true;
-    }
-    for (int k = 0; k < nio; k++)
-        pair[k][0] = pair[k][1] = -1;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&attr);
-    sigfillset(&all);
-    sigemptyset(&none);
-    posix_spawnattr_setsigdefault(&attr, &all);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setflags(&attr,
-                             POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-    for (int k = 0; k < nio && rc == 0; k++) {
-        int fd;
-        if (io[k].flags & UV_CREATE_PIPE) {
-            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair[k]) != 0) {
-                rc = -errno;
-                break;
-            }
-            /* ddprun's end belongs to the stream from here on, which the caller closes. */
-            if ((rc = uv_pipe_open((uv_pipe_t *)io[k].data.stream, pair[k][0])) < 0)
-                close(pair[k][0]);
-            pair[k][0] = -1;
-            if (rc < 0)
-                break;
-            fd = pair[k][1];
-        } else {
-            fd = io[k].data.fd;
-        }
-        /* dup2() in the child, in order: a source that is a lower slot's target would be gone
-         * by then, and one already in its slot must lose close-on-exec; a copy above the
-         * slots serves both. */
-        if (fd == k && !(fcntl(fd, F_GETFD) & FD_CLOEXEC))
-            continue;
-        if (fd < nio && (tmp[k] = fd = fcntl(fd, F_DUPFD_CLOEXEC, nio)) < 0)
-            rc = -errno;
-        else
-            rc = -posix_spawn_file_actions_adddup2(&fa, fd, k);
-    }
-    if (rc == 0)
-        rc = -posix_spawn(pid, a->guard, &fa, &attr, args, environ);
-    for (int k = 0; k < nio; k++) {
-        if (tmp[k] >= 0)
-            close(tmp[k]);
-        if (pair[k][1] >= 0)
-            close(pair[k][1]); /* the guard's end */
-    }
-    posix_spawnattr_destroy(&attr);
-    posix_spawn_file_actions_destroy(&fa);
-    return rc;
-}
-
 int spawn_worker(agent *a, worker *w)
 {
     /* torchrun's layout (setup_log_dir()): <run dir>/attempt_<k>/<local rank>/error.json, next
@@ -499,8 +502,7 @@ int spawn_worker(agent *a, worker *w)
 
     int argc;
     char **cmd = worker_argv(a, &argc);
-    char parent[32];
-    snprintf(parent, sizeof(parent), "%d", a->init_proc ? 0 : (int)getpid());
+    char parent[32]; /* written once the namespace is known (job_ns_ready()) */
     char **args = xcalloc((size_t)argc + 3, sizeof(char *));
     args[0] = GUARD_NAME;
     args[1] = parent;
@@ -539,8 +541,6 @@ int spawn_worker(agent *a, worker *w)
     io[0].data.fd = STDIN_FILENO;
     io[3].flags = UV_INHERIT_FD;
     io[3].data.fd = w->envfd;
-    io[4].flags = UV_INHERIT_FD;
-    io[4].data.fd = a->mntns_fd;
     if (rc == 0)
         rc = setup_stream(a, w, &w->out, DDPRUN_STD_OUT, dir, &io[1]);
     if (rc == 0)
@@ -556,10 +556,14 @@ int spawn_worker(agent *a, worker *w)
         return rc;
     }
 
-    if (!a->guard[0])
-        guard_path(a->guard, sizeof(a->guard));
+    /* The init has had the time this took to make the namespace's mounts. */
+    if (a->init_ready_fd >= 0)
+        job_ns_ready(a);
+    snprintf(parent, sizeof(parent), "%d", a->init_pid ? 0 : (int)getpid());
+    io[4].flags = UV_INHERIT_FD;
+    io[4].data.fd = a->mntns_fd;
     pid_t pid = 0;
-    rc = spawn_guard(a, args, io, a->init_proc ? 5 : 4, &pid);
+    rc = spawn_child(a, args, io, a->init_pid ? 5 : 4, &pid);
     env_free(&env);
     free(args);
     free(cmd);
