@@ -411,6 +411,11 @@ static char **worker_argv(agent *a, int *argc_out)
 
 static int mkdirs(const char *path)
 {
+    /* Usually only the last component is missing (a worker's directory in the attempt's). */
+    if (mkdir(path, 0755) == 0 || errno == EEXIST)
+        return 0;
+    if (errno != ENOENT)
+        return -errno;
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof(tmp), "%s", path);
     for (char *p = tmp + 1; *p; p++) {
@@ -611,9 +616,10 @@ void cleanup_tmpdir(const char *dir)
  * Makes this run's directory for the workers' files, as torchrun lays them out:
  * <base>/<run id>_XXXXXX/attempt_<restart count>/<local rank>/{stdout.log,stderr.log,error.json}.
  * The run directory is new (mkdtemp), so a run never writes into an earlier run's. The base is
- * --log-dir, created if missing; without it, a new temporary directory $TMPDIR/ddprun_XXXXXX,
- * kept when --redirects or --tee asked for log files (torchrun keeps its torchelastic_XXXXXX
- * too), and removed at exit when it held only the error files. Says where the logs go.
+ * --log-dir, created if missing; without it, when --redirects or --tee asked for log files, a
+ * new temporary directory $TMPDIR/ddprun_XXXXXX, which is kept (torchrun keeps its
+ * torchelastic_XXXXXX too). With neither, the run directory $TMPDIR/ddprun_<run id>_XXXXXX holds
+ * only the error files, and is removed at exit. Says where the logs go.
  * Returns 0, or -1 after saying why (naming the flag) when the log files asked for cannot have
  * a directory; a missing directory for error files alone is only a warning.
  */
@@ -621,6 +627,7 @@ int setup_log_dir(agent *a)
 {
     const ddprun_config *cfg = a->cfg;
     const char *flag = cfg->log_dir ? "--log-dir" : "--redirects/--tee without --log-dir";
+    const char *prefix = ""; /* of the run directory's name, before the run id */
     char base[PATH_MAX];
     for (int i = 0; i < cfg->nproc_per_node && i < DDPRUN_MAX_LOCAL; i++)
         a->keep_logs |= (cfg->redirects[i] | cfg->tee[i]) != 0;
@@ -633,6 +640,12 @@ int setup_log_dir(agent *a)
             say("%s: cannot create '%s': %s", flag, cfg->log_dir, strerror(-rc));
             return -1;
         }
+    } else if (!a->keep_logs) {
+        /* Error files alone: the run's directory is the temporary one, one level fewer to make
+         * and remove (on a busy ext4, each costs a fraction of a millisecond). */
+        const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        snprintf(base, sizeof(base), "%s", tmp);
+        prefix = "ddprun_";
     } else {
         const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
         int e = 0;
@@ -640,18 +653,10 @@ int setup_log_dir(agent *a)
             e = ENAMETOOLONG;
         else if (!mkdtemp(base))
             e = errno;
-        if (e && a->keep_logs) {
+        if (e) {
             say("%s: cannot create a temporary directory in '%s': %s", flag, tmp, strerror(e));
             return -1;
         }
-        if (e) {
-            say("warning: cannot create a temporary directory in '%s' (%s): the workers get no "
-                "TORCHELASTIC_ERROR_FILE",
-                tmp, strerror(e));
-            return 0;
-        }
-        if (!a->keep_logs)
-            snprintf(a->tmpbase, sizeof(a->tmpbase), "%s", base);
     }
     /* The run id names the directory; a '/' in it would name another one. */
     char id[sizeof(a->run_id)];
@@ -660,7 +665,8 @@ int setup_log_dir(agent *a)
         if (*p == '/')
             *p = '_';
     int e = 0;
-    if (snprintf(a->logdir, sizeof(a->logdir), "%s/%s_XXXXXX", base, id) >= (int)sizeof(a->logdir))
+    if (snprintf(a->logdir, sizeof(a->logdir), "%s/%s%s_XXXXXX", base, prefix, id) >=
+        (int)sizeof(a->logdir))
         e = ENAMETOOLONG;
     else if (!mkdtemp(a->logdir))
         e = errno;
@@ -670,9 +676,14 @@ int setup_log_dir(agent *a)
             say("%s: cannot create a directory in '%s': %s", flag, base, strerror(e));
             return -1;
         }
+        say("warning: cannot create a temporary directory in '%s' (%s): the workers get no "
+            "TORCHELASTIC_ERROR_FILE",
+            base, strerror(e));
         return 0;
     }
     if (a->keep_logs)
         say("worker logs and error files: %s", a->logdir);
+    else
+        snprintf(a->tmpbase, sizeof(a->tmpbase), "%s", a->logdir);
     return 0;
 }
