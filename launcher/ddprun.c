@@ -256,7 +256,7 @@ static pid_t worker_program_pid(worker *w);
 /*
  * Lists the workers still running as "rank 1 (pid 4242), rank 2 (pid 4243)", for the lines that
  * say whom ddprun signals; returns how many. A worker whose guard has exited already (a zombie
- * that libuv reaps in a moment) is not running any more: it is left out, and marked as having
+ * that spawn.c reaps in a moment) is not running any more: it is left out, and marked as having
  * exited before ddprun stopped anyone when `mark` is set.
  */
 static int running_list(agent *a, bool mark, char *buf, size_t n)
@@ -1259,7 +1259,7 @@ int main(int argc, char **argv)
         say("%.*s", (int)(nl - w), w);
     signal(SIGPIPE, SIG_IGN);
     /* A log file past RLIMIT_FSIZE fails with EFBIG, which ddprun reports, instead of killing
-     * it. (Workers start with default dispositions: libuv resets them in the child.) */
+     * it. (Workers start with default dispositions: spawn.c resets them in the guard.) */
     signal(SIGXFSZ, SIG_IGN);
     /* What a worker's guard could not kill (the guard itself was killed) is reparented here. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
