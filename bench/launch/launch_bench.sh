@@ -4,8 +4,8 @@
 # Usage: bench/launch/launch_bench.sh DDPRUN|none [RUNS]
 #
 #   DDPRUN  the ddprun binary (BUILD/launcher/ddprun); "none" measures torchrun alone.
-#   RUNS    runs per measurement (default 10; the 5 s-per-run torch 1.13 default and the
-#           64-rank barrier use fewer, see below).
+#   RUNS    runs per measurement (default 10; the 5 s-per-run torch 1.13 default and
+#           torchrun's 64-rank barrier use fewer, ddprun's launch overhead 4 x RUNS).
 # Environment: PYTHON2 (default python3: torch 2.x), PYTHON113 (default /usr/bin/python3:
 # Debian's torch 1.13), RDZV_BUILD (build directory with rendezvous/librendezvous.so; default
 # the one DDPRUN lives in, else build/), ANCHOR (another ddprun binary measured beside DDPRUN
@@ -79,9 +79,18 @@ else
     echo "note: $py2 has no torch; torch 2.x rows skipped"
 fi
 
-runs_for() {  # the torch 1.13 default sleeps 5 s per run: fewer runs
-    if [[ $1 == *-default ]]; then echo $(((runs + 2) / 3)); else echo "$runs"; fi
+runs_for() { # the torch 1.13 default sleeps 5 s per run: fewer runs; a ddprun run takes
+              # milliseconds: four times as many, for medians that a shared machine's busy
+              # moments move less
+    if [[ $1 == *-default ]]; then
+        echo $(((runs + 2) / 3))
+    elif [[ $1 == ddprun || $1 == "$anchor_name" ]]; then
+        echo $((4 * runs))
+    else
+        echo "$runs"
+    fi
 }
+most_runs=$((4 * runs))
 
 # ---- 1. launch overhead --------------------------------------------------------------------
 echo "== launch overhead: L --nproc-per-node 4 --no-python /bin/true"
@@ -98,7 +107,7 @@ print(" ".join(str(t) for t in r["times"]))' "$tmp/overhead.$n.json" >"$tmp/over
 else
     declare -A failed
     for n in "${names[@]}"; do : >"$tmp/overhead.$n.times"; done
-    for ((i = 0; i < runs + 1; i++)); do # the first round is a warm-up
+    for ((i = 0; i < most_runs + 1; i++)); do # the first round is a warm-up
         for n in "${names[@]}"; do
             ((i > $(runs_for "$n"))) || [[ -n ${failed[$n]:-} ]] && continue
             t0=$(date +%s%N)
@@ -157,9 +166,10 @@ for n in "${names[@]}"; do
 done
 for np in 4 16 64; do
     r=$runs
-    ((np == 64 && r > 5)) && r=5
-    for ((i = 0; i < r; i++)); do
+    ((np == 64 && r > 5)) && r=5 # torchrun: 7 s a run
+    for ((i = 0; i < runs; i++)); do
         for n in "${bnames[@]}"; do # taking turns, as above
+            [[ $n == ddprun || $n == "$anchor_name" ]] || ((i < r)) || continue
             out=$tmp/barrier.$n.$np.$i
             mkdir -p "$out"
             t0=$(date +%s%N)
