@@ -13,7 +13,8 @@
 #
 # 1. Launch overhead: `L --nproc-per-node 4 --no-python /bin/true`, start to exit, with
 #    hyperfine when installed (else a loop timing each run with date +%s%N, the launchers taking
-#    turns within each round, so that a busier moment weighs on all of them alike). torch 1.13's
+#    turns within each round, each opening a round in its turn, so that a busier moment weighs
+#    on all of them alike). torch 1.13's
 #    torchrun runs twice: with --monitor-interval 0.1 and with its default (5 s: it sleeps a
 #    whole interval before it first looks at its workers). torch 2.x defaults to 0.1.
 # 2. Launch to barrier: `L --standalone --nproc-per-node N --no-python barrier_worker` for
@@ -91,6 +92,17 @@ runs_for() { # the torch 1.13 default sleeps 5 s per run: fewer runs; a ddprun r
     fi
 }
 most_runs=$((4 * runs))
+# The launchers of round I in the order that round takes: each starts a round in turn, so that
+# none always runs right after torchrun (whose exit leaves the machine busy for a while).
+turns() {
+    local i=$1
+    shift
+    local k n=$#
+    for ((k = 0; k < n; k++)); do
+        local j=$(((i + k) % n + 1))
+        echo "${!j}"
+    done
+}
 
 # ---- 1. launch overhead --------------------------------------------------------------------
 echo "== launch overhead: L --nproc-per-node 4 --no-python /bin/true"
@@ -108,7 +120,7 @@ else
     declare -A failed
     for n in "${names[@]}"; do : >"$tmp/overhead.$n.times"; done
     for ((i = 0; i < most_runs + 1; i++)); do # the first round is a warm-up
-        for n in "${names[@]}"; do
+        for n in $(turns "$i" "${names[@]}"); do
             ((i > $(runs_for "$n"))) || [[ -n ${failed[$n]:-} ]] && continue
             t0=$(date +%s%N)
             # shellcheck disable=SC2086  # the launcher command is a word list
@@ -168,7 +180,7 @@ for np in 4 16 64; do
     r=$runs
     ((np == 64 && r > 5)) && r=5 # torchrun: 7 s a run
     for ((i = 0; i < runs; i++)); do
-        for n in "${bnames[@]}"; do # taking turns, as above
+        for n in $(turns "$i" "${bnames[@]}"); do # taking turns, as above
             [[ $n == ddprun || $n == "$anchor_name" ]] || ((i < r)) || continue
             out=$tmp/barrier.$n.$np.$i
             mkdir -p "$out"
