@@ -84,11 +84,11 @@ void rdzv__vtable_free(rdzv__vtable *t)
 int rdzv__mux_parse(rdzv__vconn *v, const rdzv__limits *lim, const rdzv__request *mux,
                     uint8_t *flags, rdzv__request *inner)
 {
-    if (mux->val_len < 2)
+    if (mux->key_len < 2) /* the vector is the frame's first string field */
         return -EPROTO;
-    *flags = mux->val[0];
-    size_t n = mux->val_len - 1;
-    int rc = rdzv__parse(&v->parser, lim, mux->val + 1, n, inner);
+    *flags = mux->key[0];
+    size_t n = mux->key_len - 1;
+    int rc = rdzv__parse(&v->parser, lim, mux->key + 1, n, inner);
     if (rc < 0)
         return rc;
     if ((size_t)rc != n) {

@@ -1113,14 +1113,14 @@ static int mux_request(client *c, const rdzv__request *req)
         return 0;
     }
     if (!v) {
-        if (req->val_len < 1) {
+        if (req->key_len < 1) {
             srv->closed_bad_input++;
             client_close(c, "malformed MUX frame (no flags)");
             return -1;
         }
         if (c->vconns.nbuckets == 0)
             srv->nmux++;
-        if (rdzv__vtable_add(&c->vconns, &c->conn, req->u32, req->val[0] & RDZV_MUX_LEGACY,
+        if (rdzv__vtable_add(&c->vconns, &c->conn, req->u32, req->key[0] & RDZV_MUX_LEGACY,
                              &v) < 0) {
             client_close(c, "out of memory");
             return -1;
