@@ -1,0 +1,477 @@
+/*
+ * Tests of the store proxy (rdzv_proxy, proxy.c) and the root's multiplexed connections (mux.h)
+ * over real sockets: a threaded root store, a threaded proxy in front of it, raw protocol
+ * clients and librendezvous clients. What PyTorch's clients do through the proxy is checked by
+ * tests/interop (the scenario's transcript through the proxy equals PyTorch's server's, both
+ * generations); here: coalescing (N WAITs, one upstream, visible in the proxy's counters and
+ * the root's STATUS), a CANCEL_WAIT of one coalesced waiter, private keys and authentication
+ * end to end, read-your-writes with GETs coalesced, a legacy worker's watch, the root dying, a
+ * proxy restarting, and an upstream that does not multiplex. Every wait is bounded: sockets
+ * have a 10 s receive timeout, polls a deadline.
+ */
+#include "frames.h"
+#include "proto.h"
+#include "rdzv.h"
+#include "check_main.h"
+
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TOKEN "proxy-test-token-0123456789abcdef"
+
+static int connect_to(int port)
+{
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+static void send_frame(int fd, frame *f)
+{
+    const uint8_t *b = f->data;
+    size_t n = f->len;
+    while (n) {
+        ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
+        ck_assert_int_gt(k, 0);
+        b += k;
+        n -= (size_t)k;
+    }
+    fr_reset(f);
+}
+
+static void recv_exact(int fd, void *p, size_t n)
+{
+    uint8_t *b = p;
+    while (n) {
+        ssize_t k = recv(fd, b, n, 0);
+        ck_assert_msg(k > 0, "recv: %zd (%s)", k, strerror(errno));
+        b += k;
+        n -= (size_t)k;
+    }
+}
+
+static uint8_t recv_u8(int fd)
+{
+    uint8_t b;
+    recv_exact(fd, &b, 1);
+    return b;
+}
+
+/* True if the peer closed fd (EOF or reset) within the socket's read timeout. */
+static bool closed_by_peer(int fd)
+{
+    char c;
+    ssize_t k = recv(fd, &c, 1, 0);
+    return k == 0 || (k < 0 && errno == ECONNRESET);
+}
+
+/* True if nothing arrives on fd within `ms` (used only to check that nothing more came). */
+static bool quiet(int fd, int ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    return poll(&p, 1, ms) == 0;
+}
+
+static int modern_client(int port)
+{
+    int fd = connect_to(port);
+    frame f = {0};
+    fr_u8(&f, RDZV_M_VALIDATE);
+    fr_u32(&f, RDZV_VALIDATE_MAGIC);
+    send_frame(fd, &f);
+    fr_free(&f);
+    return fd;
+}
+
+static void send_wait(int fd, int opcode, const char *key)
+{
+    frame f = {0};
+    fr_u8(&f, (uint8_t)opcode);
+    fr_u64(&f, 1);
+    fr_str(&f, key);
+    send_frame(fd, &f);
+    fr_free(&f);
+}
+
+static void send_op(int fd, int opcode)
+{
+    frame f = {0};
+    fr_u8(&f, (uint8_t)opcode);
+    send_frame(fd, &f);
+    fr_free(&f);
+}
+
+/* A PING and its echo: everything sent before it on fd has been answered. */
+static void ping(int fd, uint32_t nonce)
+{
+    frame f = {0};
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, nonce);
+    send_frame(fd, &f);
+    fr_free(&f);
+    uint32_t got;
+    recv_exact(fd, &got, 4);
+    ck_assert_uint_eq(got, nonce);
+}
+
+/* ---- a root and a proxy ---- */
+
+static rdzv_server *root;
+static rdzv_proxy *proxy;
+static int root_port, proxy_port;
+
+static void start_root(const char *token)
+{
+    rdzv_server_options o;
+    rdzv_server_options_init(&o);
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.token = token;
+    ck_assert_int_eq(rdzv_server_start(&o, &root), 0);
+    root_port = rdzv_server_port(root);
+}
+
+static int start_proxy_on(const char *token, int port, rdzv_proxy **out)
+{
+    rdzv_proxy_options o;
+    rdzv_proxy_options_init(&o);
+    o.upstream_host = "127.0.0.1";
+    o.upstream_port = root_port;
+    o.port = port;
+    o.token = token;
+    o.connect_timeout_ms = 5000;
+    return rdzv_proxy_start(&o, out);
+}
+
+static void start_both(const char *token)
+{
+    start_root(token);
+    ck_assert_int_eq(start_proxy_on(token, 0, &proxy), 0);
+    proxy_port = rdzv_proxy_port(proxy);
+}
+
+static rdzv_proxy_counters counters(void)
+{
+    rdzv_proxy_counters st;
+    ck_assert_int_eq(rdzv_proxy_stats(proxy, &st), 0);
+    return st;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Polls the proxy's counters until `worker_requests` reaches n (10 s at most). */
+static void await_worker_requests(uint64_t n)
+{
+    int64_t end = now_ms() + 10000;
+    while (counters().worker_requests < n) {
+        ck_assert_msg(now_ms() < end, "the proxy saw %llu requests of %llu",
+                      (unsigned long long)counters().worker_requests, (unsigned long long)n);
+        poll(NULL, 0, 2);
+    }
+}
+
+/* A number from the root's status JSON: ops.NAME, or a top-level member when `op` is NULL. */
+static long long root_status(const char *section, const char *name)
+{
+    char *js;
+    ck_assert_int_eq(rdzv_server_status(root, &js), 0);
+    json_t *o = json_loads(js, 0, NULL);
+    rdzv_free(js);
+    ck_assert_ptr_nonnull(o);
+    json_t *v = section ? json_object_get(json_object_get(o, section), name)
+                        : json_object_get(o, name);
+    long long r = json_integer_value(v);
+    json_decref(o);
+    return r;
+}
+
+static rdzv_client *client_to(int port, const char *token)
+{
+    rdzv_client_options co;
+    rdzv_client_options_init(&co);
+    co.connect_timeout_ms = 5000;
+    co.timeout_ms = 10000;
+    co.token = token;
+    rdzv_client *c = NULL;
+    ck_assert_int_eq(rdzv_client_connect("127.0.0.1", port, &co, &c), 0);
+    return c;
+}
+
+static void stop_both(void)
+{
+    rdzv_proxy_close(proxy);
+    rdzv_server_close(root);
+    proxy = NULL;
+    root = NULL;
+}
+
+/* ---- tests ---- */
+
+/* N WAITs on one key from N workers: one WAIT reaches the root, all N are released. */
+START_TEST(waits_coalesce)
+{
+    enum { N = 8 };
+    start_both(NULL);
+    int fd[N];
+    for (int i = 0; i < N; i++) {
+        fd[i] = modern_client(proxy_port);
+        send_wait(fd[i], RDZV_M_WAIT, "barrier/k");
+    }
+    await_worker_requests(2 * N); /* VALIDATE + WAIT each */
+    rdzv_proxy_counters st = counters();
+    ck_assert_uint_eq(st.coalesced, N - 1);
+    ck_assert_uint_eq(st.upstream_requests, 1);
+    ck_assert_int_eq(root_status("ops", "wait"), 1);
+    ck_assert_int_eq(root_status(NULL, "connections"), 1);
+    ck_assert_int_eq(root_status("multiplexed", "connections"), 1);
+
+    rdzv_client *c = client_to(root_port, NULL);
+    ck_assert_int_eq(rdzv_set(c, "barrier/k", "1", 1), 0);
+    for (int i = 0; i < N; i++) {
+        ck_assert_uint_eq(recv_u8(fd[i]), RDZV_WAIT_STOP_WAITING);
+        ping(fd[i], 100 + (uint32_t)i); /* nothing else came before the echo */
+        close(fd[i]);
+    }
+    rdzv_client_close(c);
+    stop_both();
+}
+END_TEST
+
+/* One coalesced waiter's CANCEL_WAIT answers it alone; the others stay waiting. */
+START_TEST(cancel_one_coalesced_waiter)
+{
+    start_both(NULL);
+    int a = modern_client(proxy_port), b = modern_client(proxy_port), c = modern_client(proxy_port);
+    send_wait(a, RDZV_M_WAIT, "k");
+    send_wait(b, RDZV_M_WAIT, "k");
+    send_wait(c, RDZV_M_WAIT, "k");
+    await_worker_requests(6);
+    ck_assert_uint_eq(counters().coalesced, 2);
+    send_op(b, RDZV_M_CANCEL_WAIT);
+    ck_assert_uint_eq(recv_u8(b), RDZV_WAIT_CANCELED);
+    ck_assert_int_eq(root_status(NULL, "waiters"), 1); /* the shared WAIT is still there */
+
+    rdzv_client *w = client_to(root_port, NULL);
+    ck_assert_int_eq(rdzv_set(w, "k", "v", 1), 0);
+    ck_assert_uint_eq(recv_u8(a), RDZV_WAIT_STOP_WAITING);
+    ck_assert_uint_eq(recv_u8(c), RDZV_WAIT_STOP_WAITING);
+    ping(b, 7); /* b got nothing after its CANCELED */
+    ping(a, 8);
+
+    /* All members cancel: the group is given up at the root. */
+    send_wait(a, RDZV_M_WAIT, "k2");
+    send_wait(c, RDZV_M_WAIT, "k2");
+    await_worker_requests(11); /* 9 so far, and the two WAITs */
+    send_op(a, RDZV_M_CANCEL_WAIT);
+    ck_assert_uint_eq(recv_u8(a), RDZV_WAIT_CANCELED);
+    send_op(c, RDZV_M_CANCEL_WAIT);
+    ck_assert_uint_eq(recv_u8(c), RDZV_WAIT_CANCELED);
+    int64_t end = now_ms() + 5000;
+    while (root_status(NULL, "waiters") != 0) {
+        ck_assert(now_ms() < end);
+        poll(NULL, 0, 2);
+    }
+    ck_assert_int_eq(rdzv_set(w, "k2", "v", 1), 0);
+    ck_assert(quiet(a, 100) && quiet(c, 100));
+    rdzv_client_close(w);
+    close(a);
+    close(b);
+    close(c);
+    stop_both();
+}
+END_TEST
+
+/* A worker with a request outstanding is not coalesced: its replies keep their order. */
+START_TEST(busy_worker_goes_one_for_one)
+{
+    start_both(NULL);
+    int a = modern_client(proxy_port);
+    send_wait(a, RDZV_M_WAIT, "x"); /* coalesced (a group of one) */
+    send_wait(a, RDZV_M_WAIT, "y"); /* a has one outstanding: its own vconn */
+    await_worker_requests(3);
+    ck_assert_uint_eq(counters().upstream_requests, 2);
+    rdzv_client *w = client_to(root_port, NULL);
+    ck_assert_int_eq(rdzv_set(w, "y", "1", 1), 0);
+    ck_assert_uint_eq(recv_u8(a), RDZV_WAIT_STOP_WAITING);
+    ck_assert_int_eq(rdzv_set(w, "x", "1", 1), 0);
+    ck_assert_uint_eq(recv_u8(a), RDZV_WAIT_STOP_WAITING);
+    ping(a, 9);
+    rdzv_client_close(w);
+    close(a);
+    stop_both();
+}
+END_TEST
+
+/* Many workers reading and writing through the proxy: each reads its own writes, also while
+ * GETs of the same key are being coalesced. */
+START_TEST(read_your_writes)
+{
+    enum { N = 6, ROUNDS = 200 };
+    start_both(NULL);
+    rdzv_client *c[N];
+    for (int i = 0; i < N; i++)
+        c[i] = client_to(proxy_port, NULL);
+    for (int r = 0; r < ROUNDS; r++)
+        for (int i = 0; i < N; i++) {
+            char v[32];
+            int n = snprintf(v, sizeof(v), "%d-%d", i, r);
+            void *got;
+            size_t len;
+            if (i == r % N)
+                ck_assert_int_eq(rdzv_set(c[i], "shared", v, (size_t)n), 0);
+            ck_assert_int_eq(rdzv_get(c[i], "shared", &got, &len), 0);
+            if (i == r % N) {
+                ck_assert_uint_eq(len, (size_t)n);
+                ck_assert_mem_eq(got, v, (size_t)n);
+            }
+            rdzv_free(got);
+        }
+    for (int i = 0; i < N; i++)
+        rdzv_client_close(c[i]);
+    stop_both();
+}
+END_TEST
+
+/* With a token: a private key through the proxy needs an authenticated worker; the proxy
+ * itself authenticated upstream. A proxy without the token is no multiplexer for that root. */
+START_TEST(private_keys_end_to_end)
+{
+    start_both(TOKEN);
+    rdzv_client *authed = client_to(proxy_port, TOKEN);
+    ck_assert_int_eq(rdzv_set(authed, "/ddprun/secret", "s", 1), 0);
+    void *got;
+    size_t len;
+    ck_assert_int_eq(rdzv_get(authed, "/ddprun/secret", &got, &len), 0);
+    ck_assert_uint_eq(len, 1);
+    rdzv_free(got);
+    ck_assert_int_eq(rdzv_set(authed, "open", "o", 1), 0);
+
+    rdzv_client *anon = client_to(proxy_port, NULL);
+    ck_assert_int_eq(rdzv_get(anon, "open", &got, &len), 0); /* open keys: allowed */
+    rdzv_free(got);
+    ck_assert_int_lt(rdzv_get(anon, "/ddprun/secret", &got, &len), 0); /* closed on it */
+    rdzv_client_close(anon);
+
+    /* A WAIT on a private key of an unauthenticated raw worker: refused, connection closed. */
+    int fd = modern_client(proxy_port);
+    send_wait(fd, RDZV_M_WAIT, "/ddprun-coll/x");
+    ck_assert(closed_by_peer(fd));
+    close(fd);
+    rdzv_client_close(authed);
+
+    rdzv_proxy *p2 = NULL;
+    ck_assert_int_eq(start_proxy_on(NULL, 0, &p2), -EPROTONOSUPPORT);
+    stop_both();
+}
+END_TEST
+
+/* A legacy (PyTorch 1.x) worker's WATCH_KEY works through the proxy. */
+START_TEST(legacy_watch)
+{
+    start_both(NULL);
+    int fd = connect_to(proxy_port);
+    frame f = {0};
+    fr_u8(&f, RDZV_L_WATCH_KEY);
+    fr_str(&f, "w");
+    send_frame(fd, &f);
+    ck_assert_uint_eq(recv_u8(fd), RDZV_WATCH_CALLBACK_REGISTERED);
+    rdzv_client *c = client_to(root_port, NULL);
+    ck_assert_int_eq(rdzv_set(c, "w", "v", 1), 0);
+    ck_assert_uint_eq(recv_u8(fd), RDZV_WATCH_KEY_CREATED);
+    /* then the key, the old value (none) and the new one, as vectors */
+    uint64_t n;
+    char buf[8];
+    recv_exact(fd, &n, 8);
+    ck_assert_uint_eq(n, 1);
+    recv_exact(fd, buf, 1);
+    fr_free(&f);
+    rdzv_client_close(c);
+    close(fd);
+    stop_both();
+}
+END_TEST
+
+/* The root dies: every worker's connection through the proxy closes promptly. */
+START_TEST(root_dies)
+{
+    start_both(NULL);
+    int a = modern_client(proxy_port), b = modern_client(proxy_port);
+    send_wait(a, RDZV_M_WAIT, "never");
+    ping(b, 1);
+    rdzv_server_close(root);
+    root = NULL;
+    int64_t t0 = now_ms();
+    ck_assert(closed_by_peer(a));
+    ck_assert(closed_by_peer(b));
+    ck_assert_int_lt(now_ms() - t0, 2000);
+    ck_assert(counters().upstream_lost);
+    close(a);
+    close(b);
+    rdzv_proxy_close(proxy);
+    proxy = NULL;
+}
+END_TEST
+
+/* The proxy restarts (on the same port): its workers see the store gone, reconnect, and find
+ * the root's keys as a restarted store's clients would find a store that kept them. */
+START_TEST(proxy_restarts)
+{
+    start_both(NULL);
+    rdzv_client *c = client_to(proxy_port, NULL);
+    ck_assert_int_eq(rdzv_set(c, "kept", "1", 1), 0);
+    int fd = modern_client(proxy_port);
+    send_wait(fd, RDZV_M_WAIT, "pending");
+    await_worker_requests(4);
+    rdzv_proxy_close(proxy);
+    ck_assert(closed_by_peer(fd));
+    close(fd);
+    int64_t end = now_ms() + 5000; /* the root lets go of the old vconns' WAITs */
+    while (root_status(NULL, "waiters") != 0) {
+        ck_assert(now_ms() < end);
+        poll(NULL, 0, 2);
+    }
+    ck_assert_int_eq(start_proxy_on(NULL, proxy_port, &proxy), 0);
+    rdzv_client_close(c);
+    c = client_to(proxy_port, NULL);
+    void *got;
+    size_t len;
+    ck_assert_int_eq(rdzv_get(c, "kept", &got, &len), 0);
+    ck_assert_mem_eq(got, "1", 1);
+    rdzv_free(got);
+    rdzv_client_close(c);
+    stop_both();
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("proxy");
+    check_tcase(s, "proxy", 60, waits_coalesce, cancel_one_coalesced_waiter,
+                busy_worker_goes_one_for_one, read_your_writes, private_keys_end_to_end,
+                legacy_watch, root_dies, proxy_restarts);
+    return check_run(s);
+}
