@@ -860,6 +860,8 @@ static void job_work(uv_work_t *req)
     }
     case JOB_RENDEZVOUS:
         j->rc = rendezvous_job(a, j);
+        if (j->rc == 0 && a->cfg->store_proxy)
+            store_proxy_job(a, j);
         break;
     case JOB_PUBLISH:
         j->rc = a->rdzv->publish_failure(a->client, a->prefix, j->round, j->json);
@@ -930,6 +932,7 @@ static void job_after(uv_work_t *req, int status)
                 if (a->nfailures)
                     print_final_summary(a);
             } else {
+                store_proxy_adopt(a, j);
                 spawn_round(a);
             }
             break;

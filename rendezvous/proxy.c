@@ -904,7 +904,7 @@ static void upstream_lost(rdzv_proxy *px, const char *why)
         return;
     px->lost = true;
     px->st.upstream_lost = true;
-    logf_(px, RDZV_LOG_WARN, "store proxy: lost the connection to the store at %s:%d (%s); "
+    logf_(px, RDZV_LOG_WARN, "lost the connection to the store at %s:%d (%s); "
           "closing its %llu worker connections", px->up_host, px->opts.upstream_port, why,
           (unsigned long long)px->st.connections);
     close_workers(px);
@@ -1022,7 +1022,7 @@ static int connect_upstream(rdzv_proxy *px)
     rdzv_client *c = NULL;
     int rc = rdzv_client_connect(px->up_host, px->opts.upstream_port, &co, &c);
     if (rc < 0) {
-        logf_(px, RDZV_LOG_ERROR, "store proxy: %s", rdzv_client_last_error(NULL));
+        logf_(px, RDZV_LOG_ERROR, "%s", rdzv_client_last_error(NULL));
         return rc;
     }
     int64_t deadline = mono_deadline_ns(px->opts.connect_timeout_ms);
@@ -1039,8 +1039,8 @@ static int connect_upstream(rdzv_proxy *px)
                     memcmp(reply + 8, frame + 1, 4) != 0))
         rc = -EPROTO;
     if (rc < 0) {
-        logf_(px, RDZV_LOG_WARN,
-              "store proxy: the store at %s:%d does not multiplex connections (%s): a PyTorch "
+        logf_(px, RDZV_LOG_INFO, /* the caller decides what it means: -EPROTONOSUPPORT */
+              "the store at %s:%d does not multiplex connections (%s): a PyTorch "
               "store, an older librendezvous, or one that needs the job's secret",
               px->up_host, px->opts.upstream_port, rdzv_strerror(rc));
         rdzv_client_close(c);
@@ -1153,7 +1153,7 @@ static int proxy_init(uv_loop_t *loop, const rdzv_proxy_options *o, bool threade
     }
     px->loop = loop;
     if (!o->allow_other_users && rdzv__peercred_open(&px->cred) < 0)
-        logf_(px, RDZV_LOG_WARN, "store proxy: cannot open the kernel sockets that find a local "
+        logf_(px, RDZV_LOG_WARN, "cannot open the kernel sockets that find a local "
                                  "peer's owner: local connections are refused until they open");
     rdzv_server_options so;
     rdzv_server_options_init(&so);

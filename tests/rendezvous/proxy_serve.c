@@ -36,7 +36,7 @@ static void log_line(void *arg, int level, const char *msg)
 {
     (void)arg;
     (void)level;
-    fprintf(stderr, "proxy: %s\n", msg);
+    fprintf(stderr, "store proxy: %s\n", msg);
 }
 
 int main(int argc, char **argv)
