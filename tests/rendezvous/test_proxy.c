@@ -10,6 +10,7 @@
  * have a 10 s receive timeout, polls a deadline.
  */
 #include "frames.h"
+#include "mux.h"
 #include "proto.h"
 #include "rdzv.h"
 #include "check_main.h"
@@ -21,6 +22,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -467,11 +469,161 @@ START_TEST(proxy_restarts)
 }
 END_TEST
 
+/* ---- a scripted root: it answers the proxy's connection and probe, then only what the test
+ * answers by hand, so that requests stay unanswered for as long as a test needs ---- */
+
+static int fake_listen_fd, fake_fd = -1;
+static rdzv__parser fake_parser;
+static rdzv__limits fake_limits = {1 << 20, 1 << 20, 1024, 1 << 22};
+static uint8_t fake_buf[1 << 16];
+static size_t fake_len;
+
+/* Reads the next frame from the proxy into *r (pointing into fake_buf, valid until the next
+ * call). */
+static void fake_next(rdzv__request *r)
+{
+    static size_t used;
+    memmove(fake_buf, fake_buf + used, fake_len - used);
+    fake_len -= used;
+    used = 0;
+    for (;;) {
+        int n = rdzv__parse(&fake_parser, &fake_limits, fake_buf, fake_len, r);
+        ck_assert_int_ge(n, 0);
+        if (n > 0) {
+            used = (size_t)n;
+            return;
+        }
+        ssize_t k = recv(fake_fd, fake_buf + fake_len, sizeof(fake_buf) - fake_len, 0);
+        ck_assert_msg(k > 0, "the proxy went away: %zd", k);
+        fake_len += (size_t)k;
+    }
+}
+
+static void fake_reply(uint32_t id, const void *p, size_t n)
+{
+    uint32_t hdr[2] = {id, (uint32_t)n};
+    ck_assert_int_eq(send(fake_fd, hdr, 8, MSG_NOSIGNAL), 8);
+    ck_assert_int_eq(send(fake_fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Accepts the proxy and answers until its MUX probe (a PING in a MUX frame) is answered. */
+static void *fake_root(void *arg)
+{
+    (void)arg;
+    fake_fd = accept(fake_listen_fd, NULL, NULL);
+    struct timeval tv = {10, 0};
+    setsockopt(fake_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    rdzv__parser_init(&fake_parser);
+    for (;;) {
+        rdzv__request r;
+        fake_next(&r);
+        if (r.op == RDZV_OP_PING) {
+            send(fake_fd, &r.u32, 4, MSG_NOSIGNAL);
+        } else if (r.op == RDZV_OP_MUX) {
+            fake_reply(r.u32, r.key + 2, 4); /* the PING's nonce */
+            return NULL;
+        }
+    }
+}
+
+/* The next MUX frame from the proxy: its vconn id and the operation it carries. */
+static enum rdzv_op fake_next_mux(uint32_t *id)
+{
+    for (;;) {
+        rdzv__request r;
+        fake_next(&r);
+        if (r.op == RDZV_OP_MUX_CLOSE)
+            continue;
+        ck_assert_int_eq(r.op, RDZV_OP_MUX);
+        *id = r.u32;
+        return r.key[1] == RDZV_M_GET ? RDZV_OP_GET : r.key[1] == RDZV_M_SET ? RDZV_OP_SET
+                                                                             : RDZV_OP_COUNT;
+    }
+}
+
+static void send_get(int fd, const char *key)
+{
+    frame f = {0};
+    fr_u8(&f, RDZV_M_GET);
+    fr_str(&f, key);
+    send_frame(fd, &f);
+    fr_free(&f);
+}
+
+static void expect_value(int fd, const char *want)
+{
+    uint64_t n;
+    char buf[64];
+    recv_exact(fd, &n, 8);
+    ck_assert_uint_eq(n, strlen(want));
+    recv_exact(fd, buf, n);
+    ck_assert_mem_eq(buf, want, n);
+}
+
+/* GETs of one key join one that is unanswered, but not across a write sent after it. */
+START_TEST(get_joins_only_before_a_write)
+{
+    struct sockaddr_in a = {0};
+    socklen_t al = sizeof(a);
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    fake_listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(bind(fake_listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(listen(fake_listen_fd, 4), 0);
+    getsockname(fake_listen_fd, (struct sockaddr *)&a, &al);
+    root_port = ntohs(a.sin_port);
+    pthread_t t;
+    pthread_create(&t, NULL, fake_root, NULL);
+    ck_assert_int_eq(start_proxy_on(NULL, 0, &proxy), 0);
+    pthread_join(t, NULL);
+    proxy_port = rdzv_proxy_port(proxy);
+
+    int w1 = modern_client(proxy_port), w2 = modern_client(proxy_port);
+    int w3 = modern_client(proxy_port), w4 = modern_client(proxy_port);
+    uint32_t g1, g2, s;
+    send_get(w1, "k");
+    ck_assert_int_eq(fake_next_mux(&g1), RDZV_OP_GET);
+    send_get(w2, "k"); /* joins: nothing was written since */
+    await_worker_requests(4);
+    frame f = {0};
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, "k");
+    fr_str(&f, "new");
+    send_frame(w3, &f);
+    fr_free(&f);
+    ck_assert_int_eq(fake_next_mux(&s), RDZV_OP_SET);
+    send_get(w4, "k"); /* after a write: a GET of its own */
+    ck_assert_int_eq(fake_next_mux(&g2), RDZV_OP_GET);
+    ck_assert_uint_ne(g1, g2);
+    rdzv_proxy_counters st = counters();
+    ck_assert_uint_eq(st.coalesced, 1);
+    ck_assert_uint_eq(st.upstream_requests, 3);
+
+    /* The answers, in the root's order, each to its own. */
+    uint8_t old[8 + 3] = {3, 0, 0, 0, 0, 0, 0, 0, 'o', 'l', 'd'};
+    uint8_t new[8 + 3] = {3, 0, 0, 0, 0, 0, 0, 0, 'n', 'e', 'w'};
+    fake_reply(g1, old, 5); /* split: the rest in a second frame */
+    fake_reply(g1, old + 5, sizeof(old) - 5);
+    fake_reply(g2, new, sizeof(new));
+    expect_value(w1, "old");
+    expect_value(w2, "old");
+    expect_value(w4, "new");
+    close(w1);
+    close(w2);
+    close(w3);
+    close(w4);
+    rdzv_proxy_close(proxy);
+    proxy = NULL;
+    close(fake_fd);
+    close(fake_listen_fd);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("proxy");
     check_tcase(s, "proxy", 60, waits_coalesce, cancel_one_coalesced_waiter,
                 busy_worker_goes_one_for_one, read_your_writes, private_keys_end_to_end,
-                legacy_watch, root_dies, proxy_restarts);
+                legacy_watch, root_dies, proxy_restarts, get_joins_only_before_a_write);
     return check_run(s);
 }
