@@ -44,8 +44,7 @@ static int grow(rdzv__vtable *t)
     return 0;
 }
 
-int rdzv__vtable_add(rdzv__vtable *t, rdzv__conn *mux, uint32_t id, bool legacy,
-                     rdzv__vconn **out)
+int rdzv__vtable_add(rdzv__vtable *t, rdzv__conn *mux, uint32_t id, bool legacy, rdzv__vconn **out)
 {
     if (t->n >= t->nbuckets && grow(t) < 0)
         return -ENOMEM;

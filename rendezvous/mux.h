@@ -45,7 +45,7 @@
 /* A virtual connection at the root: a store connection of its own (conn.mux, conn.vid). */
 typedef struct rdzv__vconn {
     rdzv__conn conn;
-    rdzv__parser parser; /* of its request frames, generation fixed */
+    rdzv__parser parser;      /* of its request frames, generation fixed */
     struct rdzv__vconn *next; /* in its bucket */
 } rdzv__vconn;
 
@@ -61,8 +61,7 @@ rdzv__vconn *rdzv__vtable_find(const rdzv__vtable *t, uint32_t id);
 
 /* Opens vconn `id` of the multiplexed connection `mux` in `t` (absent), in the legacy or modern
  * generation. Returns 0 and sets *out, or -ENOMEM. */
-int rdzv__vtable_add(rdzv__vtable *t, rdzv__conn *mux, uint32_t id, bool legacy,
-                     rdzv__vconn **out);
+int rdzv__vtable_add(rdzv__vtable *t, rdzv__conn *mux, uint32_t id, bool legacy, rdzv__vconn **out);
 
 /* Takes `v` out of `t` and frees it; its connection must have been released
  * (rdzv__conn_release()) first. */

@@ -92,12 +92,12 @@ typedef struct worker {
     bool untracked;
     expect xq[EXPECT_MAX];
     size_t xhead, xn;
-    uint64_t need;    /* bytes left of the head reply's current piece */
-    uint8_t lenb[8];  /* a vector's length prefix, as it arrives */
-    int lenpos;       /* of lenb; 8: reading the vector's bytes */
-    size_t v_wait;    /* WAITs and BARRIERs pending on the own vconn */
-    group *g;         /* the group this worker's coalesced request waits on */
-    queue gnode;      /* in g->members */
+    uint64_t need;   /* bytes left of the head reply's current piece */
+    uint8_t lenb[8]; /* a vector's length prefix, as it arrives */
+    int lenpos;      /* of lenb; 8: reading the vector's bytes */
+    size_t v_wait;   /* WAITs and BARRIERs pending on the own vconn */
+    group *g;        /* the group this worker's coalesced request waits on */
+    queue gnode;     /* in g->members */
     char peer[64];
 } worker;
 
@@ -456,8 +456,8 @@ static int coalesce(worker *w, const rdzv__request *req, const uint8_t *frame, s
                     uint8_t flags)
 {
     rdzv_proxy *px = w->px;
-    uint64_t h = fnv(fnv(14695981039346656037ull, &flags, 1), (const uint8_t *)&req->op,
-                     sizeof(req->op));
+    uint64_t h =
+        fnv(fnv(14695981039346656037ull, &flags, 1), (const uint8_t *)&req->op, sizeof(req->op));
     h = fnv(h, frame + 1, n - 1);
     for (group *g = px->groups[h % GROUP_BUCKETS]; g; g = g->hnext)
         if (g->hash == h && g->op == req->op && g->flags == flags && g->body_len == n - 1 &&
@@ -750,8 +750,8 @@ static int worker_request(worker *w, const rdzv__request *req, const uint8_t *fr
         worker_close(w, why);
         return -1;
     }
-    uint8_t flags = (authed ? RDZV_MUX_AUTH : 0) |
-                    (w->parser.gen == RDZV_GEN_LEGACY ? RDZV_MUX_LEGACY : 0);
+    uint8_t flags =
+        (authed ? RDZV_MUX_AUTH : 0) | (w->parser.gen == RDZV_GEN_LEGACY ? RDZV_MUX_LEGACY : 0);
     if (req->op == RDZV_OP_CANCEL_WAIT)
         group_leave(w);
     if ((req->op == RDZV_OP_WAIT || req->op == RDZV_OP_GET) && idle(w) &&
@@ -904,9 +904,10 @@ static void upstream_lost(rdzv_proxy *px, const char *why)
         return;
     px->lost = true;
     px->st.upstream_lost = true;
-    logf_(px, RDZV_LOG_WARN, "lost the connection to the store at %s:%d (%s); "
-          "closing its %llu worker connections", px->up_host, px->opts.upstream_port, why,
-          (unsigned long long)px->st.connections);
+    logf_(px, RDZV_LOG_WARN,
+          "lost the connection to the store at %s:%d (%s); "
+          "closing its %llu worker connections",
+          px->up_host, px->opts.upstream_port, why, (unsigned long long)px->st.connections);
     close_workers(px);
     if (px->listening) {
         uv_close((uv_handle_t *)&px->listener, handle_closed);
@@ -1114,8 +1115,7 @@ static void begin_close(rdzv_proxy *px)
         uv_close((uv_handle_t *)&px->up, handle_closed);
 }
 
-static int proxy_init(uv_loop_t *loop, const rdzv_proxy_options *o, bool threaded,
-                      rdzv_proxy **out)
+static int proxy_init(uv_loop_t *loop, const rdzv_proxy_options *o, bool threaded, rdzv_proxy **out)
 {
     rdzv_proxy *px = NULL;
     int fd = -1, rc = 0;
@@ -1131,7 +1131,8 @@ static int proxy_init(uv_loop_t *loop, const rdzv_proxy_options *o, bool threade
     rdzv__peercred_init(&px->cred);
     px->opts = *o;
     if (!(px->host = strdup(o->host ? o->host : "127.0.0.1")) ||
-        !(px->up_host = strdup(o->upstream_host)) || (o->token && !(px->token = strdup(o->token)))) {
+        !(px->up_host = strdup(o->upstream_host)) ||
+        (o->token && !(px->token = strdup(o->token)))) {
         rc = -ENOMEM;
         goto out;
     }
@@ -1153,8 +1154,9 @@ static int proxy_init(uv_loop_t *loop, const rdzv_proxy_options *o, bool threade
     }
     px->loop = loop;
     if (!o->allow_other_users && rdzv__peercred_open(&px->cred) < 0)
-        logf_(px, RDZV_LOG_WARN, "cannot open the kernel sockets that find a local "
-                                 "peer's owner: local connections are refused until they open");
+        logf_(px, RDZV_LOG_WARN,
+              "cannot open the kernel sockets that find a local "
+              "peer's owner: local connections are refused until they open");
     rdzv_server_options so;
     rdzv_server_options_init(&so);
     so.host = px->host;

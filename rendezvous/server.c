@@ -123,8 +123,8 @@ struct rdzv_server {
     size_t nconns;
     uint64_t accepted, rejected, closed_bad_input;
     uint64_t gens[3]; /* connections by detected generation */
-    size_t nvconns, nmux;   /* virtual connections (mux.h), and the connections carrying them */
-    queue clients;    /* client (node) */
+    size_t nvconns, nmux; /* virtual connections (mux.h), and the connections carrying them */
+    queue clients;        /* client (node) */
 
     /* access control (auth.h) */
     char *token;         /* owned; NULL: no authentication */
@@ -402,8 +402,8 @@ static void refuse(client *c, uint64_t *counter, const char *why)
 }
 
 /*
- * Decides on accept what a new connection may do. A peer on this host (rdzv__local_owner()) owned by
- * another user is refused unless allow_other_users, and so is one whose owner cannot be
+ * Decides on accept what a new connection may do. A peer on this host (rdzv__local_owner())
+ * owned by another user is refused unless allow_other_users, and so is one whose owner cannot be
  * established; root's connections are always let in (root can read the store's memory
  * anyway). With a token or an allow list, a peer that is not on this host, not in `allow` and
  * not at an address a connection authenticated from is put on probation (token: it may only

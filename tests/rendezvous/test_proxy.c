@@ -204,8 +204,8 @@ static long long root_status(const char *section, const char *name)
     json_t *o = json_loads(js, 0, NULL);
     rdzv_free(js);
     ck_assert_ptr_nonnull(o);
-    json_t *v = section ? json_object_get(json_object_get(o, section), name)
-                        : json_object_get(o, name);
+    json_t *v =
+        section ? json_object_get(json_object_get(o, section), name) : json_object_get(o, name);
     long long r = json_integer_value(v);
     json_decref(o);
     return r;
@@ -536,8 +536,9 @@ static enum rdzv_op fake_next_mux(uint32_t *id)
             continue;
         ck_assert_int_eq(r.op, RDZV_OP_MUX);
         *id = r.u32;
-        return r.key[1] == RDZV_M_GET ? RDZV_OP_GET : r.key[1] == RDZV_M_SET ? RDZV_OP_SET
-                                                                             : RDZV_OP_COUNT;
+        return r.key[1] == RDZV_M_GET   ? RDZV_OP_GET
+               : r.key[1] == RDZV_M_SET ? RDZV_OP_SET
+                                        : RDZV_OP_COUNT;
     }
 }
 
