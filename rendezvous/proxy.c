@@ -1187,7 +1187,7 @@ out:
         proxy_free(px);
         return rc;
     }
-    logf_(px, RDZV_LOG_INFO, "store proxy on %s:%d for the store at %s:%d", px->host, px->port,
+    logf_(px, RDZV_LOG_INFO, "listening on %s:%d for the store at %s:%d", px->host, px->port,
           px->up_host, o->upstream_port);
     *out = px;
     return 0;

@@ -6,7 +6,9 @@ saw with and without --store-proxy: its connections, its multiplexed ones, its o
 
 Each rank: ADD probe/arrived 1; WAIT probe/all (the last to arrive sets it); ADD probe/passed 1;
 rank 0 then WAITs probe/done, which the last to pass sets, and asks for STATUS (not with
---no-status: a PyTorch store has none). Bounded by the socket's timeout."""
+--no-status: a PyTorch store has none). With --hold-first, the first attempt
+(TORCHELASTIC_RESTART_COUNT 0) prints "ready MASTER_PORT" and WAITs for a key nobody sets
+instead, and fails when its connection closes. Bounded by the socket's timeout."""
 
 import json
 import os
@@ -54,6 +56,10 @@ class Store:
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     st = Store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    if "--hold-first" in sys.argv and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+        print("ready " + os.environ["MASTER_PORT"], flush=True)
+        st.wait(b"probe/never")
+        return 1
     if st.add(b"probe/arrived", 1) == world:
         st.set(b"probe/all", b"1")
     st.wait(b"probe/all")

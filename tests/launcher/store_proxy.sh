@@ -9,6 +9,9 @@
 #    with the proxy off (where it has none multiplexed) and saw fewer WAITs.
 # 2. A c10d endpoint that is PyTorch's own store (no multiplexing): ddprun says so in one line
 #    and the workers reach the store directly.
+# 3. The proxy loses the store while its workers wait (its upstream connection destroyed with
+#    ss -K): its workers' connections close, they fail, the node fails, and with
+#    --max-restarts 1 the next round gets a new proxy and passes the barrier through it.
 # Every run is bounded by `timeout`. Exit status: 0 pass, 1 fail, 77 skip (no python3).
 set -uo pipefail
 ddprun=$1
@@ -76,6 +79,47 @@ if python3 -c 'import torch.distributed' 2>/dev/null; then
     fi
 else
     echo "skip: python3 has no torch: the fallback to a PyTorch store is not tried"
+fi
+
+# 3. Needs ss -K (SOCK_DESTROY) and root.
+if (($(id -u) == 0)) && ss -K dst 127.0.0.2 dport = 1 >/dev/null 2>&1; then
+    "$ddprun" --store-proxy on --max-restarts 1 --nproc-per-node 2 --no-python python3 \
+        "$here/store_probe.py" --hold-first >"$tmp/loss.out" 2>&1 &
+    dpid=$!
+    for _ in $(seq 300); do
+        (($(grep -c 'ready ' "$tmp/loss.out") >= 2)) && break
+        sleep 0.05
+    done
+    pport=$(sed -n 's/^\[0\]:ready //p' "$tmp/loss.out")
+    # ddprun's two listeners: the store's and the proxy's (MASTER_PORT); then its connections
+    # to the store: the agent's, and the proxy's, opened later (the higher descriptor).
+    sport=$(ss -tlnpH | grep "pid=$dpid," | awk '{print $4}' | sed 's/.*://' | grep -vx "$pport")
+    mux=$(ss -tnpH state established "( dport = :$sport )" | grep "pid=$dpid," |
+        sed -E 's/.*:([0-9]+) +[^ ]+:[0-9]+ .*fd=([0-9]+).*/\2 \1/' | sort -n | tail -n 1 |
+        cut -d' ' -f2)
+    if [[ -z $pport || -z $sport || -z $mux ]]; then
+        fail "proxy loss: cannot find the proxy's connection (proxy $pport, store $sport)"
+        kill "$dpid" 2>/dev/null
+    else
+        t0=$SECONDS
+        ss -K dst 127.0.0.1 dport = "$sport" sport = "$mux" >/dev/null 2>&1
+        rc=
+        for _ in $(seq 600); do
+            kill -0 "$dpid" 2>/dev/null || { wait "$dpid"; rc=$?; break; }
+            sleep 0.05
+        done
+        [[ -z $rc ]] && { kill "$dpid" 2>/dev/null; wait "$dpid"; rc=timeout; }
+        if [[ $rc == 0 ]] && grep -q 'lost the connection to the store' "$tmp/loss.out" &&
+            grep -q 'restart' "$tmp/loss.out" &&
+            [[ $(field "$tmp/loss.out" 'd["multiplexed"]["connections"]') == 1 ]]; then
+            ok "proxy loss: the node failed, and the next round passed through a new proxy ($((SECONDS - t0)) s)"
+        else
+            fail "proxy loss: exit $rc"
+            tail -n 25 "$tmp/loss.out" | sed 's/^/    | /'
+        fi
+    fi
+else
+    echo "skip: ss -K (SOCK_DESTROY) unavailable: the proxy's loss is not tried"
 fi
 
 ((fails == 0)) && echo PASS || echo "FAIL ($fails)"
