@@ -1405,14 +1405,15 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("launcher_options");
-    TCase *tc = check_tcase(
-        s, "options", 30, defaults_are_torchrun_defaults, both_spellings,
-        equals_form_and_abbreviations, script_and_its_arguments, pet_defaults_and_precedence,
-        shutdown_timeout_sources, hung_timeout, store_proxy, errors_name_their_flag, duration_ranges,
-        module_no_python_run_path, rdzv_conf_parsing, liveness_settings, redirects_and_tee,
-        local_ranks_filter, standalone, endpoints, control_plane, nproc_auto_cpu_gpu,
-        slurm_defaults, slurm_subset_step, slurm_batch_script, slurm_tasks_per_node,
-        python_or_program, virtual_local_rank, ignored_options_warn, help_and_version);
+    TCase *tc =
+        check_tcase(s, "options", 30, defaults_are_torchrun_defaults, both_spellings,
+                    equals_form_and_abbreviations, script_and_its_arguments,
+                    pet_defaults_and_precedence, shutdown_timeout_sources, hung_timeout,
+                    store_proxy, errors_name_their_flag, duration_ranges, module_no_python_run_path,
+                    rdzv_conf_parsing, liveness_settings, redirects_and_tee, local_ranks_filter,
+                    standalone, endpoints, control_plane, nproc_auto_cpu_gpu, slurm_defaults,
+                    slurm_subset_step, slurm_batch_script, slurm_tasks_per_node, python_or_program,
+                    virtual_local_rank, ignored_options_warn, help_and_version);
     tcase_add_checked_fixture(tc, setup, teardown);
 
     check_tcase(s, "slurm_expand", 30, slurm_expand);
