@@ -90,7 +90,7 @@ typedef struct client {
     char peer[64];
     char addr[INET6_ADDRSTRLEN]; /* numeric peer address at accept: logs, opts.on_close */
     int port;                    /* peer port at accept; 0: unknown */
-    rdzv__vtable vconns; /* a store proxy's virtual connections (mux.h); empty otherwise */
+    rdzv__vtable vconns;         /* a store proxy's vconns (mux.h); none otherwise */
 } client;
 
 typedef struct write_req {
@@ -1101,8 +1101,10 @@ static int mux_request(client *c, const rdzv__request *req)
     char why[200];
     srv->store.ops[req->op]++;
     if (srv->token && c->auth.state != RDZV_AUTH_DONE) {
-        snprintf(why, sizeof(why), "%s refused: a store with a secret multiplexes only "
-                 "authenticated connections", rdzv__op_name(req->op));
+        snprintf(why, sizeof(why),
+                 "%s refused: a store with a secret multiplexes only "
+                 "authenticated connections",
+                 rdzv__op_name(req->op));
         refuse(c, &srv->refused_private, why);
         return -1;
     }
@@ -1120,8 +1122,8 @@ static int mux_request(client *c, const rdzv__request *req)
         }
         if (c->vconns.nbuckets == 0)
             srv->nmux++;
-        if (rdzv__vtable_add(&c->vconns, &c->conn, req->u32, req->key[0] & RDZV_MUX_LEGACY,
-                             &v) < 0) {
+        if (rdzv__vtable_add(&c->vconns, &c->conn, req->u32, req->key[0] & RDZV_MUX_LEGACY, &v) <
+            0) {
             client_close(c, "out of memory");
             return -1;
         }
@@ -1136,16 +1138,19 @@ static int mux_request(client *c, const rdzv__request *req)
         return -1;
     }
     if (rc < 0 || in.op >= RDZV_OP_AUTH_HELLO) {
-        snprintf(why, sizeof(why), "%s", rc < 0 ? rdzv__parse_strerror(rc)
-                                                : "the handshake and MUX are not for a "
-                                                  "virtual connection");
+        snprintf(why, sizeof(why), "%s",
+                 rc < 0 ? rdzv__parse_strerror(rc)
+                        : "the handshake and MUX are not for a "
+                          "virtual connection");
         srv->closed_bad_input++;
         vconn_close(c, v, why, true);
         return 0;
     }
     if (srv->token && !(flags & RDZV_MUX_AUTH) && rdzv__request_private(&in)) {
-        snprintf(why, sizeof(why), "%s refused: a key is private to the job's authenticated "
-                 "connections", rdzv__op_name(in.op));
+        snprintf(why, sizeof(why),
+                 "%s refused: a key is private to the job's authenticated "
+                 "connections",
+                 rdzv__op_name(in.op));
         srv->refused_private++;
         vconn_close(c, v, refusal_log_now(srv, RDZV_LOG_WARN, why, false) ? why : NULL, true);
         return 0;

@@ -343,8 +343,7 @@ int rdzv__conn_hold_input(rdzv__store *s, rdzv__conn *c, size_t n)
  * store made them. Over max_conn_output it is `v` that fails (as a connection of its own
  * would), not the multiplexed connection; over max_buffered the rule of make_room() holds.
  */
-static int vreply(rdzv__store *s, rdzv__conn *v, const void *h, size_t hn, const void *p,
-                  size_t n)
+static int vreply(rdzv__store *s, rdzv__conn *v, const void *h, size_t hn, const void *p, size_t n)
 {
     rdzv__conn *m = v->mux;
     size_t total = hn + n, frames = total / RDZV_MUX_REPLY_MAX + 1;
