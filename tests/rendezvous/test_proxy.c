@@ -9,6 +9,7 @@
  * proxy restarting, and an upstream that does not multiplex. Every wait is bounded: sockets
  * have a 10 s receive timeout, polls a deadline.
  */
+#include "client.h"
 #include "frames.h"
 #include "mux.h"
 #include "proto.h"
@@ -18,6 +19,7 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -620,11 +622,105 @@ START_TEST(get_joins_only_before_a_write)
 }
 END_TEST
 
+/* Sends one MUX frame for vconn `id` carrying frame[0..n) (a modern request). */
+static void send_mux(int fd, uint32_t id, uint8_t flags, const void *req, size_t n)
+{
+    frame f = {0};
+    rdzv__mux_put(&f, id, flags, req, n);
+    send_frame(fd, &f);
+    fr_free(&f);
+}
+
+/* Reads one reply frame header of the root; returns its vconn id and sets *len. */
+static uint32_t recv_mux(int fd, uint32_t *len)
+{
+    uint32_t hdr[2];
+    recv_exact(fd, hdr, 8);
+    *len = hdr[1];
+    return hdr[0];
+}
+
+/* The root's own rules for multiplexed connections, with raw frames: a store with a secret
+ * multiplexes only an authenticated connection; a private key needs the vconn's flag; what
+ * would close a connection closes its vconn alone; MUX_CLOSE lets go of a vconn's WAIT. */
+START_TEST(root_mux_rules)
+{
+    start_root(TOKEN);
+    static const uint8_t get_priv[] = {RDZV_M_GET, 9,   0,   0,   0,   0,   0,   0,   0,
+                                       '/',        'd', 'd', 'p', 'r', 'u', 'n', '/', 'x'};
+    static const uint8_t wait_k[] = {RDZV_M_WAIT, 1, 0, 0, 0, 0, 0, 0, 0,
+                                     1,           0, 0, 0, 0, 0, 0, 0, 'k'};
+    static const uint8_t ping[] = {RDZV_M_PING, 1, 2, 3, 4};
+    uint32_t len;
+
+    /* Not authenticated: the MUX closes the connection. */
+    int raw = modern_client(root_port);
+    send_mux(raw, 1, RDZV_MUX_AUTH, ping, sizeof(ping));
+    ck_assert(closed_by_peer(raw));
+    close(raw);
+
+    rdzv_client *c = client_to(root_port, TOKEN); /* authenticated; its socket used raw */
+    int fd = c->fd;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    send_mux(fd, 1, 0, get_priv, sizeof(get_priv)); /* vconn 1, not flagged: closed */
+    ck_assert_uint_eq(recv_mux(fd, &len), 1);
+    ck_assert_uint_eq(len, RDZV_MUX_CLOSED);
+    send_mux(fd, 2, RDZV_MUX_AUTH, get_priv, sizeof(get_priv)); /* flagged: an empty value */
+    ck_assert_uint_eq(recv_mux(fd, &len), 2);
+    ck_assert_uint_eq(len, 8);
+    uint64_t n;
+    recv_exact(fd, &n, 8);
+    ck_assert_uint_eq(n, 0);
+
+    /* A WAIT on vconn 3, let go of by MUX_CLOSE; then an ADD on a non-number closes vconn 4
+     * alone, and vconn 5 still answers. */
+    send_mux(fd, 3, 0, wait_k, sizeof(wait_k));
+    int64_t end = now_ms() + 5000;
+    while (root_status(NULL, "waiters") != 1) {
+        ck_assert(now_ms() < end);
+        poll(NULL, 0, 2);
+    }
+    ck_assert_int_eq(root_status("multiplexed", "virtual_connections"), 2);
+    frame f = {0};
+    rdzv__mux_put_close(&f, 3);
+    send_frame(fd, &f);
+    while (root_status(NULL, "waiters") != 0) {
+        ck_assert(now_ms() < end);
+        poll(NULL, 0, 2);
+    }
+    static const uint8_t set_k[] = {RDZV_M_SET, 1, 0, 0, 0, 0, 0, 0, 0,  'k',
+                                    1,          0, 0, 0, 0, 0, 0, 0, 'x'};
+    static const uint8_t add_k[] = {RDZV_M_ADD, 1, 0, 0, 0, 0, 0, 0, 0,
+                                    'k',        1, 0, 0, 0, 0, 0, 0, 0};
+    send_mux(fd, 4, 0, set_k, sizeof(set_k));
+    send_mux(fd, 4, 0, add_k, sizeof(add_k));
+    ck_assert_uint_eq(recv_mux(fd, &len), 4);
+    ck_assert_uint_eq(len, RDZV_MUX_CLOSED);
+    send_mux(fd, 5, 0, ping, sizeof(ping));
+    ck_assert_uint_eq(recv_mux(fd, &len), 5);
+    ck_assert_uint_eq(len, 4);
+    uint32_t nonce;
+    recv_exact(fd, &nonce, 4);
+    ck_assert_uint_eq(nonce, 0x04030201u);
+
+    /* A MUX whose request is cut short: the whole connection is out of step and closed. */
+    send_mux(fd, 6, 0, ping, 3);
+    ck_assert(closed_by_peer(fd));
+    fr_free(&f);
+    rdzv_client_close(c);
+    rdzv_server_close(root);
+    root = NULL;
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("proxy");
     check_tcase(s, "proxy", 60, waits_coalesce, cancel_one_coalesced_waiter,
                 busy_worker_goes_one_for_one, read_your_writes, private_keys_end_to_end,
-                legacy_watch, root_dies, proxy_restarts, get_joins_only_before_a_write);
+                legacy_watch, root_dies, proxy_restarts, get_joins_only_before_a_write,
+                root_mux_rules);
     return check_run(s);
 }
