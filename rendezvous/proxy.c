@@ -117,6 +117,7 @@ struct group {
 typedef struct out_req {
     uv_write_t req;
     uint8_t *data;
+    struct rdzv_proxy *px; /* a write to the root: may resume reading the workers */
 } out_req;
 
 struct rdzv_proxy {
@@ -128,6 +129,7 @@ struct rdzv_proxy {
     int port;
     int open_handles;
     bool closing, lost, listening;
+    bool paused; /* the workers are not read: the root's backlog is over max_pending_output */
     queue workers, dirty;
     endpoint *ids[ID_BUCKETS];
     group *groups[GROUP_BUCKETS];
@@ -232,19 +234,48 @@ static void id_assign(rdzv_proxy *px, endpoint *ep, bool spare_ok)
 /* Output                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
+static void worker_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void worker_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+
+/* Stops reading the workers while the root has a backlog of their requests, and reads them
+ * again once it took half of it: a flood of requests waits in the workers' sockets, not here. */
+static void pace_workers(rdzv_proxy *px)
+{
+    size_t queued = px->up.write_queue_size;
+    bool pause = queued > px->opts.max_pending_output;
+    bool resume = px->paused && queued <= px->opts.max_pending_output / 2;
+    if ((!pause || px->paused) && !resume)
+        return;
+    px->paused = pause;
+    queue *q;
+    queue_foreach(q, &px->workers) {
+        uv_stream_t *s = (uv_stream_t *)&queue_data(q, struct worker, node)->tcp;
+        if (pause)
+            uv_read_stop(s);
+        else
+            uv_read_start(s, worker_alloc, worker_read);
+    }
+}
+
 static void out_done(uv_write_t *req, int status)
 {
     (void)status; /* a failed write shows as a failed read or close on that stream */
     out_req *w = (out_req *)req;
+    rdzv_proxy *px = w->px;
     free(w->data);
     free(w);
+    if (px && !px->closing && !px->lost) {
+        lock(px);
+        pace_workers(px);
+        unlock(px);
+    }
 }
 
 /*
  * Sends buf[0..*len) on `s`: what the kernel takes now, the rest through a write request that
  * owns a copy. Returns 0 (the buffer is emptied) or a negative errno.
  */
-static int send_out(uv_stream_t *s, uint8_t *buf, size_t *len)
+static int send_out(uv_stream_t *s, uint8_t *buf, size_t *len, rdzv_proxy *px)
 {
     size_t off = 0;
     if (*len == 0)
@@ -267,6 +298,7 @@ static int send_out(uv_stream_t *s, uint8_t *buf, size_t *len)
         }
         memcpy(copy, buf + off, *len - off);
         w->data = copy;
+        w->px = px;
         uv_buf_t b = uv_buf_init((char *)copy, (unsigned)(*len - off));
         int rc = uv_write(&w->req, s, &b, 1, out_done);
         if (rc < 0) {
@@ -291,9 +323,11 @@ static void flush_up(rdzv_proxy *px)
         return;
     }
     px->st.bytes_up += px->up_out.len;
-    int rc = send_out((uv_stream_t *)&px->up, px->up_out.data, &px->up_out.len);
+    int rc = send_out((uv_stream_t *)&px->up, px->up_out.data, &px->up_out.len, px);
     if (rc < 0)
         upstream_lost(px, uv_strerror(rc));
+    else
+        pace_workers(px);
 }
 
 static void worker_close(worker *w, const char *why);
@@ -321,7 +355,7 @@ static void flush_workers(rdzv_proxy *px)
         w->dirty = false;
         if (w->closing)
             continue;
-        int rc = send_out((uv_stream_t *)&w->tcp, w->out.data, &w->out.len);
+        int rc = send_out((uv_stream_t *)&w->tcp, w->out.data, &w->out.len, NULL);
         if (rc < 0)
             worker_close(w, uv_strerror(rc));
         else if (w->tcp.write_queue_size > px->opts.max_pending_output)
@@ -878,7 +912,7 @@ static void on_connection(uv_stream_t *server, int status)
         worker_close(w, NULL);
     } else if (admit_worker(px, w)) {
         px->st.accepted++;
-        if (uv_read_start((uv_stream_t *)&w->tcp, worker_alloc, worker_read) < 0)
+        if (!px->paused && uv_read_start((uv_stream_t *)&w->tcp, worker_alloc, worker_read) < 0)
             worker_close(w, "cannot read");
     }
     flush(px);

@@ -308,7 +308,9 @@ typedef struct rdzv_proxy_options {
     size_t max_request_bytes;  /* largest request a worker may send (64 MiB; the root's own
                                   limits apply to what passes) */
     size_t max_pending_output; /* reply bytes queued for one worker past which it is closed
-                                  (256 MiB, the root's max_conn_output) */
+                                  (256 MiB, the root's max_conn_output); and the requests
+                                  queued for the root past which no worker is read until the
+                                  root has taken half of them */
     /* Optional: called once, on the proxy's loop thread, when the upstream connection is lost
      * (the root closed it or died); the proxy has closed its workers and stopped listening. */
     void (*on_lost)(void *arg);

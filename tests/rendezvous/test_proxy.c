@@ -154,10 +154,14 @@ static void start_root(const char *token)
     root_port = rdzv_server_port(root);
 }
 
+static size_t proxy_max_pending; /* for the next proxy; 0: the default */
+
 static int start_proxy_on(const char *token, int port, rdzv_proxy **out)
 {
     rdzv_proxy_options o;
     rdzv_proxy_options_init(&o);
+    if (proxy_max_pending)
+        o.max_pending_output = proxy_max_pending;
     o.upstream_host = "127.0.0.1";
     o.upstream_port = root_port;
     o.port = port;
@@ -478,21 +482,20 @@ static int fake_listen_fd, fake_fd = -1;
 static rdzv__parser fake_parser;
 static rdzv__limits fake_limits = {1 << 20, 1 << 20, 1024, 1 << 22};
 static uint8_t fake_buf[1 << 16];
-static size_t fake_len;
+static size_t fake_len, fake_used;
 
 /* Reads the next frame from the proxy into *r (pointing into fake_buf, valid until the next
  * call). */
 static void fake_next(rdzv__request *r)
 {
-    static size_t used;
-    memmove(fake_buf, fake_buf + used, fake_len - used);
-    fake_len -= used;
-    used = 0;
+    memmove(fake_buf, fake_buf + fake_used, fake_len - fake_used);
+    fake_len -= fake_used;
+    fake_used = 0;
     for (;;) {
         int n = rdzv__parse(&fake_parser, &fake_limits, fake_buf, fake_len, r);
         ck_assert_int_ge(n, 0);
         if (n > 0) {
-            used = (size_t)n;
+            fake_used = (size_t)n;
             return;
         }
         ssize_t k = recv(fake_fd, fake_buf + fake_len, sizeof(fake_buf) - fake_len, 0);
@@ -563,9 +566,10 @@ static void expect_value(int fd, const char *want)
     ck_assert_mem_eq(buf, want, n);
 }
 
-/* GETs of one key join one that is unanswered, but not across a write sent after it. */
-START_TEST(get_joins_only_before_a_write)
+/* Starts a proxy in front of the scripted root. */
+static void start_fake_and_proxy(void)
 {
+    fake_len = fake_used = 0;
     struct sockaddr_in a = {0};
     socklen_t al = sizeof(a);
     a.sin_family = AF_INET;
@@ -580,7 +584,12 @@ START_TEST(get_joins_only_before_a_write)
     ck_assert_int_eq(start_proxy_on(NULL, 0, &proxy), 0);
     pthread_join(t, NULL);
     proxy_port = rdzv_proxy_port(proxy);
+}
 
+/* GETs of one key join one that is unanswered, but not across a write sent after it. */
+START_TEST(get_joins_only_before_a_write)
+{
+    start_fake_and_proxy();
     int w1 = modern_client(proxy_port), w2 = modern_client(proxy_port);
     int w3 = modern_client(proxy_port), w4 = modern_client(proxy_port);
     uint32_t g1, g2, s;
@@ -617,6 +626,68 @@ START_TEST(get_joins_only_before_a_write)
     close(w4);
     rdzv_proxy_close(proxy);
     proxy = NULL;
+    close(fake_fd);
+    close(fake_listen_fd);
+}
+END_TEST
+
+/* A root that takes no requests: past max_pending_output of backlog the proxy stops reading its
+ * workers (their requests wait in their sockets), and reads them again once the root takes
+ * them; nothing is lost. */
+START_TEST(slow_root_pauses_workers)
+{
+    enum { VALUE = 16 << 10, MAX_FRAMES = 16384 }; /* 256 MiB at most */
+    proxy_max_pending = 256 << 10;
+    start_fake_and_proxy();
+    int w = modern_client(proxy_port);
+    fcntl(w, F_SETFL, fcntl(w, F_GETFL) | O_NONBLOCK);
+    frame f = {0};
+    static char value[VALUE];
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, "k");
+    fr_u64(&f, VALUE);
+    fr_raw(&f, value, VALUE);
+    size_t sent = 0, frames = 0;
+    for (;;) { /* send until the worker's socket stays full for a second */
+        ssize_t k = send(w, f.data + sent, f.len - sent, MSG_NOSIGNAL);
+        if (k > 0) {
+            sent += (size_t)k;
+            if (sent == f.len) {
+                sent = 0;
+                frames++;
+                ck_assert_msg(frames < MAX_FRAMES, "the proxy never stopped reading");
+            }
+            continue;
+        }
+        ck_assert(errno == EAGAIN || errno == EWOULDBLOCK);
+        struct pollfd p = {w, POLLOUT, 0};
+        if (poll(&p, 1, 1000) == 0)
+            break;
+    }
+    /* The proxy took no more than was sent whole. */
+    ck_assert_uint_le(counters().worker_requests, frames + 1);
+    /* The root takes every request now: the proxy reads again, and all of them arrive. */
+    for (size_t seen = 0; seen < frames; seen++) {
+        uint32_t id;
+        ck_assert_int_eq(fake_next_mux(&id), RDZV_OP_SET);
+    }
+    if (sent > 0) { /* the frame left half sent goes too */
+        fcntl(w, F_SETFL, fcntl(w, F_GETFL) & ~O_NONBLOCK);
+        while (sent < f.len) {
+            ssize_t k = send(w, f.data + sent, f.len - sent, MSG_NOSIGNAL);
+            ck_assert_int_gt(k, 0);
+            sent += (size_t)k;
+        }
+        uint32_t id;
+        ck_assert_int_eq(fake_next_mux(&id), RDZV_OP_SET);
+        frames++;
+    }
+    ck_assert_uint_eq(counters().worker_requests, frames + 1); /* and the VALIDATE */
+    fr_free(&f);
+    close(w);
+    rdzv_proxy_close(proxy);
+    proxy = NULL;
+    proxy_max_pending = 0;
     close(fake_fd);
     close(fake_listen_fd);
 }
@@ -721,6 +792,6 @@ int main(void)
     check_tcase(s, "proxy", 60, waits_coalesce, cancel_one_coalesced_waiter,
                 busy_worker_goes_one_for_one, read_your_writes, private_keys_end_to_end,
                 legacy_watch, root_dies, proxy_restarts, get_joins_only_before_a_write,
-                root_mux_rules);
+                root_mux_rules, slow_root_pauses_workers);
     return check_run(s);
 }
