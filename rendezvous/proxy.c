@@ -112,6 +112,7 @@ struct group {
     bool joinable;
     queue members;
     rdzv__buf reply; /* a GET's reply as it arrives */
+    queue all_node;  /* in px->all_groups, until freed */
 };
 
 typedef struct out_req {
@@ -131,6 +132,7 @@ struct rdzv_proxy {
     bool closing, lost, listening;
     bool paused; /* the workers are not read: the root's backlog is over max_pending_output */
     queue workers, dirty;
+    queue all_groups; /* group (all_node): every group not freed, for proxy_free() */
     endpoint *ids[ID_BUCKETS];
     group *groups[GROUP_BUCKETS];
     uint32_t next_id;
@@ -393,6 +395,15 @@ static void group_unhash(rdzv_proxy *px, group *g)
     g->joinable = false;
 }
 
+/* Frees a group's memory (it is out of the hash, its id given back or closed). */
+static void group_destroy(group *g)
+{
+    queue_remove(&g->all_node);
+    rdzv__buf_free(&g->reply);
+    free(g->body);
+    free(g);
+}
+
 /* Frees a group; `idle`: its vconn has nothing pending at the root and may serve another. */
 static void group_free(rdzv_proxy *px, group *g, bool idle)
 {
@@ -415,9 +426,7 @@ static void group_free(rdzv_proxy *px, group *g, bool idle)
     } else if (id != 0) {
         rdzv__mux_put_close(&px->up_out, id);
     }
-    rdzv__buf_free(&g->reply);
-    free(g->body);
-    free(g);
+    group_destroy(g);
 }
 
 /* Takes `w` out of its group; a WAIT group left empty is given up upstream. */
@@ -515,6 +524,7 @@ static int coalesce(worker *w, const rdzv__request *req, const uint8_t *frame, s
     g->epoch = px->epoch;
     g->ep.kind = EP_GROUP;
     queue_init(&g->members);
+    queue_insert_tail(&px->all_groups, &g->all_node);
     g->hnext = px->groups[h % GROUP_BUCKETS];
     px->groups[h % GROUP_BUCKETS] = g;
     g->joinable = true;
@@ -986,9 +996,7 @@ static void vconn_closed(rdzv_proxy *px, uint32_t id)
         w->g = NULL;
         worker_close(w, "the store closed it");
     }
-    rdzv__buf_free(&g->reply);
-    free(g->body);
-    free(g);
+    group_destroy(g);
 }
 
 static void up_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -1111,14 +1119,8 @@ static void proxy_free(rdzv_proxy *px)
     if (px->lock_made)
         uv_mutex_destroy(&px->lock);
     rdzv__peercred_close(&px->cred);
-    for (size_t i = 0; i < GROUP_BUCKETS; i++)
-        while (px->groups[i]) {
-            group *g = px->groups[i];
-            px->groups[i] = g->hnext;
-            rdzv__buf_free(&g->reply);
-            free(g->body);
-            free(g);
-        }
+    while (!queue_empty(&px->all_groups))
+        group_destroy(queue_data(queue_head(&px->all_groups), group, all_node));
     rdzv__wbuf_free(&px->up_out);
     free(px->spare_ids);
     if (px->token)
@@ -1162,6 +1164,7 @@ static int proxy_init(uv_loop_t *loop, const rdzv_proxy_options *o, bool threade
         return -ENOMEM;
     queue_init(&px->workers);
     queue_init(&px->dirty);
+    queue_init(&px->all_groups);
     rdzv__peercred_init(&px->cred);
     px->opts = *o;
     if (!(px->host = strdup(o->host ? o->host : "127.0.0.1")) ||
