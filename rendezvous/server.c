@@ -1229,9 +1229,8 @@ static char *status_json(rdzv_server *srv)
     json_object_set_new(sec, "auth_timeouts", json_integer((json_int_t)srv->auth_timeouts));
     json_object_set_new(sec, "probation_shed", json_integer((json_int_t)srv->probation_shed));
     json_object_set_new(o, "buffered_bytes", json_integer((json_int_t)st->buffered));
-    json_object_set_new(o, "multiplexed",
-                        json_pack("{s:I, s:I}", "connections", (json_int_t)srv->nmux,
-                                  "virtual_connections", (json_int_t)srv->nvconns));
+    json_object_set_new(o, "multiplexed_connections", json_integer((json_int_t)srv->nmux));
+    json_object_set_new(o, "virtual_connections", json_integer((json_int_t)srv->nvconns));
     json_object_set_new(o, "memory", json_integer((json_int_t)st->memory));
     json_object_set_new(o, "private_memory", json_integer((json_int_t)st->private_memory));
     json_object_set_new(o, "clear_pending", json_integer((json_int_t)st->nstale));

@@ -43,7 +43,7 @@ for mode in on off; do
         tail -n 20 "$tmp/$mode.out" | sed 's/^/    | /'
         continue
     fi
-    mux=$(field "$tmp/$mode.out" 'd["multiplexed"]["connections"]')
+    mux=$(field "$tmp/$mode.out" 'd["multiplexed_connections"]')
     accepted=$(field "$tmp/$mode.out" 'd["connections_total"]["accepted"]')
     waits=$(field "$tmp/$mode.out" 'd["ops"]["wait"]')
     echo "--store-proxy $mode: root accepted $accepted connections, $mux multiplexed, $waits WAITs"
@@ -111,7 +111,7 @@ if (($(id -u) == 0)) && ss -K dst 127.0.0.2 dport = 1 >/dev/null 2>&1; then
         [[ -z $rc ]] && { kill "$dpid" 2>/dev/null; wait "$dpid"; rc=timeout; }
         if [[ $rc == 0 ]] && grep -q 'lost the connection to the store' "$tmp/loss.out" &&
             grep -q 'restart' "$tmp/loss.out" &&
-            [[ $(field "$tmp/loss.out" 'd["multiplexed"]["connections"]') == 1 ]]; then
+            [[ $(field "$tmp/loss.out" 'd["multiplexed_connections"]') == 1 ]]; then
             ok "proxy loss: the node failed, and the next round passed through a new proxy ($((SECONDS - t0)) s)"
         else
             fail "proxy loss: exit $rc"
