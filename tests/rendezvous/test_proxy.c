@@ -30,6 +30,7 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <uv.h>
 
 #define TOKEN "proxy-test-token-0123456789abcdef"
 
@@ -786,12 +787,83 @@ START_TEST(root_mux_rules)
 }
 END_TEST
 
+/* ---- embedded proxies: several on one caller's loop, as a harness runs them ---- */
+
+enum { EMBEDDED = 3 };
+static rdzv_proxy *embedded[EMBEDDED];
+static int embedded_port[EMBEDDED];
+static uv_async_t embedded_done;
+static int embedded_rc = -1;
+
+/* Closes the proxies on their loop once the clients are done. */
+static void embedded_close(uv_async_t *a)
+{
+    for (int i = 0; i < EMBEDDED; i++)
+        rdzv_proxy_close(embedded[i]);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+/* The clients, one per proxy: a WAIT through each that a SET through the next releases. */
+static void *embedded_clients(void *arg)
+{
+    (void)arg;
+    int rc = 0;
+    rdzv_client *c[EMBEDDED];
+    for (int i = 0; i < EMBEDDED; i++) {
+        rdzv_client_options co;
+        rdzv_client_options_init(&co);
+        co.connect_timeout_ms = 5000;
+        co.timeout_ms = 10000;
+        if (rdzv_client_connect("127.0.0.1", embedded_port[i], &co, &c[i]) < 0)
+            rc = -1;
+    }
+    for (int i = 0; i < EMBEDDED && rc == 0; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "e/%d", i);
+        rc = rdzv_set(c[(i + 1) % EMBEDDED], key, "v", 1);
+        const char *keys[] = {key};
+        if (rc == 0)
+            rc = rdzv_wait(c[i], keys, 1, 5000);
+    }
+    for (int i = 0; i < EMBEDDED; i++)
+        rdzv_client_close(c[i]);
+    embedded_rc = rc;
+    uv_async_send(&embedded_done);
+    return NULL;
+}
+
+START_TEST(embedded_proxies_share_a_loop)
+{
+    start_root(NULL);
+    uv_loop_t loop;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    for (int i = 0; i < EMBEDDED; i++) {
+        rdzv_proxy_options o;
+        rdzv_proxy_options_init(&o);
+        o.upstream_host = "127.0.0.1";
+        o.upstream_port = root_port;
+        ck_assert_int_eq(rdzv_proxy_create(&loop, &o, &embedded[i]), 0);
+        embedded_port[i] = rdzv_proxy_port(embedded[i]);
+    }
+    ck_assert_int_eq(root_status(NULL, "multiplexed_connections"), EMBEDDED);
+    uv_async_init(&loop, &embedded_done, embedded_close);
+    pthread_t t;
+    pthread_create(&t, NULL, embedded_clients, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT); /* ends once every proxy's handles are closed */
+    pthread_join(t, NULL);
+    ck_assert_int_eq(embedded_rc, 0);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+    rdzv_server_close(root);
+    root = NULL;
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("proxy");
     check_tcase(s, "proxy", 60, waits_coalesce, cancel_one_coalesced_waiter,
                 busy_worker_goes_one_for_one, read_your_writes, private_keys_end_to_end,
                 legacy_watch, root_dies, proxy_restarts, get_joins_only_before_a_write,
-                root_mux_rules, slow_root_pauses_workers);
+                root_mux_rules, slow_root_pauses_workers, embedded_proxies_share_a_loop);
     return check_run(s);
 }
