@@ -6,8 +6,10 @@
  * generations); here: coalescing (N WAITs, one upstream, visible in the proxy's counters and
  * the root's STATUS), a CANCEL_WAIT of one coalesced waiter, private keys and authentication
  * end to end, read-your-writes with GETs coalesced, a legacy worker's watch, the root dying, a
- * proxy restarting, and an upstream that does not multiplex. Every wait is bounded: sockets
- * have a 10 s receive timeout, polls a deadline.
+ * proxy restarting, an upstream that does not multiplex, the root's own rules for MUX frames,
+ * and embedded proxies sharing a loop. The rule for joining a GET and the pause of a proxy
+ * whose root takes nothing are checked against a scripted root (fake_root()). Every wait is
+ * bounded: sockets have a 10 s receive timeout, polls a deadline.
  */
 #include "client.h"
 #include "frames.h"
