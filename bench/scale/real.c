@@ -42,7 +42,7 @@
 #include "rdzv.h"
 #include "scale-bench.h"
 
-#define POLL_MS 50
+#define POLL_MS 20
 
 /* Wall-clock nanoseconds, the clock of barrier_worker's stamps. */
 static int64_t wall_ns(void)

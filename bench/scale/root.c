@@ -233,6 +233,8 @@ void sb_stats_diff(const struct sb_stats *a, const struct sb_stats *b, struct sb
     d->bytes_out = sub(b->bytes_out, a->bytes_out);
     if (!d->have_status)
         d->conns = d->accepted = d->requests = -1;
+    if (!d->have_traffic)
+        d->bytes_in = d->bytes_out = -1;
 }
 
 void sb_metric(struct sb_point *p, const char *name, const char *unit, double v)

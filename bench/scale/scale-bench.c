@@ -78,9 +78,9 @@ static const cli_option g_options[] = {
     {OPT_RANKS, {"--ranks"}, "G", "8", 0, "emulated ranks per node in lightweight mode"},
     {OPT_PROXY, {"--proxy"}, "on|off", "off", 0,
      "ranks reach the root through a store proxy per node (ddprun --store-proxy)"},
-    {OPT_BARRIER, {"--barrier"}, "rdzv|add", "rdzv", 0,
-     "lightweight ranks' first barrier: rdzv_barrier() as ddprun's workers, or ADD then WAIT as "
-     "torch's elastic barrier"},
+    {OPT_BARRIER, {"--barrier"}, "add|rdzv", "add", 0,
+     "lightweight ranks' first barrier: ADD then WAIT, as torch's elastic barrier, or "
+     "rdzv_barrier() as ddprun's workers (compare-and-set rounds: quadratic in the ranks)"},
     {OPT_HB, {"--heartbeat-timeout"}, "SECONDS", "2", 0,
      "agents' heartbeat_timeout: a silent node counts as dead after this"},
     {OPT_LAST_CALL, {"--last-call"}, "SECONDS", "0.5", 0,
@@ -173,9 +173,9 @@ static int parse_args(int argc, char **argv, struct sb_config *cfg)
             break;
         }
         case OPT_BARRIER: {
-            static const char *const kinds[] = {"rdzv", "add", NULL};
+            static const char *const kinds[] = {"add", "rdzv", NULL};
             rc = cli_report(stderr, PROG, cli_parse_choice(a, v, "barrier", kinds, &idx));
-            cfg->barrier_add = idx == 1;
+            cfg->barrier_add = idx == 0;
             break;
         }
         case OPT_HB:
@@ -255,6 +255,7 @@ static void set_defaults(struct sb_config *cfg, bool quick)
     cfg->timeout_s = quick ? 20 : 120;
     cfg->quick = quick;
     cfg->python = "python3";
+    cfg->barrier_add = true;
 }
 
 int main(int argc, char **argv)
