@@ -205,8 +205,8 @@ static int monitor(struct light *L, struct agent *a, int round)
             if (ddprun_rdzv_exit_done(a->mon, L->prefix, round) == 1)
                 continue;
             char why[160];
-            snprintf(why, sizeof why, "node %d stopped sending heartbeats (none for %g s)",
-                     dead[0], L->dead_s);
+            snprintf(why, sizeof why, "node %d stopped sending heartbeats (none for %g s)", dead[0],
+                     L->dead_s);
             ddprun_failure f;
             ddprun_failure_init(&f, "?", -1, -1, 1, 0, why);
             char *js = ddprun_failure_to_json(&f);
@@ -342,7 +342,8 @@ static void *rank_main(void *arg)
     pthread_mutex_lock(&L->mu);
     if (rc < 0) {
         fail_locked(L, "rank %d of node %d: %s: %s (%s)", r->local, r->node, what,
-                    rdzv_strerror(rc), c ? rdzv_client_last_error(c) : rdzv_client_last_error(NULL));
+                    rdzv_strerror(rc),
+                    c ? rdzv_client_last_error(c) : rdzv_client_last_error(NULL));
         rdzv_client_close(c);
     } else {
         L->agents[r->node].ranks[r->local] = c;
@@ -372,9 +373,20 @@ static int agent_settings(struct light *L, char *err, size_t errlen)
     snprintf(g, sizeof g, "%d", L->g);
     snprintf(conf, sizeof conf, "heartbeat_timeout=%g,last_call_timeout=%g,join_timeout=%g",
              L->cfg->dead_after_s, L->cfg->last_call_s, L->cfg->timeout_s);
-    char *argv[] = {"ddprun", "--nnodes", nnodes, "--nproc-per-node", g, "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf", conf, "--no-python",
-                    "true", NULL};
+    char *argv[] = {"ddprun",
+                    "--nnodes",
+                    nnodes,
+                    "--nproc-per-node",
+                    g,
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    "127.0.0.1:1",
+                    "--rdzv-conf",
+                    conf,
+                    "--no-python",
+                    "true",
+                    NULL};
     ddprun_config dc;
     int rc = ddprun_config_parse(13, argv, &dc, err, errlen);
     if (rc != 0)
@@ -480,9 +492,9 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
     /* barrier: the rank threads start gated, then pass it together */
     if (cfg->proxy) {
         L.proxy_ports = calloc((size_t)L.n, sizeof *L.proxy_ports);
-        rc = L.proxy_ports ? sb_proxies_start(L.n, L.port, L.proxy_ports, &px, p->err,
-                                              sizeof p->err)
-                           : -ENOMEM;
+        rc = L.proxy_ports
+                 ? sb_proxies_start(L.n, L.port, L.proxy_ports, &px, p->err, sizeof p->err)
+                 : -ENOMEM;
         if (rc < 0)
             goto out;
     }
@@ -533,8 +545,7 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
 fail:
     if (!p->err[0])
         snprintf(p->err, sizeof p->err, "%s",
-                 L.first_err[0] ? L.first_err
-                                : "a phase did not complete within --timeout");
+                 L.first_err[0] ? L.first_err : "a phase did not complete within --timeout");
     rc = rc < 0 ? rc : -EIO;
 out:
     set_stage(&L, ST_STOP);

@@ -182,12 +182,12 @@ static int reap(struct run *r)
     int st;
     for (int i = 0; i < r->n; i++)
         if (r->pids[i] > 0 && !r->exit_ns[i] && waitpid(r->pids[i], &st, WNOHANG) == r->pids[i]) {
-                r->exit_ns[i] = wall_ns();
-                r->nrunning--;
-                if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !r->p->err[0])
-                    snprintf(r->p->err, sizeof r->p->err, "node %d %s %d (log: %.300s/node%d.log)",
-                             i, WIFEXITED(st) ? "exited with status" : "killed by signal",
-                             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), r->dir, i);
+            r->exit_ns[i] = wall_ns();
+            r->nrunning--;
+            if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !r->p->err[0])
+                snprintf(r->p->err, sizeof r->p->err, "node %d %s %d (log: %.300s/node%d.log)", i,
+                         WIFEXITED(st) ? "exited with status" : "killed by signal",
+                         WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), r->dir, i);
         }
     return r->nrunning;
 }
@@ -252,8 +252,10 @@ int sb_real_run(const struct sb_config *cfg, struct sb_point *p)
 
     if (p->mode == SB_TORCHRUN) {
         char cmd[4200];
-        snprintf(cmd, sizeof cmd, "'%s' -c 'import torch, sys; sys.exit(int(torch.__version__[0]) < 2)'"
-                 " >/dev/null 2>&1", cfg->python);
+        snprintf(cmd, sizeof cmd,
+                 "'%s' -c 'import torch, sys; sys.exit(int(torch.__version__[0]) < 2)'"
+                 " >/dev/null 2>&1",
+                 cfg->python);
         if (system(cmd) != 0) {
             p->skipped = true;
             snprintf(p->err, sizeof p->err, "%s has no torch 2.x", cfg->python);
@@ -323,8 +325,9 @@ int sb_real_run(const struct sb_config *cfg, struct sb_point *p)
     rdzv_client *sc = NULL;
     while (reap(&r) > 0) {
         if (mono_ms_left(deadline) == 0) {
-            snprintf(p->err, sizeof p->err, "%d of %d nodes still running after %g s (logs: %.300s)",
-                     r.nrunning, r.n, cfg->timeout_s, r.dir);
+            snprintf(p->err, sizeof p->err,
+                     "%d of %d nodes still running after %g s (logs: %.300s)", r.nrunning, r.n,
+                     cfg->timeout_s, r.dir);
             rc = -ETIMEDOUT;
             goto kill;
         }
@@ -410,7 +413,8 @@ out:
     if (rc == 0 && r.dir[0])
         remove_dir(r.dir);
     else if (!p->err[0])
-        snprintf(p->err, sizeof p->err, "%.100s failed (%s; logs in %.300s)", prog, strerror(-rc), r.dir);
+        snprintf(p->err, sizeof p->err, "%.100s failed (%s; logs in %.300s)", prog, strerror(-rc),
+                 r.dir);
     free(r.pids);
     free(r.exit_ns);
     return rc;

@@ -154,8 +154,7 @@ void sb_report_mode(const struct sb_config *cfg, const struct sb_point *pts, int
         snprintf(buf, sizeof buf, "N=%d", pts[i].nodes);
         printf(" %10s", buf);
     }
-    snprintf(buf, sizeof buf, "%dx%d", SB_PROJECT_NODES,
-             mode == SB_LIGHT ? cfg->ranks : 1);
+    snprintf(buf, sizeof buf, "%dx%d", SB_PROJECT_NODES, mode == SB_LIGHT ? cfg->ranks : 1);
     printf("  %6s %-9s %10s\n", "exp", "best fit", buf);
     for (int k = 0; k < mp->nmetrics; k++) {
         const struct sb_metric *m = &mp->m[k];
@@ -254,11 +253,10 @@ int sb_report_json(const struct sb_config *cfg, struct sb_point pts[SB_NMODES][S
             struct sb_fit f;
             if (metric_fit(pts[md], n, k, &f) < 0)
                 continue;
-            json_object_set_new(
-                jfits, mp->m[k].name,
-                json_pack("{s:f, s:s, s:f}", "exponent", f.exponent, "best_model",
-                          sb_model_names[f.model], "projection",
-                          f.coef * pow(SB_PROJECT_NODES, f.exponent)));
+            json_object_set_new(jfits, mp->m[k].name,
+                                json_pack("{s:f, s:s, s:f}", "exponent", f.exponent, "best_model",
+                                          sb_model_names[f.model], "projection",
+                                          f.coef * pow(SB_PROJECT_NODES, f.exponent)));
         }
         json_object_set_new(jm, "fits", jfits);
         json_object_set_new(jm, "projection_nodes", json_integer(SB_PROJECT_NODES));

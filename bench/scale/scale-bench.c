@@ -66,32 +66,73 @@ enum {
 
 /* The option table (cli.h): the parser below and usage() both walk it. */
 static const cli_option g_options[] = {
-    {OPT_QUICK, {"--quick"}, NULL, NULL, 0,
+    {OPT_QUICK,
+     {"--quick"},
+     NULL,
+     NULL,
+     0,
      "smoke run (< 30 s): lightweight 8 and 32 nodes x 4 ranks, real ddprun 4 and 8 nodes, no "
      "torchrun"},
-    {OPT_LIGHT, {"--light-nodes"}, "LIST", "64,256,1024", 0,
+    {OPT_LIGHT,
+     {"--light-nodes"},
+     "LIST",
+     "64,256,1024",
+     0,
      "node counts of lightweight mode, or none"},
-    {OPT_REAL, {"--real-nodes"}, "LIST", "64,256", 0,
+    {OPT_REAL,
+     {"--real-nodes"},
+     "LIST",
+     "64,256",
+     0,
      "node counts of the real ddprun modes (static and c10d), or none"},
-    {OPT_TORCHRUN, {"--torchrun-nodes"}, "LIST", "8,16,32,64", 0,
-     "node counts of torchrun, or none"},
+    {OPT_TORCHRUN,
+     {"--torchrun-nodes"},
+     "LIST",
+     "8,16,32",
+     0,
+     "node counts of torchrun, or none (each agent imports torch: 64 nodes take about 14 GiB "
+     "of memory)"},
     {OPT_RANKS, {"--ranks"}, "G", "8", 0, "emulated ranks per node in lightweight mode"},
-    {OPT_PROXY, {"--proxy"}, "on|off", "off", 0,
+    {OPT_PROXY,
+     {"--proxy"},
+     "on|off",
+     "off",
+     0,
      "ranks reach the root through a store proxy per node (ddprun --store-proxy)"},
-    {OPT_BARRIER, {"--barrier"}, "add|rdzv", "add", 0,
+    {OPT_BARRIER,
+     {"--barrier"},
+     "add|rdzv",
+     "add",
+     0,
      "lightweight ranks' first barrier: ADD then WAIT, as torch's elastic barrier, or "
      "rdzv_barrier() as ddprun's workers (compare-and-set rounds: quadratic in the ranks)"},
-    {OPT_HB, {"--heartbeat-timeout"}, "SECONDS", "2", 0,
+    {OPT_HB,
+     {"--heartbeat-timeout"},
+     "SECONDS",
+     "2",
+     0,
      "agents' heartbeat_timeout: a silent node counts as dead after this"},
-    {OPT_LAST_CALL, {"--last-call"}, "SECONDS", "0.5", 0,
+    {OPT_LAST_CALL,
+     {"--last-call"},
+     "SECONDS",
+     "0.5",
+     0,
      "last_call_timeout of the elastic round after a node's death"},
-    {OPT_STEADY, {"--steady"}, "SECONDS", "2", 0,
+    {OPT_STEADY,
+     {"--steady"},
+     "SECONDS",
+     "2",
+     0,
      "window in which the root's steady cost (monitors only) is measured"},
     {OPT_TIMEOUT, {"--timeout"}, "SECONDS", "120", 0, "bound of every phase and real run"},
     {OPT_JSON, {"--json"}, "FILE", NULL, 0, "also write every point, phase and fit as JSON"},
     {OPT_DDPRUN, {"--ddprun"}, "PATH", NULL, 0, "ddprun (default: the build tree's)"},
     {OPT_SERVER, {"--server"}, "PATH", NULL, 0, "ddp-rendezvous (default: the build tree's)"},
-    {OPT_WORKER, {"--worker"}, "PATH", NULL, 0,
+    {OPT_WORKER,
+     {"--worker"},
+     "PATH",
+     NULL,
+     0,
      "bench/launch's barrier_worker (default: the build tree's)"},
     {OPT_PYTHON, {"--python"}, "PATH", "python3", 0, "interpreter with torch 2.x for torchrun"},
     {OPT_VERBOSE, {"-v", "--verbose"}, NULL, NULL, 0, "progress on stderr"},
@@ -179,8 +220,7 @@ static int parse_args(int argc, char **argv, struct sb_config *cfg)
             break;
         }
         case OPT_HB:
-            rc = cli_report(stderr, PROG,
-                            cli_parse_seconds(a, v, 1, 3600, 0, &cfg->dead_after_s));
+            rc = cli_report(stderr, PROG, cli_parse_seconds(a, v, 1, 3600, 0, &cfg->dead_after_s));
             break;
         case OPT_LAST_CALL:
             rc = cli_report(stderr, PROG,
@@ -191,8 +231,7 @@ static int parse_args(int argc, char **argv, struct sb_config *cfg)
                             cli_parse_seconds(a, v, 0, 3600, CLI_OPEN_MIN, &cfg->steady_s));
             break;
         case OPT_TIMEOUT:
-            rc = cli_report(stderr, PROG,
-                            cli_parse_seconds(a, v, 1, 86400, 0, &cfg->timeout_s));
+            rc = cli_report(stderr, PROG, cli_parse_seconds(a, v, 1, 86400, 0, &cfg->timeout_s));
             break;
         case OPT_JSON:
             cfg->json = v;
@@ -237,7 +276,7 @@ static const char *beside(const char *rel)
 
 static void set_defaults(struct sb_config *cfg, bool quick)
 {
-    static const int light[] = {64, 256, 1024}, real[] = {64, 256}, tr[] = {8, 16, 32, 64};
+    static const int light[] = {64, 256, 1024}, real[] = {64, 256}, tr[] = {8, 16, 32};
     static const int qlight[] = {8, 32}, qreal[] = {4, 8};
     memset(cfg, 0, sizeof *cfg);
     const int *l = quick ? qlight : light, *r = quick ? qreal : real;
@@ -246,7 +285,7 @@ static void set_defaults(struct sb_config *cfg, bool quick)
     cfg->npoints[SB_DDPRUN_STATIC] = cfg->npoints[SB_DDPRUN_C10D] = 2;
     memcpy(cfg->nodes[SB_DDPRUN_STATIC], r, sizeof(int) * 2);
     memcpy(cfg->nodes[SB_DDPRUN_C10D], r, sizeof(int) * 2);
-    cfg->npoints[SB_TORCHRUN] = quick ? 0 : 4;
+    cfg->npoints[SB_TORCHRUN] = quick ? 0 : 3;
     memcpy(cfg->nodes[SB_TORCHRUN], tr, sizeof tr);
     cfg->ranks = quick ? 4 : 8;
     cfg->dead_after_s = quick ? 1 : 2;
@@ -282,7 +321,7 @@ int main(int argc, char **argv)
     }
     if (cfg.proxy && !sb_have_proxy && cfg.npoints[SB_LIGHT]) {
         fprintf(stderr, PROG ": --proxy on: this build has no store proxy (rdzv_proxy_create); "
-                        "give --light-nodes none to run the real modes alone\n");
+                             "give --light-nodes none to run the real modes alone\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -299,17 +338,22 @@ int main(int argc, char **argv)
             p->nodes = cfg.nodes[md][i];
             p->ranks = md == SB_LIGHT ? cfg.ranks : 1;
             if (cfg.verbose)
-                fprintf(stderr, PROG ": %s, %d nodes x %d ranks ...\n", sb_mode_names[md],
-                        p->nodes, p->ranks);
+                fprintf(stderr, PROG ": %s, %d nodes x %d ranks ...\n", sb_mode_names[md], p->nodes,
+                        p->ranks);
             int rc = md == SB_LIGHT ? sb_light_run(&cfg, p) : sb_real_run(&cfg, p);
             if (rc < 0 && !p->skipped)
                 failed++;
             if (cfg.verbose)
-                fprintf(stderr, PROG ":   %s%s\n", p->ok ? "done" : p->skipped ? "skipped: " : "FAILED: ",
+                fprintf(stderr, PROG ":   %s%s\n",
+                        p->ok        ? "done"
+                        : p->skipped ? "skipped: "
+                                     : "FAILED: ",
                         p->ok ? "" : p->err);
         }
-        if (cfg.npoints[md])
+        if (cfg.npoints[md]) {
             sb_report_mode(&cfg, pts[md], cfg.npoints[md]);
+            fflush(stdout);
+        }
     }
     if (cfg.json && sb_report_json(&cfg, pts, cfg.json) < 0) {
         fprintf(stderr, PROG ": cannot write %s\n", cfg.json);

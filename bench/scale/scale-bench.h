@@ -43,21 +43,21 @@ struct sb_config {
     double steady_s;                     /* length of the steady-state window */
     double timeout_s;                    /* bound of every phase */
     bool quick, verbose;
-    const char *json;                           /* --json FILE or NULL */
+    const char *json;                              /* --json FILE or NULL */
     const char *ddprun, *server, *worker, *python; /* programs */
     const char *tmpdir;
 };
 
 /* The root store's counters at one moment, or the difference between two moments. */
 struct sb_stats {
-    bool have_status;           /* STATUS answered (the counters below but cpu_ns are valid) */
-    bool have_traffic;          /* STATUS had "traffic": requests and bytes are the server's */
-    int64_t cpu_ns;             /* user + system time of the store's process; -1 unknown */
-    int64_t conns;              /* open client connections (this program's STATUS one excluded) */
-    int64_t accepted;           /* connections accepted since start */
-    int64_t requests;           /* traffic.requests, or the sum of ops */
+    bool have_status;            /* STATUS answered (the counters below but cpu_ns are valid) */
+    bool have_traffic;           /* STATUS had "traffic": requests and bytes are the server's */
+    int64_t cpu_ns;              /* user + system time of the store's process; -1 unknown */
+    int64_t conns;               /* open client connections (this program's STATUS one excluded) */
+    int64_t accepted;            /* connections accepted since start */
+    int64_t requests;            /* traffic.requests, or the sum of ops */
     int64_t bytes_in, bytes_out; /* -1 without "traffic" */
-    int64_t ops[SB_MAX_OPS];    /* per operation, in rdzv__op_name() order */
+    int64_t ops[SB_MAX_OPS];     /* per operation, in rdzv__op_name() order */
 };
 
 /* One measured phase: its wall time and what the root did meanwhile. */
@@ -133,9 +133,8 @@ int sb_real_run(const struct sb_config *cfg, struct sb_point *p);
 /*
  * Per-node store proxies for lightweight mode, on one libuv loop thread of this program.
  * sb_proxies_start() opens n proxies to the root at 127.0.0.1:root_port and writes the port
- * of proxy i to ports[i]; sb_proxies_sample() adds their upstream figures to *s when the API
- * reports them; sb_proxies_stop() closes them. Without the proxy API (SCALE_BENCH_HAVE_PROXY
- * undefined) start returns -ENOTSUP.
+ * of proxy i to ports[i]; sb_proxies_stop() closes them (NULL: no-op). Without the proxy API
+ * (SCALE_BENCH_HAVE_PROXY undefined) start returns -ENOTSUP with a sentence in err.
  */
 struct sb_proxies;
 int sb_proxies_start(int n, int root_port, int *ports, struct sb_proxies **out, char *err,
