@@ -48,7 +48,7 @@
 #define THREAD_STACK (256 * 1024)
 #define SLICE_MS 250 /* the monitor's slice (launcher/agent.h's HEARTBEAT_MS) */
 
-enum stage { ST_CONNECT, ST_ROUND, ST_BARRIER, ST_STOP };
+enum stage { ST_CONNECT, ST_STATIC, ST_ROUND, ST_BARRIER, ST_STOP };
 
 struct light;
 
@@ -75,14 +75,14 @@ struct light {
     int n, g, min_nodes, world;
     int port;
     int *proxy_ports; /* (n) or NULL: ranks connect to the root */
-    char prefix[128];
+    char prefix[128], static_prefix[160];
     double beat_s, dead_s, join_s, last_call_s;
     int slice_ms, timeout_ms;
 
     pthread_mutex_t mu;
     pthread_cond_t cv; /* on CLOCK_MONOTONIC */
     enum stage stage;
-    int nconnected, nassigned, npassed, nseen, nassigned1, nfailed;
+    int nconnected, nstatic, nassigned, npassed, nseen, nassigned1, nfailed;
     int64_t t_kill, t_detect, t_last_seen; /* ns; 0: not yet */
     char first_err[400];
     struct agent *agents;
@@ -259,7 +259,21 @@ static void *agent_main(void *arg)
     if (rc < 0)
         return NULL;
 
-    if (!wait_stage(L, ST_ROUND))
+    /* A static round (torchrun's --node-rank) under a prefix of its own, then the elastic one
+     * whose assignment the job keeps. */
+    if (!wait_stage(L, ST_STATIC))
+        return NULL;
+    ddprun_assignment st;
+    rc = ddprun_rdzv_static(a->c, L->static_prefix, 0, L->n, a->id, L->g, L->join_s, &st, err,
+                            sizeof err);
+    pthread_mutex_lock(&L->mu);
+    if (rc < 0)
+        fail_locked(L, "agent %d: static round: %s: %s", a->id, rdzv_strerror(rc), err);
+    else
+        L->nstatic++;
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+    if (rc < 0 || !wait_stage(L, ST_ROUND))
         return NULL;
     rc = join(L, a, 0, err, sizeof err);
     pthread_mutex_lock(&L->mu);
@@ -401,6 +415,57 @@ static int agent_settings(struct light *L, char *err, size_t errlen)
     return 0;
 }
 
+/* The phases, in the order they run (p->ph[]). */
+enum { PH_CONNECT, PH_STATIC, PH_ROUND, PH_BARRIER, PH_STEADY, PH_DEATH };
+
+static double per_s(int64_t v, double scale, double s)
+{
+    return v < 0 ? NAN : (double)v * scale / s;
+}
+
+/* The point's rows, from its phases (and, with --proxy on, the proxies' counters a and b
+ * around the barrier). */
+static void light_metrics(const struct light *L, struct sb_point *p,
+                          const struct sb_proxy_totals *a, const struct sb_proxy_totals *b)
+{
+    static const char *const rn[5] = {"round: root conns", "round: root requests",
+                                      "round: root MB in", "round: root MB out",
+                                      "round: root CPU s"};
+    static const char *const bn[5] = {"barrier: root conns", "barrier: root requests",
+                                      "barrier: root MB in", "barrier: root MB out",
+                                      "barrier: root CPU s"};
+    static const char *const dn[5] = {"death: root conns", "death: root requests",
+                                      "death: root MB in", "death: root MB out",
+                                      "death: root CPU s"};
+    const struct sb_phase *ph = p->ph;
+    sb_metric(p, "agents connected", "s", ph[PH_CONNECT].wall_s);
+    sb_metric(p, "static round complete", "s", ph[PH_STATIC].wall_s);
+    sb_metric(p, "static: root requests", "", per_s(ph[PH_STATIC].d.requests, 1, 1));
+    sb_metric(p, "static: root CPU s", "s", per_s(ph[PH_STATIC].d.cpu_ns, 1e-9, 1));
+    sb_phase_metrics(p, &ph[PH_ROUND], "elastic round complete", rn);
+    sb_phase_metrics(p, &ph[PH_BARRIER], "first barrier, all ranks", bn);
+    if (L->cfg->proxy) {
+        sb_metric(p, "barrier: proxies' rank requests", "",
+                  (double)(b->worker_requests - a->worker_requests));
+        sb_metric(p, "barrier: proxies' upstream reqs", "",
+                  (double)(b->upstream_requests - a->upstream_requests));
+        sb_metric(p, "barrier: proxies coalesced", "", (double)(b->coalesced - a->coalesced));
+    }
+    const struct sb_phase *st = &ph[PH_STEADY];
+    sb_metric(p, "steady: root CPU", "%", per_s(st->d.cpu_ns, 1e-7, st->wall_s));
+    sb_metric(p, "steady: root requests/s", "", per_s(st->d.requests, 1, st->wall_s));
+    sb_metric(p, "steady: root MB/s out", "MB", per_s(st->d.bytes_out, 1e-6, st->wall_s));
+    if (p->nphases > PH_DEATH) {
+        sb_metric(p, "death -> round 1 complete", "s", ph[PH_DEATH].wall_s);
+        sb_metric(p, "  death -> reported", "s",
+                  L->t_detect ? (double)(L->t_detect - L->t_kill) / 1e9 : NAN);
+        sb_metric(p, "  death -> all notified", "s",
+                  L->t_last_seen ? (double)(L->t_last_seen - L->t_kill) / 1e9 : NAN);
+        sb_phase_metrics(p, &ph[PH_DEATH], NULL, dn);
+    }
+    sb_metric(p, "harness CPU (all phases)", "s", p->harness_cpu_s);
+}
+
 /* Reads the root's counters into *s; a failure is recorded in the point. */
 static void sample(struct sb_root *root, struct sb_stats *s, struct sb_point *p)
 {
@@ -424,6 +489,7 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
     struct light L = {.cfg = cfg, .n = p->nodes, .g = cfg->ranks};
     struct sb_root root = {.pid = -1};
     struct sb_proxies *px = NULL;
+    struct sb_proxy_totals px0 = {0}, px1 = {0};
     struct rank *ranks = NULL;
     int rc, nagents = 0, nranks = 0;
     int64_t cpu0 = sb_self_cpu_ns();
@@ -432,6 +498,7 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
     L.min_nodes = L.n > 1 ? L.n / 2 : 1;
     L.timeout_ms = (int)(cfg->timeout_s * 1000);
     snprintf(L.prefix, sizeof L.prefix, "%s/scale-bench-%d", DDPRUN_RDZV_ROOT, L.n);
+    snprintf(L.static_prefix, sizeof L.static_prefix, "%s-static", L.prefix);
     pthread_mutex_init(&L.mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -479,7 +546,17 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
     sample(&root, &s1, p);
     phase_end(p, "connect", t0, &s0, &s1);
 
-    /* round */
+    /* static round */
+    s0 = s1;
+    t0 = mono_now_ns();
+    set_stage(&L, ST_STATIC);
+    rc = wait_count(&L, &L.nstatic, L.n, mono_deadline_ns(L.timeout_ms));
+    if (rc < 0)
+        goto fail;
+    sample(&root, &s1, p);
+    phase_end(p, "static", t0, &s0, &s1);
+
+    /* elastic round */
     s0 = s1;
     t0 = mono_now_ns();
     set_stage(&L, ST_ROUND);
@@ -511,6 +588,8 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
         nranks++;
     }
     sample(&root, &s0, p);
+    if (px)
+        sb_proxies_totals(px, &px0);
     t0 = mono_now_ns();
     set_stage(&L, ST_BARRIER);
     rc = wait_count(&L, &L.npassed, L.world, mono_deadline_ns(L.timeout_ms));
@@ -518,6 +597,8 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
         goto fail;
     sample(&root, &s1, p);
     phase_end(p, "barrier", t0, &s0, &s1);
+    if (px)
+        sb_proxies_totals(px, &px1);
     for (int i = 0; i < nranks; i++)
         pthread_join(ranks[i].tid, NULL);
     nranks = 0;
@@ -568,34 +649,7 @@ out:
     p->harness_cpu_s = (double)(sb_self_cpu_ns() - cpu0) / 1e9;
     if (rc == 0) {
         p->ok = true;
-        static const char *const rn[5] = {"round: root conns", "round: root requests",
-                                          "round: root MB in", "round: root MB out",
-                                          "round: root CPU s"};
-        static const char *const bn[5] = {"barrier: root conns", "barrier: root requests",
-                                          "barrier: root MB in", "barrier: root MB out",
-                                          "barrier: root CPU s"};
-        static const char *const dn[5] = {"death: root conns", "death: root requests",
-                                          "death: root MB in", "death: root MB out",
-                                          "death: root CPU s"};
-        sb_metric(p, "agents connected", "s", p->ph[0].wall_s);
-        sb_phase_metrics(p, &p->ph[1], "round complete", rn);
-        sb_phase_metrics(p, &p->ph[2], "first barrier, all ranks", bn);
-        const struct sb_phase *st = &p->ph[3];
-        sb_metric(p, "steady: root CPU", "%",
-                  st->d.cpu_ns < 0 ? NAN : 100.0 * (double)st->d.cpu_ns / 1e9 / st->wall_s);
-        sb_metric(p, "steady: root requests/s", "",
-                  st->d.requests < 0 ? NAN : (double)st->d.requests / st->wall_s);
-        sb_metric(p, "steady: root MB/s out", "MB",
-                  st->d.bytes_out < 0 ? NAN : (double)st->d.bytes_out / 1e6 / st->wall_s);
-        if (p->nphases > 4) {
-            sb_metric(p, "death -> round 1 complete", "s", p->ph[4].wall_s);
-            sb_metric(p, "  death -> reported", "s",
-                      L.t_detect ? (double)(L.t_detect - L.t_kill) / 1e9 : NAN);
-            sb_metric(p, "  death -> all notified", "s",
-                      L.t_last_seen ? (double)(L.t_last_seen - L.t_kill) / 1e9 : NAN);
-            sb_phase_metrics(p, &p->ph[4], NULL, dn);
-        }
-        sb_metric(p, "harness CPU (all phases)", "s", p->harness_cpu_s);
+        light_metrics(&L, p, &px0, &px1);
     }
     free(L.proxy_ports);
     free(ranks);

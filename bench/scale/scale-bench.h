@@ -137,9 +137,18 @@ int sb_real_run(const struct sb_config *cfg, struct sb_point *p);
  * (SCALE_BENCH_HAVE_PROXY undefined) start returns -ENOTSUP with a sentence in err.
  */
 struct sb_proxies;
+/* The proxies' counters, summed (rdzv_proxy_stats()). */
+struct sb_proxy_totals {
+    int64_t worker_requests;   /* requests the ranks sent to their proxies */
+    int64_t upstream_requests; /* requests the proxies sent to the root */
+    int64_t coalesced;         /* rank requests that joined one already sent upstream */
+    int64_t bytes_up, bytes_down;
+};
 int sb_proxies_start(int n, int root_port, int *ports, struct sb_proxies **out, char *err,
                      size_t errlen);
 void sb_proxies_stop(struct sb_proxies *px);
+/* Sums every proxy's counters into *t (read on the proxies' loop thread). 0 or -ENOTSUP. */
+int sb_proxies_totals(struct sb_proxies *px, struct sb_proxy_totals *t);
 extern const bool sb_have_proxy;
 
 /* ---- report.c -------------------------------------------------------------------------- */
