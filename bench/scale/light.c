@@ -450,6 +450,7 @@ static void light_metrics(const struct light *L, struct sb_point *p,
         sb_metric(p, "barrier: proxies' upstream reqs", "",
                   (double)(b->upstream_requests - a->upstream_requests));
         sb_metric(p, "barrier: proxies coalesced", "", (double)(b->coalesced - a->coalesced));
+        sb_metric(p, "barrier: proxies' CPU s", "s", (double)(b->cpu_ns - a->cpu_ns) / 1e9);
     }
     const struct sb_phase *st = &ph[PH_STEADY];
     sb_metric(p, "steady: root CPU", "%", per_s(st->d.cpu_ns, 1e-7, st->wall_s));
@@ -519,6 +520,15 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
     if (rc < 0)
         goto out;
     L.port = root.port;
+    /* The proxies' host is forked now, while this is the only thread. */
+    if (cfg->proxy) {
+        L.proxy_ports = calloc((size_t)L.n, sizeof *L.proxy_ports);
+        rc = L.proxy_ports
+                 ? sb_proxies_start(L.n, L.port, L.proxy_ports, &px, p->err, sizeof p->err)
+                 : -ENOMEM;
+        if (rc < 0)
+            goto out;
+    }
 
     struct sb_stats s0, s1;
     int64_t deadline, t0;
@@ -567,14 +577,6 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
     phase_end(p, "round", t0, &s0, &s1);
 
     /* barrier: the rank threads start gated, then pass it together */
-    if (cfg->proxy) {
-        L.proxy_ports = calloc((size_t)L.n, sizeof *L.proxy_ports);
-        rc = L.proxy_ports
-                 ? sb_proxies_start(L.n, L.port, L.proxy_ports, &px, p->err, sizeof p->err)
-                 : -ENOMEM;
-        if (rc < 0)
-            goto out;
-    }
     for (int i = 0; i < L.world; i++) {
         struct rank *r = &ranks[i];
         *r = (struct rank){.L = &L, .node = i / L.g, .local = i % L.g};

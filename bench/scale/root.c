@@ -53,6 +53,12 @@ long sb_raise_nofile(void)
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
         return -1;
+    /* Where this process may (CAP_SYS_RESOURCE), past the hard limit too. */
+    if (rl.rlim_max < SB_NOFILE_WANT) {
+        struct rlimit more = {SB_NOFILE_WANT, SB_NOFILE_WANT};
+        if (setrlimit(RLIMIT_NOFILE, &more) == 0)
+            rl = more;
+    }
     if (rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);

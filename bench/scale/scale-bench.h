@@ -112,7 +112,11 @@ int sb_stats_parse(const char *json, struct sb_stats *s);
 int64_t sb_proc_cpu_ns(pid_t pid);
 /* This process's CPU time, in ns. */
 int64_t sb_self_cpu_ns(void);
-/* Raises RLIMIT_NOFILE's soft limit to the hard one; returns the soft limit now in force. */
+/*
+ * Raises RLIMIT_NOFILE's soft limit to the hard one, and both to SB_NOFILE_WANT where the
+ * process may (root); returns the soft limit now in force. The root store inherits it.
+ */
+#define SB_NOFILE_WANT 65536
 long sb_raise_nofile(void);
 
 /* Appends a metric to p (name and unit are static text). */
@@ -131,7 +135,7 @@ int sb_real_run(const struct sb_config *cfg, struct sb_point *p);
 /* ---- proxy.c --------------------------------------------------------------------------- */
 
 /*
- * Per-node store proxies for lightweight mode, on one libuv loop thread of this program.
+ * Per-node store proxies for lightweight mode, on one libuv loop in a child process.
  * sb_proxies_start() opens n proxies to the root at 127.0.0.1:root_port and writes the port
  * of proxy i to ports[i]; sb_proxies_stop() closes them (NULL: no-op). Without the proxy API
  * (SCALE_BENCH_HAVE_PROXY undefined) start returns -ENOTSUP with a sentence in err.
@@ -143,11 +147,12 @@ struct sb_proxy_totals {
     int64_t upstream_requests; /* requests the proxies sent to the root */
     int64_t coalesced;         /* rank requests that joined one already sent upstream */
     int64_t bytes_up, bytes_down;
+    int64_t cpu_ns; /* CPU time of the proxies' process */
 };
 int sb_proxies_start(int n, int root_port, int *ports, struct sb_proxies **out, char *err,
                      size_t errlen);
 void sb_proxies_stop(struct sb_proxies *px);
-/* Sums every proxy's counters into *t (read on the proxies' loop thread). 0 or -ENOTSUP. */
+/* Sums every proxy's counters into *t. 0, -ENOTSUP or -errno (the proxies' host is gone). */
 int sb_proxies_totals(struct sb_proxies *px, struct sb_proxy_totals *t);
 extern const bool sb_have_proxy;
 
