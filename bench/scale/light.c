@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "failure.h"
@@ -511,6 +512,19 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
     if (!L.agents || !ranks) {
         snprintf(p->err, sizeof p->err, "out of memory");
         rc = -ENOMEM;
+        goto out;
+    }
+    /* This process holds every agent's two connections and every rank's, and so does the root
+     * without proxies: past the descriptor limit the run could only fail midway. */
+    struct rlimit rl;
+    long need = (long)L.n * (L.g + 2) + 64;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && (rlim_t)need > rl.rlim_cur) {
+        p->skipped = true;
+        snprintf(p->err, sizeof p->err,
+                 "%d nodes x (%d ranks + 2 agent connections) need about %ld descriptors, more "
+                 "than RLIMIT_NOFILE's %ld here",
+                 L.n, L.g, need, (long)rl.rlim_cur);
+        rc = -EMFILE;
         goto out;
     }
     rc = agent_settings(&L, p->err, sizeof p->err);
