@@ -62,6 +62,7 @@ struct agent {
     rdzv_client **ranks; /* (G) the node's rank connections, after the barrier */
     ddprun_assignment asg;
     atomic_bool kill;
+    char report[300]; /* the failure report this agent's monitor saw */
 };
 
 struct rank {
@@ -187,6 +188,7 @@ static int monitor(struct light *L, struct agent *a, int round)
         char *json = NULL;
         rc = ddprun_rdzv_wait_failure(a->mon, L->prefix, round, L->slice_ms, &json);
         if (rc == 0) {
+            snprintf(a->report, sizeof a->report, "%s", json);
             rdzv_free(json);
             rc = 1;
             break;
@@ -308,8 +310,17 @@ static void *agent_main(void *arg)
     }
     if (rc == 0)
         return NULL;
-    /* The failure report of round 0: stop the workers and rejoin. */
+    /* The failure report of round 0: stop the workers and rejoin. One that came before any
+     * node was stopped (heartbeats starved on a loaded machine) voids the point. */
     pthread_mutex_lock(&L->mu);
+    if (!L->t_kill) {
+        fail_locked(L,
+                    "a node was reported dead before any was stopped (%s): the agents' "
+                    "heartbeats were starved; give a longer --heartbeat-timeout",
+                    a->report);
+        pthread_mutex_unlock(&L->mu);
+        return NULL;
+    }
     L->nseen++;
     L->t_last_seen = mono_now_ns();
     pthread_mutex_unlock(&L->mu);
@@ -456,6 +467,7 @@ static void light_metrics(const struct light *L, struct sb_point *p,
     const struct sb_phase *st = &ph[PH_STEADY];
     sb_metric(p, "steady: root CPU", "%", per_s(st->d.cpu_ns, 1e-7, st->wall_s));
     sb_metric(p, "steady: root requests/s", "", per_s(st->d.requests, 1, st->wall_s));
+    sb_metric(p, "steady: root MB/s in", "MB", per_s(st->d.bytes_in, 1e-6, st->wall_s));
     sb_metric(p, "steady: root MB/s out", "MB", per_s(st->d.bytes_out, 1e-6, st->wall_s));
     if (p->nphases > PH_DEATH) {
         sb_metric(p, "death -> round 1 complete", "s", ph[PH_DEATH].wall_s);

@@ -109,7 +109,7 @@ static const cli_option g_options[] = {
     {OPT_HB,
      {"--heartbeat-timeout"},
      "SECONDS",
-     "2",
+     "5",
      0,
      "agents' heartbeat_timeout: a silent node counts as dead after this"},
     {OPT_LAST_CALL,
@@ -288,7 +288,7 @@ static void set_defaults(struct sb_config *cfg, bool quick)
     cfg->npoints[SB_TORCHRUN] = quick ? 0 : 3;
     memcpy(cfg->nodes[SB_TORCHRUN], tr, sizeof tr);
     cfg->ranks = quick ? 4 : 8;
-    cfg->dead_after_s = quick ? 1 : 2;
+    cfg->dead_after_s = quick ? 2 : 5;
     cfg->last_call_s = quick ? 0.2 : 0.5;
     cfg->steady_s = quick ? 0.5 : 2;
     cfg->timeout_s = quick ? 20 : 120;
