@@ -101,6 +101,8 @@ void print_section(const struct section *sec, const struct config *cfg)
         const struct row *r = &sec->rows[i];
         char a[32], b[32], ratio[32] = "-", tgt[48];
         double x = row_ratio(r);
+        if (r->c[SRV_OURS].state == CELL_NONE && r->c[SRV_TORCH].state == CELL_NONE)
+            continue; /* not selected (--rows) */
         fmt_cell(a, sizeof(a), &r->c[SRV_OURS], r->unit);
         fmt_cell(b, sizeof(b), &r->c[SRV_TORCH], r->unit);
         if (x > 0)

@@ -248,6 +248,8 @@ void run_section(struct section *sec, const struct config *cfg)
         struct row *r = &sec->rows[i];
         struct row *u = nconn == 1 ? &sec->rows[R_US1_S + i] : NULL;
         struct row *cpu = &sec->rows[R_CPU1_S + i];
+        if (!(cfg->rows & (ROW_RATE1 << i)))
+            continue;
         for (unsigned rep = 0; rep < cfg->reps; rep++) {
             for (int k = 0; k < 2; k++) {
                 struct rt_result res = {0};
@@ -294,7 +296,7 @@ void run_section(struct section *sec, const struct config *cfg)
     }
 
     /* Barriers: a fresh pair of servers per N, except in --quick (distinct keys suffice). */
-    for (unsigned b = 0; b < cfg->nbarriers; b++) {
+    for (unsigned b = 0; b < cfg->nbarriers && (cfg->rows & ROW_BARRIER); b++) {
         struct row *r = &sec->rows[R_BARRIER0 + b];
         unsigned n = cfg->barrier_n[b];
         struct rlimit rl;
