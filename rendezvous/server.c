@@ -96,6 +96,7 @@ typedef struct write_req {
     client *c;
     rdzv__buf buf; /* owned: the connection's output buffer, handed over whole */
     size_t n;      /* its bytes, all still counted as held: buf.len */
+    size_t off;    /* of them, taken by the kernel before the request (uv_try_write) */
 } write_req;
 
 struct rdzv_server {
@@ -147,6 +148,10 @@ struct rdzv_server {
     uv_async_t stop_async;
     uv_async_t clear_async; /* rdzv_server_clear() from another thread starts the sweeper */
     uv_mutex_t lock;
+
+    /* traffic over the server's life (STATUS "traffic"; requests are the sum of store.ops) */
+    uint64_t bytes_in;  /* read from clients */
+    uint64_t bytes_out; /* replies the kernel took */
 
     uint8_t rbuf[READ_BUF_BYTES];
 };
@@ -572,13 +577,15 @@ static void write_cb(uv_write_t *req, int status)
     write_req *w = (write_req *)req;
     client *c = w->c;
     rdzv_server *srv = c->srv;
-    size_t n = w->n;
+    size_t n = w->n, unsent = w->n - w->off;
     rdzv__buf_free(&w->buf);
     free(w);
     if (c->closing)
         return; /* its bytes were written off when it closed */
     lock(srv);
     rdzv__conn_sent(&srv->store, &c->conn, n);
+    if (status >= 0)
+        srv->bytes_out += unsent;
     if (status < 0) {
         client_close(c, uv_strerror(status));
     } else if (!c->reading && c->conn.out_held <= srv->opts.max_pending_output / 2) {
@@ -610,6 +617,7 @@ static void flush(client *c)
         int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
         if (n > 0) {
             off = (size_t)n;
+            c->srv->bytes_out += off;
         } else if (n != UV_EAGAIN) {
             client_close(c, uv_strerror(n));
             return;
@@ -633,6 +641,7 @@ static void flush(client *c)
      * reply; what the kernel already took stays counted until the buffer is freed. */
     w->c = c;
     w->n = out->len;
+    w->off = off;
     w->buf = *out;
     *out = (rdzv__buf){0};
     rdzv__buf_fit(&w->buf);
@@ -794,6 +803,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
     const uint8_t *data = (const uint8_t *)buf->base;
     size_t len = (size_t)nread;
+    srv->bytes_in += len;
     c->last_read_ms = uv_now(srv->loop);
     if (c->pend.len == 0) {
         /* Fast path: parse straight from the shared buffer, keep only what is left over. */
@@ -1105,6 +1115,13 @@ static char *status_json(rdzv_server *srv)
     json_object_set_new(limits, "max_private_bytes",
                         json_integer((json_int_t)srv->opts.max_private_bytes));
     json_object_set_new(limits, "max_list_keys", json_integer((json_int_t)srv->opts.max_list_keys));
+    uint64_t requests = 0;
+    for (int i = 0; i < RDZV_OP_COUNT; i++)
+        requests += st->ops[i];
+    json_object_set_new(o, "traffic",
+                        json_pack("{s:I, s:I, s:I}", "requests", (json_int_t)requests, "bytes_in",
+                                  (json_int_t)srv->bytes_in, "bytes_out",
+                                  (json_int_t)srv->bytes_out));
     json_object_set_new(o, "protocol",
                         json_pack("{s:I, s:I}", "legacy", (json_int_t)srv->gens[RDZV_GEN_LEGACY],
                                   "modern", (json_int_t)srv->gens[RDZV_GEN_MODERN]));

@@ -224,6 +224,73 @@ START_TEST(both_generations_one_port)
 }
 END_TEST
 
+/* The status's "traffic" object of a server, parsed: requests, bytes_in, bytes_out. */
+static void traffic(rdzv_server *srv, json_int_t out[3])
+{
+    char *json = NULL;
+    ck_assert_int_eq(rdzv_server_status(srv, &json), 0);
+    json_error_t err;
+    json_t *o = json_loads(json, 0, &err);
+    ck_assert_ptr_nonnull(o);
+    json_t *t = json_object_get(o, "traffic");
+    ck_assert_ptr_nonnull(t);
+    const char *names[3] = {"requests", "bytes_in", "bytes_out"};
+    for (int i = 0; i < 3; i++) {
+        ck_assert(json_is_integer(json_object_get(t, names[i])));
+        out[i] = json_integer_value(json_object_get(t, names[i]));
+    }
+    json_decref(o);
+    rdzv_free(json);
+}
+
+/* The traffic counters start at 0 and count each request, and the bytes read and written. */
+START_TEST(traffic_counters)
+{
+    rdzv_server *srv = start_default();
+    json_int_t t[3];
+    traffic(srv, t);
+    ck_assert_int_eq(t[0], 0);
+    ck_assert_int_eq(t[1], 0);
+    ck_assert_int_eq(t[2], 0);
+
+    int m = connect_to("127.0.0.1", rdzv_server_port(srv));
+    frame f = {0};
+    fr_u8(&f, RDZV_M_VALIDATE);
+    fr_u32(&f, RDZV_VALIDATE_MAGIC);
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, "/k");
+    fr_str(&f, "value");
+    fr_u8(&f, RDZV_M_GET);
+    fr_str(&f, "/k");
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, 7);
+    size_t sent = f.len;
+    send_frame(m, &f);
+    expect_vec(m, "value");
+    uint32_t nonce;
+    recv_exact(m, &nonce, 4);
+    /* The replies were written (and counted) before the client could read them. */
+    traffic(srv, t);
+    ck_assert_int_eq(t[0], 4);
+    ck_assert_int_eq(t[1], (json_int_t)sent);
+    ck_assert_int_eq(t[2], 8 + 5 + 4);
+
+    fr_u8(&f, RDZV_M_GET);
+    fr_str(&f, "/k");
+    sent += f.len;
+    send_frame(m, &f);
+    expect_vec(m, "value");
+    traffic(srv, t);
+    ck_assert_int_eq(t[0], 5);
+    ck_assert_int_eq(t[1], (json_int_t)sent);
+    ck_assert_int_eq(t[2], 2 * (8 + 5) + 4);
+
+    close(m);
+    fr_free(&f);
+    rdzv_server_close(srv);
+}
+END_TEST
+
 /* A request sent one byte per send() is answered like a whole one. */
 START_TEST(byte_at_a_time)
 {
@@ -883,6 +950,6 @@ int main(void)
                 bad_input_closes_one_connection, connection_cap, out_of_fds,
                 wait_across_connections, back_pressure, ipv6_and_listen_fd, dual_stack,
                 embedded_on_callers_loop, failed_create_does_not_run_loop,
-                reset_connection_names_its_peer);
+                reset_connection_names_its_peer, traffic_counters);
     return check_run(s);
 }
