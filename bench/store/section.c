@@ -62,13 +62,13 @@ void section_init(struct section *sec, const struct gen *g, const struct config 
         snprintf(sec->rows[i].name, sizeof(sec->rows[i].name), "%s", rt_names[i]);
         sec->rows[i].unit = i < R_US1_S ? U_RATE : i < R_CPU1_S ? U_US : U_CPU_US;
     }
-    sec->rows[R_RATE32_S].target = 1;
-    sec->rows[R_US1_S].target = 2;
+    sec->rows[R_RATE32_S].target = TARGET_RATE_2X;
+    sec->rows[R_CPU32_S].target = TARGET_CPU_HALF;
     for (unsigned i = 0; i < cfg->nbarriers; i++) {
         struct row *r = &sec->rows[R_BARRIER0 + i];
         snprintf(r->name, sizeof(r->name), "barrier s, %u conn", cfg->barrier_n[i]);
         r->unit = U_SEC;
-        r->target = cfg->barrier_n[i] == 10000 ? 3 : 0;
+        r->target = cfg->barrier_n[i] == 10000 ? TARGET_BARRIER : TARGET_NONE;
     }
     sec->nrows = R_BARRIER0 + cfg->nbarriers;
 }

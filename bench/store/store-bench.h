@@ -171,10 +171,18 @@ struct cell {
     char *err;
 };
 
+/* The goals a row is checked against (issue 23), in its `target` column. */
+enum {
+    TARGET_NONE,
+    TARGET_RATE_2X,  /* ours >= 2x torch's round trips per second */
+    TARGET_CPU_HALF, /* ours <= 0.5x torch's server CPU per round trip */
+    TARGET_BARRIER,  /* ours <= 0.5 s */
+};
+
 struct row {
     char name[48];
     enum unit unit;
-    int target;       /* 0 none, 1 ratio >= 3, 2 ours <= 25 us, 3 ours <= 0.5 s */
+    int target;       /* TARGET_*: issue 23's goal for the row */
     struct cell c[2]; /* [SRV_OURS], [SRV_TORCH] */
 };
 
