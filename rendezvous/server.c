@@ -3,10 +3,14 @@
  * incremental parser into the store, and sends the replies the store queued.
  *
  * Reading uses one 64 KiB buffer per server; a connection only holds bytes of its own while a
- * frame is incomplete, so idle connections cost no buffer. After each read callback every
- * connection that got output (the reader, and any whose WAIT it released) is flushed with
- * uv_try_write, and what the kernel did not take goes to uv_write. A peer that stops reading
- * its replies is itself no longer read once max_pending_output bytes are queued for it.
+ * frame is incomplete, so idle connections cost no buffer. Replies are sent once per turn of
+ * the loop: after all of the turn's read callbacks, a check handle (flusher_cb) flushes every
+ * connection that got output (the readers, and any whose WAIT they released) with
+ * uv_try_write, one write each, and what the kernel did not take goes to uv_write. Sent in a
+ * burst, the replies find the client awake for all but the first (on loopback each write also
+ * delivers to the peer's socket and wakes it). A peer that stops reading its replies is itself
+ * no longer read once max_pending_output bytes are queued for it; one whose requests its own
+ * backlog held back is flushed at once, so that they run in the same turn.
  *
  * Every byte held for a client is counted (store.h): replies queued, the partial request kept
  * in `pend`, and through the store's memory cap its WAIT and watch records. Over a cap, bad
@@ -108,6 +112,7 @@ struct rdzv_server {
     uv_timer_t refuse_timer; /* rate-limits the log lines of refused connections */
     uv_timer_t resume_timer; /* resumes accepting after a pause for want of descriptors */
     uv_idle_t sweeper;       /* frees cleared names a slice per loop turn; runs while any */
+    uv_check_t flusher;      /* sends the replies of a loop turn's reads at its end */
     bool refusing;           /* refuse_timer is running: a burst of refusals is under way */
     uint64_t refused_unlogged;
     char refuse_why[200]; /* the burst's last reason (copied: callers format it on the stack) */
@@ -666,6 +671,16 @@ static void flush_dirty(rdzv_server *srv)
         flush((client *)((char *)conn - offsetof(client, conn)));
 }
 
+/* The end of a loop turn (its reads done): sends every reply they queued. */
+static void flusher_cb(uv_check_t *h)
+{
+    rdzv_server *srv = h->data;
+    lock(srv);
+    flush_dirty(srv);
+    uv_check_stop(h);
+    unlock(srv);
+}
+
 static int append_status(rdzv_server *srv, rdzv__conn *conn);
 
 /* True when `c` has more reply bytes waiting than it may: run no more of its requests. */
@@ -814,8 +829,14 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     } else if (keep(c, data, len) == 0) {
         consume_pending(c);
     }
-    flush_dirty(srv);
-    pump(c);
+    if (c->pend.len > 0 && backlogged(c)) {
+        /* Held back by its own replies: send them now and run what they held back. */
+        flush_dirty(srv);
+        pump(c);
+    } else if (!queue_empty(&srv->store.dirty) && !srv->closing) {
+        /* Replies go out once per loop turn, after all of its reads (flusher_cb). */
+        uv_check_start(&srv->flusher, flusher_cb);
+    }
     start_sweeper(srv); /* a CANCEL_WAIT leaves dead WAITs */
     unlock(srv);
 }
@@ -1255,6 +1276,7 @@ static void server_discard(rdzv_server *srv)
         uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
         uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
         uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
+        uv_close((uv_handle_t *)&srv->flusher, handle_closed);
         if (!srv->threaded)
             return; /* handle_closed() frees it */
         uv_run(srv->loop, UV_RUN_DEFAULT);
@@ -1364,7 +1386,10 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     uv_idle_init(loop, &srv->sweeper);
     srv->sweeper.data = srv;
     uv_unref((uv_handle_t *)&srv->sweeper);
-    srv->open_handles = 5;
+    uv_check_init(loop, &srv->flusher);
+    srv->flusher.data = srv;
+    uv_unref((uv_handle_t *)&srv->flusher);
+    srv->open_handles = 6;
     rc = uv_poll_start(&srv->listener, UV_READABLE, on_listen_ready);
     int shortest = 0; /* seconds: the shortest timeout in force */
     if (opts->request_timeout_s > 0)
@@ -1425,6 +1450,7 @@ static void begin_close(rdzv_server *srv)
     uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
     uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
     uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
+    uv_close((uv_handle_t *)&srv->flusher, handle_closed);
 }
 
 
