@@ -3,7 +3,8 @@
  * incremental parser into the store, and sends the replies the store queued.
  *
  * Reading uses one 64 KiB buffer per server; a connection only holds bytes of its own while a
- * frame is incomplete, so idle connections cost no buffer. Replies are sent once per turn of
+ * frame is incomplete, so idle connections cost no buffer (a frame larger than the shared
+ * buffer is read straight into the connection's own, see alloc_cb()). Replies are sent once per turn of
  * the loop: after all of the turn's read callbacks, a check handle (flusher_cb) flushes every
  * connection that got output (the readers, and any whose WAIT they released) with
  * uv_try_write, one write each, and what the kernel did not take goes to uv_write. Sent in a
@@ -570,10 +571,22 @@ static int auth_step(rdzv_server *srv, client *c, const rdzv__request *req)
 static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void pump(client *c);
 
+/*
+ * Reads go to the server's shared buffer, except while a frame larger than it is coming in:
+ * its bytes would be copied to c->pend anyway, so they are read there directly, as much per
+ * read as pend's room (at least READ_BUF_BYTES) allows. read_cb() counts them against the caps
+ * as keep() does; the room itself, like any buffer's spare capacity, is not counted.
+ */
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     client *c = h->data;
+    rdzv__buf *p = &c->pend;
     (void)suggested;
+    if (p->len >= READ_BUF_BYTES && rdzv__buf_reserve(p, READ_BUF_BYTES) == 0) {
+        size_t room = p->cap - p->len;
+        *buf = uv_buf_init((char *)p->data + p->len, room > UINT_MAX ? UINT_MAX : (unsigned)room);
+        return;
+    }
     *buf = uv_buf_init((char *)c->srv->rbuf, READ_BUF_BYTES);
 }
 
@@ -820,7 +833,15 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     size_t len = (size_t)nread;
     srv->bytes_in += len;
     c->last_read_ms = uv_now(srv->loop);
-    if (c->pend.len == 0) {
+    if (buf->base != (char *)srv->rbuf) {
+        /* Read into c->pend (alloc_cb()): count the bytes as keep() would, then run them. */
+        if (rdzv__conn_hold_input(&srv->store, &c->conn, c->pend.len + len) < 0) {
+            client_close(c, c->conn.why ? c->conn.why : "out of buffer space");
+        } else {
+            c->pend.len += len;
+            consume_pending(c);
+        }
+    } else if (c->pend.len == 0) {
         /* Fast path: parse straight from the shared buffer, keep only what is left over. */
         ssize_t used = process(c, data, len);
         if (used >= 0 && (size_t)used < len)

@@ -291,6 +291,55 @@ START_TEST(traffic_counters)
 }
 END_TEST
 
+/* Frames after one larger than the read buffer (read straight into the connection's pending
+ * bytes) are run, in order, from the same stream; the bytes are counted once. */
+START_TEST(large_frame_then_pipelined)
+{
+    rdzv_server *srv = start_default();
+    enum { BIG = 3 << 20 };
+    uint8_t *val = malloc(BIG), *got = malloc(BIG);
+    ck_assert(val && got);
+    for (size_t i = 0; i < BIG; i++)
+        val[i] = (uint8_t)(i * 131 + 7);
+    int m = connect_to("127.0.0.1", rdzv_server_port(srv));
+    frame f = {0};
+    fr_u8(&f, RDZV_M_VALIDATE);
+    fr_u32(&f, RDZV_VALIDATE_MAGIC);
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, "/big");
+    fr_bytes(&f, val, BIG);
+    fr_u8(&f, RDZV_M_GET);
+    fr_str(&f, "/big");
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, "/small");
+    fr_str(&f, "after");
+    fr_u8(&f, RDZV_M_GET);
+    fr_str(&f, "/small");
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, 9);
+    size_t sent = f.len;
+    send_frame(m, &f);
+    uint64_t n;
+    recv_exact(m, &n, 8);
+    ck_assert_uint_eq(n, BIG);
+    recv_exact(m, got, BIG);
+    ck_assert_int_eq(memcmp(got, val, BIG), 0);
+    expect_vec(m, "after");
+    uint32_t nonce;
+    recv_exact(m, &nonce, 4);
+    ck_assert_uint_eq(nonce, 9);
+    json_int_t t[3];
+    traffic(srv, t);
+    ck_assert_int_eq(t[0], 6);
+    ck_assert_int_eq(t[1], (json_int_t)sent);
+    close(m);
+    fr_free(&f);
+    free(val);
+    free(got);
+    rdzv_server_close(srv);
+}
+END_TEST
+
 /* A request sent one byte per send() is answered like a whole one. */
 START_TEST(byte_at_a_time)
 {
@@ -950,6 +999,7 @@ int main(void)
                 bad_input_closes_one_connection, connection_cap, out_of_fds,
                 wait_across_connections, back_pressure, ipv6_and_listen_fd, dual_stack,
                 embedded_on_callers_loop, failed_create_does_not_run_loop,
-                reset_connection_names_its_peer, traffic_counters);
+                reset_connection_names_its_peer, traffic_counters,
+                large_frame_then_pipelined);
     return check_run(s);
 }
