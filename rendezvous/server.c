@@ -4,14 +4,13 @@
  *
  * Reading uses one 64 KiB buffer per server; a connection only holds bytes of its own while a
  * frame is incomplete, so idle connections cost no buffer (a frame larger than the shared
- * buffer is read straight into the connection's own, see alloc_cb()). Replies are sent once per turn of
- * the loop: after all of the turn's read callbacks, a check handle (flusher_cb) flushes every
- * connection that got output (the readers, and any whose WAIT they released) with
- * uv_try_write, one write each, and what the kernel did not take goes to uv_write. Sent in a
- * burst, the replies find the client awake for all but the first (on loopback each write also
- * delivers to the peer's socket and wakes it). A peer that stops reading its replies is itself
- * no longer read once max_pending_output bytes are queued for it; one whose requests its own
- * backlog held back is flushed at once, so that they run in the same turn.
+ * buffer is read straight into the connection's own, see alloc_cb()). Replies are sent once
+ * per turn of the loop: after all of the turn's read callbacks, a check handle (flusher_cb)
+ * flushes every connection that got output (the readers, and any whose WAIT they released)
+ * with uv_try_write, one write each however many of its requests the turn ran, and what the
+ * kernel did not take goes to uv_write. A peer that stops reading its replies is itself no
+ * longer read once max_pending_output bytes are queued for it; one whose own backlog held its
+ * requests back is flushed at once, so that they run in the same turn.
  *
  * Every byte held for a client is counted (store.h): replies queued, the partial request kept
  * in `pend`, and through the store's memory cap its WAIT and watch records. Over a cap, bad

@@ -57,7 +57,8 @@ int main(void)
 
     if (l < 0 || setsockopt(l, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0 ||
         bind(l, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(l, 4096) < 0 ||
-        getsockname(l, (struct sockaddr *)&sa, &sl) < 0 || (ep = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+        getsockname(l, (struct sockaddr *)&sa, &sl) < 0 ||
+        (ep = epoll_create1(EPOLL_CLOEXEC)) < 0) {
         perror("store-floor");
         return 1;
     }

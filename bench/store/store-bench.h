@@ -225,8 +225,8 @@ struct config {
     unsigned nbarriers;
     unsigned reps; /* runs per round-trip row and server; the best is kept */
     struct rt_timing t;
-    unsigned rows;  /* --rows: the ROW_* groups to run (ROW_ALL unless given) */
-    bool gens[2];   /* --protocol: the sections to run, [0] legacy, [1] modern */
+    unsigned rows; /* --rows: the ROW_* groups to run (ROW_ALL unless given) */
+    bool gens[2];  /* --protocol: the sections to run, [0] legacy, [1] modern */
 };
 
 /* --rows: the groups of rows a run measures. A round-trip group fills its rate, its wall time

@@ -999,7 +999,6 @@ int main(void)
                 bad_input_closes_one_connection, connection_cap, out_of_fds,
                 wait_across_connections, back_pressure, ipv6_and_listen_fd, dual_stack,
                 embedded_on_callers_loop, failed_create_does_not_run_loop,
-                reset_connection_names_its_peer, traffic_counters,
-                large_frame_then_pipelined);
+                reset_connection_names_its_peer, traffic_counters, large_frame_then_pipelined);
     return check_run(s);
 }
