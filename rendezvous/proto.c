@@ -22,7 +22,8 @@
 /*
  * Layouts: 'k' key string, 'v' value vector, 'f' a vector holding a whole request (MUX: bounded
  * by max_request_bytes, not max_value_bytes), 'q' int64, 'u' uint32, 'n' a uint64 count after
- * which the remaining fields repeat that many times. The repeated group is always last.
+ * which the remaining fields repeat that many times. A layout with a count starts with it, so
+ * that the repeated group is always the rest (rdzv__parse() relies on it).
  */
 static const char *const layouts[RDZV_OP_COUNT] = {
     [RDZV_OP_VALIDATE] = "u",   [RDZV_OP_SET] = "kv",       [RDZV_OP_COMPARE_SET] = "kvv",
@@ -177,8 +178,7 @@ int rdzv__parse(rdzv__parser *p, const rdzv__limits *lim, const uint8_t *buf, si
     if (len < p->pos)
         return 0; /* the caller must pass the same frame, grown; never less */
     const char *layout = layouts[p->op];
-    const char *group = strchr(layout, 'n');
-    int group_start = group ? (int)(group - layout) + 1 : -1;
+    int group_start = layout[0] == 'n' ? 1 : -1;
 
     for (;;) {
         char f = layout[p->field];

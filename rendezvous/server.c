@@ -3,10 +3,14 @@
  * incremental parser into the store, and sends the replies the store queued.
  *
  * Reading uses one 64 KiB buffer per server; a connection only holds bytes of its own while a
- * frame is incomplete, so idle connections cost no buffer. After each read callback every
- * connection that got output (the reader, and any whose WAIT it released) is flushed with
- * uv_try_write, and what the kernel did not take goes to uv_write. A peer that stops reading
- * its replies is itself no longer read once max_pending_output bytes are queued for it.
+ * frame is incomplete, so idle connections cost no buffer (a frame larger than the shared
+ * buffer is read straight into the connection's own, see alloc_cb()). Replies are sent once
+ * per turn of the loop: after all of the turn's read callbacks, a check handle (flusher_cb)
+ * flushes every connection that got output (the readers, and any whose WAIT they released)
+ * with uv_try_write, one write each however many of its requests the turn ran, and what the
+ * kernel did not take goes to uv_write. A peer that stops reading its replies is itself no
+ * longer read once max_pending_output bytes are queued for it; one whose own backlog held its
+ * requests back is flushed at once, so that they run in the same turn.
  *
  * Every byte held for a client is counted (store.h): replies queued, the partial request kept
  * in `pend`, and through the store's memory cap its WAIT and watch records. Over a cap, bad
@@ -98,6 +102,7 @@ typedef struct write_req {
     client *c;
     rdzv__buf buf; /* owned: the connection's output buffer, handed over whole */
     size_t n;      /* its bytes, all still counted as held: buf.len */
+    size_t off;    /* of them, taken by the kernel before the request (uv_try_write) */
 } write_req;
 
 struct rdzv_server {
@@ -109,6 +114,7 @@ struct rdzv_server {
     uv_timer_t refuse_timer; /* rate-limits the log lines of refused connections */
     uv_timer_t resume_timer; /* resumes accepting after a pause for want of descriptors */
     uv_idle_t sweeper;       /* frees cleared names a slice per loop turn; runs while any */
+    uv_check_t flusher;      /* sends the replies of a loop turn's reads at its end */
     bool refusing;           /* refuse_timer is running: a burst of refusals is under way */
     uint64_t refused_unlogged;
     char refuse_why[200]; /* the burst's last reason (copied: callers format it on the stack) */
@@ -150,6 +156,10 @@ struct rdzv_server {
     uv_async_t stop_async;
     uv_async_t clear_async; /* rdzv_server_clear() from another thread starts the sweeper */
     uv_mutex_t lock;
+
+    /* traffic over the server's life (STATUS "traffic"; requests are the sum of store.ops) */
+    uint64_t bytes_in;  /* read from clients */
+    uint64_t bytes_out; /* replies the kernel took */
 
     uint8_t rbuf[READ_BUF_BYTES];
 };
@@ -541,10 +551,22 @@ static int auth_step(rdzv_server *srv, client *c, const rdzv__request *req)
 static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void pump(client *c);
 
+/*
+ * Reads go to the server's shared buffer, except while a frame larger than it is coming in:
+ * its bytes would be copied to c->pend anyway, so they are read there directly, as much per
+ * read as pend's room (at least READ_BUF_BYTES) allows. read_cb() counts them against the caps
+ * as keep() does; the room itself, like any buffer's spare capacity, is not counted.
+ */
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     client *c = h->data;
+    rdzv__buf *p = &c->pend;
     (void)suggested;
+    if (p->len >= READ_BUF_BYTES && rdzv__buf_reserve(p, READ_BUF_BYTES) == 0) {
+        size_t room = p->cap - p->len;
+        *buf = uv_buf_init((char *)p->data + p->len, room > UINT_MAX ? UINT_MAX : (unsigned)room);
+        return;
+    }
     *buf = uv_buf_init((char *)c->srv->rbuf, READ_BUF_BYTES);
 }
 
@@ -553,13 +575,15 @@ static void write_cb(uv_write_t *req, int status)
     write_req *w = (write_req *)req;
     client *c = w->c;
     rdzv_server *srv = c->srv;
-    size_t n = w->n;
+    size_t n = w->n, unsent = w->n - w->off;
     rdzv__buf_free(&w->buf);
     free(w);
     if (c->closing)
         return; /* its bytes were written off when it closed */
     lock(srv);
     rdzv__conn_sent(&srv->store, &c->conn, n);
+    if (status >= 0)
+        srv->bytes_out += unsent;
     if (status < 0) {
         client_close(c, uv_strerror(status));
     } else if (!c->reading && c->conn.out_held <= srv->opts.max_pending_output / 2) {
@@ -591,6 +615,7 @@ static void flush(client *c)
         int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
         if (n > 0) {
             off = (size_t)n;
+            c->srv->bytes_out += off;
         } else if (n != UV_EAGAIN) {
             client_close(c, uv_strerror(n));
             return;
@@ -614,6 +639,7 @@ static void flush(client *c)
      * reply; what the kernel already took stays counted until the buffer is freed. */
     w->c = c;
     w->n = out->len;
+    w->off = off;
     w->buf = *out;
     *out = (rdzv__buf){0};
     rdzv__buf_fit(&w->buf);
@@ -641,6 +667,16 @@ static void flush_dirty(rdzv_server *srv)
             vconn_failed(conn);
         else
             flush((client *)((char *)conn - offsetof(client, conn)));
+}
+
+/* The end of a loop turn (its reads done): sends every reply they queued. */
+static void flusher_cb(uv_check_t *h)
+{
+    rdzv_server *srv = h->data;
+    lock(srv);
+    flush_dirty(srv);
+    uv_check_stop(h);
+    unlock(srv);
 }
 
 static int append_status(rdzv_server *srv, rdzv__conn *conn);
@@ -788,8 +824,17 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
     const uint8_t *data = (const uint8_t *)buf->base;
     size_t len = (size_t)nread;
+    srv->bytes_in += len;
     c->last_read_ms = uv_now(srv->loop);
-    if (c->pend.len == 0) {
+    if (buf->base != (char *)srv->rbuf) {
+        /* Read into c->pend (alloc_cb()): count the bytes as keep() would, then run them. */
+        if (rdzv__conn_hold_input(&srv->store, &c->conn, c->pend.len + len) < 0) {
+            client_close(c, c->conn.why ? c->conn.why : "out of buffer space");
+        } else {
+            c->pend.len += len;
+            consume_pending(c);
+        }
+    } else if (c->pend.len == 0) {
         /* Fast path: parse straight from the shared buffer, keep only what is left over. */
         ssize_t used = process(c, data, len);
         if (used >= 0 && (size_t)used < len)
@@ -798,8 +843,14 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     } else if (keep(c, data, len) == 0) {
         consume_pending(c);
     }
-    flush_dirty(srv);
-    pump(c);
+    if (c->pend.len > 0 && backlogged(c)) {
+        /* Held back by its own replies: send them now and run what they held back. */
+        flush_dirty(srv);
+        pump(c);
+    } else if (!queue_empty(&srv->store.dirty) && !srv->closing) {
+        /* Replies go out once per loop turn, after all of its reads (flusher_cb). */
+        uv_check_start(&srv->flusher, flusher_cb);
+    }
     start_sweeper(srv); /* a CANCEL_WAIT leaves dead WAITs */
     unlock(srv);
 }
@@ -1237,6 +1288,13 @@ static char *status_json(rdzv_server *srv)
     json_object_set_new(limits, "max_private_bytes",
                         json_integer((json_int_t)srv->opts.max_private_bytes));
     json_object_set_new(limits, "max_list_keys", json_integer((json_int_t)srv->opts.max_list_keys));
+    uint64_t requests = 0;
+    for (int i = 0; i < RDZV_OP_COUNT; i++)
+        requests += st->ops[i];
+    json_object_set_new(o, "traffic",
+                        json_pack("{s:I, s:I, s:I}", "requests", (json_int_t)requests, "bytes_in",
+                                  (json_int_t)srv->bytes_in, "bytes_out",
+                                  (json_int_t)srv->bytes_out));
     json_object_set_new(o, "protocol",
                         json_pack("{s:I, s:I}", "legacy", (json_int_t)srv->gens[RDZV_GEN_LEGACY],
                                   "modern", (json_int_t)srv->gens[RDZV_GEN_MODERN]));
@@ -1370,6 +1428,7 @@ static void server_discard(rdzv_server *srv)
         uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
         uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
         uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
+        uv_close((uv_handle_t *)&srv->flusher, handle_closed);
         if (!srv->threaded)
             return; /* handle_closed() frees it */
         uv_run(srv->loop, UV_RUN_DEFAULT);
@@ -1479,7 +1538,10 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     uv_idle_init(loop, &srv->sweeper);
     srv->sweeper.data = srv;
     uv_unref((uv_handle_t *)&srv->sweeper);
-    srv->open_handles = 5;
+    uv_check_init(loop, &srv->flusher);
+    srv->flusher.data = srv;
+    uv_unref((uv_handle_t *)&srv->flusher);
+    srv->open_handles = 6;
     rc = uv_poll_start(&srv->listener, UV_READABLE, on_listen_ready);
     int shortest = 0; /* seconds: the shortest timeout in force */
     if (opts->request_timeout_s > 0)
@@ -1540,6 +1602,7 @@ static void begin_close(rdzv_server *srv)
     uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
     uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
     uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
+    uv_close((uv_handle_t *)&srv->flusher, handle_closed);
 }
 
 
