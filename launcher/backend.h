@@ -111,14 +111,16 @@ typedef struct ddprun_backend_ops {
 
     /*
      * Liveness: heartbeat() once per beat interval (-ENOLINK: this node has lost its place in the
-     * rendezvous for good, `err` says why, and no restart can bring it back); a watch over node
-     * ranks 0..nnodes-1 of a round (watch_open(), released by watch_close(), NULL a no-op) reports
-     * in dead[] the nodes silent for more than dead_after_s (ddprun_heartbeat(), ddprun_hb_init(),
-     * ddprun_dead_nodes()).
+     * rendezvous for good, `err` says why, and no restart can bring it back); a watch of a round
+     * of nnodes nodes (watch_open(), released by watch_close(), NULL a no-op) reports in dead[]
+     * the watched nodes silent for more than dead_after_s (ddprun_heartbeat(), ddprun_hb_init(),
+     * ddprun_dead_nodes()). `node_rank` is the watcher's: < 0 watches every node, as the agent
+     * serving the store does, and a node rank watches that node's ring peers
+     * (ddprun_hb_init_peers()), so that the store serves O(nnodes) keys per check in all.
      */
     int (*heartbeat)(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank, char *err,
                      size_t errlen);
-    int (*watch_open)(const char *prefix, int round, int nnodes, double dead_after_s,
+    int (*watch_open)(const char *prefix, int round, int nnodes, int node_rank, double dead_after_s,
                       ddprun_rdzv_watch **out);
     int (*dead_nodes)(ddprun_rdzv_conn *c, ddprun_rdzv_watch *w, int *dead, int dead_cap);
     void (*watch_close)(ddprun_rdzv_watch *w);
@@ -193,8 +195,8 @@ int ddprun_store_conn_owner(ddprun_rdzv_conn *c, const char *prefix, int round, 
                             const char *host, int port);
 int ddprun_store_heartbeat(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank,
                            char *err, size_t errlen);
-int ddprun_store_watch_open(const char *prefix, int round, int nnodes, double dead_after_s,
-                            ddprun_rdzv_watch **out);
+int ddprun_store_watch_open(const char *prefix, int round, int nnodes, int node_rank,
+                            double dead_after_s, ddprun_rdzv_watch **out);
 int ddprun_store_dead_nodes(ddprun_rdzv_conn *c, ddprun_rdzv_watch *w, int *dead, int dead_cap);
 void ddprun_store_watch_close(ddprun_rdzv_watch *w);
 
