@@ -166,6 +166,15 @@ typedef struct ddprun_backend_ops {
                          int port);
     int (*find_store)(ddprun_rdzv_conn *c, const char *prefix, int round, double timeout_s,
                       char *host, size_t hostlen, int *port);
+
+    /*
+     * Store-backed backends (NULL otherwise): called by an agent that serves the store
+     * in-process before its first rendezvous, so that the other nodes leave the clearing of the
+     * workers' keys between attempts to it; where no agent calls it (an external c10d endpoint)
+     * a node of the round clears them through its client (ddprun_rdzv_mark_host(),
+     * ddprun_rdzv_clear_worker_keys()).
+     */
+    int (*mark_host)(ddprun_rdzv_conn *c, const char *prefix);
 } ddprun_backend_ops;
 
 /* The row named `name` (borrowed), or NULL if there is none. */
@@ -199,6 +208,7 @@ int ddprun_store_watch_open(const char *prefix, int round, int nnodes, int node_
                             double dead_after_s, ddprun_rdzv_watch **out);
 int ddprun_store_dead_nodes(ddprun_rdzv_conn *c, ddprun_rdzv_watch *w, int *dead, int dead_cap);
 void ddprun_store_watch_close(ddprun_rdzv_watch *w);
+int ddprun_store_mark_host(ddprun_rdzv_conn *c, const char *prefix);
 
 /* The store-backed rows' shared operations, for their table initialisers. */
 #define DDPRUN_STORE_BACKEND_OPS                                                                   \
@@ -209,6 +219,7 @@ void ddprun_store_watch_close(ddprun_rdzv_watch *w);
     .publish_conn = ddprun_store_publish_conn, .conn_owner = ddprun_store_conn_owner,              \
     .heartbeat = ddprun_store_heartbeat, .watch_open = ddprun_store_watch_open,                    \
     .dead_nodes = ddprun_store_dead_nodes, .watch_close = ddprun_store_watch_close,                \
-    .gone_format = "node %d stopped sending heartbeats (none for %g s)"
+    .gone_format = "node %d stopped sending heartbeats (none for %g s)",                           \
+    .mark_host = ddprun_store_mark_host
 
 #endif /* DDPRUN_BACKEND_H */

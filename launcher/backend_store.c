@@ -129,3 +129,8 @@ void ddprun_store_watch_close(ddprun_rdzv_watch *w)
     ddprun_hb_free(&w->hb);
     free(w);
 }
+
+int ddprun_store_mark_host(ddprun_rdzv_conn *c, const char *prefix)
+{
+    return ddprun_rdzv_mark_host(c->client, prefix);
+}

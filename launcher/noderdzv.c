@@ -876,6 +876,45 @@ out:
     return rc;
 }
 
+/* "<prefix>/store_host" (ddprun_rdzv_mark_host()), allocated; NULL if out of memory. */
+static char *host_marker_key(const char *prefix)
+{
+    size_t len = strlen(prefix) + sizeof "/store_host";
+    char *k = malloc(len);
+    if (k)
+        snprintf(k, len, "%s/store_host", prefix);
+    return k;
+}
+
+/*
+ * The host's part of ddprun_rdzv_clear_worker_keys() through a client, for a store no agent
+ * hosts: lists the keys on a connection of its own (a server without LIST_KEYS closes it) and
+ * deletes those outside `root`. Returns the number deleted, 0 when the store cannot list its keys
+ * (-ECONNRESET, -EPIPE, -ENOTCONN, -EPROTO from the listing), or a negative errno.
+ */
+static int clear_through_client(rdzv_client *c, const char *root)
+{
+    rdzv_client *d = NULL;
+    int rc = rdzv_client_dup(c, &d);
+    if (rc < 0)
+        return rc;
+    char **keys = NULL;
+    size_t n = 0;
+    rc = rdzv_list_keys(d, &keys, &n);
+    if (rc == -ECONNRESET || rc == -EPIPE || rc == -ENOTCONN || rc == -EPROTO)
+        rc = 0; /* no LIST_KEYS: nothing can be cleared */
+    else if (rc == 0)
+        for (size_t i = 0; i < n && rc >= 0; i++) {
+            if (strncmp(keys[i], root, strlen(root)) == 0)
+                continue;
+            int del = rdzv_delete(d, keys[i]);
+            rc = del < 0 ? del : rc + del;
+        }
+    rdzv_free(keys);
+    rdzv_client_close(d);
+    return rc;
+}
+
 int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *prefix, int round,
                                   int nnodes, double timeout_s)
 {
@@ -886,9 +925,25 @@ int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *
     char *key = round_key(prefix, round, "cleared");
     if (!key)
         return -ENOMEM;
-    int rc;
-    if (srv) {
-        rc = rdzv_server_clear(srv, root);
+    char *host_key = host_marker_key(prefix);
+    char *claim = round_key(prefix, round, "clearing");
+    int rc = -ENOMEM;
+    if (!host_key || !claim)
+        goto out;
+    bool clear = srv != NULL;
+    if (!clear) {
+        /* No agent hosts the store: the first node to claim the round's clearing does it. */
+        const char *hk = host_key;
+        int64_t n = 0;
+        rc = rdzv_check(c, &hk, 1);
+        if (rc == 0)
+            rc = rdzv_add(c, claim, 1, &n);
+        if (rc < 0)
+            goto out;
+        clear = n == 1;
+    }
+    if (clear) {
+        rc = srv ? rdzv_server_clear(srv, root) : clear_through_client(c, root);
         if (rc >= 0 && nnodes > 1) {
             int set = rdzv_set(c, key, "1", 1);
             if (set < 0)
@@ -897,6 +952,22 @@ int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *
     } else {
         rc = rdzv_wait(c, (const char *const *)&key, 1, to_ms(timeout_s));
     }
+out:
+    free(host_key);
+    free(claim);
+    free(key);
+    return rc;
+}
+
+int ddprun_rdzv_mark_host(rdzv_client *c, const char *prefix)
+{
+    static const char root[] = DDPRUN_RDZV_ROOT "/";
+    if (!c || bad_prefix(prefix) || strncmp(prefix, root, sizeof root - 1) != 0)
+        return -EINVAL;
+    char *key = host_marker_key(prefix);
+    if (!key)
+        return -ENOMEM;
+    int rc = rdzv_set(c, key, "1", 1);
     free(key);
     return rc;
 }

@@ -30,7 +30,16 @@
  *   exit/count           ADD counter of the nodes whose workers all succeeded (exit barrier)
  *   exit/done            "1", set by the node whose ADD brought exit/count to the node count
  *   cleared              "1", set by the store's host once it cleared the workers' keys for
- *                        this round (rounds after a restart, multi-node jobs only)
+ *                        this round (rounds after a restart, multi-node jobs only), or where no
+ *                        agent hosts the store, by the node that cleared them
+ *   clearing             ADD counter: where no agent hosts the store, the node whose ADD returned
+ *                        1 clears the workers' keys of this round through its client
+ *
+ * and once per run, outside the rounds:
+ *
+ *   <prefix>/store_host  "1", set by an agent that serves the store in-process before its first
+ *                        rendezvous (ddprun_rdzv_mark_host()); absent when no agent does (a c10d
+ *                        endpoint served by ddp-rendezvous or PyTorch)
  *
  * Keys outside DDPRUN_RDZV_ROOT "/" are the workers' (torch's own, with no attempt prefix):
  * ddprun_rdzv_clear_worker_keys() deletes them between attempts and keeps everything here.
@@ -277,12 +286,27 @@ int ddprun_rdzv_exit_barrier(rdzv_client *c, const char *prefix, int round, int 
  * every key outside DDPRUN_RDZV_ROOT "/" (every run's rendezvous keys stay) and then, when nnodes
  * > 1, sets the round's `cleared` key. On the other nodes (`srv` NULL), waits up to timeout_s
  * (< 0: the client's timeout) for that key, so that none spawns before the store is clear.
+ * Where no agent hosts the store (the run's store_host key is absent: ddprun_rdzv_mark_host()),
+ * the first node to count itself in the round's `clearing` key does the host's part through a
+ * second connection of its client: it lists the keys (LIST_KEYS) and deletes those outside
+ * DDPRUN_RDZV_ROOT "/", then sets `cleared`; the others wait for that. A store that cannot list
+ * its keys (PyTorch's before LIST_KEYS, which closes the connection) keeps them: `cleared` is
+ * set all the same, so that the restart goes on as with torchrun's own store.
  *
  * `prefix` (borrowed) must start with DDPRUN_RDZV_ROOT "/". Returns the number of keys deleted
- * (host) or 0 (others); -EINVAL (bad argument); -ETIMEDOUT; -ENOMEM; or another negative errno.
+ * (the node that cleared) or 0 (others); -EINVAL (bad argument); -ETIMEDOUT; -ENOMEM; or another
+ * negative errno.
  */
 int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *prefix, int round,
                                   int nnodes, double timeout_s);
+
+/*
+ * Says that an agent serves the run's store in-process (sets <prefix>/store_host), so that the
+ * other nodes leave the clearing between attempts to it (ddprun_rdzv_clear_worker_keys()). Call
+ * on the hosting agent before its first rendezvous. `prefix` (borrowed) must start with
+ * DDPRUN_RDZV_ROOT "/". Returns 0, -EINVAL, -ENOMEM or a negative errno from the store.
+ */
+int ddprun_rdzv_mark_host(rdzv_client *c, const char *prefix);
 
 #ifdef __cplusplus
 }

@@ -887,6 +887,7 @@ START_TEST(test_clear_worker_keys)
     ck_assert_int_eq(rdzv_ping(c), 0); /* SET has no reply: the ping's says they landed */
 
     /* A node that does not host the store waits for the host's word, here in vain. */
+    ck_assert_int_eq(ddprun_rdzv_mark_host(c, PREFIX), 0);
     double t0 = mono_now_s();
     ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c, PREFIX, 1, 2, 0.2), -ETIMEDOUT);
     ck_assert_double_ge(mono_now_s() - t0, 0.18);
@@ -918,6 +919,39 @@ START_TEST(test_clear_worker_keys)
     ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, c, PREFIX, -1, 2, 1.0), -EINVAL);
     rdzv_client_close(c);
     rdzv_server_close(srv);
+}
+END_TEST
+
+/* No agent hosts the store (an external c10d endpoint): the first node of the round to claim the
+ * clearing deletes the workers' keys through its client, the others wait for its word. */
+START_TEST(test_clear_worker_keys_without_host)
+{
+    rdzv_client *c = client(), *c2 = client();
+    const char *workers[] = {"rank_0_addr", "/default_pg/0//cuda//0"};
+    const char *ours[] = {PREFIX "/round_0/static/nnodes", DDPRUN_RDZV_ROOT "/other-run/x"};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rdzv_set(c, workers[i], "v", 1), 0);
+        ck_assert_int_eq(rdzv_set(c, ours[i], "v", 1), 0);
+    }
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c, PREFIX, 1, 2, 5.0), 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(rdzv_check(c, &workers[i], 1) == 0, "%s survived", workers[i]);
+        ck_assert_msg(rdzv_check(c, &ours[i], 1) == 1, "%s deleted", ours[i]);
+    }
+    /* The second node goes on at once, deleting nothing. */
+    ck_assert_int_eq(rdzv_set(c2, workers[0], "new attempt", 11), 0);
+    double t0 = mono_now_s();
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c2, PREFIX, 1, 2, 5.0), 0);
+    ck_assert_double_lt(mono_now_s() - t0, 1.0);
+    ck_assert_int_eq(rdzv_check(c2, &workers[0], 1), 1);
+    /* The next round has a clearing of its own. */
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c2, PREFIX, 2, 2, 5.0), 1);
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c, PREFIX, 2, 2, 5.0), 0);
+    ck_assert_int_eq(ddprun_rdzv_mark_host(NULL, PREFIX), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_mark_host(c, "relative"), -EINVAL);
+    rdzv_client_close(c);
+    rdzv_client_close(c2);
 }
 END_TEST
 
@@ -1298,8 +1332,8 @@ static Suite *noderdzv_suite(void)
         test_heartbeat_detects_silent_node, test_heartbeat_peer_sets, test_heartbeat_ring_detects,
         test_failure_first_writer_wins, test_failure_record_through_store, test_conn_records,
         test_exit_barrier_all_arrive, test_exit_barrier_failure_ends_wait,
-        test_exit_barrier_timeout, test_clear_worker_keys, test_invalid_arguments,
-        test_backend_ops_through_store);
+        test_exit_barrier_timeout, test_clear_worker_keys, test_clear_worker_keys_without_host,
+        test_invalid_arguments, test_backend_ops_through_store);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     /* Pure functions: no store. */
