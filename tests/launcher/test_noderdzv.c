@@ -1289,6 +1289,12 @@ START_TEST(test_backend_ops_through_store)
         ck_assert_int_eq(b->heartbeat(c, prefix, 0, 0, NULL, 0), 0);
         ck_assert_int_eq(b->dead_nodes(c, w, NULL, 0), 0);
         b->watch_close(w);
+        /* A node rank watches its ring peers: none in a one-node round. */
+        ck_assert_int_eq(b->watch_open(prefix, 0, 1, 0, 60.0, &w), 0);
+        ck_assert_int_eq(b->dead_nodes(c, w, NULL, 0), 0);
+        b->watch_close(w);
+        ck_assert_ptr_nonnull(b->mark_host);
+        ck_assert_int_eq(b->mark_host(c, prefix), 0);
         ck_assert_int_eq(b->publish_conn(c, prefix, 0, 0), 0);
         ck_assert_int_eq(b->exit_done(c, prefix, 0), 0);
 
