@@ -737,8 +737,11 @@ static int rendezvous_job(agent *a, store_job *j)
     } else {
         char node_id[320];
         snprintf(node_id, sizeof(node_id), "%s:%d", a->hostname, (int)getpid());
-        rc =
-            a->rdzv->join(a->client, a->prefix, cfg, node_id, &j->round, &j->asg, err, sizeof(err));
+        /* Serving the store: say so before joining, so that the clearing is left to us. */
+        rc = a->store && a->rdzv->mark_host ? a->rdzv->mark_host(a->client, a->prefix) : 0;
+        if (rc == 0)
+            rc = a->rdzv->join(a->client, a->prefix, cfg, node_id, &j->round, &j->asg, err,
+                               sizeof(err));
     }
     if (rc < 0) {
         if (!store_gone_with_node(a, rc, j->err, sizeof(j->err)))

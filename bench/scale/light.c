@@ -167,7 +167,12 @@ static void close_ranks(struct light *L, struct agent *a)
 static int monitor(struct light *L, struct agent *a, int round)
 {
     ddprun_hb_state hb;
-    int me = a->asg.node_rank, rc = ddprun_hb_init(&hb, L->prefix, round, a->asg.nnodes, L->dead_s);
+    /* Node rank 0 stands for the agent serving the store, which watches every node; the
+     * others watch their ring peers, as launcher/monitor.c. */
+    int me = a->asg.node_rank, nn = a->asg.nnodes;
+    int rc = me == 0
+                 ? ddprun_hb_init(&hb, L->prefix, round, nn, L->dead_s)
+                 : ddprun_hb_init_peers(&hb, L->prefix, round, nn, me, DDPRUN_HB_PEERS, L->dead_s);
     if (rc < 0)
         return rc;
     ddprun_rdzv_publish_conn(a->mon, L->prefix, round, me);
