@@ -177,8 +177,11 @@ class Result(unittest.TextTestResult):
         Served.masters.clear()  # those made at import time (class attributes) stay up
         super().startTest(test)
 
+    served_tests = 0  # tests that made a master store of their own
+
     def stopTest(self, test):
         super().stopTest(test)
+        Result.served_tests += bool(Served.masters)
         for _, served in Served.masters:
             served.close()
         Served.masters.clear()
@@ -338,7 +341,7 @@ def main():
     for what in Served.crashes:
         print(f"FAIL: {what}")
     print(f"master stores served by ddp-rendezvous{' behind a proxy' if opt.proxy else ''}: "
-          f"{Served.started}")
+          f"{Served.started}, made by {Result.served_tests} tests and at import")
     if Served.proxy_totals:
         print("proxies: " + " ".join(f"{k} {v}" for k, v in Served.proxy_totals.items()))
     print(f"{passed} passed, {failed + len(Served.crashes)} failed, {skipped} skipped", flush=True)
