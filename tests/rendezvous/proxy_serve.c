@@ -4,7 +4,9 @@
  * line of stdout, and runs until its stdin reaches end of file or it gets SIGTERM/SIGINT; then
  * it prints its counters as one line ("worker_requests N upstream_requests N coalesced N ...")
  * and exits 0. Exit 1 when the proxy cannot start, 3 when its upstream is lost (the root died).
- * The interop and proxy shell tests put PyTorch's own clients behind it.
+ * The interop and proxy shell tests put PyTorch's own clients behind it. PROXY_SERVE_PORT in the
+ * environment (1 to 65535) makes it listen on that port instead of a free one: PyTorch's own store
+ * tests (tests/interop/torch_store_suite.py) choose the port their master store serves on.
  */
 #include "rdzv.h"
 
@@ -50,6 +52,17 @@ int main(int argc, char **argv)
     rdzv_proxy_options_init(&o);
     o.upstream_host = argv[1];
     o.upstream_port = atoi(argv[2]);
+    const char *listen_port = getenv("PROXY_SERVE_PORT");
+    if (listen_port && *listen_port) {
+        char *end;
+        long v = strtol(listen_port, &end, 10);
+        if (*end || v < 1 || v > 65535) {
+            fprintf(stderr, "proxy_serve: PROXY_SERVE_PORT '%s' is not a port (1 to 65535)\n",
+                    listen_port);
+            return 2;
+        }
+        o.port = (int)v;
+    }
     o.log = log_line;
     o.on_lost = on_lost;
     if (argc > 3) {
