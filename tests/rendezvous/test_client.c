@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -810,7 +811,11 @@ START_TEST(test_prefix_isolation)
 }
 END_TEST
 
-/* Checks that barrier `name` is between rounds, `gen` of them completed: "<gen> 0 0 <tag>". */
+/*
+ * Checks that barrier `name` is between rounds, `gen` of them completed: its state "<epoch>
+ * <world> <base>" and the epoch's count of arrivals (the low 40 bits of count/<epoch>) say that
+ * base + count / world rounds completed and nobody waits (count a multiple of the world).
+ */
 static void expect_round(rdzv_client *c, const char *name, int64_t gen)
 {
     char key[64];
@@ -821,12 +826,16 @@ static void expect_round(rdzv_client *c, const char *name, int64_t gen)
     void *v = NULL;
     size_t n = 0;
     ck_assert_int_eq(rdzv_get(c, key, &v, &n), 0);
-    int64_t g = -1, w = -1, cnt = -1;
-    ck_assert_msg(sscanf(v, "%" SCNd64 " %" SCNd64 " %" SCNd64, &g, &w, &cnt) == 3, "state '%s'",
-                  (char *)v);
-    ck_assert_msg(g == gen && w == 0 && cnt == 0,
-                  "barrier %s: state '%s', expected round %" PRId64 " and nobody waiting", name,
-                  (char *)v, gen);
+    int64_t e = -1, w = -1, base = -1, cnt = -1;
+    ck_assert_msg(sscanf(v, "%" SCNd64 " %" SCNd64 " %" SCNd64, &e, &w, &base) == 3 && w > 0,
+                  "state '%s'", (char *)v);
+    snprintf(key, sizeof key, "%s/count/%" PRId64, name, e);
+    ck_assert_int_eq(rdzv_add(c, key, 0, &cnt), 0);
+    cnt &= (INT64_C(1) << 40) - 1;
+    ck_assert_msg(base + cnt / w == gen && cnt % w == 0,
+                  "barrier %s: state '%s', %" PRId64 " arrivals: expected round %" PRId64
+                  " and nobody waiting",
+                  name, (char *)v, cnt, gen);
     rdzv_free(v);
 }
 
@@ -1070,6 +1079,120 @@ START_TEST(test_barrier_late_joiners)
         ck_assert_int_eq(child_status(q[i]), 0);
     expect_round(c, "crowd", 2);
     rdzv_client_close(c);
+}
+END_TEST
+
+/* A caller killed while it waits stays counted: its round completes with one more caller. */
+START_TEST(test_barrier_killed_caller)
+{
+    pid_t p = barrier_child("killed", 2, 10000);
+    await_waiters(1);
+    ck_assert_int_eq(kill(p, SIGKILL), 0);
+    int st = 0;
+    ck_assert_int_eq(waitpid(p, &st, 0), p);
+    ck_assert(WIFSIGNALED(st));
+    rdzv_client *c = client_with(NULL, 5000);
+    ck_assert_int_eq(rdzv_barrier(c, "killed", 2, 1000), 0);
+    expect_round(c, "killed", 1);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* A state key that holds no barrier state answers -EPROTO and leaves the client usable. */
+START_TEST(test_barrier_state_by_hand)
+{
+    rdzv_client *c = client_with(NULL, 5000);
+    set_str(c, "hand/state", "round two");
+    ck_assert_int_eq(rdzv_barrier(c, "hand", 2, 100), -EPROTO);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "changed by hand"));
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* The requests the server has served, by its status, leaving out STATUS itself. */
+static int64_t requests_served(rdzv_client *c)
+{
+    char *js = NULL;
+    ck_assert_int_eq(rdzv_status(c, &js), 0);
+    json_t *o = json_loads(js, 0, NULL);
+    ck_assert_ptr_nonnull(o);
+    const char *name;
+    json_t *n;
+    int64_t sum = 0;
+    json_object_foreach(json_object_get(o, "ops"), name, n)
+        if (strcmp(name, "status") != 0)
+            sum += json_integer_value(n);
+    json_decref(o);
+    rdzv_free(js);
+    return sum;
+}
+
+enum { CROWD = 64, CROWD_ROUNDS = 2 };
+
+/* What the callers of test_barrier_requests share. */
+typedef struct crowd {
+    pthread_barrier_t connected, go;
+    int rc[CROWD];
+} crowd;
+
+typedef struct crowd_caller {
+    crowd *cr;
+    int rank;
+} crowd_caller;
+
+/* One caller of test_barrier_requests: connects, waits for the go, passes the rounds. */
+static void *crowd_main(void *arg)
+{
+    crowd_caller *me = arg;
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = 20000;
+    rdzv_client *c = NULL;
+    int rc = rdzv_client_connect("127.0.0.1", port, &o, &c);
+    pthread_barrier_wait(&me->cr->connected);
+    pthread_barrier_wait(&me->cr->go);
+    for (int r = 0; r < CROWD_ROUNDS && rc == 0; r++)
+        rc = rdzv_barrier(c, "crowd64", CROWD, 20000);
+    me->cr->rc[me->rank] = rc;
+    rdzv_client_close(c);
+    return NULL;
+}
+
+/*
+ * Issue 23: an arrival costs a constant number of requests, however many callers arrive at
+ * once: 64 concurrent callers pass two rounds with at most three requests each per round
+ * (read the state, ADD, WAIT; the completer's SET and DELETE instead of its WAIT, and the
+ * creation of the state, are the few above), counted by the server.
+ */
+START_TEST(test_barrier_requests)
+{
+    crowd cr;
+    crowd_caller who[CROWD];
+    pthread_t t[CROWD];
+    ck_assert_int_eq(pthread_barrier_init(&cr.connected, NULL, CROWD + 1), 0);
+    ck_assert_int_eq(pthread_barrier_init(&cr.go, NULL, CROWD + 1), 0);
+    for (int i = 0; i < CROWD; i++) {
+        who[i] = (crowd_caller){&cr, i};
+        cr.rc[i] = -1;
+        ck_assert_int_eq(pthread_create(&t[i], NULL, crowd_main, &who[i]), 0);
+    }
+    pthread_barrier_wait(&cr.connected);
+    rdzv_client *c = client_with(NULL, 10000);
+    int64_t before = requests_served(c);
+    pthread_barrier_wait(&cr.go);
+    for (int i = 0; i < CROWD; i++)
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+    for (int i = 0; i < CROWD; i++)
+        ck_assert_msg(cr.rc[i] == 0, "caller %d: %d", i, cr.rc[i]);
+    int64_t used = requests_served(c) - before;
+    fprintf(stderr, "barrier of %d callers: %" PRId64 " requests in %d rounds\n", CROWD, used,
+            CROWD_ROUNDS);
+    ck_assert_msg(used <= CROWD_ROUNDS * (3 * CROWD + 2), "%" PRId64 " requests", used);
+    expect_round(c, "crowd64", CROWD_ROUNDS);
+    rdzv_client_close(c);
+    pthread_barrier_destroy(&cr.connected);
+    pthread_barrier_destroy(&cr.go);
 }
 END_TEST
 
@@ -1487,6 +1610,7 @@ static Suite *client_suite(void)
         test_multi, test_ping_status, test_prefix_isolation, test_list_keys,
         test_barrier_reuse_multiprocess, test_barrier_single_and_timeout, test_barrier_retry_alone,
         test_barrier_retry_then_partner, test_barrier_world_size_change, test_barrier_late_joiners,
+        test_barrier_killed_caller, test_barrier_state_by_hand, test_barrier_requests,
         test_server_gone, test_connect_names_and_ipv6);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
