@@ -933,9 +933,9 @@ static char *key_printf(const char *fmt, ...)
  *                     caller with another world size finds no round under way.
  *   <name>/count/<e>  the arrivals of epoch e, counted with ADD: arrival k (from 1) belongs to
  *                     round <base> + (k-1)/world, and the arrival that makes k a multiple of the
- *                     world completes that round. The low BARRIER_ARRIVAL_BITS bits hold k, the
- *                     bits above them the tag of the last withdrawal (below); a negative value
- *                     marks the epoch closed (below).
+ *                     world completes that round. The low BARRIER_ARRIVAL_BITS bits hold k (an
+ *                     epoch takes up to 2^40 arrivals), the bits above them the tag of the last
+ *                     withdrawal (below); a negative value marks the epoch closed (below).
  *   <name>/done/<g>   set by the caller that completed round g; the others wait for it.
  * An arrival is one COMPARE_SET that reads the state (and creates it for the barrier's first
  * caller), one ADD and one WAIT; the completing caller sets its round's key instead of waiting
@@ -947,7 +947,8 @@ static char *key_printf(const char *fmt, ...)
  * count, so the end of a round is reached once and its completer is unique; if the count got
  * there first, the round completed with the caller in it, and the caller succeeds. The lowered
  * count carries a fresh random tag, so that of two callers making the same withdrawal at once,
- * each can tell whether the swap was its own.
+ * each can tell whether the swap was its own (unless both drew the same tag, a chance of one in
+ * 2^22).
  *
  * A caller with another world size than the epoch's reads the count (ADD 0): a count that is not
  * a multiple of the world is a round under way, and the caller fails with -EINVAL, never having
