@@ -931,7 +931,8 @@ static char *key_printf(const char *fmt, ...)
  *                     callers each and are numbered from <base>. Written only with COMPARE_SET:
  *                     created by the barrier's first caller, moved to the next epoch when a
  *                     caller with another world size finds no round under way.
- *   <name>/count/<e>  the arrivals of epoch e, counted with ADD: arrival k (from 1) belongs to
+ *   <name>/count/<e>/<world>
+ *                     the arrivals of epoch e, counted with ADD: arrival k (from 1) belongs to
  *                     round <base> + (k-1)/world, and the arrival that makes k a multiple of the
  *                     world completes that round. The low BARRIER_ARRIVAL_BITS bits hold k (an
  *                     epoch takes up to 2^40 arrivals), the bits above them the tag of the last
@@ -941,6 +942,15 @@ static char *key_printf(const char *fmt, ...)
  * caller), one ADD and one WAIT; the completing caller sets its round's key instead of waiting
  * and deletes the key of the round before. Arrivals beyond a round's end are arrivals in the next
  * round, so callers that come once a round is full join the next one.
+ *
+ * The COMPARE_SET and the ADD go out together, the ADD to the count of a guessed epoch: the one
+ * this client was in at its last call on the barrier, or epoch 0. The server runs them in order,
+ * so if the state names the guessed epoch for the caller's world, the ADD came after it and
+ * counted in it unless the epoch closed in between (then the ADD answers a negative count). If
+ * the state names another epoch, the ADD counted for nothing: it went to an older epoch, closed
+ * by then since only the newest is open, or to a key no epoch uses, the world being part of the
+ * count's name; the caller then adds itself to the right count. Only epochs are guessed, so an
+ * arrival needs two round trips, as a plain ADD and WAIT would.
  *
  * A caller whose wait times out withdraws its arrival: it moves the count one down with
  * COMPARE_SET, and only while the count is below the end of its round. Nothing else lowers a
@@ -1056,7 +1066,7 @@ static int barrier_take(barrier_call *b, const void *v, size_t n)
     b->curlen = n;
     if (!b->count || ep.epoch != b->ep.epoch) {
         free(b->count);
-        b->count = key_printf("%s/count/%" PRId64, b->name, ep.epoch);
+        b->count = key_printf("%s/count/%" PRId64 "/%" PRId64, b->name, ep.epoch, ep.world);
         if (!b->count)
             return fail(b->c, -ENOMEM, "out of memory");
     }
@@ -1113,8 +1123,8 @@ static int barrier_swap_count(barrier_call *b, int64_t from, int64_t to, int64_t
     int wn = snprintf(want, sizeof want, "%" PRId64, to);
     void *got = NULL;
     size_t gotlen = 0;
-    int rc = do_compare_set(b->c, b->count, exp, (size_t)en, want, (size_t)wn, &got, &gotlen,
-                            deadline);
+    int rc =
+        do_compare_set(b->c, b->count, exp, (size_t)en, want, (size_t)wn, &got, &gotlen, deadline);
     if (rc < 0)
         return rc;
     if (gotlen == (size_t)wn && memcmp(got, want, gotlen) == 0)
@@ -1159,6 +1169,54 @@ static int barrier_switch(barrier_call *b, int world)
             break;
     }
     return rc;
+}
+
+/* A hash of a barrier's name (FNV-1a), for the client's guess of its epoch. */
+static uint64_t barrier_hash(const char *name)
+{
+    uint64_t h = UINT64_C(14695981039346656037);
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * UINT64_C(1099511628211);
+    return h;
+}
+
+/*
+ * Reads the state (creating it for the barrier's first caller) and, in the same round trip,
+ * counts this arrival in epoch `guess` for `world` callers (see above). Returns 1 if it counted
+ * (*t: the count after it), 0 if it counted for nothing, or a negative errno.
+ */
+static int barrier_arrive_guessed(barrier_call *b, int64_t guess, int world, int64_t *t)
+{
+    rdzv_client *c = b->c;
+    char want[BARRIER_STATE_BYTES];
+    int n = snprintf(want, sizeof want, "0 %d 0", world);
+    char *count = key_printf("%s/count/%" PRId64 "/%d", b->name, guess, world);
+    if (!count)
+        return fail(c, -ENOMEM, "out of memory");
+    rdzv__wbuf_reset(&c->sbuf);
+    rdzv__put_u8(&c->sbuf, RDZV_M_COMPARE_SET);
+    put_key(c, b->state);
+    rdzv__put_vec(&c->sbuf, "", 0);
+    rdzv__put_vec(&c->sbuf, want, (size_t)n);
+    rdzv__put_u8(&c->sbuf, RDZV_M_ADD);
+    put_key(c, count);
+    rdzv__put_i64(&c->sbuf, 1);
+    free(count);
+    void *got = NULL;
+    size_t gotlen = 0;
+    int rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, b->deadline);
+    if (rc == 0)
+        rc = recv_vec(c, &got, &gotlen, b->deadline);
+    if (rc == 0)
+        rc = recv_i64(c, t, b->deadline);
+    if (rc == 0)
+        rc = barrier_take(b, got, gotlen);
+    free(got);
+    if (rc < 0)
+        return rc;
+    return b->ep.epoch == guess && b->ep.world == world && *t >= 0;
 }
 
 /* Withdraws arrival k (of round g) after its wait timed out (see above). */
@@ -1209,10 +1267,11 @@ int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_m
         goto out;
     }
 
-    /* Read the state (the first caller creates it), then count this arrival in its epoch. */
-    barrier_epoch first = {0, world_size, 0};
-    rc = barrier_swap_state(&b, &first);
+    /* Read the state (the first caller creates it) and count this arrival in the guessed epoch;
+     * if the guess was wrong, count it in the state's epoch. */
+    uint64_t hash = barrier_hash(name);
     int64_t t = 0;
+    rc = barrier_arrive_guessed(&b, c->barrier_hash == hash ? c->barrier_epoch : 0, world_size, &t);
     while (rc == 0) {
         if (b.ep.world != world_size) {
             rc = barrier_switch(&b, world_size);
@@ -1228,6 +1287,8 @@ int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_m
     }
     if (rc < 0)
         goto out;
+    c->barrier_hash = hash;
+    c->barrier_epoch = b.ep.epoch;
     int64_t k = BARRIER_ARRIVALS(t);
     if (k == 0) {
         char v[BARRIER_COUNT_BYTES];

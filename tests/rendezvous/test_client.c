@@ -813,8 +813,8 @@ END_TEST
 
 /*
  * Checks that barrier `name` is between rounds, `gen` of them completed: its state "<epoch>
- * <world> <base>" and the epoch's count of arrivals (the low 40 bits of count/<epoch>) say that
- * base + count / world rounds completed and nobody waits (count a multiple of the world).
+ * <world> <base>" and the epoch's count of arrivals (the low 40 bits of count/<epoch>/<world>)
+ * say that base + count / world rounds completed and nobody waits (count a multiple of world).
  */
 static void expect_round(rdzv_client *c, const char *name, int64_t gen)
 {
@@ -829,7 +829,7 @@ static void expect_round(rdzv_client *c, const char *name, int64_t gen)
     int64_t e = -1, w = -1, base = -1, cnt = -1;
     ck_assert_msg(sscanf(v, "%" SCNd64 " %" SCNd64 " %" SCNd64, &e, &w, &base) == 3 && w > 0,
                   "state '%s'", (char *)v);
-    snprintf(key, sizeof key, "%s/count/%" PRId64, name, e);
+    snprintf(key, sizeof key, "%s/count/%" PRId64 "/%" PRId64, name, e, w);
     ck_assert_int_eq(rdzv_add(c, key, 0, &cnt), 0);
     cnt &= (INT64_C(1) << 40) - 1;
     ck_assert_msg(base + cnt / w == gen && cnt % w == 0,
@@ -1082,6 +1082,40 @@ START_TEST(test_barrier_late_joiners)
 }
 END_TEST
 
+/*
+ * The epoch an arrival guesses in its first round trip (the client's last, or 0): a guess of an
+ * epoch closed since, or of a count key no epoch uses (the world size differs), counts for
+ * nothing, and the caller counts itself in the epoch under way.
+ */
+START_TEST(test_barrier_guess)
+{
+    rdzv_client *c = client_with(NULL, 5000);
+    ck_assert_int_eq(rdzv_barrier(c, "g", 1, 1000), 0);
+    /* The child closes epoch 0 (for one) and waits in epoch 1 (for two); c, guessing epoch 0,
+     * adds to g/count/0/2 as the child did first, and completes the round with it. */
+    pid_t p = barrier_child("g", 2, 10000);
+    await_waiters(1);
+    ck_assert_int_eq(rdzv_barrier(c, "g", 2, 1000), 0);
+    ck_assert_int_eq(child_status(p), 0);
+    expect_round(c, "g", 2);
+    int64_t v = 0;
+    ck_assert_int_eq(rdzv_add(c, "g/count/0/2", 0, &v), 0);
+    ck_assert_int_eq(v, 2);
+
+    /* A new client guesses epoch 0 for one, closed by now, and passes alone in epoch 2; c,
+     * guessing epoch 1 with a world of one, passes alone after it. */
+    rdzv_client *d = client_with(NULL, 5000);
+    ck_assert_int_eq(rdzv_barrier(d, "g", 1, 1000), 0);
+    expect_round(c, "g", 3);
+    ck_assert_int_eq(rdzv_barrier(c, "g", 1, 1000), 0);
+    expect_round(c, "g", 4);
+    ck_assert_int_eq(rdzv_add(c, "g/count/0/1", 0, &v), 0);
+    ck_assert_int_lt(v, 0);
+    rdzv_client_close(d);
+    rdzv_client_close(c);
+}
+END_TEST
+
 /* A caller killed while it waits stays counted: its round completes with one more caller. */
 START_TEST(test_barrier_killed_caller)
 {
@@ -1117,12 +1151,11 @@ static int64_t requests_served(rdzv_client *c)
     ck_assert_int_eq(rdzv_status(c, &js), 0);
     json_t *o = json_loads(js, 0, NULL);
     ck_assert_ptr_nonnull(o);
-    const char *name;
-    json_t *n;
+    json_t *ops = json_object_get(o, "ops");
     int64_t sum = 0;
-    json_object_foreach(json_object_get(o, "ops"), name, n)
-        if (strcmp(name, "status") != 0)
-            sum += json_integer_value(n);
+    for (void *it = json_object_iter(ops); it; it = json_object_iter_next(ops, it))
+        if (strcmp(json_object_iter_key(it), "status") != 0)
+            sum += json_integer_value(json_object_iter_value(it));
     json_decref(o);
     rdzv_free(js);
     return sum;
@@ -1610,8 +1643,8 @@ static Suite *client_suite(void)
         test_multi, test_ping_status, test_prefix_isolation, test_list_keys,
         test_barrier_reuse_multiprocess, test_barrier_single_and_timeout, test_barrier_retry_alone,
         test_barrier_retry_then_partner, test_barrier_world_size_change, test_barrier_late_joiners,
-        test_barrier_killed_caller, test_barrier_state_by_hand, test_barrier_requests,
-        test_server_gone, test_connect_names_and_ipv6);
+        test_barrier_guess, test_barrier_killed_caller, test_barrier_state_by_hand,
+        test_barrier_requests, test_server_gone, test_connect_names_and_ipv6);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     check_tcase(s, "connect", 30, test_options_defaults, test_connect_refused_deadline,
