@@ -989,7 +989,7 @@ typedef struct barrier_call {
     rdzv_client *c;
     const char *name;              /* borrowed from the caller */
     char *state;                   /* "<name>/state" */
-    char *count;                   /* "<name>/count/<e>" of the epoch in `ep` */
+    char *count;                   /* "<name>/count/<e>/<world>" of the epoch in `ep` */
     char cur[BARRIER_STATE_BYTES]; /* the state value as last read, NUL-terminated */
     size_t curlen;
     barrier_epoch ep; /* `cur`, parsed */
@@ -1029,6 +1029,12 @@ static int parse_epoch(const char *s, size_t n, barrier_epoch *ep)
     return 0;
 }
 
+/* A count above every value the barrier writes (the tags keep them below 2^62). */
+static bool barrier_count_bad(int64_t v)
+{
+    return v >= (INT64_C(1) << 62);
+}
+
 /* Parses a count value (decimal, as ADD writes it). Returns 0, or -1 if malformed. */
 static int parse_count(const char *s, size_t n, int64_t *v)
 {
@@ -1040,7 +1046,7 @@ static int parse_count(const char *s, size_t n, int64_t *v)
     char *end = NULL;
     errno = 0;
     long long x = strtoll(buf, &end, 10);
-    if (errno != 0 || *end != 0 || x >= (long long)(INT64_C(1) << 62))
+    if (errno != 0 || *end != 0 || barrier_count_bad(x))
         return -1;
     *v = x;
     return 0;
@@ -1049,7 +1055,7 @@ static int parse_count(const char *s, size_t n, int64_t *v)
 static int bad_key(rdzv_client *c, const char *key, const char *what, const void *val, size_t n)
 {
     return fail(c, -EPROTO, "%s '%.64s' holds '%.*s', not a barrier %s; was it changed by hand?",
-                what, key, n < 40 ? (int)n : 40, (const char *)val, what);
+                what, key, n < 40 ? (int)n : 40, val ? (const char *)val : "", what);
 }
 
 /*
@@ -1064,7 +1070,7 @@ static int barrier_take(barrier_call *b, const void *v, size_t n)
     memcpy(b->cur, v, n);
     b->cur[n] = 0;
     b->curlen = n;
-    if (!b->count || ep.epoch != b->ep.epoch) {
+    if (!b->count || ep.epoch != b->ep.epoch || ep.world != b->ep.world) {
         free(b->count);
         b->count = key_printf("%s/count/%" PRId64 "/%" PRId64, b->name, ep.epoch, ep.world);
         if (!b->count)
@@ -1135,6 +1141,23 @@ static int barrier_swap_count(barrier_call *b, int64_t from, int64_t to, int64_t
     return rc;
 }
 
+static int bad_count(barrier_call *b, int64_t v)
+{
+    char text[BARRIER_COUNT_BYTES];
+    int n = snprintf(text, sizeof text, "%" PRId64, v);
+    return bad_key(b->c, b->count, "count", text, (size_t)n);
+}
+
+/* Adds `delta` to the epoch's count. Returns 0 (*v: the count after it), -EPROTO for a count
+ * the barrier does not write, or another negative errno. */
+static int barrier_add(barrier_call *b, int64_t delta, int64_t deadline, int64_t *v)
+{
+    int rc = do_add(b->c, b->count, delta, v, deadline);
+    if (rc == 0 && barrier_count_bad(*v))
+        rc = bad_count(b, *v);
+    return rc;
+}
+
 /* True once `deadline` has passed: ends a loop of requests that each succeed. */
 static bool barrier_late(barrier_call *b, int64_t deadline, int *rc)
 {
@@ -1152,7 +1175,7 @@ static bool barrier_late(barrier_call *b, int64_t deadline, int *rc)
 static int barrier_switch(barrier_call *b, int world)
 {
     int64_t v;
-    int rc = do_add(b->c, b->count, 0, &v, b->deadline);
+    int rc = barrier_add(b, 0, b->deadline, &v);
     while (rc == 0) {
         if (v < 0)
             return barrier_next_epoch(b, closed_rounds(v), world);
@@ -1216,7 +1239,9 @@ static int barrier_arrive_guessed(barrier_call *b, int64_t guess, int world, int
     free(got);
     if (rc < 0)
         return rc;
-    return b->ep.epoch == guess && b->ep.world == world && *t >= 0;
+    if (b->ep.epoch != guess || b->ep.world != world || *t < 0)
+        return 0;
+    return barrier_count_bad(*t) ? bad_count(b, *t) : 1;
 }
 
 /* Withdraws arrival k (of round g) after its wait timed out (see above). */
@@ -1224,7 +1249,7 @@ static int barrier_withdraw(barrier_call *b, int64_t k, int64_t g, int world, in
 {
     int64_t deadline = call_deadline(b->c);
     int64_t round = (k - 1) / world, start = round * world, end = start + world, v;
-    int rc = do_add(b->c, b->count, 0, &v, deadline);
+    int rc = barrier_add(b, 0, deadline, &v);
     while (rc == 0) {
         if (v < 0 && closed_rounds(v) > round)
             return 0; /* the round completed with this caller in it, then the epoch closed */
@@ -1276,7 +1301,7 @@ int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_m
         if (b.ep.world != world_size) {
             rc = barrier_switch(&b, world_size);
         } else {
-            rc = do_add(c, b.count, 1, &t, b.deadline);
+            rc = barrier_add(&b, 1, b.deadline, &t);
             if (rc == 0 && t >= 0)
                 break;
             if (rc == 0)
@@ -1291,9 +1316,7 @@ int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_m
     c->barrier_epoch = b.ep.epoch;
     int64_t k = BARRIER_ARRIVALS(t);
     if (k == 0) {
-        char v[BARRIER_COUNT_BYTES];
-        int n = snprintf(v, sizeof v, "%" PRId64, t);
-        rc = bad_key(c, b.count, "count", v, (size_t)n);
+        rc = bad_count(&b, t);
         goto out;
     }
     int64_t g = b.ep.base + (k - 1) / world_size;

@@ -541,8 +541,8 @@ int rdzv_status(rdzv_client *c, char **json);
  * costs three requests (COMPARE_SET, ADD, WAIT) in two round trips, however many callers arrive
  * at once. Keys, under the client's prefix: "<name>/state", "<name>/count/<epoch>/<world>" and
  * "<name>/done/<round>" (see librendezvous(3), Barriers). Call on all participating ranks.
- * Returns 0, -ETIMEDOUT, -EINVAL, -EPROTO (a key of the barrier was changed by hand) or another
- * negative errno.
+ * Returns 0, -ETIMEDOUT, -EINVAL, -EPROTO (a key of the barrier was changed by hand; the client
+ * stays usable) or another negative errno.
  */
 int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms);
 

@@ -1140,6 +1140,13 @@ START_TEST(test_barrier_state_by_hand)
     ck_assert_int_eq(rdzv_barrier(c, "hand", 2, 100), -EPROTO);
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "changed by hand"));
     ck_assert_int_eq(rdzv_ping(c), 0);
+
+    /* A count no barrier writes (2^62 and above): refused before any wait. */
+    set_str(c, "hand/state", "0 2 0");
+    set_str(c, "hand/count/0/2", "4611686018427387904");
+    ck_assert_int_eq(rdzv_barrier(c, "hand", 2, 100), -EPROTO);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "changed by hand"));
+    ck_assert_int_eq(rdzv_ping(c), 0);
     rdzv_client_close(c);
 }
 END_TEST
