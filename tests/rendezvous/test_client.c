@@ -1116,6 +1116,67 @@ START_TEST(test_barrier_guess)
 }
 END_TEST
 
+enum { CHURN = 8, CHURN_ROUNDS = 6, CHURN_LATE_MS = 150, CHURN_MS = 40 };
+
+/*
+ * One caller of test_barrier_churn (`arg`: its number); returns 0 or the step that failed as
+ * its thread's result. In round r, caller r % CHURN arrives late (after a WAIT for a key nobody
+ * sets times out); the others time out and retry meanwhile.
+ */
+static void *churn_main(void *arg)
+{
+    unsigned me = (unsigned)(uintptr_t)arg, seed = me + 1;
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = 20000;
+    rdzv_client *c = NULL;
+    if (rdzv_client_connect("127.0.0.1", port, &o, &c) != 0)
+        return (void *)10;
+    intptr_t bad = 0;
+    for (int r = 0; r < CHURN_ROUNDS && !bad; r++) {
+        char key[32];
+        int64_t v;
+        const char *never = "churn_never";
+        snprintf(key, sizeof key, "entered/%d", r);
+        if ((unsigned)r % CHURN == me && rdzv_wait(c, &never, 1, CHURN_LATE_MS) != -ETIMEDOUT)
+            bad = 11;
+        if (!bad && rdzv_add(c, key, 1, &v) != 0)
+            bad = 12;
+        int rc = 0, ms;
+        do
+            ms = CHURN_MS + (int)(rand_r(&seed) % CHURN_MS);
+        while (!bad && (rc = rdzv_barrier(c, "churn", CHURN, ms)) == -ETIMEDOUT);
+        if (!bad && rc != 0)
+            bad = 13;
+        /* Nobody leaves a round before everyone has entered it, timeouts or not. */
+        if (!bad && (rdzv_add(c, key, 0, &v) != 0 || v != CHURN))
+            bad = 14;
+    }
+    rdzv_client_close(c);
+    return (void *)bad;
+}
+
+/*
+ * Callers whose waits time out after 40 to 80 ms and who retry at once, while one of them is
+ * late: their withdrawals and new arrivals cross each other and the round's completion, and
+ * still no round completes without all of its callers, nor leaves anyone behind.
+ */
+START_TEST(test_barrier_churn)
+{
+    pthread_t t[CHURN];
+    for (int i = 0; i < CHURN; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, churn_main, (void *)(uintptr_t)i), 0);
+    for (int i = 0; i < CHURN; i++) {
+        void *bad = NULL;
+        ck_assert_int_eq(pthread_join(t[i], &bad), 0);
+        ck_assert_msg(bad == NULL, "caller %d failed at step %d", i, (int)(intptr_t)bad);
+    }
+    rdzv_client *c = client_with(NULL, 5000);
+    expect_round(c, "churn", CHURN_ROUNDS);
+    rdzv_client_close(c);
+}
+END_TEST
+
 /* A caller killed while it waits stays counted: its round completes with one more caller. */
 START_TEST(test_barrier_killed_caller)
 {
@@ -1643,15 +1704,16 @@ static Suite *client_suite(void)
 {
     Suite *s = suite_create("client");
 
-    TCase *tc = check_tcase(
-        s, "store", 30, test_invalid_arguments, test_set_get, test_get_waits_for_key,
-        test_get_timeout_keeps_client, test_wait, test_add, test_compare_set,
-        test_dup_and_local_addr, test_on_close_hook, test_check_delete_num_keys, test_append,
-        test_multi, test_ping_status, test_prefix_isolation, test_list_keys,
-        test_barrier_reuse_multiprocess, test_barrier_single_and_timeout, test_barrier_retry_alone,
-        test_barrier_retry_then_partner, test_barrier_world_size_change, test_barrier_late_joiners,
-        test_barrier_guess, test_barrier_killed_caller, test_barrier_state_by_hand,
-        test_barrier_requests, test_server_gone, test_connect_names_and_ipv6);
+    TCase *tc = check_tcase(s, "store", 30, test_invalid_arguments, test_set_get,
+                            test_get_waits_for_key, test_get_timeout_keeps_client, test_wait,
+                            test_add, test_compare_set, test_dup_and_local_addr, test_on_close_hook,
+                            test_check_delete_num_keys, test_append, test_multi, test_ping_status,
+                            test_prefix_isolation, test_list_keys, test_barrier_reuse_multiprocess,
+                            test_barrier_single_and_timeout, test_barrier_retry_alone,
+                            test_barrier_retry_then_partner, test_barrier_world_size_change,
+                            test_barrier_late_joiners, test_barrier_guess, test_barrier_churn,
+                            test_barrier_killed_caller, test_barrier_state_by_hand,
+                            test_barrier_requests, test_server_gone, test_connect_names_and_ipv6);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     check_tcase(s, "connect", 30, test_options_defaults, test_connect_refused_deadline,
