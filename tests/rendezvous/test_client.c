@@ -1704,16 +1704,18 @@ static Suite *client_suite(void)
 {
     Suite *s = suite_create("client");
 
-    TCase *tc = check_tcase(s, "store", 30, test_invalid_arguments, test_set_get,
-                            test_get_waits_for_key, test_get_timeout_keeps_client, test_wait,
-                            test_add, test_compare_set, test_dup_and_local_addr, test_on_close_hook,
-                            test_check_delete_num_keys, test_append, test_multi, test_ping_status,
-                            test_prefix_isolation, test_list_keys, test_barrier_reuse_multiprocess,
-                            test_barrier_single_and_timeout, test_barrier_retry_alone,
-                            test_barrier_retry_then_partner, test_barrier_world_size_change,
-                            test_barrier_late_joiners, test_barrier_guess, test_barrier_churn,
-                            test_barrier_killed_caller, test_barrier_state_by_hand,
-                            test_barrier_requests, test_server_gone, test_connect_names_and_ipv6);
+    TCase *tc = check_tcase(
+        s, "store", 30, test_invalid_arguments, test_set_get, test_get_waits_for_key,
+        test_get_timeout_keeps_client, test_wait, test_add, test_compare_set,
+        test_dup_and_local_addr, test_on_close_hook, test_check_delete_num_keys, test_append,
+        test_multi, test_ping_status, test_prefix_isolation, test_list_keys,
+        test_barrier_reuse_multiprocess, test_barrier_single_and_timeout, test_barrier_retry_alone,
+        test_barrier_retry_then_partner, test_barrier_world_size_change, test_barrier_late_joiners,
+        test_server_gone, test_connect_names_and_ipv6);
+    tcase_add_checked_fixture(tc, server_setup, server_teardown);
+
+    tc = check_tcase(s, "barrier", 60, test_barrier_guess, test_barrier_churn,
+                     test_barrier_killed_caller, test_barrier_state_by_hand, test_barrier_requests);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     check_tcase(s, "connect", 30, test_options_defaults, test_connect_refused_deadline,
