@@ -967,7 +967,8 @@ static char *key_printf(const char *fmt, ...)
  * An ADD that finds the count closed counts for nothing; its caller moves the state on the same
  * way, so a closer that dies between its two swaps does not stall the barrier, and R can be read
  * from a closed count as long as fewer than 2^20 such ADDs reach it. Each change of world size
- * leaves one closed count key behind.
+ * leaves one closed count key behind, and a caller with another world size than the epoch's
+ * leaves the count key of its guess, which no epoch uses.
  *
  * The completing caller deletes done/<g-1>. A caller of round g-1 still on its way to the WAIT
  * then (it would have to be overtaken by a whole round) waits until its timeout and succeeds on
