@@ -537,10 +537,12 @@ int rdzv_status(rdzv_client *c, char **json);
  * another; callers that arrive once a round has completed join the next. After timeout_ms (< 0:
  * the client's timeout) the caller withdraws its arrival and gets -ETIMEDOUT, so a retry is a
  * new arrival and a lone caller never passes; a caller killed while waiting stays counted. A
- * round under way for another world size answers -EINVAL at once (client usable). Keys, under
- * the client's prefix: "<name>/state" and "<name>/done/<round>" (see librendezvous(3),
- * Barriers). Call on all participating ranks. Returns 0, -ETIMEDOUT, -EINVAL, -EPROTO (the state
- * key was changed by hand) or another negative errno.
+ * round under way for another world size answers -EINVAL at once (client usable). An arrival
+ * costs three requests (COMPARE_SET, ADD, WAIT) in two round trips, however many callers arrive
+ * at once. Keys, under the client's prefix: "<name>/state", "<name>/count/<epoch>/<world>" and
+ * "<name>/done/<round>" (see librendezvous(3), Barriers). Call on all participating ranks.
+ * Returns 0, -ETIMEDOUT, -EINVAL, -EPROTO (a key of the barrier was changed by hand; the client
+ * stays usable) or another negative errno.
  */
 int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms);
 

@@ -3,9 +3,7 @@
 #   1. the default sweep, proxy off: lightweight 64, 256, 1024 nodes x 8 ranks (the ranks'
 #      first barrier is torch's ADD + WAIT), real ddprun static and c10d at 64 and 256 nodes,
 #      torchrun (torch 2.x) at 8, 16 and 32 nodes (64 takes about 14 GiB of memory)
-#   2. lightweight with ddprun's own worker barrier, rdzv_barrier(), at 64 and 256 nodes (its
-#      compare-and-set rounds grow with the square of the ranks: 1024 x 8 would take many
-#      minutes)
+#   2. lightweight with ddprun's own worker barrier, rdzv_barrier(), at 64, 256 and 1024 nodes
 #   3. proxy on, the same as 1 without torchrun, where the build has the store proxy
 #      (scale-bench --proxy on refuses to run otherwise, and this says so)
 #
@@ -24,7 +22,7 @@ mkdir -p "$out" || exit 1
 light=${LIGHT:-64,256,1024}
 real=${REAL:-64,256}
 torchrun=${TORCHRUN:-8,16,32}
-rdzv_nodes=${RDZV_NODES:-64,256}
+rdzv_nodes=${RDZV_NODES:-64,256,1024}
 # shellcheck disable=SC2206
 extra=(${ARGS:-})
 status=0

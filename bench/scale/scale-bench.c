@@ -105,7 +105,7 @@ static const cli_option g_options[] = {
      "add",
      0,
      "lightweight ranks' first barrier: ADD then WAIT, as torch's elastic barrier, or "
-     "rdzv_barrier() as ddprun's workers (compare-and-set rounds: quadratic in the ranks)"},
+     "rdzv_barrier() as ddprun's workers (a COMPARE_SET, an ADD and a WAIT per rank)"},
     {OPT_HB,
      {"--heartbeat-timeout"},
      "SECONDS",
