@@ -179,8 +179,9 @@ static char *default_server(void)
     if (!slash)
         return NULL;
     *slash = '\0';
-    path = xmalloc(strlen(exe) + 64);
-    sprintf(path, "%s/../rendezvous/ddp-rendezvous", exe);
+    size_t size = strlen(exe) + 64;
+    path = xmalloc(size);
+    snprintf(path, size, "%s/../rendezvous/ddp-rendezvous", exe);
     return path;
 }
 
