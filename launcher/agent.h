@@ -102,6 +102,11 @@ typedef struct store_job {
     char store_host[256];  /* RENDEZVOUS, ditto: where the round's store is */
     int store_port;
     char err[640]; /* what went wrong, for the loop thread to print */
+    /* RENDEZVOUS with --store-proxy on (storeproxy.c): the round's proxy, started here, or the
+     * agent's kept (keep_proxy); proxy_note: a line for the loop thread to print */
+    rdzv_proxy *proxy;
+    bool keep_proxy;
+    char proxy_note[768];
 } store_job;
 
 /* The far end of a store connection that closed (the store's on_close hook). */
@@ -186,6 +191,14 @@ typedef struct agent {
                      * (store_gone_with_node()), or this node lost its place (heartbeat());
                      * no restart can follow. Under mu */
 
+    /* --store-proxy on (storeproxy.c): the proxy this node's workers reach the store through,
+     * on 127.0.0.1:proxy_port, for the store at proxy_up_host:proxy_up_port; NULL/0: none,
+     * they reach the store itself. Changed on the loop thread between rounds. */
+    rdzv_proxy *proxy;
+    int proxy_port;
+    char proxy_up_host[256];
+    int proxy_up_port;
+
     /* Spawning the guards (spawn.c) */
     char guard[PATH_MAX]; /* the ddp-guard program's path; "": not looked up yet */
     uv_signal_t sigchld;  /* reaps the guards (on_sigchld()) */
@@ -199,6 +212,10 @@ void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void describe_exit(int code, char *buf, size_t n);
 void maybe_round_over(agent *a);
 void on_worker_exit(worker *w, int64_t status, int term_signal);
+
+/* storeproxy.c */
+void store_proxy_job(agent *a, store_job *j);
+void store_proxy_adopt(agent *a, store_job *j);
 
 /* spawn.c */
 int job_ns_start(agent *a);

@@ -111,14 +111,16 @@ typedef struct ddprun_backend_ops {
 
     /*
      * Liveness: heartbeat() once per beat interval (-ENOLINK: this node has lost its place in the
-     * rendezvous for good, `err` says why, and no restart can bring it back); a watch over node
-     * ranks 0..nnodes-1 of a round (watch_open(), released by watch_close(), NULL a no-op) reports
-     * in dead[] the nodes silent for more than dead_after_s (ddprun_heartbeat(), ddprun_hb_init(),
-     * ddprun_dead_nodes()).
+     * rendezvous for good, `err` says why, and no restart can bring it back); a watch of a round
+     * of nnodes nodes (watch_open(), released by watch_close(), NULL a no-op) reports in dead[]
+     * the watched nodes silent for more than dead_after_s (ddprun_heartbeat(), ddprun_hb_init(),
+     * ddprun_dead_nodes()). `node_rank` is the watcher's: < 0 watches every node, as the agent
+     * serving the store does, and a node rank watches that node's ring peers
+     * (ddprun_hb_init_peers()), so that the store serves O(nnodes) keys per check in all.
      */
     int (*heartbeat)(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank, char *err,
                      size_t errlen);
-    int (*watch_open)(const char *prefix, int round, int nnodes, double dead_after_s,
+    int (*watch_open)(const char *prefix, int round, int nnodes, int node_rank, double dead_after_s,
                       ddprun_rdzv_watch **out);
     int (*dead_nodes)(ddprun_rdzv_conn *c, ddprun_rdzv_watch *w, int *dead, int dead_cap);
     void (*watch_close)(ddprun_rdzv_watch *w);
@@ -164,6 +166,15 @@ typedef struct ddprun_backend_ops {
                          int port);
     int (*find_store)(ddprun_rdzv_conn *c, const char *prefix, int round, double timeout_s,
                       char *host, size_t hostlen, int *port);
+
+    /*
+     * Store-backed backends (NULL otherwise): called by an agent that serves the store
+     * in-process before its first rendezvous, so that the other nodes leave the clearing of the
+     * workers' keys between attempts to it; where no agent calls it (an external c10d endpoint)
+     * a node of the round clears them through its client (ddprun_rdzv_mark_host(),
+     * ddprun_rdzv_clear_worker_keys()).
+     */
+    int (*mark_host)(ddprun_rdzv_conn *c, const char *prefix);
 } ddprun_backend_ops;
 
 /* The row named `name` (borrowed), or NULL if there is none. */
@@ -193,10 +204,11 @@ int ddprun_store_conn_owner(ddprun_rdzv_conn *c, const char *prefix, int round, 
                             const char *host, int port);
 int ddprun_store_heartbeat(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank,
                            char *err, size_t errlen);
-int ddprun_store_watch_open(const char *prefix, int round, int nnodes, double dead_after_s,
-                            ddprun_rdzv_watch **out);
+int ddprun_store_watch_open(const char *prefix, int round, int nnodes, int node_rank,
+                            double dead_after_s, ddprun_rdzv_watch **out);
 int ddprun_store_dead_nodes(ddprun_rdzv_conn *c, ddprun_rdzv_watch *w, int *dead, int dead_cap);
 void ddprun_store_watch_close(ddprun_rdzv_watch *w);
+int ddprun_store_mark_host(ddprun_rdzv_conn *c, const char *prefix);
 
 /* The store-backed rows' shared operations, for their table initialisers. */
 #define DDPRUN_STORE_BACKEND_OPS                                                                   \
@@ -207,6 +219,7 @@ void ddprun_store_watch_close(ddprun_rdzv_watch *w);
     .publish_conn = ddprun_store_publish_conn, .conn_owner = ddprun_store_conn_owner,              \
     .heartbeat = ddprun_store_heartbeat, .watch_open = ddprun_store_watch_open,                    \
     .dead_nodes = ddprun_store_dead_nodes, .watch_close = ddprun_store_watch_close,                \
-    .gone_format = "node %d stopped sending heartbeats (none for %g s)"
+    .gone_format = "node %d stopped sending heartbeats (none for %g s)",                           \
+    .mark_host = ddprun_store_mark_host
 
 #endif /* DDPRUN_BACKEND_H */

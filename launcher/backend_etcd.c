@@ -1044,9 +1044,10 @@ static int etcd_heartbeat(ddprun_rdzv_conn *c, const char *prefix, int round, in
     return lease_check(err, errlen);
 }
 
-static int etcd_watch_open(const char *prefix, int round, int nnodes, double dead_after_s,
-                           ddprun_rdzv_watch **out)
+static int etcd_watch_open(const char *prefix, int round, int nnodes, int node_rank,
+                           double dead_after_s, ddprun_rdzv_watch **out)
 {
+    (void)node_rank;    /* etcd watches every lease itself */
     (void)dead_after_s; /* the lease's TTL is the liveness timeout */
     if (!prefix || nnodes < 1 || round < 0)
         return -EINVAL;

@@ -100,13 +100,15 @@ int ddprun_store_heartbeat(ddprun_rdzv_conn *c, const char *prefix, int round, i
     return ddprun_heartbeat(c->client, prefix, round, node_rank);
 }
 
-int ddprun_store_watch_open(const char *prefix, int round, int nnodes, double dead_after_s,
-                            ddprun_rdzv_watch **out)
+int ddprun_store_watch_open(const char *prefix, int round, int nnodes, int node_rank,
+                            double dead_after_s, ddprun_rdzv_watch **out)
 {
     ddprun_rdzv_watch *w = calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
-    int rc = ddprun_hb_init(&w->hb, prefix, round, nnodes, dead_after_s);
+    int rc = node_rank < 0 ? ddprun_hb_init(&w->hb, prefix, round, nnodes, dead_after_s)
+                           : ddprun_hb_init_peers(&w->hb, prefix, round, nnodes, node_rank,
+                                                  DDPRUN_HB_PEERS, dead_after_s);
     if (rc < 0) {
         free(w);
         return rc;
@@ -126,4 +128,9 @@ void ddprun_store_watch_close(ddprun_rdzv_watch *w)
         return;
     ddprun_hb_free(&w->hb);
     free(w);
+}
+
+int ddprun_store_mark_host(ddprun_rdzv_conn *c, const char *prefix)
+{
+    return ddprun_rdzv_mark_host(c->client, prefix);
 }

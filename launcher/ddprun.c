@@ -729,8 +729,11 @@ static int rendezvous_job(agent *a, store_job *j)
     } else {
         char node_id[320];
         snprintf(node_id, sizeof(node_id), "%s:%d", a->hostname, (int)getpid());
-        rc =
-            a->rdzv->join(a->client, a->prefix, cfg, node_id, &j->round, &j->asg, err, sizeof(err));
+        /* Serving the store: say so before joining, so that the clearing is left to us. */
+        rc = a->store && a->rdzv->mark_host ? a->rdzv->mark_host(a->client, a->prefix) : 0;
+        if (rc == 0)
+            rc = a->rdzv->join(a->client, a->prefix, cfg, node_id, &j->round, &j->asg, err,
+                               sizeof(err));
     }
     if (rc < 0) {
         if (!store_gone_with_node(a, rc, j->err, sizeof(j->err)))
@@ -851,6 +854,8 @@ static void job_work(uv_work_t *req)
     }
     case JOB_RENDEZVOUS:
         j->rc = rendezvous_job(a, j);
+        if (j->rc == 0 && a->cfg->store_proxy)
+            store_proxy_job(a, j);
         break;
     case JOB_PUBLISH:
         j->rc = a->rdzv->publish_failure(a->client, a->prefix, j->round, j->json);
@@ -921,6 +926,7 @@ static void job_after(uv_work_t *req, int status)
                 if (a->nfailures)
                     print_final_summary(a);
             } else {
+                store_proxy_adopt(a, j);
                 spawn_round(a);
             }
             break;

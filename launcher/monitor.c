@@ -170,7 +170,9 @@ void *monitor_main(void *arg)
         if (round != hb_round) {
             a->rdzv->watch_close(hb);
             hb = NULL;
-            if (a->rdzv->watch_open(a->prefix, round, nnodes, dead_s, &hb) < 0)
+            /* The store's host watches every node, the others their ring peers: O(nnodes) keys
+             * per slice at the store in all (noderdzv.h, Heartbeats). */
+            if (a->rdzv->watch_open(a->prefix, round, nnodes, hosting ? -1 : me, dead_s, &hb) < 0)
                 break;
             hb_round = round;
             reported = false;

@@ -563,8 +563,34 @@ int ddprun_rdzv_num_waiting(rdzv_client *c, const char *prefix, int round, int64
 /* Heartbeats                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-int ddprun_hb_init(ddprun_hb_state *st, const char *prefix, int round, int nnodes,
-                   double dead_after_s)
+/*
+ * The heartbeat keys "<round prefix>/hb/<rank>" of ranks[0 .. n-1] as one allocation (free with
+ * free()): n + 1 pointers, the last NULL, followed by the strings. NULL if out of memory.
+ */
+static char **hb_keys(const char *prefix, int round, const int *ranks, int n)
+{
+    char *base = round_key(prefix, round, "hb/");
+    if (!base)
+        return NULL;
+    size_t blen = strlen(base), room = (size_t)(n + 1) * sizeof(char *);
+    for (int i = 0; i < n; i++)
+        room += blen + (size_t)snprintf(NULL, 0, "%d", ranks[i]) + 1;
+    char **keys = malloc(room);
+    if (keys) {
+        char *p = (char *)(keys + n + 1);
+        for (int i = 0; i < n; i++) {
+            keys[i] = p;
+            p += sprintf(p, "%s%d", base, ranks[i]) + 1;
+        }
+        keys[n] = NULL;
+    }
+    free(base);
+    return keys;
+}
+
+/* Fills `st` to watch ranks first, first + 1, ... (modulo nnodes), `count` of them. */
+static int hb_watch(ddprun_hb_state *st, const char *prefix, int round, int nnodes, int first,
+                    int count, double dead_after_s)
 {
     if (!st)
         return -EINVAL;
@@ -572,16 +598,22 @@ int ddprun_hb_init(ddprun_hb_state *st, const char *prefix, int round, int nnode
     if (bad_prefix(prefix) || round < 0 || nnodes < 1 || nnodes > DDPRUN_RDZV_MAX_NODES ||
         !(dead_after_s > 0))
         return -EINVAL;
-    ddprun_hb_state s = {round, nnodes, dead_after_s, NULL, NULL, NULL};
-    s.keys = key_array(prefix, round, "hb", nnodes);
-    s.value = malloc((size_t)nnodes * sizeof *s.value);
-    s.changed_s = malloc((size_t)nnodes * sizeof *s.changed_s);
+    ddprun_hb_state s = {round, nnodes, dead_after_s, NULL, NULL, NULL, count, NULL};
+    size_t n = count > 0 ? (size_t)count : 1;
+    s.ranks = malloc(n * sizeof *s.ranks);
+    s.value = malloc(n * sizeof *s.value);
+    s.changed_s = malloc(n * sizeof *s.changed_s);
+    if (s.ranks)
+        for (int i = 0; i < count; i++)
+            s.ranks[i] = (first + i) % nnodes;
+    if (s.ranks)
+        s.keys = hb_keys(prefix, round, s.ranks, count);
     if (!s.keys || !s.value || !s.changed_s) {
         ddprun_hb_free(&s);
         return -ENOMEM;
     }
     double now = mono_now_s();
-    for (int i = 0; i < nnodes; i++) {
+    for (int i = 0; i < count; i++) {
         s.value[i] = -1;
         s.changed_s[i] = now;
     }
@@ -589,11 +621,29 @@ int ddprun_hb_init(ddprun_hb_state *st, const char *prefix, int round, int nnode
     return 0;
 }
 
+int ddprun_hb_init(ddprun_hb_state *st, const char *prefix, int round, int nnodes,
+                   double dead_after_s)
+{
+    return hb_watch(st, prefix, round, nnodes, 0, nnodes, dead_after_s);
+}
+
+int ddprun_hb_init_peers(ddprun_hb_state *st, const char *prefix, int round, int nnodes,
+                         int node_rank, int npeers, double dead_after_s)
+{
+    if (st && (node_rank < 0 || node_rank >= nnodes || npeers < 1)) {
+        memset(st, 0, sizeof *st);
+        return -EINVAL;
+    }
+    int count = npeers < nnodes - 1 ? npeers : nnodes - 1;
+    return hb_watch(st, prefix, round, nnodes, node_rank + 1, count, dead_after_s);
+}
+
 void ddprun_hb_free(ddprun_hb_state *st)
 {
     if (!st)
         return;
-    rdzv_free(st->keys);
+    free(st->keys);
+    free(st->ranks);
     free(st->value);
     free(st->changed_s);
     memset(st, 0, sizeof *st);
@@ -677,7 +727,9 @@ int ddprun_dead_nodes(rdzv_client *c, ddprun_hb_state *st, int *dead, int dead_c
 {
     if (!c || !st || !st->keys || dead_cap < 0 || (dead_cap > 0 && !dead))
         return -EINVAL;
-    int nn = st->nnodes;
+    int nn = st->nwatched;
+    if (nn == 0)
+        return 0;
     void **values = calloc((size_t)nn, sizeof *values);
     size_t *lens = calloc((size_t)nn, sizeof *lens);
     int64_t *seen = calloc((size_t)nn, sizeof *seen);
@@ -704,7 +756,7 @@ int ddprun_dead_nodes(rdzv_client *c, ddprun_hb_state *st, int *dead, int dead_c
             st->changed_s[i] = now;
         } else if (now - st->changed_s[i] > st->dead_after_s) {
             if (ndead < dead_cap)
-                dead[ndead] = i;
+                dead[ndead] = st->ranks[i];
             ndead++;
         }
     }
@@ -824,6 +876,45 @@ out:
     return rc;
 }
 
+/* "<prefix>/store_host" (ddprun_rdzv_mark_host()), allocated; NULL if out of memory. */
+static char *host_marker_key(const char *prefix)
+{
+    size_t len = strlen(prefix) + sizeof "/store_host";
+    char *k = malloc(len);
+    if (k)
+        snprintf(k, len, "%s/store_host", prefix);
+    return k;
+}
+
+/*
+ * The host's part of ddprun_rdzv_clear_worker_keys() through a client, for a store no agent
+ * hosts: lists the keys on a connection of its own (a server without LIST_KEYS closes it) and
+ * deletes those outside `root`. Returns the number deleted, 0 when the store cannot list its keys
+ * (-ECONNRESET, -EPIPE, -ENOTCONN, -EPROTO from the listing), or a negative errno.
+ */
+static int clear_through_client(rdzv_client *c, const char *root)
+{
+    rdzv_client *d = NULL;
+    int rc = rdzv_client_dup(c, &d);
+    if (rc < 0)
+        return rc;
+    char **keys = NULL;
+    size_t n = 0;
+    rc = rdzv_list_keys(d, &keys, &n);
+    if (rc == -ECONNRESET || rc == -EPIPE || rc == -ENOTCONN || rc == -EPROTO)
+        rc = 0; /* no LIST_KEYS: nothing can be cleared */
+    else if (rc == 0)
+        for (size_t i = 0; i < n && rc >= 0; i++) {
+            if (strncmp(keys[i], root, strlen(root)) == 0)
+                continue;
+            int del = rdzv_delete(d, keys[i]);
+            rc = del < 0 ? del : rc + del;
+        }
+    rdzv_free(keys);
+    rdzv_client_close(d);
+    return rc;
+}
+
 int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *prefix, int round,
                                   int nnodes, double timeout_s)
 {
@@ -834,9 +925,25 @@ int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *
     char *key = round_key(prefix, round, "cleared");
     if (!key)
         return -ENOMEM;
-    int rc;
-    if (srv) {
-        rc = rdzv_server_clear(srv, root);
+    char *host_key = host_marker_key(prefix);
+    char *claim = round_key(prefix, round, "clearing");
+    int rc = -ENOMEM;
+    if (!host_key || !claim)
+        goto out;
+    bool clear = srv != NULL;
+    if (!clear) {
+        /* No agent hosts the store: the first node to claim the round's clearing does it. */
+        const char *hk = host_key;
+        int64_t n = 0;
+        rc = rdzv_check(c, &hk, 1);
+        if (rc == 0)
+            rc = rdzv_add(c, claim, 1, &n);
+        if (rc < 0)
+            goto out;
+        clear = n == 1;
+    }
+    if (clear) {
+        rc = srv ? rdzv_server_clear(srv, root) : clear_through_client(c, root);
         if (rc >= 0 && nnodes > 1) {
             int set = rdzv_set(c, key, "1", 1);
             if (set < 0)
@@ -845,6 +952,22 @@ int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *
     } else {
         rc = rdzv_wait(c, (const char *const *)&key, 1, to_ms(timeout_s));
     }
+out:
+    free(host_key);
+    free(claim);
+    free(key);
+    return rc;
+}
+
+int ddprun_rdzv_mark_host(rdzv_client *c, const char *prefix)
+{
+    static const char root[] = DDPRUN_RDZV_ROOT "/";
+    if (!c || bad_prefix(prefix) || strncmp(prefix, root, sizeof root - 1) != 0)
+        return -EINVAL;
+    char *key = host_marker_key(prefix);
+    if (!key)
+        return -ENOMEM;
+    int rc = rdzv_set(c, key, "1", 1);
     free(key);
     return rc;
 }

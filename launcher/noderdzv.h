@@ -30,7 +30,16 @@
  *   exit/count           ADD counter of the nodes whose workers all succeeded (exit barrier)
  *   exit/done            "1", set by the node whose ADD brought exit/count to the node count
  *   cleared              "1", set by the store's host once it cleared the workers' keys for
- *                        this round (rounds after a restart, multi-node jobs only)
+ *                        this round (rounds after a restart, multi-node jobs only), or where no
+ *                        agent hosts the store, by the node that cleared them
+ *   clearing             ADD counter: where no agent hosts the store, the node whose ADD returned
+ *                        1 clears the workers' keys of this round through its client
+ *
+ * and once per run, outside the rounds:
+ *
+ *   <prefix>/store_host  "1", set by an agent that serves the store in-process before its first
+ *                        rendezvous (ddprun_rdzv_mark_host()); absent when no agent does (a c10d
+ *                        endpoint served by ddp-rendezvous or PyTorch)
  *
  * Keys outside DDPRUN_RDZV_ROOT "/" are the workers' (torch's own, with no attempt prefix):
  * ddprun_rdzv_clear_worker_keys() deletes them between attempts and keeps everything here.
@@ -137,29 +146,51 @@ int ddprun_rdzv_num_waiting(rdzv_client *c, const char *prefix, int round, int64
  * Heartbeats. Each node calls ddprun_heartbeat() every interval; it advances the counter
  * <prefix>/round_<n>/hb/<node_rank> in the store (an ADD, so it needs no local state and a
  * reply confirms it). A watcher keeps a ddprun_hb_state and calls ddprun_dead_nodes() now and
- * then: one MULTI_GET reads every node's counter, and a node whose counter has not changed for
- * more than dead_after_s (on the watcher's monotonic clock) is reported dead. A node that never
- * beat counts from ddprun_hb_init(). A node is thus reported between dead_after_s and
+ * then: one MULTI_GET reads the watched nodes' counters, and a node whose counter has not changed
+ * for more than dead_after_s (on the watcher's monotonic clock) is reported dead. A node that
+ * never beat counts from the init call. A watched node is thus reported between dead_after_s and
  * dead_after_s + beat interval + check interval after its last beat; choose dead_after_s as a
  * few beat intervals. No clocks are compared across machines.
+ *
+ * A watcher watches either every node (ddprun_hb_init(): N keys per check, what the agent that
+ * serves the store does) or its ring peers (ddprun_hb_init_peers(): the next `npeers` node ranks
+ * after its own, modulo the node count, what every other node does), so that the store answers
+ * O(N) keys per check interval in all rather than N per node. Under the ring watch a run of
+ * consecutive dead ranks is always watched by the live rank just before it, so some death is
+ * reported as long as one node lives; a particular node's death is missed only if its `npeers`
+ * predecessors all die before its silence reaches dead_after_s, and then the nearest live
+ * predecessor reports one of them instead.
  */
+#define DDPRUN_HB_PEERS 2 /* ring successors each node watches (ddprun_hb_init_peers()) */
+
 typedef struct ddprun_hb_state {
     int round;           /* the round watched */
-    int nnodes;          /* node ranks watched: 0 .. nnodes-1 */
+    int nnodes;          /* the round's node count */
     double dead_after_s; /* silence after which a node counts as dead */
-    char **keys;         /* (nnodes) heartbeat keys: one rdzv_rank_keys() allocation, owned */
-    int64_t *value;      /* (nnodes) last counter seen; -1 before any (missing key) */
-    double *changed_s;   /* (nnodes) monotonic time the counter last changed, or init time */
+    char **keys;         /* (nwatched) heartbeat keys: one allocation, owned */
+    int64_t *value;      /* (nwatched) last counter seen; -1 before any (missing key) */
+    double *changed_s;   /* (nwatched) monotonic time the counter last changed, or init time */
+    int nwatched;        /* node ranks watched: every node, or the ring peers (may be 0) */
+    int *ranks;          /* (nwatched) the node rank behind each key, owned */
 } ddprun_hb_state;
 
 /*
- * Prepares `st` (the caller's storage) to watch node ranks 0..nnodes-1 of round `round` under
- * `prefix` (borrowed; the keys are copied). Returns 0, -EINVAL (nnodes out of 1 ..
+ * Prepares `st` (the caller's storage) to watch every node rank 0..nnodes-1 of round `round`
+ * under `prefix` (borrowed; the keys are copied). Returns 0, -EINVAL (nnodes out of 1 ..
  * DDPRUN_RDZV_MAX_NODES, dead_after_s <= 0, NULL argument) or -ENOMEM; on failure `st` holds
  * nothing to free, though ddprun_hb_free() on it is harmless.
  */
 int ddprun_hb_init(ddprun_hb_state *st, const char *prefix, int round, int nnodes,
                    double dead_after_s);
+
+/*
+ * As ddprun_hb_init(), but watches only node_rank's ring peers: node ranks node_rank + 1 ..
+ * node_rank + npeers modulo nnodes, at most nnodes - 1 of them (never node_rank itself; none for
+ * a single node, when ddprun_dead_nodes() asks the store nothing). -EINVAL also for node_rank out
+ * of 0 .. nnodes-1 or npeers < 1.
+ */
+int ddprun_hb_init_peers(ddprun_hb_state *st, const char *prefix, int round, int nnodes,
+                         int node_rank, int npeers, double dead_after_s);
 
 /* Releases what ddprun_hb_init() allocated in `st` and zeroes it. NULL is a no-op. */
 void ddprun_hb_free(ddprun_hb_state *st);
@@ -171,8 +202,9 @@ void ddprun_hb_free(ddprun_hb_state *st);
 int ddprun_heartbeat(rdzv_client *c, const char *prefix, int round, int node_rank);
 
 /*
- * Reads every watched node's counter in one MULTI_GET, updates `st`, and writes the ranks of
- * dead nodes (ascending) to dead[0 .. min(n, dead_cap)-1] (`dead` may be NULL when dead_cap is
+ * Reads every watched node's counter in one MULTI_GET (none when nothing is watched), updates
+ * `st`, and writes the ranks of dead nodes to dead[0 .. min(n, dead_cap)-1] in the order watched
+ * (ascending for ddprun_hb_init(), ring order for the peers) (`dead` may be NULL when dead_cap is
  * 0). Returns n, the number of dead nodes (which may exceed dead_cap), -EINVAL, -EPROTO (a
  * counter that is not a decimal integer) or a negative errno from the store (then `st` is
  * unchanged).
@@ -254,12 +286,27 @@ int ddprun_rdzv_exit_barrier(rdzv_client *c, const char *prefix, int round, int 
  * every key outside DDPRUN_RDZV_ROOT "/" (every run's rendezvous keys stay) and then, when nnodes
  * > 1, sets the round's `cleared` key. On the other nodes (`srv` NULL), waits up to timeout_s
  * (< 0: the client's timeout) for that key, so that none spawns before the store is clear.
+ * Where no agent hosts the store (the run's store_host key is absent: ddprun_rdzv_mark_host()),
+ * the first node to count itself in the round's `clearing` key does the host's part through a
+ * second connection of its client: it lists the keys (LIST_KEYS) and deletes those outside
+ * DDPRUN_RDZV_ROOT "/", then sets `cleared`; the others wait for that. A store that cannot list
+ * its keys (PyTorch's before LIST_KEYS, which closes the connection) keeps them: `cleared` is
+ * set all the same, so that the restart goes on as with torchrun's own store.
  *
  * `prefix` (borrowed) must start with DDPRUN_RDZV_ROOT "/". Returns the number of keys deleted
- * (host) or 0 (others); -EINVAL (bad argument); -ETIMEDOUT; -ENOMEM; or another negative errno.
+ * (the node that cleared) or 0 (others); -EINVAL (bad argument); -ETIMEDOUT; -ENOMEM; or another
+ * negative errno.
  */
 int ddprun_rdzv_clear_worker_keys(rdzv_server *srv, rdzv_client *c, const char *prefix, int round,
                                   int nnodes, double timeout_s);
+
+/*
+ * Says that an agent serves the run's store in-process (sets <prefix>/store_host), so that the
+ * other nodes leave the clearing between attempts to it (ddprun_rdzv_clear_worker_keys()). Call
+ * on the hosting agent before its first rendezvous. `prefix` (borrowed) must start with
+ * DDPRUN_RDZV_ROOT "/". Returns 0, -EINVAL, -ENOMEM or a negative errno from the store.
+ */
+int ddprun_rdzv_mark_host(rdzv_client *c, const char *prefix);
 
 #ifdef __cplusplus
 }

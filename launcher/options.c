@@ -1034,6 +1034,9 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     c->pid_namespace = r->value[O_NO_PID_NAMESPACE] == NULL;
     TRY(get_seconds(r->label[O_HUNG_TIMEOUT], r->value[O_HUNG_TIMEOUT], 0, 0, &c->hung_timeout_s,
                     err, errlen));
+    static const char *on_off[] = {"on", "off", NULL};
+    TRY(check_choice(r, O_STORE_PROXY, on_off, err, errlen));
+    c->store_proxy = r->value[O_STORE_PROXY] && strcmp(r->value[O_STORE_PROXY], "on") == 0;
     if (r->value[O_MASTER_PORT])
         TRY(get_int(r, O_MASTER_PORT, 0, 65535, &c->master_port, err, errlen));
     else

@@ -114,6 +114,9 @@ typedef struct ddprun_config {
 
     /* Containment (ddprun(1), PROCESS CONTAINMENT). */
     bool pid_namespace; /* workers in a PID namespace where permitted; off: --no-pid-namespace */
+
+    /* Store proxy (ddprun(1), STORE PROXY). */
+    bool store_proxy; /* --store-proxy on: this node's workers reach the store through one */
 } ddprun_config;
 
 /*

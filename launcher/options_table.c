@@ -269,6 +269,14 @@ const cli_option ddprun__options[] = {
      "Start the workers in ddprun's own PID namespace and mounts even where ddprun may create "
      "some: then nothing cleans up when ddprun and its guards die at once. See PROCESS "
      "CONTAINMENT in ddprun(1)."},
+    {O_STORE_PROXY,
+     {"--store-proxy", "--store_proxy"},
+     "on|off",
+     "off",
+     true,
+     "Serve this node's workers from a store proxy in ddprun, which carries their connections "
+     "to the store over one: MASTER_ADDR and MASTER_PORT name the proxy, and identical "
+     "concurrent WAITs and GETs reach the store once. See STORE PROXY in ddprun(1)."},
     {O_HELP, {"-h", "--help"}, NULL, NULL, false, "Show this help and exit."},
     {O_VERSION, {"--version"}, NULL, NULL, false, "Show ddprun's version and exit."},
 };

@@ -48,6 +48,7 @@ enum opt_id {
     O_TOKEN_FILE,
     O_ALLOW,
     O_NO_PID_NAMESPACE,
+    O_STORE_PROXY,
     O_HELP,
     O_VERSION,
     O_COUNT

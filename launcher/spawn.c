@@ -112,8 +112,8 @@ static envb worker_env(agent *a, worker *w)
     env_seti(&e, "WORLD_SIZE", a->asg.world_size);
     env_seti(&e, "GROUP_WORLD_SIZE", a->asg.nnodes);
     env_seti(&e, "ROLE_WORLD_SIZE", a->asg.world_size);
-    env_set(&e, "MASTER_ADDR", a->store_host);
-    env_seti(&e, "MASTER_PORT", a->store_port);
+    env_set(&e, "MASTER_ADDR", a->proxy ? "127.0.0.1" : a->store_host);
+    env_seti(&e, "MASTER_PORT", a->proxy ? a->proxy_port : a->store_port);
     env_seti(&e, "TORCHELASTIC_RESTART_COUNT", a->restart_count);
     env_seti(&e, "TORCHELASTIC_MAX_RESTARTS", cfg->max_restarts);
     env_set(&e, "TORCHELASTIC_RUN_ID", a->run_id);

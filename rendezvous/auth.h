@@ -167,6 +167,18 @@ int rdzv__peer_uid(rdzv__peercred *p, const struct sockaddr *peer, const struct 
                    bool search, uint32_t *uid);
 
 /*
+ * Finds whether the peer `pa` of an accepted connection whose local end is `la` is on this
+ * host and, if so, who owns its socket (the other-user rule of the server and the store
+ * proxy). A peer is local when its address is loopback, the connection's own local address,
+ * or an address the kernel routes to this host, or when the kernel finds its socket here. This
+ * fails closed: a peer known (or not known not) to be local whose owner cannot be established
+ * is an error. Returns 1 (local, *uid set), 0 (another host) or the negative errno of the
+ * lookup (-ENOENT: its socket is gone; -ESTALE: in TIME_WAIT).
+ */
+int rdzv__local_owner(rdzv__peercred *cred, const struct sockaddr *pa, const struct sockaddr *la,
+                      uint32_t *uid);
+
+/*
  * Whether packets to the IP of `sa` (AF_INET or AF_INET6, IPv4-mapped counts as IPv4) are
  * delivered on this host: the kernel's route lookup for it (RTM_GETROUTE) answers with a route
  * of type local. Returns 1 (an address of this host's network namespace), 0 (routed elsewhere,

@@ -927,182 +927,421 @@ static char *key_printf(const char *fmt, ...)
 
 /*
  * The barrier. Its keys, all under the client's prefix:
- *   <name>/state     "<gen> <world> <count> <tag>": round <gen> is under way with <count> of
- *                    <world> callers in it (count 0, world 0: nobody is waiting, and the next
- *                    caller opens round <gen> with its own world size). Changed only by
- *                    COMPARE_SET; <tag> is fresh randomness of each writer, so that a writer
- *                    can tell its own successful swap from another's identical one.
- *   <name>/done/<g>  set by the caller that completed round g; the others wait for it.
- * A caller joins the current round with one successful COMPARE_SET. The caller completing a
- * round moves the state on to the next generation (count 0) in the same swap, so a stale
- * arrival can never count towards a later round. A caller whose wait times out withdraws its
- * arrival with another swap, unless the state has moved on meanwhile: then its round completed
- * with it, and it succeeds. Either way its arrival is settled before it returns.
+ *   <name>/state      "<epoch> <world> <base>": the rounds of epoch <epoch> are for <world>
+ *                     callers each and are numbered from <base>. Written only with COMPARE_SET:
+ *                     created by the barrier's first caller, moved to the next epoch when a
+ *                     caller with another world size finds no round under way.
+ *   <name>/count/<e>/<world>
+ *                     the arrivals of epoch e, counted with ADD: arrival k (from 1) belongs to
+ *                     round <base> + (k-1)/world, and the arrival that makes k a multiple of the
+ *                     world completes that round. The low BARRIER_ARRIVAL_BITS bits hold k (an
+ *                     epoch takes up to 2^40 arrivals), the bits above them the tag of the last
+ *                     withdrawal (below); a negative value marks the epoch closed (below).
+ *   <name>/done/<g>   set by the caller that completed round g; the others wait for it.
+ * An arrival is one COMPARE_SET that reads the state (and creates it for the barrier's first
+ * caller), one ADD and one WAIT; the completing caller sets its round's key instead of waiting
+ * and deletes the key of the round before. Arrivals beyond a round's end are arrivals in the next
+ * round, so callers that come once a round is full join the next one.
+ *
+ * The COMPARE_SET and the ADD go out together, the ADD to the count of a guessed epoch: the one
+ * this client was in at its last call on the barrier, or epoch 0. The server runs them in order,
+ * so if the state names the guessed epoch for the caller's world, the ADD came after it and
+ * counted in it unless the epoch closed in between (then the ADD answers a negative count). If
+ * the state names another epoch, the ADD counted for nothing: it went to an older epoch, closed
+ * by then since only the newest is open, or to a key no epoch uses, the world being part of the
+ * count's name; the caller then adds itself to the right count. Only epochs are guessed, so an
+ * arrival needs two round trips, as a plain ADD and WAIT would.
+ *
+ * A caller whose wait times out withdraws its arrival: it moves the count one down with
+ * COMPARE_SET, and only while the count is below the end of its round. Nothing else lowers a
+ * count, so the end of a round is reached once and its completer is unique; if the count got
+ * there first, the round completed with the caller in it, and the caller succeeds. The lowered
+ * count carries a fresh random tag, so that of two callers making the same withdrawal at once,
+ * each can tell whether the swap was its own (unless both drew the same tag, a chance of one in
+ * 2^22).
+ *
+ * A caller with another world size than the epoch's reads the count (ADD 0): a count that is not
+ * a multiple of the world is a round under way, and the caller fails with -EINVAL, never having
+ * counted itself. Otherwise it closes the epoch, swapping the count for -(R + 1) * 2^20 (R: the
+ * rounds the epoch completed), and then moves the state on to "<e+1> <its world> <base + R>".
+ * An ADD that finds the count closed counts for nothing; its caller moves the state on the same
+ * way, so a closer that dies between its two swaps does not stall the barrier, and R can be read
+ * from a closed count as long as fewer than 2^20 such ADDs reach it. Each change of world size
+ * leaves one closed count key behind, and a caller with another world size than the epoch's
+ * leaves the count key of its guess, which no epoch uses.
  *
  * The completing caller deletes done/<g-1>. A caller of round g-1 still on its way to the WAIT
  * then (it would have to be overtaken by a whole round) waits until its timeout and succeeds on
- * finding the state moved on; a slow return, never a wrong one.
+ * finding the count past its round's end; a slow return, never a wrong one.
  */
 #define BARRIER_STATE_BYTES 96
+#define BARRIER_COUNT_BYTES 24
+#define BARRIER_ARRIVAL_BITS 40
+#define BARRIER_ARRIVALS(v) ((v) & ((INT64_C(1) << BARRIER_ARRIVAL_BITS) - 1))
+#define BARRIER_TAGS (UINT64_C(1) << (62 - BARRIER_ARRIVAL_BITS)) /* values stay below 2^62 */
+#define BARRIER_CLOSED_SHIFT 20
 
-typedef struct barrier_round {
-    int64_t gen, world, count;
-} barrier_round;
+typedef struct barrier_epoch {
+    int64_t epoch, world, base;
+} barrier_epoch;
 
-/* Parses a state value ("" for a missing key: round 0, empty). Returns 0 or -1 if malformed. */
-static int parse_round(const char *s, size_t n, barrier_round *r)
+/* One call of rdzv_barrier(): its keys and the state as last read. */
+typedef struct barrier_call {
+    rdzv_client *c;
+    const char *name;              /* borrowed from the caller */
+    char *state;                   /* "<name>/state" */
+    char *count;                   /* "<name>/count/<e>/<world>" of the epoch in `ep` */
+    char cur[BARRIER_STATE_BYTES]; /* the state value as last read, NUL-terminated */
+    size_t curlen;
+    barrier_epoch ep; /* `cur`, parsed */
+    int64_t deadline;
+} barrier_call;
+
+/* The count value of an epoch closed after completing `rounds` rounds. */
+static int64_t closed_mark(int64_t rounds)
 {
-    *r = (barrier_round){0, 0, 0};
-    if (n == 0)
-        return 0;
+    return -(int64_t)(((uint64_t)rounds + 1) << BARRIER_CLOSED_SHIFT);
+}
+
+/* The rounds completed by an epoch whose count `v` (< 0) is closed: the inverse of closed_mark()
+ * for up to 2^20 - 1 ADDs of one after the mark. */
+static int64_t closed_rounds(int64_t v)
+{
+    uint64_t below = (uint64_t)0 - (uint64_t)v;
+    return (int64_t)((below + (UINT64_C(1) << BARRIER_CLOSED_SHIFT) - 1) >> BARRIER_CLOSED_SHIFT) -
+           1;
+}
+
+/* Parses a state value. Returns 0, or -1 if malformed. */
+static int parse_epoch(const char *s, size_t n, barrier_epoch *ep)
+{
     char buf[BARRIER_STATE_BYTES];
-    if (n >= sizeof buf || memchr(s, 0, n))
+    if (n == 0 || n >= sizeof buf || memchr(s, 0, n))
         return -1;
     memcpy(buf, s, n);
     buf[n] = 0;
     int used = 0;
-    if (sscanf(buf, "%" SCNd64 " %" SCNd64 " %" SCNd64 " %*16[0-9a-f]%n", &r->gen, &r->world,
-               &r->count, &used) != 3 ||
+    if (sscanf(buf, "%" SCNd64 " %" SCNd64 " %" SCNd64 "%n", &ep->epoch, &ep->world, &ep->base,
+               &used) != 3 ||
         (size_t)used != n)
         return -1;
-    if (r->gen < 0 || r->count < 0 || r->world < 0 || r->world > INT_MAX ||
-        (r->count == 0) != (r->world == 0) || (r->count > 0 && r->count >= r->world))
+    if (ep->epoch < 0 || ep->world < 1 || ep->world > INT_MAX || ep->base < 0)
         return -1;
     return 0;
 }
 
+/* A count above every value the barrier writes (the tags keep them below 2^62). */
+static bool barrier_count_bad(int64_t v)
+{
+    return v >= (INT64_C(1) << 62);
+}
+
+/* Parses a count value (decimal, as ADD writes it). Returns 0, or -1 if malformed. */
+static int parse_count(const char *s, size_t n, int64_t *v)
+{
+    char buf[BARRIER_COUNT_BYTES];
+    if (n == 0 || n >= sizeof buf || memchr(s, 0, n))
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(buf, &end, 10);
+    if (errno != 0 || *end != 0 || barrier_count_bad(x))
+        return -1;
+    *v = x;
+    return 0;
+}
+
+static int bad_key(rdzv_client *c, const char *key, const char *what, const void *val, size_t n)
+{
+    return fail(c, -EPROTO, "%s '%.64s' holds '%.*s', not a barrier %s; was it changed by hand?",
+                what, key, n < 40 ? (int)n : 40, val ? (const char *)val : "", what);
+}
+
 /*
- * Swaps the state from `cur` (curlen bytes, "" for missing) to `next`. Returns 1 if this call
- * made the swap, 0 if not (then `cur` holds the state found, NUL-terminated, up to
- * BARRIER_STATE_BYTES - 1 bytes, and *curlen its length), or a negative errno. A state longer
- * than the buffer is reported as a malformed one of BARRIER_STATE_BYTES bytes.
+ * Takes the state value `v` (n bytes) as the barrier's state: parses it and names the epoch's
+ * count key. Returns 0, -EPROTO if it is no state, or -ENOMEM.
  */
-static int swap_round(rdzv_client *c, const char *key, char *cur, size_t *curlen,
-                      const barrier_round *next, int64_t deadline)
+static int barrier_take(barrier_call *b, const void *v, size_t n)
+{
+    barrier_epoch ep;
+    if (parse_epoch(v, n, &ep) < 0)
+        return bad_key(b->c, b->state, "state", v, n);
+    memcpy(b->cur, v, n);
+    b->cur[n] = 0;
+    b->curlen = n;
+    if (!b->count || ep.epoch != b->ep.epoch || ep.world != b->ep.world) {
+        free(b->count);
+        b->count = key_printf("%s/count/%" PRId64 "/%" PRId64, b->name, ep.epoch, ep.world);
+        if (!b->count)
+            return fail(b->c, -ENOMEM, "out of memory");
+    }
+    b->ep = ep;
+    return 0;
+}
+
+/*
+ * Swaps the state from `b->cur` (or from missing, when b->curlen is 0) to `next` and takes the
+ * state found: `next` if the swap was made, another caller's state if not. Returns 0 or a
+ * negative errno.
+ */
+static int barrier_swap_state(barrier_call *b, const barrier_epoch *next)
 {
     char want[BARRIER_STATE_BYTES];
-    int n = snprintf(want, sizeof want, "%" PRId64 " %" PRId64 " %" PRId64 " %016" PRIx64,
-                     next->gen, next->world, next->count, rdzv__rng_next(&c->rng));
+    int n = snprintf(want, sizeof want, "%" PRId64 " %" PRId64 " %" PRId64, next->epoch,
+                     next->world, next->base);
     assert(n > 0 && (size_t)n < sizeof want);
     void *got = NULL;
     size_t gotlen = 0;
-    int rc = do_compare_set(c, key, cur, *curlen, want, (size_t)n, &got, &gotlen, deadline);
-    if (rc < 0)
-        return rc;
-    if (gotlen == (size_t)n && memcmp(got, want, gotlen) == 0) {
-        memcpy(cur, want, (size_t)n + 1);
-        *curlen = (size_t)n;
-        rc = 1;
-    } else if (*curlen > 0 && gotlen == *curlen && memcmp(got, cur, gotlen) == 0) {
-        /* PyTorch's answer when the key is missing and `expected` is not empty. */
-        cur[0] = 0;
-        *curlen = 0;
-    } else {
-        *curlen = gotlen < BARRIER_STATE_BYTES ? gotlen : BARRIER_STATE_BYTES;
-        memcpy(cur, got, *curlen < BARRIER_STATE_BYTES ? *curlen : BARRIER_STATE_BYTES - 1);
-        cur[*curlen < BARRIER_STATE_BYTES ? *curlen : BARRIER_STATE_BYTES - 1] = 0;
+    int rc = do_compare_set(b->c, b->state, b->cur, b->curlen, want, (size_t)n, &got, &gotlen,
+                            b->deadline);
+    if (rc == 0 && b->curlen > 0 && gotlen == b->curlen && memcmp(got, b->cur, gotlen) == 0) {
+        /* PyTorch's answer when the key is missing and `expected` is not empty: start over. */
+        b->curlen = 0;
+        free(got);
+        got = NULL;
+        rc = do_compare_set(b->c, b->state, "", 0, want, (size_t)n, &got, &gotlen, b->deadline);
     }
+    if (rc == 0)
+        rc = barrier_take(b, got, gotlen);
     free(got);
     return rc;
 }
 
-static int bad_state(rdzv_client *c, const char *key, const char *cur)
+/* Moves the state on from the epoch in `b->ep`, which completed `rounds` rounds, to an epoch for
+ * `world` callers (unless another caller moved it first). Returns 0 or a negative errno. */
+static int barrier_next_epoch(barrier_call *b, int64_t rounds, int world)
 {
-    return fail(c, -EPROTO,
-                "barrier state '%.64s' holds '%.40s', not a barrier round; was it "
-                "changed by hand?",
-                key, cur);
+    barrier_epoch next = {b->ep.epoch + 1, world, b->ep.base + rounds};
+    return barrier_swap_state(b, &next);
 }
 
-/* Withdraws this caller's arrival in round `gen` after its wait timed out (see above). */
-static int barrier_withdraw(rdzv_client *c, const char *key, char *cur, size_t curlen, int64_t gen,
-                            int world_size, int ms)
+/*
+ * Swaps the count of the epoch from `from` to `to`. Returns 1 if this call made the swap, 0 if
+ * not (then *now holds the count found), or a negative errno: -EPROTO when the count is missing
+ * or holds something else than a count.
+ */
+static int barrier_swap_count(barrier_call *b, int64_t from, int64_t to, int64_t deadline,
+                              int64_t *now)
 {
-    int64_t deadline = call_deadline(c);
-    for (;;) {
-        barrier_round r;
-        if (parse_round(cur, curlen, &r) < 0)
-            return bad_state(c, key, cur);
-        if (r.gen > gen)
+    char exp[BARRIER_COUNT_BYTES], want[BARRIER_COUNT_BYTES];
+    int en = snprintf(exp, sizeof exp, "%" PRId64, from);
+    int wn = snprintf(want, sizeof want, "%" PRId64, to);
+    void *got = NULL;
+    size_t gotlen = 0;
+    int rc =
+        do_compare_set(b->c, b->count, exp, (size_t)en, want, (size_t)wn, &got, &gotlen, deadline);
+    if (rc < 0)
+        return rc;
+    if (gotlen == (size_t)wn && memcmp(got, want, gotlen) == 0)
+        rc = 1;
+    else if (parse_count(got, gotlen, now) < 0 || *now == from)
+        rc = bad_key(b->c, b->count, "count", got, gotlen);
+    free(got);
+    return rc;
+}
+
+static int bad_count(barrier_call *b, int64_t v)
+{
+    char text[BARRIER_COUNT_BYTES];
+    int n = snprintf(text, sizeof text, "%" PRId64, v);
+    return bad_key(b->c, b->count, "count", text, (size_t)n);
+}
+
+/* Adds `delta` to the epoch's count. Returns 0 (*v: the count after it), -EPROTO for a count
+ * the barrier does not write, or another negative errno. */
+static int barrier_add(barrier_call *b, int64_t delta, int64_t deadline, int64_t *v)
+{
+    int rc = do_add(b->c, b->count, delta, v, deadline);
+    if (rc == 0 && barrier_count_bad(*v))
+        rc = bad_count(b, *v);
+    return rc;
+}
+
+/* True once `deadline` has passed: ends a loop of requests that each succeed. */
+static bool barrier_late(barrier_call *b, int64_t deadline, int *rc)
+{
+    if (mono_now_ns() < deadline)
+        return false;
+    *rc = fail(b->c, -ETIMEDOUT, "the barrier's state kept changing until the deadline");
+    return true;
+}
+
+/*
+ * Handles a caller for `world` that finds the epoch for another world size: -EINVAL if a round
+ * is under way, else closes the epoch and moves the state on. Returns 0 (the state moved on: try
+ * again) or a negative errno.
+ */
+static int barrier_switch(barrier_call *b, int world)
+{
+    int64_t v;
+    int rc = barrier_add(b, 0, b->deadline, &v);
+    while (rc == 0) {
+        if (v < 0)
+            return barrier_next_epoch(b, closed_rounds(v), world);
+        int64_t k = BARRIER_ARRIVALS(v), w = b->ep.world;
+        if (k % w != 0)
+            return fail(b->c, -EINVAL,
+                        "round %" PRId64 " of this barrier is for %" PRId64 " callers (%" PRId64
+                        " waiting), not %d: every caller of a round must pass the same world size",
+                        b->ep.base + k / w, w, k % w, world);
+        rc = barrier_swap_count(b, v, closed_mark(k / w), b->deadline, &v);
+        if (rc == 1)
+            return barrier_next_epoch(b, k / w, world);
+        if (rc == 0 && barrier_late(b, b->deadline, &rc))
+            break;
+    }
+    return rc;
+}
+
+/* A hash of a barrier's name (FNV-1a), for the client's guess of its epoch. */
+static uint64_t barrier_hash(const char *name)
+{
+    uint64_t h = UINT64_C(14695981039346656037);
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * UINT64_C(1099511628211);
+    return h;
+}
+
+/*
+ * Reads the state (creating it for the barrier's first caller) and, in the same round trip,
+ * counts this arrival in epoch `guess` for `world` callers (see above). Returns 1 if it counted
+ * (*t: the count after it), 0 if it counted for nothing, or a negative errno.
+ */
+static int barrier_arrive_guessed(barrier_call *b, int64_t guess, int world, int64_t *t)
+{
+    rdzv_client *c = b->c;
+    char want[BARRIER_STATE_BYTES];
+    int n = snprintf(want, sizeof want, "0 %d 0", world);
+    char *count = key_printf("%s/count/%" PRId64 "/%d", b->name, guess, world);
+    if (!count)
+        return fail(c, -ENOMEM, "out of memory");
+    rdzv__wbuf_reset(&c->sbuf);
+    rdzv__put_u8(&c->sbuf, RDZV_M_COMPARE_SET);
+    put_key(c, b->state);
+    rdzv__put_vec(&c->sbuf, "", 0);
+    rdzv__put_vec(&c->sbuf, want, (size_t)n);
+    rdzv__put_u8(&c->sbuf, RDZV_M_ADD);
+    put_key(c, count);
+    rdzv__put_i64(&c->sbuf, 1);
+    free(count);
+    void *got = NULL;
+    size_t gotlen = 0;
+    int rc = encoded(c);
+    if (rc == 0)
+        rc = send_request(c, b->deadline);
+    if (rc == 0)
+        rc = recv_vec(c, &got, &gotlen, b->deadline);
+    if (rc == 0)
+        rc = recv_i64(c, t, b->deadline);
+    if (rc == 0)
+        rc = barrier_take(b, got, gotlen);
+    free(got);
+    if (rc < 0)
+        return rc;
+    if (b->ep.epoch != guess || b->ep.world != world || *t < 0)
+        return 0;
+    return barrier_count_bad(*t) ? bad_count(b, *t) : 1;
+}
+
+/* Withdraws arrival k (of round g) after its wait timed out (see above). */
+static int barrier_withdraw(barrier_call *b, int64_t k, int64_t g, int world, int ms)
+{
+    int64_t deadline = call_deadline(b->c);
+    int64_t round = (k - 1) / world, start = round * world, end = start + world, v;
+    int rc = barrier_add(b, 0, deadline, &v);
+    while (rc == 0) {
+        if (v < 0 && closed_rounds(v) > round)
+            return 0; /* the round completed with this caller in it, then the epoch closed */
+        int64_t n = v < 0 ? 0 : BARRIER_ARRIVALS(v);
+        if (n >= end)
             return 0; /* the round completed with this caller in it */
-        if (r.gen < gen || r.count == 0)
+        if (n <= start)
             break; /* reset by hand: nothing of ours to withdraw */
-        barrier_round next = {r.gen, r.count > 1 ? r.world : 0, r.count - 1};
-        int rc = swap_round(c, key, cur, &curlen, &next, deadline);
-        if (rc < 0)
-            return rc;
-        if (rc == 1) {
-            r = next;
-            return fail(c, -ETIMEDOUT,
+        uint64_t tag = ((uint64_t)v >> BARRIER_ARRIVAL_BITS) + 1 +
+                       rdzv__rng_next(&b->c->rng) % (BARRIER_TAGS - 1);
+        int64_t next = (int64_t)((tag % BARRIER_TAGS) << BARRIER_ARRIVAL_BITS) | (n - 1);
+        rc = barrier_swap_count(b, v, next, deadline, &v);
+        if (rc == 1)
+            return fail(b->c, -ETIMEDOUT,
                         "round %" PRId64 " not complete within %d ms: %" PRId64 " of %d arrived "
                         "besides this caller, which has withdrawn",
-                        gen, ms, r.count, world_size);
-        }
+                        g, ms, n - 1 - start, world);
+        if (rc == 0 && barrier_late(b, deadline, &rc))
+            break;
     }
-    return fail(c, -ETIMEDOUT, "round %" PRId64 " not complete within %d ms", gen, ms);
+    if (rc < 0)
+        return rc;
+    return fail(b->c, -ETIMEDOUT, "round %" PRId64 " not complete within %d ms", g, ms);
 }
 
 int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms)
 {
     if (!c || !name || world_size < 1)
         return invalid(c, "barrier");
-    char *state = NULL, *done = NULL, *old = NULL;
-    char cur[BARRIER_STATE_BYTES] = "";
-    size_t curlen = 0;
+    barrier_call b = {.c = c, .name = name};
+    char *done = NULL, *old = NULL;
     int rc = op_begin(c, "barrier", &name, 1);
     if (rc < 0)
         goto out;
     int ms = timeout_ms >= 0 ? timeout_ms : c->timeout_ms;
-    int64_t deadline = mono_deadline_ns(ms);
-    state = key_printf("%s/state", name);
-    if (!state) {
+    b.deadline = mono_deadline_ns(ms);
+    b.state = key_printf("%s/state", name);
+    if (!b.state) {
         rc = fail(c, -ENOMEM, "out of memory");
         goto out;
     }
 
-    /* Join the round under way, or open one; the last caller of a round completes it. */
-    barrier_round r, next;
-    do {
-        if (parse_round(cur, curlen, &r) < 0) {
-            rc = bad_state(c, state, cur);
-            goto out;
+    /* Read the state (the first caller creates it) and count this arrival in the guessed epoch;
+     * if the guess was wrong, count it in the state's epoch. */
+    uint64_t hash = barrier_hash(name);
+    int64_t t = 0;
+    rc = barrier_arrive_guessed(&b, c->barrier_hash == hash ? c->barrier_epoch : 0, world_size, &t);
+    while (rc == 0) {
+        if (b.ep.world != world_size) {
+            rc = barrier_switch(&b, world_size);
+        } else {
+            rc = barrier_add(&b, 1, b.deadline, &t);
+            if (rc == 0 && t >= 0)
+                break;
+            if (rc == 0)
+                rc = barrier_next_epoch(&b, closed_rounds(t), world_size);
         }
-        if (r.count > 0 && r.world != world_size) {
-            rc = fail(c, -EINVAL,
-                      "round %" PRId64 " of this barrier is for %" PRId64 " callers (%" PRId64
-                      " waiting), not %d: every caller of a round must pass the same world size",
-                      r.gen, r.world, r.count, world_size);
-            goto out;
-        }
-        if (r.count + 1 == world_size)
-            next = (barrier_round){r.gen + 1, 0, 0};
-        else
-            next = (barrier_round){r.gen, world_size, r.count + 1};
-        rc = swap_round(c, state, cur, &curlen, &next, deadline);
-    } while (rc == 0);
+        if (rc == 0 && barrier_late(&b, b.deadline, &rc))
+            break;
+    }
     if (rc < 0)
         goto out;
-
-    done = key_printf("%s/done/%" PRId64, name, r.gen);
-    old = r.gen > 0 ? key_printf("%s/done/%" PRId64, name, r.gen - 1) : NULL;
-    if (!done || (r.gen > 0 && !old)) {
+    c->barrier_hash = hash;
+    c->barrier_epoch = b.ep.epoch;
+    int64_t k = BARRIER_ARRIVALS(t);
+    if (k == 0) {
+        rc = bad_count(&b, t);
+        goto out;
+    }
+    int64_t g = b.ep.base + (k - 1) / world_size;
+    done = key_printf("%s/done/%" PRId64, name, g);
+    old = g > 0 ? key_printf("%s/done/%" PRId64, name, g - 1) : NULL;
+    if (!done || (g > 0 && !old)) {
         rc = fail(c, -ENOMEM, "out of memory");
         goto out;
     }
-    if (next.gen > r.gen) {
-        rc = do_set(c, done, "1", 1, deadline);
+    if (k % world_size == 0) {
+        rc = do_set(c, done, "1", 1, b.deadline);
         if (rc == 0 && old)
-            rc = do_delete(c, old, deadline);
+            rc = do_delete(c, old, b.deadline);
         if (rc > 0)
             rc = 0;
         goto out;
     }
     const char *keys[1] = {done};
-    rc = do_wait(c, keys, 1, deadline, ms);
+    rc = do_wait(c, keys, 1, b.deadline, ms);
     if (rc == -ETIMEDOUT && !c->broken)
-        rc = barrier_withdraw(c, state, cur, curlen, r.gen, world_size, ms);
+        rc = barrier_withdraw(&b, k, g, world_size, ms);
 out:
-    free(state);
+    free(b.state);
+    free(b.count);
     free(done);
     free(old);
     op_end(c);

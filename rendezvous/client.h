@@ -49,6 +49,11 @@ struct rdzv_client {
     char err[ERR_BYTES];   /* last failure, "" if none */
     char broken_why[ERR_BYTES];
     uint8_t rbuf[RBUF_BYTES];
+
+    /* The barrier this client entered last: a hash of its name and the epoch it was in, the
+     * guess of rdzv_barrier()'s first round trip (client.c, "The barrier"). */
+    uint64_t barrier_hash;
+    int64_t barrier_epoch;
 };
 
 /* The next number of the client's xorshift generator (PING nonces, backoff jitter, tags). */

@@ -289,3 +289,28 @@ int rdzv__addr_local(rdzv__peercred *p, const struct sockaddr *sa)
         return 0;
     return rc == 0 ? -EPROTO : rc;
 }
+
+/*
+ * Finds whether the peer `pa` of a connection whose local end is `la` is on this host and, if
+ * so, who owns its socket (the other-user rule). A peer is local when its address is loopback,
+ * the connection's own local address, or an address the kernel routes to this host, or when
+ * the kernel finds its socket here. The owner is then looked up so that it cannot be missed (a
+ * dump finds sockets bound to a device, see peercred.c). This fails closed: a peer known (or
+ * not known not) to be local whose owner cannot be established is an error, whatever the
+ * reason: its socket is gone or in TIME_WAIT, the kernel cannot be asked, or it does not
+ * answer. Returns 1 (local, *uid set), 0 (another host) or the negative errno of the lookup.
+ */
+int rdzv__local_owner(rdzv__peercred *cred, const struct sockaddr *pa, const struct sockaddr *la,
+                      uint32_t *uid)
+{
+    bool local = rdzv__addr_loopback(pa) || rdzv__addr_same(pa, la);
+    int where = local ? 1 : rdzv__addr_local(cred, pa);
+    /* Search whenever the peer may be local: known to be, or not known (where < 0). */
+    int rc = rdzv__peer_uid(cred, pa, la, where != 0, uid);
+    if (rc == 0)
+        return 1;
+    /* Routed elsewhere, or (after a search, which sees every socket here) not found. */
+    if (where == 0 || (where < 0 && rc == -ENOENT))
+        return 0;
+    return rc;
+}

@@ -20,8 +20,10 @@
 #include <string.h>
 
 /*
- * Layouts: 'k' key string, 'v' value vector, 'q' int64, 'u' uint32, 'n' a uint64 count after
- * which the remaining fields repeat that many times. The repeated group is always last.
+ * Layouts: 'k' key string, 'v' value vector, 'f' a vector holding a whole request (MUX: bounded
+ * by max_request_bytes, not max_value_bytes), 'q' int64, 'u' uint32, 'n' a uint64 count after
+ * which the remaining fields repeat that many times. A layout with a count starts with it, so
+ * that the repeated group is always the rest (rdzv__parse() relies on it).
  */
 static const char *const layouts[RDZV_OP_COUNT] = {
     [RDZV_OP_VALIDATE] = "u",   [RDZV_OP_SET] = "kv",       [RDZV_OP_COMPARE_SET] = "kvv",
@@ -31,14 +33,15 @@ static const char *const layouts[RDZV_OP_COUNT] = {
     [RDZV_OP_CANCEL_WAIT] = "", [RDZV_OP_PING] = "u",       [RDZV_OP_QUEUE_PUSH] = "kv",
     [RDZV_OP_QUEUE_POP] = "k",  [RDZV_OP_QUEUE_LEN] = "k",  [RDZV_OP_LIST_KEYS] = "",
     [RDZV_OP_BARRIER] = "kq",   [RDZV_OP_WATCH_KEY] = "k",  [RDZV_OP_STATUS] = "",
-    [RDZV_OP_AUTH_HELLO] = "v", [RDZV_OP_AUTH_PROOF] = "v",
+    [RDZV_OP_AUTH_HELLO] = "v", [RDZV_OP_AUTH_PROOF] = "v", [RDZV_OP_MUX] = "uf",
+    [RDZV_OP_MUX_CLOSE] = "u",
 };
 
 static const char *const op_names[RDZV_OP_COUNT] = {
     "validate",   "set",        "compare_set", "get",       "add",       "check",       "wait",
     "getnumkeys", "delete_key", "append",      "multi_get", "multi_set", "cancel_wait", "ping",
     "queue_push", "queue_pop",  "queue_len",   "list_keys", "barrier",   "watch_key",   "status",
-    "auth_hello", "auth_proof",
+    "auth_hello", "auth_proof", "mux",       "mux_close",
 };
 
 const char *rdzv__op_name(enum rdzv_op op)
@@ -79,6 +82,10 @@ static int map_opcode(enum rdzv_gen gen, uint8_t code)
         return RDZV_OP_AUTH_HELLO;
     if (code == RDZV_M_AUTH_PROOF)
         return RDZV_OP_AUTH_PROOF;
+    if (code == RDZV_M_MUX)
+        return RDZV_OP_MUX;
+    if (code == RDZV_M_MUX_CLOSE)
+        return RDZV_OP_MUX_CLOSE;
     return -1;
 }
 
@@ -171,8 +178,7 @@ int rdzv__parse(rdzv__parser *p, const rdzv__limits *lim, const uint8_t *buf, si
     if (len < p->pos)
         return 0; /* the caller must pass the same frame, grown; never less */
     const char *layout = layouts[p->op];
-    const char *group = strchr(layout, 'n');
-    int group_start = group ? (int)(group - layout) + 1 : -1;
+    int group_start = layout[0] == 'n' ? 1 : -1;
 
     for (;;) {
         char f = layout[p->field];
@@ -193,7 +199,7 @@ int rdzv__parse(rdzv__parser *p, const rdzv__limits *lim, const uint8_t *buf, si
         case 'n':
             need = 8;
             break;
-        default: { /* 'k' or 'v': length prefix, then the bytes */
+        default: { /* 'k', 'v' or 'f': length prefix, then the bytes */
             if (len - p->pos < 8)
                 return 0;
             uint64_t n = rdzv__ld64(buf + p->pos);
@@ -201,11 +207,14 @@ int rdzv__parse(rdzv__parser *p, const rdzv__limits *lim, const uint8_t *buf, si
                 return RDZV_PARSE_KEY_LIMIT;
             if (f == 'v' && n > lim->max_value_bytes)
                 return RDZV_PARSE_VALUE_LIMIT;
+            if (n > lim->max_request_bytes + RDZV_MUX_OVERHEAD)
+                return RDZV_PARSE_FRAME_LIMIT;
             need = 8 + (size_t)n;
             break;
         }
         }
-        if (need > lim->max_request_bytes || p->pos + need > lim->max_request_bytes)
+        size_t cap = lim->max_request_bytes + (p->op == RDZV_OP_MUX ? RDZV_MUX_OVERHEAD : 0);
+        if (need > cap || p->pos + need > cap)
             return RDZV_PARSE_FRAME_LIMIT;
         if (len - p->pos < need)
             return 0;
@@ -264,6 +273,10 @@ int rdzv__opcode(enum rdzv_gen gen, enum rdzv_op op)
         return RDZV_M_AUTH_HELLO;
     if (op == RDZV_OP_AUTH_PROOF)
         return RDZV_M_AUTH_PROOF;
+    if (op == RDZV_OP_MUX)
+        return RDZV_M_MUX;
+    if (op == RDZV_OP_MUX_CLOSE)
+        return RDZV_M_MUX_CLOSE;
     return -EINVAL;
 }
 

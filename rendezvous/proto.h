@@ -7,8 +7,11 @@
  * byte vectors (values) are a uint64 length followed by that many bytes; counts are uint64,
  * ADD deltas int64, VALIDATE magic and PING nonce uint32. All integers are in the host's byte
  * order (little-endian everywhere PyTorch runs). See rdzv-protocol(7). The librendezvous
- * extensions (STATUS, and the AUTH_HELLO/AUTH_PROOF handshake of auth.h) use opcodes from 0xE0
- * on, far from PyTorch's, in the modern generation only.
+ * extensions (STATUS, the AUTH_HELLO/AUTH_PROOF handshake of auth.h and the MUX/MUX_CLOSE
+ * frames of a store proxy's multiplexed connection, mux.h) use opcodes from 0xE0 on, far from
+ * PyTorch's, in the modern generation only. A MUX frame carries a whole request of another
+ * frame in its one vector, so that vector is bounded by max_request_bytes rather than
+ * max_value_bytes, and the MUX frame by max_request_bytes + RDZV_MUX_OVERHEAD.
  */
 #ifndef RDZV_PROTO_H
 #define RDZV_PROTO_H
@@ -18,6 +21,8 @@
 #include <stdint.h>
 
 #define RDZV_VALIDATE_MAGIC 0x3C85F7CEu
+/* Bytes a MUX frame adds to the request it carries: opcode, vconn id, vector length, flags. */
+#define RDZV_MUX_OVERHEAD 14
 
 /* Protocol generation of a connection. */
 enum rdzv_gen {
@@ -51,6 +56,8 @@ enum rdzv_modern_op {
     RDZV_M_STATUS = 0xE0,
     RDZV_M_AUTH_HELLO = 0xE1, /* authentication handshake (auth.h) */
     RDZV_M_AUTH_PROOF = 0xE2,
+    RDZV_M_MUX = 0xE3,       /* one request of a virtual connection (a store proxy's, mux.h) */
+    RDZV_M_MUX_CLOSE = 0xE4, /* closes a virtual connection */
 };
 
 /* Wire opcodes of PyTorch 1.x. */
@@ -105,6 +112,8 @@ enum rdzv_op {
     RDZV_OP_STATUS,
     RDZV_OP_AUTH_HELLO,
     RDZV_OP_AUTH_PROOF,
+    RDZV_OP_MUX,
+    RDZV_OP_MUX_CLOSE,
     RDZV_OP_COUNT
 };
 

@@ -275,6 +275,94 @@ int rdzv_server_port(const rdzv_server *srv);
 int rdzv_server_status(rdzv_server *srv, char **json);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Store proxy                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * A per-node store proxy: it listens on this node, serves unmodified PyTorch workers (both
+ * protocol generations) and librendezvous clients as if it were the store, and carries all
+ * their connections to the root store (an rdzv_server) over one multiplexed connection (see
+ * rdzv-protocol(7), MULTIPLEXED CONNECTIONS). Every request runs at the root exactly as on a
+ * connection of its own, with two exceptions that nothing observed through the store can tell
+ * apart (see the man page for the precise rule): identical concurrent WAITs (the same keys)
+ * of different workers share one upstream WAIT, and so do identical concurrent GETs of one key
+ * while no request that could change a key passed through the proxy since the shared one was
+ * sent. The proxy applies the root's admission rules to its own peers (the other-user rule; with
+ * a token, the handshake, and a private key only for an authenticated worker). When its upstream
+ * connection is lost every worker connection is closed, as the root's death would close them,
+ * and the proxy stops listening.
+ */
+typedef struct rdzv_proxy rdzv_proxy;
+
+typedef struct rdzv_proxy_options {
+    const char *host;          /* bind address ("127.0.0.1"); copied */
+    int port;                  /* 0 picks a free port; read it back with rdzv_proxy_port() (0) */
+    const char *upstream_host; /* the root store; copied (required) */
+    int upstream_port;         /* (required) */
+    const char *token;         /* the job's secret: authenticates the proxy upstream, and its
+                                  workers with the handshake; copied; NULL: none (NULL) */
+    rdzv_log_fn log;           /* optional log hook, called on the proxy's loop thread */
+    void *log_arg;
+    int connect_timeout_ms;    /* connecting upstream and the handshake (10000) */
+    bool allow_other_users;    /* as rdzv_server_options' (false) */
+    size_t max_request_bytes;  /* largest request a worker may send (64 MiB; the root's own
+                                  limits apply to what passes) */
+    size_t max_pending_output; /* reply bytes queued for one worker past which it is closed
+                                  (256 MiB, the root's max_conn_output); and the requests
+                                  queued for the root past which no worker is read until the
+                                  root has taken half of them */
+    /* Optional: called once, on the proxy's loop thread, when the upstream connection is lost
+     * (the root closed it or died); the proxy has closed its workers and stopped listening. */
+    void (*on_lost)(void *arg);
+    void *on_lost_arg;
+} rdzv_proxy_options;
+
+/* Fills `opts` with the defaults given in brackets above. */
+void rdzv_proxy_options_init(rdzv_proxy_options *opts);
+
+/* Counters of a proxy, for rdzv_proxy_stats(). */
+typedef struct rdzv_proxy_counters {
+    uint64_t worker_requests;   /* requests received from workers (VALIDATE and the handshake
+                                   included) */
+    uint64_t upstream_requests; /* requests sent to the root (MUX_CLOSE not counted) */
+    uint64_t coalesced;         /* worker requests that joined one already sent */
+    uint64_t bytes_up;          /* bytes sent to the root */
+    uint64_t bytes_down;        /* bytes received from the root */
+    uint64_t accepted;          /* worker connections accepted */
+    uint64_t connections;       /* worker connections open */
+    bool upstream_lost;         /* the upstream connection is gone */
+} rdzv_proxy_counters;
+
+/*
+ * Creates a proxy on the caller's libuv loop (`loop` is a uv_loop_t *). Connects to the root,
+ * authenticates and checks that it multiplexes before returning: this blocks up to
+ * connect_timeout_ms, and the root must be served by another thread or process. `opts` is
+ * copied. Returns 0 and sets *out, or -EINVAL (bad option), -EPROTONOSUPPORT (the upstream is
+ * a store that does not multiplex: a PyTorch store, or an older librendezvous), the errors of
+ * rdzv_client_connect() (-ECONNREFUSED, -ETIMEDOUT, -EKEYREJECTED, ...), or the errors of
+ * binding (-EADDRINUSE, ...). Not thread-safe: call on the loop thread.
+ */
+int rdzv_proxy_create(void *loop, const rdzv_proxy_options *opts, rdzv_proxy **out);
+
+/* Creates a proxy on a loop and thread of its own; same codes as rdzv_proxy_create(). */
+int rdzv_proxy_start(const rdzv_proxy_options *opts, rdzv_proxy **out);
+
+/* The port the proxy listens on, or -EINVAL. Thread-safe. */
+int rdzv_proxy_port(const rdzv_proxy *p);
+
+/* Copies the proxy's counters into *st. Returns 0 or -EINVAL. Thread-safe for a proxy made
+ * by rdzv_proxy_start(); on the loop thread for an embedded one. */
+int rdzv_proxy_stats(rdzv_proxy *p, rdzv_proxy_counters *st);
+
+/*
+ * Closes a proxy: every worker connection and the upstream one (the root releases all their
+ * WAITs). An embedded proxy is freed once libuv has closed its handles (run the loop); a
+ * threaded one is stopped and freed before the call returns (call from another thread). NULL
+ * is a no-op.
+ */
+void rdzv_proxy_close(rdzv_proxy *p);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Client                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -449,10 +537,12 @@ int rdzv_status(rdzv_client *c, char **json);
  * another; callers that arrive once a round has completed join the next. After timeout_ms (< 0:
  * the client's timeout) the caller withdraws its arrival and gets -ETIMEDOUT, so a retry is a
  * new arrival and a lone caller never passes; a caller killed while waiting stays counted. A
- * round under way for another world size answers -EINVAL at once (client usable). Keys, under
- * the client's prefix: "<name>/state" and "<name>/done/<round>" (see librendezvous(3),
- * Barriers). Call on all participating ranks. Returns 0, -ETIMEDOUT, -EINVAL, -EPROTO (the state
- * key was changed by hand) or another negative errno.
+ * round under way for another world size answers -EINVAL at once (client usable). An arrival
+ * costs three requests (COMPARE_SET, ADD, WAIT) in two round trips, however many callers arrive
+ * at once. Keys, under the client's prefix: "<name>/state", "<name>/count/<epoch>/<world>" and
+ * "<name>/done/<round>" (see librendezvous(3), Barriers). Call on all participating ranks.
+ * Returns 0, -ETIMEDOUT, -EINVAL, -EPROTO (a key of the barrier was changed by hand; the client
+ * stays usable) or another negative errno.
  */
 int rdzv_barrier(rdzv_client *c, const char *name, int world_size, int timeout_ms);
 

@@ -3,10 +3,14 @@
  * incremental parser into the store, and sends the replies the store queued.
  *
  * Reading uses one 64 KiB buffer per server; a connection only holds bytes of its own while a
- * frame is incomplete, so idle connections cost no buffer. After each read callback every
- * connection that got output (the reader, and any whose WAIT it released) is flushed with
- * uv_try_write, and what the kernel did not take goes to uv_write. A peer that stops reading
- * its replies is itself no longer read once max_pending_output bytes are queued for it.
+ * frame is incomplete, so idle connections cost no buffer (a frame larger than the shared
+ * buffer is read straight into the connection's own, see alloc_cb()). Replies are sent once
+ * per turn of the loop: after all of the turn's read callbacks, a check handle (flusher_cb)
+ * flushes every connection that got output (the readers, and any whose WAIT they released)
+ * with uv_try_write, one write each however many of its requests the turn ran, and what the
+ * kernel did not take goes to uv_write. A peer that stops reading its replies is itself no
+ * longer read once max_pending_output bytes are queued for it; one whose own backlog held its
+ * requests back is flushed at once, so that they run in the same turn.
  *
  * Every byte held for a client is counted (store.h): replies queued, the partial request kept
  * in `pend`, and through the store's memory cap its WAIT and watch records. Over a cap, bad
@@ -22,7 +26,7 @@
  *
  * Access control (a job's control plane, see rdzv-protocol(7) AUTHENTICATION) is decided in
  * two places: admit_peer() on accept (the peer's address, and the owner of a peer socket on this
- * host, which fails closed: see local_owner()) and gate() before each request (what an
+ * host, which fails closed: see rdzv__local_owner()) and gate() before each request (what an
  * unauthenticated connection may do). The handshake's logic and the rules themselves are
  * auth.c's, the kernel queries peercred.c's; this file only applies them. Connections on
  * probation (strangers that may only authenticate) are kept in a FIFO, oldest first, and
@@ -37,6 +41,7 @@
  */
 #include "auth.h"
 #include "listen.h"
+#include "mux.h"
 #include "rdzv.h"
 #include "store.h"
 
@@ -89,6 +94,7 @@ typedef struct client {
     char peer[64];
     char addr[INET6_ADDRSTRLEN]; /* numeric peer address at accept: logs, opts.on_close */
     int port;                    /* peer port at accept; 0: unknown */
+    rdzv__vtable vconns;         /* a store proxy's vconns (mux.h); none otherwise */
 } client;
 
 typedef struct write_req {
@@ -96,6 +102,7 @@ typedef struct write_req {
     client *c;
     rdzv__buf buf; /* owned: the connection's output buffer, handed over whole */
     size_t n;      /* its bytes, all still counted as held: buf.len */
+    size_t off;    /* of them, taken by the kernel before the request (uv_try_write) */
 } write_req;
 
 struct rdzv_server {
@@ -107,6 +114,7 @@ struct rdzv_server {
     uv_timer_t refuse_timer; /* rate-limits the log lines of refused connections */
     uv_timer_t resume_timer; /* resumes accepting after a pause for want of descriptors */
     uv_idle_t sweeper;       /* frees cleared names a slice per loop turn; runs while any */
+    uv_check_t flusher;      /* sends the replies of a loop turn's reads at its end */
     bool refusing;           /* refuse_timer is running: a burst of refusals is under way */
     uint64_t refused_unlogged;
     char refuse_why[200]; /* the burst's last reason (copied: callers format it on the stack) */
@@ -121,7 +129,8 @@ struct rdzv_server {
     size_t nconns;
     uint64_t accepted, rejected, closed_bad_input;
     uint64_t gens[3]; /* connections by detected generation */
-    queue clients;    /* client (node) */
+    size_t nvconns, nmux; /* virtual connections (mux.h), and the connections carrying them */
+    queue clients;        /* client (node) */
 
     /* access control (auth.h) */
     char *token;         /* owned; NULL: no authentication */
@@ -147,6 +156,10 @@ struct rdzv_server {
     uv_async_t stop_async;
     uv_async_t clear_async; /* rdzv_server_clear() from another thread starts the sweeper */
     uv_mutex_t lock;
+
+    /* traffic over the server's life (STATUS "traffic"; requests are the sum of store.ops) */
+    uint64_t bytes_in;  /* read from clients */
+    uint64_t bytes_out; /* replies the kernel took */
 
     uint8_t rbuf[READ_BUF_BYTES];
 };
@@ -326,6 +339,8 @@ static void start_sweeper(rdzv_server *srv)
         uv_idle_start(&srv->sweeper, sweeper_cb);
 }
 
+static void mux_release(client *c);
+
 /* Closes a client: its waits die now (the sweeper frees them), its memory is freed once libuv
  * lets go of the handle. */
 static void client_close(client *c, const char *why)
@@ -339,6 +354,7 @@ static void client_close(client *c, const char *why)
         logf_(srv, RDZV_LOG_WARN, "closing connection from %s: %s", peer_name(c), why);
     if (srv->opts.on_close && c->port > 0)
         srv->opts.on_close(srv->opts.on_close_arg, c->addr, c->port);
+    mux_release(c);
     rdzv__conn_release(&srv->store, &c->conn);
     start_sweeper(srv);
     queue_remove(&c->node);
@@ -396,33 +412,8 @@ static void refuse(client *c, uint64_t *counter, const char *why)
 }
 
 /*
- * Finds whether the peer `pa` of a connection whose local end is `la` is on this host and, if
- * so, who owns its socket (the other-user rule). A peer is local when its address is loopback,
- * the connection's own local address, or an address the kernel routes to this host, or when
- * the kernel finds its socket here. The owner is then looked up so that it cannot be missed (a
- * dump finds sockets bound to a device, see peercred.c). This fails closed: a peer known (or
- * not known not) to be local whose owner cannot be established is an error, whatever the
- * reason: its socket is gone or in TIME_WAIT, the kernel cannot be asked, or it does not
- * answer. Returns 1 (local, *uid set), 0 (another host) or the negative errno of the lookup.
- */
-static int local_owner(rdzv_server *srv, const struct sockaddr *pa, const struct sockaddr *la,
-                       uint32_t *uid)
-{
-    bool local = rdzv__addr_loopback(pa) || rdzv__addr_same(pa, la);
-    int where = local ? 1 : rdzv__addr_local(&srv->cred, pa);
-    /* Search whenever the peer may be local: known to be, or not known (where < 0). */
-    int rc = rdzv__peer_uid(&srv->cred, pa, la, where != 0, uid);
-    if (rc == 0)
-        return 1;
-    /* Routed elsewhere, or (after a search, which sees every socket here) not found. */
-    if (where == 0 || (where < 0 && rc == -ENOENT))
-        return 0;
-    return rc;
-}
-
-/*
- * Decides on accept what a new connection may do. A peer on this host (local_owner()) owned by
- * another user is refused unless allow_other_users, and so is one whose owner cannot be
+ * Decides on accept what a new connection may do. A peer on this host (rdzv__local_owner())
+ * owned by another user is refused unless allow_other_users, and so is one whose owner cannot be
  * established; root's connections are always let in (root can read the store's memory
  * anyway). With a token or an allow list, a peer that is not on this host, not in `allow` and
  * not at an address a connection authenticated from is put on probation (token: it may only
@@ -446,7 +437,7 @@ static bool admit_peer(rdzv_server *srv, client *c)
     char why[200];
 
     if (!srv->opts.allow_other_users) {
-        int rc = local_owner(srv, pa, la, &uid);
+        int rc = rdzv__local_owner(&srv->cred, pa, la, &uid);
         if (rc < 0) {
             snprintf(why, sizeof(why),
                      "refused: the connection comes from this host and its owner cannot be "
@@ -560,10 +551,22 @@ static int auth_step(rdzv_server *srv, client *c, const rdzv__request *req)
 static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void pump(client *c);
 
+/*
+ * Reads go to the server's shared buffer, except while a frame larger than it is coming in:
+ * its bytes would be copied to c->pend anyway, so they are read there directly, as much per
+ * read as pend's room (at least READ_BUF_BYTES) allows. read_cb() counts them against the caps
+ * as keep() does; the room itself, like any buffer's spare capacity, is not counted.
+ */
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     client *c = h->data;
+    rdzv__buf *p = &c->pend;
     (void)suggested;
+    if (p->len >= READ_BUF_BYTES && rdzv__buf_reserve(p, READ_BUF_BYTES) == 0) {
+        size_t room = p->cap - p->len;
+        *buf = uv_buf_init((char *)p->data + p->len, room > UINT_MAX ? UINT_MAX : (unsigned)room);
+        return;
+    }
     *buf = uv_buf_init((char *)c->srv->rbuf, READ_BUF_BYTES);
 }
 
@@ -572,13 +575,15 @@ static void write_cb(uv_write_t *req, int status)
     write_req *w = (write_req *)req;
     client *c = w->c;
     rdzv_server *srv = c->srv;
-    size_t n = w->n;
+    size_t n = w->n, unsent = w->n - w->off;
     rdzv__buf_free(&w->buf);
     free(w);
     if (c->closing)
         return; /* its bytes were written off when it closed */
     lock(srv);
     rdzv__conn_sent(&srv->store, &c->conn, n);
+    if (status >= 0)
+        srv->bytes_out += unsent;
     if (status < 0) {
         client_close(c, uv_strerror(status));
     } else if (!c->reading && c->conn.out_held <= srv->opts.max_pending_output / 2) {
@@ -610,6 +615,7 @@ static void flush(client *c)
         int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
         if (n > 0) {
             off = (size_t)n;
+            c->srv->bytes_out += off;
         } else if (n != UV_EAGAIN) {
             client_close(c, uv_strerror(n));
             return;
@@ -633,6 +639,7 @@ static void flush(client *c)
      * reply; what the kernel already took stays counted until the buffer is freed. */
     w->c = c;
     w->n = out->len;
+    w->off = off;
     w->buf = *out;
     *out = (rdzv__buf){0};
     rdzv__buf_fit(&w->buf);
@@ -650,11 +657,26 @@ static void flush(client *c)
     }
 }
 
+static void vconn_failed(rdzv__conn *conn);
+
 static void flush_dirty(rdzv_server *srv)
 {
     rdzv__conn *conn;
     while ((conn = rdzv__store_pop_dirty(&srv->store)))
-        flush((client *)((char *)conn - offsetof(client, conn)));
+        if (conn->mux)
+            vconn_failed(conn);
+        else
+            flush((client *)((char *)conn - offsetof(client, conn)));
+}
+
+/* The end of a loop turn (its reads done): sends every reply they queued. */
+static void flusher_cb(uv_check_t *h)
+{
+    rdzv_server *srv = h->data;
+    lock(srv);
+    flush_dirty(srv);
+    uv_check_stop(h);
+    unlock(srv);
 }
 
 static int append_status(rdzv_server *srv, rdzv__conn *conn);
@@ -664,6 +686,8 @@ static bool backlogged(const client *c)
 {
     return c->conn.out_held > c->srv->opts.max_pending_output;
 }
+
+static int mux_request(client *c, const rdzv__request *req);
 
 /*
  * Runs the complete frames in buf[0..len), stopping early once the client is backlogged, and
@@ -697,6 +721,12 @@ static ssize_t process(client *c, const uint8_t *buf, size_t len)
         }
         if (!gate(srv, c, &req))
             return -1;
+        if (req.op == RDZV_OP_MUX || req.op == RDZV_OP_MUX_CLOSE) {
+            if (mux_request(c, &req) < 0)
+                return -1;
+            off += (size_t)n;
+            continue;
+        }
         int rc = rdzv__store_exec(&srv->store, &c->conn, &req);
         if (rc == RDZV__EXEC_STATUS)
             rc = append_status(srv, &c->conn);
@@ -794,8 +824,17 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
     const uint8_t *data = (const uint8_t *)buf->base;
     size_t len = (size_t)nread;
+    srv->bytes_in += len;
     c->last_read_ms = uv_now(srv->loop);
-    if (c->pend.len == 0) {
+    if (buf->base != (char *)srv->rbuf) {
+        /* Read into c->pend (alloc_cb()): count the bytes as keep() would, then run them. */
+        if (rdzv__conn_hold_input(&srv->store, &c->conn, c->pend.len + len) < 0) {
+            client_close(c, c->conn.why ? c->conn.why : "out of buffer space");
+        } else {
+            c->pend.len += len;
+            consume_pending(c);
+        }
+    } else if (c->pend.len == 0) {
         /* Fast path: parse straight from the shared buffer, keep only what is left over. */
         ssize_t used = process(c, data, len);
         if (used >= 0 && (size_t)used < len)
@@ -804,8 +843,14 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     } else if (keep(c, data, len) == 0) {
         consume_pending(c);
     }
-    flush_dirty(srv);
-    pump(c);
+    if (c->pend.len > 0 && backlogged(c)) {
+        /* Held back by its own replies: send them now and run what they held back. */
+        flush_dirty(srv);
+        pump(c);
+    } else if (!queue_empty(&srv->store.dirty) && !srv->closing) {
+        /* Replies go out once per loop turn, after all of its reads (flusher_cb). */
+        uv_check_start(&srv->flusher, flusher_cb);
+    }
     start_sweeper(srv); /* a CANCEL_WAIT leaves dead WAITs */
     unlock(srv);
 }
@@ -1033,13 +1078,149 @@ static void sweep_cb(uv_timer_t *t)
             snprintf(why, sizeof(why), "request incomplete for %d s (request_timeout_s)",
                      srv->opts.request_timeout_s);
             client_close(c, why);
-        } else if (idle_ms && !rdzv__conn_waiting(&c->conn) &&
+        } else if (idle_ms && !rdzv__conn_waiting(&c->conn) && c->vconns.n == 0 &&
                    now - c->last_read_ms >= idle_ms) {
             snprintf(why, sizeof(why), "idle for %d s (idle_timeout_s)", srv->opts.idle_timeout_s);
             client_close(c, why);
         }
     }
     unlock(srv);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Multiplexed connections (mux.h)                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The client carrying the virtual connection `conn`. */
+static client *mux_client(const rdzv__conn *conn)
+{
+    return (client *)((char *)conn->mux - offsetof(client, conn));
+}
+
+/*
+ * Closes vconn `v` of `c` as a connection of its own closes (its WAITs and watches die, its
+ * bytes are written off), with a log line when `why`, and tells the proxy (RDZV_MUX_CLOSED)
+ * when `tell`.
+ */
+static void vconn_close(client *c, rdzv__vconn *v, const char *why, bool tell)
+{
+    rdzv_server *srv = c->srv;
+    uint32_t id = v->conn.vid;
+    if (why)
+        logf_(srv, RDZV_LOG_WARN, "closing virtual connection %u of %s: %s", (unsigned)id,
+              peer_name(c), why);
+    rdzv__conn_release(&srv->store, &v->conn);
+    rdzv__vtable_remove(&c->vconns, v);
+    srv->nvconns--;
+    start_sweeper(srv);
+    if (tell) {
+        uint32_t closed[2] = {id, RDZV_MUX_CLOSED};
+        rdzv__reply_raw(&srv->store, &c->conn, closed, sizeof(closed));
+    }
+}
+
+/* A vconn the store failed (a cap: store.h) came off the dirty list: close it. */
+static void vconn_failed(rdzv__conn *conn)
+{
+    client *c = mux_client(conn);
+    if (conn->error && !c->closing)
+        vconn_close(c, (rdzv__vconn *)((char *)conn - offsetof(rdzv__vconn, conn)),
+                    conn->why ? conn->why : rdzv_strerror(conn->error), true);
+}
+
+/* Closes every vconn of a closing client. */
+static void mux_release(client *c)
+{
+    rdzv__vtable *t = &c->vconns;
+    for (size_t i = 0; i < t->nbuckets; i++)
+        while (t->buckets[i])
+            vconn_close(c, t->buckets[i], NULL, false);
+    if (t->nbuckets)
+        c->srv->nmux--;
+    rdzv__vtable_free(t);
+}
+
+/*
+ * Runs a MUX or MUX_CLOSE request of `c` (mux.h). The request a MUX frame carries goes through
+ * the rules a connection of its own would meet (gate(): the private keys) and the store; what
+ * would close that connection closes the vconn alone. Returns 0, or -1 after closing `c` (a
+ * store with a secret and `c` unauthenticated, a malformed frame, out of memory).
+ */
+static int mux_request(client *c, const rdzv__request *req)
+{
+    rdzv_server *srv = c->srv;
+    char why[200];
+    srv->store.ops[req->op]++;
+    if (srv->token && c->auth.state != RDZV_AUTH_DONE) {
+        snprintf(why, sizeof(why),
+                 "%s refused: a store with a secret multiplexes only "
+                 "authenticated connections",
+                 rdzv__op_name(req->op));
+        refuse(c, &srv->refused_private, why);
+        return -1;
+    }
+    rdzv__vconn *v = rdzv__vtable_find(&c->vconns, req->u32);
+    if (req->op == RDZV_OP_MUX_CLOSE) {
+        if (v)
+            vconn_close(c, v, NULL, false);
+        return 0;
+    }
+    if (!v) {
+        if (req->key_len < 1) {
+            srv->closed_bad_input++;
+            client_close(c, "malformed MUX frame (no flags)");
+            return -1;
+        }
+        if (c->vconns.nbuckets == 0)
+            srv->nmux++;
+        if (rdzv__vtable_add(&c->vconns, &c->conn, req->u32, req->key[0] & RDZV_MUX_LEGACY, &v) <
+            0) {
+            client_close(c, "out of memory");
+            return -1;
+        }
+        srv->nvconns++;
+    }
+    uint8_t flags;
+    rdzv__request in;
+    int rc = rdzv__mux_parse(v, &srv->limits, req, &flags, &in);
+    if (rc == -EPROTO) {
+        srv->closed_bad_input++;
+        client_close(c, "malformed MUX frame (not one whole request)");
+        return -1;
+    }
+    if (rc < 0 || in.op >= RDZV_OP_AUTH_HELLO) {
+        snprintf(why, sizeof(why), "%s",
+                 rc < 0 ? rdzv__parse_strerror(rc)
+                        : "the handshake and MUX are not for a "
+                          "virtual connection");
+        srv->closed_bad_input++;
+        vconn_close(c, v, why, true);
+        return 0;
+    }
+    if (srv->token && !(flags & RDZV_MUX_AUTH) && rdzv__request_private(&in)) {
+        snprintf(why, sizeof(why),
+                 "%s refused: a key is private to the job's authenticated "
+                 "connections",
+                 rdzv__op_name(in.op));
+        srv->refused_private++;
+        vconn_close(c, v, refusal_log_now(srv, RDZV_LOG_WARN, why, false) ? why : NULL, true);
+        return 0;
+    }
+    rc = rdzv__store_exec(&srv->store, &v->conn, &in);
+    if (rc == RDZV__EXEC_STATUS)
+        rc = append_status(srv, &v->conn);
+    if (c->conn.error)
+        return 0; /* flush_dirty() closes `c` */
+    if (rc < 0 || v->conn.error) {
+        snprintf(why, sizeof(why), "%s request refused: %s", rdzv__op_name(in.op),
+                 rc == -ENOSPC   ? "the store's size limit would be exceeded"
+                 : rc == -EINVAL ? "ADD on a value that is not a decimal integer"
+                 : v->conn.why   ? v->conn.why
+                                 : rdzv_strerror(rc < 0 ? rc : v->conn.error));
+        srv->closed_bad_input++;
+        vconn_close(c, v, why, true);
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1099,12 +1280,21 @@ static char *status_json(rdzv_server *srv)
     json_object_set_new(sec, "auth_timeouts", json_integer((json_int_t)srv->auth_timeouts));
     json_object_set_new(sec, "probation_shed", json_integer((json_int_t)srv->probation_shed));
     json_object_set_new(o, "buffered_bytes", json_integer((json_int_t)st->buffered));
+    json_object_set_new(o, "multiplexed_connections", json_integer((json_int_t)srv->nmux));
+    json_object_set_new(o, "virtual_connections", json_integer((json_int_t)srv->nvconns));
     json_object_set_new(o, "memory", json_integer((json_int_t)st->memory));
     json_object_set_new(o, "private_memory", json_integer((json_int_t)st->private_memory));
     json_object_set_new(o, "clear_pending", json_integer((json_int_t)st->nstale));
     json_object_set_new(limits, "max_private_bytes",
                         json_integer((json_int_t)srv->opts.max_private_bytes));
     json_object_set_new(limits, "max_list_keys", json_integer((json_int_t)srv->opts.max_list_keys));
+    uint64_t requests = 0;
+    for (int i = 0; i < RDZV_OP_COUNT; i++)
+        requests += st->ops[i];
+    json_object_set_new(o, "traffic",
+                        json_pack("{s:I, s:I, s:I}", "requests", (json_int_t)requests, "bytes_in",
+                                  (json_int_t)srv->bytes_in, "bytes_out",
+                                  (json_int_t)srv->bytes_out));
     json_object_set_new(o, "protocol",
                         json_pack("{s:I, s:I}", "legacy", (json_int_t)srv->gens[RDZV_GEN_LEGACY],
                                   "modern", (json_int_t)srv->gens[RDZV_GEN_MODERN]));
@@ -1238,6 +1428,7 @@ static void server_discard(rdzv_server *srv)
         uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
         uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
         uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
+        uv_close((uv_handle_t *)&srv->flusher, handle_closed);
         if (!srv->threaded)
             return; /* handle_closed() frees it */
         uv_run(srv->loop, UV_RUN_DEFAULT);
@@ -1347,7 +1538,10 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     uv_idle_init(loop, &srv->sweeper);
     srv->sweeper.data = srv;
     uv_unref((uv_handle_t *)&srv->sweeper);
-    srv->open_handles = 5;
+    uv_check_init(loop, &srv->flusher);
+    srv->flusher.data = srv;
+    uv_unref((uv_handle_t *)&srv->flusher);
+    srv->open_handles = 6;
     rc = uv_poll_start(&srv->listener, UV_READABLE, on_listen_ready);
     int shortest = 0; /* seconds: the shortest timeout in force */
     if (opts->request_timeout_s > 0)
@@ -1408,6 +1602,7 @@ static void begin_close(rdzv_server *srv)
     uv_close((uv_handle_t *)&srv->refuse_timer, handle_closed);
     uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
     uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
+    uv_close((uv_handle_t *)&srv->flusher, handle_closed);
 }
 
 

@@ -40,6 +40,7 @@
 #include "store.h"
 
 #include "auth.h"
+#include "mux.h"
 #include "rdzv.h"
 
 #include <assert.h>
@@ -335,9 +336,53 @@ int rdzv__conn_hold_input(rdzv__store *s, rdzv__conn *c, size_t n)
     return 0;
 }
 
+/*
+ * A reply of the virtual connection `v` (store.h): `hn` bytes at `h` then `n` at `p`, framed
+ * for its multiplexed connection as RDZV_MUX_REPLY frames (mux.h) and appended to that one's
+ * output at once, so that the replies of all its virtual connections leave in the order the
+ * store made them. Over max_conn_output it is `v` that fails (as a connection of its own
+ * would), not the multiplexed connection; over max_buffered the rule of make_room() holds.
+ */
+static int vreply(rdzv__store *s, rdzv__conn *v, const void *h, size_t hn, const void *p, size_t n)
+{
+    rdzv__conn *m = v->mux;
+    size_t total = hn + n, frames = total / RDZV_MUX_REPLY_MAX + 1;
+    mark_dirty(s, m);
+    if (v->error)
+        return v->error;
+    if (total + 8 * frames > s->max_conn_output)
+        return fail_conn(s, v, -ENOBUFS, why_conn_output);
+    int rc = charge(s, m, total + 8 * frames);
+    if (rc < 0)
+        return rc;
+    if ((rc = rdzv__buf_reserve(&m->out, total + 8 * frames)) < 0)
+        return fail_conn(s, m, rc, NULL);
+    const uint8_t *src[2] = {h, p};
+    size_t left[2] = {hn, n};
+    for (size_t f = 0; f < frames; f++) {
+        uint32_t len = (uint32_t)(total < RDZV_MUX_REPLY_MAX ? total : RDZV_MUX_REPLY_MAX);
+        uint32_t hdr[2] = {v->vid, len};
+        memcpy(m->out.data + m->out.len, hdr, 8);
+        m->out.len += 8;
+        total -= len;
+        for (int i = 0; i < 2 && len > 0; i++) {
+            size_t take = left[i] < len ? left[i] : len;
+            if (take)
+                memcpy(m->out.data + m->out.len, src[i], take);
+            m->out.len += take;
+            src[i] += take;
+            left[i] -= take;
+            len -= (uint32_t)take;
+        }
+    }
+    return 0;
+}
+
 /* Appends raw bytes for `c`. A failure is recorded on `c` (it will be closed) and returned. */
 static int reply(rdzv__store *s, rdzv__conn *c, const void *p, size_t n)
 {
+    if (c->mux)
+        return vreply(s, c, NULL, 0, p, n);
     mark_dirty(s, c);
     if (c->error)
         return c->error;
@@ -360,9 +405,16 @@ static int reply_i64(rdzv__store *s, rdzv__conn *c, int64_t v)
     return reply(s, c, &v, 8);
 }
 
+int rdzv__reply_raw(rdzv__store *s, rdzv__conn *c, const void *p, size_t n)
+{
+    return reply(s, c, p, n);
+}
+
 int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n)
 {
     uint64_t len = n;
+    if (c->mux)
+        return vreply(s, c, &len, 8, p, n);
     mark_dirty(s, c);
     if (c->error)
         return c->error;
@@ -1304,6 +1356,8 @@ int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *r)
     case RDZV_OP_AUTH_HELLO:
     case RDZV_OP_AUTH_PROOF:
         return RDZV__EXEC_AUTH;
+    case RDZV_OP_MUX: /* the server runs these (mux.h); the store never sees them */
+    case RDZV_OP_MUX_CLOSE:
     case RDZV_OP_COUNT:
         break;
     }

@@ -63,6 +63,11 @@ typedef struct rdzv__conn {
     size_t out_held, in_held;
     queue held_node; /* on the store's holders list while `holding` */
     bool holding;
+    /* A virtual connection of a multiplexed one (a store proxy's, see mux.h): its replies go
+     * straight into `mux`'s output, framed with `vid` (mux.h), charged to `mux`; its own `out`
+     * stays empty. NULL for a connection of its own. */
+    struct rdzv__conn *mux;
+    uint32_t vid;
 } rdzv__conn;
 
 /* The pools of names a clear takes or keeps whole: open names, and those under each private
@@ -162,6 +167,10 @@ int rdzv__conn_hold_input(rdzv__store *s, rdzv__conn *c, size_t n);
  * not a decimal integer), -ENOMEM.
  */
 int rdzv__store_exec(rdzv__store *s, rdzv__conn *c, const rdzv__request *req);
+
+/* Appends `n` raw bytes to a connection's output and marks it dirty; a failure is recorded on
+ * the connection (it will be closed) and returned. */
+int rdzv__reply_raw(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);
 
 /* Appends a length-prefixed byte vector to a connection's output and marks it dirty. */
 int rdzv__reply_vec(rdzv__store *s, rdzv__conn *c, const void *p, size_t n);

@@ -6,6 +6,7 @@
  * Not here: the measurements (section.c); nothing here changes a result.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -58,31 +59,21 @@ static double row_ratio(const struct row *r)
     return r->unit == U_RATE ? o->v / t->v : t->v / o->v;
 }
 
+/* The row's goal and, once both sides ran, whether ours met it. The ratio rows compare like
+   with like (row_ratio() is above 1 when ours is better): 2x the round trips, half the CPU. */
 static void fmt_target(char *buf, size_t size, const struct row *r)
 {
     const struct cell *o = &r->c[SRV_OURS];
     double ratio = row_ratio(r);
+    const char *goal = r->target == TARGET_RATE_2X    ? ">= 2x"
+                       : r->target == TARGET_CPU_HALF ? "<= 0.5x torch"
+                       : r->target == TARGET_BARRIER  ? "<= 0.5 s"
+                                                      : NULL;
+    bool known = r->target == TARGET_BARRIER ? o->state == CELL_OK : ratio > 0;
+    bool met = r->target == TARGET_BARRIER ? o->v <= 0.5 : ratio >= 2;
     buf[0] = '\0';
-    switch (r->target) {
-    case 1:
-        if (ratio > 0)
-            snprintf(buf, size, ">= 3x: %s", ratio >= 3 ? "met" : "MISSED");
-        else
-            snprintf(buf, size, ">= 3x");
-        break;
-    case 2:
-        if (o->state == CELL_OK)
-            snprintf(buf, size, "<= 25 us: %s", o->v <= 25 ? "met" : "MISSED");
-        else
-            snprintf(buf, size, "<= 25 us");
-        break;
-    case 3:
-        if (o->state == CELL_OK)
-            snprintf(buf, size, "<= 0.5 s: %s", o->v <= 0.5 ? "met" : "MISSED");
-        else
-            snprintf(buf, size, "<= 0.5 s");
-        break;
-    }
+    if (goal)
+        snprintf(buf, size, "%s%s", goal, !known ? "" : met ? ": met" : ": MISSED");
 }
 
 void print_section(const struct section *sec, const struct config *cfg)
@@ -101,6 +92,8 @@ void print_section(const struct section *sec, const struct config *cfg)
         const struct row *r = &sec->rows[i];
         char a[32], b[32], ratio[32] = "-", tgt[48];
         double x = row_ratio(r);
+        if (r->c[SRV_OURS].state == CELL_NONE && r->c[SRV_TORCH].state == CELL_NONE)
+            continue; /* not selected (--rows) */
         fmt_cell(a, sizeof(a), &r->c[SRV_OURS], r->unit);
         fmt_cell(b, sizeof(b), &r->c[SRV_TORCH], r->unit);
         if (x > 0)

@@ -62,13 +62,13 @@ void section_init(struct section *sec, const struct gen *g, const struct config 
         snprintf(sec->rows[i].name, sizeof(sec->rows[i].name), "%s", rt_names[i]);
         sec->rows[i].unit = i < R_US1_S ? U_RATE : i < R_CPU1_S ? U_US : U_CPU_US;
     }
-    sec->rows[R_RATE32_S].target = 1;
-    sec->rows[R_US1_S].target = 2;
+    sec->rows[R_RATE32_S].target = TARGET_RATE_2X;
+    sec->rows[R_CPU32_S].target = TARGET_CPU_HALF;
     for (unsigned i = 0; i < cfg->nbarriers; i++) {
         struct row *r = &sec->rows[R_BARRIER0 + i];
         snprintf(r->name, sizeof(r->name), "barrier s, %u conn", cfg->barrier_n[i]);
         r->unit = U_SEC;
-        r->target = cfg->barrier_n[i] == 10000 ? 3 : 0;
+        r->target = cfg->barrier_n[i] == 10000 ? TARGET_BARRIER : TARGET_NONE;
     }
     sec->nrows = R_BARRIER0 + cfg->nbarriers;
 }
@@ -248,6 +248,8 @@ void run_section(struct section *sec, const struct config *cfg)
         struct row *r = &sec->rows[i];
         struct row *u = nconn == 1 ? &sec->rows[R_US1_S + i] : NULL;
         struct row *cpu = &sec->rows[R_CPU1_S + i];
+        if (!(cfg->rows & (ROW_RATE1 << i)))
+            continue;
         for (unsigned rep = 0; rep < cfg->reps; rep++) {
             for (int k = 0; k < 2; k++) {
                 struct rt_result res = {0};
@@ -294,7 +296,7 @@ void run_section(struct section *sec, const struct config *cfg)
     }
 
     /* Barriers: a fresh pair of servers per N, except in --quick (distinct keys suffice). */
-    for (unsigned b = 0; b < cfg->nbarriers; b++) {
+    for (unsigned b = 0; b < cfg->nbarriers && (cfg->rows & ROW_BARRIER); b++) {
         struct row *r = &sec->rows[R_BARRIER0 + b];
         unsigned n = cfg->barrier_n[b];
         struct rlimit rl;

@@ -53,6 +53,8 @@ enum {
     OPT_SERVER,
     OPT_QUICK,
     OPT_ONLY,
+    OPT_ROWS,
+    OPT_PROTOCOL,
     OPT_JSON,
     OPT_REPS,
     OPT_PY_LEGACY,
@@ -77,7 +79,24 @@ static const cli_option g_options[] = {
      NULL,
      0,
      "smoke run: short timings, barriers of 100 and 400 only (< 10 s)"},
-    {OPT_ONLY, {"--only"}, "WHICH", NULL, 0, "run only ours, torch113 or torch2"},
+    {OPT_ONLY,
+     {"--only"},
+     "WHICH",
+     NULL,
+     0,
+     "run only ours, torch113 or torch2 (repeat to run several)"},
+    {OPT_ROWS,
+     {"--rows"},
+     "LIST",
+     NULL,
+     0,
+     "comma-separated rows to run: rate1, rate1-mib, rate32, rate32-mib, barrier (default all)"},
+    {OPT_PROTOCOL,
+     {"--protocol"},
+     "GEN",
+     NULL,
+     0,
+     "run only the legacy or the modern section (default both)"},
     {OPT_JSON, {"--json"}, "FILE", NULL, 0, "also write the results as JSON"},
     {OPT_REPS,
      {"--reps"},
@@ -119,6 +138,35 @@ static void usage(FILE *f)
                " 2 bad usage.\n");
 }
 
+/* Parses --rows LIST into cfg->rows. Returns 0, or -EINVAL after saying which name is wrong. */
+static int parse_rows(const char *list, struct config *cfg)
+{
+    static const char *const names[] = {"rate1", "rate1-mib", "rate32", "rate32-mib", "barrier"};
+    const char *p = list;
+    cfg->rows = 0;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        unsigned k = 0;
+        while (k < sizeof(names) / sizeof(names[0]) &&
+               (strlen(names[k]) != n || strncmp(p, names[k], n) != 0))
+            k++;
+        if (k == sizeof(names) / sizeof(names[0])) {
+            fprintf(stderr,
+                    "store-bench: --rows: unknown row '%.*s' (rows: rate1, rate1-mib, rate32, "
+                    "rate32-mib, barrier)\n",
+                    (int)n, p);
+            return -EINVAL;
+        }
+        cfg->rows |= 1u << k;
+        p += n + (p[n] == ',');
+    }
+    if (!cfg->rows) {
+        fprintf(stderr, "store-bench: --rows needs at least one row\n");
+        return -EINVAL;
+    }
+    return 0;
+}
+
 /* The default ddp-rendezvous: the build tree's rendezvous/ next to bench/. */
 static char *default_server(void)
 {
@@ -131,8 +179,9 @@ static char *default_server(void)
     if (!slash)
         return NULL;
     *slash = '\0';
-    path = xmalloc(strlen(exe) + 64);
-    sprintf(path, "%s/../rendezvous/ddp-rendezvous", exe);
+    size_t size = strlen(exe) + 64;
+    path = xmalloc(size);
+    snprintf(path, size, "%s/../rendezvous/ddp-rendezvous", exe);
     return path;
 }
 
@@ -186,6 +235,19 @@ static int parse_args(int argc, char **argv, struct config *cfg)
             cfg->reps = (unsigned)n;
             break;
         }
+        case OPT_ROWS:
+            if (parse_rows(v, cfg) < 0)
+                return -EINVAL;
+            break;
+        case OPT_PROTOCOL:
+            if (strcmp(v, "legacy") == 0 || strcmp(v, "modern") == 0) {
+                cfg->gens[0] = strcmp(v, "legacy") == 0;
+                cfg->gens[1] = !cfg->gens[0];
+            } else {
+                fprintf(stderr, "store-bench: --protocol takes legacy or modern\n");
+                return -EINVAL;
+            }
+            break;
         case OPT_ONLY:
             if (strcmp(v, "ours") == 0)
                 cfg->only_ours = true;
@@ -211,6 +273,8 @@ int main(int argc, char **argv)
         .script = STORE_BENCH_SCRIPT,
         .py_legacy = "/usr/bin/python3",
         .py_modern = "python3",
+        .rows = ROW_ALL,
+        .gens = {true, true},
     };
     struct section secs[2];
     struct rlimit rl;
@@ -280,11 +344,11 @@ int main(int argc, char **argv)
     section_init(&secs[0], &gen_legacy, &cfg);
     section_init(&secs[1], &gen_modern, &cfg);
     for (int s = 0; s < 2; s++) {
-        secs[s].run[SRV_OURS] = !any_only || cfg.only_ours;
+        secs[s].run[SRV_OURS] = cfg.gens[s] && (!any_only || cfg.only_ours);
         secs[s].skip[SRV_OURS] = ours_skip;
     }
-    secs[0].run[SRV_TORCH] = !any_only || cfg.only_t113;
-    secs[1].run[SRV_TORCH] = !any_only || cfg.only_t2;
+    secs[0].run[SRV_TORCH] = cfg.gens[0] && (!any_only || cfg.only_t113);
+    secs[1].run[SRV_TORCH] = cfg.gens[1] && (!any_only || cfg.only_t2);
 
     /* Start every server at once: importing torch takes seconds and idle servers cost nothing. */
     for (int s = 0; s < 2; s++)

@@ -171,10 +171,18 @@ struct cell {
     char *err;
 };
 
+/* The goals a row is checked against (issue 23), in its `target` column. */
+enum {
+    TARGET_NONE,
+    TARGET_RATE_2X,  /* ours >= 2x torch's round trips per second */
+    TARGET_CPU_HALF, /* ours <= 0.5x torch's server CPU per round trip */
+    TARGET_BARRIER,  /* ours <= 0.5 s */
+};
+
 struct row {
     char name[48];
     enum unit unit;
-    int target;       /* 0 none, 1 ratio >= 3, 2 ours <= 25 us, 3 ours <= 0.5 s */
+    int target;       /* TARGET_*: issue 23's goal for the row */
     struct cell c[2]; /* [SRV_OURS], [SRV_TORCH] */
 };
 
@@ -217,6 +225,19 @@ struct config {
     unsigned nbarriers;
     unsigned reps; /* runs per round-trip row and server; the best is kept */
     struct rt_timing t;
+    unsigned rows; /* --rows: the ROW_* groups to run (ROW_ALL unless given) */
+    bool gens[2];  /* --protocol: the sections to run, [0] legacy, [1] modern */
+};
+
+/* --rows: the groups of rows a run measures. A round-trip group fills its rate, its wall time
+   (one connection) and its server CPU rows. */
+enum {
+    ROW_RATE1 = 1 << 0,      /* 1 conn, 64 B */
+    ROW_RATE1_MIB = 1 << 1,  /* 1 conn, 1 MiB */
+    ROW_RATE32 = 1 << 2,     /* 32 conn, 64 B */
+    ROW_RATE32_MIB = 1 << 3, /* 32 conn, 1 MiB */
+    ROW_BARRIER = 1 << 4,    /* every barrier size */
+    ROW_ALL = (1 << 5) - 1
 };
 
 extern int g_failures;

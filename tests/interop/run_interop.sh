@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Interop test: real PyTorch clients against ddp-rendezvous and against PyTorch's own server.
 #
-# Usage: run_interop.sh PATH_TO_ddp-rendezvous PYTHON
+# Usage: run_interop.sh PATH_TO_ddp-rendezvous PYTHON [PATH_TO_proxy_serve]
+#
+# With a third argument every client of ddp-rendezvous goes through a store proxy
+# (rdzv_proxy, tests/rendezvous/proxy_serve.c) in front of it: the transcripts must still match
+# PyTorch's server's, and the proxy must have coalesced nothing it should not have.
 #
 # 1. Runs store_scenario.py (one line per step) against `ddp-rendezvous serve` and against
 #    torch_store_server.py started with the same PYTHON, and requires identical transcripts.
@@ -19,12 +23,13 @@
 
 set -euo pipefail
 
-if [[ $# -ne 2 ]]; then
-    echo "usage: $0 PATH_TO_ddp-rendezvous PYTHON" >&2
+if [[ $# -ne 2 && $# -ne 3 ]]; then
+    echo "usage: $0 PATH_TO_ddp-rendezvous PYTHON [PATH_TO_proxy_serve]" >&2
     exit 1
 fi
 rdzv=$1
 py=$2
+proxy=${3:-}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 host=127.0.0.1
 world=4
@@ -144,6 +149,11 @@ status=0
 start_server ours "$rdzv" serve --bind "$host" --port 0
 ours_port=$port
 ours_pid=$server_pid
+if [[ -n $proxy ]]; then
+    start_server proxy "$proxy" "$host" "$ours_port"
+    ours_port=$port
+    proxy_pid=$server_pid
+fi
 start_server torch "$py" "$here/torch_store_server.py" "$host"
 torch_port=$port
 torch_pid=$server_pid
@@ -165,7 +175,7 @@ run_gloo torch "$torch_port" || status=1
 
 # Both servers must still be running: a crash during the tests is a failure even if the
 # clients happened not to notice.
-for pid in "$ours_pid" "$torch_pid"; do
+for pid in "$ours_pid" "$torch_pid" ${proxy_pid:+"$proxy_pid"}; do
     if ! kill -0 "$pid" 2>/dev/null; then
         echo "FAIL: server process $pid died during the run" >&2
         status=1

@@ -537,6 +537,26 @@ START_TEST(hung_timeout)
 }
 END_TEST
 
+/* --store-proxy: off by default, on|off from the command line or PET_STORE_PROXY. */
+START_TEST(store_proxy)
+{
+    PARSE_OK("t");
+    ck_assert(!cfg.store_proxy);
+    PARSE_OK("--store-proxy", "on", "t");
+    ck_assert(cfg.store_proxy);
+    PARSE_OK("--store_proxy=off", "t");
+    ck_assert(!cfg.store_proxy);
+    setenv("PET_STORE_PROXY", "on", 1);
+    PARSE_OK("t");
+    ck_assert(cfg.store_proxy);
+    PARSE_OK("--store-proxy", "off", "t");
+    ck_assert(!cfg.store_proxy);
+    unsetenv("PET_STORE_PROXY");
+    PARSE_ERR("--store-proxy: expected 'on' or 'off', got 'yes'", "--store-proxy", "yes", "t");
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
 /*
  * Every duration has a range, named in the error: at most 2147483 s (INT_MAX ms), so that none
  * overflows when the agent turns it into milliseconds ("--shutdown-timeout 1e18" was accepted and
@@ -1385,14 +1405,15 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("launcher_options");
-    TCase *tc = check_tcase(
-        s, "options", 30, defaults_are_torchrun_defaults, both_spellings,
-        equals_form_and_abbreviations, script_and_its_arguments, pet_defaults_and_precedence,
-        shutdown_timeout_sources, hung_timeout, errors_name_their_flag, duration_ranges,
-        module_no_python_run_path, rdzv_conf_parsing, liveness_settings, redirects_and_tee,
-        local_ranks_filter, standalone, endpoints, control_plane, nproc_auto_cpu_gpu,
-        slurm_defaults, slurm_subset_step, slurm_batch_script, slurm_tasks_per_node,
-        python_or_program, virtual_local_rank, ignored_options_warn, help_and_version);
+    TCase *tc =
+        check_tcase(s, "options", 30, defaults_are_torchrun_defaults, both_spellings,
+                    equals_form_and_abbreviations, script_and_its_arguments,
+                    pet_defaults_and_precedence, shutdown_timeout_sources, hung_timeout,
+                    store_proxy, errors_name_their_flag, duration_ranges, module_no_python_run_path,
+                    rdzv_conf_parsing, liveness_settings, redirects_and_tee, local_ranks_filter,
+                    standalone, endpoints, control_plane, nproc_auto_cpu_gpu, slurm_defaults,
+                    slurm_subset_step, slurm_batch_script, slurm_tasks_per_node, python_or_program,
+                    virtual_local_rank, ignored_options_warn, help_and_version);
     tcase_add_checked_fixture(tc, setup, teardown);
 
     check_tcase(s, "slurm_expand", 30, slurm_expand);

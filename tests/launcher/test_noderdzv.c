@@ -525,6 +525,134 @@ START_TEST(test_heartbeat_detects_silent_node)
 }
 END_TEST
 
+/* The ring watch covers the next DDPRUN_HB_PEERS ranks, wrapping, never the watcher itself. */
+START_TEST(test_heartbeat_peer_sets)
+{
+    ddprun_hb_state st;
+    ck_assert_int_eq(ddprun_hb_init_peers(&st, PREFIX, 2, 5, 3, 2, 1.0), 0);
+    ck_assert_int_eq(st.nnodes, 5);
+    ck_assert_int_eq(st.nwatched, 2);
+    ck_assert_int_eq(st.ranks[0], 4);
+    ck_assert_int_eq(st.ranks[1], 0);
+    ck_assert_str_eq(st.keys[0], PREFIX "/round_2/hb/4");
+    ck_assert_str_eq(st.keys[1], PREFIX "/round_2/hb/0");
+    ck_assert_ptr_null(st.keys[2]);
+    ddprun_hb_free(&st);
+    /* Two nodes: the other one only; one node: nothing to watch, and no store call. */
+    ck_assert_int_eq(ddprun_hb_init_peers(&st, PREFIX, 0, 2, 1, DDPRUN_HB_PEERS, 1.0), 0);
+    ck_assert_int_eq(st.nwatched, 1);
+    ck_assert_int_eq(st.ranks[0], 0);
+    ddprun_hb_free(&st);
+    ck_assert_int_eq(ddprun_hb_init_peers(&st, PREFIX, 0, 1, 0, DDPRUN_HB_PEERS, 1.0), 0);
+    ck_assert_int_eq(st.nwatched, 0);
+    rdzv_client *c = client();
+    ck_assert_int_eq(ddprun_dead_nodes(c, &st, NULL, 0), 0);
+    ddprun_hb_free(&st);
+    /* The full watch: every rank in order. */
+    ck_assert_int_eq(ddprun_hb_init(&st, PREFIX, 0, 3, 1.0), 0);
+    ck_assert_int_eq(st.nwatched, 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(st.ranks[i], i);
+    ddprun_hb_free(&st);
+    /* Bad arguments leave nothing to free. */
+    ck_assert_int_eq(ddprun_hb_init_peers(&st, PREFIX, 0, 3, 3, 2, 1.0), -EINVAL);
+    ck_assert_ptr_null(st.keys);
+    ck_assert_int_eq(ddprun_hb_init_peers(&st, PREFIX, 0, 3, -1, 2, 1.0), -EINVAL);
+    ck_assert_int_eq(ddprun_hb_init_peers(&st, PREFIX, 0, 3, 0, 0, 1.0), -EINVAL);
+    ck_assert_int_eq(ddprun_hb_init_peers(&st, PREFIX, 0, 3, 0, 2, 0.0), -EINVAL);
+    ck_assert_int_eq(ddprun_hb_init_peers(NULL, PREFIX, 0, 3, 0, 2, 1.0), -EINVAL);
+    rdzv_client_close(c);
+}
+END_TEST
+
+#define RING_N 6
+
+/*
+ * One scenario of the ring watch: RING_N nodes beat in round `round` (the test beats for them,
+ * every HB_INTERVAL_S), each watching its ring peers, and a full watcher watches them all.
+ * After a few beats the nodes in `dead_mask` stop. Until the bound (dead_after + check intervals
+ * + slack) every live node's watcher reports only dead nodes (no false positive, before or after
+ * the stop), the full watcher reports exactly the dead set, and, as long as a node lives, the
+ * live watchers report some dead node: the live rank just before each run of dead ranks reports
+ * its first rank.
+ */
+static void ring_scenario(rdzv_client *c, int round, unsigned dead_mask)
+{
+    ddprun_hb_state peer[RING_N], all;
+    for (int i = 0; i < RING_N; i++)
+        ck_assert_int_eq(ddprun_hb_init_peers(&peer[i], PREFIX, round, RING_N, i, DDPRUN_HB_PEERS,
+                                              HB_DEAD_AFTER_S),
+                         0);
+    ck_assert_int_eq(ddprun_hb_init(&all, PREFIX, round, RING_N, HB_DEAD_AFTER_S), 0);
+    unsigned reported_by_peers = 0, reported_all = 0; /* masks of ranks reported */
+    unsigned first_of_run_reported = 0; /* ranks whose live predecessor reported them */
+    double t0 = mono_now_s(), t_stop = -1, t_all = -1;
+    for (int step = 0;; step++) {
+        double now = mono_now_s();
+        if (t_stop < 0 && step == 4)
+            t_stop = now;
+        unsigned alive = t_stop < 0 ? (1u << RING_N) - 1 : ~dead_mask & ((1u << RING_N) - 1);
+        for (int i = 0; i < RING_N; i++)
+            if (alive & (1u << i))
+                ck_assert_int_eq(ddprun_heartbeat(c, PREFIX, round, i), 0);
+        for (int i = 0; i < RING_N; i++) {
+            if (!(alive & (1u << i)))
+                continue; /* a dead node checks nothing */
+            int dead[RING_N];
+            int n = ddprun_dead_nodes(c, &peer[i], dead, RING_N);
+            ck_assert_int_ge(n, 0);
+            ck_assert_int_le(n, DDPRUN_HB_PEERS);
+            for (int k = 0; k < n; k++) {
+                ck_assert_msg(dead_mask & (1u << dead[k]) && t_stop >= 0,
+                              "node %d reported live node %d", i, dead[k]);
+                reported_by_peers |= 1u << dead[k];
+                if (dead[k] == (i + 1) % RING_N)
+                    first_of_run_reported |= 1u << dead[k];
+            }
+        }
+        int dead[RING_N];
+        int n = ddprun_dead_nodes(c, &all, dead, RING_N);
+        ck_assert_int_ge(n, 0);
+        unsigned mask = 0;
+        for (int k = 0; k < n; k++)
+            mask |= 1u << dead[k];
+        ck_assert_msg((mask & ~dead_mask) == 0 && (mask == 0 || t_stop >= 0),
+                      "full watcher reported live nodes (%#x)", mask);
+        if (mask == dead_mask && t_all < 0)
+            t_all = mono_now_s();
+        reported_all |= mask;
+        /* Every run of dead ranks after a live rank has its first rank reported. */
+        unsigned want = 0;
+        for (int i = 0; i < RING_N; i++)
+            if ((alive & (1u << i)) && (dead_mask & (1u << (i + 1) % RING_N)))
+                want |= 1u << (i + 1) % RING_N;
+        if (t_stop >= 0 && t_all >= 0 && (first_of_run_reported & want) == want)
+            break;
+        ck_assert_msg(t_stop < 0 || now - t_stop < HB_DEAD_AFTER_S + 4 * HB_INTERVAL_S + 0.3,
+                      "mask %#x: not reported in time (full %#x, first of runs %#x of %#x)",
+                      dead_mask, reported_all, first_of_run_reported, want);
+        ck_assert(now - t0 < 5.0);
+        pause_s(HB_INTERVAL_S);
+    }
+    ck_assert_double_ge(t_all - t_stop, HB_DEAD_AFTER_S - 2 * HB_INTERVAL_S);
+    ck_assert_int_eq(reported_all, dead_mask);
+    ck_assert_int_ne(reported_by_peers, 0);
+    for (int i = 0; i < RING_N; i++)
+        ddprun_hb_free(&peer[i]);
+    ddprun_hb_free(&all);
+}
+
+START_TEST(test_heartbeat_ring_detects)
+{
+    rdzv_client *c = client();
+    /* One node; two apart; a run of three; a run wrapping past rank 0; all but one. */
+    const unsigned masks[] = {1u << 4, 1u << 1 | 1u << 4, 0x0e, 1u << 5 | 1u << 0, 0x1f};
+    for (int i = 0; i < (int)(sizeof masks / sizeof masks[0]); i++)
+        ring_scenario(c, 10 + i, masks[i]);
+    rdzv_client_close(c);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* Failure reports                                                                             */
 /* ------------------------------------------------------------------------------------------ */
@@ -759,6 +887,7 @@ START_TEST(test_clear_worker_keys)
     ck_assert_int_eq(rdzv_ping(c), 0); /* SET has no reply: the ping's says they landed */
 
     /* A node that does not host the store waits for the host's word, here in vain. */
+    ck_assert_int_eq(ddprun_rdzv_mark_host(c, PREFIX), 0);
     double t0 = mono_now_s();
     ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c, PREFIX, 1, 2, 0.2), -ETIMEDOUT);
     ck_assert_double_ge(mono_now_s() - t0, 0.18);
@@ -790,6 +919,39 @@ START_TEST(test_clear_worker_keys)
     ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(srv, c, PREFIX, -1, 2, 1.0), -EINVAL);
     rdzv_client_close(c);
     rdzv_server_close(srv);
+}
+END_TEST
+
+/* No agent hosts the store (an external c10d endpoint): the first node of the round to claim the
+ * clearing deletes the workers' keys through its client, the others wait for its word. */
+START_TEST(test_clear_worker_keys_without_host)
+{
+    rdzv_client *c = client(), *c2 = client();
+    const char *workers[] = {"rank_0_addr", "/default_pg/0//cuda//0"};
+    const char *ours[] = {PREFIX "/round_0/static/nnodes", DDPRUN_RDZV_ROOT "/other-run/x"};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rdzv_set(c, workers[i], "v", 1), 0);
+        ck_assert_int_eq(rdzv_set(c, ours[i], "v", 1), 0);
+    }
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c, PREFIX, 1, 2, 5.0), 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(rdzv_check(c, &workers[i], 1) == 0, "%s survived", workers[i]);
+        ck_assert_msg(rdzv_check(c, &ours[i], 1) == 1, "%s deleted", ours[i]);
+    }
+    /* The second node goes on at once, deleting nothing. */
+    ck_assert_int_eq(rdzv_set(c2, workers[0], "new attempt", 11), 0);
+    double t0 = mono_now_s();
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c2, PREFIX, 1, 2, 5.0), 0);
+    ck_assert_double_lt(mono_now_s() - t0, 1.0);
+    ck_assert_int_eq(rdzv_check(c2, &workers[0], 1), 1);
+    /* The next round has a clearing of its own. */
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c2, PREFIX, 2, 2, 5.0), 1);
+    ck_assert_int_eq(ddprun_rdzv_clear_worker_keys(NULL, c, PREFIX, 2, 2, 5.0), 0);
+    ck_assert_int_eq(ddprun_rdzv_mark_host(NULL, PREFIX), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_mark_host(c, "relative"), -EINVAL);
+    rdzv_client_close(c);
+    rdzv_client_close(c2);
 }
 END_TEST
 
@@ -1123,10 +1285,16 @@ START_TEST(test_backend_ops_through_store)
         ck_assert_int_eq(a.world_size, 3);
 
         ddprun_rdzv_watch *w = NULL;
-        ck_assert_int_eq(b->watch_open(prefix, 0, 1, 60.0, &w), 0);
+        ck_assert_int_eq(b->watch_open(prefix, 0, 1, -1, 60.0, &w), 0);
         ck_assert_int_eq(b->heartbeat(c, prefix, 0, 0, NULL, 0), 0);
         ck_assert_int_eq(b->dead_nodes(c, w, NULL, 0), 0);
         b->watch_close(w);
+        /* A node rank watches its ring peers: none in a one-node round. */
+        ck_assert_int_eq(b->watch_open(prefix, 0, 1, 0, 60.0, &w), 0);
+        ck_assert_int_eq(b->dead_nodes(c, w, NULL, 0), 0);
+        b->watch_close(w);
+        ck_assert_ptr_nonnull(b->mark_host);
+        ck_assert_int_eq(b->mark_host(c, prefix), 0);
         ck_assert_int_eq(b->publish_conn(c, prefix, 0, 0), 0);
         ck_assert_int_eq(b->exit_done(c, prefix, 0), 0);
 
@@ -1167,9 +1335,10 @@ static Suite *noderdzv_suite(void)
         test_static_timeout_names_missing, test_static_timeout_many_missing, test_static_conflicts,
         test_dynamic_closes_at_max, test_dynamic_closes_after_last_call, test_dynamic_late_node,
         test_dynamic_join_timeout_aborts, test_rounds_do_not_mix,
-        test_heartbeat_detects_silent_node, test_failure_first_writer_wins,
-        test_failure_record_through_store, test_conn_records, test_exit_barrier_all_arrive,
-        test_exit_barrier_failure_ends_wait, test_exit_barrier_timeout, test_clear_worker_keys,
+        test_heartbeat_detects_silent_node, test_heartbeat_peer_sets, test_heartbeat_ring_detects,
+        test_failure_first_writer_wins, test_failure_record_through_store, test_conn_records,
+        test_exit_barrier_all_arrive, test_exit_barrier_failure_ends_wait,
+        test_exit_barrier_timeout, test_clear_worker_keys, test_clear_worker_keys_without_host,
         test_invalid_arguments, test_backend_ops_through_store);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 

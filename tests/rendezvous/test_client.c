@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -810,7 +811,11 @@ START_TEST(test_prefix_isolation)
 }
 END_TEST
 
-/* Checks that barrier `name` is between rounds, `gen` of them completed: "<gen> 0 0 <tag>". */
+/*
+ * Checks that barrier `name` is between rounds, `gen` of them completed: its state "<epoch>
+ * <world> <base>" and the epoch's count of arrivals (the low 40 bits of count/<epoch>/<world>)
+ * say that base + count / world rounds completed and nobody waits (count a multiple of world).
+ */
 static void expect_round(rdzv_client *c, const char *name, int64_t gen)
 {
     char key[64];
@@ -821,12 +826,16 @@ static void expect_round(rdzv_client *c, const char *name, int64_t gen)
     void *v = NULL;
     size_t n = 0;
     ck_assert_int_eq(rdzv_get(c, key, &v, &n), 0);
-    int64_t g = -1, w = -1, cnt = -1;
-    ck_assert_msg(sscanf(v, "%" SCNd64 " %" SCNd64 " %" SCNd64, &g, &w, &cnt) == 3, "state '%s'",
-                  (char *)v);
-    ck_assert_msg(g == gen && w == 0 && cnt == 0,
-                  "barrier %s: state '%s', expected round %" PRId64 " and nobody waiting", name,
-                  (char *)v, gen);
+    int64_t e = -1, w = -1, base = -1, cnt = -1;
+    ck_assert_msg(sscanf(v, "%" SCNd64 " %" SCNd64 " %" SCNd64, &e, &w, &base) == 3 && w > 0,
+                  "state '%s'", (char *)v);
+    snprintf(key, sizeof key, "%s/count/%" PRId64 "/%" PRId64, name, e, w);
+    ck_assert_int_eq(rdzv_add(c, key, 0, &cnt), 0);
+    cnt &= (INT64_C(1) << 40) - 1;
+    ck_assert_msg(base + cnt / w == gen && cnt % w == 0,
+                  "barrier %s: state '%s', %" PRId64 " arrivals: expected round %" PRId64
+                  " and nobody waiting",
+                  name, (char *)v, cnt, gen);
     rdzv_free(v);
 }
 
@@ -1070,6 +1079,221 @@ START_TEST(test_barrier_late_joiners)
         ck_assert_int_eq(child_status(q[i]), 0);
     expect_round(c, "crowd", 2);
     rdzv_client_close(c);
+}
+END_TEST
+
+/*
+ * The epoch an arrival guesses in its first round trip (the client's last, or 0): a guess of an
+ * epoch closed since, or of a count key no epoch uses (the world size differs), counts for
+ * nothing, and the caller counts itself in the epoch under way.
+ */
+START_TEST(test_barrier_guess)
+{
+    rdzv_client *c = client_with(NULL, 5000);
+    ck_assert_int_eq(rdzv_barrier(c, "g", 1, 1000), 0);
+    /* The child closes epoch 0 (for one) and waits in epoch 1 (for two); c, guessing epoch 0,
+     * adds to g/count/0/2 as the child did first, and completes the round with it. */
+    pid_t p = barrier_child("g", 2, 10000);
+    await_waiters(1);
+    ck_assert_int_eq(rdzv_barrier(c, "g", 2, 1000), 0);
+    ck_assert_int_eq(child_status(p), 0);
+    expect_round(c, "g", 2);
+    int64_t v = 0;
+    ck_assert_int_eq(rdzv_add(c, "g/count/0/2", 0, &v), 0);
+    ck_assert_int_eq(v, 2);
+
+    /* A new client guesses epoch 0 for one, closed by now, and passes alone in epoch 2; c,
+     * guessing epoch 1 with a world of one, passes alone after it. */
+    rdzv_client *d = client_with(NULL, 5000);
+    ck_assert_int_eq(rdzv_barrier(d, "g", 1, 1000), 0);
+    expect_round(c, "g", 3);
+    ck_assert_int_eq(rdzv_barrier(c, "g", 1, 1000), 0);
+    expect_round(c, "g", 4);
+    ck_assert_int_eq(rdzv_add(c, "g/count/0/1", 0, &v), 0);
+    ck_assert_int_lt(v, 0);
+    rdzv_client_close(d);
+    rdzv_client_close(c);
+}
+END_TEST
+
+enum { CHURN = 8, CHURN_ROUNDS = 6, CHURN_LATE_MS = 150, CHURN_MS = 40 };
+
+/*
+ * One caller of test_barrier_churn (`arg`: its number); returns 0 or the step that failed as
+ * its thread's result. In round r, caller r % CHURN arrives late (after a WAIT for a key nobody
+ * sets times out); the others time out and retry meanwhile.
+ */
+static void *churn_main(void *arg)
+{
+    unsigned me = (unsigned)(uintptr_t)arg, seed = me + 1;
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = 20000;
+    rdzv_client *c = NULL;
+    if (rdzv_client_connect("127.0.0.1", port, &o, &c) != 0)
+        return (void *)10;
+    intptr_t bad = 0;
+    for (int r = 0; r < CHURN_ROUNDS && !bad; r++) {
+        char key[32];
+        int64_t v;
+        const char *never = "churn_never";
+        snprintf(key, sizeof key, "entered/%d", r);
+        if ((unsigned)r % CHURN == me && rdzv_wait(c, &never, 1, CHURN_LATE_MS) != -ETIMEDOUT)
+            bad = 11;
+        if (!bad && rdzv_add(c, key, 1, &v) != 0)
+            bad = 12;
+        int rc = 0, ms;
+        do
+            ms = CHURN_MS + (int)(rand_r(&seed) % CHURN_MS);
+        while (!bad && (rc = rdzv_barrier(c, "churn", CHURN, ms)) == -ETIMEDOUT);
+        if (!bad && rc != 0)
+            bad = 13;
+        /* Nobody leaves a round before everyone has entered it, timeouts or not. */
+        if (!bad && (rdzv_add(c, key, 0, &v) != 0 || v != CHURN))
+            bad = 14;
+    }
+    rdzv_client_close(c);
+    return (void *)bad;
+}
+
+/*
+ * Callers whose waits time out after 40 to 80 ms and who retry at once, while one of them is
+ * late: their withdrawals and new arrivals cross each other and the round's completion, and
+ * still no round completes without all of its callers, nor leaves anyone behind.
+ */
+START_TEST(test_barrier_churn)
+{
+    pthread_t t[CHURN];
+    for (int i = 0; i < CHURN; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, churn_main, (void *)(uintptr_t)i), 0);
+    for (int i = 0; i < CHURN; i++) {
+        void *bad = NULL;
+        ck_assert_int_eq(pthread_join(t[i], &bad), 0);
+        ck_assert_msg(bad == NULL, "caller %d failed at step %d", i, (int)(intptr_t)bad);
+    }
+    rdzv_client *c = client_with(NULL, 5000);
+    expect_round(c, "churn", CHURN_ROUNDS);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* A caller killed while it waits stays counted: its round completes with one more caller. */
+START_TEST(test_barrier_killed_caller)
+{
+    pid_t p = barrier_child("killed", 2, 10000);
+    await_waiters(1);
+    ck_assert_int_eq(kill(p, SIGKILL), 0);
+    int st = 0;
+    ck_assert_int_eq(waitpid(p, &st, 0), p);
+    ck_assert(WIFSIGNALED(st));
+    rdzv_client *c = client_with(NULL, 5000);
+    ck_assert_int_eq(rdzv_barrier(c, "killed", 2, 1000), 0);
+    expect_round(c, "killed", 1);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* A state key that holds no barrier state answers -EPROTO and leaves the client usable. */
+START_TEST(test_barrier_state_by_hand)
+{
+    rdzv_client *c = client_with(NULL, 5000);
+    set_str(c, "hand/state", "round two");
+    ck_assert_int_eq(rdzv_barrier(c, "hand", 2, 100), -EPROTO);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "changed by hand"));
+    ck_assert_int_eq(rdzv_ping(c), 0);
+
+    /* A count no barrier writes (2^62 and above): refused before any wait. */
+    set_str(c, "hand/state", "0 2 0");
+    set_str(c, "hand/count/0/2", "4611686018427387904");
+    ck_assert_int_eq(rdzv_barrier(c, "hand", 2, 100), -EPROTO);
+    ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(c), "changed by hand"));
+    ck_assert_int_eq(rdzv_ping(c), 0);
+    rdzv_client_close(c);
+}
+END_TEST
+
+/* The requests the server has served, by its status, leaving out STATUS itself. */
+static int64_t requests_served(rdzv_client *c)
+{
+    char *js = NULL;
+    ck_assert_int_eq(rdzv_status(c, &js), 0);
+    json_t *o = json_loads(js, 0, NULL);
+    ck_assert_ptr_nonnull(o);
+    json_t *ops = json_object_get(o, "ops");
+    int64_t sum = 0;
+    for (void *it = json_object_iter(ops); it; it = json_object_iter_next(ops, it))
+        if (strcmp(json_object_iter_key(it), "status") != 0)
+            sum += json_integer_value(json_object_iter_value(it));
+    json_decref(o);
+    rdzv_free(js);
+    return sum;
+}
+
+enum { CROWD = 64, CROWD_ROUNDS = 2 };
+
+/* What the callers of test_barrier_requests share. */
+typedef struct crowd {
+    pthread_barrier_t connected, go;
+    int rc[CROWD];
+} crowd;
+
+typedef struct crowd_caller {
+    crowd *cr;
+    int rank;
+} crowd_caller;
+
+/* One caller of test_barrier_requests: connects, waits for the go, passes the rounds. */
+static void *crowd_main(void *arg)
+{
+    crowd_caller *me = arg;
+    rdzv_client_options o;
+    rdzv_client_options_init(&o);
+    o.timeout_ms = 20000;
+    rdzv_client *c = NULL;
+    int rc = rdzv_client_connect("127.0.0.1", port, &o, &c);
+    pthread_barrier_wait(&me->cr->connected);
+    pthread_barrier_wait(&me->cr->go);
+    for (int r = 0; r < CROWD_ROUNDS && rc == 0; r++)
+        rc = rdzv_barrier(c, "crowd64", CROWD, 20000);
+    me->cr->rc[me->rank] = rc;
+    rdzv_client_close(c);
+    return NULL;
+}
+
+/*
+ * Issue 23: an arrival costs a constant number of requests, however many callers arrive at
+ * once: 64 concurrent callers pass two rounds with at most three requests each per round
+ * (read the state, ADD, WAIT; the completer's SET and DELETE instead of its WAIT, and the
+ * creation of the state, are the few above), counted by the server.
+ */
+START_TEST(test_barrier_requests)
+{
+    crowd cr;
+    crowd_caller who[CROWD];
+    pthread_t t[CROWD];
+    ck_assert_int_eq(pthread_barrier_init(&cr.connected, NULL, CROWD + 1), 0);
+    ck_assert_int_eq(pthread_barrier_init(&cr.go, NULL, CROWD + 1), 0);
+    for (int i = 0; i < CROWD; i++) {
+        who[i] = (crowd_caller){&cr, i};
+        cr.rc[i] = -1;
+        ck_assert_int_eq(pthread_create(&t[i], NULL, crowd_main, &who[i]), 0);
+    }
+    pthread_barrier_wait(&cr.connected);
+    rdzv_client *c = client_with(NULL, 10000);
+    int64_t before = requests_served(c);
+    pthread_barrier_wait(&cr.go);
+    for (int i = 0; i < CROWD; i++)
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+    for (int i = 0; i < CROWD; i++)
+        ck_assert_msg(cr.rc[i] == 0, "caller %d: %d", i, cr.rc[i]);
+    int64_t used = requests_served(c) - before;
+    fprintf(stderr, "barrier of %d callers: %" PRId64 " requests in %d rounds\n", CROWD, used,
+            CROWD_ROUNDS);
+    ck_assert_msg(used <= CROWD_ROUNDS * (3 * CROWD + 2), "%" PRId64 " requests", used);
+    expect_round(c, "crowd64", CROWD_ROUNDS);
+    rdzv_client_close(c);
+    pthread_barrier_destroy(&cr.connected);
+    pthread_barrier_destroy(&cr.go);
 }
 END_TEST
 
@@ -1488,6 +1712,10 @@ static Suite *client_suite(void)
         test_barrier_reuse_multiprocess, test_barrier_single_and_timeout, test_barrier_retry_alone,
         test_barrier_retry_then_partner, test_barrier_world_size_change, test_barrier_late_joiners,
         test_server_gone, test_connect_names_and_ipv6);
+    tcase_add_checked_fixture(tc, server_setup, server_teardown);
+
+    tc = check_tcase(s, "barrier", 60, test_barrier_guess, test_barrier_churn,
+                     test_barrier_killed_caller, test_barrier_state_by_hand, test_barrier_requests);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     check_tcase(s, "connect", 30, test_options_defaults, test_connect_refused_deadline,

@@ -98,6 +98,8 @@ static void build(frame *f, enum rdzv_gen gen, enum rdzv_op op)
                : op == RDZV_OP_STATUS     ? RDZV_M_STATUS
                : op == RDZV_OP_AUTH_HELLO ? RDZV_M_AUTH_HELLO
                : op == RDZV_OP_AUTH_PROOF ? RDZV_M_AUTH_PROOF
+               : op == RDZV_OP_MUX        ? RDZV_M_MUX
+               : op == RDZV_OP_MUX_CLOSE  ? RDZV_M_MUX_CLOSE
                                           : (int)op;
     fr_u8(f, (uint8_t)code);
     switch (op) {
@@ -105,7 +107,13 @@ static void build(frame *f, enum rdzv_gen gen, enum rdzv_op op)
         fr_u32(f, RDZV_VALIDATE_MAGIC);
         break;
     case RDZV_OP_PING:
+    case RDZV_OP_MUX_CLOSE:
         fr_u32(f, 0x1234);
+        break;
+    case RDZV_OP_MUX: /* vconn 7: flags, then a GET of "k" */
+        fr_u32(f, 7);
+        fr_u64(f, 1 + 1 + 8 + 1);
+        fr_raw(f, "\x01\x03\x01\0\0\0\0\0\0\0k", 11);
         break;
     case RDZV_OP_SET:
     case RDZV_OP_APPEND:
@@ -441,6 +449,8 @@ START_TEST(opcode_map)
         [RDZV_OP_STATUS] = RDZV_M_STATUS + 1,
         [RDZV_OP_AUTH_HELLO] = RDZV_M_AUTH_HELLO + 1,
         [RDZV_OP_AUTH_PROOF] = RDZV_M_AUTH_PROOF + 1,
+        [RDZV_OP_MUX] = RDZV_M_MUX + 1,
+        [RDZV_OP_MUX_CLOSE] = RDZV_M_MUX_CLOSE + 1,
     };
     for (int op = 0; op < RDZV_OP_COUNT; op++) {
         ck_assert_int_eq(rdzv__opcode(RDZV_GEN_LEGACY, op), legacy[op] ? legacy[op] - 1 : -EINVAL);
@@ -471,7 +481,12 @@ static void encode_sample(rdzv__wbuf *b, enum rdzv_gen gen, enum rdzv_op op)
         rdzv__put_u32(b, RDZV_VALIDATE_MAGIC);
         break;
     case RDZV_OP_PING:
+    case RDZV_OP_MUX_CLOSE:
         rdzv__put_u32(b, 0xA5A5F00Du);
+        break;
+    case RDZV_OP_MUX:
+        rdzv__put_u32(b, 0xA5A5F00Du); /* the opcode is there: the rest of rdzv__mux_put()'s */
+        rdzv__put_vec(b, "\x01\x03\x01\0\0\0\0\0\0\0k", 11);
         break;
     case RDZV_OP_SET:
     case RDZV_OP_APPEND:
@@ -539,7 +554,13 @@ static void expect_sample(const rdzv__request *r, enum rdzv_op op)
         ck_assert_uint_eq(r->u32, RDZV_VALIDATE_MAGIC);
         return;
     case RDZV_OP_PING:
+    case RDZV_OP_MUX_CLOSE:
         ck_assert_uint_eq(r->u32, 0xA5A5F00Du);
+        return;
+    case RDZV_OP_MUX:
+        ck_assert_uint_eq(r->u32, 0xA5A5F00Du);
+        ck_assert_uint_eq(r->key_len, 11);
+        ck_assert_mem_eq(r->key, "\x01\x03\x01\0\0\0\0\0\0\0k", 11);
         return;
     case RDZV_OP_CHECK:
     case RDZV_OP_WAIT:

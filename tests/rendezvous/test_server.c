@@ -224,6 +224,122 @@ START_TEST(both_generations_one_port)
 }
 END_TEST
 
+/* The status's "traffic" object of a server, parsed: requests, bytes_in, bytes_out. */
+static void traffic(rdzv_server *srv, json_int_t out[3])
+{
+    char *json = NULL;
+    ck_assert_int_eq(rdzv_server_status(srv, &json), 0);
+    json_error_t err;
+    json_t *o = json_loads(json, 0, &err);
+    ck_assert_ptr_nonnull(o);
+    json_t *t = json_object_get(o, "traffic");
+    ck_assert_ptr_nonnull(t);
+    const char *names[3] = {"requests", "bytes_in", "bytes_out"};
+    for (int i = 0; i < 3; i++) {
+        ck_assert(json_is_integer(json_object_get(t, names[i])));
+        out[i] = json_integer_value(json_object_get(t, names[i]));
+    }
+    json_decref(o);
+    rdzv_free(json);
+}
+
+/* The traffic counters start at 0 and count each request, and the bytes read and written. */
+START_TEST(traffic_counters)
+{
+    rdzv_server *srv = start_default();
+    json_int_t t[3];
+    traffic(srv, t);
+    ck_assert_int_eq(t[0], 0);
+    ck_assert_int_eq(t[1], 0);
+    ck_assert_int_eq(t[2], 0);
+
+    int m = connect_to("127.0.0.1", rdzv_server_port(srv));
+    frame f = {0};
+    fr_u8(&f, RDZV_M_VALIDATE);
+    fr_u32(&f, RDZV_VALIDATE_MAGIC);
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, "/k");
+    fr_str(&f, "value");
+    fr_u8(&f, RDZV_M_GET);
+    fr_str(&f, "/k");
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, 7);
+    size_t sent = f.len;
+    send_frame(m, &f);
+    expect_vec(m, "value");
+    uint32_t nonce;
+    recv_exact(m, &nonce, 4);
+    /* The replies were written (and counted) before the client could read them. */
+    traffic(srv, t);
+    ck_assert_int_eq(t[0], 4);
+    ck_assert_int_eq(t[1], (json_int_t)sent);
+    ck_assert_int_eq(t[2], 8 + 5 + 4);
+
+    fr_u8(&f, RDZV_M_GET);
+    fr_str(&f, "/k");
+    sent += f.len;
+    send_frame(m, &f);
+    expect_vec(m, "value");
+    traffic(srv, t);
+    ck_assert_int_eq(t[0], 5);
+    ck_assert_int_eq(t[1], (json_int_t)sent);
+    ck_assert_int_eq(t[2], 2 * (8 + 5) + 4);
+
+    close(m);
+    fr_free(&f);
+    rdzv_server_close(srv);
+}
+END_TEST
+
+/* Frames after one larger than the read buffer (read straight into the connection's pending
+ * bytes) are run, in order, from the same stream; the bytes are counted once. */
+START_TEST(large_frame_then_pipelined)
+{
+    rdzv_server *srv = start_default();
+    enum { BIG = 3 << 20 };
+    uint8_t *val = malloc(BIG), *got = malloc(BIG);
+    ck_assert(val && got);
+    for (size_t i = 0; i < BIG; i++)
+        val[i] = (uint8_t)(i * 131 + 7);
+    int m = connect_to("127.0.0.1", rdzv_server_port(srv));
+    frame f = {0};
+    fr_u8(&f, RDZV_M_VALIDATE);
+    fr_u32(&f, RDZV_VALIDATE_MAGIC);
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, "/big");
+    fr_bytes(&f, val, BIG);
+    fr_u8(&f, RDZV_M_GET);
+    fr_str(&f, "/big");
+    fr_u8(&f, RDZV_M_SET);
+    fr_str(&f, "/small");
+    fr_str(&f, "after");
+    fr_u8(&f, RDZV_M_GET);
+    fr_str(&f, "/small");
+    fr_u8(&f, RDZV_M_PING);
+    fr_u32(&f, 9);
+    size_t sent = f.len;
+    send_frame(m, &f);
+    uint64_t n;
+    recv_exact(m, &n, 8);
+    ck_assert_uint_eq(n, BIG);
+    recv_exact(m, got, BIG);
+    ck_assert_int_eq(memcmp(got, val, BIG), 0);
+    expect_vec(m, "after");
+    uint32_t nonce;
+    recv_exact(m, &nonce, 4);
+    ck_assert_uint_eq(nonce, 9);
+    json_int_t t[3];
+    traffic(srv, t);
+    ck_assert_int_eq(t[0], 6);
+    ck_assert_int_eq(t[1], (json_int_t)sent);
+    close(m);
+    fr_free(&f);
+    free(val);
+    free(got);
+    rdzv_server_close(srv);
+}
+END_TEST
+
 /* A request sent one byte per send() is answered like a whole one. */
 START_TEST(byte_at_a_time)
 {
@@ -883,6 +999,6 @@ int main(void)
                 bad_input_closes_one_connection, connection_cap, out_of_fds,
                 wait_across_connections, back_pressure, ipv6_and_listen_fd, dual_stack,
                 embedded_on_callers_loop, failed_create_does_not_run_loop,
-                reset_connection_names_its_peer);
+                reset_connection_names_its_peer, traffic_counters, large_frame_then_pipelined);
     return check_run(s);
 }
