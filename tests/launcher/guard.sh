@@ -21,6 +21,18 @@ session() { awk '{print $6}' "/proc/$1/stat"; }
 pgroup() { awk '{print $5}' "/proc/$1/stat"; }
 sigmask() { awk -v f="$2:" '$1 == f {print $2}' "/proc/$1/status"; }
 libs='libuv|libjansson|libnettle|libcrypto|librendezvous|libcurl'
+# what rc pattern ddprun-args...: ddprun ends with code rc and says pattern (an ERE).
+ends() {
+  local what=$1 want=$2 pattern=$3 rc
+  shift 3
+  timeout 30 "$ddprun" "$@" >"$tmp/o" 2>&1
+  rc=$?
+  if [ $rc = "$want" ] && grep -Eq "$pattern" "$tmp/o"; then
+    ok "$what comes through its guard"
+  else
+    fail "$what: rc $rc, $(cat "$tmp/o")"
+  fi
+}
 
 for opt in "" "--no-pid-namespace"; do
   name=${opt:-"PID namespace"}
@@ -52,19 +64,9 @@ for opt in "" "--no-pid-namespace"; do
   fi
   stop "$p"
 
-  timeout 30 "$ddprun" --nproc-per-node 2 $opt --no-python sh -c 'exit $((RANK == 0 ? 3 : 0))' >"$tmp/o" 2>&1
-  rc=$?
-  if [ $rc = 3 ] && grep -Eq ' 0 +0 exit 3 ' "$tmp/o"; then
-    ok "$name: a worker's exit code comes through its guard"
-  else
-    fail "$name: exit code: rc $rc, $(cat "$tmp/o")"
-  fi
-  timeout 30 "$ddprun" --nproc-per-node 1 $opt --no-python sh -c 'kill -SEGV $$' >"$tmp/o" 2>&1
-  rc=$?
-  if [ $rc = 139 ] && grep -q 'failed: signal 11 (SEGV)' "$tmp/o"; then
-    ok "$name: a worker's death by SIGSEGV comes through its guard"
-  else
-    fail "$name: signal: rc $rc, $(cat "$tmp/o")"
-  fi
+  ends "$name: a worker's exit code" 3 ' 0 +0 exit 3 ' \
+    --nproc-per-node 2 $opt --no-python sh -c 'exit $((RANK == 0 ? 3 : 0))'
+  ends "$name: a worker's death by SIGSEGV" 139 'failed: signal 11 \(SEGV\)' \
+    --nproc-per-node 1 $opt --no-python sh -c 'kill -SEGV $$'
 done
 exit $((fails > 0))
