@@ -963,33 +963,6 @@ static void job_after(uv_work_t *req, int status)
     job_next(a);
 }
 
-/*
- * Queues job j on libuv's thread pool. The store calls run one at a time (job_next()), so the
- * pool, which libuv makes at the first call, gets one thread instead of its default four, whose
- * starts and ends every launch would pay (0.2-0.3 ms of 7): UV_THREADPOOL_SIZE is 1 while libuv
- * reads it, then as it was, for the workers. The only other thread then, the store's, reads no
- * environment.
- */
-static int queue_job(agent *a, store_job *j)
-{
-    static bool pool_made;
-    if (pool_made)
-        return uv_queue_work(a->loop, &j->req, job_work, job_after);
-    pool_made = true;
-    const char *v = getenv("UV_THREADPOOL_SIZE");
-    char *user = v ? strdup(v) : NULL;
-    if (v && !user)
-        return uv_queue_work(a->loop, &j->req, job_work, job_after);
-    setenv("UV_THREADPOOL_SIZE", "1", 1);
-    int rc = uv_queue_work(a->loop, &j->req, job_work, job_after);
-    if (user)
-        setenv("UV_THREADPOOL_SIZE", user, 1);
-    else
-        unsetenv("UV_THREADPOOL_SIZE");
-    free(user);
-    return rc;
-}
-
 /* Starts the next queued job unless one runs. Once the node is done, only publications run. */
 static void job_next(agent *a)
 {
@@ -1003,7 +976,7 @@ static void job_next(agent *a)
             continue;
         }
         a->job = j;
-        int rc = queue_job(a, j);
+        int rc = uv_queue_work(a->loop, &j->req, job_work, job_after);
         assert(rc == 0); /* fails only without a work callback */
         (void)rc;
     }
