@@ -27,7 +27,7 @@
 #include <uv.h>
 
 #define PROG "ddprun"
-#define HEARTBEAT_MS 250 /* the monitor's slice: it looks at failures, beats and joiners */
+#define HEARTBEAT_MS 250 /* the exit barrier's slice (the monitor's: ddprun_monitor_slice_ms()) */
 #define MEMBERSHIP_CHANGE "nodes are waiting to join"
 /* A console that took no output for STALL_MS (TICK_MS after a signal) is stalled: once a round's
  * workers are gone, ddprun stops waiting for it, the end of the round and the exit counting as

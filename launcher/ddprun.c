@@ -1351,7 +1351,7 @@ int main(int argc, char **argv)
     ddprun_console_close(a.con[1]);
     ddprun_console_close(a.con[2]);
 
-    /* The monitor may sit in a store wait for up to HEARTBEAT_MS: tell it to stop but do not
+    /* The monitor may sit in a store wait for up to its slice: tell it to stop but do not
      * wait for it; exit() ends it. Nothing it uses is freed before that. */
     if (a.monitor_started)
         monitor_set_round(&a, -1);

@@ -142,9 +142,7 @@ void *monitor_main(void *arg)
     agent *a = arg;
     double beat_s, dead_s;
     ddprun_liveness(a->cfg, &beat_s, &dead_s);
-    int slice_ms = beat_s * 1000 < HEARTBEAT_MS ? (int)(beat_s * 1000) : HEARTBEAT_MS;
-    if (slice_ms < 10)
-        slice_ms = 10;
+    int slice_ms = ddprun_monitor_slice_ms(beat_s, dead_s, 1);
     rdzv_client_options co;
     rdzv_client_options_init(&co);
     co.connect_timeout_ms = 10000;
@@ -175,6 +173,7 @@ void *monitor_main(void *arg)
             if (a->rdzv->watch_open(a->prefix, round, nnodes, hosting ? -1 : me, dead_s, &hb) < 0)
                 break;
             hb_round = round;
+            slice_ms = ddprun_monitor_slice_ms(beat_s, dead_s, nnodes);
             reported = false;
             a->rdzv->publish_conn(c, a->prefix, round, me);
             last_beat = 0;

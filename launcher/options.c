@@ -455,6 +455,16 @@ void ddprun_liveness(const ddprun_config *cfg, double *beat_s, double *dead_afte
     *beat_s = interval * attempts > dead ? dead / attempts : interval;
 }
 
+int ddprun_monitor_slice_ms(double beat_s, double dead_after_s, int nnodes)
+{
+    double ms = nnodes / 4 > 250 ? nnodes / 4 : 250;
+    if (ms > dead_after_s * 250)
+        ms = dead_after_s * 250;
+    if (ms > beat_s * 1000)
+        ms = beat_s * 1000;
+    return ms < 10 ? 10 : (int)ms;
+}
+
 /*
  * Node liveness has floors: a node beats at most every BEAT_MIN_S, and counts as dead after no
  * less than LIVENESS_MIN_S without a beat (heartbeat_timeout, or keep_alive_interval x

@@ -129,6 +129,15 @@ typedef struct ddprun_config {
 void ddprun_liveness(const ddprun_config *cfg, double *beat_s, double *dead_after_s);
 
 /*
+ * The monitor's slice in milliseconds for a round of `nnodes` nodes: how long each of its store
+ * waits lasts, and so how often it looks at its peers' heartbeats and at joining nodes (a few
+ * requests per node and slice at the store). 250 ms up to 1,000 nodes, then nnodes / 4 ms, so
+ * that the store's steady load stops growing with the job (2.5 s at 10,000 nodes); never more
+ * than a quarter of dead_after_s nor than beat_s, never less than 10 ms. Pure arithmetic.
+ */
+int ddprun_monitor_slice_ms(double beat_s, double dead_after_s, int nnodes);
+
+/*
  * Parses argv (argv[0] is the program name) with PET_<NAME> environment defaults and, in a Slurm
  * step (SLURM_JOB_ID and SLURM_STEP_ID set) where the user did not pass them, the step's
  * SLURM_STEP_NUM_NODES/SLURM_NODEID/SLURM_STEP_NODELIST (SLURM_STEP_NUM_TASKS/SLURM_PROCID when

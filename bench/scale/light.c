@@ -47,7 +47,6 @@
 #include "scale-bench.h"
 
 #define THREAD_STACK (256 * 1024)
-#define SLICE_MS 250 /* the monitor's slice (launcher/agent.h's HEARTBEAT_MS) */
 
 enum stage { ST_CONNECT, ST_STATIC, ST_ROUND, ST_BARRIER, ST_STOP };
 
@@ -427,8 +426,7 @@ static int agent_settings(struct light *L, char *err, size_t errlen)
     L->last_call_s = dc.last_call_timeout_s;
     L->min_nodes = dc.nnodes_min;
     ddprun_config_free(&dc);
-    int beat_ms = (int)(L->beat_s * 1000);
-    L->slice_ms = beat_ms < SLICE_MS ? (beat_ms < 10 ? 10 : beat_ms) : SLICE_MS;
+    L->slice_ms = ddprun_monitor_slice_ms(L->beat_s, L->dead_s, L->n);
     return 0;
 }
 

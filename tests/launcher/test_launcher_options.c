@@ -720,6 +720,22 @@ START_TEST(liveness_settings)
 }
 END_TEST
 
+/* The monitor's slice: 250 ms up to 1,000 nodes, then nnodes / 4 ms, capped by a quarter of the
+ * liveness timeout and by the beat interval, at least 10 ms. */
+START_TEST(monitor_slice)
+{
+    ck_assert_int_eq(ddprun_monitor_slice_ms(5, 15, 1), 250);
+    ck_assert_int_eq(ddprun_monitor_slice_ms(5, 15, 1000), 250);
+    ck_assert_int_eq(ddprun_monitor_slice_ms(5, 15, 4000), 1000);
+    ck_assert_int_eq(ddprun_monitor_slice_ms(5, 15, 10000), 2500);
+    ck_assert_int_eq(ddprun_monitor_slice_ms(5, 15, 100000), 3750); /* dead / 4 */
+    ck_assert_int_eq(ddprun_monitor_slice_ms(2, 60, 100000), 2000); /* the beat */
+    ck_assert_int_eq(ddprun_monitor_slice_ms(1.0 / 3, 1, 2), 250);
+    ck_assert_int_eq(ddprun_monitor_slice_ms(0.1, 1, 2), 100);
+    ck_assert_int_eq(ddprun_monitor_slice_ms(0.001, 1, 2), 10);
+}
+END_TEST
+
 START_TEST(rdzv_conf_parsing)
 {
     PARSE_OK("--rdzv-conf",
@@ -1410,10 +1426,10 @@ int main(void)
                     equals_form_and_abbreviations, script_and_its_arguments,
                     pet_defaults_and_precedence, shutdown_timeout_sources, hung_timeout,
                     store_proxy, errors_name_their_flag, duration_ranges, module_no_python_run_path,
-                    rdzv_conf_parsing, liveness_settings, redirects_and_tee, local_ranks_filter,
-                    standalone, endpoints, control_plane, nproc_auto_cpu_gpu, slurm_defaults,
-                    slurm_subset_step, slurm_batch_script, slurm_tasks_per_node, python_or_program,
-                    virtual_local_rank, ignored_options_warn, help_and_version);
+                    rdzv_conf_parsing, liveness_settings, monitor_slice, redirects_and_tee,
+                    local_ranks_filter, standalone, endpoints, control_plane, nproc_auto_cpu_gpu,
+                    slurm_defaults, slurm_subset_step, slurm_batch_script, slurm_tasks_per_node,
+                    python_or_program, virtual_local_rank, ignored_options_warn, help_and_version);
     tcase_add_checked_fixture(tc, setup, teardown);
 
     check_tcase(s, "slurm_expand", 30, slurm_expand);
