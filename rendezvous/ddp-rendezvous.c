@@ -118,8 +118,9 @@ struct config {
     int quiet, verbose, help, version;
     int allow_other_users; /* serve: --allow-other-users, given (> 0) or not */
     const char *upstream;  /* proxy: --upstream HOST:PORT */
-    char upstream_host[256]; /* proxy: its HOST, brackets removed */
-    int upstream_port;       /* proxy: its PORT */
+    /* proxy: the HOST of --upstream, brackets removed, and its PORT */
+    char upstream_host[256];
+    int upstream_port;
 };
 
 enum opt_id {

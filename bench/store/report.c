@@ -174,8 +174,8 @@ int write_json(const char *path, const struct section *secs, int nsec, const str
             fprintf(f, "%s  {\"generation\": \"%s\", \"measurement\": ", first ? "" : ",\n",
                     secs[s].g->name);
             json_str(f, r->name);
-            fprintf(f, ", \"unit\": \"%s\", \"via_proxy\": %s, \"torch_version\": ",
-                    units[r->unit], r->via_proxy ? "true" : "false");
+            fprintf(f, ", \"unit\": \"%s\", \"via_proxy\": %s, \"torch_version\": ", units[r->unit],
+                    r->via_proxy ? "true" : "false");
             json_str(f, secs[s].torch_version);
             fprintf(f, ", \"ddp_rendezvous\": ");
             if (r->c[SRV_OURS].state == CELL_OK)

@@ -46,14 +46,19 @@ static void cell_fail(struct cell *c, const char *who, const struct section *sec
 
 void section_init(struct section *sec, const struct gen *g, const struct config *cfg)
 {
-    static const char *const rt_names[] = {
-        "set+get/s, 1 conn, 64 B",      "set+get/s, 1 conn, 1 MiB",
-        "set+get/s, 32 conn, 64 B",     "set+get/s, 32 conn, 1 MiB",
-        "us/set+get, 1 conn, 64 B",     "us/set+get, 1 conn, 1 MiB",
-        "srv CPU us/op, 1 conn, 64 B",  "srv CPU us/op, 1 conn, 1 MiB",
-        "srv CPU us/op, 32 conn, 64 B", "srv CPU us/op, 32 conn, 1 MiB",
-        "set+get/s, 32 conn via proxy, 64 B", "root CPU us/op, 32 conn via proxy, 64 B",
-        "proxy CPU us/op, 32 conn via proxy"};
+    static const char *const rt_names[] = {"set+get/s, 1 conn, 64 B",
+                                           "set+get/s, 1 conn, 1 MiB",
+                                           "set+get/s, 32 conn, 64 B",
+                                           "set+get/s, 32 conn, 1 MiB",
+                                           "us/set+get, 1 conn, 64 B",
+                                           "us/set+get, 1 conn, 1 MiB",
+                                           "srv CPU us/op, 1 conn, 64 B",
+                                           "srv CPU us/op, 1 conn, 1 MiB",
+                                           "srv CPU us/op, 32 conn, 64 B",
+                                           "srv CPU us/op, 32 conn, 1 MiB",
+                                           "set+get/s, 32 conn via proxy, 64 B",
+                                           "root CPU us/op, 32 conn via proxy, 64 B",
+                                           "proxy CPU us/op, 32 conn via proxy"};
     memset(sec, 0, sizeof(*sec));
     sec->g = g;
     for (int k = 0; k < 2; k++) {
@@ -303,8 +308,8 @@ static void run_proxy_rows(struct section *sec, const struct config *cfg)
             fprintf(stderr,
                     "  %s %-14s %-26s run %u: %.0f/s, root CPU %.1f us, proxy CPU %.1f us, "
                     "client CPU %.1f us per round trip\n",
-                    sec->g->name, px->label, rate->name, rep + 1, res.rate, res.srv_us,
-                    res.px_us, res.cli_us);
+                    sec->g->name, px->label, rate->name, rep + 1, res.rate, res.srv_us, res.px_us,
+                    res.cli_us);
         else if (cfg->verbose)
             fprintf(stderr, "  %s %-14s %-26s run %u: FAILED\n", sec->g->name, px->label,
                     rate->name, rep + 1);
@@ -354,8 +359,7 @@ void run_section(struct section *sec, const struct config *cfg)
                 if (nconn == 1)
                     rc = rt_single(srv[k].port, srv[k].pid, sec->g, vsize, &cfg->t, &res);
                 else
-                    rc = rt_multi(srv[k].port, srv[k].pid, -1, sec->g, nconn, vsize, &cfg->t,
-                                  &res);
+                    rc = rt_multi(srv[k].port, srv[k].pid, -1, sec->g, nconn, vsize, &cfg->t, &res);
                 if (rc < 0) {
                     cell_fail(&r->c[k], srv[k].label, sec, r->name);
                     if (u)

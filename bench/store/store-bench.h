@@ -238,7 +238,8 @@ struct config {
     struct rt_timing t;
     unsigned rows; /* --rows: the ROW_* groups to run (ROW_ALL unless given) */
     bool gens[2];  /* --protocol: the sections to run, [0] legacy, [1] modern */
-    bool proxy_rows; /* --proxy-rows: the via-proxy rows (with rate32, modern, ours measured) */
+    /* --proxy-rows: the via-proxy rows (with rate32, in the modern section, ours measured) */
+    bool proxy_rows;
 };
 
 /* --rows: the groups of rows a run measures. A round-trip group fills its rate, its wall time

@@ -207,9 +207,18 @@ START_TEST(host_ports)
     ck_assert_int_eq(cli_parse_host_port("--upstream", "[::1]:1", host, sizeof host, &port), 0);
     ck_assert_str_eq(host, "::1");
     ck_assert_int_eq(port, 1);
-    static const char *const bad[] = {"node0",      "node0:",     ":29500",  "node0:0",
-                                      "node0:65536", "node0:-1",  "node0:+1", "::1:29500",
-                                      "[::1]29500",  "[]:29500",  "a]:1",     "node0: 1",
+    static const char *const bad[] = {"node0",
+                                      "node0:",
+                                      ":29500",
+                                      "node0:0",
+                                      "node0:65536",
+                                      "node0:-1",
+                                      "node0:+1",
+                                      "::1:29500",
+                                      "[::1]29500",
+                                      "[]:29500",
+                                      "a]:1",
+                                      "node0: 1",
                                       "a-very-long-host-name:1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_msg(cli_parse_host_port("--upstream", bad[i], host, sizeof host, &port) ==
