@@ -1,7 +1,8 @@
 /*
  * ddp-rendezvous: the librendezvous store as a program. `serve` runs a TCPStore-compatible
- * server in the foreground; the other commands (set, get, add, wait, barrier, del, keys, status)
- * are one-shot clients for job schedulers' shell scripts.
+ * server in the foreground; `proxy` runs a per-node store proxy (rdzv_proxy) in front of one;
+ * the other commands (set, get, add, wait, barrier, del, keys, status) are one-shot clients for
+ * job schedulers' shell scripts.
  *
  * One table, `options[]` (the programs' cli_option, cli.h), describes every option: its
  * spellings, argument, help text and the commands it applies to; `rules[]`, by the same ids, how
@@ -63,6 +64,7 @@ enum cmd {
     CMD_DEL,
     CMD_KEYS,
     CMD_STATUS,
+    CMD_PROXY,
     CMD_COUNT
 };
 
@@ -71,7 +73,8 @@ enum cmd {
 #define ON_CLIENT                                                                                  \
     (ON(CMD_SET) | ON(CMD_GET) | ON(CMD_ADD) | ON(CMD_WAIT) | ON(CMD_BARRIER) | ON(CMD_DEL) |      \
      ON(CMD_KEYS) | ON(CMD_STATUS))
-#define ON_ALL (ON_SERVE | ON_CLIENT)
+#define ON_PROXY ON(CMD_PROXY)
+#define ON_ALL (ON_SERVE | ON_CLIENT | ON_PROXY)
 
 struct command {
     const char *name;
@@ -92,6 +95,8 @@ static const struct command commands[CMD_COUNT] = {
     [CMD_DEL] = {"del", "KEY", 1, 1, "delete KEY, print 1 if it existed, 0 if not"},
     [CMD_KEYS] = {"keys", "", 0, 0, "print the keys (under --prefix), one a line, sorted"},
     [CMD_STATUS] = {"status", "", 0, 0, "print the server's status as JSON"},
+    [CMD_PROXY] = {"proxy", "", 0, 0,
+                   "run a store proxy in the foreground, one connection to --upstream"},
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -112,6 +117,10 @@ struct config {
     size_t nallow;
     int quiet, verbose, help, version;
     int allow_other_users; /* serve: --allow-other-users, given (> 0) or not */
+    const char *upstream;  /* proxy: --upstream HOST:PORT */
+    /* proxy: the HOST of --upstream, brackets removed, and its PORT */
+    char upstream_host[256];
+    int upstream_port;
 };
 
 enum opt_id {
@@ -147,6 +156,7 @@ enum opt_id {
     O_TOKEN_FILE,
     O_HELP,
     O_VERSION,
+    O_UPSTREAM,
     O_COUNT
 };
 
@@ -162,7 +172,7 @@ static const cli_option options[] = {
      {"--bind"},
      "ADDR",
      NULL,
-     ON_SERVE,
+     ON_SERVE | ON_PROXY,
      "address to listen on (" DEFAULT_HOST "; 0.0.0.0 or :: for all)"},
     {O_LISTEN_FD,
      {"--listen-fd"},
@@ -219,7 +229,7 @@ static const cli_option options[] = {
      {"--allow-other-users"},
      NULL,
      NULL,
-     ON_SERVE,
+     ON_SERVE | ON_PROXY,
      "serve other local users' connections too"},
     {O_MAX_CONN_OUTPUT,
      {"--max-conn-output"},
@@ -275,8 +285,8 @@ static const cli_option options[] = {
      NULL,
      ON_SERVE,
      "of those, from one address; 0: no cap"},
-    {O_QUIET, {"--quiet"}, NULL, NULL, ON_SERVE, "log warnings and errors only"},
-    {O_VERBOSE, {"--verbose"}, NULL, NULL, ON_SERVE, "log debugging detail too"},
+    {O_QUIET, {"--quiet"}, NULL, NULL, ON_SERVE | ON_PROXY, "log warnings and errors only"},
+    {O_VERBOSE, {"--verbose"}, NULL, NULL, ON_SERVE | ON_PROXY, "log debugging detail too"},
     /* clients */
     {O_HOST, {"--host"}, "HOST", NULL, ON_CLIENT, "server to talk to (" DEFAULT_HOST ")"},
     {O_TIMEOUT,
@@ -293,15 +303,27 @@ static const cli_option options[] = {
      "retry refused connections this long, for a store starting up (0)"},
     {O_PREFIX, {"--prefix"}, "P", NULL, ON_CLIENT, "prepend P to every key"},
     /* both */
-    {O_PORT, {"--port"}, "PORT", NULL, ON_ALL, "TCP port (29500); serve --port 0 picks a free one"},
+    {O_PORT,
+     {"--port"},
+     "PORT",
+     NULL,
+     ON_ALL,
+     "TCP port (29500); serve or proxy --port 0 picks a free one"},
     {O_TOKEN_FILE,
      {"--token-file"},
      "PATH",
      NULL,
      ON_ALL,
-     "the job's secret: serve requires it, clients authenticate"},
+     "the job's secret: serve and proxy require it, clients authenticate"},
     {O_HELP, {"-h", "--help"}, NULL, NULL, ON_ALL, "print this help and exit"},
     {O_VERSION, {"--version"}, NULL, NULL, ON_ALL, "print the version and exit"},
+    /* proxy */
+    {O_UPSTREAM,
+     {"--upstream"},
+     "HOST:PORT",
+     NULL,
+     ON_PROXY,
+     "the root store (a ddp-rendezvous serve) to carry every connection to"},
 };
 
 enum kind {
@@ -362,6 +384,7 @@ static const struct rule rules[O_COUNT] = {
     [O_TOKEN_FILE] = {KIND_STRING, AT(token_file), 0, 0},
     [O_HELP] = {KIND_FLAG, AT(help), 0, 0},
     [O_VERSION] = {KIND_FLAG, AT(version), 0, 0},
+    [O_UPSTREAM] = {KIND_STRING, AT(upstream), 0, 0},
 };
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
@@ -497,7 +520,10 @@ static void print_help(FILE *f, int cmd)
         }
         fputs("\nServer options (serve):\n", f);
         print_options(f, ON_SERVE, &defs);
-        fputs("\nClient options (all other commands):\n", f);
+        fputs("\nProxy options (proxy; --bind, --allow-other-users, --quiet and --verbose too):\n",
+              f);
+        print_options(f, ON_PROXY, &defs);
+        fputs("\nClient options (set, get, add, wait, barrier, del, keys, status):\n", f);
         print_options(f, ON_CLIENT, &defs);
         fputs("\nOptions for all commands:\n", f);
         print_options(f, ON_ALL, &defs);
@@ -670,6 +696,16 @@ static int parse_args(int argc, char **argv, struct config *cfg, char **pos)
             complain(EXIT_USAGE, "--listen-fd: cannot be combined with --bind or --port");
             return -1;
         }
+    } else if (cfg->cmd == CMD_PROXY) {
+        if (!cfg->upstream) {
+            complain(EXIT_USAGE, "proxy: --upstream HOST:PORT is required (the root store)");
+            return -1;
+        }
+        if (cli_parse_host_port("--upstream", cfg->upstream, cfg->upstream_host,
+                                sizeof cfg->upstream_host, &cfg->upstream_port) < 0) {
+            complain(EXIT_USAGE, "%s", cli_last_error());
+            return -1;
+        }
     } else if (cfg->port == 0) {
         complain(EXIT_USAGE, "--port: expected an integer 1..65535, got '0'");
         return -1;
@@ -708,11 +744,30 @@ struct serve_state {
     uv_signal_t sig[NSTOP_SIGNALS]; /* watchers of stop_signals[] */
     size_t nsig;                    /* how many of them are initialised */
     int log_level;
+    rdzv_proxy *proxy; /* proxy: the one served instead of srv */
+    int code;          /* proxy: the exit status once the loop ends */
 };
 
+/* Logs the proxy's counters, so that an operator sees what it carried and coalesced. */
+static void log_proxy_counters(struct serve_state *st)
+{
+    rdzv_proxy_counters c;
+    char msg[256];
+
+    if (rdzv_proxy_stats(st->proxy, &c) < 0)
+        return;
+    snprintf(msg, sizeof msg,
+             "%llu worker connections, %llu worker requests, %llu sent upstream, %llu coalesced, "
+             "%llu bytes up, %llu bytes down",
+             (unsigned long long)c.accepted, (unsigned long long)c.worker_requests,
+             (unsigned long long)c.upstream_requests, (unsigned long long)c.coalesced,
+             (unsigned long long)c.bytes_up, (unsigned long long)c.bytes_down);
+    log_line(&st->log_level, RDZV_LOG_INFO, msg);
+}
+
 /*
- * Closes the server and the signal watchers; the loop then runs out of handles and uv_run()
- * returns. The watchers live in `st`, which outlives the loop, so they need no close callback.
+ * Closes the server (or the proxy, after logging its counters) and the signal watchers; the loop
+ * then runs out of handles and uv_run() returns. The watchers live in `st`, which outlives the loop, so they need no close callback.
  * With them closed, a second signal has its default effect, so a stuck shutdown can still be
  * interrupted.
  */
@@ -720,6 +775,10 @@ static void stop_serving(struct serve_state *st)
 {
     rdzv_server_close(st->srv);
     st->srv = NULL;
+    if (st->proxy)
+        log_proxy_counters(st);
+    rdzv_proxy_close(st->proxy);
+    st->proxy = NULL;
     for (size_t i = 0; i < st->nsig; i++)
         uv_close((uv_handle_t *)&st->sig[i], NULL);
     st->nsig = 0;
@@ -734,6 +793,35 @@ static void on_signal(uv_signal_t *h, int signum)
              signum == SIGINT ? "SIGINT" : "SIGTERM");
     log_line(&st->log_level, RDZV_LOG_INFO, msg);
     stop_serving(st);
+}
+
+/* Starts watching stop_signals[] on `loop`. Returns 0, or a libuv error after printing it. */
+static int watch_signals(uv_loop_t *loop, struct serve_state *st, const char *cmd)
+{
+    int rc = 0;
+
+    for (size_t i = 0; i < NSTOP_SIGNALS; i++) {
+        rc = uv_signal_init(loop, &st->sig[i]);
+        if (rc < 0)
+            break;
+        st->nsig++;
+        st->sig[i].data = st;
+        rc = uv_signal_start(&st->sig[i], on_signal, stop_signals[i]);
+        if (rc < 0)
+            break;
+    }
+    if (rc < 0)
+        complain(EXIT_FAILED, "%s: cannot watch signals: %s", cmd, uv_strerror(rc));
+    return rc;
+}
+
+/* Runs `loop` until its handles are closed, then closes it. */
+static void run_to_end(uv_loop_t *loop, struct serve_state *st)
+{
+    uv_run(loop, UV_RUN_DEFAULT);
+    /* EBUSY would mean a handle the library forgot to close: say so rather than hide it. */
+    if (uv_loop_close(loop) == UV_EBUSY)
+        log_line(&st->log_level, RDZV_LOG_WARN, "event loop still has handles at exit");
 }
 
 static int cmd_serve(struct config *cfg)
@@ -775,18 +863,7 @@ static int cmd_serve(struct config *cfg)
                      strchr(cfg->srv.host, ':') ? "]" : "", cfg->port, rdzv_strerror(rc));
         goto out;
     }
-    for (size_t i = 0; i < NSTOP_SIGNALS; i++) {
-        rc = uv_signal_init(&loop, &st.sig[i]);
-        if (rc < 0)
-            break;
-        st.nsig++;
-        st.sig[i].data = &st;
-        rc = uv_signal_start(&st.sig[i], on_signal, stop_signals[i]);
-        if (rc < 0)
-            break;
-    }
-    if (rc < 0) {
-        complain(EXIT_FAILED, "serve: cannot watch signals: %s", uv_strerror(rc));
+    if (watch_signals(&loop, &st, "serve") < 0) {
         stop_serving(&st);
         goto out;
     }
@@ -801,11 +878,85 @@ static int cmd_serve(struct config *cfg)
     code = EXIT_OK;
 
 out:
-    uv_run(&loop, UV_RUN_DEFAULT);
-    /* EBUSY would mean a handle the server forgot to close: say so rather than hide it. */
-    if (uv_loop_close(&loop) == UV_EBUSY)
-        log_line(&st.log_level, RDZV_LOG_WARN, "event loop still has handles at exit");
+    run_to_end(&loop, &st);
     return code;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* proxy                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The proxy's on_lost: the root closed the upstream connection or died. */
+static void on_upstream_lost(void *arg)
+{
+    struct serve_state *st = arg;
+
+    log_line(&st->log_level, RDZV_LOG_ERROR, "the root store is gone; the proxy stops");
+    st->code = EXIT_FAILED;
+    stop_serving(st);
+}
+
+/*
+ * Runs a store proxy in front of --upstream until SIGINT/SIGTERM (EXIT_OK) or the loss of the
+ * root (EXIT_FAILED). Like serve, the first line of stdout is the port.
+ */
+static int cmd_proxy(struct config *cfg)
+{
+    struct serve_state st = {.code = EXIT_OK};
+    rdzv_proxy_options o;
+    uv_loop_t loop;
+    int rc;
+
+    st.log_level = RDZV_LOG_INFO - cfg->quiet + cfg->verbose;
+    if (st.log_level < RDZV_LOG_ERROR)
+        st.log_level = RDZV_LOG_ERROR;
+    rdzv_proxy_options_init(&o);
+    o.host = cfg->srv.host;
+    o.port = cfg->port;
+    o.upstream_host = cfg->upstream_host;
+    o.upstream_port = cfg->upstream_port;
+    o.allow_other_users = cfg->allow_other_users > 0;
+    o.log = log_line;
+    o.log_arg = &st.log_level;
+    o.on_lost = on_upstream_lost;
+    o.on_lost_arg = &st;
+    char token[RDZV_TOKEN_MAX_BYTES + 1];
+    if (read_token(cfg, token, sizeof(token)) < 0)
+        return EXIT_USAGE;
+    o.token = cfg->token_file ? token : NULL;
+
+    signal(SIGPIPE, SIG_IGN);
+    rc = uv_loop_init(&loop);
+    if (rc < 0)
+        return complain(EXIT_FAILED, "proxy: cannot create event loop: %s", uv_strerror(rc));
+    rc = rdzv_proxy_create(&loop, &o, &st.proxy);
+    explicit_bzero(token, sizeof(token)); /* the proxy keeps its own copy */
+    if (rc < 0) {
+        if (rc == -EPROTONOSUPPORT)
+            complain(EXIT_FAILED,
+                     "proxy: the store at %s does not multiplex (a PyTorch store or an older "
+                     "ddp-rendezvous); the proxy needs a ddp-rendezvous serve upstream",
+                     cfg->upstream);
+        else
+            complain(EXIT_FAILED, "proxy: cannot start in front of %s on %s%s%s:%d: %s",
+                     cfg->upstream, strchr(o.host, ':') ? "[" : "", o.host,
+                     strchr(o.host, ':') ? "]" : "", o.port, rdzv_strerror(rc));
+        st.code = EXIT_FAILED;
+        goto out;
+    }
+    if (watch_signals(&loop, &st, "proxy") < 0) {
+        st.code = EXIT_FAILED;
+        stop_serving(&st);
+        goto out;
+    }
+    /* The first line of stdout is the port and nothing else, as with serve; the library has
+     * logged "listening on ADDR:PORT for the store at HOST:PORT" through our hook. */
+    if (printf("%d\n", rdzv_proxy_port(st.proxy)) < 0 || fflush(stdout) != 0)
+        log_line(&st.log_level, RDZV_LOG_WARN, "cannot write the port to stdout");
+
+out:
+    run_to_end(&loop, &st);
+    return st.code;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1100,6 +1251,7 @@ static int cmd_client(const struct config *cfg, int npos, char **pos)
         break;
     }
     case CMD_SERVE:
+    case CMD_PROXY:
     case CMD_COUNT:
         break;
     }
@@ -1157,7 +1309,9 @@ int main(int argc, char **argv)
         return complain(EXIT_USAGE, "missing command (try '" PROG " --help')");
     }
 
-    int code = cfg.cmd == CMD_SERVE ? cmd_serve(&cfg) : cmd_client(&cfg, npos, pos);
+    int code = cfg.cmd == CMD_SERVE   ? cmd_serve(&cfg)
+               : cfg.cmd == CMD_PROXY ? cmd_proxy(&cfg)
+                                      : cmd_client(&cfg, npos, pos);
     free(pos);
     free(cfg.allow);
     return code;

@@ -65,15 +65,45 @@ static void fmt_target(char *buf, size_t size, const struct row *r)
 {
     const struct cell *o = &r->c[SRV_OURS];
     double ratio = row_ratio(r);
-    const char *goal = r->target == TARGET_RATE_2X    ? ">= 2x"
-                       : r->target == TARGET_CPU_HALF ? "<= 0.5x torch"
-                       : r->target == TARGET_BARRIER  ? "<= 0.5 s"
-                                                      : NULL;
+    const char *goal = r->target == TARGET_RATE_2X ? ">= 2x"
+                       : r->target == TARGET_CPU_HALF
+                           ? (r->via_proxy ? "<= 0.5x torch direct" : "<= 0.5x torch")
+                       : r->target == TARGET_BARRIER ? "<= 0.5 s"
+                                                     : NULL;
     bool known = r->target == TARGET_BARRIER ? o->state == CELL_OK : ratio > 0;
     bool met = r->target == TARGET_BARRIER ? o->v <= 0.5 : ratio >= 2;
     buf[0] = '\0';
     if (goal)
         snprintf(buf, size, "%s%s", goal, !known ? "" : met ? ": met" : ": MISSED");
+}
+
+/*
+ * The footnote of the via-proxy rows, when they ran: what their columns hold, and the CPU of
+ * root and proxy together, so that moving work from the root to the proxy hides nothing.
+ */
+static void print_proxy_note(const struct section *sec)
+{
+    const struct cell *root = &sec->rows[R_CPU32_PX].c[SRV_OURS];
+    const struct cell *px = &sec->rows[R_PXCPU32_PX].c[SRV_OURS];
+    const struct cell *direct = &sec->rows[R_CPU32_S].c[SRV_OURS];
+    const struct cell *torch = &sec->rows[R_CPU32_S].c[SRV_TORCH];
+
+    if (sec->rows[R_RATE32_PX].c[SRV_OURS].state == CELL_NONE)
+        return;
+    printf("  * via proxy: the 32 connections go to one `ddp-rendezvous proxy`, which holds one\n"
+           "    multiplexed connection to our server (the root); the torch column is torch's\n"
+           "    direct figure from this run (torch has no proxy), so the ratio is root via proxy\n"
+           "    vs torch direct.");
+    if (root->state == CELL_OK && px->state == CELL_OK) {
+        printf(" Root + proxy: %.1f us/op", root->v + px->v);
+        if (direct->state == CELL_OK)
+            printf(" (ours direct %.1f", direct->v);
+        if (torch->state == CELL_OK)
+            printf("%storch direct %.1f", direct->state == CELL_OK ? ", " : " (", torch->v);
+        printf("%s", direct->state == CELL_OK || torch->state == CELL_OK ? ")" : "");
+        printf(".");
+    }
+    printf("\n");
 }
 
 void print_section(const struct section *sec, const struct config *cfg)
@@ -86,7 +116,7 @@ void print_section(const struct section *sec, const struct config *cfg)
             printf("  %s skipped: %s\n", k == SRV_OURS ? "ddp-rendezvous" : torch_name,
                    sec->skip[k]);
     }
-    printf("  %-30s %15s %15s %13s  %s\n", "measurement", "ddp-rendezvous", "torch", "ratio",
+    printf("  %-40s %15s %15s %13s  %s\n", "measurement", "ddp-rendezvous", "torch", "ratio",
            "target");
     for (unsigned i = 0; i < sec->nrows; i++) {
         const struct row *r = &sec->rows[i];
@@ -98,13 +128,16 @@ void print_section(const struct section *sec, const struct config *cfg)
         fmt_cell(b, sizeof(b), &r->c[SRV_TORCH], r->unit);
         if (x > 0)
             snprintf(ratio, sizeof(ratio),
-                     r->unit == U_RATE     ? "%.2fx"
-                     : r->unit == U_CPU_US ? "%.2fx less"
-                                           : "%.2fx faster",
-                     x);
+                     r->unit == U_RATE     ? "%.2fx%s"
+                     : r->unit == U_CPU_US ? "%.2fx less%s"
+                                           : "%.2fx faster%s",
+                     x, r->via_proxy ? "*" : "");
+        if (r->via_proxy && r->c[SRV_TORCH].state == CELL_OK)
+            strcat(b, "*"); /* torch's direct figure: the footnote says so */
         fmt_target(tgt, sizeof(tgt), r);
-        printf("  %-30s %15s %15s %13s  %s\n", r->name, a, b, ratio, tgt);
+        printf("  %-40s %15s %15s %13s  %s\n", r->name, a, b, ratio, tgt);
     }
+    print_proxy_note(sec);
     (void)cfg;
 }
 
@@ -141,7 +174,8 @@ int write_json(const char *path, const struct section *secs, int nsec, const str
             fprintf(f, "%s  {\"generation\": \"%s\", \"measurement\": ", first ? "" : ",\n",
                     secs[s].g->name);
             json_str(f, r->name);
-            fprintf(f, ", \"unit\": \"%s\", \"torch_version\": ", units[r->unit]);
+            fprintf(f, ", \"unit\": \"%s\", \"via_proxy\": %s, \"torch_version\": ", units[r->unit],
+                    r->via_proxy ? "true" : "false");
             json_str(f, secs[s].torch_version);
             fprintf(f, ", \"ddp_rendezvous\": ");
             if (r->c[SRV_OURS].state == CELL_OK)

@@ -77,6 +77,7 @@ static void rt_result_set(struct rt_result *res, uint64_t count, uint64_t wall_n
     res->us = (double)wall_ns / 1e3 / (double)count;
     res->srv_us = srv0 < 0 || srv1 < 0 ? -1 : (double)(srv1 - srv0) / 1e3 / (double)count;
     res->cli_us = (double)(cli1 - cli0) / 1e3 / (double)count;
+    res->px_us = -1;
 }
 
 /*
@@ -187,13 +188,13 @@ static int rt_conn_issue(int ep, struct rt_conn *c, unsigned idx, uint64_t seq)
  * outstanding per connection. Warm-up, then completions are counted between two batch
  * boundaries at least run_ns apart; in-flight requests are drained before closing.
  */
-int rt_multi(int port, pid_t srv_pid, const struct gen *g, unsigned nconn, size_t vsize,
-             const struct rt_timing *t, struct rt_result *res)
+int rt_multi(int port, pid_t srv_pid, pid_t px_pid, const struct gen *g, unsigned nconn,
+             size_t vsize, const struct rt_timing *t, struct rt_result *res)
 {
     struct rt_conn *cs = calloc(nconn, sizeof(*cs));
     struct epoll_event evs[64];
     uint64_t seq = 0, done = 0, done0 = 0, t0, start = 0, end = 0;
-    int64_t srv0 = -1, cli0 = 0;
+    int64_t srv0 = -1, cli0 = 0, px0 = -1;
     unsigned inflight = 0;
     int phase = 0; /* 0 warm-up, 1 counting, 2 draining */
     int ep = -1, rc = 0;
@@ -302,14 +303,18 @@ int rt_multi(int port, pid_t srv_pid, const struct gen *g, unsigned nconn, size_
             if (phase == 0 && now - t0 >= t->warm_ns) {
                 phase = 1;
                 srv0 = proc_cpu_ns(srv_pid);
+                px0 = px_pid > 0 ? proc_cpu_ns(px_pid) : -1;
                 cli0 = self_cpu_ns();
                 start = now_ns();
                 done0 = done;
             } else if (phase == 1 && now - start >= t->run_ns) {
+                int64_t px1 = px_pid > 0 ? proc_cpu_ns(px_pid) : -1;
                 phase = 2;
                 end = now;
                 rt_result_set(res, done - done0, end - start, srv0, proc_cpu_ns(srv_pid), cli0,
                               self_cpu_ns());
+                if (px0 >= 0 && px1 >= 0)
+                    res->px_us = (double)(px1 - px0) / 1e3 / (double)(done - done0);
             }
         }
     }

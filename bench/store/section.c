@@ -46,12 +46,19 @@ static void cell_fail(struct cell *c, const char *who, const struct section *sec
 
 void section_init(struct section *sec, const struct gen *g, const struct config *cfg)
 {
-    static const char *const rt_names[] = {
-        "set+get/s, 1 conn, 64 B",      "set+get/s, 1 conn, 1 MiB",
-        "set+get/s, 32 conn, 64 B",     "set+get/s, 32 conn, 1 MiB",
-        "us/set+get, 1 conn, 64 B",     "us/set+get, 1 conn, 1 MiB",
-        "srv CPU us/op, 1 conn, 64 B",  "srv CPU us/op, 1 conn, 1 MiB",
-        "srv CPU us/op, 32 conn, 64 B", "srv CPU us/op, 32 conn, 1 MiB"};
+    static const char *const rt_names[] = {"set+get/s, 1 conn, 64 B",
+                                           "set+get/s, 1 conn, 1 MiB",
+                                           "set+get/s, 32 conn, 64 B",
+                                           "set+get/s, 32 conn, 1 MiB",
+                                           "us/set+get, 1 conn, 64 B",
+                                           "us/set+get, 1 conn, 1 MiB",
+                                           "srv CPU us/op, 1 conn, 64 B",
+                                           "srv CPU us/op, 1 conn, 1 MiB",
+                                           "srv CPU us/op, 32 conn, 64 B",
+                                           "srv CPU us/op, 32 conn, 1 MiB",
+                                           "set+get/s, 32 conn via proxy, 64 B",
+                                           "root CPU us/op, 32 conn via proxy, 64 B",
+                                           "proxy CPU us/op, 32 conn via proxy"};
     memset(sec, 0, sizeof(*sec));
     sec->g = g;
     for (int k = 0; k < 2; k++) {
@@ -62,8 +69,12 @@ void section_init(struct section *sec, const struct gen *g, const struct config 
         snprintf(sec->rows[i].name, sizeof(sec->rows[i].name), "%s", rt_names[i]);
         sec->rows[i].unit = i < R_US1_S ? U_RATE : i < R_CPU1_S ? U_US : U_CPU_US;
     }
+    sec->rows[R_RATE32_PX].unit = U_RATE;
+    for (unsigned i = R_RATE32_PX; i <= R_PXCPU32_PX; i++)
+        sec->rows[i].via_proxy = true;
     sec->rows[R_RATE32_S].target = TARGET_RATE_2X;
     sec->rows[R_CPU32_S].target = TARGET_CPU_HALF;
+    sec->rows[R_CPU32_PX].target = TARGET_CPU_HALF;
     for (unsigned i = 0; i < cfg->nbarriers; i++) {
         struct row *r = &sec->rows[R_BARRIER0 + i];
         snprintf(r->name, sizeof(r->name), "barrier s, %u conn", cfg->barrier_n[i]);
@@ -73,7 +84,7 @@ void section_init(struct section *sec, const struct gen *g, const struct config 
     sec->nrows = R_BARRIER0 + cfg->nbarriers;
 }
 
-/* Fills argv for one side of a section. */
+/* Fills argv for one side of a section, or for the proxy in front of ours (SRV_PROXY). */
 static void server_setup(struct server *s, int kind, const struct section *sec,
                          const struct config *cfg)
 {
@@ -81,7 +92,18 @@ static void server_setup(struct server *s, int kind, const struct section *sec,
     s->kind = kind;
     s->pid = -1;
     s->in_fd = s->out_fd = s->log_fd = -1;
-    if (kind == SRV_OURS) {
+    if (kind == SRV_PROXY) {
+        snprintf(s->upstream, sizeof(s->upstream), "127.0.0.1:%d", sec->srv[SRV_OURS].port);
+        s->label = "ddp-rendezvous proxy";
+        s->argv[0] = (char *)cfg->ours;
+        s->argv[1] = "proxy";
+        s->argv[2] = "--upstream";
+        s->argv[3] = s->upstream;
+        s->argv[4] = "--bind";
+        s->argv[5] = "127.0.0.1";
+        s->argv[6] = "--port";
+        s->argv[7] = "0";
+    } else if (kind == SRV_OURS) {
         s->label = "ddp-rendezvous";
         s->argv[0] = (char *)cfg->ours;
         s->argv[1] = "serve";
@@ -225,6 +247,84 @@ static void check_alive(struct section *sec, struct server *s, struct cell *c, c
     }
 }
 
+/* Marks the via-proxy rows' cells of ours failed with g_err (the first one counts). */
+static void proxy_rows_fail(struct section *sec, const char *what)
+{
+    struct row *r = &sec->rows[R_RATE32_PX];
+    if (r->c[SRV_OURS].state != CELL_FAIL)
+        cell_fail(&r->c[SRV_OURS], what, sec, r->name);
+    sec->rows[R_CPU32_PX].c[SRV_OURS].state = CELL_FAIL;
+    sec->rows[R_PXCPU32_PX].c[SRV_OURS].state = CELL_FAIL;
+}
+
+/*
+ * The via-proxy rows: the 32-connection, 64 B round trips of R_RATE32_S, but every connection
+ * goes to a `ddp-rendezvous proxy` in front of our server, which the root sees as one
+ * multiplexed connection. Ours: the best rate, the least root CPU and the least proxy CPU per
+ * round trip over cfg->reps runs. The torch cells hold torch's direct figures of the same run
+ * (torch has no proxy): the anchor of the ratio. A proxy of its own for the rows, stopped after.
+ */
+static void run_proxy_rows(struct section *sec, const struct config *cfg)
+{
+    struct server *root = &sec->srv[SRV_OURS], *px = &sec->proxy;
+    struct row *rate = &sec->rows[R_RATE32_PX], *cpu = &sec->rows[R_CPU32_PX];
+    struct row *pxcpu = &sec->rows[R_PXCPU32_PX];
+
+    if (!side_on(sec, SRV_OURS))
+        return;
+    server_setup(px, SRV_PROXY, sec, cfg);
+    if (server_spawn(px) < 0 || server_ready(px) < 0) {
+        proxy_rows_fail(sec, px->label);
+        server_stop(px);
+        return;
+    }
+    for (unsigned rep = 0; rep < cfg->reps && rate->c[SRV_OURS].state != CELL_FAIL; rep++) {
+        struct rt_result res = {0};
+        int rc = rt_multi(px->port, root->pid, px->pid, sec->g, 32, 64, &cfg->t, &res);
+        if (rc < 0) {
+            proxy_rows_fail(sec, px->label);
+        } else {
+            if (rate->c[SRV_OURS].state != CELL_OK || res.rate > rate->c[SRV_OURS].v) {
+                rate->c[SRV_OURS].state = CELL_OK;
+                rate->c[SRV_OURS].v = res.rate;
+            }
+            if (res.srv_us >= 0 &&
+                (cpu->c[SRV_OURS].state != CELL_OK || res.srv_us < cpu->c[SRV_OURS].v)) {
+                cpu->c[SRV_OURS].state = CELL_OK;
+                cpu->c[SRV_OURS].v = res.srv_us;
+            }
+            if (res.px_us >= 0 &&
+                (pxcpu->c[SRV_OURS].state != CELL_OK || res.px_us < pxcpu->c[SRV_OURS].v)) {
+                pxcpu->c[SRV_OURS].state = CELL_OK;
+                pxcpu->c[SRV_OURS].v = res.px_us;
+            }
+        }
+        if (!server_alive(px) && rate->c[SRV_OURS].state != CELL_FAIL) {
+            snprintf(g_err, sizeof(g_err), "the proxy %s; log %s", px->exit_note, px->log_path);
+            proxy_rows_fail(sec, px->label);
+        }
+        check_alive(sec, root, &rate->c[SRV_OURS], rate->name, cfg);
+        if (cfg->verbose && rc == 0)
+            fprintf(stderr,
+                    "  %s %-14s %-26s run %u: %.0f/s, root CPU %.1f us, proxy CPU %.1f us, "
+                    "client CPU %.1f us per round trip\n",
+                    sec->g->name, px->label, rate->name, rep + 1, res.rate, res.srv_us, res.px_us,
+                    res.cli_us);
+        else if (cfg->verbose)
+            fprintf(stderr, "  %s %-14s %-26s run %u: FAILED\n", sec->g->name, px->label,
+                    rate->name, rep + 1);
+    }
+    server_stop(px);
+    if (px->exit_note[0])
+        add_note("%s: on shutdown the proxy %s; log kept: %s", px->label, px->exit_note,
+                 px->log_path);
+    /* The anchor: torch's direct figures, copied without their error text (reported once). */
+    rate->c[SRV_TORCH].state = sec->rows[R_RATE32_S].c[SRV_TORCH].state;
+    rate->c[SRV_TORCH].v = sec->rows[R_RATE32_S].c[SRV_TORCH].v;
+    cpu->c[SRV_TORCH].state = sec->rows[R_CPU32_S].c[SRV_TORCH].state;
+    cpu->c[SRV_TORCH].v = sec->rows[R_CPU32_S].c[SRV_TORCH].v;
+}
+
 /*
  * Runs one section's rows on its servers, which main() has started (ready_pair()). Stops them
  * at the end.
@@ -259,7 +359,7 @@ void run_section(struct section *sec, const struct config *cfg)
                 if (nconn == 1)
                     rc = rt_single(srv[k].port, srv[k].pid, sec->g, vsize, &cfg->t, &res);
                 else
-                    rc = rt_multi(srv[k].port, srv[k].pid, sec->g, nconn, vsize, &cfg->t, &res);
+                    rc = rt_multi(srv[k].port, srv[k].pid, -1, sec->g, nconn, vsize, &cfg->t, &res);
                 if (rc < 0) {
                     cell_fail(&r->c[k], srv[k].label, sec, r->name);
                     if (u)
@@ -294,6 +394,9 @@ void run_section(struct section *sec, const struct config *cfg)
             }
         }
     }
+
+    if (sec->g == &gen_modern && cfg->proxy_rows && (cfg->rows & ROW_RATE32))
+        run_proxy_rows(sec, cfg);
 
     /* Barriers: a fresh pair of servers per N, except in --quick (distinct keys suffice). */
     for (unsigned b = 0; b < cfg->nbarriers && (cfg->rows & ROW_BARRIER); b++) {

@@ -74,7 +74,7 @@ int server_spawn(struct server *s)
     s->version[0] = s->exit_note[0] = '\0';
     snprintf(s->log_path, sizeof(s->log_path), "%s/store-bench.%d.%u.%s.log",
              tmp && *tmp ? tmp : "/tmp", (int)getpid(), ++g_spawned,
-             s->kind == SRV_OURS ? "ours" : "torch");
+             s->kind == SRV_OURS ? "ours" : s->kind == SRV_PROXY ? "proxy" : "torch");
     s->log_fd = open(s->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (s->log_fd < 0)
         return fail(-errno, "%s: %s", s->log_path, strerror(errno));

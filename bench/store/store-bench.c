@@ -62,7 +62,8 @@ enum {
     OPT_SCRIPT,
     OPT_PIN,
     OPT_VERBOSE,
-    OPT_HELP
+    OPT_HELP,
+    OPT_PROXY_ROWS
 };
 
 /* The option table (cli.h): the parser below and usage() both walk it. */
@@ -125,6 +126,12 @@ static const cli_option g_options[] = {
     {OPT_PIN, {"--pin"}, NULL, NULL, 0, "run the client on CPU 0 and every server on CPU 1"},
     {OPT_VERBOSE, {"-v", "--verbose"}, NULL, NULL, 0, "progress and barrier phase times on stderr"},
     {OPT_HELP, {"-h", "--help"}, NULL, NULL, 0, "this text"},
+    {OPT_PROXY_ROWS,
+     {"--proxy-rows"},
+     "on|off",
+     NULL,
+     0,
+     "modern section, with rate32: also 32 conn through a ddp-rendezvous proxy (default on)"},
 };
 #define NOPTIONS (sizeof(g_options) / sizeof(g_options[0]))
 
@@ -239,6 +246,14 @@ static int parse_args(int argc, char **argv, struct config *cfg)
             if (parse_rows(v, cfg) < 0)
                 return -EINVAL;
             break;
+        case OPT_PROXY_ROWS: {
+            static const char *const onoff[] = {"off", "on", NULL};
+            int on;
+            if (cli_report(stderr, "store-bench", cli_parse_choice(a, v, "value", onoff, &on)) < 0)
+                return -EINVAL;
+            cfg->proxy_rows = on == 1;
+            break;
+        }
         case OPT_PROTOCOL:
             if (strcmp(v, "legacy") == 0 || strcmp(v, "modern") == 0) {
                 cfg->gens[0] = strcmp(v, "legacy") == 0;
@@ -275,6 +290,7 @@ int main(int argc, char **argv)
         .py_modern = "python3",
         .rows = ROW_ALL,
         .gens = {true, true},
+        .proxy_rows = true,
     };
     struct section secs[2];
     struct rlimit rl;

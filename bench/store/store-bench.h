@@ -95,15 +95,17 @@ struct rt_result {
     double us;     /* mean wall time per round trip (meaningful for one connection) */
     double srv_us; /* server CPU time per round trip */
     double cli_us; /* client (this thread) CPU time per round trip */
+    double px_us;  /* rt_multi() through a proxy: the proxy's CPU time per round trip (-1 none) */
 };
 
 /* SET+GET round trips on one blocking connection, or on nconn through one epoll loop: warm-up
-   for t->warm_ns, then counted for t->run_ns. srv_pid is the server, for its CPU time. Fill
-   *res and return 0, or return a negative errno with g_err set. */
+   for t->warm_ns, then counted for t->run_ns. srv_pid is the server, for its CPU time; for
+   rt_multi() through a proxy, `port` is the proxy's, srv_pid the root's and px_pid the proxy's
+   (-1 when there is none). Fill *res and return 0, or return a negative errno with g_err set. */
 int rt_single(int port, pid_t srv_pid, const struct gen *g, size_t vsize, const struct rt_timing *t,
               struct rt_result *res);
-int rt_multi(int port, pid_t srv_pid, const struct gen *g, unsigned nconn, size_t vsize,
-             const struct rt_timing *t, struct rt_result *res);
+int rt_multi(int port, pid_t srv_pid, pid_t px_pid, const struct gen *g, unsigned nconn,
+             size_t vsize, const struct rt_timing *t, struct rt_result *res);
 
 /* ---------------------------------------------------------------------------------------- */
 /* barrier.c                                                                                */
@@ -123,7 +125,8 @@ int barrier_run(int port, pid_t srv_pid, const struct gen *g, unsigned n,
 /* server.c                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-enum { SRV_OURS, SRV_TORCH };
+/* The sides of a table ([SRV_OURS], [SRV_TORCH]), and the proxy in front of ours. */
+enum { SRV_OURS, SRV_TORCH, SRV_PROXY };
 
 struct server {
     int kind;
@@ -138,6 +141,7 @@ struct server {
     char version[96]; /* torch's second stdout line */
     bool keep_log;    /* something went wrong: leave the log for the report */
     char exit_note[160];
+    char upstream[32]; /* SRV_PROXY: "127.0.0.1:PORT" of --upstream */
 };
 
 extern int g_server_cpu; /* --pin: the CPU the servers run on */
@@ -184,6 +188,7 @@ struct row {
     enum unit unit;
     int target;       /* TARGET_*: issue 23's goal for the row */
     struct cell c[2]; /* [SRV_OURS], [SRV_TORCH] */
+    bool via_proxy;   /* ours measured through a proxy; the torch cell is torch's direct figure */
 };
 
 enum {
@@ -200,6 +205,11 @@ enum {
     R_CPU1_L,
     R_CPU32_S,
     R_CPU32_L,
+    /* 32 connections, 64 B, through a `ddp-rendezvous proxy` in front of ours (modern only):
+       round trips per second, the root's CPU and the proxy's CPU per round trip */
+    R_RATE32_PX,
+    R_CPU32_PX,
+    R_PXCPU32_PX,
     R_BARRIER0,
     R_COUNT = R_BARRIER0 + MAX_BARRIERS
 };
@@ -212,6 +222,7 @@ struct section {
     struct server srv[2]; /* [SRV_OURS], [SRV_TORCH] */
     struct row rows[R_COUNT];
     unsigned nrows;
+    struct server proxy; /* the proxy of the via-proxy rows, while they run */
 };
 
 struct config {
@@ -227,6 +238,8 @@ struct config {
     struct rt_timing t;
     unsigned rows; /* --rows: the ROW_* groups to run (ROW_ALL unless given) */
     bool gens[2];  /* --protocol: the sections to run, [0] legacy, [1] modern */
+    /* --proxy-rows: the via-proxy rows (with rate32, in the modern section, ours measured) */
+    bool proxy_rows;
 };
 
 /* --rows: the groups of rows a run measures. A round-trip group fills its rate, its wall time

@@ -126,6 +126,29 @@ int cli_parse_choice(const char *flag, const char *s, const char *noun, const ch
     return fail("%s: unknown %s '%s' (%s)", flag, noun, s ? s : "", list);
 }
 
+int cli_parse_host_port(const char *flag, const char *s, char *host, size_t cap, int *port)
+{
+    const char *colon = s ? strrchr(s, ':') : NULL;
+    const char *h = s;
+    size_t hlen = colon ? (size_t)(colon - s) : 0;
+    long p;
+
+    if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']')
+        h++, hlen -= 2;
+    else if (hlen && memchr(h, ':', hlen))
+        colon = NULL; /* an IPv6 address without brackets: its last group is no port */
+    if (!colon || hlen == 0 || hlen >= cap || memchr(h, '[', hlen) || memchr(h, ']', hlen) ||
+        !colon[1] || !isdigit((unsigned char)colon[1]) ||
+        cli_parse_long(flag, colon + 1, 1, 65535, &p) < 0)
+        return fail("%s: expected HOST:PORT (an IPv6 address in brackets, PORT from 1 to 65535), "
+                    "got '%s'",
+                    flag, s ? s : "");
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    *port = (int)p;
+    return 0;
+}
+
 int cli_parse_size(const char *flag, const char *s, size_t min, size_t max, size_t *out)
 {
     const char *p = s;

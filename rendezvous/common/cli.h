@@ -107,6 +107,14 @@ int cli_parse_size(const char *flag, const char *s, size_t min, size_t max, size
 int cli_parse_choice(const char *flag, const char *s, const char *noun, const char *const *names,
                      int *index);
 
+/*
+ * Parses an endpoint "HOST:PORT" ("[ADDR]:PORT" for an IPv6 literal) with PORT from 1 to 65535.
+ * The host, brackets removed, is copied into host[0..cap) with its NUL. The error sentence reads
+ * "FLAG: expected HOST:PORT (an IPv6 address in brackets, PORT from 1 to 65535), got 'S'".
+ * Returns 0 and sets host and *port, or -EINVAL (also for a host of cap bytes or more).
+ */
+int cli_parse_host_port(const char *flag, const char *s, char *host, size_t cap, int *port);
+
 /* Flags of cli_parse_int_list(). */
 enum {
     CLI_ALLOW_AUTO = 1, /* an item may be the word "auto", which stands for CLI_AUTO */

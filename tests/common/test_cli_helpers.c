@@ -197,6 +197,42 @@ START_TEST(choices)
 }
 END_TEST
 
+START_TEST(host_ports)
+{
+    char host[16] = "unchanged";
+    int port = -1;
+    ck_assert_int_eq(cli_parse_host_port("--upstream", "node0:29500", host, sizeof host, &port), 0);
+    ck_assert_str_eq(host, "node0");
+    ck_assert_int_eq(port, 29500);
+    ck_assert_int_eq(cli_parse_host_port("--upstream", "[::1]:1", host, sizeof host, &port), 0);
+    ck_assert_str_eq(host, "::1");
+    ck_assert_int_eq(port, 1);
+    static const char *const bad[] = {"node0",
+                                      "node0:",
+                                      ":29500",
+                                      "node0:0",
+                                      "node0:65536",
+                                      "node0:-1",
+                                      "node0:+1",
+                                      "::1:29500",
+                                      "[::1]29500",
+                                      "[]:29500",
+                                      "a]:1",
+                                      "node0: 1",
+                                      "a-very-long-host-name:1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(cli_parse_host_port("--upstream", bad[i], host, sizeof host, &port) ==
+                          -EINVAL,
+                      "'%s' accepted", bad[i]);
+        ERR_HAS("--upstream: expected HOST:PORT (an IPv6 address in brackets, PORT from 1 to "
+                "65535), got '");
+    }
+    ck_assert_str_eq(host, "::1");
+    ck_assert_int_eq(port, 1);
+    ck_assert_int_eq(cli_parse_host_port("--upstream", NULL, host, sizeof host, &port), -EINVAL);
+}
+END_TEST
+
 enum { O_JSON = 256, O_VERSION, O_TWO };
 
 static const cli_option table[] = {
@@ -412,7 +448,7 @@ int main(void)
 {
     Suite *s = suite_create("cli_helpers");
     check_tcase(s, "cli", 30, integers, integer_lists, report, reals_and_seconds, sizes, choices,
-                lookups, getopt_tables, getopt_build, help_layout);
+                host_ports, lookups, getopt_tables, getopt_build, help_layout);
 
     return check_run(s);
 }
