@@ -127,28 +127,118 @@ static bool bad_prefix(const char *prefix)
     return !prefix || strlen(prefix) > DDPRUN_RDZV_MAX_PREFIX;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Layout: every node's rank offset and the world size, computed once per round                */
+/* ------------------------------------------------------------------------------------------ */
+
 /*
- * Prefix sums over nproc values in node-rank order: rank_offset of node `me` and world size.
- * Returns false when the world size would pass INT_MAX.
+ * Parses every node's nproc from its record (values[i], lens[i], node rank order): the whole
+ * value for a static round, the leading "<nproc> " of "<nproc> <node_id>" for a dynamic one
+ * (`records`). Fills offsets[0..n-1] with the prefix sums and *world with the total. Returns 0,
+ * or -EPROTO with *bad the node rank of a malformed record, or -1 when the world size would pass
+ * INT_MAX.
  */
-static bool prefix_sums(const int64_t *nproc, int nnodes, int me, int *offset, int *world)
+static int layout_compute(void *const *values, const size_t *lens, int n, bool records,
+                          int *offsets, int *world, int *bad)
 {
-    int64_t sum = 0, off = 0;
-    for (int i = 0; i < nnodes; i++) {
-        if (i == me)
-            off = sum;
-        sum += nproc[i];
-        if (sum > INT_MAX)
-            return false;
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t np = 0;
+        size_t end = 0;
+        const char *v = values[i];
+        bool ok = v && (records ? parse_int(v, lens[i], 1, INT_MAX, &np, &end) && end < lens[i] &&
+                                      v[end] == ' '
+                                : parse_int(v, lens[i], 1, INT_MAX, &np, NULL));
+        if (!ok) {
+            *bad = i;
+            return -EPROTO;
+        }
+        offsets[i] = (int)sum;
+        sum += np;
+        if (sum > INT_MAX) {
+            *bad = -1;
+            return -EPROTO;
+        }
     }
-    *offset = (int)off;
     *world = (int)sum;
-    return true;
+    return 0;
 }
 
-/* ------------------------------------------------------------------------------------------ */
-/* Static rendezvous                                                                           */
-/* ------------------------------------------------------------------------------------------ */
+/* The sentence for layout_compute()'s -EPROTO. */
+static int layout_error(char *err, size_t errlen, bool records, int round, int bad)
+{
+    const char *kind = records ? "dynamic" : "static";
+    if (bad < 0)
+        return fmt_err(err, errlen, -EPROTO, "%s rendezvous round %d: the world size exceeds %d",
+                       kind, round, INT_MAX);
+    if (records)
+        return fmt_err(err, errlen, -EPROTO,
+                       "dynamic rendezvous round %d: malformed record for node rank %d", round, bad);
+    return fmt_err(err, errlen, -EPROTO,
+                   "static rendezvous round %d: node rank %d published a malformed nproc", round,
+                   bad);
+}
+
+/*
+ * Publishes the layout keys "<base>/<i>" of nodes 0..n-1 in one MULTI_SET: "<offset> <world>"
+ * from offsets[] and world or, when `failure` is not NULL, "E<errno> <failure>" (code < 0, the
+ * error every node then reports, with that sentence) for every node. Returns 0, -ENOMEM or a
+ * negative errno from the store.
+ */
+static int layout_publish(rdzv_client *c, const char *base, int n, const int *offsets, int world,
+                          int code, const char *failure)
+{
+    char **keys = NULL;
+    int rc = rdzv_rank_keys(base, n, &keys);
+    if (rc < 0)
+        return rc;
+    size_t flen = failure ? strlen(failure) + 16 : 0;
+    char *text = malloc(failure ? flen : (size_t)n * 24);
+    const void **vals = malloc((size_t)n * sizeof *vals);
+    size_t *lens = malloc((size_t)n * sizeof *lens);
+    rc = -ENOMEM;
+    if (text && vals && lens) {
+        char *p = text;
+        int m = failure ? snprintf(text, flen, "E%d %s", -code, failure) : 0;
+        for (int i = 0; i < n; i++) {
+            if (!failure) {
+                p += m + (i > 0);
+                m = sprintf(p, "%d %d", offsets[i], world);
+            }
+            vals[i] = p;
+            lens[i] = (size_t)m;
+        }
+        rc = rdzv_multi_set(c, (const char *const *)keys, vals, lens, (size_t)n);
+    }
+    rdzv_free(keys);
+    free(text);
+    free(vals);
+    free(lens);
+    return rc;
+}
+
+/*
+ * Takes a node's layout value (v, len): fills *offset and *world from "<offset> <world>" and
+ * returns 0, or returns the error an "E<errno> <sentence>" value carries, its sentence in err,
+ * or -EPROTO for anything else.
+ */
+static int layout_take(const char *v, size_t len, bool records, int round, int *offset,
+                       int *world, char *err, size_t errlen)
+{
+    int64_t a = 0, b = 0;
+    size_t end = 0;
+    if (len > 1 && v[0] == 'E') {
+        if (parse_int(v + 1, len - 1, 1, 4095, &a, &end) && 1 + end < len && v[1 + end] == ' ')
+            return fmt_err(err, errlen, -(int)a, "%.*s", (int)(len - 2 - end), v + 2 + end);
+    } else if (parse_int(v, len, 0, INT_MAX, &a, &end) && end < len && v[end] == ' ' &&
+               parse_int(v + end + 1, len - end - 1, 1, INT_MAX, &b, NULL) && a < b) {
+        *offset = (int)a;
+        *world = (int)b;
+        return 0;
+    }
+    return fmt_err(err, errlen, -EPROTO, "%s rendezvous round %d: malformed layout record",
+                   records ? "dynamic" : "static", round);
+}
 
 /* The sentence for a static round whose all-gather timed out: the missing node ranks. */
 static int static_timeout(const bool *missing, int nnodes, int round, double timeout_s, char *err,
@@ -161,6 +251,110 @@ static int static_timeout(const bool *missing, int nnodes, int round, double tim
         snprintf(msg, sizeof msg, "every node showed up, but only after %g s", timeout_s);
     return fmt_err(err, errlen, -ETIMEDOUT, "static rendezvous round %d: %s", round, msg);
 }
+
+/*
+ * The layout of node `me` of n for a node that does not compute it: waits up to wait_ms for its
+ * key "<layout_base>/<me>" and takes it. When the key does not appear in time (a node never
+ * published its record, or the node computing the layout stopped before publishing it), looks
+ * at every node's record "<rec_base>/<i>" once: with all of them there it computes the layout
+ * itself; otherwise it returns -ETIMEDOUT naming the absent nodes. Returns 0 or the error, its
+ * sentence in err: -ETIMEDOUT, -EPROTO, the error published for the round, -ENOMEM, or a negative
+ * errno from the store.
+ */
+static int layout_await(rdzv_client *c, const char *layout_base, const char *rec_base, int n,
+                        int me, bool records, double timeout_s, int round, int *offset, int *world,
+                        char *err, size_t errlen)
+{
+    char key[DDPRUN_RDZV_MAX_PREFIX + 128];
+    snprintf(key, sizeof key, "%s/%d", layout_base, me);
+    void *v = NULL;
+    size_t len = 0;
+    int rc = rdzv_wait_get(c, key, to_ms(timeout_s), &v, &len);
+    if (rc == 0) {
+        rc = layout_take(v, len, records, round, offset, world, err, errlen);
+        rdzv_free(v);
+        return rc;
+    }
+    if (rc != -ETIMEDOUT)
+        return store_err(c, err, errlen, rc, "waiting for the layout", round);
+
+    void **values = calloc((size_t)n, sizeof *values);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    int *offsets = calloc((size_t)n, sizeof *offsets);
+    bool *missing = calloc((size_t)n, sizeof *missing);
+    rc = -ENOMEM;
+    if (values && lens && offsets && missing) {
+        rc = rdzv_gather(c, rec_base, n, 1, values, lens, missing);
+        bool all = rc == 0 || rc == -ETIMEDOUT;
+        for (int i = 0; rc == -ETIMEDOUT && i < n; i++)
+            all = all && !missing[i];
+        if (all) {
+            int bad = 0;
+            rc = layout_compute(values, lens, n, records, offsets, world, &bad);
+            if (rc == 0)
+                *offset = offsets[me];
+            else
+                layout_error(err, errlen, records, round, bad);
+        } else if (rc == -ETIMEDOUT && !records) {
+            static_timeout(missing, n, round, timeout_s, err, errlen);
+        } else {
+            store_err(c, err, errlen, rc, "reading the members' records", round);
+        }
+    } else {
+        fmt_err(err, errlen, rc, "%s rendezvous round %d: out of memory",
+                records ? "dynamic" : "static", round);
+    }
+    free_values(values, n);
+    free(lens);
+    free(offsets);
+    free(missing);
+    return rc;
+}
+
+/*
+ * The layout of every node, computed by the one node of the round that leads: reads the n
+ * records under rec_base once (waiting up to timeout_s for them), computes every node's offset
+ * and the world size and publishes them under layout_base (layout_publish()). A malformed record,
+ * a world size past INT_MAX or a record that did not appear in time is published instead, so
+ * that every node reports the same error. Fills *offset and *world for node `me`. Returns 0 or the
+ * error, its sentence in err.
+ */
+static int layout_lead(rdzv_client *c, const char *rec_base, const char *layout_base, int n,
+                       int me, bool records, double timeout_s, int round, int *offset, int *world,
+                       char *err, size_t errlen)
+{
+    void **values = calloc((size_t)n, sizeof *values);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    int *offsets = calloc((size_t)n, sizeof *offsets);
+    int rc = -ENOMEM, bad = 0;
+    if (!values || !lens || !offsets) {
+        fmt_err(err, errlen, rc, "%s rendezvous round %d: out of memory",
+                records ? "dynamic" : "static", round);
+        goto out;
+    }
+    rc = rdzv_gather(c, rec_base, n, to_ms(timeout_s), values, lens, NULL);
+    if (rc < 0)
+        store_err(c, err, errlen, rc,
+                  records ? "reading the members' records" : "reading every node's nproc", round);
+    else if ((rc = layout_compute(values, lens, n, records, offsets, world, &bad)) < 0)
+        layout_error(err, errlen, records, round, bad);
+    if (rc == 0 || rc == -ETIMEDOUT || rc == -EPROTO) {
+        int prc = layout_publish(c, layout_base, n, offsets, *world, rc, rc < 0 ? err : NULL);
+        if (prc < 0 && rc == 0)
+            rc = store_err(c, err, errlen, prc, "publishing the layout", round);
+    }
+    if (rc == 0)
+        *offset = offsets[me];
+out:
+    free_values(values, n);
+    free(lens);
+    free(offsets);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Static rendezvous                                                                           */
+/* ------------------------------------------------------------------------------------------ */
 
 int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes, int node_rank,
                        int nproc, double timeout_s, ddprun_assignment *out, char *err,
@@ -175,11 +369,8 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
                        "nproc %d)",
                        round, nnodes, node_rank, nproc);
 
-    char *key = NULL;
-    void **values = NULL;
-    size_t *lens = NULL;
-    int64_t *nprocs = NULL;
-    bool *missing = NULL; /* node ranks that did not publish, after a timeout */
+    char *key = NULL, *nproc_base = NULL, *layout_base = NULL, *arrived_key = NULL;
+    int64_t arrived = 0;
     char num[32];
     void *opened = NULL; /* the node count the round was opened with */
     size_t opened_len = 0;
@@ -223,40 +414,36 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
         goto out;
     }
 
-    /* Publish nproc under static/nproc/<node rank>, wait for every node's, read them all. */
+    /*
+     * Publish nproc under static/nproc/<node rank>, then count this node in static/arrived. The
+     * node whose ADD completes the count reads every record once and publishes each node's
+     * layout; the others wait for their own layout key only.
+     */
     free(key);
-    key = round_key(prefix, round, "static/nproc");
-    values = calloc((size_t)nnodes, sizeof *values);
-    lens = calloc((size_t)nnodes, sizeof *lens);
-    nprocs = calloc((size_t)nnodes, sizeof *nprocs);
-    missing = calloc((size_t)nnodes, sizeof *missing);
-    if (!key || !values || !lens || !nprocs || !missing)
+    key = round_key(prefix, round, "static/nproc/%d", node_rank);
+    nproc_base = round_key(prefix, round, "static/nproc");
+    layout_base = round_key(prefix, round, "static/layout");
+    arrived_key = round_key(prefix, round, "static/arrived");
+    if (!key || !nproc_base || !layout_base || !arrived_key)
         goto oom;
     snprintf(num, sizeof num, "%d", nproc);
-    rc = rdzv_allgather(c, key, node_rank, nnodes, num, strlen(num), to_ms(timeout_s), values, lens,
-                        missing);
-    if (rc == -ETIMEDOUT) {
-        rc = static_timeout(missing, nnodes, round, timeout_s, err, errlen);
-        goto out;
-    }
+    rc = rdzv_set(c, key, num, strlen(num));
+    if (rc == 0)
+        rc = rdzv_add(c, arrived_key, 1, &arrived);
     if (rc < 0) {
-        store_err(c, err, errlen, rc, "exchanging nproc with the other nodes", round);
+        store_err(c, err, errlen, rc, "publishing nproc", round);
         goto out;
-    }
-    for (int i = 0; i < nnodes; i++) {
-        if (!parse_int(values[i], lens[i], 1, INT_MAX, &nprocs[i], NULL)) {
-            rc = fmt_err(err, errlen, -EPROTO,
-                         "static rendezvous round %d: node rank %d published a malformed nproc",
-                         round, i);
-            goto out;
-        }
     }
     int offset = 0, world = 0;
-    if (!prefix_sums(nprocs, nnodes, node_rank, &offset, &world)) {
-        rc = fmt_err(err, errlen, -EPROTO, "static rendezvous round %d: the world size exceeds %d",
-                     round, INT_MAX);
-        goto out;
+    if (arrived == nnodes) {
+        rc = layout_lead(c, nproc_base, layout_base, nnodes, node_rank, false, timeout_s, round,
+                         &offset, &world, err, errlen);
+    } else {
+        rc = layout_await(c, layout_base, nproc_base, nnodes, node_rank, false, timeout_s, round,
+                          &offset, &world, err, errlen);
     }
+    if (rc < 0)
+        goto out;
     out->round = round;
     out->node_rank = node_rank;
     out->nnodes = nnodes;
@@ -269,10 +456,9 @@ oom:
 out:
     rdzv_free(opened);
     free(key);
-    free_values(values, nnodes);
-    free(lens);
-    free(nprocs);
-    free(missing);
+    free(nproc_base);
+    free(layout_base);
+    free(arrived_key);
     return rc;
 }
 
@@ -349,53 +535,34 @@ static int dyn_late(rdzv_client *c, const dyn_keys *k, int round, const char *wh
 }
 
 /*
- * Reads the records of slots 0..n-1 ("<nproc> <node_id>"), waiting up to join_ms for them, and
- * fills *out for slot `slot`.
+ * The assignment of slot `slot` among the n participants: the node in slot 0 reads the n records
+ * ("<nproc> <node_id>", waiting up to join_timeout_s for them) once and publishes every slot's
+ * layout under dyn/layout; the others wait for their own layout key (layout_await()).
  */
-static int dyn_assign(rdzv_client *c, const char *prefix, int round, int n, int slot, int join_ms,
-                      ddprun_assignment *out, char *err, size_t errlen)
+static int dyn_assign(rdzv_client *c, const char *prefix, int round, int n, int slot,
+                      double join_timeout_s, ddprun_assignment *out, char *err, size_t errlen)
 {
-    char *where = round_key(prefix, round, "dyn/node");
-    void **values = calloc((size_t)n, sizeof *values);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    int64_t *nprocs = calloc((size_t)n, sizeof *nprocs);
-    int rc = -ENOMEM;
-    if (!where || !values || !lens || !nprocs) {
-        fmt_err(err, errlen, rc, "dynamic rendezvous round %d: out of memory", round);
-        goto out;
-    }
-    rc = rdzv_gather(c, where, n, join_ms, values, lens, NULL);
-    if (rc < 0) {
-        store_err(c, err, errlen, rc, "reading the members' records", round);
-        goto out;
-    }
-    for (int i = 0; i < n; i++) {
-        size_t end = 0;
-        if (!parse_int(values[i], lens[i], 1, INT_MAX, &nprocs[i], &end) || end >= lens[i] ||
-            ((const char *)values[i])[end] != ' ') {
-            rc =
-                fmt_err(err, errlen, -EPROTO,
-                        "dynamic rendezvous round %d: malformed record for node rank %d", round, i);
-            goto out;
-        }
-    }
+    char *rec_base = round_key(prefix, round, "dyn/node");
+    char *layout_base = round_key(prefix, round, "dyn/layout");
     int offset = 0, world = 0;
-    if (!prefix_sums(nprocs, n, slot, &offset, &world)) {
-        rc = fmt_err(err, errlen, -EPROTO, "dynamic rendezvous round %d: the world size exceeds %d",
-                     round, INT_MAX);
-        goto out;
+    int rc = -ENOMEM;
+    if (!rec_base || !layout_base)
+        fmt_err(err, errlen, rc, "dynamic rendezvous round %d: out of memory", round);
+    else if (slot == 0)
+        rc = layout_lead(c, rec_base, layout_base, n, slot, true, join_timeout_s, round, &offset,
+                         &world, err, errlen);
+    else
+        rc = layout_await(c, layout_base, rec_base, n, slot, true, join_timeout_s, round, &offset,
+                          &world, err, errlen);
+    if (rc == 0) {
+        out->round = round;
+        out->node_rank = slot;
+        out->nnodes = n;
+        out->rank_offset = offset;
+        out->world_size = world;
     }
-    out->round = round;
-    out->node_rank = slot;
-    out->nnodes = n;
-    out->rank_offset = offset;
-    out->world_size = world;
-    rc = 0;
-out:
-    free(where);
-    free_values(values, n);
-    free(lens);
-    free(nprocs);
+    free(rec_base);
+    free(layout_base);
     return rc;
 }
 
@@ -408,7 +575,11 @@ out:
  *  4. WAIT dyn/quorum (join timeout). On timeout, if the count is still below min_nodes, abort
  *     the round (close it as "aborted <count>") and wake the others through dyn/quorum.
  *  5. WAIT dyn/closed (last-call timeout). On timeout, close it with the count now (capped).
- *  6. Read dyn/closed: n. slot >= n: late. Aborted: timed out. Otherwise read slots 0..n-1.
+ *  6. Read dyn/closed: n. slot >= n: late. Aborted: timed out. Otherwise slot 0 waits for the
+ *     records of slots 0..n-1 (join timeout), reads them once and MULTI_SETs dyn/layout/<i> for
+ *     every slot (or the error every node reports); every other slot waits for its own layout
+ *     key (join timeout) and, if it does not come, reads the records once itself
+ *     (layout_await()).
  * The close always happens after the quorum key is set by whoever closes, and dyn/closed is
  * written once, so steps 5 and 6 cannot block past the round's close.
  */
@@ -533,7 +704,7 @@ int ddprun_rdzv_dynamic(rdzv_client *c, const char *prefix, int round, int min_n
                      round, n, min_nodes, join_timeout_s);
         goto out;
     }
-    rc = dyn_assign(c, prefix, round, (int)n, (int)slot, join_ms, out, err, errlen);
+    rc = dyn_assign(c, prefix, round, (int)n, (int)slot, join_timeout_s, out, err, errlen);
     goto out;
 oom:
     rc = fmt_err(err, errlen, -ENOMEM, "dynamic rendezvous round %d: out of memory", round);

@@ -15,12 +15,18 @@
  *   static/nnodes        the node count the round was opened with (compare_set, first wins)
  *   static/claim/<rank>  ADD counter; a value above 1 means two nodes claimed one node rank
  *   static/nproc/<rank>  decimal nproc of that node rank
+ *   static/arrived       ADD counter of the nodes that published nproc; the node whose ADD
+ *                        returns the node count computes every node's layout
+ *   static/layout/<rank> "<rank offset> <world size>" of that node rank, or "E<errno> <sentence>"
+ *                        (the error every node reports), set by the node that computed the layout
  *   dyn/config           "<min>:<max>" the round was opened with (compare_set, first wins)
  *   dyn/count            ADD counter: a node's join slot is the value its ADD returned, minus 1
  *   dyn/node/<slot>      "<nproc> <node_id>" of the node holding that slot
  *   dyn/quorum           exists once min_nodes slots were taken (or the round was aborted)
  *   dyn/closed           "<n>" (closed with slots 0..n-1) or "aborted <n>"; set once (compare_set)
  *   dyn/waiting          ADD counter of nodes that arrived after the round closed
+ *   dyn/layout/<slot>    as static/layout/<rank>, set by the node in slot 0 once it read the
+ *                        members' records
  *   hb/<rank>            ADD counter, advanced by each heartbeat of that node rank
  *   conn/<rank>          "<host> <port>": the local end of that node's monitor connection to the
  *                        store (ddprun_rdzv_publish_conn()), so that the store's host can tell
@@ -84,8 +90,13 @@ typedef struct ddprun_assignment {
  * Static rendezvous: the node count and this node's rank are known in advance (torchrun's
  * --node-rank). The node checks that the round was opened with the same `nnodes` and that no
  * other node claimed `node_rank`, publishes its `nproc`, waits until all `nnodes` nodes have
- * published, and computes its rank offset and the world size as prefix sums of every node's
+ * published, and learns its rank offset and the world size as prefix sums of every node's
  * nproc (nodes may differ). Call on every node with the same prefix, round and nnodes.
+ * The last node to publish reads every node's nproc once and publishes each node's result under
+ * static/layout; every other node waits for its own key, so the store answers O(nnodes) requests
+ * and bytes per round in all. When that key does not appear in time, the node looks at every
+ * node's nproc once: it computes its result itself if all are there (the computing node stopped
+ * before publishing), and otherwise reports the missing node ranks.
  *
  * `prefix` is borrowed. `timeout_s` bounds the wait for the other nodes (< 0: the client's
  * timeout); single store calls are bounded by the client's timeout. `err` (may be NULL when
@@ -109,8 +120,10 @@ int ddprun_rdzv_static(rdzv_client *c, const char *prefix, int round, int nnodes
  *     quorum (every member keeps that timer; the first to fire closes the round with the nodes
  *     joined by then).
  * The participants are the first n join slots, n being the count stored when the round closed,
- * so every member derives the same list; each waits for the members' records and computes its
- * rank offset and the world size as prefix sums in join order.
+ * so every member derives the same list. The member in slot 0 waits for the members' records,
+ * reads them once and publishes every member's rank offset and the world size (prefix sums in
+ * join order) under dyn/layout; every other member waits for its own key only, and, should it
+ * not appear within the join timeout, looks at the records itself once as the static round does.
  *
  * A node arriving after the round closed (or beyond max_nodes) gets -EAGAIN: it counts itself in
  * dyn/waiting (see ddprun_rdzv_num_waiting()), so that the members can restart the job into round

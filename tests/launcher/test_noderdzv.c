@@ -34,7 +34,7 @@
 #include "rdzv.h"
 
 #define PREFIX "/ddprun/test"
-#define MAXN 8
+#define MAXN 64
 
 /* ------------------------------------------------------------------------------------------ */
 /* Fixtures and helpers                                                                        */
@@ -1327,6 +1327,64 @@ START_TEST(test_backend_ops_through_store)
 }
 END_TEST
 
+/*
+ * The store's traffic (requests, bytes in + out) over one round of 64 nodes, read from its
+ * STATUS before and after: one node computes the layout, the others read their own key, so the
+ * root's load per node stays flat rather than growing with the node count (an all-gather of 64
+ * nodes' records costs each node several KiB).
+ */
+static void traffic(rdzv_client *c, int64_t *requests, int64_t *bytes)
+{
+    char *js = NULL;
+    ck_assert_int_eq(rdzv_status(c, &js), 0);
+    json_error_t jerr;
+    json_t *o = json_loads(js, 0, &jerr);
+    ck_assert_ptr_nonnull(o);
+    json_t *t = json_object_get(o, "traffic");
+    *requests = json_integer_value(json_object_get(t, "requests"));
+    *bytes = json_integer_value(json_object_get(t, "bytes_in")) +
+             json_integer_value(json_object_get(t, "bytes_out"));
+    json_decref(o);
+    rdzv_free(js);
+}
+
+static void check_linear_round(node_fn fn, void *arg, int n)
+{
+    rdzv_client *c = client();
+    int64_t req0 = 0, bytes0 = 0, req1 = 0, bytes1 = 0;
+    traffic(c, &req0, &bytes0);
+    node_result res[MAXN];
+    run_nodes(n, fn, arg, res);
+    traffic(c, &req1, &bytes1);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(res[i].rc == 0, "node %d: %d %s", i, res[i].rc, res[i].err);
+    check_consistent(res, n, n, 0);
+    /* Per node: a handful of requests and well under 1 KiB, whatever n is. */
+    ck_assert_msg(req1 - req0 <= 16 * n, "%" PRId64 " requests for %d nodes", req1 - req0, n);
+    ck_assert_msg(bytes1 - bytes0 <= 1024 * n, "%" PRId64 " bytes for %d nodes", bytes1 - bytes0,
+                  n);
+    rdzv_client_close(c);
+}
+
+START_TEST(test_static_root_load_linear)
+{
+    int ranks[MAXN], nproc[MAXN];
+    for (int i = 0; i < MAXN; i++) {
+        ranks[i] = MAXN - 1 - i;
+        nproc[i] = 1 + i % 3;
+    }
+    static_args s = {0, MAXN, ranks, nproc, 10.0};
+    check_linear_round(static_node, &s, MAXN);
+}
+END_TEST
+
+START_TEST(test_dynamic_root_load_linear)
+{
+    dyn_args d = {0, MAXN, MAXN, 10.0, 60.0, 1};
+    check_linear_round(dyn_node, &d, MAXN);
+}
+END_TEST
+
 static Suite *noderdzv_suite(void)
 {
     Suite *s = suite_create("noderdzv");
@@ -1339,7 +1397,8 @@ static Suite *noderdzv_suite(void)
         test_failure_first_writer_wins, test_failure_record_through_store, test_conn_records,
         test_exit_barrier_all_arrive, test_exit_barrier_failure_ends_wait,
         test_exit_barrier_timeout, test_clear_worker_keys, test_clear_worker_keys_without_host,
-        test_invalid_arguments, test_backend_ops_through_store);
+        test_invalid_arguments, test_backend_ops_through_store, test_static_root_load_linear,
+        test_dynamic_root_load_linear);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     /* Pure functions: no store. */
