@@ -293,6 +293,82 @@ START_TEST(test_static_conflicts)
 }
 END_TEST
 
+/*
+ * Plays node rank 1 of 2 by hand once node rank 0 (a forked node) has counted itself: claims the
+ * rank, publishes `nproc` and completes static/arrived, which makes it the node that computes
+ * the layout, and then stops without publishing it, as a node killed at that moment would.
+ */
+static void static_rank1_stops(const char *nproc)
+{
+    rdzv_client *c = client();
+    const char *arrived = PREFIX "/round_0/static/arrived";
+    ck_assert_int_eq(rdzv_wait(c, &arrived, 1, 5000), 0);
+    int64_t v = 0;
+    ck_assert_int_eq(rdzv_add(c, PREFIX "/round_0/static/claim/1", 1, &v), 0);
+    ck_assert_int_eq(rdzv_set(c, PREFIX "/round_0/static/nproc/1", nproc, strlen(nproc)), 0);
+    ck_assert_int_eq(rdzv_add(c, arrived, 1, &v), 0);
+    ck_assert_int_eq(v, 2);
+    rdzv_client_close(c);
+}
+
+START_TEST(test_static_computing_node_stops)
+{
+    /* Rank 0 waits for its layout key, which never comes: it computes its own once bounded. */
+    const int ranks[] = {0};
+    const int nproc[] = {2};
+    static_args s = {0, 2, ranks, nproc, 0.5};
+    nodes ns;
+    node_result res[1];
+    nodes_start(&ns, 1, static_node, &s);
+    static_rank1_stops("3");
+    nodes_join(&ns, res);
+    ck_assert_msg(res[0].rc == 0, "%d %s", res[0].rc, res[0].err);
+    ck_assert_int_eq(res[0].a.rank_offset, 0);
+    ck_assert_int_eq(res[0].a.world_size, 5);
+    ck_assert_double_ge(res[0].elapsed_s, 0.45);
+    ck_assert_double_lt(res[0].elapsed_s, 3.0);
+}
+END_TEST
+
+START_TEST(test_static_malformed_nproc)
+{
+    /* Found by the node that computes the layout and published to every node... */
+    rdzv_client *c = client();
+    int64_t v = 0;
+    ck_assert_int_eq(rdzv_add(c, PREFIX "/round_0/static/claim/1", 1, &v), 0);
+    ck_assert_int_eq(rdzv_set(c, PREFIX "/round_0/static/nproc/1", "x1", 2), 0);
+    ck_assert_int_eq(rdzv_add(c, PREFIX "/round_0/static/arrived", 1, &v), 0);
+    ddprun_assignment a;
+    char err[256];
+    ck_assert_int_eq(ddprun_rdzv_static(c, PREFIX, 0, 2, 0, 1, 2.0, &a, err, sizeof err), -EPROTO);
+    ck_assert_msg(strstr(err, "round 0: node rank 1 published a malformed nproc"), "%s", err);
+    void *rec = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(rdzv_get(c, PREFIX "/round_0/static/layout/1", &rec, &len), 0);
+    ck_assert_msg(len > 4 && memcmp(rec, "E71 ", 4) == 0, "%.*s", (int)len, (char *)rec);
+    rdzv_free(rec);
+    rdzv_client_close(c);
+
+    /* ...and by a node whose computing peer stopped, when it looks at the records itself. */
+    const int ranks[] = {0};
+    const int nproc[] = {1};
+    static_args s = {1, 2, ranks, nproc, 0.3};
+    nodes ns;
+    node_result res[1];
+    nodes_start(&ns, 1, static_node, &s);
+    c = client();
+    const char *arrived = PREFIX "/round_1/static/arrived";
+    ck_assert_int_eq(rdzv_wait(c, &arrived, 1, 5000), 0);
+    ck_assert_int_eq(rdzv_set(c, PREFIX "/round_1/static/nproc/1", "0", 1), 0);
+    ck_assert_int_eq(rdzv_add(c, arrived, 1, &v), 0);
+    rdzv_client_close(c);
+    nodes_join(&ns, res);
+    ck_assert_int_eq(res[0].rc, -EPROTO);
+    ck_assert_msg(strstr(res[0].err, "round 1: node rank 1 published a malformed nproc"), "%s",
+                  res[0].err);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* Dynamic                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
@@ -1398,7 +1474,8 @@ static Suite *noderdzv_suite(void)
         test_exit_barrier_all_arrive, test_exit_barrier_failure_ends_wait,
         test_exit_barrier_timeout, test_clear_worker_keys, test_clear_worker_keys_without_host,
         test_invalid_arguments, test_backend_ops_through_store, test_static_root_load_linear,
-        test_dynamic_root_load_linear);
+        test_dynamic_root_load_linear, test_static_computing_node_stops,
+        test_static_malformed_nproc);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     /* Pure functions: no store. */
