@@ -173,7 +173,8 @@ static int layout_error(char *err, size_t errlen, bool records, int round, int b
                        kind, round, INT_MAX);
     if (records)
         return fmt_err(err, errlen, -EPROTO,
-                       "dynamic rendezvous round %d: malformed record for node rank %d", round, bad);
+                       "dynamic rendezvous round %d: malformed record for node rank %d", round,
+                       bad);
     return fmt_err(err, errlen, -EPROTO,
                    "static rendezvous round %d: node rank %d published a malformed nproc", round,
                    bad);
@@ -222,8 +223,8 @@ static int layout_publish(rdzv_client *c, const char *base, int n, const int *of
  * returns 0, or returns the error an "E<errno> <sentence>" value carries, its sentence in err,
  * or -EPROTO for anything else.
  */
-static int layout_take(const char *v, size_t len, bool records, int round, int *offset,
-                       int *world, char *err, size_t errlen)
+static int layout_take(const char *v, size_t len, bool records, int round, int *offset, int *world,
+                       char *err, size_t errlen)
 {
     int64_t a = 0, b = 0;
     size_t end = 0;
@@ -240,7 +241,7 @@ static int layout_take(const char *v, size_t len, bool records, int round, int *
                    records ? "dynamic" : "static", round);
 }
 
-/* The sentence for a static round whose all-gather timed out: the missing node ranks. */
+/* The sentence for a static round that timed out with nodes missing: their node ranks. */
 static int static_timeout(const bool *missing, int nnodes, int round, double timeout_s, char *err,
                           size_t errlen)
 {
@@ -253,7 +254,7 @@ static int static_timeout(const bool *missing, int nnodes, int round, double tim
 }
 
 /*
- * The layout of node `me` of n for a node that does not compute it: waits up to wait_ms for its
+ * The layout of node `me` of n for a node that does not compute it: waits up to timeout_s for its
  * key "<layout_base>/<me>" and takes it. When the key does not appear in time (a node never
  * published its record, or the node computing the layout stopped before publishing it), looks
  * at every node's record "<rec_base>/<i>" once: with all of them there it computes the layout
@@ -319,8 +320,8 @@ static int layout_await(rdzv_client *c, const char *layout_base, const char *rec
  * that every node reports the same error. Fills *offset and *world for node `me`. Returns 0 or the
  * error, its sentence in err.
  */
-static int layout_lead(rdzv_client *c, const char *rec_base, const char *layout_base, int n,
-                       int me, bool records, double timeout_s, int round, int *offset, int *world,
+static int layout_lead(rdzv_client *c, const char *rec_base, const char *layout_base, int n, int me,
+                       bool records, double timeout_s, int round, int *offset, int *world,
                        char *err, size_t errlen)
 {
     void **values = calloc((size_t)n, sizeof *values);
