@@ -40,15 +40,13 @@
 #include "auth.h"
 #include "client.h"
 #include "listen.h"
+#include "loophost.h"
 #include "monoclock.h"
 #include "mux.h"
 #include "rdzv.h"
 #include "store.h"
 
 #include <errno.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,41 +145,13 @@ struct rdzv_proxy {
     rdzv__peercred cred;
     uint32_t euid;
     rdzv_proxy_counters st;
-    /* threaded mode */
-    bool threaded, own_loop_made, lock_made;
-    uv_loop_t own_loop;
-    uv_thread_t thread;
-    uv_async_t stop_async;
-    uv_mutex_t lock;
+    rdzv__loophost lh; /* embedded or threaded */
     uint8_t rbuf[READ_BUF_BYTES];
 };
 
-static void lock(rdzv_proxy *px)
-{
-    if (px->threaded)
-        uv_mutex_lock(&px->lock);
-}
-
-static void unlock(rdzv_proxy *px)
-{
-    if (px->threaded)
-        uv_mutex_unlock(&px->lock);
-}
-
-static void logf_(rdzv_proxy *px, int level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void logf_(rdzv_proxy *px, int level, const char *fmt, ...)
-{
-    if (!px->opts.log)
-        return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    px->opts.log(px->opts.log_arg, level, line);
-}
+#define lock(px) rdzv__loophost_lock(&(px)->lh)
+#define unlock(px) rdzv__loophost_unlock(&(px)->lh)
+#define logf_(px, level, ...) rdzv__logf((px)->opts.log, (px)->opts.log_arg, level, __VA_ARGS__)
 
 void rdzv_proxy_options_init(rdzv_proxy_options *o)
 {
@@ -1114,10 +1084,7 @@ static void proxy_free(rdzv_proxy *px)
 {
     if (!px)
         return;
-    if (px->own_loop_made)
-        uv_loop_close(&px->own_loop);
-    if (px->lock_made)
-        uv_mutex_destroy(&px->lock);
+    rdzv__loophost_free(&px->lh);
     rdzv__peercred_close(&px->cred);
     while (!queue_empty(&px->all_groups))
         group_destroy(queue_data(queue_head(&px->all_groups), group, all_node));
@@ -1134,7 +1101,7 @@ static void proxy_free(rdzv_proxy *px)
 static void handle_closed(uv_handle_t *h)
 {
     rdzv_proxy *px = h->data;
-    if (--px->open_handles == 0 && px->closing && !px->threaded)
+    if (--px->open_handles == 0 && px->closing && !px->lh.threaded)
         proxy_free(px);
 }
 
@@ -1179,17 +1146,9 @@ static int proxy_init(uv_loop_t *loop, const rdzv_proxy_options *o, bool threade
     px->euid = (uint32_t)geteuid();
     px->limits = (rdzv__limits){RDZV_KEY_BYTES_MAX, o->max_request_bytes, (size_t)1 << 30,
                                 o->max_request_bytes};
-    px->threaded = threaded;
-    if (threaded) {
-        if ((rc = uv_mutex_init(&px->lock)) < 0)
-            goto out;
-        px->lock_made = true;
-        if ((rc = uv_loop_init(&px->own_loop)) < 0)
-            goto out;
-        px->own_loop_made = true;
-        loop = &px->own_loop;
-    }
-    px->loop = loop;
+    if ((rc = rdzv__loophost_init(&px->lh, threaded, loop, &px->loop)) < 0)
+        goto out;
+    loop = px->loop;
     if (!o->allow_other_users && rdzv__peercred_open(&px->cred) < 0)
         logf_(px, RDZV_LOG_WARN,
               "cannot open the kernel sockets that find a local "
@@ -1235,24 +1194,14 @@ int rdzv_proxy_create(void *loop, const rdzv_proxy_options *opts, rdzv_proxy **o
     return proxy_init(loop, opts, false, out);
 }
 
-static void stop_cb(uv_async_t *a)
+/* The loop thread's stop hook (loophost.h). */
+static void thread_stop(void *arg)
 {
-    rdzv_proxy *px = a->data;
-    uv_close((uv_handle_t *)a, NULL);
+    rdzv_proxy *px = arg;
     lock(px);
     flush(px);
     begin_close(px);
     unlock(px);
-}
-
-static void thread_main(void *arg)
-{
-    rdzv_proxy *px = arg;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    uv_run(px->loop, UV_RUN_DEFAULT);
 }
 
 int rdzv_proxy_start(const rdzv_proxy_options *opts, rdzv_proxy **out)
@@ -1261,10 +1210,7 @@ int rdzv_proxy_start(const rdzv_proxy_options *opts, rdzv_proxy **out)
     int rc = proxy_init(NULL, opts, true, out ? &px : NULL);
     if (rc < 0)
         return rc;
-    uv_async_init(px->loop, &px->stop_async, stop_cb);
-    px->stop_async.data = px;
-    if ((rc = uv_thread_create(&px->thread, thread_main, px)) < 0) {
-        uv_close((uv_handle_t *)&px->stop_async, NULL);
+    if ((rc = rdzv__loophost_start(&px->lh, thread_stop, NULL, NULL, px)) < 0) {
         begin_close(px);
         uv_run(px->loop, UV_RUN_DEFAULT);
         proxy_free(px);
@@ -1293,9 +1239,8 @@ void rdzv_proxy_close(rdzv_proxy *px)
 {
     if (!px)
         return;
-    if (px->threaded) {
-        uv_async_send(&px->stop_async);
-        uv_thread_join(&px->thread);
+    if (px->lh.threaded) {
+        rdzv__loophost_stop(&px->lh);
         proxy_free(px);
     } else if (!px->closing) {
         flush(px);

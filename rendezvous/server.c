@@ -41,6 +41,7 @@
  */
 #include "auth.h"
 #include "listen.h"
+#include "loophost.h"
 #include "mux.h"
 #include "rdzv.h"
 #include "store.h"
@@ -51,9 +52,6 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,13 +147,8 @@ struct rdzv_server {
     bool closing;
 
     /* threaded mode */
-    bool threaded;
-    bool own_loop_made, lock_made; /* for server_free() of a half-built server */
-    uv_loop_t own_loop;
-    uv_thread_t thread;
-    uv_async_t stop_async;
+    rdzv__loophost lh;
     uv_async_t clear_async; /* rdzv_server_clear() from another thread starts the sweeper */
-    uv_mutex_t lock;
 
     /* traffic over the server's life (STATUS "traffic"; requests are the sum of store.ops) */
     uint64_t bytes_in;  /* read from clients */
@@ -165,32 +158,9 @@ struct rdzv_server {
 };
 
 /* Threaded servers guard their state so that rdzv_server_status() may run on other threads. */
-static void lock(rdzv_server *srv)
-{
-    if (srv->threaded)
-        uv_mutex_lock(&srv->lock);
-}
-
-static void unlock(rdzv_server *srv)
-{
-    if (srv->threaded)
-        uv_mutex_unlock(&srv->lock);
-}
-
-static void logf_(rdzv_server *srv, int level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void logf_(rdzv_server *srv, int level, const char *fmt, ...)
-{
-    if (!srv->opts.log)
-        return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    srv->opts.log(srv->opts.log_arg, level, line);
-}
+#define lock(srv) rdzv__loophost_lock(&(srv)->lh)
+#define unlock(srv) rdzv__loophost_unlock(&(srv)->lh)
+#define logf_(srv, level, ...) rdzv__logf((srv)->opts.log, (srv)->opts.log_arg, level, __VA_ARGS__)
 
 /* ---------------------------------------------------------------------------------------- */
 /* Connections                                                                              */
@@ -1348,10 +1318,10 @@ int rdzv_server_clear(rdzv_server *srv, const char *keep_prefix)
     lock(srv);
     size_t n = rdzv__store_clear(&srv->store, (const uint8_t *)keep, strlen(keep));
     size_t stale = srv->store.nstale;
-    if (!srv->threaded)
+    if (!srv->lh.threaded)
         start_sweeper(srv);
     unlock(srv);
-    if (srv->threaded && stale > 0)
+    if (srv->lh.threaded && stale > 0)
         uv_async_send(&srv->clear_async);
     logf_(srv, RDZV_LOG_INFO, "cleared %zu keys outside '%s' (%zu names left to free)", n, keep,
           stale);
@@ -1375,10 +1345,7 @@ static void server_free(rdzv_server *srv)
 {
     if (!srv)
         return;
-    if (srv->own_loop_made)
-        uv_loop_close(&srv->own_loop);
-    if (srv->lock_made)
-        uv_mutex_destroy(&srv->lock);
+    rdzv__loophost_free(&srv->lh);
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
     rdzv__peercred_close(&srv->cred);
@@ -1396,7 +1363,7 @@ static void server_free(rdzv_server *srv)
 static void handle_closed(uv_handle_t *h)
 {
     rdzv_server *srv = h->data;
-    if (--srv->open_handles == 0 && srv->closing && !srv->threaded) {
+    if (--srv->open_handles == 0 && srv->closing && !srv->lh.threaded) {
         server_free(srv);
         rdzv__buf_spares_free();
     }
@@ -1429,7 +1396,7 @@ static void server_discard(rdzv_server *srv)
         uv_close((uv_handle_t *)&srv->resume_timer, handle_closed);
         uv_close((uv_handle_t *)&srv->sweeper, handle_closed);
         uv_close((uv_handle_t *)&srv->flusher, handle_closed);
-        if (!srv->threaded)
+        if (!srv->lh.threaded)
             return; /* handle_closed() frees it */
         uv_run(srv->loop, UV_RUN_DEFAULT);
     }
@@ -1479,23 +1446,15 @@ static int server_init(uv_loop_t *loop, const rdzv_server_options *opts, bool th
     for (size_t i = 0; i < opts->nallow; i++)
         if ((rc = rdzv__cidr_parse(opts->allow[i], &srv->allow[i])) < 0)
             goto out;
-    srv->threaded = threaded;
     srv->limits = (rdzv__limits){opts->max_key_bytes, opts->max_value_bytes,
                                  opts->max_keys_per_request, opts->max_request_bytes};
     if ((rc = rdzv__store_init(&srv->store, opts->max_total_bytes)) < 0)
         goto out;
     if ((rc = rdzv__listen_socket(opts, &fd, &srv->port)) < 0)
         goto out;
-    if (threaded) {
-        if ((rc = uv_mutex_init(&srv->lock)) < 0)
-            goto out;
-        srv->lock_made = true;
-        if ((rc = uv_loop_init(&srv->own_loop)) < 0)
-            goto out;
-        srv->own_loop_made = true;
-        loop = &srv->own_loop;
-    }
-    srv->loop = loop;
+    if ((rc = rdzv__loophost_init(&srv->lh, threaded, loop, &srv->loop)) < 0)
+        goto out;
+    loop = srv->loop;
     srv->start_ms = uv_hrtime() / 1000000;
 
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* -1: pause instead */
@@ -1606,25 +1565,23 @@ static void begin_close(rdzv_server *srv)
 }
 
 
-static void stop_cb(uv_async_t *a)
+/* The loop thread's hooks (loophost.h). */
+static void thread_stop(void *arg)
 {
-    rdzv_server *srv = a->data;
-    uv_close((uv_handle_t *)a, NULL);
+    rdzv_server *srv = arg;
     uv_close((uv_handle_t *)&srv->clear_async, NULL);
     begin_close(srv);
 }
 
-static void thread_main(void *arg)
+static void thread_enter(void *arg)
 {
     rdzv_server *srv = arg;
-    /* A peer that vanishes while we write must give EPIPE, not kill the host process: block
-     * SIGPIPE on this thread (a write's SIGPIPE is directed at the writing thread). */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
     rdzv__buf_spares_limit(spare_limit(&srv->opts));
-    uv_run(srv->loop, UV_RUN_DEFAULT);
+}
+
+static void thread_leave(void *arg)
+{
+    (void)arg;
     rdzv__buf_spares_free();
 }
 
@@ -1634,12 +1591,9 @@ int rdzv_server_start(const rdzv_server_options *opts, rdzv_server **out)
     int rc = server_init(NULL, opts, true, out ? &srv : NULL);
     if (rc < 0)
         return rc;
-    uv_async_init(srv->loop, &srv->stop_async, stop_cb);
-    srv->stop_async.data = srv;
     uv_async_init(srv->loop, &srv->clear_async, sweeper_async_cb);
     srv->clear_async.data = srv;
-    if ((rc = uv_thread_create(&srv->thread, thread_main, srv)) < 0) {
-        uv_close((uv_handle_t *)&srv->stop_async, NULL);
+    if ((rc = rdzv__loophost_start(&srv->lh, thread_stop, thread_enter, thread_leave, srv)) < 0) {
         uv_close((uv_handle_t *)&srv->clear_async, NULL);
         begin_close(srv);
         uv_run(srv->loop, UV_RUN_DEFAULT);
@@ -1654,9 +1608,8 @@ void rdzv_server_close(rdzv_server *srv)
 {
     if (!srv)
         return;
-    if (srv->threaded) {
-        uv_async_send(&srv->stop_async);
-        uv_thread_join(&srv->thread);
+    if (srv->lh.threaded) {
+        rdzv__loophost_stop(&srv->lh);
         server_free(srv);
     } else if (!srv->closing) {
         begin_close(srv);
