@@ -151,7 +151,7 @@ int cli_report(FILE *f, const char *prog, int rc);
  *     #define err(...) cli_msg(stderr, "ddp-train", __VA_ARGS__)
  */
 void cli_msg(FILE *f, const char *prog, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4), nonnull(1, 2, 3)));
 
 /* ------------------------------------------------------------------------------------------ */
 /* Option tables                                                                              */
