@@ -13,6 +13,7 @@
  */
 #include "client.h"
 #include "frames.h"
+#include "rawconn.h"
 #include "mux.h"
 #include "proto.h"
 #include "rdzv.h"
@@ -36,46 +37,6 @@
 
 #define TOKEN "proxy-test-token-0123456789abcdef"
 
-static int connect_to(int port)
-{
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    struct timeval tv = {10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return fd;
-}
-
-static void send_frame(int fd, frame *f)
-{
-    const uint8_t *b = f->data;
-    size_t n = f->len;
-    while (n) {
-        ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
-        ck_assert_int_gt(k, 0);
-        b += k;
-        n -= (size_t)k;
-    }
-    fr_reset(f);
-}
-
-static void recv_exact(int fd, void *p, size_t n)
-{
-    uint8_t *b = p;
-    while (n) {
-        ssize_t k = recv(fd, b, n, 0);
-        ck_assert_msg(k > 0, "recv: %zd (%s)", k, strerror(errno));
-        b += k;
-        n -= (size_t)k;
-    }
-}
-
 static uint8_t recv_u8(int fd)
 {
     uint8_t b;
@@ -83,30 +44,11 @@ static uint8_t recv_u8(int fd)
     return b;
 }
 
-/* True if the peer closed fd (EOF or reset) within the socket's read timeout. */
-static bool closed_by_peer(int fd)
-{
-    char c;
-    ssize_t k = recv(fd, &c, 1, 0);
-    return k == 0 || (k < 0 && errno == ECONNRESET);
-}
-
 /* True if nothing arrives on fd within `ms` (used only to check that nothing more came). */
 static bool quiet(int fd, int ms)
 {
     struct pollfd p = {fd, POLLIN, 0};
     return poll(&p, 1, ms) == 0;
-}
-
-static int modern_client(int port)
-{
-    int fd = connect_to(port);
-    frame f = {0};
-    fr_u8(&f, RDZV_M_VALIDATE);
-    fr_u32(&f, RDZV_VALIDATE_MAGIC);
-    send_frame(fd, &f);
-    fr_free(&f);
-    return fd;
 }
 
 static void send_wait(int fd, int opcode, const char *key)
@@ -404,7 +346,7 @@ END_TEST
 START_TEST(legacy_watch)
 {
     start_both(NULL);
-    int fd = connect_to(proxy_port);
+    int fd = connect_to("127.0.0.1", proxy_port);
     frame f = {0};
     fr_u8(&f, RDZV_L_WATCH_KEY);
     fr_str(&f, "w");
