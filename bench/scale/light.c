@@ -509,7 +509,7 @@ int sb_light_run(const struct sb_config *cfg, struct sb_point *p)
     struct sb_proxy_totals px0 = {0}, px1 = {0};
     struct rank *ranks = NULL;
     int rc, nagents = 0, nranks = 0;
-    int64_t cpu0 = sb_self_cpu_ns();
+    int64_t cpu0 = cpu_used_ns(0);
 
     L.world = L.n * L.g;
     L.min_nodes = L.n > 1 ? L.n / 2 : 1;
@@ -677,7 +677,7 @@ out:
     }
     sb_proxies_stop(px);
     sb_root_stop(&root, rc < 0);
-    p->harness_cpu_s = (double)(sb_self_cpu_ns() - cpu0) / 1e9;
+    p->harness_cpu_s = (double)(cpu_used_ns(0) - cpu0) / 1e9;
     if (rc == 0) {
         p->ok = true;
         light_metrics(&L, p, &px0, &px1);

@@ -107,9 +107,7 @@ static void host_cmd_cb(uv_poll_t *h, int status, int events)
             t.bytes_up += (int64_t)k.bytes_up;
             t.bytes_down += (int64_t)k.bytes_down;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-        t.cpu_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+        t.cpu_ns = cpu_used_ns(0);
         xfer(H->resp, &t, sizeof t, true);
         return;
     }

@@ -333,7 +333,7 @@ int sb_real_run(const struct sb_config *cfg, struct sb_point *p)
         }
         pid_t rp = root.pid > 0 ? root.pid : r.exit_ns[0] ? -1 : r.pids[0];
         if (rp > 0) {
-            int64_t c = sb_proc_cpu_ns(rp);
+            int64_t c = cpu_used_ns(rp);
             if (c >= 0)
                 root_cpu = c;
         }

@@ -32,22 +32,6 @@
 const char *const sb_mode_names[SB_NMODES] = {"lightweight", "ddprun static", "ddprun c10d",
                                               "torchrun 2.x static"};
 
-int64_t sb_proc_cpu_ns(pid_t pid)
-{
-    clockid_t clk;
-    struct timespec ts;
-    if (clock_getcpuclockid(pid, &clk) != 0 || clock_gettime(clk, &ts) != 0)
-        return -1;
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-int64_t sb_self_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 long sb_raise_nofile(void)
 {
     struct rlimit rl;
@@ -200,7 +184,7 @@ int sb_stats_parse(const char *text, struct sb_stats *s)
 int sb_root_sample(struct sb_root *r, struct sb_stats *s)
 {
     memset(s, 0, sizeof *s);
-    s->cpu_ns = r->pid > 0 ? sb_proc_cpu_ns(r->pid) : -1;
+    s->cpu_ns = r->pid > 0 ? cpu_used_ns(r->pid) : -1;
     s->conns = s->accepted = s->requests = s->bytes_in = s->bytes_out = -1;
     if (!r->status)
         return -ENOTCONN;

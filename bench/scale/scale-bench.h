@@ -108,10 +108,6 @@ void sb_root_stop(struct sb_root *r, bool keep_log);
 void sb_stats_diff(const struct sb_stats *a, const struct sb_stats *b, struct sb_stats *d);
 /* Fills s from a STATUS JSON text. 0 or -EPROTO. */
 int sb_stats_parse(const char *json, struct sb_stats *s);
-/* CPU time (user + system, all threads) of process pid, in ns; -1 when it cannot be read. */
-int64_t sb_proc_cpu_ns(pid_t pid);
-/* This process's CPU time, in ns. */
-int64_t sb_self_cpu_ns(void);
 /*
  * Raises RLIMIT_NOFILE's soft limit to the hard one, and both to SB_NOFILE_WANT where the
  * process may (root); returns the soft limit now in force. The root store inherits it.

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "store-bench.h"
+#include "monoclock.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* N-connection barrier                                                                     */
@@ -252,8 +253,8 @@ int barrier_run(int port, pid_t srv_pid, const struct gen *g, unsigned n,
         goto out;
     }
 
-    srv0 = proc_cpu_ns(srv_pid);
-    cli0 = self_cpu_ns();
+    srv0 = cpu_used_ns(srv_pid);
+    cli0 = thread_cpu_used_ns();
     b.t0 = now_ns();
     for (unsigned i = 0; i < n; i++) {
         struct bconn *c = &b.cs[i];
@@ -297,9 +298,9 @@ int barrier_run(int port, pid_t srv_pid, const struct gen *g, unsigned n,
             goto out;
     }
     {
-        int64_t srv1 = proc_cpu_ns(srv_pid);
+        int64_t srv1 = cpu_used_ns(srv_pid);
         res->srv_cpu_s = srv0 < 0 || srv1 < 0 ? -1 : (double)(srv1 - srv0) / 1e9;
-        res->cli_cpu_s = (double)(self_cpu_ns() - cli0) / 1e9;
+        res->cli_cpu_s = (double)(thread_cpu_used_ns() - cli0) / 1e9;
     }
     res->total_s = (double)(b.t_released - b.t0) / 1e9;
     res->connected_s = (double)(b.t_connected - b.t0) / 1e9;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "store-bench.h"
+#include "monoclock.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Round trips                                                                              */
@@ -119,12 +120,12 @@ int rt_single(int port, pid_t srv_pid, const struct gen *g, size_t vsize, const 
                 break;
         } else if (end - t0 >= t->warm_ns) {
             counting = true;
-            srv0 = proc_cpu_ns(srv_pid);
-            cli0 = self_cpu_ns();
+            srv0 = cpu_used_ns(srv_pid);
+            cli0 = thread_cpu_used_ns();
             start = now_ns();
         }
     }
-    rt_result_set(res, count, end - start, srv0, proc_cpu_ns(srv_pid), cli0, self_cpu_ns());
+    rt_result_set(res, count, end - start, srv0, cpu_used_ns(srv_pid), cli0, thread_cpu_used_ns());
     rc = 0;
 out:
     if (fd >= 0)
@@ -302,17 +303,17 @@ int rt_multi(int port, pid_t srv_pid, pid_t px_pid, const struct gen *g, unsigne
             uint64_t now = now_ns();
             if (phase == 0 && now - t0 >= t->warm_ns) {
                 phase = 1;
-                srv0 = proc_cpu_ns(srv_pid);
-                px0 = px_pid > 0 ? proc_cpu_ns(px_pid) : -1;
-                cli0 = self_cpu_ns();
+                srv0 = cpu_used_ns(srv_pid);
+                px0 = px_pid > 0 ? cpu_used_ns(px_pid) : -1;
+                cli0 = thread_cpu_used_ns();
                 start = now_ns();
                 done0 = done;
             } else if (phase == 1 && now - start >= t->run_ns) {
-                int64_t px1 = px_pid > 0 ? proc_cpu_ns(px_pid) : -1;
+                int64_t px1 = px_pid > 0 ? cpu_used_ns(px_pid) : -1;
                 phase = 2;
                 end = now;
-                rt_result_set(res, done - done0, end - start, srv0, proc_cpu_ns(srv_pid), cli0,
-                              self_cpu_ns());
+                rt_result_set(res, done - done0, end - start, srv0, cpu_used_ns(srv_pid), cli0,
+                              thread_cpu_used_ns());
                 if (px0 >= 0 && px1 >= 0)
                     res->px_us = (double)(px1 - px0) / 1e3 / (double)(done - done0);
             }

@@ -44,10 +44,6 @@ extern char g_err[512]; /* detail of the last failure, for the report */
 __attribute__((format(printf, 2, 3))) int fail(int rc, const char *fmt, ...);
 /* The project's monotonic clock (monoclock.h), unsigned for store-bench's arithmetic. */
 uint64_t now_ns(void);
-/* CPU time of another process (all its threads), in ns; -1 if it cannot be read. */
-int64_t proc_cpu_ns(pid_t pid);
-/* CPU time of the calling thread, in ns. */
-int64_t self_cpu_ns(void);
 void sleep_ms(int ms);
 /* malloc() that exits with status 2 on failure. */
 void *xmalloc(size_t n);

@@ -42,24 +42,6 @@ uint64_t now_ns(void)
     return (uint64_t)mono_now_ns();
 }
 
-/* CPU time of another process (all its threads), in ns; -1 if it cannot be read. */
-int64_t proc_cpu_ns(pid_t pid)
-{
-    clockid_t clk;
-    struct timespec ts;
-    if (pid <= 0 || clock_getcpuclockid(pid, &clk) != 0 || clock_gettime(clk, &ts) != 0)
-        return -1;
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* CPU time of the calling thread, in ns. */
-int64_t self_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};

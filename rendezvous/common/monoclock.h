@@ -1,5 +1,6 @@
 /*
- * The project's one clock: monotonic nanoseconds, and deadlines on it. Every timeout, deadline
+ * The project's one clock: monotonic nanoseconds, and deadlines on it (and, for the
+ * benchmarks, CPU time used). Every timeout, deadline
  * and duration in the libraries, the launcher, the tests and the benchmarks is measured with
  * these, never with CLOCK_REALTIME (which jumps when the wall clock is set). Header-only so that
  * librendezvous, libcollective and the programs share one definition without exporting it.
@@ -13,6 +14,7 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #ifndef CLOCK_MONOTONIC
@@ -76,6 +78,28 @@ static inline void mono_sleep_until(int64_t ns)
     struct timespec ts = mono_timespec_at(ns);
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
+}
+
+/*
+ * CPU time used so far by process `pid` (all its threads; 0: the calling process), in
+ * nanoseconds, or -1 when it cannot be read (pid < 0, or no such process). The benchmarks'
+ * accounting of what a server, a proxy or they themselves cost.
+ */
+static inline int64_t cpu_used_ns(pid_t pid)
+{
+    clockid_t clk;
+    struct timespec ts;
+    if (pid < 0 || clock_getcpuclockid(pid, &clk) != 0 || clock_gettime(clk, &ts) != 0)
+        return -1;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* CPU time used so far by the calling thread alone, in nanoseconds. */
+static inline int64_t thread_cpu_used_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 #endif /* DDP_MONOCLOCK_H */
