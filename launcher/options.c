@@ -1236,10 +1236,11 @@ static bool find_on_path(const char *name, char *buf, size_t len)
  * which run as they are, so that binaries work without --no-python. The file looked at is the one
  * python would open: the script itself when its name has a slash or a file of that name is in
  * the working directory (run as "./NAME" then), else the command PATH finds. A name ending in
- * .py, -m and --run-path always mean python.
+ * .py, -m and --run-path always mean python. --run-path takes the script's path as it is, a
+ * relative one from the working directory, which the workers share: torchrun's workers, which
+ * inherit torchrun's, call runpy.run_path() on the path as given.
  */
-static int choose_program(const struct raw *r, ddprun_config *c, const char *script, char *err,
-                          size_t errlen)
+static int choose_program(ddprun_config *c, const char *script)
 {
     char found[4096];
     struct stat st;
@@ -1247,9 +1248,6 @@ static int choose_program(const struct raw *r, ddprun_config *c, const char *scr
     bool here = false;
     size_t len = strlen(script);
 
-    if (c->run_path && script[0] != '/')
-        return fail(err, errlen, "%s: the training script must be an absolute path, got '%s'",
-                    r->label[O_RUN_PATH], script);
     c->python = !c->no_python || c->run_path;
     if (c->python && !c->module && !c->run_path &&
         !(len > 3 && strcmp(script + len - 3, ".py") == 0)) {
@@ -1371,7 +1369,7 @@ int ddprun_config_parse(int argc, char **argv, ddprun_config *cfg, char *err, si
     rc = resolve(r, slurm_host, c, err, errlen);
     if (rc < 0)
         goto out;
-    rc = choose_program(r, c, argv[script], err, errlen);
+    rc = choose_program(c, argv[script]);
     if (rc < 0)
         goto out;
     rc = check_extras(r, c, err, errlen);

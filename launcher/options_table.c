@@ -119,8 +119,9 @@ const cli_option ddprun__options[] = {
      NULL,
      NULL,
      true,
-     "Run the training script, an absolute path, with 'python -u' (torchrun runs it with "
-     "runpy.run_path in its own interpreter). Takes precedence over --no-python."},
+     "Run the training script with 'python -u' (torchrun runs it with runpy.run_path in its "
+     "own interpreter); a relative path is taken from the working directory, as torchrun's "
+     "workers do. Takes precedence over --no-python and -m."},
     {O_LOG_DIR,
      {"--log-dir", "--log_dir"},
      "DIR",

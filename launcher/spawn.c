@@ -396,7 +396,7 @@ static char **worker_argv(agent *a, int *argc_out)
     if (cfg->python) {
         v[k++] = (char *)py;
         v[k++] = "-u";
-        if (cfg->module)
+        if (cfg->module && !cfg->run_path) /* --run-path takes precedence, as in torchrun */
             v[k++] = "-m";
         v[k++] = cfg->argv[0];
     } else {

@@ -1252,14 +1252,17 @@ START_TEST(python_or_program)
     ck_assert(!cfg.python);
     ck_assert_str_eq(cfg.program, "trainer");
 
-    /* --run-path: python, on an absolute path only. */
+    /* --run-path: python, on the path as given, relative ones too (torchrun's workers call
+     * runpy.run_path() on it from the directory they inherit). */
     PARSE_OK("--run-path", "--no-python", path);
     ck_assert(cfg.python);
-    PARSE_ERR("--run-path: the training script must be an absolute path, got 'trainer'",
-              "--run-path", "trainer");
+    PARSE_OK("--run-path", "trainer");
+    ck_assert(cfg.python && cfg.run_path);
+    ck_assert_str_eq(cfg.program, "trainer");
     setenv("PET_RUN_PATH", "1", 1);
-    PARSE_ERR("--run-path (from PET_RUN_PATH): the training script must be an absolute path",
-              "t.py");
+    PARSE_OK("sub/t.py");
+    ck_assert(cfg.python && cfg.run_path);
+    ck_assert_str_eq(cfg.program, "sub/t.py");
     unsetenv("PET_RUN_PATH");
 
     ck_assert_int_eq(chdir(cwd), 0);

@@ -5,7 +5,8 @@
 #   2. --virtual-local-rank: LOCAL_RANK 0 and one device per worker, as torchrun;
 #   3. options that change nothing in ddprun say so, one line each, and the job still runs;
 #   4. exit status: a worker's 2 and a usage error (2) are told apart by what ddprun prints;
-#   5. --run-path with a relative path is a usage error naming the flag.
+#   5. --run-path with a relative path runs the script from the working directory, as torchrun
+#      does, with -m or not (--run-path takes precedence).
 # Usage: torchrun_compat.sh DDPRUN. Exit 0 pass, 1 fail, 77 skip (no python3).
 set -uo pipefail
 ddprun=$(readlink -f "$1")
@@ -91,13 +92,19 @@ else
   fail "usage error: rc=$rc: $out"
 fi
 
-# 5. --run-path needs an absolute path.
-out=$(timeout 30 "$ddprun" --run-path trainer 2>&1)
-rc=$?
-if [ $rc = 2 ] && grep -q "^ddprun: --run-path: the training script must be an absolute path, got 'trainer'" <<<"$out"; then
-  ok "--run-path with a relative path: usage error naming --run-path"
-else
-  fail "--run-path trainer: rc=$rc: $out"
-fi
+# 5. --run-path with a relative path: torchrun's workers call runpy.run_path() on it from the
+# working directory they inherit, and sys.argv[0] is the path as given.
+mkdir -p sub
+printf 'import sys\nprint("run-path", sys.argv[0], sys.argv[1:])\n' >sub/rp.py
+for m in "" -m; do
+  # shellcheck disable=SC2086 # $m: no word or -m
+  out=$(timeout 30 "$ddprun" --nproc-per-node 2 $m --run-path sub/rp.py --x 1 2>&1)
+  rc=$?
+  if [ $rc = 0 ] && grep -qx "\[1\]:run-path sub/rp.py \['--x', '1'\]" <<<"$out"; then
+    ok "--run-path ${m:+$m }with a relative path runs it from the working directory"
+  else
+    fail "--run-path ${m:+$m }sub/rp.py: rc=$rc: $out"
+  fi
+done
 
 [ $fails = 0 ]
