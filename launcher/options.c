@@ -342,6 +342,13 @@ bad:
                 r->label[id], s);
 }
 
+/*
+ * --local-ranks-filter, after --nproc-per-node. torchrun takes any set of integers and ignores the
+ * ranks its node does not run, so "--local-ranks-filter 5" on a 2-worker node hides every worker
+ * and says nothing. Here a filter that names no rank the node runs is a usage error (the console
+ * would show no worker, which nobody asks for), and one that names some it does not run gets a
+ * warning naming those, since a shared command line on nodes of different sizes is legitimate.
+ */
 static int get_ranks_filter(const struct raw *r, ddprun_config *c, char *err, size_t errlen)
 {
     const char *s = r->value[O_LOCAL_RANKS_FILTER];
@@ -366,6 +373,27 @@ static int get_ranks_filter(const struct raw *r, ddprun_config *c, char *err, si
             break;
         p += len + 1;
     }
+    char absent[256] = "";
+    size_t used = 0;
+    int present = 0, nabsent = 0;
+    for (int i = 0; i < DDPRUN_MAX_LOCAL; i++) {
+        if (show[i] && i < c->nproc_per_node)
+            present++;
+        else if (show[i] && ++nabsent && used < sizeof absent)
+            used += (size_t)snprintf(absent + used, sizeof absent - used, "%s%d",
+                                     used ? "," : "", i);
+    }
+    if (!present)
+        return fail(err, errlen,
+                    "%s: no local rank of '%s' runs on this node (%s %d runs local ranks 0 to %d), "
+                    "so no worker's output would reach the console",
+                    r->label[O_LOCAL_RANKS_FILTER], s, r->label[O_NPROC_PER_NODE],
+                    c->nproc_per_node, c->nproc_per_node - 1);
+    if (nabsent && warn(c, "%s: local rank%s %s do%s not run on this node (%s %d runs 0 to %d)",
+                        r->label[O_LOCAL_RANKS_FILTER], nabsent > 1 ? "s" : "", absent,
+                        nabsent > 1 ? "" : "es", r->label[O_NPROC_PER_NODE], c->nproc_per_node,
+                        c->nproc_per_node - 1) < 0)
+        return -ENOMEM;
     memcpy(c->show_rank, show, sizeof show);
     c->local_ranks_filter_set = true;
     return 0;

@@ -154,7 +154,8 @@ const cli_option ddprun__options[] = {
      "RANK,...",
      "",
      true,
-     "Only these local ranks reach the console; log files keep everything."},
+     "Only these local ranks reach the console; log files keep everything. Ranks this node "
+     "does not run are warned of; a list of none it runs is a usage error."},
     {O_DUPLICATE_STDOUT_FILTERS,
      {"--duplicate-stdout-filters", "--duplicate_stdout_filters"},
      "TEXT,...",

@@ -279,7 +279,7 @@ START_TEST(both_spellings)
                 PARSE_OK(sp, "${hostname}:${rank}: ", "t.py");
                 ck_assert_str_eq(cfg.log_line_prefix_template, "${hostname}:${rank}: ");
             } else if (!strcmp(o, "local-ranks-filter")) {
-                PARSE_OK(sp, "1", "t.py");
+                PARSE_OK("--nproc-per-node", "2", sp, "1", "t.py");
                 ck_assert(cfg.local_ranks_filter_set && cfg.show_rank[1] && !cfg.show_rank[0]);
             } else if (!strcmp(o, "duplicate-stdout-filters")) {
                 PARSE_OK(sp, "a,b", "t.py");
@@ -819,17 +819,31 @@ END_TEST
 
 START_TEST(local_ranks_filter)
 {
-    PARSE_OK("--local-ranks-filter", "0,2,5", "t");
+    PARSE_OK("--nproc-per-node", "6", "--local-ranks-filter", "0,2,5", "t");
     ck_assert(cfg.local_ranks_filter_set);
     for (int i = 0; i < 8; i++)
         ck_assert(cfg.show_rank[i] == (i == 0 || i == 2 || i == 5));
     ck_assert(!cfg.show_rank[DDPRUN_MAX_LOCAL - 1]);
+    ck_assert_ptr_null(cfg.warnings);
+    /* Ranks the node does not run: a warning naming them, or, when it runs none of them, a usage
+     * error (torchrun shows nothing and says nothing). */
+    PARSE_OK("--nproc-per-node", "2", "--local-ranks-filter", "1,5,7", "t");
+    ck_assert(cfg.show_rank[1] && cfg.show_rank[5]);
+    ck_assert_ptr_nonnull(cfg.warnings);
+    ck_assert_msg(strstr(cfg.warnings, "warning: --local-ranks-filter: local ranks 5,7 do not run "
+                                       "on this node (--nproc-per-node 2 runs 0 to 1)"),
+                  "%s", cfg.warnings);
+    PARSE_ERR("--local-ranks-filter: no local rank of '5' runs on this node (--nproc-per-node 2 "
+              "runs local ranks 0 to 1), so no worker's output would reach the console",
+              "--nproc-per-node", "2", "--local-ranks-filter", "5", "t");
+    PARSE_ERR("--local-ranks-filter: no local rank of '1,2' runs on this node (--nproc-per-node 1",
+              "--local-ranks-filter", "1,2", "t");
     /* Empty: no filter, as torchrun's `if args.local_ranks_filter`. */
     PARSE_OK("--local_ranks_filter=", "t");
     ck_assert(!cfg.local_ranks_filter_set);
     ck_assert(cfg.show_rank[7]);
     setenv("PET_LOCAL_RANKS_FILTER", "3", 1);
-    PARSE_OK("t");
+    PARSE_OK("--nproc-per-node", "4", "t");
     ck_assert(cfg.local_ranks_filter_set && cfg.show_rank[3] && !cfg.show_rank[0]);
     const char *bad[] = {"a", "0,", ",1", "-1", "1024", "0;1", "1 ,2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
