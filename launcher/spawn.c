@@ -121,10 +121,11 @@ static envb worker_env(agent *a, worker *w)
     if (a->token[0]) /* librendezvous clients (rdzv_env_connect) authenticate with it */
         env_set(&e, RDZV_TOKEN_ENV, a->token);
     env_set(&e, "TORCHELASTIC_ERROR_FILE", w->error_file);
+    /* Current torchrun's (torch 2.2 and later). The older name, NCCL_ASYNC_ERROR_HANDLING, is
+     * not set: torch 2.2 and later warn that it is deprecated. A caller's own value of either
+     * reaches the worker as the rest of the environment does. */
     const char *v = getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
     env_set(&e, "TORCH_NCCL_ASYNC_ERROR_HANDLING", v ? v : "1");
-    v = getenv("NCCL_ASYNC_ERROR_HANDLING");
-    env_set(&e, "NCCL_ASYNC_ERROR_HANDLING", v ? v : "1");
     env_set(&e, "TORCHELASTIC_SIGNALS_TO_HANDLE",
             cfg->signals_to_handle ? cfg->signals_to_handle : "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
     if (!getenv("OMP_NUM_THREADS") && cfg->nproc_per_node > 1)

@@ -45,14 +45,20 @@ SHAPE_CHECKED = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"
 # drop-in for both may set the union. If the reference sets one, the tested launcher must set
 # the same value; if the reference does not, the tested launcher may set it, but only to the
 # value the other torch generation would (the default below, or the caller's own setting).
-#   NCCL_ASYNC_ERROR_HANDLING        torch 1.13 (and up to 2.1): "1" unless the caller set it
 #   TORCH_NCCL_ASYNC_ERROR_HANDLING  torch 2.2+: "1" unless the caller set it
 #   TORCHELASTIC_SIGNALS_TO_HANDLE   torch 2.4+ exports its --signals-to-handle setting
 VERSION_SPECIFIC = {
-    "NCCL_ASYNC_ERROR_HANDLING": "1",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
 }
+
+# Deprecated variables: older torch generations set them, current torchrun does not, and the
+# tested launcher must not either (torch 2.2+ warns in every worker that finds one set). When the
+# reference sets one and the tested launcher does not, that is reported as info; a value the
+# tested launcher adds that the caller did not set is a FAIL, whatever the reference did.
+#   NCCL_ASYNC_ERROR_HANDLING        torch 1.13 to 2.1: "1" unless the caller set it; torch 2.2+
+#                                    reads it only as a deprecated spelling of the one above
+DEPRECATED = {"NCCL_ASYNC_ERROR_HANDLING"}
 
 # TORCHELASTIC_USE_AGENT_STORE: torch 1.13 with --standalone (c10d rendezvous) says False and
 # lets rank 0 start the TCPStore at MASTER_PORT; torch 2.x always says True and serves it from
@@ -197,6 +203,10 @@ def compare(ref_dir, test_dir, a, rep):
         tinfo, tenv = test[key]
         for name in sorted(set(renv) | set(tenv)):
             rv, tv = val(renv, name), val(tenv, name)
+            if name in DEPRECATED and tv is not None and os.environ.get(name) is None:
+                rep.fail(f"{name}={tv!r} set by the tested launcher: deprecated since torch 2.2",
+                         where)
+                continue
             if name in IGNORED or rv == tv:
                 continue
             if name == "MASTER_PORT":
@@ -215,16 +225,15 @@ def compare(ref_dir, test_dir, a, rep):
             elif name == "TORCHELASTIC_ERROR_FILE":
                 if rv and tv:
                     continue  # temporary path; shape checked
+            elif name in DEPRECATED:
+                if tv is None and rv is not None and os.environ.get(name) is None:
+                    rep.info(f"{name} not set (reference {rv!r}): deprecated since torch 2.2",
+                             where)
+                    continue
             elif name in VERSION_SPECIFIC and rv is None:
                 # the tested launcher sets the other torch generation's variable
                 caller = os.environ.get(name)
                 allowed = {VERSION_SPECIFIC[name]} if caller is None else {caller}
-                # the caller may have set the twin variable, which the launcher may mirror
-                if name.endswith("ASYNC_ERROR_HANDLING"):
-                    twin = ("NCCL_ASYNC_ERROR_HANDLING" if name.startswith("TORCH_")
-                            else "TORCH_NCCL_ASYNC_ERROR_HANDLING")
-                    if val(tenv, twin) is not None:
-                        allowed.add(val(tenv, twin))
                 if tv in allowed:
                     rep.info(f"{name}={tv} set (reference torch does not set it; "
                              "the other torch generation does)", where)

@@ -134,6 +134,9 @@ run_case restart-n2         2     "--standalone --max-restarts 1" "" 2 1 standal
 # the caller's settings win over the launcher's defaults; --role names the role
 run_case user-env-n2        2     "--standalone --role trainer" \
     "OMP_NUM_THREADS=3 NCCL_ASYNC_ERROR_HANDLING=0 TORCH_NCCL_ASYNC_ERROR_HANDLING=0 ENV_CONTRACT_MARK=x" 1 0 standalone
+# only the deprecated name set: it reaches the workers as the caller's, untouched, and the
+# current name still gets the launcher's default (env_compare.py's DEPRECATED)
+run_case user-deprecated-n2 2    "--standalone"        "NCCL_ASYNC_ERROR_HANDLING=0" 1 0 standalone
 run_case script-n2          2     "$static"             ""         1 0 static
 
 if ((failed)); then
