@@ -118,6 +118,7 @@ int main(int argc, char **argv)
             }
             i++;
         } else {
+            cli_msg(stderr, "reduce-bench", "'%s': unknown option, or its value is missing", a);
             usage(stderr);
             return 2;
         }

@@ -48,8 +48,13 @@ static size_t answer(const uint8_t *p, size_t n)
     return 8 + vl;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1) { /* a usage error, exit 2 as in every program of the project */
+        fprintf(stderr, "store-floor: unknown %s '%s' (it takes none)\n",
+                argv[1][0] == '-' ? "option" : "argument", argv[1]);
+        return 2;
+    }
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t sl = sizeof(sa);
     struct epoll_event ev = {.events = EPOLLIN}, evs[64];

@@ -133,6 +133,7 @@ int main(int argc, char **argv)
             json = 1;
             continue;
         } else if (!v) {
+            cli_msg(stderr, "sgemm", "'%s': unknown option, or its value is missing", a);
             usage(stderr);
             return 2;
         } else if (!strcmp(a, "--square")) {
@@ -149,6 +150,7 @@ int main(int argc, char **argv)
             rc = cli_parse_int_list(a, v, 1, 1 << 16, 0, batches, MAX_BATCHES);
             nb = rc > 0 ? rc : nb;
         } else {
+            cli_msg(stderr, "sgemm", "unknown option '%s'", a);
             usage(stderr);
             return 2;
         }

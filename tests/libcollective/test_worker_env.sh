@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The worker programs' reading of the torchrun environment (coll_comm_init_env(), through ddp-hello
 # and coll-check): a missing or malformed variable ends the program with its "bad environment" exit
-# status (ddp-hello 1, coll-check 2) and a message on stderr that names the variable; and
+# status (2 for both) and a message on stderr that names the variable; and
 # ddp-hello still passes its store barrier under `ddprun --standalone --nproc-per-node 4`.
 #
 # Usage: test_worker_env.sh DDPRUN DDP_HELLO COLL_CHECK
@@ -52,7 +52,7 @@ good=(RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500)
 for prog in hello check; do
     if [[ $prog == hello ]]; then
         cmd=("$HELLO")
-        bad=1
+        bad=2
     else
         cmd=("$CHECK" args)
         bad=2

@@ -13,7 +13,7 @@
 #     stage 0 within 1e-5 relative (the reductions add in other orders: float32 sums of a few
 #     hundred terms differ by ~1e-7 relative, and a dozen steps do not grow that past 1e-6);
 #  3. a rank SIGKILLed mid-training, ranks started by hand on ddp-rendezvous (no launcher
-#     teardown to race): every survivor exits 2, naming the dead rank, within the
+#     teardown to race): every survivor exits 1, naming the dead rank, within the
 #     communicator's timeout it was started with (--timeout-ms) plus a second's margin for the
 #     settlement and the exit (a death on one host is seen in milliseconds).
 # Usage: run_ddp.sh DDPRUN DDP_CHECK DDP_TRAIN DDP_RENDEZVOUS
@@ -107,9 +107,9 @@ for r in 0 1; do
     wait "${kpid[$r]}"
     st=$?
     dt=$(( ($(date +%s%N) - t0) / 1000000 ))
-    if [[ $st -ne 2 ]] || ! grep -q "rank 2" "$tmp/kill$r.err" ||
+    if [[ $st -ne 1 ]] || ! grep -q "rank 2" "$tmp/kill$r.err" ||
         [[ $dt -gt $((timeout_ms + margin_ms)) ]]; then
-        fail "survivor rank $r exited $st ${dt} ms after the kill (want 2, naming rank 2," \
+        fail "survivor rank $r exited $st ${dt} ms after the kill (want 1, naming rank 2," \
             "within ${timeout_ms} + ${margin_ms} ms), stderr and stdout:"
         tail -n 3 "$tmp/kill$r.err" "$tmp/kill$r.out" >&2
     else

@@ -14,11 +14,11 @@
 #  4. Several ranks sharing one GPU (2 ranks on the first GPU: the cpu backend on device
 #     buffers, as NCCL allows one rank per GPU), every ZeRO stage, against world 1's losses on
 #     the same GPU within 1e-3 relative (the reduction adds in another order). There
-#     --backend nccl fails (exit 1) naming the two ranks. With two GPUs or more and NCCL, each
+#     --backend nccl fails (exit 2) naming the two ranks. With two GPUs or more and NCCL, each
 #     rank shown only its own GPU through CUDA_VISIBLE_DEVICES (as Slurm does): the ranks tell
 #     by the GPUs' UUIDs that none is shared and take NCCL, against world 1's losses likewise.
 #  5. A rank killed mid-step (DDP_TRAIN_TEST_KILL: rank 1 SIGKILLs itself after step 3): the
-#     survivor exits 2 naming rank 1 within the communicator's timeout plus a margin. With two
+#     survivor exits 1 naming rank 1 within the communicator's timeout plus a margin. With two
 #     GPUs or more the ranks use NCCL (libcollective's watchdog path), else the cpu backend on
 #     one GPU. Ranks started by hand on ddp-rendezvous, as tests/libddp/run_ddp.sh does.
 # The GPUs used are those CUDA_VISIBLE_DEVICES lists when it is set (a CI job's share of the
@@ -113,7 +113,7 @@ if grep -q "nccl backend" "$tmp/cuda.log"; then
     CUDA_VISIBLE_DEVICES=${gpus[0]} timeout 300 "$DDPRUN" --standalone --nproc-per-node 2 \
         --no-prefix "$TRAIN" --device cuda --backend nccl "${steps[@]}" >"$tmp/share-nccl.log" \
         2>&1 || st=$?
-    if [[ $st -ne 1 ]] || ! grep -q "nccl: ranks 0 and 1 use the same GPU" "$tmp/share-nccl.log"
+    if [[ $st -ne 2 ]] || ! grep -q "nccl: ranks 0 and 1 use the same GPU" "$tmp/share-nccl.log"
     then
         fail "--backend nccl with 2 ranks on one GPU: exit $st, ranks 0 and 1 not named"
         tail -5 "$tmp/share-nccl.log" >&2
@@ -155,9 +155,9 @@ t0=$(date +%s%N)
 wait "${kpid[0]}"
 st=$?
 dt=$(( ($(date +%s%N) - t0) / 1000000 ))
-if [[ $st -ne 2 ]] || ! grep -q "rank 1" "$tmp/kill0.err" ||
+if [[ $st -ne 1 ]] || ! grep -q "rank 1" "$tmp/kill0.err" ||
     [[ $dt -gt $((timeout_ms + margin_ms)) ]]; then
-    fail "survivor rank 0 ($backend backend) exited $st ${dt} ms after the kill (want 2," \
+    fail "survivor rank 0 ($backend backend) exited $st ${dt} ms after the kill (want 1," \
         "naming rank 1, within ${timeout_ms} + ${margin_ms} ms):"
     tail -n 3 "$tmp/kill0.err" >&2
 else

@@ -12,7 +12,7 @@
 #     moves a handful of the 10,000 test images across a decision boundary (0.01 pp each).
 #     --init-from loads the same parameters (only).
 #  3. refusals: resuming with another --hidden, --seed or --global-batch, or from a path that
-#     is no checkpoint, exits 1 naming the setting or the file; so do option combinations
+#     is no checkpoint, exits 2 naming the setting or the file; so do option combinations
 #     that make no sense (--micro-batch with --grad-accum, --checkpoint-every without a
 #     directory, a --micro-batch that does not divide the global batch).
 # On the host (--device cpu), whatever GPU the machine has: bit for bit is the CPU's promise.
@@ -94,8 +94,8 @@ refuse() { # PATTERN ARGS...
     local st=0
     timeout 60 "$DDPRUN" --standalone --nproc-per-node 2 --no-prefix "$TRAIN" "${common[@]}" \
         --checkpoint-dir "$tmp/ck" "$@" >"$tmp/refuse.log" 2>&1 || st=$?
-    if [[ $st -ne 1 ]] || ! grep -qE -- "$pattern" "$tmp/refuse.log"; then
-        fail "$* exited with $st (want 1) or lacks /$pattern/:"
+    if [[ $st -ne 2 ]] || ! grep -qE -- "$pattern" "$tmp/refuse.log"; then
+        fail "$* exited with $st (want 2) or lacks /$pattern/:"
         tail -3 "$tmp/refuse.log" >&2
     else
         echo "  refused: $(grep -m1 -E -- "$pattern" "$tmp/refuse.log")"
@@ -111,7 +111,7 @@ for bad in "--micro-batch 64 --grad-accum 2|exclude each other" \
     "--micro-batch 100|not a multiple of world size x micro-batch"; do
     st=0
     "$TRAIN" ${bad%|*} >"$tmp/bad.log" 2>&1 || st=$?
-    grep -q -- "${bad#*|}" "$tmp/bad.log" && [[ $st -eq 1 ]] || fail "ddp-train ${bad%|*}: exit $st"
+    grep -q -- "${bad#*|}" "$tmp/bad.log" && [[ $st -eq 2 ]] || fail "ddp-train ${bad%|*}: exit $st"
 done
 
 finish

@@ -38,36 +38,36 @@ expect_exit() {
     fi
 }
 
-# Usage and data errors: exit 1, the flag or the file named.
-expect_exit 1 "--zero: expected an integer from 0 to 3" "$TRAIN" --zero 4
-expect_exit 1 "unknown option '--bogus'" "$TRAIN" --bogus
-expect_exit 1 "--optimizer: unknown optimizer 'adam' \\(sgd, adamw, lion\\)" "$TRAIN" --optimizer adam
+# Usage and data errors: exit 2, the flag or the file named.
+expect_exit 2 "--zero: expected an integer from 0 to 3" "$TRAIN" --zero 4
+expect_exit 2 "unknown option '--bogus'" "$TRAIN" --bogus
+expect_exit 2 "--optimizer: unknown optimizer 'adam' \\(sgd, adamw, lion\\)" "$TRAIN" --optimizer adam
 # --model picks a row of the model table (worker/trainer/model.h), mlp the default: a bad name
 # is an error naming --model and the rows, and another row's options are not this one's.
-expect_exit 1 "^ddp-train: --model: unknown model 'nope' \(mlp\)$" "$TRAIN" --model nope
-expect_exit 1 "^ddp-train: --model: unknown model 'nope' \(mlp\)$" "$TRAIN" --model=nope --hidden 8
+expect_exit 2 "^ddp-train: --model: unknown model 'nope' \(mlp\)$" "$TRAIN" --model nope
+expect_exit 2 "^ddp-train: --model: unknown model 'nope' \(mlp\)$" "$TRAIN" --model=nope --hidden 8
 "$TRAIN" --help | grep -qx "  mlp (default)" || fail "--help lacks the model table's mlp row"
-expect_exit 1 "$tmp/none/train-images-idx3-ubyte: cannot open" "$TRAIN" --data "$tmp/none"
+expect_exit 2 "$tmp/none/train-images-idx3-ubyte: cannot open" "$TRAIN" --data "$tmp/none"
 mkdir "$tmp/bad"
 cp "$DATA"/* "$tmp/bad/"
 head -c 1000 "$DATA/t10k-images-idx3-ubyte.gz" >"$tmp/bad/t10k-images-idx3-ubyte.gz"
-expect_exit 1 "$tmp/bad/t10k-images-idx3-ubyte.gz: truncated" "$TRAIN" --data "$tmp/bad"
+expect_exit 2 "$tmp/bad/t10k-images-idx3-ubyte.gz: truncated" "$TRAIN" --data "$tmp/bad"
 printf 'not an IDX file at all' >"$tmp/bad/t10k-images-idx3-ubyte.gz"
-expect_exit 1 "$tmp/bad/t10k-images-idx3-ubyte.gz: not an IDX file" "$TRAIN" --data "$tmp/bad"
-expect_exit 1 "global batch \(255\) must be a multiple of world size x --grad-accum \(2 x 1" \
+expect_exit 2 "$tmp/bad/t10k-images-idx3-ubyte.gz: not an IDX file" "$TRAIN" --data "$tmp/bad"
+expect_exit 2 "global batch \(255\) must be a multiple of world size x --grad-accum \(2 x 1" \
     "$DDPRUN" --standalone --nproc-per-node 2 --no-prefix "$TRAIN" --global-batch 255
 
 # The device (ddp-train(1), GPUS), with every GPU hidden so that it goes alike with or without
 # CUDA or a GPU: --device cuda is an error naming the flag, and so is --backend nccl without a
-# GPU, decided for the whole job: on two ranks both exit 1 and rank 0 alone names the first rank
+# GPU, decided for the whole job: on two ranks both exit 2 and rank 0 alone names the first rank
 # without one; auto trains on the CPU (below, the first line names OpenBLAS's kernels).
-expect_exit 1 "--device: unknown device 'gpu'" "$TRAIN" --device gpu
-expect_exit 1 "--device cuda: (no CUDA device is visible|ddp-train was built without CUDA)" \
+expect_exit 2 "--device: unknown device 'gpu'" "$TRAIN" --device gpu
+expect_exit 2 "--device cuda: (no CUDA device is visible|ddp-train was built without CUDA)" \
     env CUDA_VISIBLE_DEVICES= "$TRAIN" --device cuda
-expect_exit 1 "--backend nccl needs --device cuda" "$TRAIN" --device cpu --backend nccl
-expect_exit 1 "^ddp-train: --backend nccl: rank 0 has no GPU; use --backend auto or cpu$" \
+expect_exit 2 "--backend nccl needs --device cuda" "$TRAIN" --device cpu --backend nccl
+expect_exit 2 "^ddp-train: --backend nccl: rank 0 has no GPU; use --backend auto or cpu$" \
     env CUDA_VISIBLE_DEVICES= "$TRAIN" --backend nccl
-expect_exit 1 "rank 0 has no GPU" env CUDA_VISIBLE_DEVICES= "$DDPRUN" --standalone \
+expect_exit 2 "rank 0 has no GPU" env CUDA_VISIBLE_DEVICES= "$DDPRUN" --standalone \
     --nproc-per-node 2 --no-prefix "$TRAIN" --backend nccl
 [[ $(grep -c "^ddp-train: .*backend nccl" "$tmp/err") -eq 1 ]] || # (the failure table quotes it too)
     fail "--backend nccl without a GPU on two ranks: not one message"

@@ -8,7 +8,10 @@
  * It joins through coll_comm_init_env() without a communicator (store_only): a missing or
  * malformed variable is reported with librendezvous' sentence, which names it.
  *
- * Exit status: 0 success, 1 bad environment, 2 store error, 3 timed out.
+ * Its one option, --quiet, leaves out rank 0's report.
+ *
+ * Exit status: 0 success, 1 store error, 2 usage error (an unknown option or argument, or a bad
+ * environment: named), 3 timed out. 1 and 2 as in every program of the project.
  */
 #include "coll.h"
 #include "monoclock.h"
@@ -20,7 +23,15 @@
 
 int main(int argc, char **argv)
 {
-    int quiet = argc > 1 && !strcmp(argv[1], "--quiet");
+    int quiet = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quiet") != 0) {
+            fprintf(stderr, "ddp-hello: unknown %s '%s' (it takes only --quiet)\n",
+                    argv[i][0] == '-' ? "option" : "argument", argv[i]);
+            return 2;
+        }
+        quiet = 1;
+    }
     rdzv_client_options o;
     rdzv_client_options_init(&o);
     o.timeout_ms = 60000;
@@ -34,7 +45,7 @@ int main(int argc, char **argv)
     int rc = coll_comm_init_env(&eo, &job);
     if (rc < 0) {
         fprintf(stderr, "ddp-hello: %s\n", coll_last_error(NULL));
-        return rc == -EINVAL || rc == -ENOENT || rc == -ENOSPC ? 1 : rc == -ETIMEDOUT ? 3 : 2;
+        return rc == -EINVAL || rc == -ENOENT || rc == -ENOSPC ? 2 : rc == -ETIMEDOUT ? 3 : 1;
     }
     rdzv_client *c = job.store;
     int rank = job.env.rank, world = job.env.world_size;
@@ -55,5 +66,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddp-hello: rank %d: %s (%s)\n", rank, rdzv_strerror(rc),
                 rdzv_client_last_error(c));
     coll_env_free(&job);
-    return rc == 0 ? 0 : rc == -ETIMEDOUT ? 3 : 2;
+    return rc == 0 ? 0 : rc == -ETIMEDOUT ? 3 : 1;
 }

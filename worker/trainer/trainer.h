@@ -30,7 +30,9 @@
 #include "train_backend.h"
 #include "train_state.h"
 
-enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_FAIL = 2, EXIT_CKPT = 3 };
+/* ddp-train's exit statuses (ddp-train(1), EXIT STATUS): 1 for a failure and 2 for a usage error,
+ * as every program of the project. */
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_CKPT = 3 };
 
 /* Rows per forward pass when evaluating; a model is created for at least this many. */
 #define EVAL_CHUNK 1000
