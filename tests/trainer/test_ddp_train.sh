@@ -56,6 +56,14 @@ printf 'not an IDX file at all' >"$tmp/bad/t10k-images-idx3-ubyte.gz"
 expect_exit 2 "$tmp/bad/t10k-images-idx3-ubyte.gz: not an IDX file" "$TRAIN" --data "$tmp/bad"
 expect_exit 2 "global batch \(255\) must be a multiple of world size x --grad-accum \(2 x 1" \
     "$DDPRUN" --standalone --nproc-per-node 2 --no-prefix "$TRAIN" --global-batch 255
+# ...and the error names the nearest settings that work: the default global batch on 6 ranks,
+# --grad-accum and --micro-batch that the ranks' share does not divide.
+expect_exit 2 "global batch \(256\) must be a multiple of world size x --grad-accum \(6 x 1 = 6\); nearest that work: --global-batch 252 or 258; a world size of 4 or 8$" \
+    "$DDPRUN" --standalone --nproc-per-node 6 --no-prefix "$TRAIN"
+expect_exit 2 "\(4 x 3 = 12\); nearest that work: --global-batch 252 or 264; --grad-accum 2 or 4$" \
+    "$DDPRUN" --standalone --nproc-per-node 4 --no-prefix "$TRAIN" --grad-accum 3
+expect_exit 2 "--micro-batch 24: .*\(2 x 24 = 48\); nearest that work: --global-batch 240 or 288; --micro-batch 16 or 32$" \
+    "$DDPRUN" --standalone --nproc-per-node 2 --no-prefix "$TRAIN" --micro-batch 24
 
 # The device (ddp-train(1), GPUS), with every GPU hidden so that it goes alike with or without
 # CUDA or a GPU: --device cuda is an error naming the flag, and so is --backend nccl without a

@@ -13,6 +13,62 @@
 
 #include "trainer.h"
 
+/*
+ * Appends "FLAG A or B" (either may be -1: missing), after "; " unless it is the first item, to
+ * buf[0..cap) at *len; nothing when both are missing.
+ */
+static void hint_pair(char *buf, size_t cap, size_t *len, const char *flag, long a, long b)
+{
+    if ((a < 0 && b < 0) || *len >= cap)
+        return;
+    const char *sep = *len ? "; " : "";
+    int k = a >= 0 && b >= 0 ? snprintf(buf + *len, cap - *len, "%s%s%ld or %ld", sep, flag, a, b)
+                             : snprintf(buf + *len, cap - *len, "%s%s%ld", sep, flag, a >= 0 ? a : b);
+    if (k > 0)
+        *len += (size_t)k;
+}
+
+/* The divisors of p nearest to v, below and above it (v itself excluded); -1 where none. */
+static void near_divisors(long p, long v, long *below, long *above)
+{
+    *below = *above = -1;
+    for (long d = v - 1; d >= 1 && *below < 0; d--)
+        if (p % d == 0)
+            *below = d;
+    for (long d = v + 1; d <= p && *above < 0; d++)
+        if (p % d == 0)
+            *above = d;
+}
+
+/*
+ * The settings nearest to the given ones under which world size x v (v: the micro-steps, or
+ * --micro-batch's rows) divides the global batch gb, for the error that refuses it: the nearest
+ * global batches (from 1 to the data set's n rows); when the ranks divide gb, the nearest values
+ * of `what` (the flag v came from); the nearest world sizes. Writes "--global-batch 252 or 258;
+ * ..." into buf ("" when nothing works, which cannot happen: 1 rank with v 1 always does).
+ */
+static void batch_hint(char *buf, size_t cap, int gb, int world, const char *what, int v, int n)
+{
+    long per = (long)world * v, lo = gb / per * per, hi = lo + per, below, above;
+    size_t len = 0;
+    char flag[32];
+    buf[0] = '\0';
+    hint_pair(buf, cap, &len, "--global-batch ", lo >= 1 ? lo : -1, hi <= n ? hi : -1);
+    if (gb % world == 0) {
+        near_divisors(gb / world, v, &below, &above);
+        snprintf(flag, sizeof flag, "%s ", what);
+        hint_pair(buf, cap, &len, flag, below, above);
+    }
+    below = above = -1;
+    for (long w = world - 1; w >= 1 && below < 0; w--)
+        if (gb % (w * v) == 0)
+            below = w;
+    for (long w = world + 1; w * v <= gb && above < 0; w++)
+        if (gb % (w * v) == 0)
+            above = w;
+    hint_pair(buf, cap, &len, "a world size of ", below, above);
+}
+
 /* Loads both splits; the sampler, the schedule, --dump-batches' room. Returns 0 or EXIT_USAGE. */
 int setup_data(trainer *t)
 {
@@ -26,16 +82,27 @@ int setup_data(trainer *t)
                   t->test.cols, t->train.rows, t->train.cols);
         return EXIT_USAGE;
     }
+    char hint[256];
     if (a->micro_batch) {
         /* The accumulation follows the world size, so that the global batch does not. */
         long per_step = (long)t->world * a->micro_batch;
         if (a->global_batch % per_step) {
+            batch_hint(hint, sizeof hint, a->global_batch, t->world, "--micro-batch",
+                       a->micro_batch, t->train.n);
             train_err("--micro-batch %d: the global batch (%d) is not a multiple of world size x "
-                      "micro-batch (%d x %d = %ld)",
-                      a->micro_batch, a->global_batch, t->world, a->micro_batch, per_step);
+                      "micro-batch (%d x %d = %ld); nearest that work: %s",
+                      a->micro_batch, a->global_batch, t->world, a->micro_batch, per_step, hint);
             return EXIT_USAGE;
         }
         a->grad_accum = (int)(a->global_batch / per_step);
+    } else if (a->global_batch <= t->train.n &&
+               a->global_batch % ((long)t->world * a->grad_accum) != 0) {
+        batch_hint(hint, sizeof hint, a->global_batch, t->world, "--grad-accum", a->grad_accum,
+                   t->train.n);
+        train_err("the global batch (%d) must be a multiple of world size x --grad-accum "
+                  "(%d x %d = %ld); nearest that work: %s",
+                  a->global_batch, t->world, a->grad_accum, (long)t->world * a->grad_accum, hint);
+        return EXIT_USAGE;
     }
     if (data_sampler_init(&t->sampler, t->train.n, a->global_batch, t->world, t->rank,
                           a->grad_accum, a->seed) < 0) {
