@@ -380,8 +380,8 @@ static int get_ranks_filter(const struct raw *r, ddprun_config *c, char *err, si
         if (show[i] && i < c->nproc_per_node)
             present++;
         else if (show[i] && ++nabsent && used < sizeof absent)
-            used += (size_t)snprintf(absent + used, sizeof absent - used, "%s%d",
-                                     used ? "," : "", i);
+            used +=
+                (size_t)snprintf(absent + used, sizeof absent - used, "%s%d", used ? "," : "", i);
     }
     if (!present)
         return fail(err, errlen,
