@@ -222,8 +222,25 @@ bool rdzv__key_private(const uint8_t *key, size_t n)
 
 bool rdzv__request_private(const rdzv__request *r)
 {
-    const uint8_t *cur = r->items, *k, *v;
-    size_t kl, vl;
+    return rdzv__request_private_keys(r, NULL, NULL) > 0;
+}
+
+/* Counts one key of a request: *n private keys so far, the first at *first (*first_len). */
+static void count_private(const uint8_t *k, size_t kl, size_t *n, const uint8_t **first,
+                          size_t *first_len)
+{
+    if (!rdzv__key_private(k, kl))
+        return;
+    if ((*n)++ == 0) {
+        *first = k;
+        *first_len = kl;
+    }
+}
+
+size_t rdzv__request_private_keys(const rdzv__request *r, const uint8_t **key, size_t *len)
+{
+    const uint8_t *cur = r->items, *k, *v, *first = NULL;
+    size_t kl, vl, n = 0, first_len = 0;
 
     switch (r->op) {
     case RDZV_OP_CHECK:
@@ -231,18 +248,16 @@ bool rdzv__request_private(const rdzv__request *r)
     case RDZV_OP_MULTI_GET:
         for (uint64_t i = 0; i < r->count; i++) {
             rdzv__next_str(&cur, &k, &kl);
-            if (rdzv__key_private(k, kl))
-                return true;
+            count_private(k, kl, &n, &first, &first_len);
         }
-        return false;
+        break;
     case RDZV_OP_MULTI_SET:
         for (uint64_t i = 0; i < r->count; i++) {
             rdzv__next_str(&cur, &k, &kl);
             rdzv__next_str(&cur, &v, &vl);
-            if (rdzv__key_private(k, kl))
-                return true;
+            count_private(k, kl, &n, &first, &first_len);
         }
-        return false;
+        break;
     case RDZV_OP_SET:
     case RDZV_OP_COMPARE_SET:
     case RDZV_OP_GET:
@@ -254,10 +269,41 @@ bool rdzv__request_private(const rdzv__request *r)
     case RDZV_OP_QUEUE_LEN:
     case RDZV_OP_BARRIER:
     case RDZV_OP_WATCH_KEY:
-        return rdzv__key_private(r->key, r->key_len);
+        count_private(r->key, r->key_len, &n, &first, &first_len);
+        break;
     default:
-        return false;
+        break;
     }
+    if (n && key && len) {
+        *key = first;
+        *len = first_len;
+    }
+    return n;
+}
+
+void rdzv__private_refusal(const rdzv__request *r, char *buf, size_t cap)
+{
+    const uint8_t *k = NULL;
+    size_t kl = 0, n = rdzv__request_private_keys(r, &k, &kl);
+    char key[65], many[64] = "";
+    if (!cap)
+        return;
+    if (!n) {
+        snprintf(buf, cap, "%s refused: no private key", rdzv__op_name(r->op));
+        return;
+    }
+    /* The peer's bytes going into our log: printable only, and bounded. */
+    size_t m = kl < sizeof(key) - 1 ? kl : sizeof(key) - 1;
+    for (size_t i = 0; i < m; i++)
+        key[i] = k[i] >= ' ' && k[i] <= '~' ? (char)k[i] : '?';
+    key[m] = '\0';
+    bool multi = r->op == RDZV_OP_CHECK || r->op == RDZV_OP_WAIT || r->op == RDZV_OP_MULTI_GET ||
+                 r->op == RDZV_OP_MULTI_SET;
+    if (multi)
+        snprintf(many, sizeof(many), " (%zu private key%s of %llu)", n, n > 1 ? "s" : "",
+                 (unsigned long long)r->count);
+    snprintf(buf, cap, "%s refused: '%s%s' is private to the job's authenticated connections%s",
+             rdzv__op_name(r->op), key, kl > m ? "..." : "", many);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -101,6 +101,23 @@ bool rdzv__key_private(const uint8_t *key, size_t n);
  */
 bool rdzv__request_private(const rdzv__request *req);
 
+/*
+ * The private keys the validated request `req` names: returns how many (0: none, when
+ * rdzv__request_private() is false), and, when there is one and key/len are not NULL, points
+ * *key and *len at the first (borrowed from req's frame).
+ */
+size_t rdzv__request_private_keys(const rdzv__request *req, const uint8_t **key, size_t *len);
+
+/*
+ * The log sentence of refusing `req` for naming a private key: "OP refused: 'KEY' is private to
+ * the job's authenticated connections", KEY the first private key, made printable (bytes
+ * outside ' '..'~' as '?') and cut at 64 bytes ("..."); a request with several keys adds
+ * " (N private keys of M)" or " (1 private key of M)". Written into buf[0..cap), always
+ * NUL-terminated. A request that names no private key gets "OP refused: no private key" (a
+ * caller's mistake; never logged with a key it does not hold).
+ */
+void rdzv__private_refusal(const rdzv__request *req, char *buf, size_t cap);
+
 /* An IPv4 or IPv6 network, "10.0.0.0/8", "fd00::/8", or one address ("10.1.2.3"). */
 typedef struct rdzv__cidr {
     int family; /* AF_INET or AF_INET6 */

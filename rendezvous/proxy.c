@@ -758,9 +758,7 @@ static int worker_request(worker *w, const rdzv__request *req, const uint8_t *fr
     }
     bool authed = w->auth.state == RDZV_AUTH_DONE;
     if (px->token && !authed && rdzv__request_private(req)) {
-        snprintf(why, sizeof(why),
-                 "%s refused: a key is private to the job's authenticated connections",
-                 rdzv__op_name(req->op));
+        rdzv__private_refusal(req, why, sizeof(why));
         worker_close(w, why);
         return -1;
     }

@@ -468,14 +468,8 @@ static bool gate(rdzv_server *srv, client *c, const rdzv__request *req)
         return false;
     }
     if (srv->token && c->auth.state != RDZV_AUTH_DONE && rdzv__request_private(req)) {
-        char why[200], key[65] = "";
-        /* The first key, made printable: it is the peer's text going into our log. */
-        for (size_t i = 0; req->key && i < req->key_len && i < sizeof(key) - 1; i++)
-            key[i] = req->key[i] >= ' ' && req->key[i] <= '~' ? (char)req->key[i] : '?';
-        snprintf(why, sizeof(why),
-                 "%s refused: '%s%s' is private to the job's authenticated "
-                 "connections",
-                 rdzv__op_name(req->op), key, req->key_len >= sizeof(key) ? "..." : "");
+        char why[200];
+        rdzv__private_refusal(req, why, sizeof(why));
         refuse(c, &srv->refused_private, why);
         return false;
     }
@@ -1168,10 +1162,7 @@ static int mux_request(client *c, const rdzv__request *req)
         return 0;
     }
     if (srv->token && !(flags & RDZV_MUX_AUTH) && rdzv__request_private(&in)) {
-        snprintf(why, sizeof(why),
-                 "%s refused: a key is private to the job's authenticated "
-                 "connections",
-                 rdzv__op_name(in.op));
+        rdzv__private_refusal(&in, why, sizeof(why));
         srv->refused_private++;
         vconn_close(c, v, refusal_log_now(srv, RDZV_LOG_WARN, why, false) ? why : NULL, true);
         return 0;

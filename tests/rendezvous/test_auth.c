@@ -297,6 +297,68 @@ static const struct sockaddr *SA(const char *ip)
     return (const struct sockaddr *)ss;
 }
 
+/*
+ * The log sentence of a refusal names the private key that caused it, for the requests with
+ * several keys too (the first private one, with how many there are), printable and bounded.
+ */
+START_TEST(private_refusal_names_the_key)
+{
+    char why[200];
+    rdzv__wbuf b = {0};
+    rdzv__put_op(&b, RDZV_GEN_MODERN, RDZV_OP_MULTI_GET);
+    rdzv__put_u64(&b, 3);
+    rdzv__put_vec(&b, "a", 1);
+    rdzv__put_vec(&b, "/ddprun/j/hb/0", 14);
+    rdzv__put_vec(&b, "b", 1);
+    rdzv__request r = parsed(&b);
+    const uint8_t *k = NULL;
+    size_t kl = 0;
+    ck_assert_uint_eq(rdzv__request_private_keys(&r, &k, &kl), 1);
+    ck_assert_uint_eq(kl, 14);
+    ck_assert(memcmp(k, "/ddprun/j/hb/0", 14) == 0);
+    rdzv__private_refusal(&r, why, sizeof why);
+    ck_assert_str_eq(why, "multi_get refused: '/ddprun/j/hb/0' is private to the job's "
+                          "authenticated connections (1 private key of 3)");
+    rdzv__wbuf_reset(&b);
+    rdzv__put_op(&b, RDZV_GEN_MODERN, RDZV_OP_MULTI_SET);
+    rdzv__put_u64(&b, 3);
+    rdzv__put_vec(&b, "a", 1);
+    rdzv__put_vec(&b, "/ddprun/as-a-value", 18);
+    rdzv__put_vec(&b, "/ddprun-coll/c/cpu/1", 20);
+    rdzv__put_vec(&b, "v", 1);
+    rdzv__put_vec(&b, "/ddprun/x", 9);
+    rdzv__put_vec(&b, "v", 1);
+    r = parsed(&b);
+    rdzv__private_refusal(&r, why, sizeof why);
+    ck_assert_str_eq(why, "multi_set refused: '/ddprun-coll/c/cpu/1' is private to the job's "
+                          "authenticated connections (2 private keys of 3)");
+    /* One key: no count. A long key with bytes that are not printable: '?', cut at 64. */
+    char longkey[100];
+    memset(longkey, 'k', sizeof longkey);
+    memcpy(longkey, "/ddprun/\n\x01", 10);
+    rdzv__wbuf_reset(&b);
+    rdzv__put_op(&b, RDZV_GEN_MODERN, RDZV_OP_GET);
+    rdzv__put_vec(&b, longkey, sizeof longkey);
+    r = parsed(&b);
+    rdzv__private_refusal(&r, why, sizeof why);
+    ck_assert_msg(strncmp(why, "get refused: '/ddprun/??kkk", 27) == 0, "%s", why);
+    ck_assert_msg(strstr(why, "kkk...' is private to the job's authenticated connections") &&
+                      !strstr(why, "private key of"),
+                  "%s", why);
+    const char *tail = "...' is private to the job's authenticated connections";
+    ck_assert_uint_eq(strlen(why), strlen("get refused: '") + 64 + strlen(tail));
+    /* No private key: never a key it does not hold. */
+    rdzv__wbuf_reset(&b);
+    rdzv__put_op(&b, RDZV_GEN_MODERN, RDZV_OP_GET);
+    rdzv__put_vec(&b, "open", 4);
+    r = parsed(&b);
+    ck_assert_uint_eq(rdzv__request_private_keys(&r, NULL, NULL), 0);
+    rdzv__private_refusal(&r, why, sizeof why);
+    ck_assert_str_eq(why, "get refused: no private key");
+    rdzv__wbuf_free(&b);
+}
+END_TEST
+
 START_TEST(networks_and_addresses)
 {
     rdzv__cidr c;
@@ -523,6 +585,26 @@ static long refusals_logged(const char *why, int *lines)
  * refusal of it is accounted for once the burst is over (the same rate limit as refusals on
  * accept), rather than the count waiting for a refusal that may never come.
  */
+/* The server's log line for a refused MULTI_GET names its private key (not ''). */
+START_TEST(refused_multi_get_logged_with_its_key)
+{
+    rdzv_server *srv = start(token);
+    rdzv_client *c;
+    ck_assert_int_eq(connect_with(srv, NULL, &c), 0);
+    const char *keys[] = {"default_pg/0//cuda//0", "/ddprun-coll/job/cpu/0"};
+    void *vals[2];
+    size_t lens[2];
+    ck_assert_int_eq(rdzv_multi_get(c, keys, 2, vals, lens), -ECONNRESET);
+    rdzv_client_close(c);
+    ck_assert_int_eq(security(srv, "refused_private"), 1);
+    ck_assert_msg(log_has("multi_get refused: '/ddprun-coll/job/cpu/0' is private to the job's "
+                          "authenticated connections (1 private key of 2)"),
+                  "%s", log_text);
+    ck_assert(!log_has("''"));
+    rdzv_server_close(srv);
+}
+END_TEST
+
 START_TEST(refusal_burst_logged_once_and_counted)
 {
     enum { K = 30 };
@@ -747,11 +829,13 @@ static Suite *suite(void)
     check_tcase(s, "handshake", 0, known_answer, right_token_both_ways,
                 wrong_token_fails_on_both_sides, impostor_server_detected,
                 replayed_and_reflected_proofs_fail, steps_out_of_order);
-    check_tcase(s, "rules", 0, private_keys_in_every_field, networks_and_addresses, tokens);
+    check_tcase(s, "rules", 0, private_keys_in_every_field, private_refusal_names_the_key,
+                networks_and_addresses, tokens);
     check_tcase(s, "sockets", 30, authenticated_client_reaches_private_keys,
                 unauthenticated_client_kept_from_private_keys,
-                refusal_burst_logged_once_and_counted, wrong_token_fails_at_once_on_both_sides,
-                server_refuses_wrong_proof, impostor_store_refused, peer_owner_from_the_kernel,
+                refused_multi_get_logged_with_its_key, refusal_burst_logged_once_and_counted,
+                wrong_token_fails_at_once_on_both_sides, server_refuses_wrong_proof,
+                impostor_store_refused, peer_owner_from_the_kernel,
                 peer_owner_of_a_socket_bound_to_a_device, other_user_refused);
     return s;
 }

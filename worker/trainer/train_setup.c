@@ -22,8 +22,9 @@ static void hint_pair(char *buf, size_t cap, size_t *len, const char *flag, long
     if ((a < 0 && b < 0) || *len >= cap)
         return;
     const char *sep = *len ? "; " : "";
-    int k = a >= 0 && b >= 0 ? snprintf(buf + *len, cap - *len, "%s%s%ld or %ld", sep, flag, a, b)
-                             : snprintf(buf + *len, cap - *len, "%s%s%ld", sep, flag, a >= 0 ? a : b);
+    int k = a >= 0 && b >= 0
+                ? snprintf(buf + *len, cap - *len, "%s%s%ld or %ld", sep, flag, a, b)
+                : snprintf(buf + *len, cap - *len, "%s%s%ld", sep, flag, a >= 0 ? a : b);
     if (k > 0)
         *len += (size_t)k;
 }
