@@ -118,6 +118,23 @@ if grep -q '\[1\]:hello 1' <<<"$out" && ! grep -q 'hello 0' <<<"$out" && ! grep 
 else
   fail "local ranks filter: $out"
 fi
+# ...ranks the node does not run are named in a warning; a filter of none it runs is a usage
+# error (exit 2) before any worker starts, rather than a job whose console shows nothing.
+out=$(timeout 20 "$ddprun" --standalone --nproc-per-node 2 --local-ranks-filter 1,5 sh -c 'echo "hello $RANK"' 2>&1)
+if grep -q 'warning: --local-ranks-filter: local rank 5 does not run on this node (--nproc-per-node 2 runs 0 to 1)' <<<"$out" &&
+   grep -q '\[1\]:hello 1' <<<"$out"; then
+  ok "local ranks filter: a rank out of range warned of"
+else
+  fail "local ranks filter 1,5 on 2 ranks: $out"
+fi
+out=$(timeout 20 "$ddprun" --standalone --nproc-per-node 2 --local-ranks-filter 5 sh -c 'echo "hello $RANK"' 2>&1)
+rc=$?
+if [ $rc = 2 ] && grep -q "^ddprun: --local-ranks-filter: no local rank of '5' runs on this node (--nproc-per-node 2 runs local ranks 0 to 1)" <<<"$out" &&
+   ! grep -q hello <<<"$out"; then
+  ok "local ranks filter: no rank in range is a usage error"
+else
+  fail "local ranks filter 5 on 2 ranks: rc=$rc: $out"
+fi
 
 # 10. A bad flag names the flag.
 out=$("$ddprun" --nproc-per-node x /bin/true 2>&1)
