@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# ddp-train --tensorboard read back by TensorBoard's own reader (tb_check.py: the Python package
+# tensorboard's EventAccumulator), a few seconds:
+#  1. two ranks under ddprun, 40 steps, a report every 5, --metrics and --tensorboard into a
+#     directory that does not exist yet: one event file, whose tags, steps and values are the
+#     metrics' (float32), a live reader's view as each value is written;
+#  2. a second run from scratch into the same directory (another seed): a second file, and
+#     TensorBoard shows the second run only (the session start its file opens with drops the
+#     first run's steps), as the metrics file, emptied by the second run, says;
+#  3. a --tensorboard path under a regular file: exit 1 naming the flag.
+# Usage: tensorboard.sh DDPRUN DDP_TRAIN. Exit 0 pass, 1 fail, 77 skip (no Fashion-MNIST, no
+# python3 or no tensorboard package).
+set -uo pipefail
+DDPRUN=${1:?usage}; TRAIN=${2:?usage}
+. "$(dirname "$0")/../libddp/lib.sh"
+need_data
+need_python
+check=$(dirname "$0")/tb_check.py
+python3 -c 'import tensorboard' 2>/dev/null || { echo "SKIP: no tensorboard package"; exit 77; }
+
+# run NAME ARGS...: two ranks, their output in $tmp/NAME.log.
+run() {
+    local name=$1 st=0
+    shift
+    timeout 120 "$DDPRUN" --standalone --nproc-per-node 2 --no-prefix "$TRAIN" --device cpu \
+        --hidden 128 --max-steps 40 --log-every 5 --metrics "$tmp/m.jsonl" "$@" \
+        >"$tmp/$name.log" 2>&1 || st=$?
+    if [[ $st -ne 0 ]]; then
+        fail "$name: ddprun exited with $st"
+        tail -5 "$tmp/$name.log" >&2
+    fi
+}
+
+run first --tensorboard "$tmp/runs/x"
+python3 "$check" "$tmp/m.jsonl" "$tmp/runs/x" 1 || fail "first run: TensorBoard's view"
+run second --tensorboard "$tmp/runs/x" --seed 2
+python3 "$check" "$tmp/m.jsonl" "$tmp/runs/x" 2 || fail "second run: TensorBoard's view"
+
+: >"$tmp/plain"
+st=0
+timeout 60 "$TRAIN" --device cpu --max-steps 1 --tensorboard "$tmp/plain/x" >"$tmp/bad.log" 2>&1 ||
+    st=$?
+if [[ $st -eq 1 ]] && line=$(grep -- "--tensorboard $tmp/plain/x: .*Not a directory" "$tmp/bad.log"); then
+    echo "  $line"
+else
+    fail "--tensorboard under a file: exit $st, $(head -1 "$tmp/bad.log")"
+fi
+finish
