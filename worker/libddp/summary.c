@@ -238,8 +238,9 @@ int ddp_summary_open(const char *logdir, int64_t start_step, ddp_summary **out)
     double now = wall_now();
     /* TensorFlow's name, with a serial number that makes it unique within the process. */
     for (int tries = 0; s->fd < 0; tries++) {
-        int len = snprintf(s->path, sizeof s->path, "%s/events.out.tfevents.%010" PRId64 ".%s.%ld.%d",
-                           logdir, (int64_t)now, host, (long)getpid(), atomic_fetch_add(&serial, 1));
+        int len =
+            snprintf(s->path, sizeof s->path, "%s/events.out.tfevents.%010" PRId64 ".%s.%ld.%d",
+                     logdir, (int64_t)now, host, (long)getpid(), atomic_fetch_add(&serial, 1));
         if (len < 0 || (size_t)len >= sizeof s->path) {
             rc = -ENAMETOOLONG;
             goto out;

@@ -161,9 +161,9 @@ static void record(trainer *t, int64_t step, json_t *rec)
 {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    json_t *full = json_pack("{s:f, s:f, s:i, s:i}", "time",
-                             (double)now.tv_sec + (double)now.tv_nsec / 1e9, "elapsed",
-                             mono_now_s() - t->t_start, "attempt", t->attempt, "world", t->world);
+    json_t *full =
+        json_pack("{s:f, s:f, s:i, s:i}", "time", (double)now.tv_sec + (double)now.tv_nsec / 1e9,
+                  "elapsed", mono_now_s() - t->t_start, "attempt", t->attempt, "world", t->world);
     if (t->metrics && full && rec && json_object_update(full, rec) == 0) {
         /* 15 digits: the time to 10 microseconds */
         char *s = json_dumps(full, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
@@ -312,8 +312,8 @@ void summary(trainer *t, double acc, double train_s)
             100 * acc, t->total_steps, train_s, samples / train_s, mem.model_state_bytes * mib,
             mem.param_bytes * mib, mem.grad_bytes * mib, mem.optimizer_bytes * mib,
             mem.pool_bytes * mib);
-    record(
-        t, -1, json_pack("{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary",
+    record(t, -1,
+           json_pack("{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary",
                      "done", "world", t->world, "zero", t->a.zero, "test_accuracy", acc, "steps",
                      (json_int_t)t->total_steps, "train_seconds", train_s, "samples_per_s",
                      samples / train_s, "memory", "param_bytes", (json_int_t)mem.param_bytes,

@@ -61,7 +61,8 @@ typedef struct train_args {
     int keep;
     const model_ops *model; /* --model */
     void *model_cfg;        /* its options (model->config_size bytes, owned) */
-    const char *tensorboard; /* --tensorboard DIR */
+    /* --tensorboard DIR */
+    const char *tensorboard;
 } train_args;
 
 struct trainer {
