@@ -7,7 +7,8 @@
 #  2. a second run from scratch into the same directory (another seed): a second file, and
 #     TensorBoard shows the second run only (the session start its file opens with drops the
 #     first run's steps), as the metrics file, emptied by the second run, says;
-#  3. a --tensorboard path under a regular file: exit 1 naming the flag.
+#  3. a --tensorboard path under a regular file: the exit status of bad usage (an unknown
+#     option's), and a line naming the flag, the path and the reason.
 # Usage: tensorboard.sh DDPRUN DDP_TRAIN. Exit 0 pass, 1 fail, 77 skip (no Fashion-MNIST, no
 # python3 or no tensorboard package).
 set -uo pipefail
@@ -37,12 +38,14 @@ run second --tensorboard "$tmp/runs/x" --seed 2
 python3 "$check" "$tmp/m.jsonl" "$tmp/runs/x" 2 || fail "second run: TensorBoard's view"
 
 : >"$tmp/plain"
+usage=0
+"$TRAIN" --no-such-option >/dev/null 2>&1 || usage=$?
 st=0
 timeout 60 "$TRAIN" --device cpu --max-steps 1 --tensorboard "$tmp/plain/x" >"$tmp/bad.log" 2>&1 ||
     st=$?
-if [[ $st -eq 1 ]] && line=$(grep -- "--tensorboard $tmp/plain/x: .*Not a directory" "$tmp/bad.log"); then
+if [[ $st -ne 0 && $st -eq $usage ]] && line=$(grep -- "--tensorboard $tmp/plain/x: .*Not a directory" "$tmp/bad.log"); then
     echo "  $line"
 else
-    fail "--tensorboard under a file: exit $st, $(head -1 "$tmp/bad.log")"
+    fail "--tensorboard under a file: exit $st (bad usage: $usage), $(tail -1 "$tmp/bad.log")"
 fi
 finish
