@@ -7,7 +7,8 @@ Usage: tb_check.py METRICS LOGDIR FILES
   expected in LOGDIR.
 
 What TensorBoard should show is derived from the metrics alone: each record's numbers under
-their tags (ddp-train(1), TENSORBOARD; memory in MiB) at the record's step, where an attempt's
+their tags (ddp-train(1), TENSORBOARD; memory in MiB) at the record's step (null, a number that
+is not finite, has none), where an attempt's
 start record at step S drops what came before from step S + 1 on (the session start each event
 file opens with), and a later value of a step replaces an earlier one. TensorBoard's view
 (EventAccumulator, purging as it does by default) must have exactly those tags and steps, each
@@ -52,7 +53,7 @@ def expected(metrics):
             if "summary" in rec:
                 continue
             for key, (tag, scale) in TAGS.items():
-                if key in rec:
+                if rec.get(key) is not None:  # null: not finite, no scalar
                     want.setdefault(tag, {})[rec["step"]] = (rec[key] * scale, rec["time"])
     return want
 

@@ -216,8 +216,8 @@ static const cli_option opt_table[] = {
      NULL,
      0,
      "Append JSON Lines to FILE: a record per report and one per epoch with the test loss and "
-     "accuracy, each with its time, attempt and world size. A restarted or resumed run adds to "
-     "the file; a run from scratch empties it first."},
+     "accuracy, each with its time, elapsed time, attempt and world size. A restarted or resumed "
+     "run adds to the file; a run from scratch empties it first."},
     {OPT_TENSORBOARD,
      {"--tensorboard"},
      "DIR",

@@ -188,6 +188,13 @@ static void record(trainer *t, int64_t step, json_t *rec)
     json_decref(rec);
 }
 
+/* A record's number: null when it is not finite (a diverged loss, a skipped step's norm), which
+ * JSON cannot write; TensorBoard gets no scalar for it. */
+static json_t *number(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
 /* Rank 0's resident set (/proc/self/statm), or -1 where it cannot be read. */
 static int64_t rss_bytes(void)
 {
@@ -261,9 +268,9 @@ void report_step(trainer *t, int64_t step, int epoch, double loss, float lr, dou
                 "| %.0f samples/s | ETA %s\n",
                 step, t->total_steps, epoch + 1, loss, (double)lr, grad_norm, samples_per_s, eta);
     }
-    json_t *rec = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f}", "step", (json_int_t)step, "epoch",
-                            epoch + 1, "loss", loss, "lr", (double)lr, "grad_norm", grad_norm,
-                            "samples_per_s", samples_per_s);
+    json_t *rec = json_pack("{s:I, s:i, s:o, s:f, s:o, s:o}", "step", (json_int_t)step, "epoch",
+                            epoch + 1, "loss", number(loss), "lr", (double)lr, "grad_norm",
+                            number(grad_norm), "samples_per_s", number(samples_per_s));
     int64_t rss = rss_bytes();
     size_t gpu;
     if (rec && rss >= 0)
@@ -278,8 +285,8 @@ void report_epoch(trainer *t, int64_t step, int epoch, double test_loss, double 
     fprintf(stderr, "%sepoch %d/%d (step %" PRId64 "): test loss %.4f, test accuracy %.2f%%\n",
             t->tty ? "\r\033[K" : "", epoch + 1, t->epochs, step, test_loss, 100 * acc);
     record(t, step,
-           json_pack("{s:I, s:i, s:f, s:f}", "step", (json_int_t)step, "epoch", epoch + 1,
-                     "test_loss", test_loss, "test_accuracy", acc));
+           json_pack("{s:I, s:i, s:o, s:f}", "step", (json_int_t)step, "epoch", epoch + 1,
+                     "test_loss", number(test_loss), "test_accuracy", acc));
 }
 
 /* Rank 0, --dump-batches: keeps step `step`'s global batch and learning rate. */
