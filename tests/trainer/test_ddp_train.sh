@@ -86,15 +86,17 @@ expect_exit 0 "ZeRO-1, lion: test accuracy [1-9][0-9]\\." "$DDPRUN" --standalone
     --zero 1
 
 # Alone, then two ranks, on the host: 20 SGD steps, a loss every 5, metrics as JSON Lines (alone
-# naming --model mlp, the two ranks taking it by default).
+# naming --model mlp, the two ranks taking it by default), each record with its time, elapsed
+# time, attempt and world size; the file of an earlier run is emptied by a run from scratch.
 common=(--device cpu --max-steps 20 --log-every 5 --optimizer sgd --lr 0.05 --warmup 0)
+echo '{"an earlier run": 1}' >"$tmp/w1.jsonl" # a run from scratch replaces it
 expect_exit 0 "test accuracy" "$TRAIN" "${common[@]}" --metrics "$tmp/w1.jsonl" \
     --dump-init "$tmp/init.safetensors" --dump-batches "$tmp/batches.safetensors" --model mlp
 expect_exit 0 "test accuracy" "$DDPRUN" --standalone --nproc-per-node 2 "$TRAIN" \
     "${common[@]}" --grad-accum 2 --metrics "$tmp/w2.jsonl"
 
 python3 - "$tmp" <<'EOF' || fail "metrics or dumps"
-import json, struct, sys
+import json, struct, sys, time
 tmp = sys.argv[1]
 
 def records(path):
@@ -104,9 +106,15 @@ w1, w2 = records(f"{tmp}/w1.jsonl"), records(f"{tmp}/w2.jsonl")
 for recs, world in ((w1, 1), (w2, 2)):
     steps = [r["step"] for r in recs if "loss" in r]
     assert steps == [5, 10, 15, 20], (world, steps)
+    assert recs[0]["start"] == "fresh" and recs[0]["step"] == 0, recs[0]
     for r in recs:
+        assert list(r)[:4] == ["time", "elapsed", "attempt", "world"], r
+        assert r["attempt"] == 0 and r["world"] == world and r["elapsed"] >= 0, r
         if "loss" in r:
-            assert set(r) == {"step", "epoch", "loss", "lr", "grad_norm", "samples_per_s"}, r
+            assert set(r) == {"time", "elapsed", "attempt", "world", "step", "epoch", "loss",
+                              "lr", "grad_norm", "samples_per_s", "rss_bytes"}, r
+    times = [r["time"] for r in recs]
+    assert times == sorted(times) and abs(times[-1] - time.time()) < 600, times
     ev = [r for r in recs if "test_accuracy" in r and "summary" not in r]
     assert len(ev) == 1 and ev[0]["step"] == 20 and 0.5 < ev[0]["test_accuracy"] <= 1, ev
     s = recs[-1]

@@ -238,8 +238,8 @@ static int fsync_dir(const char *dir)
     return rc;
 }
 
-/* mkdir -p. */
-static int make_dirs(const char *path)
+/* mkdir -p (ckpt.h). */
+int ddp__make_dirs(const char *path)
 {
     char buf[PATH_MAX];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
@@ -900,7 +900,7 @@ static void plan_copies(const ddp__model_view *v, struct ddp__ckpt_state *ck, in
 /* Every rank: mkdir -p ROOT/step-N; rank 0 removes a manifest of the same step. */
 static int prepare_dir(const ddp__model_view *v, struct ddp__ckpt_state *ck, char *msg, size_t cap)
 {
-    int rc = make_dirs(ck->dir);
+    int rc = ddp__make_dirs(ck->dir);
     if (rc < 0) {
         say(msg, cap, "creating %s: %s", ck->dir, strerror(-rc));
         return rc;

@@ -81,6 +81,10 @@
  */
 uint32_t ddp__crc32c(uint32_t crc, const void *buf, size_t n);
 
+/* mkdir -p `path` (ckpt.c; the summary writer's directory too). Returns 0, -ENAMETOOLONG or the
+ * negative errno of the mkdir that failed. */
+int ddp__make_dirs(const char *path);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Loading's range arithmetic (ckpt.c)                                                         */
 /* ------------------------------------------------------------------------------------------ */

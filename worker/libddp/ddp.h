@@ -479,6 +479,55 @@ int ddp_checkpoint_latest(const char *root, char *path, size_t cap, ddp_log_fn l
 int ddp_checkpoint_load(ddp_model *m, const char *path, unsigned flags,
                         ddp_checkpoint_progress *progress, char **user_json);
 
+/* ------------------------------------------------------------------------------------------ */
+/* TensorBoard summaries                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * A writer of TensorBoard scalar event files, for a trainer's own numbers (the loss, the
+ * learning rate, ddp_step_info's gradient norm, ddp_memory_stats()'s bytes): `tensorboard
+ * --logdir` reads them as it reads PyTorch's SummaryWriter's. It needs no ddp_model and makes
+ * no collective: call it on one rank (rank 0, say). libddp(3), TENSORBOARD, shows a loop.
+ * One thread at a time per writer; distinct writers are independent.
+ */
+typedef struct ddp_summary ddp_summary;
+
+/*
+ * Creates `logdir` (with its parents) if absent and a new event file in it,
+ * events.out.tfevents.<Unix seconds>.<host>.<pid>.<serial> (created exclusively: a writer never
+ * appends to another's file; TensorBoard merges the files of a directory into one run), and
+ * writes its first event (the file version). `start_step` >= 0 also writes a session start at
+ * that step: TensorBoard then drops what files written earlier into the same directory hold at
+ * step `start_step` and later, so a restarted job that resumes from a checkpoint of step S
+ * passes S + 1 (the first step it records, when steps are counted from 1) and its curves
+ * continue without the dead attempt's tail; a fresh run passes 0 or 1 and replaces an earlier
+ * run in that directory in TensorBoard's view (the files stay); -1 writes none, for several
+ * writers sharing a directory. `logdir` is borrowed. Returns 0 with *out the writer (close it
+ * with ddp_summary_close()), -EINVAL (NULL or empty logdir, NULL out), -ENOMEM, -ENAMETOOLONG,
+ * or the negative errno of creating the directory or the file (-EACCES, -ENOTDIR, ...).
+ */
+int ddp_summary_open(const char *logdir, int64_t start_step, ddp_summary **out);
+
+/*
+ * Appends the scalar `value` (stored as a float, as TensorBoard's simple_value is) under `tag`
+ * (e.g. "train/loss": the part before the first '/' is the dashboard's group) at `step` (the
+ * plot's x axis), with the current wall-clock time. Each event reaches the file with one
+ * write(2), so a live `tensorboard --logdir` sees it at once. Returns 0, -EINVAL (NULL writer,
+ * NULL or empty tag), -ENAMETOOLONG (a tag over 1024 bytes), or the negative errno of the
+ * write (-ENOSPC, -EIO, ...): the file is then cut back to its last whole event, and later calls
+ * may succeed.
+ */
+int ddp_summary_scalar(ddp_summary *s, const char *tag, int64_t step, double value);
+
+/* The event file's path (the writer's; valid until ddp_summary_close()), or NULL for NULL. */
+const char *ddp_summary_path(const ddp_summary *s);
+
+/*
+ * Closes the file and frees the writer; NULL is a no-op. Every event is already in the file.
+ * Returns 0 or the negative errno of close(2).
+ */
+int ddp_summary_close(ddp_summary *s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "mlp.h"
+#include "monoclock.h"
 #include "trainer.h"
 
 /* The first failure train_err() printed: the message of the error record main() leaves at exit. */
@@ -67,7 +68,7 @@ static int leave(int status)
 int main(int argc, char **argv)
 {
     (void)mlp_blas_select(argv); /* OpenBLAS's fast kernels where it does not know the CPU */
-    trainer t = {0};
+    trainer t = {.t_start = mono_now_s()};
     int status = parse_args(argc, argv, &t.a);
     if (status != 0) {
         free(t.a.model_cfg);
@@ -78,7 +79,8 @@ int main(int argc, char **argv)
     test_kill_read(&t);
     if ((status = connect_job(&t)) != 0)
         goto out;
-    if (t.rank == 0 && t.a.metrics && !(t.metrics = fopen(t.a.metrics, "w"))) {
+    /* Appended to: a restarted or resumed run keeps the records before it (report_open()). */
+    if (t.rank == 0 && t.a.metrics && !(t.metrics = fopen(t.a.metrics, "a"))) {
         train_err("%s: cannot create: %s", t.a.metrics, strerror(errno));
         status = EXIT_USAGE;
         goto out;
@@ -88,7 +90,7 @@ int main(int argc, char **argv)
         goto out;
     if (t.rank == 0)
         report_start(&t);
-    if ((status = restore(&t)) != 0)
+    if ((status = restore(&t)) != 0 || (t.rank == 0 && (status = report_open(&t)) != 0))
         goto out;
     if (t.a.dump_init &&
         (status = dump_params(&t, t.a.dump_init,

@@ -155,6 +155,17 @@ extern "C" int mlp_cuda_device_uuid(int device, uint8_t uuid[16])
     return 0;
 }
 
+extern "C" int mlp_cuda_memory_used(int device, size_t *used)
+{
+    if (device < 0 || !used)
+        return fail(-EINVAL, "device %d: bad argument", device);
+    size_t free_bytes, total;
+    CK(cudaSetDevice(device));
+    CK(cudaMemGetInfo(&free_bytes, &total));
+    *used = total - free_bytes;
+    return 0;
+}
+
 extern "C" void mlp_cuda_close(void *stream)
 {
     if (!stream)

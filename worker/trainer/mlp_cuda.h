@@ -66,6 +66,12 @@ int mlp_cuda_open(int device, void **stream, char *name, size_t cap);
  */
 int mlp_cuda_device_uuid(int device, uint8_t uuid[16]);
 
+/*
+ * Writes the bytes in use on `device` by every process (cudaMemGetInfo(): total minus free)
+ * into *used. Returns 0, -EINVAL, -ENOTSUP (no CUDA in the build) or COLL_ECUDA.
+ */
+int mlp_cuda_memory_used(int device, size_t *used);
+
 /* Waits for the stream and destroys it. NULL is a no-op. */
 void mlp_cuda_close(void *stream);
 

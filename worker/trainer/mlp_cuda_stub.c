@@ -36,6 +36,12 @@ int mlp_cuda_device_uuid(int device, uint8_t uuid[16])
     return -ENOTSUP;
 }
 
+int mlp_cuda_memory_used(int device, size_t *used)
+{
+    (void)device, (void)used;
+    return -ENOTSUP;
+}
+
 void mlp_cuda_close(void *stream)
 {
     (void)stream;

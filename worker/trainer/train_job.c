@@ -112,6 +112,7 @@ int connect_job(trainer *t)
     }
     t->rank = job.env.rank;
     t->world = job.env.world_size;
+    t->attempt = job.env.restart_count;
     t->store = job.store; /* trainer_free() releases both */
     t->own_store = job.server;
     char prefix[sizeof job.prefix + 8];
@@ -216,5 +217,6 @@ void trainer_free(trainer *t)
     free(t->dump.lr);
     if (t->metrics)
         fclose(t->metrics);
+    (void)ddp_summary_close(t->tb); /* every event is in the file already */
     mlp_cuda_close(t->stream);
 }

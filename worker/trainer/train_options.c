@@ -62,6 +62,7 @@ enum {
     OPT_MAX_STEPS,
     OPT_LOG_EVERY,
     OPT_METRICS,
+    OPT_TENSORBOARD,
     OPT_DUMP_INIT,
     OPT_DUMP_BATCHES,
     OPT_DUMP_FINAL,
@@ -214,8 +215,17 @@ static const cli_option opt_table[] = {
      "FILE",
      NULL,
      0,
-     "Write JSON Lines to FILE: a record per report and one per epoch with the test loss and "
-     "accuracy."},
+     "Append JSON Lines to FILE: a record per report and one per epoch with the test loss and "
+     "accuracy, each with its time, elapsed time, attempt and world size. A restarted or resumed "
+     "run adds to the file; a run from scratch empties it first."},
+    {OPT_TENSORBOARD,
+     {"--tensorboard"},
+     "DIR",
+     NULL,
+     0,
+     "Write TensorBoard scalars (loss, learning rate, gradient norm, samples/s, test loss and "
+     "accuracy, memory) to a new event file in DIR (created if absent) for `tensorboard "
+     "--logdir`."},
     {OPT_DUMP_INIT,
      {"--dump-init"},
      "FILE",
@@ -555,6 +565,9 @@ int parse_args(int argc, char **argv, train_args *a)
             break;
         case OPT_METRICS:
             a->metrics = optarg;
+            break;
+        case OPT_TENSORBOARD:
+            a->tensorboard = optarg;
             break;
         case OPT_DUMP_INIT:
             a->dump_init = optarg;

@@ -1,20 +1,31 @@
 /*
  * train_report.c: what ddp-train tells. Rank 0's lines on stderr (the run's first line, a
  * progress bar on a terminal or a line per report, the evaluations, the summary), its JSON
- * Lines metrics (--metrics), and the safetensors dumps of the parameters (--dump-init,
- * --dump-final, every rank taking part) and of the batches (--dump-batches).
+ * Lines metrics (--metrics) and TensorBoard scalars (--tensorboard, through libddp's
+ * ddp_summary writer), and the safetensors dumps of the parameters (--dump-init, --dump-final,
+ * every rank taking part) and of the batches (--dump-batches).
+ *
+ * Every record goes through record(): the JSON record gets the fields every record has (time,
+ * elapsed, attempt, world) and its numbers named in tb_tags[] become TensorBoard scalars at
+ * the record's step, so the two always carry the same values. Records last across restarts:
+ * the metrics file is appended to, and each attempt writes an event file of its own.
  *
  * Not here: what is measured (train_loop.c).
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
 #include "mlp.h"
+#include "mlp_cuda.h"
+#include "monoclock.h"
 #include "safetensors.h"
 #include "trainer.h"
 
@@ -122,18 +133,102 @@ int dump_batches(trainer *t)
     return write_safetensors(t->a.dump_batches, ts, 4, meta);
 }
 
-/* One JSON Lines record (jansson), flushed so that a reader can follow the run. */
-static void metrics_write(trainer *t, json_t *rec)
+/*
+ * The TensorBoard scalars: a record's number under `key` goes to tag `tag`, times `scale`.
+ * ddp-train(1), TENSORBOARD, lists them; tests/trainer/tensorboard.sh reads them back.
+ */
+static const struct {
+    const char *key, *tag;
+    double scale;
+} tb_tags[] = {
+    {"loss", "train/loss", 1},
+    {"lr", "train/lr", 1},
+    {"grad_norm", "train/grad_norm", 1},
+    {"samples_per_s", "train/samples_per_s", 1},
+    {"test_loss", "test/loss", 1},
+    {"test_accuracy", "test/accuracy", 1},
+    {"rss_bytes", "memory/host_rss_mib", 1.0 / 1048576},
+    {"gpu_used_bytes", "memory/gpu_used_mib", 1.0 / 1048576},
+};
+
+/*
+ * Rank 0's record `rec` (owned: released here) of step `step` (< 0: a record TensorBoard does
+ * not get, such as the start and the summary): one JSON Lines record, flushed so that a reader
+ * can follow the run, led by the fields every record has; and its numbers as TensorBoard
+ * scalars. A failed TensorBoard write is said once and does not stop training.
+ */
+static void record(trainer *t, int64_t step, json_t *rec)
 {
-    if (t->metrics && rec) {
-        char *s = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    json_t *full =
+        json_pack("{s:f, s:f, s:i, s:i}", "time", (double)now.tv_sec + (double)now.tv_nsec / 1e9,
+                  "elapsed", mono_now_s() - t->t_start, "attempt", t->attempt, "world", t->world);
+    if (t->metrics && full && rec && json_object_update(full, rec) == 0) {
+        /* 15 digits: the time to 10 microseconds */
+        char *s = json_dumps(full, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
         if (s) {
             fprintf(t->metrics, "%s\n", s);
             fflush(t->metrics);
             free(s);
         }
     }
+    static int tb_failed;
+    for (size_t i = 0; t->tb && rec && step >= 0 && i < sizeof tb_tags / sizeof tb_tags[0]; i++) {
+        json_t *v = json_object_get(rec, tb_tags[i].key);
+        if (!json_is_number(v))
+            continue;
+        int rc = ddp_summary_scalar(t->tb, tb_tags[i].tag, step,
+                                    json_number_value(v) * tb_tags[i].scale);
+        if (rc < 0 && !tb_failed++)
+            warn("--tensorboard: writing %s: %s (later scalars may be missing)",
+                 ddp_summary_path(t->tb), strerror(-rc));
+    }
+    json_decref(full);
     json_decref(rec);
+}
+
+/* A record's number: null when it is not finite (a diverged loss, a skipped step's norm), which
+ * JSON cannot write; TensorBoard gets no scalar for it. */
+static json_t *number(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+/* Rank 0's resident set (/proc/self/statm), or -1 where it cannot be read. */
+static int64_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = -1;
+    if (f) {
+        if (fscanf(f, "%*s %ld", &pages) != 1)
+            pages = -1;
+        fclose(f);
+    }
+    return pages < 0 ? -1 : (int64_t)pages * sysconf(_SC_PAGESIZE);
+}
+
+int report_open(trainer *t)
+{
+    const char *how = t->start_step ? "resumed" : t->attempt ? "restarted" : "fresh";
+    /* A run from scratch replaces the file's records; a later attempt, or a resumed run, adds. */
+    if (t->metrics && !t->start_step && !t->attempt && ftruncate(fileno(t->metrics), 0) < 0) {
+        train_err("--metrics %s: cannot empty it: %s", t->a.metrics, strerror(errno));
+        return EXIT_USAGE;
+    }
+    if (t->a.tensorboard) {
+        /* Its first record is of step start_step + 1: TensorBoard drops what earlier files in
+         * DIR hold from there on (a dead attempt's steps past the checkpoint, or a whole
+         * earlier run). */
+        int rc = ddp_summary_open(t->a.tensorboard, t->start_step + 1, &t->tb);
+        if (rc < 0) {
+            train_err("--tensorboard %s: cannot write an event file there: %s", t->a.tensorboard,
+                      strerror(-rc));
+            return EXIT_USAGE;
+        }
+    }
+    record(t, -1, json_pack("{s:s, s:I}", "start", how, "step", (json_int_t)t->start_step));
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -173,17 +268,25 @@ void report_step(trainer *t, int64_t step, int epoch, double loss, float lr, dou
                 "| %.0f samples/s | ETA %s\n",
                 step, t->total_steps, epoch + 1, loss, (double)lr, grad_norm, samples_per_s, eta);
     }
-    metrics_write(t, json_pack("{s:I, s:i, s:f, s:f, s:f, s:f}", "step", (json_int_t)step, "epoch",
-                               epoch + 1, "loss", loss, "lr", (double)lr, "grad_norm", grad_norm,
-                               "samples_per_s", samples_per_s));
+    json_t *rec = json_pack("{s:I, s:i, s:o, s:f, s:o, s:o}", "step", (json_int_t)step, "epoch",
+                            epoch + 1, "loss", number(loss), "lr", (double)lr, "grad_norm",
+                            number(grad_norm), "samples_per_s", number(samples_per_s));
+    int64_t rss = rss_bytes();
+    size_t gpu;
+    if (rec && rss >= 0)
+        json_object_set_new(rec, "rss_bytes", json_integer(rss));
+    if (rec && t->device >= 0 && mlp_cuda_memory_used(t->device, &gpu) == 0)
+        json_object_set_new(rec, "gpu_used_bytes", json_integer((json_int_t)gpu));
+    record(t, step, rec);
 }
 
 void report_epoch(trainer *t, int64_t step, int epoch, double test_loss, double acc)
 {
     fprintf(stderr, "%sepoch %d/%d (step %" PRId64 "): test loss %.4f, test accuracy %.2f%%\n",
             t->tty ? "\r\033[K" : "", epoch + 1, t->epochs, step, test_loss, 100 * acc);
-    metrics_write(t, json_pack("{s:I, s:i, s:f, s:f}", "step", (json_int_t)step, "epoch", epoch + 1,
-                               "test_loss", test_loss, "test_accuracy", acc));
+    record(t, step,
+           json_pack("{s:I, s:i, s:o, s:f}", "step", (json_int_t)step, "epoch", epoch + 1,
+                     "test_loss", number(test_loss), "test_accuracy", acc));
 }
 
 /* Rank 0, --dump-batches: keeps step `step`'s global batch and learning rate. */
@@ -216,8 +319,8 @@ void summary(trainer *t, double acc, double train_s)
             100 * acc, t->total_steps, train_s, samples / train_s, mem.model_state_bytes * mib,
             mem.param_bytes * mib, mem.grad_bytes * mib, mem.optimizer_bytes * mib,
             mem.pool_bytes * mib);
-    metrics_write(
-        t, json_pack("{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary",
+    record(t, -1,
+           json_pack("{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary",
                      "done", "world", t->world, "zero", t->a.zero, "test_accuracy", acc, "steps",
                      (json_int_t)t->total_steps, "train_seconds", train_s, "samples_per_s",
                      samples / train_s, "memory", "param_bytes", (json_int_t)mem.param_bytes,

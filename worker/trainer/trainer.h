@@ -63,6 +63,8 @@ typedef struct train_args {
     int keep;
     const model_ops *model; /* --model */
     void *model_cfg;        /* its options (model->config_size bytes, owned) */
+    /* --tensorboard DIR */
+    const char *tensorboard;
 } train_args;
 
 struct trainer {
@@ -121,6 +123,12 @@ struct trainer {
         int64_t steps;
     } dump;
     int last_save_failed; /* the run's last checkpoint failed: EXIT_CKPT once it is done */
+
+    /* Rank 0's records (train_report.c): --tensorboard's writer, the attempt
+     * (TORCHELASTIC_RESTART_COUNT) and this process's start on the monotonic clock. */
+    ddp_summary *tb;
+    int attempt;
+    double t_start;
 };
 typedef struct trainer trainer;
 
@@ -195,6 +203,11 @@ int restore(trainer *t);
 
 /* Rank 0's first line: the job, the model, the optimizer, the batch and the device. */
 void report_start(trainer *t);
+/* Rank 0, after restore(): starts this attempt's records. --metrics' file (opened for appending)
+ * is emptied when the run starts afresh (first attempt, nothing resumed) and kept otherwise;
+ * --tensorboard's event file is created; a start record is written. Returns 0 or EXIT_USAGE
+ * (printed). */
+int report_open(trainer *t);
 /* Rank 0's report of a training interval, and of an evaluation. */
 void report_step(trainer *t, int64_t step, int epoch, double loss, float lr, double grad_norm,
                  double samples_per_s, double eta_s);
