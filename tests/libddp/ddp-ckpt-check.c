@@ -51,6 +51,7 @@
  * Prints "ddp-ckpt-check: rank R/W SCENARIO: PASS" or FAIL lines; exit status 0 when every check
  * passed, 1 when one failed, 2 on a setup error.
  */
+#include "bf16conv.h"
 #include "ddp.h"
 
 #include <errno.h>
@@ -712,14 +713,6 @@ static void expect_get(ddp_model *m, int root, void *dst, size_t nbytes, unsigne
           want);
 }
 
-/* x rounded to bf16, to nearest even (x finite). */
-static uint16_t bf16_of(float x)
-{
-    uint32_t b;
-    memcpy(&b, &x, sizeof b);
-    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
 /* The largest |a - b| over n floats. */
 static double max_diff(const float *a, const float *b, size_t n)
 {
@@ -803,7 +796,7 @@ static void scen_params(const char *dir)
             for (int p = 0; p < ddp_num_params(m); at += ddp_param_count(m, p++)) {
                 const uint16_t *x = ddp_param_data(m, p);
                 for (size_t i = 0; i < ddp_param_count(m, p); i++)
-                    bad += !x || x[i] != bf16_of(all[at + i]);
+                    bad += !x || x[i] != bf16_from_f32(all[at + i]);
             }
             CHECK(bad == 0, "%s: %zu compute values are not the copy's, rounded", cfg[c].name, bad);
         } else if (dump_params(m, dump) == 0 && rank == 0) {
