@@ -827,11 +827,10 @@ static void scen_params(const char *dir)
 
         /* Refused on every rank alike; nothing issued that the others do not match. */
         int last = world - 1;
+        char culprit[64];
+        snprintf(culprit, sizeof culprit, "rank %d passed a bad argument", last);
         expect_get(m, DDP_ALL_RANKS, all, rank == last ? pb : sb, DDP_GET_OPTIMIZER,
-                   "a buffer too small on the last rank",
-                   rank == last ? "bytes"
-                   : world > 1  ? "bad argument"
-                                : "bytes");
+                   "a buffer too small on the last rank", rank == last ? "bytes" : culprit);
         expect_get(m, world, all, sb, 0, "root out of range", "not a rank");
         expect_get(m, DDP_ALL_RANKS, all, sb, 0x80, "an unknown flag", "flags");
         if (world > 1)

@@ -420,10 +420,12 @@ size_t ddp_model_params_bytes(const ddp_model *m, unsigned flags);
  * work (the last step's optimizer).
  * Returns 0; -EINVAL on every rank alike when any rank passed a bad argument (root neither a
  * rank nor DDP_ALL_RANKS; an unknown flag; a receiving rank's dst NULL or nbytes too small) or
- * the ranks passed different roots or flags (one small exchange checks it; ddp_last_error()
- * names the rank), nothing copied; -EINVAL also for a model not committed or inside a
- * micro-step (no exchange); -ENOMEM; or a collective's or the device's failure (the model is
- * broken, as after ddp_step()). Every rank, with the same root and flags, outside micro-steps.
+ * the ranks passed different roots or flags (one small allreduce checks it first;
+ * ddp_last_error() says what is wrong on this rank, or names the first rank at fault), nothing
+ * copied, the model usable; -EINVAL also for a model not committed or inside a micro-step (no
+ * exchange); -ENOMEM on a rank that cannot allocate what the copy needs (the others: -EINVAL
+ * naming it); or a collective's or the device's failure (the model is broken, as after
+ * ddp_step()). Every rank, with the same root and flags, outside micro-steps.
  */
 int ddp_model_get_params(ddp_model *m, int root, void *dst, size_t nbytes, unsigned flags);
 

@@ -181,33 +181,34 @@ static const float *owned_part(const ddp_model *m, int s, int g, const float **w
 }
 
 /*
- * The arguments every rank must agree on (root, flags) and whether this rank's are good: one
- * small allgather, so that every rank returns the same code instead of some ranks waiting in a
- * gather that the others never issue. Returns 0 or -EINVAL (m's error says what is wrong with
- * this rank's arguments, else names the first rank at fault), or the exchange's failure.
+ * The arguments every rank must agree on (root, flags), and whether this rank can take part
+ * (its arguments good, its buffers allocated): one small allreduce, so that every rank returns
+ * the same code rather than some waiting in a gather that the others never issue. `bad`: why
+ * this rank cannot (NULL: it can). Returns 0, or -EINVAL (m's error says what is wrong with
+ * this rank's, or names the first rank at fault, or says that the ranks differ), or the
+ * exchange's failure.
  */
 static int agree(ddp_model *m, int root, unsigned flags, const char *bad)
 {
-    int64_t mine[3] = {root, (int64_t)flags, bad != NULL},
-            *all = calloc((size_t)m->world * 3, sizeof *all);
-    if (!all)
-        return ddp__fail(m, -ENOMEM, "ddp_model_get_params: out of memory");
-    int rc = ddp__host_coll(m, DDP__HOST_ALLGATHER, mine, all, 3, COLL_I64, COLL_SUM,
+    /* Maxima: root and -root (equal on every rank exactly when max(-root) == -max(root)),
+     * likewise flags, and world - rank for a rank that cannot take part (the first such rank). */
+    int64_t x[5] = {root, -(int64_t)root, flags, -(int64_t)flags, bad ? m->world - m->rank : 0};
+    int rc = ddp__host_coll(m, DDP__HOST_ALLREDUCE, x, x, 5, COLL_I64, COLL_MAX,
                             "ddp_model_get_params: exchanging the arguments");
-    if (rc == 0 && bad)
-        rc = ddp__fail(m, -EINVAL, "ddp_model_get_params: %s", bad);
-    for (int r = 0; rc == 0 && r < m->world; r++) {
-        const int64_t *o = all + 3 * r;
-        if (o[2])
-            rc = ddp__fail(m, -EINVAL, "ddp_model_get_params: rank %d passed a bad argument", r);
-        else if (o[0] != all[0] || o[1] != all[1])
-            rc = ddp__fail(m, -EINVAL,
-                           "ddp_model_get_params: the ranks differ: rank %d passed root %" PRId64
-                           ", flags %#" PRIx64 "; rank 0 root %" PRId64 ", flags %#" PRIx64,
-                           r, o[0], o[1], all[0], all[1]);
-    }
-    free(all);
-    return rc;
+    if (rc < 0)
+        return rc;
+    if (bad)
+        return ddp__fail(m, -EINVAL, "ddp_model_get_params: %s", bad);
+    if (x[4])
+        return ddp__fail(m, -EINVAL,
+                         "ddp_model_get_params: rank %" PRId64
+                         " passed a bad argument or could not allocate",
+                         m->world - x[4]);
+    if (x[0] != -x[1] || x[2] != -x[3])
+        return ddp__fail(m, -EINVAL,
+                         "ddp_model_get_params: the ranks passed different roots "
+                         "or flags (every rank passes the same)");
+    return 0;
 }
 
 int ddp_model_get_params(ddp_model *m, int root, void *dst, size_t nbytes, unsigned flags)
@@ -217,8 +218,11 @@ int ddp_model_get_params(ddp_model *m, int root, void *dst, size_t nbytes, unsig
         return rc;
     if (m->in_micro)
         return ddp__fail(m, -EINVAL, "ddp_model_get_params: inside a micro-step");
+    const ddp__plan *pl = &m->plan;
+    const ddp__ops *ops = m->ops;
     bool receive = root == DDP_ALL_RANKS || root == m->rank;
-    size_t need = ddp_model_params_bytes(m, flags);
+    size_t need = ddp_model_params_bytes(m, flags), f = sizeof(float);
+    int stage = m->o.zero_stage, narrays = 1 + (flags & DDP_GET_OPTIMIZER ? m->nopt : 0);
     char why[160];
     const char *bad = NULL;
     if (root < DDP_ALL_RANKS || root >= m->world) {
@@ -232,29 +236,26 @@ int ddp_model_get_params(ddp_model *m, int root, void *dst, size_t nbytes, unsig
         snprintf(why, sizeof why, "the buffer holds %zu bytes, %zu needed", dst ? nbytes : 0, need);
         bad = why;
     }
-    if ((rc = agree(m, root, flags, bad)) < 0)
-        return rc;
-
-    const ddp__plan *pl = &m->plan;
-    const ddp__ops *ops = m->ops;
-    size_t f = sizeof(float), total = param_elems(m);
-    int stage = m->o.zero_stage, narrays = 1 + (flags & DDP_GET_OPTIMIZER ? m->nopt : 0);
-    float *gathered = NULL, *host = NULL; /* a group: model memory, and its host copy */
-    size_t *packed = malloc((size_t)m->nparams * sizeof *packed); /* each parameter's place */
-    if (!packed)
-        return ddp__fail(m, -ENOMEM, "ddp_model_get_params: out of memory");
-    size_t at = 0;
-    for (int p = 0; p < m->nparams; at += m->params[p++].count)
-        packed[p] = at;
-    if (stage > 0 && (rc = ops->alloc(&m->dev, pl->max_padded * f, (void **)&gathered)) < 0) {
-        rc = rc == -ENOMEM ? ddp__fail(m, rc, "ddp_model_get_params: out of memory")
-                           : ddp__dev_check(m, rc, "ddp_model_get_params: allocating");
+    /* What the copy needs, allocated before the exchange, so that a rank without it says so
+     * there: each parameter's place in dst; a group gathered (model memory) and its host copy
+     * (device models). */
+    size_t *packed = malloc((size_t)m->nparams * sizeof *packed), total = 0;
+    float *gathered = NULL, *host = NULL;
+    int arc = 0;
+    if (stage > 0)
+        arc = ops->alloc(&m->dev, pl->max_padded * f, (void **)&gathered);
+    if (!packed || arc == -ENOMEM || (ops->is_device && !(host = malloc(pl->max_padded * f))))
+        arc = -ENOMEM;
+    if (arc < 0 && !bad)
+        bad = arc == -ENOMEM ? "out of memory" : "allocating device memory failed";
+    rc = agree(m, root, flags, bad);
+    if (arc < 0) /* this rank's own failure rather than -EINVAL */
+        rc = arc == -ENOMEM ? ddp__fail(m, arc, "ddp_model_get_params: out of memory")
+                            : ddp__dev_check(m, arc, "ddp_model_get_params: allocating");
+    if (rc < 0)
         goto out;
-    }
-    if (ops->is_device && !(host = malloc(pl->max_padded * f))) {
-        rc = ddp__fail(m, -ENOMEM, "ddp_model_get_params: out of memory");
-        goto out;
-    }
+    for (int p = 0; p < m->nparams; total += m->params[p++].count)
+        packed[p] = total;
     for (int s = 0; s < narrays; s++) {
         float *out = receive ? (float *)dst + (size_t)s * total : NULL;
         for (int g = 0; g < pl->ngroups; g++) {
