@@ -15,23 +15,12 @@ DDPRUN=${1:?usage}; CHECK=${2:?usage}; CKPT=${3:?usage}
 . "$(dirname "$0")/lib.sh"
 need_python
 
-check() { # SCENARIO WORLD DIR
-    local scen=$1 n=$2 out
-    mkdir -p "$3"
-    out=$(timeout 120 "$DDPRUN" --standalone --nproc-per-node "$n" "$CHECK" "$scen" "$3" 2>&1)
-    if [[ $(grep -c "ddp-ckpt-check: rank [0-9]*/$n $scen: PASS" <<<"$out") -ne $n ]]; then
-        fail "ddp-ckpt-check $scen on $n ranks"
-        sed 's/^/    /' <<<"$out" >&2
-    fi
-    grep -E "^\[0\]:ddp-ckpt-check: (grads|params) " <<<"$out" | sed 's/^\[0\]:/  /'
-}
-
 # 1.
-for n in 2 3; do check grads "$n" "$tmp/grads$n"; done
+for n in 2 3; do ckpt_check grads "$n" "$tmp/grads$n"; done
 
 # 2.
 for n in 1 2 3; do
-    check params "$n" "$tmp/w$n"
+    ckpt_check params "$n" "$tmp/w$n"
     for state in "$tmp/w$n"/*.state; do
         [[ -e $state ]] || { fail "world $n: no copies written"; break; }
         ck=${state%.state}
