@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # ddp_model_get_params() and the gradients' semantics that libddp(3), SEMANTICS, states, end to
 # end: ddp-ckpt-check under ddprun (tests/libddp/ddp-ckpt-check.c says what each scenario checks).
-#  1. grads, worlds 2 and 3, every stage: gradients averaged over ranks and summed over
+#  1. grads, worlds 2-4, every stage: gradients averaged over ranks and summed over
 #     micro-steps, a second ddp_grad_buffer() in a micro-step is the same buffer and keeps what
 #     was added, a micro-step after a synchronising one is refused;
-#  2. params, worlds 1-3, stages 0-3 (and stage 2 at bf16), AdamW: the full parameters and
+#  2. params, worlds 1-4, stages 0-3 (and stage 2 at bf16), AdamW: the full parameters and
 #     optimizer state, to every rank and to each root, identical on every rank, equal to the
 #     units' gathered parameters, to stage 0's (printed: the largest difference); then each
 #     checkpoint of that state, exported by `ddp-ckpt export --optimizer`, holds exactly rank 0's
@@ -16,10 +16,10 @@ DDPRUN=${1:?usage}; CHECK=${2:?usage}; CKPT=${3:?usage}
 need_python
 
 # 1.
-for n in 2 3; do ckpt_check grads "$n" "$tmp/grads$n"; done
+for n in 2 3 4; do ckpt_check grads "$n" "$tmp/grads$n"; done
 
 # 2.
-for n in 1 2 3; do
+for n in 1 2 3 4; do
     ckpt_check params "$n" "$tmp/w$n"
     for state in "$tmp/w$n"/*.state; do
         [[ -e $state ]] || { fail "world $n: no copies written"; break; }
