@@ -23,7 +23,8 @@
  *                 ddp_unit_release(m, u);
  *       ddp_micro_end(m);
  *     ddp_step(m, lr, &info);
- *     ddp_model_free(m) at the end.
+ *   after training: ddp_model_get_params(m, 0, buf, ddp_model_params_bytes(m, 0), 0) (the whole
+ *     model to rank 0, at any stage); ddp_model_free(m) at the end.
  *
  * Gradients: the step uses, for each parameter, the mean over ranks of each rank's sum over the
  * step's micro-steps of what backward added into ddp_grad_buffer() (PyTorch DDP's: averaged over
