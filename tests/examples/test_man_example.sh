@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The program under EXAMPLE in a section 3 man page compiles as printed and runs under ddprun.
-# Usage: test_man_example.sh [--pkg-config DIR] PAGE DDPRUN CC BUILD_ROOT SOURCE_ROOT ARGS...
+# The program under EXAMPLE in a section 3 man page compiles as printed and runs under ddprun
+# (and, with --alone, also by itself, as a job of one, none of the torchrun variables set).
+# Usage: test_man_example.sh [--alone] [--pkg-config DIR] PAGE DDPRUN CC BUILD_ROOT SOURCE_ROOT
+#        ARGS...
 # With --pkg-config, the flags come from `pkg-config --cflags --libs` of the page's library (the
 # page's name: libddp.3 is libddp), as the page's build line has it, with PKG_CONFIG_PATH=DIR: the
 # build's meson-uninstalled/, whose NAME-uninstalled.pc files pkg-config prefers, so the test
@@ -8,7 +10,11 @@
 # give a program that finds the build tree's libraries at run time (LD_LIBRARY_PATH unset).
 # Exit 77 (skipped) without pkg-config.
 set -euo pipefail
-pcdir=
+pcdir= alone=
+if [[ ${1:-} == --alone ]]; then
+    alone=1
+    shift
+fi
 if [[ ${1:-} == --pkg-config ]]; then
     pcdir=$2
     shift 2
@@ -35,4 +41,9 @@ fi
 # shellcheck disable=SC2086 # flags and EXAMPLE_CFLAGS are lists of words
 $cc -std=c11 -Wall -Wextra -Werror ${EXAMPLE_CFLAGS:-} "$tmp/example.c" -o "$tmp/example" $flags
 timeout 60 "$ddprun" --standalone --nproc-per-node 2 "$tmp/example" "$@"
+if [[ -n $alone ]]; then
+    echo "alone: $tmp/example $*"
+    env -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT -u LOCAL_RANK -u LOCAL_WORLD_SIZE \
+        timeout 60 "$tmp/example" "$@"
+fi
 echo PASS

@@ -22,12 +22,15 @@
  *   equiv    a linear least-squares model of four units (sizes that pad unevenly), each rank
  *            the gradient of its slice of a global batch, in 1 or 4 micro-steps: stages 0-3,
  *            SGD (momentum, Nesterov, weight decay), AdamW and Lion, with clipping, against a
- * serial double-precision reference over the whole batch that every rank computes bf16     the same
- * model at precision bf16 and/or reduce_dtype bf16, stages 0-3, every optimizer: after every step
- * the compute copy is the masters rounded to nearest even (each rank's owned part; stages 1-2 also
- * every rank's whole copy, against the gathered masters), the result is within a stated tolerance
- * of the reference, and a checkpoint of a bf16 model loads into a fresh one with its compute copy
- *            refreshed (libddp's internals, ddp_internal.h, give the masters)
+ *            serial double-precision reference over the whole batch that every rank computes;
+ *            ddp_model_get_params() gives every rank the parameters the units give
+ *   bf16     the same model at precision bf16 and/or reduce_dtype bf16, stages 0-3, every
+ *            optimizer: after every step the compute copy is the masters rounded to nearest
+ *            even (each rank's owned part; stages 1-2 also every rank's whole copy, against the
+ *            gathered masters), the result is within a stated tolerance of the reference, and a
+ *            checkpoint of a bf16 model loads into a fresh one with its compute copy refreshed
+ *            (libddp's internals, ddp_internal.h, give the masters); ddp_model_get_params()
+ *            gives the masters, which the compute copy rounds
  *   equiv-device  equiv and bf16 with the model on a GPU (opts.device = LOCAL_RANK modulo the
  *            devices visible, opts.stream a stream of the test's): the cpu backend on device
  *            buffers, so several ranks may share a GPU; the parameters are copied to the host
@@ -687,6 +690,28 @@ static void eq_options(const eq_cfg *c, ddp_options *out)
     *out = o;
 }
 
+/*
+ * ddp_model_get_params() (into host memory, whatever the model's device) gives every rank the
+ * parameters the units gave, `theta`, in registration order: the same values at f32, the
+ * masters that the compute copy rounds at bf16. Returns 0 or -1.
+ */
+static int eq_check_full(ddp_model *m, const double *theta)
+{
+    size_t nbytes = ddp_model_params_bytes(m, DDP_GET_OPTIMIZER), bad = 0;
+    float *full = malloc(nbytes);
+    int rc = full ? ddp_model_get_params(m, DDP_ALL_RANKS, full, nbytes, DDP_GET_OPTIMIZER) : -1;
+    CHECK(rc == 0, "ddp_model_get_params: %d: %s", rc, ddp_last_error(m));
+    for (size_t j = 0; rc == 0 && j < eq_base[EQ_NP]; j++) {
+        float want =
+            ddp_param_dtype(m) == COLL_BF16 ? bf16_to_f32(bf16_from_f32(full[j])) : full[j];
+        bad += want != (float)theta[j];
+    }
+    CHECK(bad == 0, "ddp_model_get_params: %zu of %zu values are not the units'", bad,
+          eq_base[EQ_NP]);
+    free(full);
+    return rc == 0 && bad == 0 ? 0 : -1;
+}
+
 /* One training run through libddp's loop; theta and the norms come back on every rank. */
 static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *norms, int *nclip)
 {
@@ -785,6 +810,8 @@ static int eq_train(coll_comm *comm, const eq_cfg *c, double *theta, double *nor
         if (rc >= 0)
             rc = ddp_unit_release(m, u);
     }
+    if (rc >= 0)
+        rc = eq_check_full(m, theta);
     if (rc >= 0 && eq_after_train)
         eq_after_train(m, c);
     if (rc < 0)

@@ -1,6 +1,7 @@
 /*
- * ddp-ckpt-check: libddp's checkpoints with a real communicator, run under ddprun (see
- * tests/libddp/run_ckpt.sh). One scenario per run, every file under DIR:
+ * ddp-ckpt-check: libddp's checkpoints and the full state with a real communicator, run under
+ * ddprun (see tests/libddp/run_ckpt.sh and run_params.sh). One scenario per run, every file
+ * under DIR:
  *
  *   resume DIR     every stage, every optimizer (SGD with momentum, AdamW, Lion): 2K steps in one
  * go against K steps, a save, a new model that loads it, K more steps: the two final checkpoints'
@@ -35,10 +36,22 @@
  *                  naming the file; then a good load still works; a load given the save's
  *                  flag (DDP_CKPT_SYNC) and a save given the load's (DDP_CKPT_PARAMS_ONLY)
  *                  are refused with -EINVAL
+ *   params DIR     ddp_model_get_params() at every stage (and stage 2 at bf16), AdamW, after 3
+ *                  steps: to every rank and to each root, with and without the optimizer state,
+ *                  the same copy on every rank, equal to the units' parameters (at bf16: the
+ *                  compute copy is it rounded) and, stages 1-3, to stage 0's; bad arguments on one
+ *                  rank and ranks that disagree refused on every rank alike; then a step, a
+ *                  save to DIR/NAME and rank 0's copy in DIR/NAME.state (run_params.sh exports
+ *                  the checkpoint with ddp-ckpt and compares)
+ *   grads DIR      the gradients' semantics of libddp(3), SEMANTICS, at every stage: averaged
+ *                  over ranks, summed over micro-steps, a second ddp_grad_buffer() the same
+ *                  buffer keeping the sum, a micro-step after a synchronising one refused, the
+ *                  caller's own collectives between the model's calls (DIR unused)
  *
  * Prints "ddp-ckpt-check: rank R/W SCENARIO: PASS" or FAIL lines; exit status 0 when every check
  * passed, 1 when one failed, 2 on a setup error.
  */
+#include "bf16conv.h"
 #include "ddp.h"
 
 #include <errno.h>
@@ -85,19 +98,30 @@ static int init_fn(void *arg, int param, const char *name, void *data, size_t co
     return 0;
 }
 
+/* The precision build() gives its models (the params scenario changes it). */
+static ddp_precision build_precision = DDP_PREC_F32;
+static ddp_model *build_with(const ddp_options *o, const shape *sh, int init);
+
 static ddp_model *build(int stage, ddp_optimizer opt, const shape *sh, int init)
 {
     ddp_options o;
     ddp_options_init(&o);
     o.zero_stage = stage;
+    o.precision = build_precision;
     o.first_bucket_bytes = 256;
     o.bucket_bytes = 1024; /* several buckets at stages 0-2 */
     if (ddp_options_set_optimizer(&o, opt) < 0)
         return NULL;
     o.momentum = opt == DDP_SGD ? 0.9f : 0;
     o.weight_decay = 0.01f;
+    return build_with(&o, sh, init);
+}
+
+/* A model of these options and shape, committed (initial values from init_fn, or zeros). */
+static ddp_model *build_with(const ddp_options *o, const shape *sh, int init)
+{
     ddp_model *m = NULL;
-    if (ddp_model_create(comm, &o, &m) < 0)
+    if (ddp_model_create(comm, o, &m) < 0)
         return NULL;
     for (int l = 0; l < sh->nlayers; l++) {
         char name[16];
@@ -318,12 +342,13 @@ static void log_fn(void *arg, int level, const char *msg)
 }
 
 /*
- * A step whose optimizer comes as soon as possible: zero gradients (the buffers as handed out),
- * no compute. AdamW's weight decay and moment decay still change every state array.
+ * The rest of a step whose micro-step (sync true) has begun: zero gradients (the buffers as
+ * handed out), no compute, then the step. AdamW's weight decay and moment decay still change
+ * every state array.
  */
-static int step_now(ddp_model *m)
+static int finish_step(ddp_model *m)
 {
-    int rc = ddp_micro_begin(m, 1);
+    int rc = 0;
     for (int u = ddp_num_units(m) - 1; rc == 0 && u >= 0; u--) {
         rc = ddp_unit_gather(m, u);
         for (int p = 2 * u + 1; rc == 0 && p >= 2 * u; p--) {
@@ -337,6 +362,13 @@ static int step_now(ddp_model *m)
     if (rc == 0)
         rc = ddp_micro_end(m);
     return rc == 0 ? ddp_step(m, 0.1f, NULL) : rc;
+}
+
+/* A step whose optimizer comes as soon as possible (finish_step()). */
+static int step_now(ddp_model *m)
+{
+    int rc = ddp_micro_begin(m, 1);
+    return rc == 0 ? finish_step(m) : rc;
 }
 
 /*
@@ -648,10 +680,318 @@ static void scen_bad(const char *dir)
     ddp_model_free(m);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The full state (ddp_model_get_params()) and the gradients' semantics                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Writes n bytes of buf to path; 0 or -errno. */
+static int write_file(const char *path, const void *buf, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    int rc = !f ? -errno : fwrite(buf, 1, n, f) == n ? 0 : -EIO;
+    if (f && fclose(f) != 0 && rc == 0)
+        rc = -EIO;
+    return rc;
+}
+
+/* Reads path into a new buffer of *n bytes (free it), or NULL. */
+static void *read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    void *buf = NULL;
+    long len = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (buf = malloc((size_t)len + 1)) && fread(buf, 1, (size_t)len, f) != (size_t)len) {
+        free(buf);
+        buf = NULL;
+    }
+    if (f)
+        fclose(f);
+    *n = buf ? (size_t)len : 0;
+    return buf;
+}
+
+/* ddp_model_get_params() refusing, with `want` in the message, on every rank alike. */
+static void expect_get(ddp_model *m, int root, void *dst, size_t nbytes, unsigned flags,
+                       const char *what, const char *want)
+{
+    int rc = ddp_model_get_params(m, root, dst, nbytes, flags);
+    CHECK(rc == -EINVAL && strstr(ddp_last_error(m), want) && ddp_model_broken(m) == 0,
+          "%s: %d (%s), want -EINVAL naming \"%s\", the model usable", what, rc, ddp_last_error(m),
+          want);
+}
+
+/* The largest |a - b| over n floats. */
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
+    return d;
+}
+
+/*
+ * Every stage (and stage 2 at bf16, whose masters are current only in the owned parts), AdamW,
+ * 3 steps from the same initial values: ddp_model_get_params() to every rank and to each root,
+ * with and without the optimizer state. Every copy is the same; the parameters are those the
+ * units give (dump_params()); stages 1-3 equal stage 0 within 1e-6 (the reductions add in other
+ * orders); rank 0's copy goes to DIR/NAME.state beside the checkpoint DIR/NAME, which
+ * run_params.sh exports with ddp-ckpt and compares. Bad arguments on one rank, and ranks that
+ * disagree, fail on every rank alike, and the model goes on.
+ */
+static void scen_params(const char *dir)
+{
+    static const struct {
+        int stage;
+        ddp_precision prec;
+        const char *name;
+    } cfg[] = {{0, DDP_PREC_F32, "s0"},
+               {1, DDP_PREC_F32, "s1"},
+               {2, DDP_PREC_F32, "s2"},
+               {3, DDP_PREC_F32, "s3"},
+               {2, DDP_PREC_BF16, "s2-bf16"}};
+    float *ref = NULL; /* stage 0's copy with the optimizer state */
+    size_t ref_bytes = 0;
+    for (size_t c = 0; c < sizeof cfg / sizeof *cfg; c++) {
+        char ck[512], dump[600], state[600];
+        snprintf(ck, sizeof ck, "%s/%s", dir, cfg[c].name);
+        snprintf(dump, sizeof dump, "%s.params", ck);
+        snprintf(state, sizeof state, "%s.state", ck);
+        build_precision = cfg[c].prec;
+        ddp_model *m = build(cfg[c].stage, DDP_ADAMW, &small, 1);
+        build_precision = DDP_PREC_F32;
+        CHECK(m && train(m, 3, NULL) == 0, "%s: training", cfg[c].name);
+        if (!m)
+            continue;
+        size_t pb = ddp_model_params_bytes(m, 0), sb = ddp_model_params_bytes(m, DDP_GET_OPTIMIZER);
+        CHECK(sb == 3 * pb && pb > 0 && ddp_model_params_bytes(m, 0x80) == 0,
+              "%s: bytes %zu and %zu", cfg[c].name, pb, sb);
+        const char *names = "param exp_avg exp_avg_sq";
+        char got[64] = "";
+        for (int k = 0; ddp_model_state_name(m, k); k++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s", k ? " " : "",
+                     ddp_model_state_name(m, k));
+        CHECK(!strcmp(got, names), "%s: state names \"%s\", want \"%s\"", cfg[c].name, got, names);
+        float *all = malloc(sb), *rooted = malloc(sb), *params = malloc(pb), *mine = malloc(sb);
+        float *every = malloc(sb * (size_t)world);
+        if (!all || !rooted || !params || !mine || !every) {
+            CHECK(0, "out of memory");
+            goto next;
+        }
+        int rc = ddp_model_get_params(m, DDP_ALL_RANKS, all, sb, DDP_GET_OPTIMIZER);
+        CHECK(rc == 0, "%s: get_params: %d: %s", cfg[c].name, rc, ddp_last_error(m));
+        /* Every rank's copy equals rank 0's: compared through an allgather of the copies. */
+        memcpy(mine, all, sb);
+        rc = coll_allgather(comm, mine, every, sb / sizeof(float), COLL_F32);
+        for (int r = 0; rc == 0 && r < world; r++)
+            CHECK(!memcmp(every + (size_t)r * (sb / sizeof(float)), all, sb),
+                  "%s: rank %d's copy differs from this rank's", cfg[c].name, r);
+        /* To one root at a time (the others pass no buffer), and without the optimizer. */
+        for (int root = 0; root < world; root++) {
+            memset(rooted, 0, sb);
+            rc = ddp_model_get_params(m, root, rank == root ? rooted : NULL, rank == root ? sb : 0,
+                                      DDP_GET_OPTIMIZER);
+            CHECK(rc == 0 && (rank != root || !memcmp(rooted, all, sb)),
+                  "%s: get_params to root %d: %d: %s", cfg[c].name, root, rc, ddp_last_error(m));
+        }
+        rc = ddp_model_get_params(m, 0, rank == 0 ? params : NULL, rank == 0 ? pb : 0, 0);
+        CHECK(rc == 0 && (rank != 0 || !memcmp(params, all, pb)), "%s: parameters alone: %d: %s",
+              cfg[c].name, rc, ddp_last_error(m));
+        /* The parameters are what the units give, bit for bit; at bf16 (stage 2: a whole
+         * compute copy on every rank), the compute copy is they rounded to nearest even. */
+        if (cfg[c].prec == DDP_PREC_BF16) {
+            size_t at = 0, bad = 0;
+            for (int p = 0; p < ddp_num_params(m); at += ddp_param_count(m, p++)) {
+                const uint16_t *x = ddp_param_data(m, p);
+                for (size_t i = 0; i < ddp_param_count(m, p); i++)
+                    bad += !x || x[i] != bf16_from_f32(all[at + i]);
+            }
+            CHECK(bad == 0, "%s: %zu compute values are not the copy's, rounded", cfg[c].name, bad);
+        } else if (dump_params(m, dump) == 0 && rank == 0) {
+            size_t n = 0;
+            void *d = read_file(dump, &n);
+            CHECK(d && n == pb && !memcmp(d, all, pb), "%s: the copy is not %s (%zu bytes)",
+                  cfg[c].name, dump, n);
+            free(d);
+        }
+        if (cfg[c].prec == DDP_PREC_F32 && cfg[c].stage == 0) {
+            ref = malloc(sb);
+            if (ref)
+                memcpy(ref, all, sb);
+            ref_bytes = sb;
+        } else if (cfg[c].prec == DDP_PREC_F32 && ref && ref_bytes == sb) {
+            double dp = max_diff(all, ref, pb / sizeof(float));
+            double ds = max_diff(all + pb / sizeof(float), ref + pb / sizeof(float),
+                                 (sb - pb) / sizeof(float));
+            CHECK(dp <= 1e-6 && ds <= 1e-6,
+                  "%s: parameters %.3g, optimizer state %.3g from "
+                  "stage 0's",
+                  cfg[c].name, dp, ds);
+            if (rank == 0)
+                printf("ddp-ckpt-check: params world %d %s: max difference from stage 0: "
+                       "parameters %.3g, optimizer state %.3g\n",
+                       world, cfg[c].name, dp, ds);
+        }
+
+        /* Refused on every rank alike; nothing issued that the others do not match. */
+        int last = world - 1;
+        char culprit[64];
+        snprintf(culprit, sizeof culprit, "rank %d passed a bad argument", last);
+        expect_get(m, DDP_ALL_RANKS, all, rank == last ? pb : sb, DDP_GET_OPTIMIZER,
+                   "a buffer too small on the last rank", rank == last ? "bytes" : culprit);
+        expect_get(m, world, all, sb, 0, "root out of range", "not a rank");
+        expect_get(m, DDP_ALL_RANKS, all, sb, 0x80, "an unknown flag", "flags");
+        if (world > 1)
+            expect_get(m, rank == 0 ? 0 : DDP_ALL_RANKS, all, sb, 0, "roots that differ", "differ");
+        expect_get(m, DDP_ALL_RANKS, NULL, sb, 0, "no buffer", "bytes");
+        CHECK(ddp_model_get_params(NULL, 0, all, sb, 0) == -EINVAL, "a NULL model");
+        rc = ddp_micro_begin(m, 1);
+        expect_get(m, DDP_ALL_RANKS, all, sb, 0, "inside a micro-step", "micro-step");
+        if (rc == 0)
+            rc = finish_step(m);
+        CHECK(rc == 0, "%s: a step after the refusals: %s", cfg[c].name, ddp_last_error(m));
+        /* The checkpoint of this state, and rank 0's copy of it, for ddp-ckpt export. */
+        rc = ddp_model_get_params(m, 0, rank == 0 ? all : NULL, rank == 0 ? sb : 0,
+                                  DDP_GET_OPTIMIZER);
+        CHECK(rc == 0, "%s: get_params: %s", cfg[c].name, ddp_last_error(m));
+        rc = rc ? rc : ddp_checkpoint_save(m, ck, NULL, NULL, 0, DDP_CKPT_SYNC);
+        CHECK(rc == 0, "save %s: %s", ck, ddp_last_error(m));
+        if (rc == 0 && rank == 0)
+            CHECK(write_file(state, all, sb) == 0, "writing %s", state);
+    next:
+        free(all);
+        free(rooted);
+        free(params);
+        free(mine);
+        free(every);
+        ddp_model_free(m);
+    }
+    free(ref);
+}
+
+/*
+ * What libddp(3), SEMANTICS, says of gradients, checked at every stage with plain SGD (lr 1, no
+ * momentum: the parameters, from zero, move by minus the gradient the step used) and values
+ * whose sums are exact in f32: each rank r adds (r + 1)(k + 1)c_i in micro-step k (c_i = 1 +
+ * i mod 3), in two halves through two ddp_grad_buffer() calls, which must return the same
+ * pointer, the first half kept (the step's result says so). Two micro-steps, the first with
+ * sync false, then a step move every element by -3c_i(W + 1)/2: averaged over ranks, summed
+ * over micro-steps. Stages 0-1 hand out the accumulating arena (micro-step 1 finds micro-step
+ * 0's gradient there), stages 2-3 a zeroed slot. Then a micro-step with sync true is the last:
+ * another is refused (-EINVAL naming ddp_step(), the model usable), and the step uses the one
+ * that ended (-c_i(W + 1)/2 more). Plain SGD has no state: DDP_GET_OPTIMIZER adds nothing.
+ * After each unit of backward, with reductions in flight, the test runs an allreduce of its
+ * own on the model's communicator, which must neither fail nor disturb the model's.
+ */
+static float c_of(size_t i)
+{
+    return (float)(1 + i % 3);
+}
+
+/* Micro-step k: rank r adds (r + 1)(k + 1)c_i in two halves. *arena: each buffer held `held`
+ * times (r + 1)c_i when handed out; *same: the second ddp_grad_buffer() gave the same buffer. */
+static int grads_micro(ddp_model *m, int k, bool sync, float held, int *arena, int *same)
+{
+    int rc = ddp_micro_begin(m, sync);
+    for (int u = ddp_num_units(m) - 1; rc == 0 && u >= 0; u--) {
+        rc = ddp_unit_gather(m, u);
+        for (int p = 2 * u + 1; rc == 0 && p >= 2 * u; p--) {
+            size_t n = ddp_param_count(m, p);
+            float *g = ddp_grad_buffer(m, p), half = 0.5f * (float)((rank + 1) * (k + 1));
+            if (!g)
+                return -EINVAL;
+            for (size_t i = 0; i < n; i++) {
+                *arena &= g[i] == held * (float)(rank + 1) * c_of(i);
+                g[i] += half * c_of(i);
+            }
+            float *again = ddp_grad_buffer(m, p);
+            *same &= again == g;
+            for (size_t i = 0; again && i < n; i++)
+                again[i] += half * c_of(i);
+            rc = ddp_grad_ready(m, p);
+        }
+        if (rc == 0)
+            rc = ddp_unit_release(m, u);
+        /* The caller's own collective on the model's communicator, between its calls (with
+         * buckets in flight): every rank at the same point. */
+        int64_t x = rank + 1;
+        if (rc == 0 && (rc = coll_allreduce(comm, &x, &x, 1, COLL_I64, COLL_SUM)) == 0 &&
+            x != (int64_t)world * (world + 1) / 2)
+            rc = -EPROTO;
+    }
+    return rc == 0 ? ddp_micro_end(m) : rc;
+}
+
+/* The largest distance of the parameters from want * c_i (every rank gets them). */
+static double grads_off(ddp_model *m, double want)
+{
+    size_t pb = ddp_model_params_bytes(m, 0);
+    float *x = malloc(pb);
+    int rc = x ? ddp_model_get_params(m, DDP_ALL_RANKS, x, pb, DDP_GET_OPTIMIZER) : -ENOMEM;
+    CHECK(rc == 0, "get_params: %s", ddp_last_error(m));
+    double worst = rc == 0 ? 0 : INFINITY;
+    size_t at = 0;
+    for (int p = 0; rc == 0 && p < ddp_num_params(m); at += ddp_param_count(m, p++))
+        for (size_t i = 0; i < ddp_param_count(m, p); i++)
+            worst = fmax(worst, fabs(x[at + i] - want * c_of(i)));
+    free(x);
+    return worst;
+}
+
+static void scen_grads(void)
+{
+    double half_w = (world + 1) / 2.0; /* the ranks' mean of r + 1 */
+    for (int stage = 0; stage < 4; stage++) {
+        ddp_options o;
+        ddp_options_init(&o); /* plain SGD */
+        o.zero_stage = stage;
+        o.first_bucket_bytes = 256;
+        o.bucket_bytes = 1024;
+        ddp_model *m = build_with(&o, &small, 0);
+        CHECK(m, "stage %d: build", stage);
+        if (!m)
+            continue;
+        int same = 1, arena = 1;
+        int rc = grads_micro(m, 0, false, 0, &arena, &same);
+        if (rc == 0)
+            rc = grads_micro(m, 1, true, stage < 2 ? 1 : 0, &arena, &same);
+        if (rc == 0)
+            rc = ddp_step(m, 1.0f, NULL);
+        CHECK(rc == 0, "stage %d: training: %s", stage, ddp_last_error(m));
+        CHECK(same, "stage %d: a second ddp_grad_buffer() returned another buffer", stage);
+        CHECK(arena, "stage %d: a buffer as handed out is not %s", stage,
+              stage < 2 ? "the earlier micro-steps' sum" : "zero");
+        CHECK(ddp_model_params_bytes(m, DDP_GET_OPTIMIZER) == ddp_model_params_bytes(m, 0) &&
+                  !ddp_model_state_name(m, 1),
+              "stage %d: plain SGD has state", stage);
+        double off = grads_off(m, -3 * half_w);
+        CHECK(off == 0, "stage %d: the step moved the parameters %g off -3c(W + 1)/2", stage, off);
+
+        /* A synchronising micro-step, then another: refused; the step uses the first. */
+        rc = grads_micro(m, 0, true, 0, &arena, &same);
+        int again = rc == 0 ? ddp_micro_begin(m, false) : rc;
+        CHECK(again == -EINVAL && strstr(ddp_last_error(m), "ddp_step()") &&
+                  ddp_model_broken(m) == 0,
+              "stage %d: a micro-step after a synchronising one: %d (%s), want -EINVAL", stage,
+              again, ddp_last_error(m));
+        rc = rc == 0 ? ddp_step(m, 1.0f, NULL) : rc;
+        double off2 = grads_off(m, -4 * half_w);
+        CHECK(rc == 0 && off2 == 0, "stage %d: the step after the refusal: %d (%s), %g off", stage,
+              rc, ddp_last_error(m), off2);
+        if (rank == 0 && off == 0 && off2 == 0 && same && arena)
+            printf("ddp-ckpt-check: grads world %d stage %d: averaged over ranks, summed over "
+                   "micro-steps, a second ddp_grad_buffer() keeps the sum, a micro-step after "
+                   "a synchronising one refused\n",
+                   world, stage);
+        ddp_model_free(m);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: ddp-ckpt-check resume|save|load|async|bad|fail DIR [N...]   (under "
+        fprintf(stderr, "usage: ddp-ckpt-check resume|save|load|async|bad|fail|params|grads DIR "
+                        "[N...]   (under "
                         "ddprun)\n");
         return 2;
     }
@@ -692,6 +1032,10 @@ int main(int argc, char **argv)
         scen_bad(dir);
     else if (!strcmp(argv[1], "fail"))
         scen_fail(dir);
+    else if (!strcmp(argv[1], "params"))
+        scen_params(dir);
+    else if (!strcmp(argv[1], "grads"))
+        scen_grads();
     else {
         fprintf(stderr, "ddp-ckpt-check: unknown scenario %s\n", argv[1]);
         return 2;

@@ -22,20 +22,8 @@ DDPRUN=${1:?usage}; CHECK=${2:?usage}
 . "$(dirname "$0")/lib.sh"
 need_python
 
-check() { # SCENARIO WORLD DIR [ARGS...]
-    local scen=$1 n=$2 out
-    shift 2
-    mkdir -p "$1"
-    out=$(timeout 180 "$DDPRUN" --standalone --nproc-per-node "$n" "$CHECK" "$scen" "$@" 2>&1)
-    if [[ $(grep -c "ddp-ckpt-check: rank [0-9]*/$n $scen: PASS" <<<"$out") -ne $n ]]; then
-        fail "ddp-ckpt-check $scen on $n ranks"
-        sed 's/^/    /' <<<"$out" >&2
-    fi
-    grep -E "^\[0\]:ddp-ckpt-check: (resume|load|async|bad|fail)" <<<"$out" | sed 's/^\[0\]:/  /'
-}
-
 # 1.
-for n in 2 3; do check resume "$n" "$tmp/resume$n"; done
+for n in 2 3; do ckpt_check resume "$n" "$tmp/resume$n"; done
 # 2.
 compare_reshard() { # ROOT SAVER_WORLDS LOADER_WORLDS
 python3 - "$@" <<'PY' || fail "reshard $1: the loaded state differs from the saved"
@@ -89,16 +77,16 @@ print(f"  reshard: {checked} loads (worlds {savers} x stages 0-3 -> worlds {load
 sys.exit(1 if bad else 0)
 PY
 }
-for n in 1 2 3 4; do check save "$n" "$tmp/reshard"; done
-for n in 1 2 3 4; do check load "$n" "$tmp/reshard" 1 2 3 4; done
+for n in 1 2 3 4; do ckpt_check save "$n" "$tmp/reshard"; done
+for n in 1 2 3 4; do ckpt_check load "$n" "$tmp/reshard" 1 2 3 4; done
 compare_reshard "$tmp/reshard" "1 2 3 4" "1 2 3 4"
-for n in 1 3; do CKPT_CHECK_OPTIMIZER=lion check save "$n" "$tmp/reshard-lion"; done
-for n in 2 4; do CKPT_CHECK_OPTIMIZER=lion check load "$n" "$tmp/reshard-lion" 1 3; done
+for n in 1 3; do CKPT_CHECK_OPTIMIZER=lion ckpt_check save "$n" "$tmp/reshard-lion"; done
+for n in 2 4; do CKPT_CHECK_OPTIMIZER=lion ckpt_check load "$n" "$tmp/reshard-lion" 1 3; done
 compare_reshard "$tmp/reshard-lion" "1 3" "2 4"
 # 3. and 4.
-check async 2 "$tmp/async"
-for n in 1 3; do check bad "$n" "$tmp/bad$n"; done
+ckpt_check async 2 "$tmp/async"
+for n in 1 3; do ckpt_check bad "$n" "$tmp/bad$n"; done
 # 5.
-for n in 1 2; do check fail "$n" "$tmp/fail$n"; done
+for n in 1 2; do ckpt_check fail "$n" "$tmp/fail$n"; done
 
 finish

@@ -5,7 +5,8 @@
 #     skipped on every rank, memory against the ZeRO
 #     formulas (worlds 2 and 3: uneven padding), the overlap trace, and equivalence at the
 #     library's level (worlds 1-4: stages 0-3, SGD and AdamW, clipping, 1 or 4 micro-steps,
-#     against a serial double reference within 1e-5 relative; ddp-check.c says why);
+#     against a serial double reference within 1e-5 relative; ddp-check.c says why; and
+#     ddp_model_get_params() against the parameters the units give);
 #  2. equivalence through ddp-train's per-step metrics (loss and gradient norm, 12 steps, on the
 #     host: --device cpu, whatever GPU the machine has; tests/trainer/gpu.sh checks the GPU):
 #     worlds 1, 2 and 4 on the same global batch, ZeRO stages 0-3, SGD with momentum

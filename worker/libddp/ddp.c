@@ -964,7 +964,14 @@ int ddp_micro_begin(ddp_model *m, bool sync)
         return rc;
     if (m->in_micro)
         return fail(m, -EINVAL, "ddp_micro_begin: the previous micro-step did not end");
+    /* A synchronising micro-step is the step's last: at stages 0-1 another would add into
+     * gradients whose reduction may still be in flight, and reduce them a second time. */
+    if (m->sync_ended)
+        return fail(m, -EINVAL,
+                    "ddp_micro_begin: a micro-step with sync true ended, and must be the last "
+                    "before ddp_step() (earlier micro-steps take sync false)");
     m->in_micro = true;
+    m->sync_asked = sync;
     m->sync = sync || m->o.zero_stage >= 2;
     /* Stages 2-3: slots whose reduce-scatter from the previous micro-step is still in flight
      * stay busy until it completes; this micro-step's gradients go into fresh slots. */
@@ -1033,6 +1040,7 @@ int ddp_micro_end(ddp_model *m)
                           m->params[p].name, p);
     if (m->sync)
         m->synced = true;
+    m->sync_ended = m->sync_asked;
     return 0;
 }
 
@@ -1282,7 +1290,7 @@ int ddp_step(ddp_model *m, float lr, ddp_step_info *info)
                    (stage >= 2 ? m->plan.shard_total : m->plan.total) * sizeof(float));
     if ((rc = dev_check(m, rc, "ddp_step: zeroing the gradients")) < 0)
         return rc;
-    m->synced = false;
+    m->synced = m->sync_ended = false;
     int64_t attempt = m->attempted;
     trace(m, DDP_EV_STEP_END, (int)m->attempted++);
     if (m->ck && (rc = ddp__ckpt_poll(m)) < 0)
@@ -1353,4 +1361,15 @@ int ddp__dev_check(ddp_model *m, int rc, const char *what)
 int ddp__coll_failed(ddp_model *m, int rc, const char *what)
 {
     return coll_failed(m, rc, what);
+}
+
+int ddp__allgather_f32(ddp_model *m, const float *part, float *full, size_t count, const char *what)
+{
+    coll_request *req = NULL;
+    int rc = to_comm(m);
+    if (rc < 0)
+        return rc;
+    if ((rc = coll_iallgather(m->comm, part, full, count, COLL_F32, &req)) < 0)
+        return coll_failed(m, rc, what);
+    return await_req(m, &req, what);
 }

@@ -23,7 +23,12 @@
  *                 ddp_unit_release(m, u);
  *       ddp_micro_end(m);
  *     ddp_step(m, lr, &info);
- *     ddp_model_free(m) at the end.
+ *   after training: ddp_model_get_params(m, 0, buf, ddp_model_params_bytes(m, 0), 0) (the whole
+ *     model to rank 0, at any stage); ddp_model_free(m) at the end.
+ *
+ * Gradients: the step uses, for each parameter, the mean over ranks of each rank's sum over the
+ * step's micro-steps of what backward added into ddp_grad_buffer() (PyTorch DDP's: averaged over
+ * ranks, accumulated over micro-steps; scale the loss by 1 / micro-steps for a mean over them).
  *
  * Conventions: functions that can fail return an int, >= 0 on success and a negative errno value
  * or a libcollective code (COLL_EREMOTE, ...) on failure; ddp_strerror() names any of them and
@@ -172,8 +177,11 @@ int ddp_model_broken(const ddp_model *m);
 
 /*
  * Creates an empty model on `comm` (borrowed: it must outlive the model; the model issues its
- * collectives on it, so the caller must not run collectives of its own on `comm` between
- * ddp_micro_begin() and ddp_step(), and aborts it on misuse: libddp(3), Misuse). `opts` is copied
+ * collectives on it, and aborts it on misuse: libddp(3), Misuse). The caller may issue its own
+ * collectives on `comm` between any two calls on the model, from the model's thread, when every
+ * rank issues them at the same point of its sequence of calls: they run after the model's
+ * collectives in flight (libddp(3), SEMANTICS; a coll_comm_split() communicator does not wait
+ * for those). A device model sets `comm`'s stream to its own (do not change it). `opts` is copied
  * (NULL: defaults). Returns 0 and sets *out, -EINVAL (bad option: also a host model, device
  * -1, on an nccl communicator, whose collectives need device memory), -ENOTSUP (opts->device >= 0
  * in a build without CUDA, or no GPU), COLL_ECUDA (the device cannot be used, or the
@@ -246,12 +254,15 @@ coll_dtype ddp_param_dtype(const ddp_model *m);
 
 /*
  * Where backward adds (+=) the parameter's f32 gradient for the current micro-step (`float *`,
- * whatever opts.precision; device memory when opts.device >= 0). The library
- * zeroes it when it hands it out. Stages 0-1: the parameter's view of the gradient arena, where
- * micro-steps accumulate; stages 2-3: a slot of a bounded staging pool, valid until
- * ddp_grad_ready() of the last parameter of its bucket (or unit). NULL for a bad index, outside
- * a micro-step, or when no slot is free and waiting for one failed (ddp_last_error() says why;
- * ddp_micro_end() returns the failure).
+ * whatever opts.precision; device memory when opts.device >= 0); add, never assign. Stages 0-1:
+ * the parameter's view of the gradient arena, zeroed by each ddp_step(), where micro-steps
+ * accumulate (it holds the step's earlier micro-steps' sum); stages 2-3: a slot of a bounded
+ * staging pool, zeroed when the micro-step's first call for its bucket (or unit) takes it, valid
+ * until ddp_grad_ready() of the last parameter of that bucket (or unit). A second call for the
+ * same parameter in a micro-step returns the same buffer with what was added kept, at every
+ * stage. Write a parameter's gradient before its ddp_grad_ready(), not after. NULL for a bad
+ * index, outside a micro-step, or when no slot is free and waiting for one failed
+ * (ddp_last_error() says why; ddp_micro_end() returns the failure).
  */
 void *ddp_grad_buffer(ddp_model *m, int param);
 
@@ -262,7 +273,10 @@ void *ddp_grad_buffer(ddp_model *m, int param);
 /*
  * Begins a micro-step. `sync` false accumulates gradients without communicating (PyTorch's
  * no_sync), stages 0-1 only (stages 2-3 reduce every micro-step whatever `sync` says); the last
- * micro-step before ddp_step() must have sync true. Returns 0 or -EINVAL (misuse). Every rank.
+ * micro-step before ddp_step() must have sync true, and only the last: a micro-step after one
+ * with sync true is refused. Returns 0 or -EINVAL (misuse: the previous micro-step did not end,
+ * or one with sync true ended since the last step; nothing issued, the model goes on). Every
+ * rank.
  */
 int ddp_micro_begin(ddp_model *m, bool sync);
 
@@ -333,15 +347,19 @@ int ddp_step_info_get(ddp_model *m, ddp_step_info *out);
 
 typedef enum ddp_schedule_kind { DDP_SCHED_CONSTANT = 0, DDP_SCHED_COSINE = 1 } ddp_schedule_kind;
 
+/* A learning-rate schedule, read by ddp_schedule_lr() only (the model never sees it). */
 typedef struct ddp_schedule {
-    ddp_schedule_kind kind;
-    float lr;             /* peak learning rate */
-    int64_t warmup_steps; /* linear warmup from lr / warmup_steps to lr (0: none) */
-    int64_t total_steps;  /* cosine: decays to min_lr at this step */
-    float min_lr;         /* cosine floor (0) */
+    ddp_schedule_kind kind; /* DDP_SCHED_CONSTANT or DDP_SCHED_COSINE */
+    float lr;               /* the peak learning rate, reached at step warmup_steps */
+    int64_t warmup_steps;   /* steps t < warmup_steps get lr * (t + 1) / warmup_steps (<= 0:
+                               none) */
+    int64_t total_steps;    /* cosine: from lr at step warmup_steps down half a cosine to min_lr
+                               at this step, and min_lr after it; constant: unused */
+    float min_lr;           /* cosine: the floor; constant: unused */
 } ddp_schedule;
 
-/* The learning rate at step `step` (0-based). Pure; thread-safe. */
+/* The learning rate at step `step` (0-based; a negative step counts as 0), NaN for a NULL
+ * schedule or an unknown kind. Pure; thread-safe. */
 float ddp_schedule_lr(const ddp_schedule *s, int64_t step);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -363,6 +381,56 @@ typedef struct ddp_memory {
 int ddp_memory_stats(const ddp_model *m, ddp_memory *out);
 
 /* ------------------------------------------------------------------------------------------ */
+/* The full state (FSDP's get_model_state_dict, full and unsharded)                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* ddp_model_get_params() flags: also the optimizer's state arrays, after the parameters. */
+#define DDP_GET_OPTIMIZER (1u << 0)
+/* ddp_model_get_params()'s root: every rank receives the copy. */
+#define DDP_ALL_RANKS (-1)
+
+/*
+ * The name of array k of what ddp_model_get_params() writes: "param" (k 0, the parameters),
+ * then the optimizer's state arrays, as checkpoints and `ddp-ckpt export --optimizer` name them
+ * (PyTorch's state dict names): SGD with momentum "momentum_buffer" (none without); AdamW
+ * "exp_avg", "exp_avg_sq"; Lion "exp_avg". Static; NULL past the last, for NULL or before
+ * commit. Local.
+ */
+const char *ddp_model_state_name(const ddp_model *m, int k);
+
+/*
+ * The bytes ddp_model_get_params() writes with `flags`: (1 + the optimizer's arrays with
+ * DDP_GET_OPTIMIZER) x the parameters' elements x 4. 0 for NULL, before commit, or unknown
+ * flags. Local.
+ */
+size_t ddp_model_params_bytes(const ddp_model *m, unsigned flags);
+
+/*
+ * Copies the model's full parameters, unsharded, to `dst`: every parameter's elements as
+ * registered (f32, row-major), in registration order, packed (no padding: parameter p starts
+ * at the sum of the earlier ones' counts). These are the f32 master values at either precision,
+ * the values a checkpoint saves and `ddp-ckpt export` writes, bit for bit. With
+ * DDP_GET_OPTIMIZER, each optimizer state array follows in the same layout, in
+ * ddp_model_state_name() order (an optimizer without state adds nothing).
+ * `root` >= 0: only that rank receives, and the others' dst and nbytes are ignored (NULL, 0);
+ * DDP_ALL_RANKS: every rank receives. `dst` is host memory, whatever opts.device, borrowed for
+ * the call, at least ddp_model_params_bytes(m, flags) long (`nbytes`); the caller owns it.
+ * Stage 0 copies its replica without communicating; stages 1-3 allgather each bucket or unit's
+ * owned parts in turn, through a buffer of the largest one (model memory, allocated and freed
+ * by the call), whatever `root` says. A device model's copy waits for the compute stream's
+ * work (the last step's optimizer).
+ * Returns 0; -EINVAL on every rank alike when any rank passed a bad argument (root neither a
+ * rank nor DDP_ALL_RANKS; an unknown flag; a receiving rank's dst NULL or nbytes too small) or
+ * the ranks passed different roots or flags (one small allreduce checks it first;
+ * ddp_last_error() says what is wrong on this rank, or names the first rank at fault), nothing
+ * copied, the model usable; -EINVAL also for a model not committed or inside a micro-step (no
+ * exchange); -ENOMEM on a rank that cannot allocate what the copy needs (the others: -EINVAL
+ * naming it); or a collective's or the device's failure (the model is broken, as after
+ * ddp_step()). Every rank, with the same root and flags, outside micro-steps.
+ */
+int ddp_model_get_params(ddp_model *m, int root, void *dst, size_t nbytes, unsigned flags);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Checkpoints                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -378,12 +446,17 @@ int ddp_memory_stats(const ddp_model *m, ddp_memory *out);
  * CHECKPOINTS, gives its format. A checkpoint loads at any world size and any stage.
  */
 
-/* Where training stands, saved with the model and given back by ddp_checkpoint_load(). */
+/*
+ * Where training stands, saved with the model and given back by ddp_checkpoint_load(). The
+ * library stores the three numbers in the manifest ("progress") and gives them back unchanged; it
+ * reads none of them (the step count is the model's own, ddp_step_info.step). ddp-train's use:
+ */
 typedef struct ddp_checkpoint_progress {
-    int64_t epoch;    /* the epoch to resume in */
-    int64_t position; /* the sampler's position in that epoch (the caller's unit: e.g. the next
-                         step of the epoch) */
-    uint64_t seed;    /* the run's seed (data order, initial values) */
+    int64_t epoch;    /* the epoch to resume in (0-based) */
+    int64_t position; /* where in that epoch to resume, in the caller's unit (ddp-train: the
+                         next step of the epoch, so epoch * steps_per_epoch + position is the
+                         step count) */
+    uint64_t seed;    /* the run's seed (data order, initial values), kept as its 64 bits */
 } ddp_checkpoint_progress;
 
 /* ddp_checkpoint_save() flags (bits 0-7), and ddp_checkpoint_load() flags (bits 8-15): the two

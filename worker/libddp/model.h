@@ -87,6 +87,8 @@ struct ddp_model {
     uint64_t seq;
 
     bool in_micro, sync, synced;
+    bool sync_asked; /* the caller's `sync` for the micro-step in progress */
+    bool sync_ended; /* a micro-step begun with sync true ended since the last step */
     int64_t micro;
     int64_t steps;              /* optimizer steps taken (skipped ones excluded) */
     int64_t attempted;          /* ddp_step() calls, for the trace */
@@ -107,6 +109,13 @@ struct ddp_model {
  * breaks the model, as a failed collective does (ddp__coll_failed()), and is returned. */
 int ddp__usable(ddp_model *m);
 int ddp__dev_check(ddp_model *m, int rc, const char *what);
+
+/* Every rank's `count` f32 at `part` (model memory) into full[world * count] (model memory),
+ * rank after rank, waited for: on a device, the compute stream waits for the gather, so work
+ * enqueued or a download made after this call sees it. Returns 0 or the failure (the model is
+ * broken), described as `what`. Every rank. */
+int ddp__allgather_f32(ddp_model *m, const float *part, float *full, size_t count,
+                       const char *what);
 
 /* exchange.c: frees ddp__host_icoll()'s buffers, with no exchange in flight. */
 void ddp__xch_release(ddp_model *m);
