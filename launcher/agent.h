@@ -75,6 +75,7 @@ typedef struct worker {
     char error_file[PATH_MAX];
     uint64_t last_output_ms;   /* uv_now() at spawn or at its last output (--hung-timeout) */
     uint64_t stopped_since_ms; /* uv_now() when first seen stopped (state T), 0 if not */
+    ddprun_tail err_tail;      /* the end of its standard error, for the failure summary */
 } worker;
 
 /*
@@ -174,7 +175,7 @@ typedef struct agent {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int monitor_round; /* round the monitor watches; -1: stop */
-    char remote_failure[1024];
+    char remote_failure[32768]; /* a record's JSON, every field full and escaped, fits */
     int remote_round;               /* the round remote_failure belongs to */
     closed_peer closed[MAX_CLOSED]; /* store connections that closed (ring; under mu) */
     uint64_t nclosed, closed_seen;  /* ring positions: written, looked at by the monitor */

@@ -61,21 +61,28 @@ static int closed_node(agent *a, ddprun_rdzv_conn *c, int round, int nnodes, int
 }
 
 /*
- * A node found dead: unless the round already ended well (every node passed the exit barrier,
- * after which nodes leave), publish it as the round's failure so that every node stops at once
+ * Node `dead` found dead (`why`: what happened to it): unless the round already ended well
+ * (every node passed the exit barrier, after which nodes leave), publish it as the round's
+ * failure, a node's record (its rank and host name, no worker), so that every node stops at once
  * with the same root cause, and hand the record to the loop. Runs on the monitor's thread with
  * its own client, so a store that is slow to answer never blocks the loop.
  */
-static void report_dead_node(agent *a, ddprun_rdzv_conn *c, int round, const char *why,
+static void report_dead_node(agent *a, ddprun_rdzv_conn *c, int round, int dead, const char *why,
                              char *report, size_t n)
 {
     if (a->rdzv->exit_done(c, a->prefix, round) == 1)
         return;
+    char host[256] = "";
+    if (a->rdzv->node_host)
+        a->rdzv->node_host(c, a->prefix, round, dead, host, sizeof(host));
     ddprun_failure f;
-    ddprun_failure_init(&f, "?", -1, -1, 1, 0, why);
+    ddprun_failure_init(&f, host, -1, -1, 1, 0, why);
+    f.node_rank = dead;
     char *js = ddprun_failure_to_json(&f);
     if (!js) {
-        snprintf(report, n, "%s", why);
+        char who[300];
+        ddprun_node_name(dead, host, who, sizeof(who));
+        snprintf(report, n, "%s: %s", who, why);
         return;
     }
     a->rdzv->publish_failure(c, a->prefix, round, js);
@@ -176,9 +183,11 @@ void *monitor_main(void *arg)
             slice_ms = ddprun_monitor_slice_ms(beat_s, dead_s, nnodes);
             reported = false;
             a->rdzv->publish_conn(c, a->prefix, round, me);
+            if (a->rdzv->publish_host)
+                a->rdzv->publish_host(c, a->prefix, round, me, a->hostname);
             last_beat = 0;
         }
-        char report[1024] = "";
+        char report[sizeof(a->remote_failure)] = "";
         char *json = NULL;
         int rc = a->rdzv->wait_failure(c, a->prefix, round, slice_ms, &json);
         if (rc == 0) {
@@ -214,13 +223,11 @@ void *monitor_main(void *arg)
                 /* said above */
             } else if (gone >= 0) {
                 snprintf(why, sizeof(why),
-                         "node %d closed its connection to the store (its ddprun exited or was "
-                         "killed)",
-                         gone);
-                report_dead_node(a, c, round, why, report, sizeof(report));
+                         "closed its connection to the store (its ddprun exited or was killed)");
+                report_dead_node(a, c, round, gone, why, report, sizeof(report));
             } else if (nd > 0) {
-                snprintf(why, sizeof(why), a->rdzv->gone_format, dead[0], dead_s);
-                report_dead_node(a, c, round, why, report, sizeof(report));
+                snprintf(why, sizeof(why), a->rdzv->gone_format, dead_s);
+                report_dead_node(a, c, round, dead[0], why, report, sizeof(report));
             } else if (dynamic && a->rdzv->num_waiting(c, a->prefix, round, &waiting) == 0 &&
                        waiting > 0) {
                 snprintf(report, sizeof(report), "%s", MEMBERSHIP_CHANGE);

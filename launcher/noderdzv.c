@@ -882,6 +882,42 @@ out:
     return rc;
 }
 
+int ddprun_rdzv_publish_host(rdzv_client *c, const char *prefix, int round, int node_rank,
+                             const char *hostname)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || node_rank < 0 || !hostname || !hostname[0])
+        return -EINVAL;
+    char *key = round_key(prefix, round, "host/%d", node_rank);
+    if (!key)
+        return -ENOMEM;
+    int rc = rdzv_set(c, key, hostname, strlen(hostname));
+    free(key);
+    return rc;
+}
+
+int ddprun_rdzv_node_host(rdzv_client *c, const char *prefix, int round, int node_rank, char *buf,
+                          size_t n)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || node_rank < 0 || !buf || n == 0)
+        return -EINVAL;
+    char *key = round_key(prefix, round, "host/%d", node_rank);
+    if (!key)
+        return -ENOMEM;
+    const char *keys[1] = {key};
+    void *v = NULL;
+    size_t len = 0;
+    int rc = rdzv_check(c, keys, 1); /* one look: rdzv_get() would wait */
+    if (rc == 1)
+        rc = rdzv_get(c, key, &v, &len);
+    else if (rc == 0)
+        rc = -ENOENT;
+    if (rc == 0)
+        snprintf(buf, n, "%.*s", (int)len, (const char *)v);
+    rdzv_free(v);
+    free(key);
+    return rc;
+}
+
 int ddprun_rdzv_exit_done(rdzv_client *c, const char *prefix, int round)
 {
     if (!c || bad_prefix(prefix) || round < 0)

@@ -31,6 +31,8 @@
  *   conn/<rank>          "<host> <port>": the local end of that node's monitor connection to the
  *                        store (ddprun_rdzv_publish_conn()), so that the store's host can tell
  *                        whose connection closed
+ *   host/<rank>          the host name of that node (ddprun_rdzv_publish_host()), so that every
+ *                        node names a lost node by its host too
  *   failed               the first failure report of the round (compare_set): the JSON text of
  *                        a ddprun_failure (failure.h)
  *   exit/count           ADD counter of the nodes whose workers all succeeded (exit barrier)
@@ -239,6 +241,18 @@ int ddprun_dead_nodes(rdzv_client *c, ddprun_hb_state *st, int *dead, int dead_c
 int ddprun_rdzv_publish_conn(rdzv_client *c, const char *prefix, int round, int node_rank);
 int ddprun_rdzv_conn_owner(rdzv_client *c, const char *prefix, int round, int nnodes,
                            const char *host, int port);
+
+/*
+ * Host names. A node publishes its host name (`hostname`, borrowed, not empty) as host/<node_rank>
+ * of round `round`; any node looks one up, without waiting, to name a node in its reports
+ * ("node 2 (node3)"). publish_host returns 0, -EINVAL or a negative errno from the store.
+ * node_host writes the name (cut to fit) into buf[n] and returns 0; -ENOENT when that node
+ * published none; -EINVAL; or a negative errno from the store.
+ */
+int ddprun_rdzv_publish_host(rdzv_client *c, const char *prefix, int round, int node_rank,
+                             const char *hostname);
+int ddprun_rdzv_node_host(rdzv_client *c, const char *prefix, int round, int node_rank, char *buf,
+                          size_t n);
 
 /*
  * Whether every node has passed the exit barrier of round `round` (exit/done is set): after that

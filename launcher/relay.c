@@ -270,6 +270,8 @@ void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     if (nread > 0) {
         size_t n = (size_t)nread;
         s->w->last_output_ms = uv_now(s->w->a->loop);
+        if (s->which == DDPRUN_STD_ERR) /* kept for the failure summary */
+            ddprun_tail_add(&s->w->err_tail, s->line + s->len, n);
         /* Bytes go to the log file as they arrive: no tail thread, no lag. */
         if (s->file >= 0) {
             size_t done;
