@@ -102,7 +102,7 @@ typedef struct store_job {
     rdzv_server *srv;      /* RENDEZVOUS, a store moving with the rounds: the one served here */
     char store_host[256];  /* RENDEZVOUS, ditto: where the round's store is */
     int store_port;
-    char err[640]; /* what went wrong, for the loop thread to print */
+    char err[1024]; /* what went wrong, for the loop thread to print */
     /* RENDEZVOUS with --store-proxy on (storeproxy.c): the round's proxy, started here, or the
      * agent's kept (keep_proxy); proxy_note: a line for the loop thread to print */
     rdzv_proxy *proxy;
@@ -204,6 +204,11 @@ typedef struct agent {
     char guard[PATH_MAX]; /* the ddp-guard program's path; "": not looked up yet */
     uv_signal_t sigchld;  /* reaps the guards (on_sigchld()) */
     bool sigchld_started;
+
+    /* The join watch (monitor.c): says who failed to authenticate while this node waits */
+    pthread_t joinwatch;
+    bool joinwatch_started;
+    bool joining; /* a rendezvous runs; under mu */
 } agent;
 
 /* ddprun.c */
@@ -237,6 +242,8 @@ void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 void store_conn_closed(void *arg, const char *host, int port);
 void *monitor_main(void *arg);
 void monitor_set_round(agent *a, int round);
+void *joinwatch_main(void *arg);
+void joinwatch_set(agent *a, bool joining); /* a rendezvous starts (true) or ended */
 
 /*
  * After a store call of this agent failed with `rc`: true when that means the store is gone

@@ -848,6 +848,12 @@ static void start_round(agent *a)
     store_job *j = job_new(a, JOB_RENDEZVOUS);
     j->round = a->round;
     job_queue(a, j);
+    /* A store-backed rendezvous of several nodes with a token: say who fails to authenticate. */
+    if (a->token[0] && !a->rdzv->publish_store && a->cfg->nnodes_max > 1 &&
+        !a->joinwatch_started)
+        a->joinwatch_started = pthread_create(&a->joinwatch, NULL, joinwatch_main, a) == 0;
+    if (a->joinwatch_started)
+        joinwatch_set(a, true);
 }
 
 /* The rendezvous of this round succeeded: start the workers. */
@@ -927,6 +933,15 @@ static void job_work(uv_work_t *req)
         if (j->rc < 0 && a->rdzv->publish_store) {
             snprintf(j->err, sizeof(j->err), "cannot reach the %s rendezvous at %s: %s",
                      a->rdzv->name, a->cfg->rdzv_endpoint, why);
+        } else if (j->rc == -EACCES && a->token[0]) {
+            char ep[300];
+            fmt_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
+            snprintf(j->err, sizeof(j->err),
+                     "authentication with the rendezvous store at %s failed: its token is not "
+                     "this node's; every node of a job needs the same token (--token-file, "
+                     "DDPRUN_TOKEN_FILE or DDPRUN_TOKEN), unless that is another job's store "
+                     "(%s)",
+                     ep, why);
         } else if (j->rc < 0) {
             char ep[300];
             fmt_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
@@ -980,6 +995,8 @@ static void job_after(uv_work_t *req, int status)
             }
             break;
         case JOB_RENDEZVOUS: {
+            if (a->joinwatch_started)
+                joinwatch_set(a, false);
             /* A store that moves with the rounds: the round's replaces the last one (whose
              * workers are all gone). */
             bool moved = j->rc == 0 && a->rdzv->publish_store;

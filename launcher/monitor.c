@@ -5,6 +5,10 @@
  * monitor connections closing, and for an elastic job nodes waiting to join. Whatever it learns
  * goes to the loop through uv_async_send() (ddprun.c's remote_cb()).
  *
+ * Also here, the join watch: a thread that, while this node waits at a rendezvous, says which
+ * address failed to authenticate to the job's store (a node with another token), at once and
+ * then every JOINWATCH_REPEAT_S until the rendezvous ends.
+ *
  * Not done here: acting on what it reports (ddprun.c). Besides what the loop never changes
  * once the job runs (configuration, run prefix, store endpoint, token), it reads the round and
  * the assignment and writes its report under the agent's mutex.
@@ -14,10 +18,12 @@
 #include "monoclock.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------------------------------- */
 /* Monitor thread                                                                           */
@@ -258,6 +264,111 @@ void monitor_set_round(agent *a, int round)
 {
     pthread_mutex_lock(&a->mu);
     a->monitor_round = round;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Join watch                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+#define JOINWATCH_REPEAT_S 30.0 /* how often a failed authentication is said again */
+#define JOINWATCH_WAIT_MS 5000  /* a waiting node's look for the record: one WAIT per slice */
+
+/*
+ * The agent serving the store in-process: the failed authentications its server counted
+ * (security.auth_failed of the status JSON) and the last one's peer. Returns the count, 0 when
+ * there were none or the status cannot be had.
+ */
+static int64_t served_auth_failures(agent *a, char *peer, size_t n)
+{
+    pthread_mutex_lock(&a->mu);
+    char *js = NULL;
+    int rc = a->store ? rdzv_server_status(a->store, &js) : -ENOENT;
+    pthread_mutex_unlock(&a->mu);
+    if (rc < 0)
+        return 0;
+    json_t *o = json_loads(js, 0, NULL), *sec = json_object_get(o, "security");
+    rdzv_free(js);
+    int64_t count = json_integer_value(json_object_get(sec, "auth_failed"));
+    const char *p = json_string_value(
+        json_object_get(json_object_get(sec, "last_auth_failure"), "peer"));
+    snprintf(peer, n, "%s", p ? p : "");
+    json_decref(o);
+    return p ? count : 0;
+}
+
+/*
+ * The join watch's thread (store-backed rendezvous with a token only): parks until a
+ * rendezvous starts (joinwatch_set()), then, with a connection of its own, looks for the run's
+ * auth_failed record (noderdzv.h) in WAITs of JOINWATCH_WAIT_MS; the agent serving the store
+ * looks at its server's counters every second and publishes the record first. A record with a
+ * higher count than said is said at once, the same one again after JOINWATCH_REPEAT_S, for as
+ * long as the rendezvous lasts. Never joined: exit() ends it (ddprun.c's main()).
+ */
+void *joinwatch_main(void *arg)
+{
+    agent *a = arg;
+    rdzv_client *c = NULL;
+    int64_t said = 0, published = 0;
+    double said_at = 0;
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        while (!a->joining)
+            pthread_cond_wait(&a->cv, &a->mu);
+        bool hosting = a->store != NULL;
+        pthread_mutex_unlock(&a->mu);
+        if (!c) {
+            rdzv_client_options co;
+            rdzv_client_options_init(&co);
+            co.connect_timeout_ms = 5000;
+            co.timeout_ms = 2 * JOINWATCH_WAIT_MS;
+            co.token = a->token;
+            if (rdzv_client_connect(a->connect_host, a->store_port, &co, &c) < 0) {
+                c = NULL;
+                sleep(1);
+                continue;
+            }
+        }
+        char peer[80] = "";
+        int64_t count = 0;
+        if (hosting) {
+            count = served_auth_failures(a, peer, sizeof peer);
+            if (count > published &&
+                ddprun_rdzv_publish_auth_failure(c, a->prefix, count, peer) == 0)
+                published = count;
+        }
+        int rc = ddprun_rdzv_auth_failure(c, a->prefix, hosting ? 0 : JOINWATCH_WAIT_MS, &count,
+                                          peer, sizeof peer);
+        if (rc < 0 && rc != -ETIMEDOUT && rc != -EPROTO) {
+            rdzv_client_close(c); /* a broken connection: a new one next time */
+            c = NULL;
+        }
+        double now = mono_now_s();
+        pthread_mutex_lock(&a->mu);
+        bool joining = a->joining;
+        pthread_mutex_unlock(&a->mu);
+        if (rc == 0 && joining && (count > said || now - said_at >= JOINWATCH_REPEAT_S)) {
+            char ep[300];
+            fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
+            say("waiting for the other nodes: %s failed to authenticate to the rendezvous store "
+                "at %s (%lld failed authentication%s so far): that node does not have this "
+                "job's token (--token-file, DDPRUN_TOKEN_FILE or DDPRUN_TOKEN); the join "
+                "timeout is %g s",
+                peer, ep, (long long)count, count == 1 ? "" : "s", a->cfg->join_timeout_s);
+            said = count;
+            said_at = now;
+        }
+        if (hosting || rc == 0)
+            sleep(1); /* the record is there (or looked at once): pace the looks */
+    }
+    return NULL;
+}
+
+void joinwatch_set(agent *a, bool joining)
+{
+    pthread_mutex_lock(&a->mu);
+    a->joining = joining;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
 }

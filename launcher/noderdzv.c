@@ -918,6 +918,43 @@ int ddprun_rdzv_node_host(rdzv_client *c, const char *prefix, int round, int nod
     return rc;
 }
 
+int ddprun_rdzv_publish_auth_failure(rdzv_client *c, const char *prefix, int64_t count,
+                                     const char *peer)
+{
+    if (!c || bad_prefix(prefix) || count < 1 || !peer || !peer[0] || strchr(peer, ' '))
+        return -EINVAL;
+    char key[DDPRUN_RDZV_MAX_PREFIX + 32], v[128];
+    snprintf(key, sizeof key, "%s/auth_failed", prefix);
+    int n = snprintf(v, sizeof v, "%" PRId64 " %s", count, peer);
+    if (n < 0 || (size_t)n >= sizeof v)
+        return -EINVAL;
+    return rdzv_set(c, key, v, (size_t)n);
+}
+
+int ddprun_rdzv_auth_failure(rdzv_client *c, const char *prefix, int timeout_ms, int64_t *count,
+                             char *peer, size_t n)
+{
+    if (!c || bad_prefix(prefix) || !count || !peer || n == 0)
+        return -EINVAL;
+    char key[DDPRUN_RDZV_MAX_PREFIX + 32];
+    snprintf(key, sizeof key, "%s/auth_failed", prefix);
+    void *v = NULL;
+    size_t len = 0;
+    int rc = rdzv_wait_get(c, key, timeout_ms, &v, &len);
+    if (rc < 0)
+        return rc;
+    const char *s = v, *sp = memchr(s, ' ', len);
+    int64_t k = 0;
+    if (!sp || !parse_int(s, (size_t)(sp - s), 1, INT64_MAX, &k, NULL) || sp + 1 == s + len)
+        rc = -EPROTO;
+    else {
+        *count = k;
+        snprintf(peer, n, "%.*s", (int)(s + len - sp - 1), sp + 1);
+    }
+    rdzv_free(v);
+    return rc;
+}
+
 int ddprun_rdzv_exit_done(rdzv_client *c, const char *prefix, int round)
 {
     if (!c || bad_prefix(prefix) || round < 0)
