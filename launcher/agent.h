@@ -237,6 +237,7 @@ void stderr_drained(void *arg);
 void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void stream_close(stream *s);
 void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+void stream_drain(stream *s); /* reads what the pipe holds now, as stream_read() would */
 
 /* monitor.c */
 void store_conn_closed(void *arg, const char *host, int port);

@@ -662,6 +662,7 @@ void on_worker_exit(worker *w, int64_t status, int term_signal)
         (a->state == ST_RUNNING || (a->state == ST_STOPPING && a->nfailures > 0))) {
         char message[512], how[64];
         int code = term_signal ? -term_signal : (int)status;
+        stream_drain(&w->err); /* its last lines may not have been read yet */
         bool has_error_file = read_error_file(w->error_file, message, sizeof(message));
         ddprun_failure f;
         ddprun_failure_init(&f, a->hostname, w->rank, w->local_rank, code,
@@ -669,10 +670,11 @@ void on_worker_exit(worker *w, int64_t status, int term_signal)
         f.teardown = !own;
         f.node_rank = a->asg.node_rank;
         f.core_dumped = core && code < 0;
-        if (has_error_file)
-            snprintf(f.error_file, sizeof(f.error_file), "%s", w->error_file);
-        else if (ddprun_tail_text(&w->err_tail, DDPRUN_TAIL_LINES, f.stderr_tail,
-                                  sizeof(f.stderr_tail)) > 0) {
+        if (has_error_file) {
+            if (a->keep_logs) /* else the file goes at exit: not worth naming */
+                snprintf(f.error_file, sizeof(f.error_file), "%s", w->error_file);
+        } else if (ddprun_tail_text(&w->err_tail, DDPRUN_TAIL_LINES, f.stderr_tail,
+                                    sizeof(f.stderr_tail)) > 0) {
             /* No error file: the last line of stderr says most. */
             const char *last = strrchr(f.stderr_tail, '\n');
             snprintf(f.message, sizeof(f.message), "%.*s", (int)sizeof(f.message) - 1,
