@@ -1484,6 +1484,38 @@ START_TEST(test_host_records)
 }
 END_TEST
 
+/* The run's auth_failed record: absent (a look, a timed wait), then the count and peer as
+ * published, a later count replacing it; bad records refused. */
+START_TEST(test_auth_failure_record)
+{
+    rdzv_client *host = client(), *node = client();
+    int64_t count = 0;
+    char peer[64];
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 0, &count, peer, sizeof peer),
+                     -ETIMEDOUT);
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 50, &count, peer, sizeof peer),
+                     -ETIMEDOUT);
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 1, "10.0.0.3:41234"), 0);
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 5000, &count, peer, sizeof peer), 0);
+    ck_assert_int_eq(count, 1);
+    ck_assert_str_eq(peer, "10.0.0.3:41234");
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 3, "[fd00::3]:5"), 0);
+    ck_assert_int_eq(rdzv_ping(host), 0);
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 0, &count, peer, sizeof peer), 0);
+    ck_assert_int_eq(count, 3);
+    ck_assert_str_eq(peer, "[fd00::3]:5");
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 0, "a:1"), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 1, "a b"), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 1, ""), -EINVAL);
+    ck_assert_int_eq(rdzv_set(host, PREFIX "/auth_failed", "x y", 3), 0);
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 0, &count, peer, sizeof peer),
+                     -EPROTO);
+    ck_assert_int_eq(count, 3); /* unchanged */
+    rdzv_client_close(host);
+    rdzv_client_close(node);
+}
+END_TEST
+
 /* The optional members travel only when they say something, and come back as they went. */
 START_TEST(test_failure_record_details_json)
 {
@@ -1617,7 +1649,7 @@ static Suite *noderdzv_suite(void)
         test_dynamic_join_timeout_aborts, test_rounds_do_not_mix,
         test_heartbeat_detects_silent_node, test_heartbeat_peer_sets, test_heartbeat_ring_detects,
         test_failure_first_writer_wins, test_failure_record_through_store, test_conn_records,
-        test_host_records,
+        test_host_records, test_auth_failure_record,
         test_exit_barrier_all_arrive, test_exit_barrier_failure_ends_wait,
         test_exit_barrier_timeout, test_clear_worker_keys, test_clear_worker_keys_without_host,
         test_invalid_arguments, test_backend_ops_through_store, test_static_root_load_linear,
