@@ -304,7 +304,8 @@ static int64_t served_auth_failures(agent *a, char *peer, size_t n)
  * auth_failed record (noderdzv.h) in WAITs of JOINWATCH_WAIT_MS; the agent serving the store
  * looks at its server's counters every second and publishes the record first. A record with a
  * higher count than said is said at once, the same one again after JOINWATCH_REPEAT_S, for as
- * long as the rendezvous lasts. Never joined: exit() ends it (ddprun.c's main()).
+ * long as the rendezvous lasts; between rendezvous it holds no connection. Never joined: exit()
+ * ends it (ddprun.c's main()).
  */
 void *joinwatch_main(void *arg)
 {
@@ -314,6 +315,13 @@ void *joinwatch_main(void *arg)
     double said_at = 0;
     for (;;) {
         pthread_mutex_lock(&a->mu);
+        if (!a->joining && c) {
+            /* Between rendezvous: no connection of its own beside the monitor's. */
+            pthread_mutex_unlock(&a->mu);
+            rdzv_client_close(c);
+            c = NULL;
+            pthread_mutex_lock(&a->mu);
+        }
         while (!a->joining)
             pthread_cond_wait(&a->cv, &a->mu);
         bool hosting = a->store != NULL;
