@@ -57,10 +57,48 @@ static int get_text(json_t *o, const char *key, char *buf, size_t n)
     return 0;
 }
 
-char *ddprun_failure_to_json(const ddprun_failure *f)
+/* Length of the valid UTF-8 sequence at p (n bytes left), or 0 when the bytes there are not
+ * one (a stray continuation byte, an overlong form, a surrogate, a sequence cut short). */
+static size_t utf8_len(const unsigned char *p, size_t n)
 {
-    if (!f)
+    unsigned char c = p[0];
+    size_t len = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
+                            : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (len == 0 || len > n)
+        return 0;
+    unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+    unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    for (size_t i = 1; i < len; i++)
+        if (p[i] < (i == 1 ? lo : 0x80) || p[i] > (i == 1 ? hi : 0xbf))
+            return 0;
+    return len;
+}
+
+/* Makes `s` valid UTF-8 in place, each byte that is not part of a valid sequence becoming '?':
+ * a worker's stderr, or a line cut to fit, must not keep its record out of JSON. */
+static void utf8_clean(char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        size_t l = utf8_len((const unsigned char *)s + i, n - i);
+        if (l == 0) {
+            s[i++] = '?';
+            continue;
+        }
+        i += l;
+    }
+}
+
+char *ddprun_failure_to_json(const ddprun_failure *in)
+{
+    if (!in)
         return NULL;
+    ddprun_failure copy = *in, *f = &copy;
+    utf8_clean(f->node);
+    utf8_clean(f->message);
+    utf8_clean(f->error_file);
+    utf8_clean(f->logs);
+    utf8_clean(f->stderr_tail);
     json_t *o =
         json_pack("{s:f, s:s, s:i, s:i, s:i, s:i, s:s, s:b}", "time", f->time, "node", f->node,
                   "rank", f->rank, "local_rank", f->local_rank, "exit_code", f->exit_code, "pid",

@@ -52,7 +52,8 @@ void ddprun_failure_init(ddprun_failure *f, const char *node, int rank, int loca
 
 /*
  * Returns the record as compact JSON text (NUL-terminated, allocated: free()), or NULL when out
- * of memory or `f` is NULL.
+ * of memory or `f` is NULL. Bytes of the strings that are not valid UTF-8 (a worker's stderr, a
+ * line cut mid-character) go out as '?'.
  */
 char *ddprun_failure_to_json(const ddprun_failure *f);
 

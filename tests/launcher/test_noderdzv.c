@@ -1541,6 +1541,16 @@ START_TEST(test_failure_record_details_json)
     ck_assert_str_eq(g.logs, f.logs);
     ck_assert_str_eq(g.stderr_tail, f.stderr_tail);
     free(js);
+    /* Bytes that are not UTF-8 (binary stderr, a character cut by a field's end) become '?';
+     * valid multibyte characters stay. */
+    snprintf(f.stderr_tail, sizeof f.stderr_tail, "ok \xc3\xa9 \xff bad \xe2\x82");
+    snprintf(f.message, sizeof f.message, "\xed\xa0\x80 surrogate, \xc0\xaf overlong");
+    js = ddprun_failure_to_json(&f);
+    ck_assert_ptr_nonnull(js);
+    ck_assert_int_eq(ddprun_failure_from_json(js, &g), 0);
+    ck_assert_str_eq(g.stderr_tail, "ok \xc3\xa9 ? bad ??");
+    ck_assert_str_eq(g.message, "??? surrogate, ?? overlong");
+    free(js);
     /* Absent: unknown node rank, no core, empty texts; of the wrong type: refused. */
     ck_assert_int_eq(ddprun_failure_from_json("{\"time\": 5, \"node\": \"n\", \"rank\": 0, "
                                               "\"local_rank\": 0, \"exit_code\": 2, \"pid\": 7}",
