@@ -175,7 +175,7 @@ typedef struct agent {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int monitor_round; /* round the monitor watches; -1: stop */
-    char remote_failure[32768]; /* a record's JSON, every field full and escaped, fits */
+    char remote_failure[32768];     /* a record's JSON, every field full and escaped, fits */
     int remote_round;               /* the round remote_failure belongs to */
     closed_peer closed[MAX_CLOSED]; /* store connections that closed (ring; under mu) */
     uint64_t nclosed, closed_seen;  /* ring positions: written, looked at by the monitor */

@@ -633,7 +633,9 @@ static void worker_logs(const agent *a, const worker *w, char *buf, size_t n)
         return;
     bool out = which & DDPRUN_STD_OUT, err = which & DDPRUN_STD_ERR;
     if (snprintf(buf, n, "%s/attempt_%d/%d/%s", a->logdir, a->restart_count, lr,
-                 out && err ? "{stdout,stderr}.log" : out ? "stdout.log" : "stderr.log") >= (int)n)
+                 out && err ? "{stdout,stderr}.log"
+                 : out      ? "stdout.log"
+                            : "stderr.log") >= (int)n)
         buf[0] = '\0'; /* a cut path would mislead */
 }
 
@@ -851,8 +853,7 @@ static void start_round(agent *a)
     j->round = a->round;
     job_queue(a, j);
     /* A store-backed rendezvous of several nodes with a token: say who fails to authenticate. */
-    if (a->token[0] && !a->rdzv->publish_store && a->cfg->nnodes_max > 1 &&
-        !a->joinwatch_started)
+    if (a->token[0] && !a->rdzv->publish_store && a->cfg->nnodes_max > 1 && !a->joinwatch_started)
         a->joinwatch_started = pthread_create(&a->joinwatch, NULL, joinwatch_main, a) == 0;
     if (a->joinwatch_started)
         joinwatch_set(a, true);

@@ -62,8 +62,11 @@ static int get_text(json_t *o, const char *key, char *buf, size_t n)
 static size_t utf8_len(const unsigned char *p, size_t n)
 {
     unsigned char c = p[0];
-    size_t len = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
-                            : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    size_t len = c < 0x80                 ? 1
+                 : c >= 0xc2 && c <= 0xdf ? 2
+                 : c >= 0xe0 && c <= 0xef ? 3
+                 : c >= 0xf0 && c <= 0xf4 ? 4
+                                          : 0;
     if (len == 0 || len > n)
         return 0;
     unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;

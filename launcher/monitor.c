@@ -291,8 +291,8 @@ static int64_t served_auth_failures(agent *a, char *peer, size_t n)
     json_t *o = json_loads(js, 0, NULL), *sec = json_object_get(o, "security");
     rdzv_free(js);
     int64_t count = json_integer_value(json_object_get(sec, "auth_failed"));
-    const char *p = json_string_value(
-        json_object_get(json_object_get(sec, "last_auth_failure"), "peer"));
+    const char *p =
+        json_string_value(json_object_get(json_object_get(sec, "last_auth_failure"), "peer"));
     snprintf(peer, n, "%s", p ? p : "");
     json_decref(o);
     return p ? count : 0;

@@ -525,11 +525,10 @@ static int auth_step(rdzv_server *srv, client *c, const rdzv__request *req)
             return rdzv__reply_vec(&srv->store, &c->conn, "", 1) < 0 ? -1 : 0;
         }
     }
-    refuse_auth(c,
-           rc == -EACCES   ? "authentication failed: wrong proof (the peer does not know the "
-                             "store's secret)"
-           : rc == -EPROTO ? "authentication failed: handshake out of order or malformed"
-                           : "authentication failed: cannot compute the proof");
+    refuse_auth(c, rc == -EACCES ? "authentication failed: wrong proof (the peer does not know the "
+                                   "store's secret)"
+                   : rc == -EPROTO ? "authentication failed: handshake out of order or malformed"
+                                   : "authentication failed: cannot compute the proof");
     return -1;
 }
 

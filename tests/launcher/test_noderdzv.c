@@ -1508,8 +1508,7 @@ START_TEST(test_auth_failure_record)
     ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 1, "a b"), -EINVAL);
     ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 1, ""), -EINVAL);
     ck_assert_int_eq(rdzv_set(host, PREFIX "/auth_failed", "x y", 3), 0);
-    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 0, &count, peer, sizeof peer),
-                     -EPROTO);
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 0, &count, peer, sizeof peer), -EPROTO);
     ck_assert_int_eq(count, 3); /* unchanged */
     rdzv_client_close(host);
     rdzv_client_close(node);
@@ -1659,12 +1658,11 @@ static Suite *noderdzv_suite(void)
         test_dynamic_join_timeout_aborts, test_rounds_do_not_mix,
         test_heartbeat_detects_silent_node, test_heartbeat_peer_sets, test_heartbeat_ring_detects,
         test_failure_first_writer_wins, test_failure_record_through_store, test_conn_records,
-        test_host_records, test_auth_failure_record,
-        test_exit_barrier_all_arrive, test_exit_barrier_failure_ends_wait,
-        test_exit_barrier_timeout, test_clear_worker_keys, test_clear_worker_keys_without_host,
-        test_invalid_arguments, test_backend_ops_through_store, test_static_root_load_linear,
-        test_dynamic_root_load_linear, test_static_computing_node_stops,
-        test_static_malformed_nproc);
+        test_host_records, test_auth_failure_record, test_exit_barrier_all_arrive,
+        test_exit_barrier_failure_ends_wait, test_exit_barrier_timeout, test_clear_worker_keys,
+        test_clear_worker_keys_without_host, test_invalid_arguments, test_backend_ops_through_store,
+        test_static_root_load_linear, test_dynamic_root_load_linear,
+        test_static_computing_node_stops, test_static_malformed_nproc);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     /* Pure functions: no store. */
