@@ -163,7 +163,7 @@ static void add_failure(agent *a, const ddprun_failure *f)
 {
     for (size_t i = 0; i < a->nfailures; i++)
         if (!strcmp(a->failures[i].node, f->node) && a->failures[i].rank == f->rank &&
-            a->failures[i].pid == f->pid)
+            a->failures[i].pid == f->pid && a->failures[i].node_rank == f->node_rank)
             return;
     a->failures = realloc(a->failures, (a->nfailures + 1) * sizeof(*f));
     if (!a->failures)
