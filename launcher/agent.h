@@ -75,6 +75,7 @@ typedef struct worker {
     char error_file[PATH_MAX];
     uint64_t last_output_ms;   /* uv_now() at spawn or at its last output (--hung-timeout) */
     uint64_t stopped_since_ms; /* uv_now() when first seen stopped (state T), 0 if not */
+    ddprun_tail err_tail;      /* the end of its standard error, for the failure summary */
 } worker;
 
 /*
@@ -101,7 +102,7 @@ typedef struct store_job {
     rdzv_server *srv;      /* RENDEZVOUS, a store moving with the rounds: the one served here */
     char store_host[256];  /* RENDEZVOUS, ditto: where the round's store is */
     int store_port;
-    char err[640]; /* what went wrong, for the loop thread to print */
+    char err[1024]; /* what went wrong, for the loop thread to print */
     /* RENDEZVOUS with --store-proxy on (storeproxy.c): the round's proxy, started here, or the
      * agent's kept (keep_proxy); proxy_note: a line for the loop thread to print */
     rdzv_proxy *proxy;
@@ -174,7 +175,7 @@ typedef struct agent {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int monitor_round; /* round the monitor watches; -1: stop */
-    char remote_failure[1024];
+    char remote_failure[32768];     /* a record's JSON, every field full and escaped, fits */
     int remote_round;               /* the round remote_failure belongs to */
     closed_peer closed[MAX_CLOSED]; /* store connections that closed (ring; under mu) */
     uint64_t nclosed, closed_seen;  /* ring positions: written, looked at by the monitor */
@@ -203,6 +204,11 @@ typedef struct agent {
     char guard[PATH_MAX]; /* the ddp-guard program's path; "": not looked up yet */
     uv_signal_t sigchld;  /* reaps the guards (on_sigchld()) */
     bool sigchld_started;
+
+    /* The join watch (monitor.c): says who failed to authenticate while this node waits */
+    pthread_t joinwatch;
+    bool joinwatch_started;
+    bool joining; /* a rendezvous runs; under mu */
 } agent;
 
 /* ddprun.c */
@@ -231,11 +237,14 @@ void stderr_drained(void *arg);
 void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void stream_close(stream *s);
 void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+void stream_drain(stream *s); /* reads what the pipe holds now, as stream_read() would */
 
 /* monitor.c */
 void store_conn_closed(void *arg, const char *host, int port);
 void *monitor_main(void *arg);
 void monitor_set_round(agent *a, int round);
+void *joinwatch_main(void *arg);
+void joinwatch_set(agent *a, bool joining); /* a rendezvous starts (true) or ended */
 
 /*
  * After a store call of this agent failed with `rc`: true when that means the store is gone

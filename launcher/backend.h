@@ -140,8 +140,9 @@ typedef struct ddprun_backend_ops {
     bool store_dies_with_node;
 
     /*
-     * How the monitor says that node rank %d is gone, a printf format taking the rank (int) and
-     * the liveness timeout (double): "stopped sending heartbeats (none for %g s)" and the like.
+     * How the monitor says that a node is gone, after the node's name ("node 2 (node3): "), a
+     * printf format taking the liveness timeout (double): "stopped sending heartbeats (none for
+     * %g s)" and the like.
      */
     const char *gone_format;
 
@@ -175,6 +176,16 @@ typedef struct ddprun_backend_ops {
      * ddprun_rdzv_clear_worker_keys()).
      */
     int (*mark_host)(ddprun_rdzv_conn *c, const char *prefix);
+
+    /*
+     * Host names (ddprun_rdzv_publish_host(), ddprun_rdzv_node_host()), NULL where the backend
+     * keeps none: each node publishes its own once its monitor starts on a round, and a node
+     * reporting another as lost looks its name up (-ENOENT: none published).
+     */
+    int (*publish_host)(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank,
+                        const char *hostname);
+    int (*node_host)(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank, char *buf,
+                     size_t n);
 } ddprun_backend_ops;
 
 /* The row named `name` (borrowed), or NULL if there is none. */
@@ -209,6 +220,10 @@ int ddprun_store_watch_open(const char *prefix, int round, int nnodes, int node_
 int ddprun_store_dead_nodes(ddprun_rdzv_conn *c, ddprun_rdzv_watch *w, int *dead, int dead_cap);
 void ddprun_store_watch_close(ddprun_rdzv_watch *w);
 int ddprun_store_mark_host(ddprun_rdzv_conn *c, const char *prefix);
+int ddprun_store_publish_host(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank,
+                              const char *hostname);
+int ddprun_store_node_host(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank,
+                           char *buf, size_t n);
 
 /* The store-backed rows' shared operations, for their table initialisers. */
 #define DDPRUN_STORE_BACKEND_OPS                                                                   \
@@ -219,7 +234,8 @@ int ddprun_store_mark_host(ddprun_rdzv_conn *c, const char *prefix);
     .publish_conn = ddprun_store_publish_conn, .conn_owner = ddprun_store_conn_owner,              \
     .heartbeat = ddprun_store_heartbeat, .watch_open = ddprun_store_watch_open,                    \
     .dead_nodes = ddprun_store_dead_nodes, .watch_close = ddprun_store_watch_close,                \
-    .gone_format = "node %d stopped sending heartbeats (none for %g s)",                           \
-    .mark_host = ddprun_store_mark_host
+    .gone_format = "stopped sending heartbeats (none for %g s)",                                   \
+    .mark_host = ddprun_store_mark_host, .publish_host = ddprun_store_publish_host,                \
+    .node_host = ddprun_store_node_host
 
 #endif /* DDPRUN_BACKEND_H */

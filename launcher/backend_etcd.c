@@ -1195,6 +1195,6 @@ const ddprun_backend_ops ddprun_backend_etcd = {
     .publish_store = etcd_publish_store,
     .find_store = etcd_find_store,
     .store_dies_with_node = false,
-    .gone_format = "node %d left the rendezvous, or its lease expired (no renewal for %g s)",
+    .gone_format = "left the rendezvous, or its lease expired (no renewal for %g s)",
     .leave = etcd_leave,
 };

@@ -134,3 +134,15 @@ int ddprun_store_mark_host(ddprun_rdzv_conn *c, const char *prefix)
 {
     return ddprun_rdzv_mark_host(c->client, prefix);
 }
+
+int ddprun_store_publish_host(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank,
+                              const char *hostname)
+{
+    return ddprun_rdzv_publish_host(c->client, prefix, round, node_rank, hostname);
+}
+
+int ddprun_store_node_host(ddprun_rdzv_conn *c, const char *prefix, int round, int node_rank,
+                           char *buf, size_t n)
+{
+    return ddprun_rdzv_node_host(c->client, prefix, round, node_rank, buf, n);
+}

@@ -54,6 +54,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -131,14 +132,15 @@ static void emit(const char *fmt, ...)
 /* Failures and the summary                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Reads the message a worker left in its TORCHELASTIC_ERROR_FILE (PyTorch's @record format). */
-static void read_error_file(const char *path, char *msg, size_t n)
+/* Reads the message a worker left in its TORCHELASTIC_ERROR_FILE (PyTorch's @record format).
+ * Returns whether the file was there and JSON. */
+static bool read_error_file(const char *path, char *msg, size_t n)
 {
     msg[0] = '\0';
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = path[0] ? json_load_file(path, 0, &jerr) : NULL;
     if (!root)
-        return;
+        return false;
     json_t *m = json_object_get(root, "message");
     const char *text = NULL;
     if (json_is_string(m))
@@ -154,13 +156,14 @@ static void read_error_file(const char *path, char *msg, size_t n)
         msg[l] = '\0';
     }
     json_decref(root);
+    return true;
 }
 
 static void add_failure(agent *a, const ddprun_failure *f)
 {
     for (size_t i = 0; i < a->nfailures; i++)
         if (!strcmp(a->failures[i].node, f->node) && a->failures[i].rank == f->rank &&
-            a->failures[i].pid == f->pid)
+            a->failures[i].pid == f->pid && a->failures[i].node_rank == f->node_rank)
             return;
     a->failures = realloc(a->failures, (a->nfailures + 1) * sizeof(*f));
     if (!a->failures)
@@ -170,16 +173,39 @@ static void add_failure(agent *a, const ddprun_failure *f)
 
 void describe_exit(int code, char *buf, size_t n)
 {
-    if (code >= 0)
-        snprintf(buf, n, "exit %d", code);
-    else
-        snprintf(buf, n, "signal %d (%s)", -code, sigabbrev_np(-code) ? sigabbrev_np(-code) : "?");
+    ddprun_describe_exit(code, false, buf, n);
+}
+
+/*
+ * The lines under a failure of its own in the summary: where to look. The error file and the
+ * log files when there are any, else the last lines of the worker's standard error.
+ */
+static void print_details(const ddprun_failure *f)
+{
+    if (f->error_file[0])
+        emit("%-8s error_file: %s", "", f->error_file);
+    if (f->logs[0])
+        emit("%-8s logs: %s", "", f->logs);
+    if (!f->stderr_tail[0])
+        return;
+    int lines = 1;
+    for (const char *p = f->stderr_tail; *p; p++)
+        lines += *p == '\n';
+    emit("%-8s stderr (last %d line%s):", "", lines, lines == 1 ? "" : "s");
+    for (const char *p = f->stderr_tail; *p;) {
+        int l = (int)strcspn(p, "\n");
+        emit("%-8s | %.*s", "", l, p);
+        p += l + (p[l] == '\n');
+    }
 }
 
 /*
  * Prints the failure table under the line `title` (what happens next): every failure of the
  * round, local or reported by another node, the root cause (the earliest failure of its own)
- * first and marked "root", the failures that came with the teardown (teardown) last.
+ * first and marked "root", the failures that came with the teardown (teardown) last. A worker's
+ * row names its node by rank and host; a node's failure (no worker concerned: a node lost, hung
+ * workers, the store gone) is one sentence naming the node. Under each failure of its own, where
+ * to look (print_details()).
  */
 static void print_summary(agent *a, const char *title)
 {
@@ -190,18 +216,30 @@ static void print_summary(agent *a, const char *title)
     qsort(a->failures, a->nfailures, sizeof(ddprun_failure), ddprun_failure_cmp);
     emit("%s", "============================================================");
     say("%s", title);
-    emit("%-8s %-23s %-16s %5s %5s %-18s %8s  %s", "", "time", "node", "rank", "local", "exit",
-         "pid", "message");
+    emit("%-8s %-23s %4s %-16s %5s %5s %-18s %8s  %s", "", "time", "node", "host", "rank", "local",
+         "exit", "pid", "message");
     bool teardown = false;
     for (size_t i = 0; i < a->nfailures; i++) {
         const ddprun_failure *f = &a->failures[i];
-        char when[32], how[48];
+        char when[32], how[64], node[16] = "-", who[300];
         format_time(f->time, when, sizeof(when));
-        describe_exit(f->exit_code, how, sizeof(how));
         teardown |= f->teardown;
         const char *mark = i == 0 ? "root" : f->teardown ? "teardown" : "";
-        emit("%-8s %-23s %-16s %5d %5d %-18s %8d  %s", mark, when, f->node, f->rank, f->local_rank,
-             how, f->pid, f->message);
+        if (f->rank < 0) {
+            ddprun_node_name(f->node_rank, f->node, who, sizeof(who));
+            if (f->node_rank < 0 && !strcmp(who, "a node"))
+                emit("%-8s %-23s %s", mark, when, f->message);
+            else
+                emit("%-8s %-23s %s: %s", mark, when, who, f->message);
+        } else {
+            ddprun_describe_exit(f->exit_code, f->core_dumped, how, sizeof(how));
+            if (f->node_rank >= 0)
+                snprintf(node, sizeof(node), "%d", f->node_rank);
+            emit("%-8s %-23s %4s %-16s %5d %5d %-18s %8d  %s", mark, when, node, f->node, f->rank,
+                 f->local_rank, how, f->pid, f->message);
+        }
+        if (!f->teardown)
+            print_details(f);
     }
     if (teardown)
         emit("(teardown: ended after " PROG " had begun stopping the workers)");
@@ -385,6 +423,7 @@ static void hung_timer_cb(uv_timer_t *t)
     say("%s: stopping the workers", msg);
     ddprun_failure f;
     ddprun_failure_init(&f, a->hostname, -1, -1, 1, 0, msg);
+    f.node_rank = a->asg.node_rank;
     add_failure(a, &f);
     publish_failure(a, &f);
     stop_workers(a);
@@ -574,14 +613,42 @@ void maybe_round_over(agent *a)
     round_over(a);
 }
 
+/* Whether worker w dumped a core: the wait status its guard left in the memfd they share. */
+static bool worker_core_dumped(worker *w)
+{
+    char buf[16] = "";
+    ssize_t k = pread(w->envfd, buf, sizeof(buf) - 1, GUARD_STATUS_OFFSET);
+    char *end = buf;
+    long st = k > 0 ? strtol(buf, &end, 10) : 0;
+    return k > 0 && end != buf && WIFSIGNALED((int)st) && WCOREDUMP((int)st);
+}
+
+/* Writes where worker w's output went besides the console, "" if nowhere: its log files under
+ * --redirects/--tee (spawn.c's setup_stream() names them). */
+static void worker_logs(const agent *a, const worker *w, char *buf, size_t n)
+{
+    int lr = w->local_rank, which = a->cfg->redirects[lr] | a->cfg->tee[lr];
+    buf[0] = '\0';
+    if (!a->logdir[0] || !which)
+        return;
+    bool out = which & DDPRUN_STD_OUT, err = which & DDPRUN_STD_ERR;
+    if (snprintf(buf, n, "%s/attempt_%d/%d/%s", a->logdir, a->restart_count, lr,
+                 out && err ? "{stdout,stderr}.log"
+                 : out      ? "stdout.log"
+                            : "stderr.log") >= (int)n)
+        buf[0] = '\0'; /* a cut path would mislead */
+}
+
 /* Worker w's guard exited (spawn.c reaped it) with `status`, or killed by `term_signal`. */
 void on_worker_exit(worker *w, int64_t status, int term_signal)
 {
     agent *a = w->a;
     w->running = false;
     a->nrunning--;
+    bool core = false;
     if (w->envfd >= 0) {
         worker_program_pid(w); /* the summary names the program's process */
+        core = worker_core_dumped(w);
         close(w->envfd);
         w->envfd = -1;
     }
@@ -595,16 +662,30 @@ void on_worker_exit(worker *w, int64_t status, int term_signal)
     bool own = a->state == ST_RUNNING || w->exited_unstopped;
     if ((status != 0 || term_signal != 0) &&
         (a->state == ST_RUNNING || (a->state == ST_STOPPING && a->nfailures > 0))) {
-        char message[512], how[48];
+        char message[512], how[64];
         int code = term_signal ? -term_signal : (int)status;
-        read_error_file(w->error_file, message, sizeof(message));
+        stream_drain(&w->err); /* its last lines may not have been read yet */
+        bool has_error_file = read_error_file(w->error_file, message, sizeof(message));
         ddprun_failure f;
         ddprun_failure_init(&f, a->hostname, w->rank, w->local_rank, code,
                             w->worker_pid ? w->worker_pid : w->pid, message);
         f.teardown = !own;
+        f.node_rank = a->asg.node_rank;
+        f.core_dumped = core && code < 0;
+        if (has_error_file) {
+            if (a->keep_logs) /* else the file goes at exit: not worth naming */
+                snprintf(f.error_file, sizeof(f.error_file), "%s", w->error_file);
+        } else if (ddprun_tail_text(&w->err_tail, DDPRUN_TAIL_LINES, f.stderr_tail,
+                                    sizeof(f.stderr_tail)) > 0) {
+            /* No error file: the last line of stderr says most. */
+            const char *last = strrchr(f.stderr_tail, '\n');
+            snprintf(f.message, sizeof(f.message), "%.*s", (int)sizeof(f.message) - 1,
+                     last ? last + 1 : f.stderr_tail);
+        }
+        worker_logs(a, w, f.logs, sizeof(f.logs));
         add_failure(a, &f);
         if (a->state == ST_RUNNING) {
-            describe_exit(code, how, sizeof(how));
+            ddprun_describe_exit(code, f.core_dumped, how, sizeof(how));
             say("rank %d (local rank %d, pid %d) failed: %s", w->rank, w->local_rank, f.pid, how);
             publish_failure(a, &f);
             stop_workers(a);
@@ -618,7 +699,7 @@ void on_worker_exit(worker *w, int64_t status, int term_signal)
 static void remote_cb(uv_async_t *h)
 {
     agent *a = h->data;
-    char msg[1024];
+    char msg[sizeof(a->remote_failure)];
     pthread_mutex_lock(&a->mu);
     snprintf(msg, sizeof(msg), "%s", a->remote_failure);
     int round = a->remote_round;
@@ -636,9 +717,14 @@ static void remote_cb(uv_async_t *h)
     }
     ddprun_failure f;
     if (ddprun_failure_from_json(msg, &f) == 0) {
+        char who[300], how[64];
         add_failure(a, &f);
+        ddprun_node_name(f.node_rank, f.node, who, sizeof(who));
+        ddprun_describe_exit(f.exit_code, f.core_dumped, how, sizeof(how));
         if (f.rank >= 0)
-            say("rank %d on %s failed: stopping the local workers", f.rank, f.node);
+            say("rank %d on %s failed (%s): stopping the local workers", f.rank, who, how);
+        else if (strcmp(who, "a node"))
+            say("%s: %s: stopping the local workers", who, f.message);
         else
             say("%s: stopping the local workers", f.message);
     } else {
@@ -648,9 +734,9 @@ static void remote_cb(uv_async_t *h)
         } else {
             say("%s: stopping the local workers", msg);
         }
-        /* Not a record (a node stopped beating, the store is gone): one without a worker. */
+        /* Not a record (the store is gone): a failure of no one node, without a worker. */
         ddprun_failure g;
-        ddprun_failure_init(&g, "?", -1, -1, 1, 0, msg);
+        ddprun_failure_init(&g, NULL, -1, -1, 1, 0, msg);
         add_failure(a, &g);
     }
     stop_workers(a);
@@ -766,6 +852,11 @@ static void start_round(agent *a)
     store_job *j = job_new(a, JOB_RENDEZVOUS);
     j->round = a->round;
     job_queue(a, j);
+    /* A store-backed rendezvous of several nodes with a token: say who fails to authenticate. */
+    if (a->token[0] && !a->rdzv->publish_store && a->cfg->nnodes_max > 1 && !a->joinwatch_started)
+        a->joinwatch_started = pthread_create(&a->joinwatch, NULL, joinwatch_main, a) == 0;
+    if (a->joinwatch_started)
+        joinwatch_set(a, true);
 }
 
 /* The rendezvous of this round succeeded: start the workers. */
@@ -799,6 +890,7 @@ static void spawn_round(agent *a)
         if (spawn_worker(a, w) < 0) {
             ddprun_failure f;
             ddprun_failure_init(&f, a->hostname, w->rank, i, 127, 0, "could not start the worker");
+            f.node_rank = a->asg.node_rank;
             add_failure(a, &f);
             publish_failure(a, &f);
             stop_workers(a);
@@ -844,6 +936,15 @@ static void job_work(uv_work_t *req)
         if (j->rc < 0 && a->rdzv->publish_store) {
             snprintf(j->err, sizeof(j->err), "cannot reach the %s rendezvous at %s: %s",
                      a->rdzv->name, a->cfg->rdzv_endpoint, why);
+        } else if (j->rc == -EACCES && a->token[0]) {
+            char ep[300];
+            fmt_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
+            snprintf(j->err, sizeof(j->err),
+                     "authentication with the rendezvous store at %s failed: its token is not "
+                     "this node's; every node of a job needs the same token (--token-file, "
+                     "DDPRUN_TOKEN_FILE or DDPRUN_TOKEN), unless that is another job's store "
+                     "(%s)",
+                     ep, why);
         } else if (j->rc < 0) {
             char ep[300];
             fmt_endpoint(ep, sizeof(ep), a->connect_host, a->store_port);
@@ -897,6 +998,8 @@ static void job_after(uv_work_t *req, int status)
             }
             break;
         case JOB_RENDEZVOUS: {
+            if (a->joinwatch_started)
+                joinwatch_set(a, false);
             /* A store that moves with the rounds: the round's replaces the last one (whose
              * workers are all gone). */
             bool moved = j->rc == 0 && a->rdzv->publish_store;

@@ -305,7 +305,8 @@ static void default_reserved_signals(void)
  *     the worker's process group, and on GUARD_KILL_SIG SIGKILLs it;
  *   - once the worker has exited (or on GUARD_KILL_SIG), SIGKILLs every descendant left, as
  *     ddprun always did with the leftovers of a worker's process group, waits until none is
- *     left, and exits as the worker did: its exit code, or its signal, raised again.
+ *     left, writes the worker's wait status into the memfd (GUARD_STATUS_OFFSET: the core
+ *     dump flag), and exits as the worker did: its exit code, or its signal, raised again.
  * Signals are handled synchronously (sigwaitinfo), so nothing runs in a handler.
  */
 int shim_main(int argc, char **argv)
@@ -388,7 +389,6 @@ int shim_main(int argc, char **argv)
     }
     if (procfd >= 0)
         close(procfd);
-    close(3);
 
     bool kill_all = false;
     while (!g.worker_done && !kill_all) {
@@ -411,6 +411,13 @@ int shim_main(int argc, char **argv)
     if (!g.worker_done)
         kill(-g.worker, SIGKILL);
     kill_descendants(true, guard_reaped, &g);
+    /* The worker's wait status for ddprun (GUARD_STATUS_OFFSET): whether it dumped a core. */
+    char status[16];
+    int sl = snprintf(status, sizeof status, "%d", g.status);
+    if (pwrite(3, status, (size_t)sl, GUARD_STATUS_OFFSET) != sl) {
+        /* Nothing to do: ddprun then reports no core. */
+    }
+    close(3);
     if (WIFSIGNALED(g.status)) {
         int sig = WTERMSIG(g.status);
         struct rlimit no_core = {0, 0};

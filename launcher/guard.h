@@ -21,6 +21,12 @@
  * SIGKILL for a worker, and the guard's parent-death signal. A real-time signal, unused else. */
 #define GUARD_KILL_SIG (SIGRTMIN + 2)
 
+/* Where in the memfd it shares with ddprun (its fd 3) a guard writes the worker's wait status
+ * (waitpid(2)'s, in decimal) once the worker has exited, for ddprun to tell whether a core was
+ * dumped: the guard's own exit passes on the signal but cannot pass that on. Beyond the worker's
+ * pid, which the guard writes at offset 0; the bytes between stay zero. */
+#define GUARD_STATUS_OFFSET 64
+
 /* Marks every descriptor above standard error close-on-exec (the agent, at startup). */
 void cloexec_inherited_fds(void);
 

@@ -5,6 +5,10 @@
  * monitor connections closing, and for an elastic job nodes waiting to join. Whatever it learns
  * goes to the loop through uv_async_send() (ddprun.c's remote_cb()).
  *
+ * Also here, the join watch: a thread that, while this node waits at a rendezvous, says which
+ * address failed to authenticate to the job's store (a node with another token), at once and
+ * then every JOINWATCH_REPEAT_S until the rendezvous ends.
+ *
  * Not done here: acting on what it reports (ddprun.c). Besides what the loop never changes
  * once the job runs (configuration, run prefix, store endpoint, token), it reads the round and
  * the assignment and writes its report under the agent's mutex.
@@ -14,10 +18,12 @@
 #include "monoclock.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------------------------------- */
 /* Monitor thread                                                                           */
@@ -61,21 +67,28 @@ static int closed_node(agent *a, ddprun_rdzv_conn *c, int round, int nnodes, int
 }
 
 /*
- * A node found dead: unless the round already ended well (every node passed the exit barrier,
- * after which nodes leave), publish it as the round's failure so that every node stops at once
+ * Node `dead` found dead (`why`: what happened to it): unless the round already ended well
+ * (every node passed the exit barrier, after which nodes leave), publish it as the round's
+ * failure, a node's record (its rank and host name, no worker), so that every node stops at once
  * with the same root cause, and hand the record to the loop. Runs on the monitor's thread with
  * its own client, so a store that is slow to answer never blocks the loop.
  */
-static void report_dead_node(agent *a, ddprun_rdzv_conn *c, int round, const char *why,
+static void report_dead_node(agent *a, ddprun_rdzv_conn *c, int round, int dead, const char *why,
                              char *report, size_t n)
 {
     if (a->rdzv->exit_done(c, a->prefix, round) == 1)
         return;
+    char host[256] = "";
+    if (a->rdzv->node_host)
+        a->rdzv->node_host(c, a->prefix, round, dead, host, sizeof(host));
     ddprun_failure f;
-    ddprun_failure_init(&f, "?", -1, -1, 1, 0, why);
+    ddprun_failure_init(&f, host, -1, -1, 1, 0, why);
+    f.node_rank = dead;
     char *js = ddprun_failure_to_json(&f);
     if (!js) {
-        snprintf(report, n, "%s", why);
+        char who[300];
+        ddprun_node_name(dead, host, who, sizeof(who));
+        snprintf(report, n, "%s: %s", who, why);
         return;
     }
     a->rdzv->publish_failure(c, a->prefix, round, js);
@@ -176,9 +189,11 @@ void *monitor_main(void *arg)
             slice_ms = ddprun_monitor_slice_ms(beat_s, dead_s, nnodes);
             reported = false;
             a->rdzv->publish_conn(c, a->prefix, round, me);
+            if (a->rdzv->publish_host)
+                a->rdzv->publish_host(c, a->prefix, round, me, a->hostname);
             last_beat = 0;
         }
-        char report[1024] = "";
+        char report[sizeof(a->remote_failure)] = "";
         char *json = NULL;
         int rc = a->rdzv->wait_failure(c, a->prefix, round, slice_ms, &json);
         if (rc == 0) {
@@ -214,13 +229,11 @@ void *monitor_main(void *arg)
                 /* said above */
             } else if (gone >= 0) {
                 snprintf(why, sizeof(why),
-                         "node %d closed its connection to the store (its ddprun exited or was "
-                         "killed)",
-                         gone);
-                report_dead_node(a, c, round, why, report, sizeof(report));
+                         "closed its connection to the store (its ddprun exited or was killed)");
+                report_dead_node(a, c, round, gone, why, report, sizeof(report));
             } else if (nd > 0) {
-                snprintf(why, sizeof(why), a->rdzv->gone_format, dead[0], dead_s);
-                report_dead_node(a, c, round, why, report, sizeof(report));
+                snprintf(why, sizeof(why), a->rdzv->gone_format, dead_s);
+                report_dead_node(a, c, round, dead[0], why, report, sizeof(report));
             } else if (dynamic && a->rdzv->num_waiting(c, a->prefix, round, &waiting) == 0 &&
                        waiting > 0) {
                 snprintf(report, sizeof(report), "%s", MEMBERSHIP_CHANGE);
@@ -251,6 +264,119 @@ void monitor_set_round(agent *a, int round)
 {
     pthread_mutex_lock(&a->mu);
     a->monitor_round = round;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Join watch                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+#define JOINWATCH_REPEAT_S 30.0 /* how often a failed authentication is said again */
+#define JOINWATCH_WAIT_MS 5000  /* a waiting node's look for the record: one WAIT per slice */
+
+/*
+ * The agent serving the store in-process: the failed authentications its server counted
+ * (security.auth_failed of the status JSON) and the last one's peer. Returns the count, 0 when
+ * there were none or the status cannot be had.
+ */
+static int64_t served_auth_failures(agent *a, char *peer, size_t n)
+{
+    pthread_mutex_lock(&a->mu);
+    char *js = NULL;
+    int rc = a->store ? rdzv_server_status(a->store, &js) : -ENOENT;
+    pthread_mutex_unlock(&a->mu);
+    if (rc < 0)
+        return 0;
+    json_t *o = json_loads(js, 0, NULL), *sec = json_object_get(o, "security");
+    rdzv_free(js);
+    int64_t count = json_integer_value(json_object_get(sec, "auth_failed"));
+    const char *p =
+        json_string_value(json_object_get(json_object_get(sec, "last_auth_failure"), "peer"));
+    snprintf(peer, n, "%s", p ? p : "");
+    json_decref(o);
+    return p ? count : 0;
+}
+
+/*
+ * The join watch's thread (store-backed rendezvous with a token only): parks until a
+ * rendezvous starts (joinwatch_set()), then, with a connection of its own, looks for the run's
+ * auth_failed record (noderdzv.h) in WAITs of JOINWATCH_WAIT_MS; the agent serving the store
+ * looks at its server's counters every second and publishes the record first. A record with a
+ * higher count than said is said at once, the same one again after JOINWATCH_REPEAT_S, for as
+ * long as the rendezvous lasts; between rendezvous it holds no connection. Never joined: exit()
+ * ends it (ddprun.c's main()).
+ */
+void *joinwatch_main(void *arg)
+{
+    agent *a = arg;
+    rdzv_client *c = NULL;
+    int64_t said = 0, published = 0;
+    double said_at = 0;
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        if (!a->joining && c) {
+            /* Between rendezvous: no connection of its own beside the monitor's. */
+            pthread_mutex_unlock(&a->mu);
+            rdzv_client_close(c);
+            c = NULL;
+            pthread_mutex_lock(&a->mu);
+        }
+        while (!a->joining)
+            pthread_cond_wait(&a->cv, &a->mu);
+        bool hosting = a->store != NULL;
+        pthread_mutex_unlock(&a->mu);
+        if (!c) {
+            rdzv_client_options co;
+            rdzv_client_options_init(&co);
+            co.connect_timeout_ms = 5000;
+            co.timeout_ms = 2 * JOINWATCH_WAIT_MS;
+            co.token = a->token;
+            if (rdzv_client_connect(a->connect_host, a->store_port, &co, &c) < 0) {
+                c = NULL;
+                sleep(1);
+                continue;
+            }
+        }
+        char peer[80] = "";
+        int64_t count = 0;
+        if (hosting) {
+            count = served_auth_failures(a, peer, sizeof peer);
+            if (count > published &&
+                ddprun_rdzv_publish_auth_failure(c, a->prefix, count, peer) == 0)
+                published = count;
+        }
+        int rc = ddprun_rdzv_auth_failure(c, a->prefix, hosting ? 0 : JOINWATCH_WAIT_MS, &count,
+                                          peer, sizeof peer);
+        if (rc < 0 && rc != -ETIMEDOUT && rc != -EPROTO) {
+            rdzv_client_close(c); /* a broken connection: a new one next time */
+            c = NULL;
+        }
+        double now = mono_now_s();
+        pthread_mutex_lock(&a->mu);
+        bool joining = a->joining;
+        pthread_mutex_unlock(&a->mu);
+        if (rc == 0 && joining && (count > said || now - said_at >= JOINWATCH_REPEAT_S)) {
+            char ep[300];
+            fmt_endpoint(ep, sizeof(ep), a->store_host, a->store_port);
+            say("waiting for the other nodes: %s failed to authenticate to the rendezvous store "
+                "at %s (%lld failed authentication%s so far): that node does not have this "
+                "job's token (--token-file, DDPRUN_TOKEN_FILE or DDPRUN_TOKEN); the join "
+                "timeout is %g s",
+                peer, ep, (long long)count, count == 1 ? "" : "s", a->cfg->join_timeout_s);
+            said = count;
+            said_at = now;
+        }
+        if (hosting || rc == 0)
+            sleep(1); /* the record is there (or looked at once): pace the looks */
+    }
+    return NULL;
+}
+
+void joinwatch_set(agent *a, bool joining)
+{
+    pthread_mutex_lock(&a->mu);
+    a->joining = joining;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
 }

@@ -882,6 +882,79 @@ out:
     return rc;
 }
 
+int ddprun_rdzv_publish_host(rdzv_client *c, const char *prefix, int round, int node_rank,
+                             const char *hostname)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || node_rank < 0 || !hostname || !hostname[0])
+        return -EINVAL;
+    char *key = round_key(prefix, round, "host/%d", node_rank);
+    if (!key)
+        return -ENOMEM;
+    int rc = rdzv_set(c, key, hostname, strlen(hostname));
+    free(key);
+    return rc;
+}
+
+int ddprun_rdzv_node_host(rdzv_client *c, const char *prefix, int round, int node_rank, char *buf,
+                          size_t n)
+{
+    if (!c || bad_prefix(prefix) || round < 0 || node_rank < 0 || !buf || n == 0)
+        return -EINVAL;
+    char *key = round_key(prefix, round, "host/%d", node_rank);
+    if (!key)
+        return -ENOMEM;
+    const char *keys[1] = {key};
+    void *v = NULL;
+    size_t len = 0;
+    int rc = rdzv_check(c, keys, 1); /* one look: rdzv_get() would wait */
+    if (rc == 1)
+        rc = rdzv_get(c, key, &v, &len);
+    else if (rc == 0)
+        rc = -ENOENT;
+    if (rc == 0)
+        snprintf(buf, n, "%.*s", (int)len, (const char *)v);
+    rdzv_free(v);
+    free(key);
+    return rc;
+}
+
+int ddprun_rdzv_publish_auth_failure(rdzv_client *c, const char *prefix, int64_t count,
+                                     const char *peer)
+{
+    if (!c || bad_prefix(prefix) || count < 1 || !peer || !peer[0] || strchr(peer, ' '))
+        return -EINVAL;
+    char key[DDPRUN_RDZV_MAX_PREFIX + 32], v[128];
+    snprintf(key, sizeof key, "%s/auth_failed", prefix);
+    int n = snprintf(v, sizeof v, "%" PRId64 " %s", count, peer);
+    if (n < 0 || (size_t)n >= sizeof v)
+        return -EINVAL;
+    return rdzv_set(c, key, v, (size_t)n);
+}
+
+int ddprun_rdzv_auth_failure(rdzv_client *c, const char *prefix, int timeout_ms, int64_t *count,
+                             char *peer, size_t n)
+{
+    if (!c || bad_prefix(prefix) || !count || !peer || n == 0)
+        return -EINVAL;
+    char key[DDPRUN_RDZV_MAX_PREFIX + 32];
+    snprintf(key, sizeof key, "%s/auth_failed", prefix);
+    void *v = NULL;
+    size_t len = 0;
+    int rc = rdzv_wait_get(c, key, timeout_ms, &v, &len);
+    if (rc < 0)
+        return rc;
+    const char *s = v, *sp = memchr(s, ' ', len);
+    int64_t k = 0;
+    if (!sp || !parse_int(s, (size_t)(sp - s), 1, INT64_MAX, &k, NULL) || sp + 1 == s + len)
+        rc = -EPROTO;
+    else {
+        *count = k;
+        snprintf(peer, n, "%.*s", (int)(s + len - sp - 1), sp + 1);
+    }
+    rdzv_free(v);
+    return rc;
+}
+
 int ddprun_rdzv_exit_done(rdzv_client *c, const char *prefix, int round)
 {
     if (!c || bad_prefix(prefix) || round < 0)

@@ -31,6 +31,8 @@
  *   conn/<rank>          "<host> <port>": the local end of that node's monitor connection to the
  *                        store (ddprun_rdzv_publish_conn()), so that the store's host can tell
  *                        whose connection closed
+ *   host/<rank>          the host name of that node (ddprun_rdzv_publish_host()), so that every
+ *                        node names a lost node by its host too
  *   failed               the first failure report of the round (compare_set): the JSON text of
  *                        a ddprun_failure (failure.h)
  *   exit/count           ADD counter of the nodes whose workers all succeeded (exit barrier)
@@ -46,6 +48,10 @@
  *   <prefix>/store_host  "1", set by an agent that serves the store in-process before its first
  *                        rendezvous (ddprun_rdzv_mark_host()); absent when no agent does (a c10d
  *                        endpoint served by ddp-rendezvous or PyTorch)
+ *   <prefix>/auth_failed "<count> <ADDR:PORT>": the agent that serves the store in-process saw
+ *                        `count` failed authentications, the last from that peer
+ *                        (ddprun_rdzv_publish_auth_failure()), for the nodes waiting at the
+ *                        rendezvous to say which address has another token
  *
  * Keys outside DDPRUN_RDZV_ROOT "/" are the workers' (torch's own, with no attempt prefix):
  * ddprun_rdzv_clear_worker_keys() deletes them between attempts and keeps everything here.
@@ -239,6 +245,33 @@ int ddprun_dead_nodes(rdzv_client *c, ddprun_hb_state *st, int *dead, int dead_c
 int ddprun_rdzv_publish_conn(rdzv_client *c, const char *prefix, int round, int node_rank);
 int ddprun_rdzv_conn_owner(rdzv_client *c, const char *prefix, int round, int nnodes,
                            const char *host, int port);
+
+/*
+ * Host names. A node publishes its host name (`hostname`, borrowed, not empty) as host/<node_rank>
+ * of round `round`; any node looks one up, without waiting, to name a node in its reports
+ * ("node 2 (node3)"). publish_host returns 0, -EINVAL or a negative errno from the store.
+ * node_host writes the name (cut to fit) into buf[n] and returns 0; -ENOENT when that node
+ * published none; -EINVAL; or a negative errno from the store.
+ */
+int ddprun_rdzv_publish_host(rdzv_client *c, const char *prefix, int round, int node_rank,
+                             const char *hostname);
+int ddprun_rdzv_node_host(rdzv_client *c, const char *prefix, int round, int node_rank, char *buf,
+                          size_t n);
+
+/*
+ * Authentication failures. The agent serving the store publishes how many connections failed
+ * to authenticate to it and the address of the last (`peer`, "ADDR:PORT", borrowed, no space),
+ * so that nodes waiting for the others can say which address does not share the job's token.
+ * publish returns 0, -EINVAL (count < 1, a bad peer) or a negative errno from the store.
+ * ddprun_rdzv_auth_failure() waits up to timeout_ms (0: one look; < 0: the client's timeout)
+ * for the record, and writes its count to *count and its peer (cut to fit) to peer[n]; returns
+ * 0, -ETIMEDOUT (none yet; the client stays usable), -EPROTO (a malformed record), -EINVAL, or
+ * another negative errno.
+ */
+int ddprun_rdzv_publish_auth_failure(rdzv_client *c, const char *prefix, int64_t count,
+                                     const char *peer);
+int ddprun_rdzv_auth_failure(rdzv_client *c, const char *prefix, int timeout_ms, int64_t *count,
+                             char *peer, size_t n);
 
 /*
  * Whether every node has passed the exit barrier of round `round` (exit/done is set): after that

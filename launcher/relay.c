@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* ---------------------------------------------------------------------------------------- */
@@ -270,6 +271,8 @@ void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     if (nread > 0) {
         size_t n = (size_t)nread;
         s->w->last_output_ms = uv_now(s->w->a->loop);
+        if (s->which == DDPRUN_STD_ERR) /* kept for the failure summary */
+            ddprun_tail_add(&s->w->err_tail, s->line + s->len, n);
         /* Bytes go to the log file as they arrive: no tail thread, no lag. */
         if (s->file >= 0) {
             size_t done;
@@ -295,4 +298,26 @@ void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread < 0)
         stream_close(s);
+}
+
+/*
+ * Reads at once what the worker left in the pipe of `s`, as stream_read() would have on the
+ * next turn of the loop (on_worker_exit(): the worker's last words, before its failure is
+ * recorded). Stops at an empty pipe, at 1 MiB, or when the console pauses the stream; the end of
+ * the stream is left for libuv to see.
+ */
+void stream_drain(stream *s)
+{
+    uv_os_fd_t fd;
+    if (!s->open || s->paused || uv_fileno((uv_handle_t *)&s->pipe, &fd) < 0)
+        return;
+    for (size_t got = 0; got < (1u << 20) && s->open && !s->paused;) {
+        uv_buf_t b;
+        stream_alloc((uv_handle_t *)&s->pipe, 65536, &b);
+        ssize_t k = b.len ? recv(fd, b.base, b.len, MSG_DONTWAIT) : -1;
+        if (k <= 0)
+            return;
+        stream_read((uv_stream_t *)&s->pipe, k, &b);
+        got += (size_t)k;
+    }
 }

@@ -143,6 +143,8 @@ struct rdzv_server {
     source *sources[SOURCE_BUCKETS]; /* probation connections by address */
     uint64_t auth_timeouts;          /* probation connections closed for auth_timeout_s */
     uint64_t probation_shed; /* closed to keep max_probation(_per_address), max_connections */
+    char last_auth_failed[64];    /* "ADDR:PORT" of the last peer that failed to authenticate */
+    uint64_t last_auth_failed_ms; /* uv_hrtime() in ms when it did; 0: none yet */
     int open_handles;
     bool closing;
 
@@ -477,6 +479,19 @@ static bool gate(rdzv_server *srv, client *c, const rdzv__request *req)
 }
 
 /*
+ * Closes `c`, which failed to authenticate (`why` starts "authentication failed"), counting it
+ * and noting its address and the time for the status JSON (security.last_auth_failure), so that
+ * the job's nodes can say which peer does not share their secret. The log line names the peer.
+ */
+static void refuse_auth(client *c, const char *why)
+{
+    rdzv_server *srv = c->srv;
+    snprintf(srv->last_auth_failed, sizeof(srv->last_auth_failed), "%s", peer_name(c));
+    srv->last_auth_failed_ms = uv_hrtime() / 1000000;
+    refuse(c, &srv->auth_failed, why);
+}
+
+/*
  * Runs one step of the handshake (AUTH_HELLO or AUTH_PROOF) for `c`, queueing its reply.
  * Returns 0, or -1 after closing the connection (a wrong proof or a malformed step).
  */
@@ -504,11 +519,10 @@ static int auth_step(rdzv_server *srv, client *c, const rdzv__request *req)
             return rdzv__reply_vec(&srv->store, &c->conn, "", 1) < 0 ? -1 : 0;
         }
     }
-    refuse(c, &srv->auth_failed,
-           rc == -EACCES   ? "authentication failed: wrong proof (the peer does not know the "
-                             "store's secret)"
-           : rc == -EPROTO ? "authentication failed: handshake out of order or malformed"
-                           : "authentication failed: cannot compute the proof");
+    refuse_auth(c, rc == -EACCES ? "authentication failed: wrong proof (the peer does not know the "
+                                   "store's secret)"
+                   : rc == -EPROTO ? "authentication failed: handshake out of order or malformed"
+                                   : "authentication failed: cannot compute the proof");
     return -1;
 }
 
@@ -780,6 +794,14 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread == 0)
         return;
     lock(srv);
+    if (nread < 0 && srv->token && c->auth.state == RDZV_AUTH_CHALLENGED) {
+        /* It had the store's proof and left without proving anything: its client found the
+         * proof wrong (rdzv-protocol(7), AUTHENTICATION), that is, it has another secret. */
+        refuse_auth(c, "authentication failed: the peer closed the connection on the store's "
+                       "proof (it does not know the store's secret: another token?)");
+        unlock(srv);
+        return;
+    }
     if (nread < 0) {
         client_close(c, nread == UV_EOF ? NULL : uv_strerror((int)nread));
         unlock(srv);
@@ -1240,6 +1262,11 @@ static char *status_json(rdzv_server *srv)
     json_object_set_new(sec, "probation", json_integer((json_int_t)srv->nprobation));
     json_object_set_new(sec, "auth_timeouts", json_integer((json_int_t)srv->auth_timeouts));
     json_object_set_new(sec, "probation_shed", json_integer((json_int_t)srv->probation_shed));
+    if (srv->last_auth_failed_ms)
+        json_object_set_new(
+            sec, "last_auth_failure",
+            json_pack("{s:s, s:f}", "peer", srv->last_auth_failed, "age_s",
+                      (double)(uv_hrtime() / 1000000 - srv->last_auth_failed_ms) / 1000.0));
     json_object_set_new(o, "buffered_bytes", json_integer((json_int_t)st->buffered));
     json_object_set_new(o, "multiplexed_connections", json_integer((json_int_t)srv->nmux));
     json_object_set_new(o, "virtual_connections", json_integer((json_int_t)srv->nvconns));

@@ -110,7 +110,7 @@ else
   took=$((SECONDS - t0))
   named=0
   for i in 0 1 2; do
-    [ "$i" != "$victim" ] && grep -q 'node 2 stopped sending heartbeats' "$tmp/r$i" && named=$((named + 1))
+    [ "$i" != "$victim" ] && grep -Eq 'node 2( \([^)]*\))?: stopped sending heartbeats' "$tmp/r$i" && named=$((named + 1))
   done
   if [ $nonzero = 2 ] && [ $named = 2 ] && [ $took -le 10 ]; then
     ok "ring: node rank 2 stopped; both survivors named it and stopped in $took s (rcs $rcs)"

@@ -19,9 +19,9 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 ok() { echo "ok: $*"; }
 TS='\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}\]'
-# A summary row: marker, time, node, rank, local rank, exit.
+# A summary row: marker, time, node rank, host, rank, local rank, exit.
 row() { # marker rank exit
-  echo "^$1 +[0-9-]+ [0-9:.]+ +[^ ]+ +$2 +$2 +$3 "
+  echo "^$1 +[0-9-]+ [0-9:.]+ +[0-9-]+ +[^ ]+ +$2 +$2 +$3 "
 }
 
 # 1. Both ranks fail.

@@ -78,7 +78,7 @@ if wait_up b; then
   finish 30
   ms=$(($(now_ms) - t0))
   read -r r0 r1 <<<"$rcs"
-  if [ "$r0" != 0 ] && [ "$r1" != 0 ] && grep -q 'node 1 stopped sending heartbeats' "$tmp/b0" &&
+  if [ "$r0" != 0 ] && [ "$r1" != 0 ] && grep -Eq 'node 1( \([^)]*\))?: stopped sending heartbeats' "$tmp/b0" &&
      [ $ms0 -le 5000 ] && [ $ms -le 15000 ]; then
     ok "2 s link-down with heartbeat_timeout=1: node 1 declared dead; node 0 stopped in $ms0 ms, node 1 in $ms ms"
   else

@@ -1461,6 +1461,193 @@ START_TEST(test_dynamic_root_load_linear)
 }
 END_TEST
 
+/* Host names: a node's published name is found by its rank, without waiting; a rank that
+ * published none is -ENOENT. */
+START_TEST(test_host_records)
+{
+    rdzv_client *n1 = client(), *other = client();
+    char buf[64] = "unchanged";
+    ck_assert_int_eq(ddprun_rdzv_node_host(other, PREFIX, 6, 1, buf, sizeof buf), -ENOENT);
+    ck_assert_int_eq(ddprun_rdzv_publish_host(n1, PREFIX, 6, 1, "node3"), 0);
+    ck_assert_int_eq(rdzv_ping(n1), 0);
+    ck_assert_int_eq(ddprun_rdzv_node_host(other, PREFIX, 6, 1, buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "node3");
+    ck_assert_int_eq(ddprun_rdzv_node_host(other, PREFIX, 7, 1, buf, sizeof buf), -ENOENT);
+    char small[4];
+    ck_assert_int_eq(ddprun_rdzv_node_host(other, PREFIX, 6, 1, small, sizeof small), 0);
+    ck_assert_str_eq(small, "nod");
+    ck_assert_int_eq(ddprun_rdzv_publish_host(n1, PREFIX, 6, 1, ""), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_publish_host(n1, PREFIX, 6, -1, "x"), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_node_host(other, PREFIX, 6, 1, buf, 0), -EINVAL);
+    rdzv_client_close(n1);
+    rdzv_client_close(other);
+}
+END_TEST
+
+/* The run's auth_failed record: absent (a look, a timed wait), then the count and peer as
+ * published, a later count replacing it; bad records refused. */
+START_TEST(test_auth_failure_record)
+{
+    rdzv_client *host = client(), *node = client();
+    int64_t count = 0;
+    char peer[64];
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 0, &count, peer, sizeof peer),
+                     -ETIMEDOUT);
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 50, &count, peer, sizeof peer),
+                     -ETIMEDOUT);
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 1, "10.0.0.3:41234"), 0);
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 5000, &count, peer, sizeof peer), 0);
+    ck_assert_int_eq(count, 1);
+    ck_assert_str_eq(peer, "10.0.0.3:41234");
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 3, "[fd00::3]:5"), 0);
+    ck_assert_int_eq(rdzv_ping(host), 0);
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 0, &count, peer, sizeof peer), 0);
+    ck_assert_int_eq(count, 3);
+    ck_assert_str_eq(peer, "[fd00::3]:5");
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 0, "a:1"), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 1, "a b"), -EINVAL);
+    ck_assert_int_eq(ddprun_rdzv_publish_auth_failure(host, PREFIX, 1, ""), -EINVAL);
+    ck_assert_int_eq(rdzv_set(host, PREFIX "/auth_failed", "x y", 3), 0);
+    ck_assert_int_eq(ddprun_rdzv_auth_failure(node, PREFIX, 0, &count, peer, sizeof peer), -EPROTO);
+    ck_assert_int_eq(count, 3); /* unchanged */
+    rdzv_client_close(host);
+    rdzv_client_close(node);
+}
+END_TEST
+
+/* The optional members travel only when they say something, and come back as they went. */
+START_TEST(test_failure_record_details_json)
+{
+    ddprun_failure f, g;
+    ddprun_failure_init(&f, "node3", 7, 1, -11, 99, "Segmentation fault");
+    ck_assert_int_eq(f.node_rank, -1);
+    f.node_rank = 2;
+    f.core_dumped = true;
+    snprintf(f.error_file, sizeof f.error_file, "/tmp/run/attempt_0/1/error.json");
+    snprintf(f.logs, sizeof f.logs, "/tmp/run/attempt_0/1/{stdout,stderr}.log");
+    snprintf(f.stderr_tail, sizeof f.stderr_tail, "line \"one\"\n\ttwo");
+    char *js = ddprun_failure_to_json(&f);
+    ck_assert_ptr_nonnull(js);
+    json_t *o = json_loads(js, 0, NULL);
+    ck_assert_int_eq(json_object_size(o), 13);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "node_rank")), 2);
+    json_decref(o);
+    ck_assert_int_eq(ddprun_failure_from_json(js, &g), 0);
+    check_same_failure(&f, &g);
+    ck_assert_int_eq(g.node_rank, 2);
+    ck_assert(g.core_dumped);
+    ck_assert_str_eq(g.error_file, f.error_file);
+    ck_assert_str_eq(g.logs, f.logs);
+    ck_assert_str_eq(g.stderr_tail, f.stderr_tail);
+    free(js);
+    /* Bytes that are not UTF-8 (binary stderr, a character cut by a field's end) become '?';
+     * valid multibyte characters stay. */
+    snprintf(f.stderr_tail, sizeof f.stderr_tail, "ok \xc3\xa9 \xff bad \xe2\x82");
+    snprintf(f.message, sizeof f.message, "\xed\xa0\x80 surrogate, \xc0\xaf overlong");
+    js = ddprun_failure_to_json(&f);
+    ck_assert_ptr_nonnull(js);
+    ck_assert_int_eq(ddprun_failure_from_json(js, &g), 0);
+    ck_assert_str_eq(g.stderr_tail, "ok \xc3\xa9 ? bad ??");
+    ck_assert_str_eq(g.message, "??? surrogate, ?? overlong");
+    free(js);
+    /* Absent: unknown node rank, no core, empty texts; of the wrong type: refused. */
+    ck_assert_int_eq(ddprun_failure_from_json("{\"time\": 5, \"node\": \"n\", \"rank\": 0, "
+                                              "\"local_rank\": 0, \"exit_code\": 2, \"pid\": 7}",
+                                              &g),
+                     0);
+    ck_assert_int_eq(g.node_rank, -1);
+    ck_assert(!g.core_dumped);
+    ck_assert_str_eq(g.error_file, "");
+    ck_assert_str_eq(g.stderr_tail, "");
+    ck_assert_int_eq(ddprun_failure_from_json("{\"time\": 5, \"node\": \"n\", \"rank\": 0, "
+                                              "\"local_rank\": 0, \"exit_code\": 2, \"pid\": 7, "
+                                              "\"stderr_tail\": 3}",
+                                              &g),
+                     -EPROTO);
+}
+END_TEST
+
+/* The words for an exit and for a node. */
+START_TEST(test_failure_words)
+{
+    char b[64];
+    ddprun_describe_exit(3, true, b, sizeof b);
+    ck_assert_str_eq(b, "exit 3");
+    ddprun_describe_exit(-9, false, b, sizeof b);
+    ck_assert_str_eq(b, "signal 9 (KILL)");
+    ddprun_describe_exit(-11, true, b, sizeof b);
+    ck_assert_str_eq(b, "signal 11 (SEGV), core dumped");
+    ddprun_node_name(2, "node3", b, sizeof b);
+    ck_assert_str_eq(b, "node 2 (node3)");
+    ddprun_node_name(2, "?", b, sizeof b);
+    ck_assert_str_eq(b, "node 2");
+    ddprun_node_name(2, NULL, b, sizeof b);
+    ck_assert_str_eq(b, "node 2");
+    ddprun_node_name(-1, "node3", b, sizeof b);
+    ck_assert_str_eq(b, "node3");
+    ddprun_node_name(-1, "", b, sizeof b);
+    ck_assert_str_eq(b, "a node");
+}
+END_TEST
+
+/* The stderr tail: the last lines, bounded; a line cut by the ring dropped; redraws and escape
+ * sequences cleaned; pieces of any size. */
+START_TEST(test_stderr_tail)
+{
+    ddprun_tail t;
+    char out[DDPRUN_TAIL_BYTES];
+    memset(&t, 0, sizeof t);
+    ck_assert_uint_eq(ddprun_tail_text(&t, 10, out, sizeof out), 0);
+    ck_assert_str_eq(out, "");
+    ddprun_tail_add(&t, "one\ntwo\n", 8);
+    ck_assert_uint_eq(ddprun_tail_text(&t, 10, out, sizeof out), 7);
+    ck_assert_str_eq(out, "one\ntwo");
+    ddprun_tail_text(&t, 1, out, sizeof out);
+    ck_assert_str_eq(out, "two");
+    /* An unfinished last line counts; blank trailing lines do not. */
+    ddprun_tail_add(&t, "thr", 3);
+    ddprun_tail_add(&t, "ee\n\n  \n", 7);
+    ddprun_tail_text(&t, 2, out, sizeof out);
+    ck_assert_str_eq(out, "two\nthree");
+    /* A bar redrawn with '\r' shows its last state; colours and other control bytes go. */
+    memset(&t, 0, sizeof t);
+    const char *bar = "10%\r50%\r100%\r\n\x1b[31mred\x1b[0m\x07 text\t!\n";
+    ddprun_tail_add(&t, bar, strlen(bar));
+    ddprun_tail_text(&t, 10, out, sizeof out);
+    ck_assert_str_eq(out, "100%\nred text\t!");
+    /* 20 lines, 10 kept; 5000 bytes in pieces of 7: the ring keeps the end, the cut line goes. */
+    memset(&t, 0, sizeof t);
+    char line[32];
+    for (int i = 1; i <= 20; i++) {
+        int l = snprintf(line, sizeof line, "line %d\n", i);
+        ddprun_tail_add(&t, line, (size_t)l);
+    }
+    ddprun_tail_text(&t, DDPRUN_TAIL_LINES, out, sizeof out);
+    ck_assert_str_eq(out, "line 11\nline 12\nline 13\nline 14\nline 15\nline 16\nline 17\nline "
+                          "18\nline 19\nline 20");
+    memset(&t, 0, sizeof t);
+    char big[5000];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = i % 100 == 99 ? '\n' : (char)('a' + i % 26);
+    for (size_t i = 0; i < sizeof big; i += 7)
+        ddprun_tail_add(&t, big + i, sizeof big - i < 7 ? sizeof big - i : 7);
+    size_t n = ddprun_tail_text(&t, 1000, out, sizeof out);
+    ck_assert_uint_le(n, DDPRUN_TAIL_BYTES - 1);
+    ck_assert_uint_eq(n % 100, 99); /* whole lines of 99 bytes and their separators */
+    ck_assert_int_eq(memcmp(out, big + 5000 - 100 * ((n + 1) / 100), 99), 0);
+    /* One add larger than the ring: its end stays. */
+    memset(&t, 0, sizeof t);
+    ddprun_tail_add(&t, big, sizeof big);
+    ddprun_tail_text(&t, 1, out, sizeof out);
+    ck_assert_int_eq(memcmp(out, big + 4900, 99), 0);
+    ck_assert_uint_eq(strlen(out), 99);
+    /* A small output buffer cuts the text. */
+    ck_assert_uint_eq(ddprun_tail_text(&t, 1, out, 5), 4);
+    ddprun_tail_add(NULL, "x", 1);
+    ck_assert_uint_eq(ddprun_tail_text(NULL, 1, out, sizeof out), 0);
+}
+END_TEST
+
 static Suite *noderdzv_suite(void)
 {
     Suite *s = suite_create("noderdzv");
@@ -1471,16 +1658,17 @@ static Suite *noderdzv_suite(void)
         test_dynamic_join_timeout_aborts, test_rounds_do_not_mix,
         test_heartbeat_detects_silent_node, test_heartbeat_peer_sets, test_heartbeat_ring_detects,
         test_failure_first_writer_wins, test_failure_record_through_store, test_conn_records,
-        test_exit_barrier_all_arrive, test_exit_barrier_failure_ends_wait,
-        test_exit_barrier_timeout, test_clear_worker_keys, test_clear_worker_keys_without_host,
-        test_invalid_arguments, test_backend_ops_through_store, test_static_root_load_linear,
-        test_dynamic_root_load_linear, test_static_computing_node_stops,
-        test_static_malformed_nproc);
+        test_host_records, test_auth_failure_record, test_exit_barrier_all_arrive,
+        test_exit_barrier_failure_ends_wait, test_exit_barrier_timeout, test_clear_worker_keys,
+        test_clear_worker_keys_without_host, test_invalid_arguments, test_backend_ops_through_store,
+        test_static_root_load_linear, test_dynamic_root_load_linear,
+        test_static_computing_node_stops, test_static_malformed_nproc);
     tcase_add_checked_fixture(tc, server_setup, server_teardown);
 
     /* Pure functions: no store. */
     check_tcase(s, "records", 5, test_run_prefix, test_failure_record_init,
                 test_failure_record_json, test_failure_record_exit_status,
+                test_failure_record_details_json, test_failure_words, test_stderr_tail,
                 test_failure_summary_order, test_backend_table, test_backend_plan_store);
     return s;
 }

@@ -640,6 +640,24 @@ START_TEST(wrong_token_fails_at_once_on_both_sides)
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "could not prove"));
     ck_assert_ptr_nonnull(strstr(rdzv_client_last_error(NULL), "after 1 attempt"));
     ck_assert_ptr_null(strstr(rdzv_client_last_error(NULL), other));
+    /* The server sees the client leave on its proof: a failed authentication, counted, logged
+     * with the peer's address and named in the status JSON (within 5 s: the close is seen on
+     * the server's loop thread). */
+    for (int i = 0; i < 500 && security(srv, "auth_failed") < 1; i++)
+        usleep(10000);
+    ck_assert_int_eq(security(srv, "auth_failed"), 1);
+    ck_assert(log_has("closing connection from 127.0.0.1:"));
+    ck_assert(log_has("authentication failed: the peer closed the connection on the store's "
+                      "proof"));
+    char *st;
+    ck_assert_int_eq(rdzv_server_status(srv, &st), 0);
+    json_t *o = json_loads(st, 0, NULL);
+    rdzv_free(st);
+    json_t *last = json_object_get(json_object_get(o, "security"), "last_auth_failure");
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(last, "peer")), "127.0.0.1:"));
+    ck_assert_double_ge(json_real_value(json_object_get(last, "age_s")), 0);
+    ck_assert_double_lt(json_real_value(json_object_get(last, "age_s")), 60);
+    json_decref(o);
     rdzv_server_close(srv);
 }
 END_TEST
