@@ -117,11 +117,15 @@ static int stop_catch(void)
  * After step `step`: does any rank have a stop signal? One max-allreduce of a flag over the
  * host communicator, so every rank gets the same answer after the same step. A rank that died
  * fails it (at once when its connections close, else within --timeout-ms): EXIT_FAIL, printed.
- * Every rank. Returns 0 with *stop set, or EXIT_FAIL.
+ * Every rank (a world of one only reads its flag). Returns 0 with *stop set, or EXIT_FAIL.
  */
 static int stop_agree(trainer *t, int64_t step, int *stop)
 {
     int32_t flag = stop_signal != 0;
+    if (t->world == 1) {
+        *stop = flag;
+        return 0;
+    }
     int rc = coll_allreduce(t->hcomm, &flag, &flag, 1, COLL_I32, COLL_MAX);
     if (rc < 0)
         return failed_by(t, "agreeing whether to stop", step - 1, rc, BY_COMM);
