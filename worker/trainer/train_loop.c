@@ -153,10 +153,10 @@ int train(trainer *t, double *final_acc, double *train_s)
     int64_t step = t->start_step;     /* steps taken, by this run and the one it resumes */
     const int async = t->device >= 0; /* ddp_step() is not asked for its info: that would wait */
     int stoppable = a->ckpt_dir != NULL; /* SIGTERM saves and stops (see the top) */
-    if (stoppable && stop_catch() < 0)
-        warn("SIGTERM: cannot catch it (%s): it ends the run without a checkpoint",
-             strerror(errno));
-    int rc = step < t->total_steps
+    int rc = stoppable ? stop_catch() : 0;
+    if (rc < 0)
+        warn("SIGTERM: cannot catch it (%s): it ends the run without a checkpoint", strerror(-rc));
+    rc = step < t->total_steps
                  ? data_loader_create(&t->train, &t->sampler, (int)(step / t->steps_per_epoch),
                                       (int)(step % t->steps_per_epoch), a->epochs,
                                       (int64_t)t->total_steps, &t->loader)
@@ -263,7 +263,8 @@ int train(trainer *t, double *final_acc, double *train_s)
         char newest[PATH_MAX];
         int found = ddp_checkpoint_latest(a->ckpt_dir, newest, sizeof newest, NULL, NULL);
         train_err(
-            "rank %d: trained, but the last save failed: %s; %s%s", t->rank, ddp_last_error(t->m),
+            "rank %d: %s, but the last save failed: %s; %s%s", t->rank,
+            t->stopped ? "stopped by SIGTERM" : "trained", ddp_last_error(t->m),
             found == 1 ? "the newest complete checkpoint is " : "no complete checkpoint remains",
             found == 1 ? newest : "");
         t->last_save_failed = 1;
