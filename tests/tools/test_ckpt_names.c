@@ -70,8 +70,8 @@ END_TEST
 
 START_TEST(torch)
 {
-    const char *in[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight",
-                        "fc3.bias", "fc1.weight.exp_avg", NULL};
+    const char *in[] = {"fc1.weight", "fc1.bias", "fc2.weight",         "fc2.bias",
+                        "fc3.weight", "fc3.bias", "fc1.weight.exp_avg", NULL};
     int n;
     char **l = list(in, &n), err[256];
     ck_assert_int_eq(names_to_torch(l, n, err, sizeof err), 0);
@@ -144,33 +144,28 @@ START_TEST(fit)
     ck_assert_int_eq(names_fit_mlp(ts, n, 65, 10, &in, &hidden, &layers, err, sizeof err), 0);
     ck_assert_int_eq(layers, 1);
 
-    ck_assert_int_eq(names_fit_mlp(ts, n, 65, 12, &in, &hidden, &layers, err, sizeof err),
-                     -EINVAL);
+    ck_assert_int_eq(names_fit_mlp(ts, n, 65, 12, &in, &hidden, &layers, err, sizeof err), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "fc2 has 10 outputs; ddp-train's MLP has 12"));
     ck_assert_int_eq(names_fit_mlp(ts, n - 1, 65, 10, &in, &hidden, &layers, err, sizeof err),
                      -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "fc2.bias is missing"));
-    ck_assert_int_eq(names_fit_mlp(ts, 2, 65, 10, &in, &hidden, &layers, err, sizeof err),
-                     -EINVAL);
+    ck_assert_int_eq(names_fit_mlp(ts, 2, 65, 10, &in, &hidden, &layers, err, sizeof err), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "1 linear layer: ddp-train's MLP has at least 2"));
 
     n = mlp(ts, sh, nm, 784, 32, 2, 10);
     sh[2][1] = 31; /* fc2.weight (32, 31) after fc1's 32 outputs */
-    ck_assert_int_eq(names_fit_mlp(ts, n, 65, 10, &in, &hidden, &layers, err, sizeof err),
-                     -EINVAL);
+    ck_assert_int_eq(names_fit_mlp(ts, n, 65, 10, &in, &hidden, &layers, err, sizeof err), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "fc2.weight takes 31 inputs, fc1 gives 32 outputs"));
     n = mlp(ts, sh, nm, 784, 32, 2, 10);
     sh[2][0] = sh[3][0] = sh[4][1] = 64; /* fc2 64 wide, fc1 32 */
-    ck_assert_int_eq(names_fit_mlp(ts, n, 65, 10, &in, &hidden, &layers, err, sizeof err),
-                     -EINVAL);
+    ck_assert_int_eq(names_fit_mlp(ts, n, 65, 10, &in, &hidden, &layers, err, sizeof err), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "fc2 has 64 outputs, fc1 32"));
 
     n = mlp(ts, sh, nm, 784, 32, 2, 10);
     ts[0].name = "0.weight";
     ts[1].name = "0.bias";
     ts[5].name = "fc3.scale";
-    ck_assert_int_eq(names_fit_mlp(ts, n, 65, 10, &in, &hidden, &layers, err, sizeof err),
-                     -EINVAL);
+    ck_assert_int_eq(names_fit_mlp(ts, n, 65, 10, &in, &hidden, &layers, err, sizeof err), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "'0.weight', '0.bias', 'fc3.scale': not ddp-train's"));
 }
 END_TEST

@@ -136,8 +136,8 @@ int names_rename(char **names, int n, const char *spec, char *err, size_t cap)
     for (int i = 0; i < n && rc == 0; i++)
         for (int j = i + 1; j < n && rc == 0; j++)
             if (!strcmp(fresh[i], fresh[j]))
-                rc = fail(err, cap, -EEXIST, "--rename: '%s' and '%s' would both be '%s'",
-                          names[i], names[j], fresh[i]);
+                rc = fail(err, cap, -EEXIST, "--rename: '%s' and '%s' would both be '%s'", names[i],
+                          names[j], fresh[i]);
     free(done);
     if (rc < 0) {
         drop(fresh, n);
@@ -285,8 +285,8 @@ int names_fit_mlp(const names_tensor *ts, int n, int max_linear, int classes, in
     }
     for (int k = 1; k <= L; k++)
         if (!w[k] || !b[k]) {
-            fail(err, cap, 0, "fc%d.%s is missing (fc1 ... fc%d each need a weight and a bias)",
-                 k, w[k] ? "bias" : "weight", L);
+            fail(err, cap, 0, "fc%d.%s is missing (fc1 ... fc%d each need a weight and a bias)", k,
+                 w[k] ? "bias" : "weight", L);
             goto out;
         }
     if (L < 2) {

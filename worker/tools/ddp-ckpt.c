@@ -814,9 +814,12 @@ static int cmd_export(const args *a)
                          "zero_stage", stage,
                          "optimizer",  ddp_optimizer_name(mf.optimizer),
                          "names",      names_words[a->names == NAMES_TORCH],
-                         a->rename ? "rename" : NULL,
-                         a->rename,
+                         NULL,         NULL, /* "rename" */
                          NULL};
+    if (a->rename) {
+        own[14] = "rename";
+        own[15] = a->rename;
+    }
     const char *meta[64];
     export_meta(own, mf.user_json, &user, meta, (int)(sizeof meta / sizeof meta[0]));
     /* Written beside the output and renamed: a failed export leaves no half file behind. */
@@ -1068,8 +1071,8 @@ static int import_fits(const char *path, const st_file *f, int names)
         nt[i] = (names_tensor){f->tensors[i].name, f->tensors[i].ndim, f->tensors[i].shape};
     char why[1024], e[256];
     int in, hidden, layers;
-    int rc = names_fit_mlp(nt, f->ntensors, MLP_MAX_LINEAR, MLP_CLASSES, &in, &hidden, &layers,
-                           why, sizeof why);
+    int rc = names_fit_mlp(nt, f->ntensors, MLP_MAX_LINEAR, MLP_CLASSES, &in, &hidden, &layers, why,
+                           sizeof why);
     if (rc == -EINVAL) {
         err("%s: the tensors make no model ddp-train builds: %s", path, why);
         /* Would nn.Sequential's names, mapped, fit? Then say so. */

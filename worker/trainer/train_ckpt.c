@@ -67,11 +67,11 @@ static void run_meta_fill(const trainer *t, run_meta *rm)
     snprintf(rm->shape, sizeof rm->shape, "%d,%d", t->train.rows, t->train.cols);
     float_str(rm->mean, sizeof rm->mean, DATA_MEAN);
     float_str(rm->std, sizeof rm->std, DATA_STD);
-    const char *in[] = {"input_shape", rm->shape, "input_divisor", "255", "input_mean", rm->mean,
-                        "input_std", rm->std, "input",
-                        "an image's pixels row-major, each (pixel / input_divisor - input_mean) / "
-                        "input_std in float32: torchvision's ToTensor() then "
-                        "Normalize(input_mean, input_std), flattened"};
+    static const char rule[] = "an image's pixels row-major, each (pixel / input_divisor - "
+                               "input_mean) / input_std in float32: torchvision's ToTensor() "
+                               "then Normalize(input_mean, input_std), flattened";
+    const char *in[] = {"input_shape", rm->shape,   "input_divisor", "255",   "input_mean",
+                        rm->mean,      "input_std", rm->std,         "input", rule};
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
         rm->pairs[k++] = in[i];
     rm->pairs[k] = NULL;

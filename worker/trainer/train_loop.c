@@ -152,11 +152,7 @@ int train(trainer *t, double *final_acc, double *train_s)
     const float loss_scale = (float)t->world / (float)a->global_batch;
     int64_t step = t->start_step;     /* steps taken, by this run and the one it resumes */
     const int async = t->device >= 0; /* ddp_step() is not asked for its info: that would wait */
-    int stoppable = a->ckpt_dir != NULL; /* SIGTERM saves and stops (see the top) */
-    int rc = stoppable ? stop_catch() : 0;
-    if (rc < 0)
-        warn("SIGTERM: cannot catch it (%s): it ends the run without a checkpoint", strerror(-rc));
-    rc = step < t->total_steps
+    int rc = step < t->total_steps
                  ? data_loader_create(&t->train, &t->sampler, (int)(step / t->steps_per_epoch),
                                       (int)(step % t->steps_per_epoch), a->epochs,
                                       (int64_t)t->total_steps, &t->loader)
@@ -165,6 +161,10 @@ int train(trainer *t, double *final_acc, double *train_s)
         train_err("rank %d: %s", t->rank, data_last_error());
         return EXIT_FAIL;
     }
+    /* SIGTERM saves and stops (see the top). */
+    const int stoppable = a->ckpt_dir != NULL;
+    if (stoppable && (rc = stop_catch()) < 0)
+        warn("SIGTERM: cannot catch it (%s): it ends the run without a checkpoint", strerror(-rc));
 
     int64_t interval_steps = 0;
     double t_train = 0;           /* seconds in training steps, evaluation excluded */
@@ -235,8 +235,8 @@ int train(trainer *t, double *final_acc, double *train_s)
         if (stoppable && (rc = stop_agree(t, step, &stop)) != 0)
             return rc;
         /* The periodic saves, the last step's and a stop's (one save per step at most). */
-        if (a->ckpt_dir && ((a->ckpt_every && step % a->ckpt_every == 0) ||
-                            step == t->total_steps || stop)) {
+        if (a->ckpt_dir &&
+            ((a->ckpt_every && step % a->ckpt_every == 0) || step == t->total_steps || stop)) {
             if ((rc = save_checkpoint(t, step)) != 0)
                 return rc;
         }
@@ -262,11 +262,11 @@ int train(trainer *t, double *final_acc, double *train_s)
             return failed(t, "the last checkpoint", step, rc);
         char newest[PATH_MAX];
         int found = ddp_checkpoint_latest(a->ckpt_dir, newest, sizeof newest, NULL, NULL);
-        train_err(
-            "rank %d: %s, but the last save failed: %s; %s%s", t->rank,
-            t->stopped ? "stopped by SIGTERM" : "trained", ddp_last_error(t->m),
-            found == 1 ? "the newest complete checkpoint is " : "no complete checkpoint remains",
-            found == 1 ? newest : "");
+        train_err("rank %d: %s, but the last save failed: %s; %s%s", t->rank,
+                  t->stopped ? "stopped by SIGTERM" : "trained", ddp_last_error(t->m),
+                  found == 1 ? "the newest complete checkpoint is "
+                             : "no complete checkpoint remains",
+                  found == 1 ? newest : "");
         t->last_save_failed = 1;
     } else if (t->stopped && t->rank == 0) {
         char saved[PATH_MAX];
