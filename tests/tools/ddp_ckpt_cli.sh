@@ -9,8 +9,8 @@
 #     with a line naming the file and what is wrong (the byte range of the bad chunk);
 #  3. export: the consolidated parameters, loaded with the Python safetensors package (numpy,
 #     and torch when importable), equal value for value to ddp-train's --dump-final of the same
-#     run; --optimizer adds NAME.exp_avg and NAME.exp_avg_sq of the same shapes; a damaged
-#     checkpoint is not exported;
+#     run, its metadata describing the model and the input normalisation; --optimizer adds
+#     NAME.exp_avg and NAME.exp_avg_sq of the same shapes; a damaged checkpoint is not exported;
 #  4. import: a safetensors file (ddp-train's --dump-init, values changed) becomes a checkpoint
 #     that exports back to the same tensors, and that ddp-train --init-from starts from (its
 #     --dump-init after the load equals the file); F32 only, a malformed file (header length
@@ -161,6 +161,10 @@ for run in ("z2", "z3"):
 with safe_open(f"{tmp}/z2-export.safetensors", "np") as f:
     m = f.metadata()
     assert m["step"] == "6" and m["world_size"] == "2" and m["zero_stage"] == "2", m
+    # ddp-train's model and input normalisation, from the checkpoint's user state.
+    assert m["model"] == "mlp" and m["layer_sizes"] == "784,99,99,10", m
+    assert m["activation"] == "relu" and m["names"] == "ddp-train", m
+    assert (m["input_divisor"], m["input_mean"], m["input_std"]) == ("255", "0.286", "0.353"), m
 opt, ref = load_file(f"{tmp}/z2-optim.safetensors"), load_file(f"{tmp}/z2-final.safetensors")
 assert list(opt) == [k + s for k in ref for s in ("", ".exp_avg", ".exp_avg_sq")], list(opt)
 for k in ref:

@@ -5,7 +5,8 @@
 #  1. full: 2 MiB, room for one checkpoint. Step 10's save completes; 20, 30, ..., 60 fail with
 #     ENOSPC. Training goes on to step 60 and the test accuracy; each failure is logged on both
 #     ranks naming its own step and "No space left on device"; no torn step directory remains;
-#     step 10's checkpoint is untouched, and a run resumes from it; the last save failed, so
+#     step 10's checkpoint is untouched, and a run resumes from it (and exits 3: its own last
+#     save, of step 11, fails on the full disk too); the last save failed, so
 #     ddp-train exits 3, which ddprun passes on, and the failure table's message column holds
 #     ddp-train's error (its TORCHELASTIC_ERROR_FILE record).
 #  2. retry: 3600 KiB, part of it taken by a filler file (--keep 1). Step 10's save completes,
@@ -46,16 +47,16 @@ trained() {
         tail -8 "$log"
     fi
 }
-# resumes NAME STEP: a run that resumes from step STEP's checkpoint and trains one more step.
+# resumes NAME STEP WANT: a run that resumes from step STEP's checkpoint, trains one more step
+# and exits WANT (3 where the save of its last step cannot succeed).
 resumes() {
-    local log=$tmp/$1-resume.log
-    if timeout 120 "$DDPRUN" --standalone --nproc-per-node 2 --no-prefix "$TRAIN" \
-        "${common[@]}" --resume auto --max-steps $(($2 + 1)) \
-        >"$log" 2>&1 &&
-        grep -q "resuming from $mnt/ck/step-0*$2 at step $2 " "$log"; then
-        ok "$1: a run resumes from step $2's checkpoint"
+    local log=$tmp/$1-resume.log st=0
+    timeout 120 "$DDPRUN" --standalone --nproc-per-node 2 --no-prefix "$TRAIN" \
+        "${common[@]}" --resume auto --max-steps $(($2 + 1)) >"$log" 2>&1 || st=$?
+    if [[ $st -eq $3 ]] && grep -q "resuming from $mnt/ck/step-0*$2 at step $2 " "$log"; then
+        ok "$1: a run resumes from step $2's checkpoint (exit $st)"
     else
-        fail "$1: no resume from step $2's checkpoint"
+        fail "$1: no resume from step $2's checkpoint, or exit $st (want $3)"
         tail -5 "$log"
     fi
 }
@@ -90,7 +91,7 @@ if grep -q "checkpoint of step 60 failed: .*No space left on device" <<<"$row"; 
 else
     fail "full: the failure table's root row has no message: '$row'"
 fi
-resumes full 10
+resumes full 10 3
 
 # 2. Full at step 20, space freed by step 30.
 mount_tmpfs 3600k
@@ -137,6 +138,6 @@ fi
 [[ -z $(torn) ]] || fail "retry: torn: $(torn)"
 [[ $(cd "$mnt/ck" && echo step-*) == step-000000000060 ]] ||
     fail "retry: the checkpoints left are $(cd "$mnt/ck" && echo step-*), want step 60's (--keep 1)"
-resumes retry 60
+resumes retry 60 0
 
 finish

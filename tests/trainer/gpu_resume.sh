@@ -95,10 +95,12 @@ grep -q "cpu backend" "$tmp/kill-w2z2.log" || fail "2 ranks on one GPU: not the 
 # 3. Resharded: saved at world 2, ZeRO-2; loaded at world 3, ZeRO-3 and world 1, ZeRO-1.
 train save-w2z2 2 --zero 2 --max-steps 78 --checkpoint-dir "$tmp/ck" --checkpoint-every 78 \
     --dump-final "$tmp/saved.st"
-train resume-w3z3 3 --zero 3 --checkpoint-dir "$tmp/ck" --resume auto --dump-init "$tmp/w3.st"
+# Each resume on its own copy: a run saves its last step, which the next --resume auto would take.
+cp -r "$tmp/ck" "$tmp/ck-w3"
+train resume-w3z3 3 --zero 3 --checkpoint-dir "$tmp/ck-w3" --resume auto --dump-init "$tmp/w3.st"
 train resume-w1z1 1 --zero 1 --checkpoint-dir "$tmp/ck" --resume auto --dump-init "$tmp/w1.st"
 for run in resume-w3z3 resume-w1z1; do
-    grep -q "resuming from $tmp/ck/step-000000000078 at step 78 " "$tmp/$run.log" ||
+    grep -q "resuming from $tmp/ck[-w3]*/step-000000000078 at step 78 " "$tmp/$run.log" ||
         fail "$run: no line saying it resumes from step 78"
 done
 if n=$(python3 "$(dirname "$0")/same_tensors.py" "$tmp/saved.st" "$tmp/w3.st" "$tmp/w1.st"); then

@@ -62,7 +62,9 @@ done
 train whole-w2z1 2 --zero 1
 train save-w2z1 2 --zero 1 --max-steps 78 --checkpoint-dir "$tmp/ck" --checkpoint-every 78 \
     --dump-final "$tmp/saved.st"
-train resume-w3z3 3 --zero 3 --checkpoint-dir "$tmp/ck" --resume auto --dump-init "$tmp/w3.st"
+# Each resume on its own copy: a run saves its last step, which the next --resume auto would take.
+cp -r "$tmp/ck" "$tmp/ck-w3"
+train resume-w3z3 3 --zero 3 --checkpoint-dir "$tmp/ck-w3" --resume auto --dump-init "$tmp/w3.st"
 train resume-w1z0 1 --zero 0 --checkpoint-dir "$tmp/ck" --resume auto --dump-init "$tmp/w1.st"
 # --init-from: the parameters only (training starts at step 0 with a fresh optimizer).
 train init-w2z2 2 --zero 2 --init-from "$tmp/ck/step-000000000078" --max-steps 1 \

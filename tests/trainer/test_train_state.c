@@ -1,5 +1,6 @@
 /*
- * ddp-train's checkpoint user state (worker/trainer/train_state.c): the JSON round trip, malformed or
+ * ddp-train's checkpoint user state (worker/trainer/train_state.c): the JSON round trip (with and
+ * without the metadata for ddp-ckpt export, which a parse accepts and skips), malformed or
  * foreign states refused with a sentence, and the resume decision: the same settings resume,
  * another world size, stage or accumulation resumes too, a changed schedule resumes with a
  * warning, and a changed model, data order or optimizer is refused naming the setting.
@@ -37,7 +38,7 @@ START_TEST(round_trip)
 {
     train_state st = example(), back;
     char *json;
-    ck_assert_int_eq(train_state_json(&st, &json), 0);
+    ck_assert_int_eq(train_state_json(&st, NULL, &json), 0);
     ck_assert_ptr_nonnull(strstr(json, "\"optimizer\":\"adamw\""));
     ck_assert_ptr_nonnull(strstr(json, "\"kind\":\"cosine\""));
     ck_assert_int_eq(train_state_parse(json, &back, NULL, 0), 0);
@@ -46,9 +47,28 @@ START_TEST(round_trip)
     ck_assert(back.lr == 1e-3);
     ck_assert_int_eq(back.total_steps, 3510);
     char *again; /* every field: the same text again */
-    ck_assert_int_eq(train_state_json(&back, &again), 0);
+    ck_assert_int_eq(train_state_json(&back, NULL, &again), 0);
     ck_assert_str_eq(again, json);
     free(again);
+    free(json);
+}
+END_TEST
+
+START_TEST(metadata)
+{
+    train_state st = example(), back;
+    const char *meta[] = {"model", "mlp", "layer_sizes", "784,512,512,10", NULL};
+    char *json, *plain;
+    ck_assert_int_eq(train_state_json(&st, meta, &json), 0);
+    ck_assert_ptr_nonnull(
+        strstr(json, "\"metadata\":{\"model\":\"mlp\",\"layer_sizes\":\"784,512,512,10\"}"));
+    ck_assert_int_eq(train_state_parse(json, &back, NULL, 0), 0);
+    ck_assert_int_eq(back.step, 468);
+    ck_assert_int_eq(train_state_json(&back, NULL, &plain), 0);
+    ck_assert_ptr_null(strstr(plain, "metadata")); /* none given: no key */
+    char err[256];
+    ck_assert_int_eq(train_state_parse(plain, &back, err, sizeof err), 0); /* optional */
+    free(plain);
     free(json);
 }
 END_TEST
@@ -69,7 +89,7 @@ START_TEST(malformed)
                               {"\"adamw\"", "\"adafactor\""}};
     for (size_t i = 0; i < sizeof swaps / sizeof swaps[0]; i++) {
         char *json, buf[1024];
-        ck_assert_int_eq(train_state_json(&st, &json), 0);
+        ck_assert_int_eq(train_state_json(&st, NULL, &json), 0);
         char *at = strstr(json, swaps[i][0]);
         ck_assert_ptr_nonnull(at);
         snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - json), json, swaps[i][1],
@@ -130,6 +150,6 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("train_state");
-    check_tcase(s, "state", 30, round_trip, malformed, compare);
+    check_tcase(s, "state", 30, round_trip, metadata, malformed, compare);
     return check_run(s);
 }

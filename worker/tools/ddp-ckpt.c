@@ -6,6 +6,11 @@
  *     ddp-ckpt export DIR -o FILE [--optimizer] consolidated fp32 tensors as safetensors
  *     ddp-ckpt import FILE -o ROOT [--step N]   a safetensors file as a checkpoint
  *
+ * Both of the last two take --names (torch: nn.Sequential's indices for ddp-train's MLP names)
+ * and --rename OLD=NEW,... (ckpt_names.h). Export copies the metadata a checkpoint's user state
+ * holds (ddp-train's: the model and the input normalisation) into the file. Import checks that
+ * the names make a model ddp-train builds, unless --names any.
+ *
  * DIR is a checkpoint (a step-* directory) or a root holding them, which stands for its newest
  * complete checkpoint (ddp_checkpoint_latest()). The manifest is read by the library's own
  * parser and shards are checked by ddp__ckpt_verify_shard(), so that this program and the
@@ -37,6 +42,7 @@
 #include <jansson.h>
 
 #include "ckpt.h"
+#include "ckpt_names.h"
 #include "cli.h"
 #include "coll.h"
 #include "ddp.h"
@@ -70,7 +76,18 @@ enum {
     OPT_STEP,
     OPT_FORCE,
     OPT_VERSION,
+    OPT_NAMES,
+    OPT_RENAME,
 };
+
+/* --names: whose tensor names the file has. */
+enum { NAMES_DDP_TRAIN, NAMES_TORCH, NAMES_ANY };
+static const char *const names_words[] = {"ddp-train", "torch", "any", NULL};
+
+/* ddp-train's MLP (model_mlp.c): linear layers at most (--layers 64, plus the output), and the
+ * classes of its data sets. */
+#define MLP_MAX_LINEAR 65
+#define MLP_CLASSES 10
 
 /* The one option table: getopt_long's tables and --help are made from it; tag: the commands. */
 static const cli_option opt_table[] = {
@@ -118,6 +135,23 @@ static const cli_option opt_table[] = {
      NULL,
      ON(CMD_EXPORT) | ON(CMD_IMPORT),
      "Replace an existing output file (export) or checkpoint of the same step (import)."},
+    {OPT_NAMES,
+     {"--names"},
+     "ddp-train|torch|any",
+     "ddp-train",
+     ON(CMD_EXPORT) | ON(CMD_IMPORT),
+     "The file's tensor names: ddp-train's (fc1.weight, ...); torch, nn.Sequential's indices "
+     "(fcK becomes module 2K-2: 0.weight, 0.bias, 2.weight, ...); any (import: as they are, "
+     "unchecked, for another libddp program). Import refuses names that make no model "
+     "ddp-train builds."},
+    {OPT_RENAME,
+     {"--rename"},
+     "OLD=NEW,...",
+     NULL,
+     ON(CMD_EXPORT) | ON(CMD_IMPORT),
+     "Rename tensors on the file's side: a name equal to OLD, or beginning with OLD and a dot, "
+     "gets NEW instead of OLD (an empty NEW drops OLD and its dot: module=). Applied after "
+     "--names on export, before it on import."},
     {'h', {"-h", "--help"}, NULL, NULL, ON_ALL, "Show this help and exit."},
     {OPT_VERSION, {"--version"}, NULL, NULL, ON_ALL, "Show the version and exit."},
 };
@@ -129,6 +163,8 @@ typedef struct args {
     const char *output;
     int json, all, quiet, optimizer, force;
     long step;
+    int names;          /* --names: NAMES_* */
+    const char *rename; /* --rename, or NULL */
 } args;
 
 static void usage(FILE *f)
@@ -198,6 +234,20 @@ static int parse_args(int argc, char **argv, args *a)
         case OPT_FORCE:
             a->force = 1;
             break;
+        case OPT_NAMES:
+            if (cli_report(stderr, PROG,
+                           cli_parse_choice(flag, optarg, "naming", names_words, &a->names)) < 0)
+                return EXIT_USAGE;
+            break;
+        case OPT_RENAME: {
+            char e[512];
+            if (names_rename_check(optarg, e, sizeof e) < 0) {
+                err("%s", e);
+                return EXIT_USAGE;
+            }
+            a->rename = optarg;
+            break;
+        }
         case 'h':
             usage(stdout);
             return -1;
@@ -632,6 +682,53 @@ static int gather(const ddp__ckpt_manifest *mf, const int *fds, int p, int s, fl
     return 0;
 }
 
+/*
+ * The export's metadata into meta[cap] (NULL-ended): own[] (pairs, NULL-ended), then the string
+ * members of the user state's "metadata" object (ddp-train's: the model and its inputs) whose
+ * keys own[] does not have. The strings are borrowed from own[] and from *user, a jansson value
+ * the caller releases. Returns the number of strings.
+ */
+static int export_meta(const char *const *own, const char *user_json, json_t **user,
+                       const char **meta, int cap)
+{
+    int k = 0;
+    for (; own[k] && k + 2 < cap; k += 2) {
+        meta[k] = own[k];
+        meta[k + 1] = own[k + 1];
+    }
+    *user = user_json ? json_loads(user_json, 0, NULL) : NULL;
+    json_t *m = json_object_get(*user, "metadata");
+    const char *key;
+    json_t *v;
+    json_object_foreach(m, key, v)
+    {
+        int clash = 0;
+        for (int i = 0; own[i]; i += 2)
+            clash |= !strcmp(own[i], key);
+        if (json_is_string(v) && !clash && k + 2 < cap) {
+            meta[k++] = key;
+            meta[k++] = json_string_value(v);
+        }
+    }
+    meta[k] = NULL;
+    return k;
+}
+
+/* Applies --names and --rename (export: the checkpoint's names to the file's) to names[0..n),
+ * pointing ts[] at the results. Prints the failure; returns 0 or EXIT_BAD. */
+static int export_names(const args *a, char **names, st_tensor *ts, int n)
+{
+    char e[512];
+    if ((a->names == NAMES_TORCH && names_to_torch(names, n, e, sizeof e) < 0) ||
+        (a->rename && names_rename(names, n, a->rename, e, sizeof e) < 0)) {
+        err("%s", e);
+        return EXIT_BAD;
+    }
+    for (int i = 0; i < n; i++)
+        ts[i].name = names[i];
+    return 0;
+}
+
 static int cmd_export(const args *a)
 {
     ddp__ckpt_manifest mf = {0};
@@ -639,6 +736,7 @@ static int cmd_export(const args *a)
     int *fds = NULL, nt = 0;
     st_tensor *ts = NULL;
     char **names = NULL, tmp[PATH_MAX];
+    json_t *user = NULL; /* the checkpoint's user state, whose metadata the file's borrows */
     tmp[0] = '\0';
     int rc = open_checkpoint(a->arg, &mf, &sk);
     if (rc)
@@ -703,17 +801,27 @@ static int cmd_export(const args *a)
             }
         }
     }
+    if (export_names(a, names, ts, nt))
+        goto out;
     char step[32], world[16], stage[16];
     snprintf(step, sizeof step, "%" PRId64, mf.step);
     snprintf(world, sizeof world, "%d", mf.world);
     snprintf(stage, sizeof stage, "%d", mf.stage);
-    const char *meta[] = {"format",     "ddp-ckpt export",
-                          "source",     mf.dir,
-                          "step",       step,
-                          "world_size", world,
-                          "zero_stage", stage,
-                          "optimizer",  ddp_optimizer_name(mf.optimizer),
-                          NULL};
+    const char *own[] = {"format",     "ddp-ckpt export",
+                         "source",     mf.dir,
+                         "step",       step,
+                         "world_size", world,
+                         "zero_stage", stage,
+                         "optimizer",  ddp_optimizer_name(mf.optimizer),
+                         "names",      names_words[a->names == NAMES_TORCH],
+                         NULL,         NULL, /* "rename" */
+                         NULL};
+    if (a->rename) {
+        own[14] = "rename";
+        own[15] = a->rename;
+    }
+    const char *meta[64];
+    export_meta(own, mf.user_json, &user, meta, (int)(sizeof meta / sizeof meta[0]));
     /* Written beside the output and renamed: a failed export leaves no half file behind. */
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", a->output, (long)getpid());
     if (st_write(tmp, ts, nt, meta) < 0) {
@@ -740,6 +848,7 @@ out:
     free(fds);
     free(ts);
     free(names);
+    json_decref(user);
     skipped_free(&sk);
     ddp__ckpt_manifest_free(&mf);
     return rc;
@@ -831,7 +940,7 @@ static int init_from_file(void *arg, int param, const char *name, void *data, si
  */
 static int import_plan(const char *path, const st_file *f, int *order)
 {
-    if (f->ntensors == 0) {
+    if (f->ntensors <= 0) {
         err("%s: no tensors", path);
         return -EINVAL;
     }
@@ -950,22 +1059,99 @@ static int set_manifest_step(const char *dir, int64_t step)
     return rc;
 }
 
+/* Does the file (names as renamed) make ddp-train's MLP? Prints why not. Returns 0 or -EINVAL. */
+static int import_fits(const char *path, const st_file *f, int names)
+{
+    names_tensor *nt = calloc((size_t)f->ntensors + 1, sizeof *nt);
+    if (!nt) {
+        err("out of memory");
+        return -ENOMEM;
+    }
+    for (int i = 0; i < f->ntensors; i++)
+        nt[i] = (names_tensor){f->tensors[i].name, f->tensors[i].ndim, f->tensors[i].shape};
+    char why[1024], e[256];
+    int in, hidden, layers;
+    int rc = names_fit_mlp(nt, f->ntensors, MLP_MAX_LINEAR, MLP_CLASSES, &in, &hidden, &layers, why,
+                           sizeof why);
+    if (rc == -EINVAL) {
+        err("%s: the tensors make no model ddp-train builds: %s", path, why);
+        /* Would nn.Sequential's names, mapped, fit? Then say so. */
+        char **alt = calloc((size_t)f->ntensors + 1, sizeof *alt);
+        int k = 0, fits = 0;
+        while (alt && k < f->ntensors && (alt[k] = strdup(f->tensors[k].name)))
+            k++;
+        if (names == NAMES_DDP_TRAIN && k == f->ntensors &&
+            names_from_torch(alt, k, e, sizeof e) == 0) {
+            for (int i = 0; i < k; i++)
+                nt[i].name = alt[i];
+            fits = names_fit_mlp(nt, k, MLP_MAX_LINEAR, MLP_CLASSES, &in, &hidden, &layers, e,
+                                 sizeof e) == 0;
+        }
+        if (fits)
+            err("%s: these are nn.Sequential's names: --names torch maps them to ddp-train's "
+                "(%s becomes %s, ...)",
+                path, f->tensors[0].name, alt[0]);
+        err("refused: nothing written (--names any imports the names as they are, for a "
+            "program other than ddp-train)");
+        for (int i = 0; i < k; i++)
+            free(alt[i]);
+        free(alt);
+    }
+    free(nt);
+    return rc;
+}
+
+/*
+ * The file's tensors under the names a checkpoint takes: --rename, then --names torch, into
+ * names[] (malloc'ed, in the file's order) and view, a shallow copy of f whose tensors carry
+ * them (its arrays are view_ts[]; f keeps owning the data). Prints the failure; returns 0 or
+ * -1. A name may be anything here: import_plan() and import_fits() judge the result.
+ */
+static int import_names(const args *a, const st_file *f, char **names, st_tensor *view_ts,
+                        st_file *view)
+{
+    char e[512];
+    for (int i = 0; i < f->ntensors; i++)
+        if (!(names[i] = strdup(f->tensors[i].name))) {
+            err("out of memory");
+            return -1;
+        }
+    if ((a->rename && names_rename(names, f->ntensors, a->rename, e, sizeof e) < 0) ||
+        (a->names == NAMES_TORCH && names_from_torch(names, f->ntensors, e, sizeof e) < 0)) {
+        err("%s: %s", a->arg, e);
+        return -1;
+    }
+    *view = *f;
+    view->tensors = view_ts;
+    for (int i = 0; i < f->ntensors; i++) {
+        view_ts[i] = f->tensors[i];
+        view_ts[i].name = names[i];
+    }
+    return 0;
+}
+
 static int cmd_import(const args *a)
 {
-    st_file f = {0};
+    st_file file = {0}, f;
     solo s = {0};
     int *order = NULL, rc = EXIT_BAD;
+    char **names = NULL;
+    st_tensor *view_ts = NULL;
     char stage[PATH_MAX], made[PATH_MAX], final[PATH_MAX];
     stage[0] = '\0';
-    if (st_read(a->arg, &f) < 0) {
+    if (st_read(a->arg, &file) < 0) {
         err("%s", st_last_error());
         goto out;
     }
-    if (!(order = calloc((size_t)f.ntensors + 1, sizeof(int)))) {
+    size_t n1 = (size_t)file.ntensors + 1;
+    if (!(order = calloc(n1, sizeof(int))) || !(names = calloc(n1, sizeof *names)) ||
+        !(view_ts = calloc(n1, sizeof *view_ts))) {
         err("out of memory");
         goto out;
     }
-    if (import_plan(a->arg, &f, order) < 0)
+    /* Renamed first; then each tensor's dtype, shape and UNIT.PARAM form; then the model. */
+    if (import_names(a, &file, names, view_ts, &f) < 0 || import_plan(a->arg, &f, order) < 0 ||
+        (a->names != NAMES_ANY && import_fits(a->arg, &f, a->names) < 0))
         goto out;
     snprintf(final, sizeof final, "%s/" DDP__CKPT_DIR_FMT, a->output, (int64_t)a->step);
     struct stat st;
@@ -1029,7 +1215,11 @@ out:
     }
     solo_free(&s);
     free(order);
-    st_file_free(&f);
+    for (int i = 0; names && i < file.ntensors; i++)
+        free(names[i]);
+    free(names);
+    free(view_ts);
+    st_file_free(&file);
     return rc;
 }
 

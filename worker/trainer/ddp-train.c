@@ -26,7 +26,8 @@
  * communicator, a peer, the library), with the culprit rank named when libddp knows it; 3
  * trained, but the last checkpoint save failed (a failed save does not stop training: libddp
  * logs it and the next one tries again). The first error line goes to TORCHELASTIC_ERROR_FILE
- * too, for the launcher's failure summary.
+ * too, for the launcher's failure summary. Stopped by SIGTERM with --checkpoint-dir: the
+ * checkpoint saved, the process ends by SIGTERM itself (train_loop.c).
  */
 #include <cblas.h>
 #include <errno.h>
@@ -101,6 +102,10 @@ int main(int argc, char **argv)
     double acc = NAN, train_s = 0;
     if ((status = train(&t, &acc, &train_s)) != 0)
         goto out;
+    if (t.stopped) { /* SIGTERM: saved; no final dump or summary (train_loop.c) */
+        status = t.last_save_failed ? EXIT_CKPT : EXIT_OK;
+        goto out;
+    }
     if (t.a.dump_final && (status = dump_params(&t, t.a.dump_final, "ddp-train final parameters")))
         goto out;
     if (t.rank == 0) {
@@ -117,6 +122,7 @@ out:
         coll_comm_abort(t.comm);
     if (status == EXIT_FAIL && t.hcomm && t.hcomm != t.comm)
         coll_comm_abort(t.hcomm);
+    int stopped = t.stopped;
     trainer_free(&t);
-    return status;
+    return status == EXIT_OK && stopped ? stop_exit(stopped) : status;
 }

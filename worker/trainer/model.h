@@ -63,8 +63,10 @@
 /* Parameters per unit, at most. */
 #define MODEL_MAX_UNIT_PARAMS 8
 
-/* Key/value pairs a model adds to a parameter dump's metadata, at most. */
+/* Key/value pairs a model adds to a parameter dump's or a checkpoint's metadata, at most, and
+ * the bytes of a value with its terminating NUL (a key's are 32). */
 #define MODEL_MAX_META 8
+#define MODEL_META_LEN 512
 
 typedef struct model model; /* a row's instance, its own struct */
 
@@ -167,8 +169,13 @@ typedef struct model_ops {
      * hidden, layers, classes: the MLP's shape; a model of another shape adds its own fields
      * to train_state.h and compares them there). */
     void (*state)(const model *m, train_state *st);
-    /* Up to MODEL_MAX_META (key, value) pairs for a dump's metadata; returns how many. */
-    int (*meta)(const model *m, char key[][32], char value[][32]);
+    /*
+     * Up to MODEL_MAX_META (key, value) pairs for a dump's and a checkpoint's metadata (which
+     * ddp-ckpt export copies into its file): enough for another program to rebuild the model,
+     * "model" (the row's name) first, then its shape ("layer_sizes", "activation" for the
+     * MLP; ddp-ckpt(1) lists the keys). Returns how many.
+     */
+    int (*meta)(const model *m, char key[][32], char value[][MODEL_META_LEN]);
 } model_ops;
 
 /* The row named `name`, or NULL. */

@@ -303,14 +303,25 @@ static void mlp_model_state(const model *m, train_state *st)
     st->classes = c->classes;
 }
 
-static int mlp_model_meta(const model *m, char key[][32], char value[][32])
+/* model mlp, layer_sizes "784,512,512,10" (in, each hidden layer, out: the nn.Linear sizes),
+ * activation relu (between the linear layers, none after the last), hidden, layers. */
+static int mlp_model_meta(const model *m, char key[][32], char value[][MODEL_META_LEN])
 {
     const mlp_config *c = &as_cmlp(m)->cfg;
-    snprintf(key[0], 32, "hidden");
-    snprintf(value[0], 32, "%d", c->hidden);
-    snprintf(key[1], 32, "layers");
-    snprintf(value[1], 32, "%d", c->layers);
-    return 2;
+    snprintf(key[0], 32, "model");
+    snprintf(value[0], MODEL_META_LEN, "mlp");
+    snprintf(key[1], 32, "layer_sizes");
+    int len = snprintf(value[1], MODEL_META_LEN, "%d", c->in_dim);
+    for (int l = 0; l < c->layers; l++) /* 65 numbers of at most 6 bytes: it fits */
+        len += snprintf(value[1] + len, MODEL_META_LEN - (size_t)len, ",%d", c->hidden);
+    snprintf(value[1] + len, MODEL_META_LEN - (size_t)len, ",%d", c->classes);
+    snprintf(key[2], 32, "activation");
+    snprintf(value[2], MODEL_META_LEN, "relu");
+    snprintf(key[3], 32, "hidden");
+    snprintf(value[3], MODEL_META_LEN, "%d", c->hidden);
+    snprintf(key[4], 32, "layers");
+    snprintf(value[4], MODEL_META_LEN, "%d", c->layers);
+    return 5;
 }
 
 const model_ops model_mlp = {

@@ -4,6 +4,9 @@
  * (train_state.h: the step that drives the schedule, and the settings a resume must share).
  * Restoring is --resume (auto: the newest complete checkpoint under --checkpoint-dir, at
  * whatever world size and stage the job now has) or --init-from (the parameters only).
+ * The user state also carries the metadata that ddp-ckpt export writes into its file: the
+ * model's shape (model.h's meta()) and how inputs are normalised (data.h), so that another
+ * program can rebuild the model and feed it.
  *
  * Not here: when a checkpoint is saved (train_loop.c) or what the model is (model.h).
  */
@@ -37,6 +40,43 @@ static train_state run_state(const trainer *t, int64_t step)
     return st;
 }
 
+/* `v` with the fewest digits that read back as the same float ("0.286", not "0.286000013"). */
+static void float_str(char *buf, size_t cap, float v)
+{
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, cap, "%.*g", digits, (double)v);
+        if (strtof(buf, NULL) == v)
+            return;
+    }
+}
+
+/* The metadata's text, for train_state_json(): the model's pairs, then the inputs'. */
+typedef struct run_meta {
+    char key[MODEL_MAX_META][32], value[MODEL_MAX_META][MODEL_META_LEN];
+    char shape[32], mean[32], std[32];
+    const char *pairs[2 * (MODEL_MAX_META + 5) + 1]; /* NULL-ended */
+} run_meta;
+
+static void run_meta_fill(const trainer *t, run_meta *rm)
+{
+    int n = t->a.model->meta(t->model, rm->key, rm->value), k = 0;
+    for (int i = 0; i < n; i++) {
+        rm->pairs[k++] = rm->key[i];
+        rm->pairs[k++] = rm->value[i];
+    }
+    snprintf(rm->shape, sizeof rm->shape, "%d,%d", t->train.rows, t->train.cols);
+    float_str(rm->mean, sizeof rm->mean, DATA_MEAN);
+    float_str(rm->std, sizeof rm->std, DATA_STD);
+    static const char rule[] = "an image's pixels row-major, each (pixel / input_divisor - "
+                               "input_mean) / input_std in float32: torchvision's ToTensor() "
+                               "then Normalize(input_mean, input_std), flattened";
+    const char *in[] = {"input_shape", rm->shape,   "input_divisor", "255",   "input_mean",
+                        rm->mean,      "input_std", rm->std,         "input", rule};
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        rm->pairs[k++] = in[i];
+    rm->pairs[k] = NULL;
+}
+
 /*
  * Saves the checkpoint of the steps taken so far (`step`), asynchronously: libddp copies the
  * owned state and a thread writes it while training goes on. The progress is the next step's
@@ -46,8 +86,10 @@ static train_state run_state(const trainer *t, int64_t step)
 int save_checkpoint(trainer *t, int64_t step)
 {
     train_state st = run_state(t, step);
+    run_meta rm;
+    run_meta_fill(t, &rm);
     char *user = NULL;
-    int rc = train_state_json(&st, &user);
+    int rc = train_state_json(&st, rm.pairs, &user);
     ddp_checkpoint_progress pr = {.epoch = step / t->steps_per_epoch,
                                   .position = step % t->steps_per_epoch,
                                   .seed = t->a.seed};

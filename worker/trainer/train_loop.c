@@ -6,7 +6,14 @@
  *
  * On a GPU the loop stays asynchronous: the host waits for the device only when it takes the
  * model's sums (a report, an evaluation) or a step's info (a report).
+ *
+ * With --checkpoint-dir the run saves a checkpoint after its last step (unless that step's
+ * periodic save made it already), and SIGTERM (a launcher's graceful stop) ends it early: the
+ * handler only sets a flag, the ranks agree after every step whether any of them has it (one
+ * 4-byte max-allreduce on the host communicator), and all stop after the same step, save it and
+ * leave by the signal (stop_exit()). Without --checkpoint-dir SIGTERM keeps its default action.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -86,6 +93,54 @@ void test_kill_read(trainer *t)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Graceful stop                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The stop signal received (SIGTERM), or 0. Set by the handler only. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    stop_signal = sig;
+}
+
+/* From here on SIGTERM asks for a stop instead of ending the process. Returns 0 or -errno. */
+static int stop_catch(void)
+{
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    return sigaction(SIGTERM, &sa, NULL) < 0 ? -errno : 0;
+}
+
+/*
+ * After step `step`: does any rank have a stop signal? One max-allreduce of a flag over the
+ * host communicator, so every rank gets the same answer after the same step. A rank that died
+ * fails it (at once when its connections close, else within --timeout-ms): EXIT_FAIL, printed.
+ * Every rank (a world of one only reads its flag). Returns 0 with *stop set, or EXIT_FAIL.
+ */
+static int stop_agree(trainer *t, int64_t step, int *stop)
+{
+    int32_t flag = stop_signal != 0;
+    if (t->world == 1) {
+        *stop = flag;
+        return 0;
+    }
+    int rc = coll_allreduce(t->hcomm, &flag, &flag, 1, COLL_I32, COLL_MAX);
+    if (rc < 0)
+        return failed_by(t, "agreeing whether to stop", step - 1, rc, BY_COMM);
+    *stop = flag != 0;
+    return 0;
+}
+
+int stop_exit(int sig)
+{
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return 128 + sig; /* not reached: the default action of SIGTERM ends the process */
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Training                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -106,6 +161,10 @@ int train(trainer *t, double *final_acc, double *train_s)
         train_err("rank %d: %s", t->rank, data_last_error());
         return EXIT_FAIL;
     }
+    /* SIGTERM saves and stops (see the top). */
+    const int stoppable = a->ckpt_dir != NULL;
+    if (stoppable && (rc = stop_catch()) < 0)
+        warn("SIGTERM: cannot catch it (%s): it ends the run without a checkpoint", strerror(-rc));
 
     int64_t interval_steps = 0;
     double t_train = 0;           /* seconds in training steps, evaluation excluded */
@@ -172,12 +231,23 @@ int train(trainer *t, double *final_acc, double *train_s)
                 report_epoch(t, step, b->epoch, test_loss, acc);
             t_mark = mono_now_s();
         }
-        if (a->ckpt_every && step % a->ckpt_every == 0 && (rc = save_checkpoint(t, step)) != 0)
+        int stop = 0;
+        if (stoppable && (rc = stop_agree(t, step, &stop)) != 0)
             return rc;
+        /* The periodic saves, the last step's and a stop's (one save per step at most). */
+        if (a->ckpt_dir &&
+            ((a->ckpt_every && step % a->ckpt_every == 0) || step == t->total_steps || stop)) {
+            if ((rc = save_checkpoint(t, step)) != 0)
+                return rc;
+        }
         if (step == t->kill_step && (t->rank == t->kill_rank || t->kill_rank == -2))
             raise(t->kill_sig);
+        if (stop && step < t->total_steps) {
+            t->stopped = SIGTERM;
+            break;
+        }
     }
-    if (isnan(acc)) { /* resumed at or past the last step: nothing trained, still report */
+    if (isnan(acc) && !t->stopped) { /* resumed at or past the last step: still report */
         double test_loss;
         if ((rc = evaluate(t, step, &test_loss, &acc)) != 0)
             return rc;
@@ -192,11 +262,20 @@ int train(trainer *t, double *final_acc, double *train_s)
             return failed(t, "the last checkpoint", step, rc);
         char newest[PATH_MAX];
         int found = ddp_checkpoint_latest(a->ckpt_dir, newest, sizeof newest, NULL, NULL);
-        train_err(
-            "rank %d: trained, but the last save failed: %s; %s%s", t->rank, ddp_last_error(t->m),
-            found == 1 ? "the newest complete checkpoint is " : "no complete checkpoint remains",
-            found == 1 ? newest : "");
+        train_err("rank %d: %s, but the last save failed: %s; %s%s", t->rank,
+                  t->stopped ? "stopped by SIGTERM" : "trained", ddp_last_error(t->m),
+                  found == 1 ? "the newest complete checkpoint is "
+                             : "no complete checkpoint remains",
+                  found == 1 ? newest : "");
         t->last_save_failed = 1;
+    } else if (t->stopped && t->rank == 0) {
+        char saved[PATH_MAX];
+        if (ddp_checkpoint_latest(a->ckpt_dir, saved, sizeof saved, NULL, NULL) != 1)
+            snprintf(saved, sizeof saved, "under %s", a->ckpt_dir);
+        fprintf(stderr,
+                "%sddp-train: SIG%s: all ranks stopped after step %" PRId64 " of %" PRId64
+                "; checkpoint %s saved (--resume auto continues from it)\n",
+                t->tty ? "\r\033[K" : "", sigabbrev_np(t->stopped), step, t->total_steps, saved);
     }
     *final_acc = acc;
     *train_s = t_train;

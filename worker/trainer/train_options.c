@@ -251,14 +251,15 @@ static const cli_option opt_table[] = {
      "DIR",
      NULL,
      0,
-     "Where checkpoints go (DIR/step-N) and where --resume auto looks for them."},
+     "Where checkpoints go (DIR/step-N) and where --resume auto looks for them. The last step "
+     "is always saved; SIGTERM stops every rank after the same step and saves it."},
     {OPT_CKPT_EVERY,
      {"--checkpoint-every"},
      "STEPS",
      "0",
      0,
      "Save a checkpoint every STEPS steps, written by a thread while training goes on; 0: "
-     "never."},
+     "the last step's only."},
     {OPT_KEEP,
      {"--keep"},
      "N",

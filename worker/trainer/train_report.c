@@ -89,7 +89,7 @@ int dump_params(trainer *t, const char *path, const char *what)
         ddp_unit_release(t->m, u);
     }
     if (rc == 0 && t->rank == 0) {
-        char seed[32], key[MODEL_MAX_META][32], value[MODEL_MAX_META][32];
+        char seed[32], key[MODEL_MAX_META][32], value[MODEL_MAX_META][MODEL_META_LEN];
         snprintf(seed, sizeof seed, "%" PRIu64, t->a.seed);
         const char *meta[2 * (2 + MODEL_MAX_META) + 1] = {"format", what, "seed", seed};
         int n = t->a.model->meta(t->model, key, value);

@@ -32,7 +32,7 @@ static const char *optimizer_name(int opt)
     return name ? name : "?";
 }
 
-int train_state_json(const train_state *st, char **out)
+int train_state_json(const train_state *st, const char *const *meta, char **out)
 {
     json_t *o = json_pack(
         "{s:s, s:i, s:I, s:i, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:{s:i, s:i, s:I}, s:s, "
@@ -44,6 +44,13 @@ int train_state_json(const train_state *st, char **out)
         "optimizer", optimizer_name(st->optimizer), "schedule", "kind",
         name_of(schedules, COUNT(schedules), st->schedule), "lr", st->lr, "warmup",
         (json_int_t)st->warmup, "total_steps", (json_int_t)st->total_steps);
+    json_t *m = o && meta && meta[0] ? json_object() : NULL;
+    for (int i = 0; m && meta[i] && meta[i + 1]; i += 2)
+        json_object_set_new(m, meta[i], json_string(meta[i + 1]));
+    if (m && json_object_set_new(o, "metadata", m) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
     char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(o);
     if (!text)
@@ -75,18 +82,20 @@ int train_state_parse(const char *json, train_state *out, char *err, size_t cap)
     }
     train_state st = {0};
     const char *trainer = NULL, *opt = NULL, *sched = NULL;
+    json_t *meta = NULL; /* for ddp-ckpt export, not for a resume */
     int version = 0;
     json_int_t step = 0, seed = 0, warmup = 0, total = 0;
     int rc = -EPROTO;
     if (json_unpack_ex(o, &je, JSON_STRICT,
                        "{s:s, s:i, s:I, s:i, s:i, s:i, s:{s:i, s:i, s:i, s:i}, "
-                       "s:{s:i, s:i, s:I}, s:s, s:{s:s, s:F, s:I, s:I}}",
+                       "s:{s:i, s:i, s:I}, s:s, s:{s:s, s:F, s:I, s:I}, s?o}",
                        "trainer", &trainer, "version", &version, "step", &step, "world", &st.world,
                        "zero", &st.zero, "grad_accum", &st.grad_accum, "model", "in_dim",
                        &st.in_dim, "hidden", &st.hidden, "layers", &st.layers, "classes",
                        &st.classes, "data", "global_batch", &st.global_batch, "train_samples",
                        &st.train_samples, "seed", &seed, "optimizer", &opt, "schedule", "kind",
-                       &sched, "lr", &st.lr, "warmup", &warmup, "total_steps", &total) < 0) {
+                       &sched, "lr", &st.lr, "warmup", &warmup, "total_steps", &total, "metadata",
+                       &meta) < 0) {
         snprintf(err, cap, "the user state is not ddp-train's: %s", je.text);
         goto out;
     }

@@ -36,14 +36,18 @@ typedef struct train_state {
  *    "model": {"in_dim": 784, "hidden": 512, "layers": 2, "classes": 10},
  *    "data": {"global_batch": 256, "train_samples": 60000, "seed": 1},
  *    "optimizer": "adamw",
- *    "schedule": {"kind": "cosine", "lr": 0.001, "warmup": 100, "total_steps": 3510}}
- * Returns 0 or -ENOMEM.
+ *    "schedule": {"kind": "cosine", "lr": 0.001, "warmup": 100, "total_steps": 3510},
+ *    "metadata": {"model": "mlp", "layer_sizes": "784,512,512,10", ...}}
+ * "metadata" holds `meta` (string pairs, NULL-ended, borrowed; NULL or none: no "metadata"):
+ * what describes the model and its inputs to another program, which ddp-ckpt export copies
+ * into a safetensors file's __metadata__. Returns 0 or -ENOMEM.
  */
-int train_state_json(const train_state *st, char **out);
+int train_state_json(const train_state *st, const char *const *meta, char **out);
 
 /*
- * Parses what train_state_json() wrote. Returns 0 and fills *out; -EPROTO (not JSON, not
- * ddp-train's, another version, a key missing or of the wrong type: err names it).
+ * Parses what train_state_json() wrote ("metadata", optional, is not read). Returns 0 and fills
+ * *out; -EPROTO (not JSON, not ddp-train's, another version, a key missing or of the wrong
+ * type: err names it).
  */
 int train_state_parse(const char *json, train_state *out, char *err, size_t cap);
 

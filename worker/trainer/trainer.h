@@ -123,6 +123,7 @@ struct trainer {
         int64_t steps;
     } dump;
     int last_save_failed; /* the run's last checkpoint failed: EXIT_CKPT once it is done */
+    int stopped;          /* a stop signal (SIGTERM) ended training early, all ranks agreed */
 
     /* Rank 0's records (train_report.c): --tensorboard's writer, the attempt
      * (TORCHELASTIC_RESTART_COUNT) and this process's start on the monotonic clock. */
@@ -186,9 +187,14 @@ int setup_model(trainer *t);
 
 /* Reads DDP_TRAIN_TEST_KILL (tests only). */
 void test_kill_read(trainer *t);
-/* Trains from t->start_step to the last step, evaluating after each epoch. Returns 0 with the
- * final test accuracy and the seconds spent training, or EXIT_FAIL (printed). */
+/* Trains from t->start_step to the last step, evaluating after each epoch; with
+ * --checkpoint-dir saves the last step, and on SIGTERM stops every rank after the same step,
+ * saves it and sets t->stopped. Returns 0 with the final test accuracy (NaN when stopped before
+ * an evaluation) and the seconds spent training, or EXIT_FAIL (printed). */
 int train(trainer *t, double *final_acc, double *train_s);
+/* After a stop (t->stopped) and the teardown: ends the process by that signal, its default
+ * action, so that a launcher sees a worker that its SIGTERM ended (a shell: 128 + sig). */
+int stop_exit(int sig);
 
 /* train_ckpt.c */
 
