@@ -195,6 +195,8 @@ void trainer_free(trainer *t)
 {
     data_loader_free(t->loader);
     ddp_model_free(t->m);
+    if (t->stop_req) /* after a failure: the communicator is aborted, so this returns */
+        (void)coll_wait(t->stop_req);
     if (t->hcomm != t->comm)
         coll_comm_close(t->hcomm);
     coll_comm_close(t->comm);

@@ -9,9 +9,10 @@
  *
  * With --checkpoint-dir the run saves a checkpoint after its last step (unless that step's
  * periodic save made it already), and SIGTERM (a launcher's graceful stop) ends it early: the
- * handler only sets a flag, the ranks agree after every step whether any of them has it (one
- * 4-byte max-allreduce on the host communicator), and all stop after the same step, save it and
- * leave by the signal (stop_exit()). Without --checkpoint-dir SIGTERM keeps its default action.
+ * handler only sets a flag, the ranks agree after every step whether any of them had it a step
+ * earlier (one 4-byte max-allreduce on the host communicator that runs behind the next step's
+ * compute), and all stop after the same step, save it and leave by the signal (stop_exit()).
+ * Without --checkpoint-dir SIGTERM keeps its default action.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -114,22 +115,36 @@ static int stop_catch(void)
 }
 
 /*
- * After step `step`: does any rank have a stop signal? One max-allreduce of a flag over the
- * host communicator, so every rank gets the same answer after the same step. A rank that died
- * fails it (at once when its connections close, else within --timeout-ms): EXIT_FAIL, printed.
- * Every rank (a world of one only reads its flag). Returns 0 with *stop set, or EXIT_FAIL.
+ * After step `step`: does any rank have a stop signal? The answer is a max-allreduce of a flag
+ * over the host communicator, pipelined so that training never waits for it: the one issued
+ * after step `step - 1` is waited for here (it ran behind the step's compute) and gives every
+ * rank the same answer after the same step; if it says go on, the next one is issued with this
+ * rank's flag now (none after the last step). A stop is thus agreed one step after the signal.
+ * A rank that died fails it (at once when its connections close, else within --timeout-ms):
+ * EXIT_FAIL, printed. Every rank (a world of one only reads its flag). Returns 0 with *stop set,
+ * or EXIT_FAIL.
  */
 static int stop_agree(trainer *t, int64_t step, int *stop)
 {
-    int32_t flag = stop_signal != 0;
     if (t->world == 1) {
-        *stop = flag;
+        *stop = stop_signal != 0;
         return 0;
     }
-    int rc = coll_allreduce(t->hcomm, &flag, &flag, 1, COLL_I32, COLL_MAX);
-    if (rc < 0)
-        return failed_by(t, "agreeing whether to stop", step - 1, rc, BY_COMM);
-    *stop = flag != 0;
+    int rc = 0;
+    if (t->stop_req) {
+        rc = coll_wait(t->stop_req);
+        t->stop_req = NULL;
+        if (rc < 0)
+            return failed_by(t, "agreeing whether to stop", step - 1, rc, BY_COMM);
+    }
+    *stop = t->stop_flags != 0;
+    if (!*stop && step < t->total_steps) {
+        t->stop_flags = stop_signal != 0;
+        rc = coll_iallreduce(t->hcomm, &t->stop_flags, &t->stop_flags, 1, COLL_I32, COLL_MAX,
+                             &t->stop_req);
+        if (rc < 0)
+            return failed_by(t, "agreeing whether to stop", step, rc, BY_COMM);
+    }
     return 0;
 }
 

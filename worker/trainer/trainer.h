@@ -122,8 +122,10 @@ struct trainer {
         float *lr;      /* (steps) */
         int64_t steps;
     } dump;
-    int last_save_failed; /* the run's last checkpoint failed: EXIT_CKPT once it is done */
-    int stopped;          /* a stop signal (SIGTERM) ended training early, all ranks agreed */
+    int last_save_failed;   /* the run's last checkpoint failed: EXIT_CKPT once it is done */
+    int stopped;            /* a stop signal (SIGTERM) ended training early, all ranks agreed */
+    coll_request *stop_req; /* the stop agreement in flight (train_loop.c stop_agree()) */
+    int32_t stop_flags;     /* its buffer: the max over the ranks of "has a stop signal" */
 
     /* Rank 0's records (train_report.c): --tensorboard's writer, the attempt
      * (TORCHELASTIC_RESTART_COUNT) and this process's start on the monotonic clock. */
