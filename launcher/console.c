@@ -11,8 +11,9 @@
  * (the agent runs its loop for that, with a bound of its own).
  *
  * The live block (terminals only): `live` holds the block's lines, `ndrawn` how many are on the
- * screen. Between calls ndrawn == nlive, and the cursor is at the end of the block's last line
- * or, with no block, at the start of an empty line (every write above the block ends a line).
+ * screen. Between calls ndrawn == nlive, and the cursor is on the block's last line (in some
+ * column: every drawing starts with a carriage return) or, with no block, at the start of an
+ * empty line (every write above the block ends a line).
  * A joined console (`fwd`) holds nothing of its own: everything goes to the one it joined.
  */
 #include "console.h"
@@ -298,15 +299,12 @@ int ddprun_console_show(ddprun_console *c, const void *key, const char *lines, s
     obuf o = {0};
     char seq[32];
     if (nlines == 0 && key && nlive > 0 && i < was) {
-        /* In place: up to line i, and down again redrawing the lines below it. */
+        /* In place: up to line i, redraw it, and down again (no newline: nothing scrolls). */
         size_t up = c->ndrawn - 1 - i;
-        put(&o, seq, (size_t)snprintf(seq, sizeof(seq), up ? "\r\033[%zuA" : "\r", up));
-        for (size_t k = i; k < c->nlive; k++) {
-            PUTS(&o, "\033[2K");
-            put_live(&o, c, k);
-            if (k + 1 < c->nlive)
-                PUTS(&o, "\r\n");
-        }
+        put(&o, seq, (size_t)snprintf(seq, sizeof(seq), up ? "\r\033[%zuA\033[2K" : "\r\033[2K", up));
+        put_live(&o, c, i);
+        if (up)
+            put(&o, seq, (size_t)snprintf(seq, sizeof(seq), "\r\033[%zuB", up));
     } else if (nlines == 0 && key && nlive > 0) {
         /* A new line at the bottom of the block. */
         if (c->ndrawn)

@@ -477,8 +477,9 @@ static int open_pty(stream *s)
 /*
  * Sets up stream `which` of worker w: a pipe to the agent when there is anything to do with its
  * bytes (a prefix, a log file, a console to keep from the worker), else the console itself. A
- * pseudo-terminal instead of the pipe with --tty on, and with --tty auto when ddprun's own
- * stream is a terminal (the worker's then is one too, as under torchrun).
+ * pseudo-terminal instead of the pipe with --tty on, and with --tty auto when the stream reaches
+ * ddprun's own and that is a terminal (the worker's then is one too, as under torchrun; a stream
+ * that goes to its log file alone is a file's pipe, as it is under torchrun).
  * `dir` is the worker's directory for log files. Returns 0, or -errno after saying why when the
  * log file or the pseudo-terminal cannot be opened.
  */
@@ -514,7 +515,7 @@ static int setup_stream(agent *a, worker *w, stream *s, int which, const char *d
     bool need_pipe = s->file >= 0 || (s->console && (cfg->prefix_output)) || !s->console ||
                      ddprun_console_shared(a->con[which == DDPRUN_STD_OUT ? 1 : 2]);
     int fd = which == DDPRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
-    bool pty = cfg->tty == DDPRUN_TTY_ON || (cfg->tty == DDPRUN_TTY_AUTO && isatty(fd));
+    bool pty = cfg->tty == DDPRUN_TTY_ON || (cfg->tty == DDPRUN_TTY_AUTO && s->console && isatty(fd));
     if (!need_pipe && (!pty || isatty(fd))) {
         /* Nothing to add: the worker writes straight to our terminal, with no relay at all. */
         io->flags = UV_INHERIT_FD;
