@@ -294,6 +294,8 @@ int ddprun_console_show(ddprun_console *c, const void *key, const char *lines, s
     if (c->failed || c->closed)
         return c->over ? 1 : 0;
     size_t i = live_find(c, key), was = c->nlive;
+    if (nlines == 0 && (!key || (nlive == 0 && i == was)))
+        return c->over ? 1 : 0; /* nothing to draw */
     if (key && live_set(c, i, key, live, nlive) < 0)
         return -ENOMEM;
     obuf o = {0};

@@ -434,14 +434,13 @@ static int mkdirs(const char *path)
 }
 
 /*
- * Opens a pseudo-terminal for stream `s`: its master becomes s->pipe's descriptor, its slave
- * s->slave (both close-on-exec, neither anyone's controlling terminal: O_NOCTTY), with output
- * processing off (a worker's "\n" stays "\n") and the size of ddprun's terminal. Returns 0 or
- * -errno.
+ * Opens a pseudo-terminal for stream `s`: returns its master, and sets s->slave (both
+ * close-on-exec, neither anyone's controlling terminal: O_NOCTTY), with output processing off
+ * (a worker's "\n" stays "\n") and the size of ddprun's terminal; or returns -errno.
  */
 static int open_pty(stream *s)
 {
-    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC), sl = -1, rc = 0;
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC), sl = -1;
     if (m < 0)
         return -errno;
 #ifdef TIOCGPTPEER
@@ -451,27 +450,20 @@ static int open_pty(stream *s)
     if (sl < 0) {
         char name[64];
         if (unlockpt(m) != 0 || ptsname_r(m, name, sizeof(name)) != 0 ||
-            (sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0)
-            rc = -errno;
+            (sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+            int rc = -errno;
+            close(m);
+            return rc;
+        }
     }
     struct termios t;
-    if (rc == 0 && tcgetattr(sl, &t) == 0) {
+    if (tcgetattr(sl, &t) == 0) {
         t.c_oflag &= ~(tcflag_t)OPOST;
         tcsetattr(sl, TCSANOW, &t);
     }
-    if (rc == 0) {
-        stream_set_winsize(s, m);
-        rc = uv_pipe_open(&s->pipe, m);
-    }
-    if (rc < 0) {
-        close(m);
-        if (sl >= 0)
-            close(sl);
-        return rc;
-    }
+    stream_set_winsize(s, m);
     s->slave = sl;
-    s->pty = true;
-    return 0;
+    return m;
 }
 
 /*
@@ -522,19 +514,23 @@ static int setup_stream(agent *a, worker *w, stream *s, int which, const char *d
         io->data.fd = fd;
         return 0;
     }
+    int master = pty ? open_pty(s) : -1;
+    if (master < 0 && pty) {
+        say("cannot open a pseudo-terminal for local rank %d's %s (--tty): %s", lr,
+            which == DDPRUN_STD_OUT ? "stdout" : "stderr", strerror(-master));
+        if (s->file >= 0)
+            close(s->file);
+        s->file = -1;
+        return master;
+    }
     uv_pipe_init(a->loop, &s->pipe, 0);
     s->pipe.data = s;
     if (pty) {
-        int rc = open_pty(s);
-        if (rc < 0) {
-            say("cannot open a pseudo-terminal for local rank %d's %s (--tty): %s", lr,
-                which == DDPRUN_STD_OUT ? "stdout" : "stderr", strerror(-rc));
-            uv_close((uv_handle_t *)&s->pipe, NULL);
-            if (s->file >= 0)
-                close(s->file);
-            s->file = -1;
-            return rc;
-        }
+        /* uv_pipe_open() takes any descriptor it can poll; it fails only for a bad one. */
+        int rc = uv_pipe_open(&s->pipe, master);
+        assert(rc == 0);
+        (void)rc;
+        s->pty = true;
         io->flags = UV_INHERIT_FD;
         io->data.fd = s->slave;
     }

@@ -10,13 +10,16 @@
 #      two live lines, one per rank, rewritten in place, then completed above later lines; the
 #      console's byte stream has a handful of newlines, not one per redraw, and no empty
 #      prefixed line; --tee's log files get each line's final state, without escape sequences;
-#   5. in tmux, resizing ddprun's terminal resizes the workers' and sends them SIGWINCH.
+#   5. in tmux, resizing ddprun's terminal resizes the workers' and sends them SIGWINCH;
+#   6. the README's main command (ddp-train on 2 ranks, 6 steps) under script(1): rank 0's
+#      progress bar, prefixed, drawn as a live line and never ended as a line of its own.
 # Waits are bounded polls on files and on tmux's screen.
-# Usage: tty.sh DDPRUN PRINT_ABORT. Exit 0 pass, 1 fail, 77 skipped (no script(1); with script(1)
-# but no tmux, 1-3 run and then 77).
+# Usage: tty.sh DDPRUN PRINT_ABORT [DDP_TRAIN]. Exit 0 pass, 1 fail, 77 skipped (no script(1);
+# with script(1) but no tmux, 1-3 and 6 run and then 77). 6 needs DDP_TRAIN and Fashion-MNIST.
 set -uo pipefail
 ddprun=$1
 print_abort=$2
+train=${3:-}
 . "$(dirname "$0")/lib.sh"
 command -v script >/dev/null || { echo "SKIP: script (util-linux) not found"; exit 77; }
 
@@ -69,6 +72,25 @@ if has "$tmp/o3" "[0]:line 1 before abort" && has "$tmp/o3" "[0]:line 2 before a
   ok "printf before abort(): $n lines reach the console ($n_off with --tty off)"
 else
   fail "printf before abort(): $(cat -A "$tmp/o3"); --tty off: $(cat -A "$tmp/o3b")"
+fi
+
+# 6. ddp-train's bar: "[0]:[########................] step 2/6 epoch 1/1 loss ... ETA 0m01s" and
+#    its "\e[K", rewritten in place until the epoch's line replaces it.
+if [ -n "$train" ] && [ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  tty_run "$ddprun" --standalone --nproc-per-node 2 "$train" --device cpu --max-steps 6 \
+    --log-every 2 >"$tmp/o6"
+  rc=$?
+  esc=$'\033'
+  bar="\[0\]:\[[#.]{24}\] step [246]/6 epoch 1/1 loss [0-9.]+ [0-9]+ samples/s ETA [0-9]+m[0-9]{2}s$esc\[K"
+  if [ $rc = 0 ] && grep -aEq "$bar" "$tmp/o6" && ! grep -aEq "$bar"$'\r*$' "$tmp/o6" &&
+     ! grep -aEq '\[1\]:.*step [0-9]' "$tmp/o6" && ! grep -aq '| epoch' "$tmp/o6" &&
+     grep -aq "\[0\]:$esc\[Kepoch 1/1 (step 6): test loss" "$tmp/o6"; then
+    ok "ddp-train under ddprun on a terminal: rank 0's bar is a live line ($(grep -aEo "$bar" "$tmp/o6" | wc -l) drawn)"
+  else
+    fail "ddp-train's bar: rc $rc; $(cat -A "$tmp/o6")"
+  fi
+else
+  echo "skip: ddp-train's bar (no DDP_TRAIN or no Fashion-MNIST)"
 fi
 
 if ! command -v tmux >/dev/null; then
