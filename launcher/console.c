@@ -50,13 +50,13 @@ struct ddprun_console {
     size_t nposted;
     uv_async_t async;
 
-    bool tty;                 /* a terminal: the live block works here */
-    int cols;                 /* its width; 0: unknown (nothing is cut) */
-    struct live_line *live;   /* the live block, top to bottom */
+    bool tty;               /* a terminal: the live block works here */
+    int cols;               /* its width; 0: unknown (nothing is cut) */
+    struct live_line *live; /* the live block, top to bottom */
     size_t nlive, livecap;
-    size_t ndrawn;            /* lines of the block on the screen */
-    ddprun_console *fwd;      /* joined: writes go there */
-    ddprun_console *joined;   /* the console that joined this one, for its drain callback */
+    size_t ndrawn;          /* lines of the block on the screen */
+    ddprun_console *fwd;    /* joined: writes go there */
+    ddprun_console *joined; /* the console that joined this one, for its drain callback */
 };
 
 typedef struct live_line {
@@ -303,7 +303,8 @@ int ddprun_console_show(ddprun_console *c, const void *key, const char *lines, s
     if (nlines == 0 && key && nlive > 0 && i < was) {
         /* In place: up to line i, redraw it, and down again (no newline: nothing scrolls). */
         size_t up = c->ndrawn - 1 - i;
-        put(&o, seq, (size_t)snprintf(seq, sizeof(seq), up ? "\r\033[%zuA\033[2K" : "\r\033[2K", up));
+        put(&o, seq,
+            (size_t)snprintf(seq, sizeof(seq), up ? "\r\033[%zuA\033[2K" : "\r\033[2K", up));
         put_live(&o, c, i);
         if (up)
             put(&o, seq, (size_t)snprintf(seq, sizeof(seq), "\r\033[%zuB", up));

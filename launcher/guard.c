@@ -314,7 +314,7 @@ int shim_main(int argc, char **argv)
         return 127;
     sigset_t set, old;
     sigemptyset(&set);
-    static const int handled[] = {SIGCHLD, SIGINT,  SIGTERM, SIGHUP, SIGQUIT,
+    static const int handled[] = {SIGCHLD, SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,
                                   SIGUSR1, SIGUSR2, SIGCONT, SIGWINCH};
     for (size_t i = 0; i < sizeof(handled) / sizeof(handled[0]); i++)
         sigaddset(&set, handled[i]);

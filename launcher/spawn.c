@@ -507,7 +507,8 @@ static int setup_stream(agent *a, worker *w, stream *s, int which, const char *d
     bool need_pipe = s->file >= 0 || (s->console && (cfg->prefix_output)) || !s->console ||
                      ddprun_console_shared(a->con[which == DDPRUN_STD_OUT ? 1 : 2]);
     int fd = which == DDPRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
-    bool pty = cfg->tty == DDPRUN_TTY_ON || (cfg->tty == DDPRUN_TTY_AUTO && s->console && isatty(fd));
+    bool pty =
+        cfg->tty == DDPRUN_TTY_ON || (cfg->tty == DDPRUN_TTY_AUTO && s->console && isatty(fd));
     if (!need_pipe && (!pty || isatty(fd))) {
         /* Nothing to add: the worker writes straight to our terminal, with no relay at all. */
         io->flags = UV_INHERIT_FD;
