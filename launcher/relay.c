@@ -221,7 +221,6 @@ static void relay_live(stream *s, size_t n)
     int c = s->which == DDPRUN_STD_OUT ? 1 : 2;
     const char *prefix = a->cfg->prefix_output ? s->w->prefix : "";
     if (s->cur_len == 0) {
-        s->cur_len = 0;
         s->cur_pl = strlen(prefix);
         append(&s->cur, &s->cur_len, &s->cur_cap, prefix, s->cur_pl);
     }
@@ -323,9 +322,9 @@ static int file_clean(stream *s, const char *p, size_t n)
 void stream_set_winsize(stream *s, int master)
 {
     struct winsize ws;
-    int fd = s->which == DDPRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
-    if (ioctl(fd, TIOCGWINSZ, &ws) != 0 && ioctl(3 - fd, TIOCGWINSZ, &ws) != 0)
-        return;
+    int fd = s->which == DDPRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO, other = 3 - fd;
+    if (ioctl(fd, TIOCGWINSZ, &ws) != 0 && ioctl(other, TIOCGWINSZ, &ws) != 0)
+        return; /* (--tty on: the other stream's terminal, if it has one) */
     agent *a = s->w->a;
     if (s->console && relay_renders(a, s->which) && ws.ws_col > 0) {
         size_t used = (a->cfg->prefix_output ? strlen(s->w->prefix) : 0) + 1;
@@ -489,7 +488,8 @@ void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     if (nread > 0) {
         size_t n = (size_t)nread;
         s->w->last_output_ms = uv_now(s->w->a->loop);
-        /* Bytes go to the log file as they arrive: no tail thread, no lag. */
+        /* Bytes go to the log file as they arrive: no tail thread, no lag (a pseudo-terminal's
+         * a line at a time, cleaned). */
         if (s->file >= 0 && s->pty) {
             int rc = file_clean(s, s->line + s->len, n);
             if (rc < 0)
