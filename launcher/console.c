@@ -313,6 +313,8 @@ int ddprun_console_show(ddprun_console *c, const void *key, const char *lines, s
         if (c->ndrawn)
             PUTS(&o, "\r\n");
         put_live(&o, c, c->nlive - 1);
+    } else if (c->ndrawn == 0 && c->nlive == 0) {
+        return enqueue(c, lines, nlines); /* no block, before or after: the lines alone */
     } else {
         /* Lines above the block: clear it, write them, draw it again below. */
         if (c->ndrawn > 1)
