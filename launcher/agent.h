@@ -60,15 +60,17 @@ typedef struct stream {
     int closing; /* handles (pipe, timer) whose close callback is still due */
     bool paused; /* reading stopped: its console is over its limit (back-pressure) */
     bool col0, after_cr;
-    /* A pseudo-terminal (--tty; spawn.c's setup_stream()): `pipe` reads its master side, and
-     * the worker holds `slave` (ddprun's copy until the guard is started; else -1). On a
+    /* A pseudo-terminal (--tty; spawn.c's setup_stream()): `poll` watches its master side,
+     * `master`, in place of `pipe` (relay.c's pty_readable()), and the worker holds `slave`
+     * (ddprun's copy until the guard is started; else -1). On a
      * terminal console (relay.c) `cur` is the live line: the prefix (cur_pl bytes) and what
      * follows the line's last carriage return (cur_cr: one came, and the text after it is
      * still to come). For the log file, `fl` holds the clean text not yet written: whole lines
      * up to fl_start, then the final state of the unfinished line; fl_esc is where an escape
      * sequence being dropped stands. */
     bool pty;
-    int slave;
+    uv_poll_t poll;
+    int master, slave;
     char *cur;
     size_t cur_len, cur_cap, cur_pl;
     bool cur_cr;
@@ -251,6 +253,7 @@ void stderr_drained(void *arg);
 void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void stream_close(stream *s);
 void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+void stream_start(stream *s);
 void relay_start(agent *a);
 bool relay_renders(const agent *a, int which);
 void stream_set_winsize(stream *s, int master);

@@ -99,11 +99,56 @@ int write_all(int fd, const char *p, size_t n, size_t *done)
     return 0;
 }
 
+static void stream_bytes(stream *s, ssize_t nread);
+
+/*
+ * A pseudo-terminal's master is read here rather than through libuv's stream reading, which takes
+ * a short read that comes with POLLHUP for the end of the stream (uv__stream_io()): the slave's
+ * last close raises POLLHUP while its last bytes still wait in the terminal, and a master hands
+ * out at most its line discipline's buffer (4 KiB) a read, so the rest was lost. Reads until
+ * EAGAIN (at most 64 reads a call: the poll is level-triggered); the end is EIO (Linux) or 0.
+ */
+static void pty_readable(uv_poll_t *p, int status, int events)
+{
+    stream *s = p->data;
+    (void)events;
+    if (status < 0) {
+        stream_bytes(s, status);
+        return;
+    }
+    for (int k = 0; k < 64 && s->open && !s->paused; k++) {
+        uv_buf_t buf;
+        stream_alloc((uv_handle_t *)p, 0, &buf);
+        if (buf.len == 0) {
+            stream_bytes(s, UV_ENOBUFS);
+            return;
+        }
+        ssize_t n = read(s->master, buf.base, buf.len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        stream_bytes(s, n > 0 ? n : n == 0 ? UV_EOF : -errno);
+    }
+}
+
+/* Starts (or resumes) reading the worker's end of `s`. */
+void stream_start(stream *s)
+{
+    if (s->pty)
+        uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, pty_readable);
+    else
+        uv_read_start((uv_stream_t *)&s->pipe, stream_alloc, stream_read);
+}
+
 /* Stops reading a worker's pipe while its console is over its limit: the worker waits. */
 static void stream_pause(stream *s)
 {
     if (s->open && !s->paused) {
-        uv_read_stop((uv_stream_t *)&s->pipe);
+        if (s->pty)
+            uv_poll_stop(&s->poll);
+        else
+            uv_read_stop((uv_stream_t *)&s->pipe);
         s->paused = true;
     }
 }
@@ -115,7 +160,7 @@ static void resume_streams(agent *a, int which)
         stream *s = which == DDPRUN_STD_OUT ? &a->workers[i].out : &a->workers[i].err;
         if (s->open && s->paused) {
             s->paused = false;
-            uv_read_start((uv_stream_t *)&s->pipe, stream_alloc, stream_read);
+            stream_start(s);
         }
     }
 }
@@ -350,9 +395,8 @@ static void on_sigwinch(uv_signal_t *h, int signum)
         bool any = false;
         stream *ss[2] = {&w->out, &w->err};
         for (int k = 0; k < 2; k++) {
-            uv_os_fd_t fd;
-            if (ss[k]->open && ss[k]->pty && uv_fileno((uv_handle_t *)&ss[k]->pipe, &fd) == 0) {
-                stream_set_winsize(ss[k], fd);
+            if (ss[k]->open && ss[k]->pty) {
+                stream_set_winsize(ss[k], ss[k]->master);
                 any = true;
             }
         }
@@ -464,7 +508,13 @@ void stream_close(stream *s)
     s->open = false;
     s->closing = 2;
     uv_close((uv_handle_t *)&s->partial_timer, stream_closed);
-    uv_close((uv_handle_t *)&s->pipe, stream_closed);
+    if (s->pty) {
+        uv_close((uv_handle_t *)&s->poll, stream_closed); /* stops polling: the fd may go */
+        close(s->master);
+        s->master = -1;
+    } else {
+        uv_close((uv_handle_t *)&s->pipe, stream_closed);
+    }
 }
 
 /* The log file of `s` cannot be written: say so, and send the rest to the console instead. */
@@ -483,8 +533,14 @@ static void log_write_failed(stream *s, int err)
 
 void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
-    stream *s = st->data;
     (void)buf;
+    stream_bytes(st->data, nread);
+}
+
+/* `nread` bytes arrived at the end of s->line (stream_alloc()'s buffer), or the stream ended (a
+ * negative libuv error: UV_EOF, ...). */
+static void stream_bytes(stream *s, ssize_t nread)
+{
     if (nread > 0) {
         size_t n = (size_t)nread;
         s->w->last_output_ms = uv_now(s->w->a->loop);

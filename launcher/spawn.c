@@ -488,7 +488,7 @@ static int setup_stream(agent *a, worker *w, stream *s, int which, const char *d
     s->col0 = true;
     s->after_cr = false;
     s->pty = false;
-    s->slave = -1;
+    s->master = s->slave = -1;
     s->cur_cr = s->fl_cr = false;
     s->fl_esc = 0;
     if (redirect || tee) {
@@ -524,16 +524,20 @@ static int setup_stream(agent *a, worker *w, stream *s, int which, const char *d
         s->file = -1;
         return master;
     }
-    uv_pipe_init(a->loop, &s->pipe, 0);
-    s->pipe.data = s;
     if (pty) {
-        /* uv_pipe_open() takes any descriptor it can poll; it fails only for a bad one. */
-        int rc = uv_pipe_open(&s->pipe, master);
+        /* uv_poll_init() takes any descriptor epoll watches (a terminal); it fails only for a
+         * bad one. relay.c reads it (pty_readable()). */
+        int rc = uv_poll_init(a->loop, &s->poll, master);
         assert(rc == 0);
         (void)rc;
+        s->poll.data = s;
+        s->master = master;
         s->pty = true;
         io->flags = UV_INHERIT_FD;
         io->data.fd = s->slave;
+    } else {
+        uv_pipe_init(a->loop, &s->pipe, 0);
+        s->pipe.data = s;
     }
     uv_timer_init(a->loop, &s->partial_timer);
     s->partial_timer.data = s;
@@ -665,9 +669,9 @@ int spawn_worker(agent *a, worker *w)
     w->running = true;
     a->nrunning++;
     if (w->out.open)
-        uv_read_start((uv_stream_t *)&w->out.pipe, stream_alloc, stream_read);
+        stream_start(&w->out);
     if (w->err.open)
-        uv_read_start((uv_stream_t *)&w->err.pipe, stream_alloc, stream_read);
+        stream_start(&w->err);
     return 0;
 }
 

@@ -12,7 +12,8 @@
 #      prefixed line; --tee's log files get each line's final state, without escape sequences;
 #   5. in tmux, resizing ddprun's terminal resizes the workers' and sends them SIGWINCH;
 #   6. the README's main command (ddp-train on 2 ranks, 6 steps) under script(1): rank 0's
-#      progress bar, prefixed, drawn as a live line and never ended as a line of its own.
+#      progress bar, prefixed, drawn as a live line and never ended as a line of its own;
+#   7. a terminal's output is complete at its end (46000 lines a run, ten runs).
 # Waits are bounded polls on files and on tmux's screen.
 # Usage: tty.sh DDPRUN PRINT_ABORT [DDP_TRAIN]. Exit 0 pass, 1 fail, 77 skipped (no script(1);
 # with script(1) but no tmux, 1-3 and 6 run and then 77). 6 needs DDP_TRAIN and Fashion-MNIST.
@@ -72,6 +73,23 @@ if has "$tmp/o3" "[0]:line 1 before abort" && has "$tmp/o3" "[0]:line 2 before a
   ok "printf before abort(): $n lines reach the console ($n_off with --tty off)"
 else
   fail "printf before abort(): $(cat -A "$tmp/o3"); --tty off: $(cat -A "$tmp/o3b")"
+fi
+
+# 7. Nothing is lost at the end of a terminal's output: its last close comes with the rest of the
+#    output still waiting in the terminal (read until EIO, not to the first short read). Ten
+#    runs of two ranks writing 20000 lines to stdout and 3000 to stderr, with --tty on into a
+#    file.
+lost=0
+for run in 1 2 3 4 5 6 7 8 9 10; do
+  timeout 60 "$ddprun" --standalone --nproc-per-node 2 --tty on --no-python sh -c \
+    'seq 1 20000; seq 1 3000 >&2' >"$tmp/o7" 2>&1
+  n=$(grep -cE '^\[[01]\]:[0-9]+$' "$tmp/o7")
+  [ "$n" = 46000 ] && grep -qx '\[1\]:20000' "$tmp/o7" || { lost=$((lost + 1)); echo "run $run: $n lines"; }
+done
+if [ $lost = 0 ]; then
+  ok "terminals' output complete at their end: 10 runs of 46000 lines"
+else
+  fail "terminals' output cut at their end in $lost runs of 10"
 fi
 
 # 6. ddp-train's bar: "[0]:[########................] step 2/6 epoch 1/1 loss ... ETA 0m01s" and
