@@ -172,7 +172,7 @@ $(cat "$tmp/s4.end")
 log: $(cat -A "$d0/stdout.log")
 console: $(cat -A "$tmp/raw4" | head -c 3000)"
 fi
-tmx kill-session -t t
+# Session t stays (killing the last session ends the server, which a new session could race).
 
 # 5. SIGWINCH: the worker reports its size, then waits for SIGWINCH (a trap) and reports again.
 cat >"$tmp/winch.sh" <<'EOF'
