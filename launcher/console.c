@@ -232,12 +232,43 @@ static size_t fit_width(const char *p, size_t n, int cols, bool *cut)
     return n;
 }
 
-/* Line `k` of the block as it goes on the screen: cut to the width (ending any colour). */
+/*
+ * Line `k` of the block as it goes on the screen: cut to the width (ending any colour), and
+ * without the escape sequences that would move the cursor off its row or erase the prefix (a
+ * bar library's cursor-up, "erase line"): of the CSI sequences only colours (SGR, 'm') and
+ * "erase to the end of the line" (EL 0, 'K') stay, and no two-byte ESC sequence; OSC (a
+ * window title, a link) stays. The block's rows depend on it.
+ */
 static void put_live(obuf *o, const ddprun_console *c, size_t k)
 {
     bool cut;
     const live_line *l = &c->live[k];
-    put(o, l->text, fit_width(l->text, l->n, c->cols, &cut));
+    size_t n = fit_width(l->text, l->n, c->cols, &cut), i = 0, from = 0;
+    while (i < n) {
+        if (l->text[i] != 0x1b || i + 1 >= n || l->text[i + 1] == ']') {
+            i++;
+            continue;
+        }
+        size_t j = i + 1;
+        bool keep = false;
+        if (l->text[j] == '[') {
+            for (j++; j < n &&
+                      !((unsigned char)l->text[j] >= 0x40 && (unsigned char)l->text[j] <= 0x7e);)
+                j++;
+            if (j < n) {
+                size_t pn = j - i - 2; /* the parameters between "ESC [" and the final byte */
+                keep = l->text[j] == 'm' ||
+                       (l->text[j] == 'K' && (pn == 0 || (pn == 1 && l->text[i + 2] == '0')));
+            }
+        }
+        j = j < n ? j + 1 : n;
+        if (!keep) {
+            put(o, l->text + from, i - from);
+            from = j;
+        }
+        i = j;
+    }
+    put(o, l->text + from, n - from);
     if (cut && memchr(l->text, 0x1b, l->n))
         PUTS(o, "\033[m");
 }

@@ -3,8 +3,9 @@
  * byte for byte as a pseudo-terminal's master reads them: a new live line at the bottom, one
  * redrawn in place (cursor up, erase the line, down again: no newline), lines written above the
  * block (cleared and drawn again below them), a live line cut to the terminal's width (colour
- * ended), nothing written for a call that changes nothing, and two consoles on one terminal
- * joined into one block.
+ * ended) and without the escape sequences that would move the cursor off its row, nothing
+ * written for a call that changes nothing, and two consoles on one terminal joined into one
+ * block.
  *
  * The console's terminal is the slave side of a pseudo-terminal in raw mode (so the bytes are
  * read back as written), 20 columns wide.
@@ -116,6 +117,8 @@ START_TEST(cut_to_width)
     expect("\r\033[2K[0]:\033[32m0123456\033[m"); /* escapes take no column; colour ended */
     SHOW(c, &k, "", "[0]:\t12345678");
     expect("\r\033[2K[0]:\t123"); /* a tab to column 8 */
+    SHOW(c, &k, "", "[0]:\033[2K\033[1A\0337ab\033[K\033[0Kc\033[1K\033]0;t\a");
+    expect("\r\033[2K[0]:ab\033[K\033[0Kc\033]0;t\a"); /* no cursor moves nor erased prefix */
     ddprun_console_resized(c);
     SHOW(c, &k, "[0]:0123456789abcdef\n", "");
     expect("\r\033[J[0]:0123456789abcdef\n"); /* complete lines are not cut */
