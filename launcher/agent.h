@@ -60,6 +60,24 @@ typedef struct stream {
     int closing; /* handles (pipe, timer) whose close callback is still due */
     bool paused; /* reading stopped: its console is over its limit (back-pressure) */
     bool col0, after_cr;
+    /* A pseudo-terminal (--tty; spawn.c's setup_stream()): `poll` watches its master side,
+     * `master`, in place of `pipe` (relay.c's pty_readable()), and the worker holds `slave`
+     * (ddprun's copy until the guard is started; else -1). On a
+     * terminal console (relay.c) `cur` is the live line: the prefix (cur_pl bytes) and what
+     * follows the line's last carriage return (cur_cr: one came, and the text after it is
+     * still to come). For the log file, `fl` holds the clean text not yet written: whole lines
+     * up to fl_start, then the final state of the unfinished line; fl_esc is where an escape
+     * sequence being dropped stands. */
+    bool pty;
+    uv_poll_t poll;
+    int master, slave;
+    char *cur;
+    size_t cur_len, cur_cap, cur_pl;
+    bool cur_cr;
+    char *fl;
+    size_t fl_len, fl_cap, fl_start;
+    bool fl_cr;
+    int fl_esc;
 } stream;
 
 typedef struct worker {
@@ -174,7 +192,7 @@ typedef struct agent {
     bool monitor_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int monitor_round; /* round the monitor watches; -1: stop */
+    int monitor_round;              /* round the monitor watches; -1: stop */
     char remote_failure[32768];     /* a record's JSON, every field full and escaped, fits */
     int remote_round;               /* the round remote_failure belongs to */
     closed_peer closed[MAX_CLOSED]; /* store connections that closed (ring; under mu) */
@@ -209,6 +227,10 @@ typedef struct agent {
     pthread_t joinwatch;
     bool joinwatch_started;
     bool joining; /* a rendezvous runs; under mu */
+
+    /* Worker terminals (relay.c): SIGWINCH resizes them */
+    uv_signal_t sigwinch;
+    bool sigwinch_started;
 } agent;
 
 /* ddprun.c */
@@ -238,6 +260,10 @@ void stream_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void stream_close(stream *s);
 void stream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 void stream_drain(stream *s); /* reads what the pipe holds now, as stream_read() would */
+void stream_start(stream *s);
+void relay_start(agent *a);
+bool relay_renders(const agent *a, int which);
+void stream_set_winsize(stream *s, int master);
 
 /* monitor.c */
 void store_conn_closed(void *arg, const char *host, int port);

@@ -9,6 +9,12 @@
  * callback) once the queue is back to limit / 2. Everything but ddprun_console_post() runs on
  * the loop thread. Not done here: line assembly and prefixes (the agent's), flushing at exit
  * (the agent runs its loop for that, with a bound of its own).
+ *
+ * The live block (terminals only): `live` holds the block's lines, `ndrawn` how many are on the
+ * screen. Between calls ndrawn == nlive, and the cursor is on the block's last line (in some
+ * column: every drawing starts with a carriage return) or, with no block, at the start of an
+ * empty line (every write above the block ends a line).
+ * A joined console (`fwd`) holds nothing of its own: everything goes to the one it joined.
  */
 #include "console.h"
 
@@ -18,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define POST_MAX (64 * 1024) /* bytes other threads may have waiting for the loop */
@@ -41,7 +49,21 @@ struct ddprun_console {
     char *posted;
     size_t nposted;
     uv_async_t async;
+
+    bool tty;               /* a terminal: the live block works here */
+    int cols;               /* its width; 0: unknown (nothing is cut) */
+    struct live_line *live; /* the live block, top to bottom */
+    size_t nlive, livecap;
+    size_t ndrawn;          /* lines of the block on the screen */
+    ddprun_console *fwd;    /* joined: writes go there */
+    ddprun_console *joined; /* the console that joined this one, for its drain callback */
 };
+
+typedef struct live_line {
+    const void *key;
+    char *text;
+    size_t n;
+} live_line;
 
 typedef struct wreq {
     uv_write_t req;
@@ -78,10 +100,13 @@ static void written_cb(uv_write_t *req, int status)
         c->over = false;
         if (c->drain)
             c->drain(c->drain_arg);
+        if (c->joined && c->joined->drain)
+            c->joined->drain(c->joined->drain_arg);
     }
 }
 
-int ddprun_console_write(ddprun_console *c, const void *p, size_t n)
+/* Queues `n` bytes for the console's descriptor (ddprun_console_write() without the block). */
+static int enqueue(ddprun_console *c, const void *p, size_t n)
 {
     if (!c || n == 0 || c->failed || c->closed)
         return c && c->over ? 1 : 0;
@@ -123,6 +148,246 @@ int ddprun_console_write(ddprun_console *c, const void *p, size_t n)
     if (c->queued > c->limit)
         c->over = true;
     return c->over ? 1 : 0;
+}
+
+int ddprun_console_write(ddprun_console *c, const void *p, size_t n)
+{
+    if (c && c->fwd)
+        return ddprun_console_write(c->fwd, p, n);
+    if (c && c->ndrawn)
+        return ddprun_console_show(c, NULL, p, n, NULL, 0);
+    return enqueue(c, p, n);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The live block                                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct obuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} obuf;
+
+static void put(obuf *o, const char *p, size_t n)
+{
+    if (o->oom || n == 0)
+        return;
+    if (o->n + n > o->cap) {
+        size_t cap = o->cap ? o->cap : 256;
+        while (cap < o->n + n)
+            cap *= 2;
+        char *q = realloc(o->p, cap);
+        if (!q) {
+            o->oom = true;
+            return;
+        }
+        o->p = q;
+        o->cap = cap;
+    }
+    memcpy(o->p + o->n, p, n);
+    o->n += n;
+}
+
+#define PUTS(o, lit) put(o, lit, sizeof(lit) - 1)
+
+/*
+ * The length of the longest start of `p` (n bytes) that fills at most `cols` - 1 columns of a
+ * terminal: escape sequences (CSI, OSC, two-byte ESC) take none, nor do UTF-8 continuation
+ * bytes and other control characters; a tab moves to the next multiple of 8. Sets *cut when
+ * bytes are left over. cols <= 1: no limit.
+ */
+static size_t fit_width(const char *p, size_t n, int cols, bool *cut)
+{
+    size_t col = 0, i = 0;
+    *cut = false;
+    if (cols <= 1)
+        return n;
+    while (i < n) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch == 0x1b) { /* skip the whole sequence */
+            size_t j = i + 1;
+            if (j < n && p[j] == '[') {
+                for (j++; j < n && !((unsigned char)p[j] >= 0x40 && (unsigned char)p[j] <= 0x7e);)
+                    j++;
+                j++;
+            } else if (j < n && p[j] == ']') {
+                for (j++; j < n && p[j] != '\a' && p[j] != 0x1b;)
+                    j++;
+                j += j < n && p[j] == 0x1b ? 2 : 1;
+            } else {
+                j++;
+            }
+            i = j < n ? j : n;
+            continue;
+        }
+        size_t w = ch == '\t' ? 8 - col % 8 : (ch < 0x20 || (ch & 0xc0) == 0x80) ? 0 : 1;
+        if (col + w > (size_t)cols - 1) {
+            *cut = true;
+            return i;
+        }
+        col += w;
+        i++;
+    }
+    return n;
+}
+
+/*
+ * Line `k` of the block as it goes on the screen: cut to the width (ending any colour), and
+ * without the escape sequences that would move the cursor off its row or erase the prefix (a
+ * bar library's cursor-up, "erase line"): of the CSI sequences only colours (SGR, 'm') and
+ * "erase to the end of the line" (EL 0, 'K') stay, and no two-byte ESC sequence; OSC (a
+ * window title, a link) stays. The block's rows depend on it.
+ */
+static void put_live(obuf *o, const ddprun_console *c, size_t k)
+{
+    bool cut;
+    const live_line *l = &c->live[k];
+    size_t n = fit_width(l->text, l->n, c->cols, &cut), i = 0, from = 0;
+    while (i < n) {
+        if (l->text[i] != 0x1b || i + 1 >= n || l->text[i + 1] == ']') {
+            i++;
+            continue;
+        }
+        size_t j = i + 1;
+        bool keep = false;
+        if (l->text[j] == '[') {
+            for (j++; j < n &&
+                      !((unsigned char)l->text[j] >= 0x40 && (unsigned char)l->text[j] <= 0x7e);)
+                j++;
+            if (j < n) {
+                size_t pn = j - i - 2; /* the parameters between "ESC [" and the final byte */
+                keep = l->text[j] == 'm' ||
+                       (l->text[j] == 'K' && (pn == 0 || (pn == 1 && l->text[i + 2] == '0')));
+            }
+        }
+        j = j < n ? j + 1 : n;
+        if (!keep) {
+            put(o, l->text + from, i - from);
+            from = j;
+        }
+        i = j;
+    }
+    put(o, l->text + from, n - from);
+    if (cut && memchr(l->text, 0x1b, l->n))
+        PUTS(o, "\033[m");
+}
+
+static size_t live_find(const ddprun_console *c, const void *key)
+{
+    size_t i = 0;
+    while (key && i < c->nlive && c->live[i].key != key)
+        i++;
+    return key ? i : c->nlive;
+}
+
+/* Sets or removes (n == 0) the live line of `key`. Returns 0 or -ENOMEM. */
+static int live_set(ddprun_console *c, size_t i, const void *key, const char *text, size_t n)
+{
+    if (n == 0) {
+        if (i < c->nlive) {
+            free(c->live[i].text);
+            memmove(c->live + i, c->live + i + 1, (c->nlive - i - 1) * sizeof(*c->live));
+            c->nlive--;
+        }
+        return 0;
+    }
+    char *t = malloc(n);
+    if (!t)
+        return -ENOMEM;
+    memcpy(t, text, n);
+    if (i == c->nlive) {
+        if (c->nlive == c->livecap) {
+            size_t cap = c->livecap ? c->livecap * 2 : 8;
+            live_line *v = realloc(c->live, cap * sizeof(*v));
+            if (!v) {
+                free(t);
+                return -ENOMEM;
+            }
+            c->live = v;
+            c->livecap = cap;
+        }
+        c->live[c->nlive++] = (live_line){.key = key};
+    }
+    free(c->live[i].text);
+    c->live[i].text = t;
+    c->live[i].n = n;
+    return 0;
+}
+
+int ddprun_console_show(ddprun_console *c, const void *key, const char *lines, size_t nlines,
+                        const char *live, size_t nlive)
+{
+    if (!c)
+        return 0;
+    if (c->fwd)
+        return ddprun_console_show(c->fwd, key, lines, nlines, live, nlive);
+    if (c->failed || c->closed)
+        return c->over ? 1 : 0;
+    size_t i = live_find(c, key), was = c->nlive;
+    if (nlines == 0 && (!key || (nlive == 0 && i == was)))
+        return c->over ? 1 : 0; /* nothing to draw */
+    if (key && live_set(c, i, key, live, nlive) < 0)
+        return -ENOMEM;
+    obuf o = {0};
+    char seq[32];
+    if (nlines == 0 && key && nlive > 0 && i < was) {
+        /* In place: up to line i, redraw it, and down again (no newline: nothing scrolls). */
+        size_t up = c->ndrawn - 1 - i;
+        put(&o, seq,
+            (size_t)snprintf(seq, sizeof(seq), up ? "\r\033[%zuA\033[2K" : "\r\033[2K", up));
+        put_live(&o, c, i);
+        if (up)
+            put(&o, seq, (size_t)snprintf(seq, sizeof(seq), "\r\033[%zuB", up));
+    } else if (nlines == 0 && key && nlive > 0) {
+        /* A new line at the bottom of the block. */
+        if (c->ndrawn)
+            PUTS(&o, "\r\n");
+        put_live(&o, c, c->nlive - 1);
+    } else if (c->ndrawn == 0 && c->nlive == 0) {
+        return enqueue(c, lines, nlines); /* no block, before or after: the lines alone */
+    } else {
+        /* Lines above the block: clear it, write them, draw it again below. */
+        if (c->ndrawn > 1)
+            put(&o, seq, (size_t)snprintf(seq, sizeof(seq), "\r\033[%zuA\033[J", c->ndrawn - 1));
+        else if (c->ndrawn)
+            PUTS(&o, "\r\033[J");
+        put(&o, lines, nlines);
+        if (nlines && lines[nlines - 1] != '\n')
+            PUTS(&o, "\r\n");
+        for (size_t k = 0; k < c->nlive; k++) {
+            if (k)
+                PUTS(&o, "\r\n");
+            put_live(&o, c, k);
+        }
+    }
+    c->ndrawn = c->nlive;
+    int rc = o.oom ? -ENOMEM : enqueue(c, o.p, o.n);
+    free(o.p);
+    return rc;
+}
+
+bool ddprun_console_is_tty(const ddprun_console *c)
+{
+    return c && c->tty;
+}
+
+int ddprun_console_join(ddprun_console *c, ddprun_console *with)
+{
+    struct stat a, b;
+    if (!c || !with || c == with || !c->tty || !with->tty || fstat(c->fd, &a) != 0 ||
+        fstat(with->fd, &b) != 0 || a.st_rdev != b.st_rdev)
+        return 0;
+    c->fwd = with;
+    with->joined = c;
+    return 1;
+}
+
+void ddprun_console_resized(ddprun_console *c)
+{
+    struct winsize ws;
+    if (c && c->tty && ioctl(c->fd, TIOCGWINSZ, &ws) == 0)
+        c->cols = ws.ws_col;
 }
 
 static void posted_cb(uv_async_t *h)
@@ -183,6 +448,8 @@ int ddprun_console_open(uv_loop_t *loop, int fd, size_t limit, ddprun_console **
     uv_unref((uv_handle_t *)&c->async); /* posts never keep the loop alive on their own */
 
     uv_handle_type type = uv_guess_handle(fd);
+    c->tty = type == UV_TTY;
+    ddprun_console_resized(c);
     if (type == UV_TTY || type == UV_NAMED_PIPE || type == UV_TCP || type == UV_UDP) {
         int wfd = reopen_private(fd);
         if (wfd < 0) {
@@ -221,17 +488,17 @@ void ddprun_console_on_drain(ddprun_console *c, ddprun_console_drain_fn fn, void
 
 size_t ddprun_console_queued(const ddprun_console *c)
 {
-    return c ? c->queued : 0;
+    return c && !c->fwd ? c->queued : 0; /* a joined console's bytes are counted where they wait */
 }
 
 uint64_t ddprun_console_written(const ddprun_console *c)
 {
-    return c ? c->written : 0;
+    return c ? (c->fwd ? c->fwd : c)->written : 0;
 }
 
 bool ddprun_console_over(const ddprun_console *c)
 {
-    return c && c->over;
+    return c && (c->fwd ? c->fwd : c)->over;
 }
 
 bool ddprun_console_shared(const ddprun_console *c)

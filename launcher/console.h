@@ -12,6 +12,12 @@
  * ddprun_console_close() (ddprun_console_shared() tells, and the agent then relays every worker
  * through a pipe). A regular file or a device such as /dev/null never blocks for long and is
  * written synchronously, as is any descriptor libuv cannot watch.
+ *
+ * On a terminal the console also keeps a block of live lines at its bottom (the unfinished
+ * lines of workers that redraw them with carriage returns: progress bars), one per key: every
+ * write goes out above the block, which is cleared and drawn again after it with the cursor-up
+ * and erase sequences of ANSI terminals (ddprun_console_show()). Lines of the block are cut to
+ * the terminal's width so that none wraps.
  */
 #ifndef DDPRUN_CONSOLE_H
 #define DDPRUN_CONSOLE_H
@@ -71,5 +77,30 @@ bool ddprun_console_shared(const ddprun_console *c);
  * no-op. Call on the loop thread, at exit.
  */
 void ddprun_console_close(ddprun_console *c);
+
+/* True when the console is a terminal (the live lines of ddprun_console_show() work there). */
+bool ddprun_console_is_tty(const ddprun_console *c);
+
+/*
+ * Makes console `c` write through console `with` when both are terminals and the same device
+ * (ddprun's standard output and error on one terminal): then one block of live lines serves
+ * both, and `with`'s queue and back-pressure (its drain calls `c`'s drain callback too). Returns
+ * 1 when joined, 0 when not (different devices, not terminals). Call on the loop thread, before
+ * anything is written to `c`.
+ */
+int ddprun_console_join(ddprun_console *c, ddprun_console *with);
+
+/*
+ * On a terminal console: writes `nlines` bytes of complete lines (`lines`, copied; each line
+ * ends in '\n'; may be 0 bytes) above the block of live lines, and makes `live` (`nlive`
+ * bytes, copied, no newline) the live line of `key` (borrowed as an identity only): a new key
+ * goes to the bottom of the block, a known one is redrawn in place, and nlive 0 removes it.
+ * The bytes go out in one write. Returns as ddprun_console_write() does.
+ */
+int ddprun_console_show(ddprun_console *c, const void *key, const char *lines, size_t nlines,
+                        const char *live, size_t nlive);
+
+/* Reads the terminal's width again (after SIGWINCH), for cutting live lines. Loop thread. */
+void ddprun_console_resized(ddprun_console *c);
 
 #endif /* DDPRUN_CONSOLE_H */

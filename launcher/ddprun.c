@@ -1406,6 +1406,7 @@ int main(int argc, char **argv)
     ddprun_console_on_drain(a.con[2], stderr_drained, &a);
     fflush(stderr);
     err_console = a.con[2];
+    relay_start(&a);
     uv_timer_init(a.loop, &a.kill_timer);
     a.kill_timer.data = &a;
     uv_timer_init(a.loop, &a.hung_timer);

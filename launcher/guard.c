@@ -301,7 +301,7 @@ static void default_reserved_signals(void)
  *     always had), asks for SIGKILL when the guard dies, writes its pid as ddprun sees it (read
  *     through ddprun's /proc) into the memfd, and execs the program;
  *   - forwards every signal ddprun sends (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
- *     SIGCONT) to
+ *     SIGCONT, and SIGWINCH when the worker's pseudo-terminal changed size) to
  *     the worker's process group, and on GUARD_KILL_SIG SIGKILLs it;
  *   - once the worker has exited (or on GUARD_KILL_SIG), SIGKILLs every descendant left, as
  *     ddprun always did with the leftovers of a worker's process group, waits until none is
@@ -315,8 +315,8 @@ int shim_main(int argc, char **argv)
         return 127;
     sigset_t set, old;
     sigemptyset(&set);
-    static const int handled[] = {SIGCHLD, SIGINT,  SIGTERM, SIGHUP,
-                                  SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT};
+    static const int handled[] = {SIGCHLD, SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,
+                                  SIGUSR1, SIGUSR2, SIGCONT, SIGWINCH};
     for (size_t i = 0; i < sizeof(handled) / sizeof(handled[0]); i++)
         sigaddset(&set, handled[i]);
     sigaddset(&set, GUARD_KILL_SIG);

@@ -1075,6 +1075,11 @@ static int resolve(struct raw *r, char *slurm_host, ddprun_config *c, char *err,
     static const char *on_off[] = {"on", "off", NULL};
     TRY(check_choice(r, O_STORE_PROXY, on_off, err, errlen));
     c->store_proxy = r->value[O_STORE_PROXY] && strcmp(r->value[O_STORE_PROXY], "on") == 0;
+    static const char *ttys[] = {"auto", "on", "off", NULL};
+    TRY(check_choice(r, O_TTY, ttys, err, errlen));
+    c->tty = !r->value[O_TTY] || !strcmp(r->value[O_TTY], "auto") ? DDPRUN_TTY_AUTO
+             : !strcmp(r->value[O_TTY], "on")                     ? DDPRUN_TTY_ON
+                                                                  : DDPRUN_TTY_OFF;
     if (r->value[O_MASTER_PORT])
         TRY(get_int(r, O_MASTER_PORT, 0, 65535, &c->master_port, err, errlen));
     else

@@ -21,6 +21,9 @@ typedef enum ddprun_backend {
                             * rank 0 serves the store */
 } ddprun_backend;
 
+/* --tty: when workers get pseudo-terminals (auto: for ddprun's streams that are terminals). */
+typedef enum ddprun_tty { DDPRUN_TTY_AUTO, DDPRUN_TTY_ON, DDPRUN_TTY_OFF } ddprun_tty;
+
 /* What -r/--redirects and -t/--tee select, as torchrun's Std: bit 1 stdout, bit 2 stderr. */
 enum { DDPRUN_STD_NONE = 0, DDPRUN_STD_OUT = 1, DDPRUN_STD_ERR = 2, DDPRUN_STD_ALL = 3 };
 
@@ -117,6 +120,9 @@ typedef struct ddprun_config {
 
     /* Store proxy (ddprun(1), STORE PROXY). */
     bool store_proxy; /* --store-proxy on: this node's workers reach the store through one */
+
+    /* Worker terminals (ddprun(1), OUTPUT). */
+    ddprun_tty tty; /* --tty */
 } ddprun_config;
 
 /*

@@ -279,6 +279,15 @@ const cli_option ddprun__options[] = {
      "Serve this node's workers from a store proxy in ddprun, which carries their connections "
      "to the store over one: MASTER_ADDR and MASTER_PORT name the proxy, and identical "
      "concurrent WAITs and GETs reach the store once. See STORE PROXY in ddprun(1)."},
+    {O_TTY,
+     {"--tty"},
+     "auto|on|off",
+     "auto",
+     true,
+     "Give each worker a pseudo-terminal for its standard output and one for its standard "
+     "error (auto: for each of ddprun's that is a terminal), and render the workers' redrawn "
+     "lines (progress bars) on a terminal as one live line per worker; off: pipes, as for a "
+     "file. See OUTPUT in ddprun(1)."},
     {O_HELP, {"-h", "--help"}, NULL, NULL, false, "Show this help and exit."},
     {O_VERSION, {"--version"}, NULL, NULL, false, "Show ddprun's version and exit."},
 };

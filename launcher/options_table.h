@@ -49,6 +49,7 @@ enum opt_id {
     O_ALLOW,
     O_NO_PID_NAMESPACE,
     O_STORE_PROXY,
+    O_TTY,
     O_HELP,
     O_VERSION,
     O_COUNT

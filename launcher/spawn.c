@@ -20,9 +20,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -433,10 +435,46 @@ static int mkdirs(const char *path)
 }
 
 /*
+ * Opens a pseudo-terminal for stream `s`: returns its master, and sets s->slave (both
+ * close-on-exec, neither anyone's controlling terminal: O_NOCTTY), with output processing off
+ * (a worker's "\n" stays "\n") and the size of ddprun's terminal; or returns -errno.
+ */
+static int open_pty(stream *s)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC), sl = -1;
+    if (m < 0)
+        return -errno;
+#ifdef TIOCGPTPEER
+    if (unlockpt(m) == 0) /* the slave without a path to look up (Linux 4.13) */
+        sl = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+#endif
+    if (sl < 0) {
+        char name[64];
+        if (unlockpt(m) != 0 || ptsname_r(m, name, sizeof(name)) != 0 ||
+            (sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+            int rc = -errno;
+            close(m);
+            return rc;
+        }
+    }
+    struct termios t;
+    if (tcgetattr(sl, &t) == 0) {
+        t.c_oflag &= ~(tcflag_t)OPOST;
+        tcsetattr(sl, TCSANOW, &t);
+    }
+    stream_set_winsize(s, m);
+    s->slave = sl;
+    return m;
+}
+
+/*
  * Sets up stream `which` of worker w: a pipe to the agent when there is anything to do with its
- * bytes (a prefix, a log file, a console to keep from the worker), else the console itself.
+ * bytes (a prefix, a log file, a console to keep from the worker), else the console itself. A
+ * pseudo-terminal instead of the pipe with --tty on, and with --tty auto when the stream reaches
+ * ddprun's own and that is a terminal (the worker's then is one too, as under torchrun; a stream
+ * that goes to its log file alone is a file's pipe, as it is under torchrun).
  * `dir` is the worker's directory for log files. Returns 0, or -errno after saying why when the
- * log file cannot be opened.
+ * log file or the pseudo-terminal cannot be opened.
  */
 static int setup_stream(agent *a, worker *w, stream *s, int which, const char *dir,
                         uv_stdio_container_t *io)
@@ -450,6 +488,10 @@ static int setup_stream(agent *a, worker *w, stream *s, int which, const char *d
     s->console = !redirect && (!cfg->local_ranks_filter_set || cfg->show_rank[lr]);
     s->col0 = true;
     s->after_cr = false;
+    s->pty = false;
+    s->master = s->slave = -1;
+    s->cur_cr = s->fl_cr = false;
+    s->fl_esc = 0;
     if (redirect || tee) {
         /* setup_log_dir() made a directory for them, or ddprun did not start. */
         char path[PATH_MAX];
@@ -465,21 +507,59 @@ static int setup_stream(agent *a, worker *w, stream *s, int which, const char *d
     /* A console whose file description we made non-blocking is never handed to a worker. */
     bool need_pipe = s->file >= 0 || (s->console && (cfg->prefix_output)) || !s->console ||
                      ddprun_console_shared(a->con[which == DDPRUN_STD_OUT ? 1 : 2]);
-    if (!need_pipe) {
+    int fd = which == DDPRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
+    bool pty =
+        cfg->tty == DDPRUN_TTY_ON || (cfg->tty == DDPRUN_TTY_AUTO && s->console && isatty(fd));
+    if (!need_pipe && (!pty || isatty(fd))) {
         /* Nothing to add: the worker writes straight to our terminal, with no relay at all. */
         io->flags = UV_INHERIT_FD;
-        io->data.fd = which == DDPRUN_STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
+        io->data.fd = fd;
         return 0;
     }
-    uv_pipe_init(a->loop, &s->pipe, 0);
-    s->pipe.data = s;
+    int master = pty ? open_pty(s) : -1;
+    if (master < 0 && pty) {
+        say("cannot open a pseudo-terminal for local rank %d's %s (--tty): %s", lr,
+            which == DDPRUN_STD_OUT ? "stdout" : "stderr", strerror(-master));
+        if (s->file >= 0)
+            close(s->file);
+        s->file = -1;
+        return master;
+    }
+    if (pty) {
+        /* uv_poll_init() takes any descriptor epoll watches (a terminal); it fails only for a
+         * bad one. relay.c reads it (pty_readable()). */
+        int rc = uv_poll_init(a->loop, &s->poll, master);
+        assert(rc == 0);
+        (void)rc;
+        s->poll.data = s;
+        s->master = master;
+        s->pty = true;
+        io->flags = UV_INHERIT_FD;
+        io->data.fd = s->slave;
+    } else {
+        uv_pipe_init(a->loop, &s->pipe, 0);
+        s->pipe.data = s;
+    }
     uv_timer_init(a->loop, &s->partial_timer);
     s->partial_timer.data = s;
     s->open = true;
     a->nstreams++;
-    io->flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-    io->data.stream = (uv_stream_t *)&s->pipe;
+    if (!pty) {
+        io->flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+        io->data.stream = (uv_stream_t *)&s->pipe;
+    }
     return 0;
+}
+
+/* The guard has the slaves of the worker's pseudo-terminals now (or will never have them). */
+static void close_slaves(worker *w)
+{
+    stream *ss[2] = {&w->out, &w->err};
+    for (int k = 0; k < 2; k++) {
+        if (ss[k]->slave >= 0)
+            close(ss[k]->slave);
+        ss[k]->slave = -1;
+    }
 }
 
 int spawn_worker(agent *a, worker *w)
@@ -505,6 +585,7 @@ int spawn_worker(agent *a, worker *w)
             w->error_file[0] = '\0'; /* no error file: the summary goes without its message */
     }
     line_prefix(a, w, w->prefix, sizeof(w->prefix));
+    w->out.slave = w->err.slave = -1;
 
     int argc;
     char **cmd = worker_argv(a, &argc);
@@ -554,6 +635,7 @@ int spawn_worker(agent *a, worker *w)
     if (rc < 0) {
         close(w->envfd);
         w->envfd = -1;
+        close_slaves(w);
         stream_close(&w->out);
         stream_close(&w->err);
         env_free(&env);
@@ -570,6 +652,7 @@ int spawn_worker(agent *a, worker *w)
     io[4].data.fd = a->mntns_fd;
     pid_t pid = 0;
     rc = spawn_child(a, args, io, a->init_pid ? 5 : 4, &pid);
+    close_slaves(w);
     env_free(&env);
     free(args);
     free(cmd);
@@ -587,9 +670,9 @@ int spawn_worker(agent *a, worker *w)
     w->running = true;
     a->nrunning++;
     if (w->out.open)
-        uv_read_start((uv_stream_t *)&w->out.pipe, stream_alloc, stream_read);
+        stream_start(&w->out);
     if (w->err.open)
-        uv_read_start((uv_stream_t *)&w->err.pipe, stream_alloc, stream_read);
+        stream_start(&w->err);
     return 0;
 }
 

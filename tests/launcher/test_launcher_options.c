@@ -557,6 +557,26 @@ START_TEST(store_proxy)
 }
 END_TEST
 
+/* --tty auto|on|off, PET_TTY, and its error. */
+START_TEST(tty_choice)
+{
+    PARSE_OK("t");
+    ck_assert_int_eq(cfg.tty, DDPRUN_TTY_AUTO);
+    PARSE_OK("--tty", "on", "t");
+    ck_assert_int_eq(cfg.tty, DDPRUN_TTY_ON);
+    PARSE_OK("--tty=off", "t");
+    ck_assert_int_eq(cfg.tty, DDPRUN_TTY_OFF);
+    setenv("PET_TTY", "off", 1);
+    PARSE_OK("t");
+    ck_assert_int_eq(cfg.tty, DDPRUN_TTY_OFF);
+    PARSE_OK("--tty", "auto", "t");
+    ck_assert_int_eq(cfg.tty, DDPRUN_TTY_AUTO);
+    unsetenv("PET_TTY");
+    PARSE_ERR("--tty: expected 'auto', 'on' or 'off', got 'yes'", "--tty", "yes", "t");
+    ddprun_config_free(&cfg);
+}
+END_TEST
+
 /*
  * Every duration has a range, named in the error: at most 2147483 s (INT_MAX ms), so that none
  * overflows when the agent turns it into milliseconds ("--shutdown-timeout 1e18" was accepted and
@@ -1447,6 +1467,7 @@ int main(void)
                     local_ranks_filter, standalone, endpoints, control_plane, nproc_auto_cpu_gpu,
                     slurm_defaults, slurm_subset_step, slurm_batch_script, slurm_tasks_per_node,
                     python_or_program, virtual_local_rank, ignored_options_warn, help_and_version);
+    tcase_add_test(tc, tty_choice);
     tcase_add_checked_fixture(tc, setup, teardown);
 
     check_tcase(s, "slurm_expand", 30, slurm_expand);
