@@ -550,6 +550,26 @@ START_TEST(unauthenticated_client_kept_from_private_keys)
 }
 END_TEST
 
+/* The server's log line for a refused MULTI_GET names its private key (not ''). */
+START_TEST(refused_multi_get_logged_with_its_key)
+{
+    rdzv_server *srv = start(token);
+    rdzv_client *c;
+    ck_assert_int_eq(connect_with(srv, NULL, &c), 0);
+    const char *keys[] = {"default_pg/0//cuda//0", "/ddprun-coll/job/cpu/0"};
+    void *vals[2];
+    size_t lens[2];
+    ck_assert_int_eq(rdzv_multi_get(c, keys, 2, vals, lens), -ECONNRESET);
+    rdzv_client_close(c);
+    ck_assert_int_eq(security(srv, "refused_private"), 1);
+    ck_assert_msg(log_has("multi_get refused: '/ddprun-coll/job/cpu/0' is private to the job's "
+                          "authenticated connections (1 private key of 2)"),
+                  "%s", log_text);
+    ck_assert(!log_has("''"));
+    rdzv_server_close(srv);
+}
+END_TEST
+
 /*
  * The refusals a burst of them stands for, as the log accounts for them: the lines that closed a
  * connection for `why` (each one refusal) plus the N of each "refused N more connections"
@@ -585,26 +605,6 @@ static long refusals_logged(const char *why, int *lines)
  * refusal of it is accounted for once the burst is over (the same rate limit as refusals on
  * accept), rather than the count waiting for a refusal that may never come.
  */
-/* The server's log line for a refused MULTI_GET names its private key (not ''). */
-START_TEST(refused_multi_get_logged_with_its_key)
-{
-    rdzv_server *srv = start(token);
-    rdzv_client *c;
-    ck_assert_int_eq(connect_with(srv, NULL, &c), 0);
-    const char *keys[] = {"default_pg/0//cuda//0", "/ddprun-coll/job/cpu/0"};
-    void *vals[2];
-    size_t lens[2];
-    ck_assert_int_eq(rdzv_multi_get(c, keys, 2, vals, lens), -ECONNRESET);
-    rdzv_client_close(c);
-    ck_assert_int_eq(security(srv, "refused_private"), 1);
-    ck_assert_msg(log_has("multi_get refused: '/ddprun-coll/job/cpu/0' is private to the job's "
-                          "authenticated connections (1 private key of 2)"),
-                  "%s", log_text);
-    ck_assert(!log_has("''"));
-    rdzv_server_close(srv);
-}
-END_TEST
-
 START_TEST(refusal_burst_logged_once_and_counted)
 {
     enum { K = 30 };
