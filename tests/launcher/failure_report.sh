@@ -16,19 +16,8 @@
 # Usage: failure_report.sh DDPRUN. Exit 0 pass, 1 fail.
 set -uo pipefail
 ddprun=$(readlink -f "$1")
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+. "$(dirname "$0")/lib.sh"
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
 # Lines of the summary's stderr block ("| ..." under "stderr (last N lines):").
 tail_block() { sed -n '/stderr (last [0-9]* lines\?):/,/^=/p' "$1" | grep -E '^ +\| ' | sed -E 's/^ +\| //'; }
 lines12='for i in $(seq 1 12); do echo "err line $i" >&2; done'

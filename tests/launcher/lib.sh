@@ -2,7 +2,7 @@
 # (tests/libddp/lib.sh, tests/trainer/, tests/tools/, tests/test_nccl_floor.sh); source it after
 # setting -uo pipefail. Gives a temporary directory $tmp, an array pids of processes to SIGKILL
 # at exit, fail/ok reporting (failures counted in $fails) and wait_for SECONDS COMMAND..., which
-# polls until COMMAND succeeds.
+# polls until COMMAND succeeds, and now_ms (the wall clock in milliseconds).
 # A test with more to undo at exit defines cleanup_hook, which the exit trap runs after killing
 # the pids and before removing $tmp.
 tmp=$(mktemp -d)
@@ -18,6 +18,8 @@ trap cleanup EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 ok() { echo "ok: $*"; }
+
+now_ms() { echo $(($(date +%s%N) / 1000000)); } # the wall clock, in milliseconds
 
 wait_for() { # seconds command...: polls until the command succeeds
   local end=$((SECONDS + $1)); shift
