@@ -2,7 +2,8 @@
 # (tests/libddp/lib.sh, tests/trainer/, tests/tools/, tests/test_nccl_floor.sh); source it after
 # setting -uo pipefail. Gives a temporary directory $tmp, an array pids of processes to SIGKILL
 # at exit, fail/ok reporting (failures counted in $fails) and wait_for SECONDS COMMAND..., which
-# polls until COMMAND succeeds, and now_ms (the wall clock in milliseconds).
+# polls until COMMAND succeeds, expect CODE PATTERN COMMAND... and now_ms (the wall clock in
+# milliseconds).
 # A test with more to undo at exit defines cleanup_hook, which the exit trap runs after killing
 # the pids and before removing $tmp.
 tmp=$(mktemp -d)
@@ -18,6 +19,20 @@ trap cleanup EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 ok() { echo "ok: $*"; }
+
+# expect CODE PATTERN CMD...: CMD exits with CODE and its output (both streams) matches PATTERN,
+# within $expect_timeout seconds (60 unless the test sets it).
+expect() {
+    local want=$1 pattern=$2 status=0
+    shift 2
+    timeout "${expect_timeout:-60}" "$@" >"$tmp/out" 2>&1 || status=$?
+    if [[ $status -ne $want ]] || ! grep -qE -- "$pattern" "$tmp/out"; then
+        fail "$(basename "$1") ${*:2}: exit $status (expected $want), output lacks '$pattern':"
+        sed 's/^/    /' "$tmp/out" >&2
+        return 1
+    fi
+    ok "$(basename "$1") ${*:2} -> $want: $(grep -m1 -E -- "$pattern" "$tmp/out")"
+}
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); } # the wall clock, in milliseconds
 

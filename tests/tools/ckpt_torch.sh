@@ -27,18 +27,7 @@ if ! "$PY" -c 'import torch, numpy, safetensors.torch' 2>/dev/null; then
     exit 77
 fi
 
-# expect CODE PATTERN CMD...: CMD exits with CODE and its output (both streams) matches PATTERN.
-expect() {
-    local want=$1 pattern=$2 status=0
-    shift 2
-    timeout 120 "$@" >"$tmp/out" 2>&1 || status=$?
-    if [[ $status -ne $want ]] || ! grep -qE -- "$pattern" "$tmp/out"; then
-        fail "$(basename "$1") ${*:2}: exit $status (expected $want), output lacks '$pattern':"
-        sed 's/^/    /' "$tmp/out"
-        return 1
-    fi
-    ok "$(basename "$1") ${*:2} -> $want: $(grep -m1 -E -- "$pattern" "$tmp/out")"
-}
+expect_timeout=120
 common=(--device cpu --hidden 48 --layers 2 --global-batch 128 --threads 1 --timeout-ms 30000)
 
 # 1. Train, export, rebuild in PyTorch.

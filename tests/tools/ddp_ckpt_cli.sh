@@ -34,18 +34,6 @@ if ! "$PY" -c 'import numpy, safetensors.numpy' 2>/dev/null; then
 fi
 . "$(dirname "$0")/../launcher/lib.sh" # $tmp, fail, ok
 
-# expect CODE PATTERN CMD...: CMD exits with CODE and its output (both streams) matches PATTERN.
-expect() {
-    local want=$1 pattern=$2 status=0
-    shift 2
-    timeout 60 "$@" >"$tmp/out" 2>&1 || status=$?
-    if [[ $status -ne $want ]] || ! grep -qE -- "$pattern" "$tmp/out"; then
-        fail "$(basename "$1") ${*:2}: exit $status (expected $want), output lacks '$pattern':"
-        sed 's/^/    /' "$tmp/out" >&2
-        return 1
-    fi
-    ok "$(basename "$1") ${*:2} -> $want: $(grep -m1 -E -- "$pattern" "$tmp/out")"
-}
 
 common=(--device cpu --max-steps 6 --global-batch 96 --hidden 99 --warmup 2 --log-every 3 --timeout-ms 30000)
 train() { # NAME WORLD ARGS...
