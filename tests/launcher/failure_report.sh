@@ -62,7 +62,13 @@ else
   fail "SIGSEGV, ulimit -c 0: rc $rc; $(cat "$tmp/o3")"
 fi
 pattern=$(cat /proc/sys/kernel/core_pattern 2>/dev/null)
-if [[ "$pattern" == core* ]]; then
+# The core limit a worker gets: a sanitizer's runtime in ddprun and its guard lowers it to 0
+# (ASan's disable_coredump), and then no core can be dumped whatever the shell allows.
+limit=$(cd "$tmp/core" && ulimit -c unlimited && timeout 30 "$ddprun" --standalone \
+  --nproc-per-node 1 --no-python sh -c 'ulimit -c' 2>/dev/null)
+if [[ "$limit" != *unlimited* ]]; then
+  echo "skip: workers get core limit '$limit' under this ddprun: the core dumped case is unit-tested only"
+elif [[ "$pattern" == core* ]]; then
   (cd "$tmp/core" && ulimit -c unlimited && timeout 30 "$ddprun" --standalone --nproc-per-node 1 \
     --no-python sh -c 'kill -SEGV $$' >"$tmp/o3b" 2>&1)
   rc=$?
