@@ -190,6 +190,10 @@ typedef struct model_ops {
      * x and y), 1 byte-level text (data_load_text(): env's sets have seq and tok, and the
      * batches tok; --data names text files). */
     int data_kind;
+    /* Text rows (data_kind 1): the context length T of configuration `cfg` (its --seq-len
+     * or default), with which the trainer cuts the text into windows before create(). NULL
+     * for image rows. */
+    int (*seq_len)(const void *cfg);
 } model_ops;
 
 /* The row named `name`, or NULL. */
