@@ -62,7 +62,7 @@
 #define MODEL_OPT_BASE 1024
 
 /* Parameters per unit, at most. */
-#define MODEL_MAX_UNIT_PARAMS 8
+#define MODEL_MAX_UNIT_PARAMS 16
 
 /* Key/value pairs a model adds to a parameter dump's or a checkpoint's metadata, at most, and
  * the bytes of a value with its terminating NUL (a key's are 32). */
