@@ -53,6 +53,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cli.h"
 #include "data.h"
@@ -194,6 +195,15 @@ typedef struct model_ops {
      * or default), with which the trainer cuts the text into windows before create(). NULL
      * for image rows. */
     int (*seq_len)(const void *cfg);
+    /*
+     * Text rows, optional (NULL: --generate is refused): writes `prompt` and max_new bytes
+     * sampled after it, one at a time from the model's next-byte distribution at `temperature`
+     * (0: the likeliest) with draws from `seed`, to `out` (NULL: nothing written; the passes
+     * still run, as every rank must at ZeRO-3). The passes run through model_env.access outside
+     * any micro-step. Returns 0 or a negative code (last_error(), or a hook's).
+     */
+    int (*generate)(model *m, const char *prompt, int max_new, double temperature, uint64_t seed,
+                    FILE *out);
 } model_ops;
 
 /* The row named `name`, or NULL. */

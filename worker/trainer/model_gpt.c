@@ -235,6 +235,49 @@ static int host_take(model *m, model_stats *out)
 
 static const model_compute host_compute = {host_micro, host_eval, host_take};
 
+/*
+ * --generate: the prompt (at least one byte: "\n" when empty) and max_new bytes, each drawn
+ * from the logits of the last position after a forward over the newest (at most T) bytes. The
+ * draws come from rng.h's generator for (seed, 0), one uniform per byte, so a seed gives the
+ * same text on every rank and run.
+ */
+static int gpt_model_generate(model *m, const char *prompt, int max_new, double temperature,
+                              uint64_t seed, FILE *out)
+{
+    gpt_model *w = as_gpt(m);
+    size_t plen = strlen(prompt), cap = (plen ? plen : 1) + (size_t)max_new;
+    uint8_t *text = malloc(cap);
+    if (!text) {
+        snprintf(w->error, sizeof w->error, "out of memory for the text");
+        return -ENOMEM;
+    }
+    memcpy(text, plen ? prompt : "\n", plen ? plen : 1);
+    size_t len = plen ? plen : 1;
+    if (out)
+        fputs(prompt, out);
+    rng r;
+    rng_init(&r, seed, 0);
+    int rc = gpt_reserve(w->net, 1);
+    w->error[0] = '\0';
+    for (int i = 0; i < max_new && rc == 0; i++) {
+        int n = len < (size_t)w->cfg.seq ? (int)len : w->cfg.seq;
+        rc = gpt_forward(w->net, &w->hooks, text + len - n, 1, n, n, 0, NULL);
+        if (rc < 0)
+            break;
+        const float *z = gpt_logits(w->net) + (size_t)(n - 1) * w->cfg.vocab;
+        text[len] = (uint8_t)gpt_sample(z, w->cfg.vocab, (float)temperature, rng_float(&r));
+        if (out)
+            fputc(text[len], out);
+        len++;
+    }
+    if (out) {
+        fputc('\n', out);
+        fflush(out);
+    }
+    free(text);
+    return rc;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* What the trainer reports and records                                                        */
 /* ------------------------------------------------------------------------------------------ */
@@ -305,4 +348,5 @@ const model_ops model_gpt = {
     .meta = gpt_model_meta,
     .data_kind = 1,
     .seq_len = gpt_seq_len,
+    .generate = gpt_model_generate,
 };

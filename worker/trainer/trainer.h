@@ -65,6 +65,10 @@ typedef struct train_args {
     void *model_cfg;        /* its options (model->config_size bytes, owned) */
     /* --tensorboard DIR */
     const char *tensorboard;
+    /* --generate PROMPT (NULL: train), --temperature, --max-new */
+    const char *generate;
+    double temperature;
+    int max_new;
 } train_args;
 
 struct trainer {
