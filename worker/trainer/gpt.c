@@ -47,19 +47,19 @@ typedef struct gpt_layer {
 
 struct gpt {
     gpt_config cfg;
-    int rows;          /* sequences the activations have room for */
-    float *arena;      /* the activations */
-    size_t arena_n;    /* floats in it */
-    gpt_layer *layer;  /* (L) */
-    float **x;         /* x[0..L]: (BN, C) the residual stream entering block l; x[L] leaves */
+    int rows;         /* sequences the activations have room for */
+    float *arena;     /* the activations */
+    size_t arena_n;   /* floats in it */
+    gpt_layer *layer; /* (L) */
+    float **x;        /* x[0..L]: (BN, C) the residual stream entering block l; x[L] leaves */
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;     /* (BN, V) */
+    float *logits;       /* (BN, V) */
     float *d1, *d2, *d3; /* backward scratch: (BN, C) each */
-    float *dqkv;       /* (BN, 3C) */
-    float *dh;         /* (BN, 4C) */
-    float *datt;       /* (N, N) one head's */
-    float *dwte;       /* (V, C) the tied embedding's gradient from the logits */
-    float *w;          /* bf16: one unit's parameters widened (the largest unit's size) */
+    float *dqkv;         /* (BN, 3C) */
+    float *dh;           /* (BN, 4C) */
+    float *datt;         /* (N, N) one head's */
+    float *dwte;         /* (V, C) the tied embedding's gradient from the logits */
+    float *w;            /* bf16: one unit's parameters widened (the largest unit's size) */
     /* the latest forward */
     int B, N, ld, targets; /* B -1: none */
     const uint8_t *tok;
@@ -97,13 +97,13 @@ int gpt_unit(const gpt_config *c, int u, char name[32])
 }
 
 static const char *const block_names[GPT_BLOCK_PARAMS] = {
-    "ln_1.weight",       "ln_1.bias",       "attn.c_attn.weight", "attn.c_attn.bias",
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
     "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
-    "mlp.c_fc.weight",   "mlp.c_fc.bias",   "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
 
 /* Block parameter p's (rows, cols) in units of C (cols 0: a vector). */
-static const int block_shape[GPT_BLOCK_PARAMS][2] = {{1, 0}, {1, 0}, {3, 1}, {3, 0}, {1, 1}, {1, 0},
-                                                     {1, 0}, {1, 0}, {4, 1}, {4, 0}, {1, 4}, {1, 0}};
+static const int block_shape[GPT_BLOCK_PARAMS][2] = {
+    {1, 0}, {1, 0}, {3, 1}, {3, 0}, {1, 1}, {1, 0}, {1, 0}, {1, 0}, {4, 1}, {4, 0}, {1, 4}, {1, 0}};
 
 int gpt_param(const gpt_config *c, int u, int p, char name[32], int64_t shape[2])
 {
@@ -139,8 +139,8 @@ static float normal(rng *r)
     return sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853071795864f * u2);
 }
 
-void gpt_init_param(const gpt_config *c, int u, int p, uint64_t seed, uint64_t stream,
-                    float *data, size_t count)
+void gpt_init_param(const gpt_config *c, int u, int p, uint64_t seed, uint64_t stream, float *data,
+                    size_t count)
 {
     float std = 0.02f, fill = 0.0f;
     int random = 1;
@@ -388,8 +388,8 @@ static void gelu_backward(float *restrict d, const float *restrict x, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float v = x[i], t = tanhf(GELU_S * (v + 0.044715f * v * v * v));
-        float g = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_S *
-                                          (1.0f + 3.0f * 0.044715f * v * v);
+        float g = 0.5f * (1.0f + t) +
+                  0.5f * v * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * 0.044715f * v * v);
         d[i] *= g;
     }
 }
@@ -409,8 +409,8 @@ static void attention_forward(const gpt *m, float *restrict y, float *restrict a
         for (int h = 0; h < H; h++) {
             const float *q = qkv + (size_t)b * N * C3 + (size_t)h * hs;
             float *a = att + ((size_t)b * H + h) * N * N; /* (N, N) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, hs, scale, q, C3, q + C,
-                        C3, 0.0f, a, N);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, hs, scale, q, C3, q + C, C3,
+                        0.0f, a, N);
             for (int t = 0; t < N; t++) {
                 float *row = a + (size_t)t * N, max = row[0], sum = 0.0f;
                 for (int j = 1; j <= t; j++)
@@ -548,8 +548,8 @@ static int logits_forward(gpt *m, const gpt_hooks *h, int BN)
     return h->end(h->arg, 0, 0);
 }
 
-int gpt_forward(gpt *m, const gpt_hooks *h, const uint8_t *tok, int B, int len, int ld,
-                int targets, gpt_stats *stats)
+int gpt_forward(gpt *m, const gpt_hooks *h, const uint8_t *tok, int B, int len, int ld, int targets,
+                gpt_stats *stats)
 {
     const gpt_config *c = &m->cfg;
     int C = c->width, L = c->layers, V = c->vocab, N = len;

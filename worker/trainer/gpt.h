@@ -74,8 +74,8 @@ size_t gpt_num_params(const gpt_config *c);
  * N(0, 0.02 / sqrt(2L)), biases 0, LayerNorm weights 1. The draws come from rng.h's generator
  * for (seed, stream); ddp-train uses the parameter's index over the model as the stream.
  */
-void gpt_init_param(const gpt_config *c, int u, int p, uint64_t seed, uint64_t stream,
-                    float *data, size_t count);
+void gpt_init_param(const gpt_config *c, int u, int p, uint64_t seed, uint64_t stream, float *data,
+                    size_t count);
 
 typedef struct gpt gpt;
 
@@ -121,8 +121,8 @@ typedef struct gpt_stats {
  * be 0 (the hooks still run). Returns 0, -EINVAL (B beyond the room, len out of [1, seq]) or a
  * hook's code; fills *stats when given.
  */
-int gpt_forward(gpt *m, const gpt_hooks *h, const uint8_t *tok, int B, int len, int ld,
-                int targets, gpt_stats *stats);
+int gpt_forward(gpt *m, const gpt_hooks *h, const uint8_t *tok, int B, int len, int ld, int targets,
+                gpt_stats *stats);
 
 /*
  * Backward of the latest forward (with targets), for the loss loss_scale * (sum over its

@@ -84,8 +84,8 @@ static const gpt_model *as_cgpt(const model *m)
 
 static void config_init(void *cfg)
 {
-    *(gpt_options *)cfg = (gpt_options){
-        .layers = DEF_LAYERS, .width = DEF_WIDTH, .heads = DEF_HEADS, .seq = DEF_SEQ};
+    *(gpt_options *)cfg =
+        (gpt_options){.layers = DEF_LAYERS, .width = DEF_WIDTH, .heads = DEF_HEADS, .seq = DEF_SEQ};
 }
 
 static int config_parse(void *cfg, int id, const char *flag, const char *arg)
@@ -132,8 +132,8 @@ static int gpt_model_create(const void *cfg, const model_env *env, model **out)
                           .layers = o->layers,
                           .heads = o->heads,
                           .bf16 = env->bf16};
-    w->hooks = (gpt_hooks){.begin = env->access.begin, .end = env->access.end,
-                           .arg = env->access.arg};
+    w->hooks =
+        (gpt_hooks){.begin = env->access.begin, .end = env->access.end, .arg = env->access.arg};
     w->nunits = gpt_num_units(&w->cfg);
     if (!(w->units = calloc((size_t)w->nunits, sizeof *w->units))) {
         free(w);
@@ -286,8 +286,8 @@ static int gpt_model_generate(model *m, const char *prompt, int max_new, double 
 static void gpt_model_describe(const model *m, char *buf, size_t cap)
 {
     const gpt_config *c = &as_cgpt(m)->cfg;
-    snprintf(buf, cap, "GPT %d layers, width %d, %d heads, context %d, %.2fM parameters",
-             c->layers, c->width, c->heads, c->seq, (double)gpt_num_params(c) / 1e6);
+    snprintf(buf, cap, "GPT %d layers, width %d, %d heads, context %d, %.2fM parameters", c->layers,
+             c->width, c->heads, c->seq, (double)gpt_num_params(c) / 1e6);
 }
 
 /* The checkpoint's model fields: input width the context, --hidden the width, classes the
@@ -309,8 +309,11 @@ static int gpt_model_meta(const model *m, char key[][32], char value[][MODEL_MET
     const struct {
         const char *k;
         int v;
-    } ints[] = {{"layers", c->layers}, {"width", c->width}, {"heads", c->heads},
-                {"seq_len", c->seq},   {"vocab", c->vocab}};
+    } ints[] = {{"layers", c->layers},
+                {"width", c->width},
+                {"heads", c->heads},
+                {"seq_len", c->seq},
+                {"vocab", c->vocab}};
     int n = 0;
     snprintf(key[n], 32, "model");
     snprintf(value[n++], MODEL_META_LEN, "gpt");
