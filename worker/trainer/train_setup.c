@@ -8,6 +8,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,6 +101,7 @@ static int load_text(trainer *t)
             paths[npaths++] = p;
         }
     }
+    assert(a->model->seq_len); /* every text row says its context length (model.h) */
     int seq = a->model->seq_len(a->model_cfg);
     if (data_load_text(paths, npaths, seq, "train", &t->train) < 0 ||
         data_load_text(paths, npaths, seq, "test", &t->test) < 0) {
@@ -127,6 +129,7 @@ int setup_data(trainer *t)
         return EXIT_USAGE;
     }
     t->preds_per_row = text ? t->train.seq : 1;
+    t->test_loss = NAN; /* until an evaluation */
     if (!text && t->test.dim != t->train.dim) {
         train_err("%s: the test images are %dx%d, the training images %dx%d", a->data, t->test.rows,
                   t->test.cols, t->train.rows, t->train.cols);
