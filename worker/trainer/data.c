@@ -1,10 +1,15 @@
 /*
- * ddp-train's data: IDX files through zlib, the distributed sampler, and the loader thread.
+ * ddp-train's data: IDX files through zlib, text files cut into byte windows, the distributed
+ * sampler, and the loader thread.
  *
  * IDX reading trusts nothing in the file: the magic number, every size and the exact length of
  * the data are checked before anything is used, allocations are bounded by DATA_MAX_BYTES, and
  * every failure leaves a sentence that starts with the file's path. zlib's gzread reads gzip
  * files and, transparently, plain ones, so one path serves both.
+ *
+ * Text is read whole, file by file, each split at its fixed cut (data.h) into one growing
+ * stream per split, bounded by DATA_MAX_BYTES; only then is it copied into windows, so a
+ * failure leaves nothing behind. It is not decoded: bytes are the tokens.
  *
  * The sampler is pure arithmetic on a permutation (see data.h for the batch layout and the
  * drop-last rule); it neither reads files nor allocates after data_sampler_init().

@@ -1,7 +1,9 @@
 /*
- * data: ddp-train's input pipeline. Fashion-MNIST from IDX files (gzip-compressed or plain), a
- * distributed sampler whose global batches do not depend on the world size, and a loader thread
- * that gathers the next micro-batch while the current one trains.
+ * data: ddp-train's input pipeline. Fashion-MNIST from IDX files (gzip-compressed or plain) or
+ * byte windows of text files (data_load_text(), for text models), a distributed sampler whose
+ * global batches do not depend on the world size, and a loader thread that gathers the next
+ * micro-batch while the current one trains. The sampler and the loader treat both kinds alike:
+ * a sample is an image or a window.
  *
  * Sampling. Every epoch e has a permutation of the training set drawn from (seed, e) alone. Step
  * s of the epoch trains on the global batch perm[s*G, (s+1)*G) (G = global_batch); rank r takes

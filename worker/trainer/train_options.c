@@ -197,10 +197,12 @@ static const cli_option opt_table[] = {
      "options follow it there."},
     {OPT_DATA,
      {"--data"},
-     "DIR",
+     "PATH",
      DATA_DEFAULT_DIR,
      0,
-     "Directory of the Fashion-MNIST IDX files, gzip-compressed (.gz) or not."},
+     "Image models (mlp): the directory of the Fashion-MNIST IDX files, gzip-compressed "
+     "(.gz) or not. Text models: text files or directories of them, the option repeated or "
+     "the names separated by commas (default " DATA_TEXT_DEFAULT_DIR ", Debian's fortunes)."},
     {OPT_THREADS, {"--threads"}, "N", STR(DEF_THREADS), 0, "OpenBLAS threads per rank."},
     {OPT_MAX_STEPS,
      {"--max-steps"},
@@ -385,6 +387,8 @@ static int check_args(const train_args *a)
         bad = "--dump-batches records a whole run from its first step: not with --resume";
     else if (a->device == DEV_CPU && a->backend == COLL_BACKEND_NCCL)
         bad = "--backend nccl needs --device cuda";
+    else if (a->model->data_kind == 0 && a->ndata > 1)
+        bad = "--data: an image model reads one directory (several files are for text models)";
     else if (a->generate && !a->model->generate)
         bad = "--generate: this --model does not generate text (--model gpt does)";
     else if (a->generate && !a->init_from && !a->resume)
@@ -580,6 +584,13 @@ int parse_args(int argc, char **argv, train_args *a)
             break;
         case OPT_DATA:
             a->data = optarg;
+            if (a->ndata == TRAIN_MAX_DATA) {
+                train_err("--data: at most %d of them (name more files per option, separated by "
+                          "commas, or a directory)",
+                          TRAIN_MAX_DATA);
+                return EXIT_USAGE;
+            }
+            a->data_args[a->ndata++] = optarg;
             break;
         case OPT_THREADS:
             rc = cli_parse_int(flag, optarg, 1, 1024, &a->threads);
