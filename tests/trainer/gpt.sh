@@ -9,7 +9,8 @@
 #  2. checkpoints: 20 steps at world 2, ZeRO-0 saving at step 10; its step-10 checkpoint
 #     resumed at world 2, ZeRO-0 ends with the same parameters byte for byte; resumed at
 #     world 1, ZeRO-3 (resharded) its parameters right after the load are the saved ones byte
-#     for byte, and its metrics for steps 11-20 are the uninterrupted run's within 1e-5.
+#     for byte, and its metrics for steps 11-20 are the uninterrupted run's within 1e-5;
+#     resuming with another --heads (no shape changes) is refused, naming it.
 #  3. export and import: `ddp-ckpt export` writes the model's metadata (model gpt, layers,
 #     width, heads, seq_len, vocab), `ddp-ckpt import` takes the file back as a GPT's, and
 #     --init-from the imported checkpoint loads the exported parameters.
@@ -95,6 +96,9 @@ else
     fail "parameters after a resharded load"
 fi
 compare whole 11 reshard || fail "resharded resume against the uninterrupted run"
+out=$(timeout 60 "$TRAIN" "${common[@]}" --heads 2 --resume "$ck10" 2>&1)
+[[ $? -eq 2 && $out == *"--heads 4, this run has 2"* ]] ||
+    fail "resuming with another --heads: not refused naming it: $out"
 
 # 3. Export, metadata, import, --init-from.
 if "$CKPT" export "$tmp/ck" -o "$tmp/gpt.safetensors" >"$tmp/export.log" 2>&1; then

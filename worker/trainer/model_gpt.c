@@ -291,7 +291,7 @@ static void gpt_model_describe(const model *m, char *buf, size_t cap)
 }
 
 /* The checkpoint's model fields: input width the context, --hidden the width, classes the
- * vocabulary (the heads change no shape; meta() records them). */
+ * vocabulary, and the heads (which change no shape, so libddp's check cannot see them). */
 static void gpt_model_state(const model *m, train_state *st)
 {
     const gpt_config *c = &as_cgpt(m)->cfg;
@@ -299,6 +299,7 @@ static void gpt_model_state(const model *m, train_state *st)
     st->hidden = c->width;
     st->layers = c->layers;
     st->classes = c->vocab;
+    st->heads = c->heads;
 }
 
 /* model gpt, layers, width, heads, seq_len, vocab, tied "emb.wte", activation gelu_tanh,
