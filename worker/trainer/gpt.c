@@ -18,6 +18,10 @@
  *  - Parameter gradients are accumulated (+=); nothing here zeroes the caller's buffers.
  *  - bf16 (gpt.h): the values listed there hold bf16 values once written; w holds the current
  *    unit's parameters widened.
+ *  - The element-wise kernels with exponentials (GELU's tanh, attention's softmax) use
+ *    exp_poly(), a polynomial the compiler vectorises, not libm's scalar expf and tanhf (which
+ *    took 40% of a pass); they exist as a portable and an AVX2 set giving the same bits
+ *    (kernels()).
  */
 #include "gpt.h"
 
@@ -45,6 +49,9 @@ typedef struct gpt_layer {
     float *fch, *fcg;                 /* (BN, 4C): before and after GELU */
 } gpt_layer;
 
+typedef struct gpt_kernels gpt_kernels; /* below: the element-wise kernels */
+static const gpt_kernels *kernels(void);
+
 struct gpt {
     gpt_config cfg;
     int rows;         /* sequences the activations have room for */
@@ -53,13 +60,14 @@ struct gpt {
     gpt_layer *layer; /* (L) */
     float **x;        /* x[0..L]: (BN, C) the residual stream entering block l; x[L] leaves */
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;       /* (BN, V) */
-    float *d1, *d2, *d3; /* backward scratch: (BN, C) each */
-    float *dqkv;         /* (BN, 3C) */
-    float *dh;           /* (BN, 4C) */
-    float *datt;         /* (N, N) one head's */
-    float *dwte;         /* (V, C) the tied embedding's gradient from the logits */
-    float *w;            /* bf16: one unit's parameters widened (the largest unit's size) */
+    float *logits;        /* (BN, V) */
+    float *d1, *d2, *d3;  /* backward scratch: (BN, C) each */
+    float *dqkv;          /* (BN, 3C) */
+    float *dh;            /* (BN, 4C) */
+    float *datt;          /* (N, N) one head's */
+    float *dwte;          /* (V, C) the tied embedding's gradient from the logits */
+    float *w;             /* bf16: one unit's parameters widened (the largest unit's size) */
+    const gpt_kernels *k; /* the element-wise kernels for this CPU (kernels()) */
     /* the latest forward */
     int B, N, ld, targets; /* B -1: none */
     const uint8_t *tok;
@@ -251,6 +259,7 @@ int gpt_create(const gpt_config *cfg, int max_batch, gpt **out)
         return -ENOMEM;
     m->cfg = *cfg;
     m->B = -1;
+    m->k = kernels();
     size_t C = (size_t)cfg->width, T = (size_t)cfg->seq;
     size_t unit_max = 12 * C * C + 13 * C, emb = ((size_t)cfg->vocab + T) * C;
     m->layer = calloc((size_t)cfg->layers, sizeof *m->layer);
@@ -374,24 +383,130 @@ static void layernorm_backward(float *restrict dx, float *restrict dw, float *re
 
 #define GELU_S 0.7978845608028654f /* sqrt(2 / pi) */
 
+/*
+ * exp(x) for the element-wise kernels, in a form the compiler vectorises (no call, no branch):
+ * Cephes' expf, x = n ln2 + r with |r| <= ln2 / 2 (n rounded by the 1.5 x 2^23 trick, ln2 in
+ * two parts), a degree-6 polynomial for e^r, and 2^n put into the exponent bits. x is clamped
+ * to [-87, 88], where 2^n stays a normal float: below, the result is ~1.6e-38 instead of
+ * smaller (a softmax term or tanh's -1 that no float sum can tell from 0); above, ~1.7e38.
+ * Within the range its error is at most 2 ulp of the true value (libm's expf: 1 ulp).
+ */
+static inline __attribute__((always_inline)) float exp_poly(float x)
+{
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* tanh(u) = 1 - 2 / (exp(2u) + 1): exactly 1 and -1 where exp_poly() clamps. */
+static inline __attribute__((always_inline)) float tanh_poly(float u)
+{
+    return 1.0f - 2.0f / (exp_poly(2.0f * u) + 1.0f);
+}
+
 /* out = GELU(x), the tanh approximation. (n) */
-static void gelu_forward(float *restrict out, const float *restrict x, size_t n)
+static inline __attribute__((always_inline)) void
+gelu_forward_body(float *restrict out, const float *restrict x, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
-        out[i] = 0.5f * v * (1.0f + tanhf(GELU_S * (v + 0.044715f * v * v * v)));
+        out[i] = 0.5f * v * (1.0f + tanh_poly(GELU_S * (v + 0.044715f * v * v * v)));
     }
 }
 
 /* d *= GELU'(x), in place. (n) */
-static void gelu_backward(float *restrict d, const float *restrict x, size_t n)
+static inline __attribute__((always_inline)) void
+gelu_backward_body(float *restrict d, const float *restrict x, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        float v = x[i], t = tanhf(GELU_S * (v + 0.044715f * v * v * v));
+        float v = x[i], t = tanh_poly(GELU_S * (v + 0.044715f * v * v * v));
         float g = 0.5f * (1.0f + t) +
                   0.5f * v * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * 0.044715f * v * v);
         d[i] *= g;
     }
+}
+
+/* a = exp(a - max), in place. (n) */
+static inline __attribute__((always_inline)) void exp_shift_body(float *a, int n, float max)
+{
+    for (int j = 0; j < n; j++)
+        a[j] = exp_poly(a[j] - max);
+}
+
+/*
+ * The element-wise kernels, twice: as the build compiles them (x86-64's SSE2: 4 floats at a
+ * time) and, on x86-64, for AVX2 (8 at a time), chosen once by __builtin_cpu_supports(), never
+ * by -march. AVX2 without FMA fuses nothing, so both sets do the same IEEE operations on every
+ * element and give the same bits.
+ */
+struct gpt_kernels {
+    void (*gelu_forward)(float *restrict out, const float *restrict x, size_t n);
+    void (*gelu_backward)(float *restrict d, const float *restrict x, size_t n);
+    void (*exp_shift)(float *a, int n, float max);
+};
+
+#define GPT_KERNELS(suffix, attr)                                                                  \
+    attr static void gelu_forward_##suffix(float *restrict out, const float *restrict x, size_t n) \
+    {                                                                                              \
+        gelu_forward_body(out, x, n);                                                              \
+    }                                                                                              \
+    attr static void gelu_backward_##suffix(float *restrict d, const float *restrict x, size_t n)  \
+    {                                                                                              \
+        gelu_backward_body(d, x, n);                                                               \
+    }                                                                                              \
+    attr static void exp_shift_##suffix(float *a, int n, float max)                                \
+    {                                                                                              \
+        exp_shift_body(a, n, max);                                                                 \
+    }                                                                                              \
+    static const gpt_kernels kernels_##suffix = {gelu_forward_##suffix, gelu_backward_##suffix,    \
+                                                 exp_shift_##suffix};
+
+GPT_KERNELS(portable, )
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+GPT_KERNELS(avx2, __attribute__((target("avx2"))))
+#endif
+
+const char *gpt_kernel_set(const gpt *m)
+{
+    return m->k == &kernels_portable ? "portable" : "avx2";
+}
+
+int gpt_use_kernel_set(gpt *m, const char *name)
+{
+    if (!strcmp(name, "portable")) {
+        m->k = &kernels_portable;
+        return 0;
+    }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (!strcmp(name, "avx2") && __builtin_cpu_supports("avx2")) {
+        m->k = &kernels_avx2;
+        return 0;
+    }
+#endif
+    return -ENOTSUP;
+}
+
+/* The set for this CPU. */
+static const gpt_kernels *kernels(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2"))
+        return &kernels_avx2;
+#endif
+    return &kernels_portable;
 }
 
 /*
@@ -415,10 +530,9 @@ static void attention_forward(const gpt *m, float *restrict y, float *restrict a
                 float *row = a + (size_t)t * N, max = row[0], sum = 0.0f;
                 for (int j = 1; j <= t; j++)
                     max = row[j] > max ? row[j] : max;
-                for (int j = 0; j <= t; j++) {
-                    row[j] = expf(row[j] - max);
+                m->k->exp_shift(row, t + 1, max);
+                for (int j = 0; j <= t; j++)
                     sum += row[j];
-                }
                 for (int j = 0; j <= t; j++)
                     row[j] /= sum;
                 for (int j = t + 1; j < N; j++)
@@ -591,7 +705,7 @@ int gpt_forward(gpt *m, const gpt_hooks *h, const uint8_t *tok, int B, int len, 
             layernorm_forward(y->ln2, y->ln2_mean, y->ln2_rstd, y->xmid, f[6], f[7], BN, C);
             round_if(m, y->ln2, n);
             linear_forward(y->fch, y->ln2, f[8], f[9], BN, C, 4 * C);
-            gelu_forward(y->fcg, y->fch, 4 * n);
+            m->k->gelu_forward(y->fcg, y->fch, 4 * n);
             round_if(m, y->fcg, 4 * n);
             linear_forward(m->x[l + 1], y->fcg, f[10], f[11], BN, 4 * C, C);
             for (size_t i = 0; i < n; i++)
@@ -683,7 +797,7 @@ int gpt_backward(gpt *m, const gpt_hooks *h, float loss_scale)
             /* the MLP: dx is the gradient of x[l+1] = xmid + fc_proj(gelu(fc(ln_2(xmid)))) */
             const float *dxq = rounded(m, m->d3, dx, n);
             linear_backward(m->dh, 0.0f, g[10], g[11], dxq, y->fcg, f[10], BN, 4 * C, C);
-            gelu_backward(m->dh, y->fch, 4 * n);
+            m->k->gelu_backward(m->dh, y->fch, 4 * n);
             round_if(m, m->dh, 4 * n);
             float *dln = m->d2; /* (BN, C) */
             linear_backward(dln, 0.0f, g[8], g[9], m->dh, y->ln2, f[8], BN, C, 4 * C);

@@ -135,6 +135,15 @@ int gpt_backward(gpt *m, const gpt_hooks *h, float loss_scale);
 const float *gpt_logits(const gpt *m);
 
 /*
+ * The element-wise kernels (GELU, attention's exponentials) exist as a portable set and, on
+ * x86-64, an AVX2 one, which gpt_create() picks by the CPU (never by -march); both give the same
+ * bits. gpt_kernel_set() names the model's ("portable" or "avx2"); gpt_use_kernel_set() makes it
+ * use the named one, for tests: 0, or -ENOTSUP (unknown here, or the CPU lacks it).
+ */
+const char *gpt_kernel_set(const gpt *m);
+int gpt_use_kernel_set(gpt *m, const char *name);
+
+/*
  * A byte drawn from logits z (V): argmax (the first) when temperature is 0, else from
  * softmax(z / temperature) with u uniform on [0, 1).
  */
