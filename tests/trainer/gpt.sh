@@ -14,7 +14,7 @@
 #     for byte, and its metrics for steps 11-20 are the uninterrupted run's within 1e-5;
 #     resuming with another --heads (no shape changes) is refused, naming it.
 #  3. export and import: `ddp-ckpt export` writes the model's metadata (model gpt, layers,
-#     width, heads, seq_len, vocab), `ddp-ckpt import` takes the file back as a GPT's, and
+#     width, heads, seq_len, vocab; input: bytes, no image normalisation), `ddp-ckpt import` takes the file back as a GPT's, and
 #     --init-from the imported checkpoint loads the exported parameters.
 #  4. --generate: the same seed gives the same text, another seed another; at temperature 0
 #     the text is printable; world 2 at ZeRO-3 (every rank runs the passes, rank 0 prints)
@@ -117,6 +117,7 @@ meta = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])["__metadata__"]
 want = {"model": "gpt", "layers": "2", "width": "32", "heads": "4", "seq_len": "16", "vocab": "256"}
 bad = {k: meta.get(k) for k in want if meta.get(k) != want[k]}
 print(f"  export metadata: {', '.join(f'{k} {meta[k]}' for k in want if k in meta)}")
+bad = bad or "input_mean" in meta or not meta.get("input", "").startswith("text as bytes")
 sys.exit(1 if bad else 0)
 PY
     if "$CKPT" import "$tmp/gpt.safetensors" -o "$tmp/imported" >"$tmp/import.log" 2>&1; then
