@@ -201,6 +201,8 @@ START_TEST(causal)
     ck_assert_int_eq(gpt_forward(m, &h, tok, 1, N - 2, N, 0, NULL), 0);
     for (int i = 0; i < (N - 2) * V; i++)
         ck_assert_float_eq_tol(before[i], gpt_logits(m)[i], 1e-5);
+    tok[1] = (uint8_t)V; /* beyond the vocabulary */
+    ck_assert_int_eq(gpt_forward(m, &h, tok, 1, N, N, 0, NULL), -EINVAL);
     free(before);
     gpt_free(m);
     free(tok);

@@ -671,6 +671,10 @@ int gpt_forward(gpt *m, const gpt_hooks *h, const uint8_t *tok, int B, int len, 
     if (B < 0 || B > m->rows || len < 1 || len > c->seq || (targets && ld < len + 1) ||
         (!targets && ld < len) || (B > 0 && !tok))
         return -EINVAL;
+    for (int b = 0; V < 256 && b < B; b++) /* a byte beyond a small vocabulary */
+        for (int t = 0; t < N + (targets ? 1 : 0); t++)
+            if (tok[(size_t)b * ld + t] >= V)
+                return -EINVAL;
     int BN = B * N, rc;
     const float *f[GPT_BLOCK_PARAMS];
 

@@ -118,8 +118,8 @@ typedef struct gpt_stats {
  * Forward over B sequences: row b's tokens are tok[b * ld .. b * ld + len) (borrowed until
  * gpt_backward() returns); with `targets` its targets are the next bytes, tok[b * ld + 1 ..
  * b * ld + len], and the loss is measured (ld >= len + 1), else only the logits are made. B may
- * be 0 (the hooks still run). Returns 0, -EINVAL (B beyond the room, len out of [1, seq]) or a
- * hook's code; fills *stats when given.
+ * be 0 (the hooks still run). Returns 0, -EINVAL (B beyond the room, len out of [1, seq], a token
+ * not below vocab) or a hook's code; fills *stats when given.
  */
 int gpt_forward(gpt *m, const gpt_hooks *h, const uint8_t *tok, int B, int len, int ld, int targets,
                 gpt_stats *stats);
