@@ -324,6 +324,40 @@ START_TEST(kernel_sets_agree)
 }
 END_TEST
 
+/* Recomputation gives the same bits with one block's activations. */
+START_TEST(recompute_same_bits)
+{
+    const int B = 2;
+    gpt_config c = {.vocab = 64, .seq = 12, .width = 16, .layers = 3, .heads = 2};
+    params a, b;
+    params_init(&a, &c, 9, 0.3f);
+    params_init(&b, &c, 9, 0.3f);
+    uint8_t *tok = tokens(&c, B, 13);
+    gpt *ma, *mb;
+    ck_assert_int_eq(gpt_create(&c, B, &ma), 0);
+    c.recompute = 1;
+    ck_assert_int_eq(gpt_create(&c, B, &mb), 0);
+    printf("recompute: activations %zu bytes against %zu\n", gpt_activation_bytes(mb),
+           gpt_activation_bytes(ma));
+    ck_assert_uint_lt(gpt_activation_bytes(mb), gpt_activation_bytes(ma));
+    gpt_hooks ha = hooks_of(&a), hb = hooks_of(&b);
+    gpt_stats sa, sb;
+    ck_assert_int_eq(gpt_forward(ma, &ha, tok, B, c.seq, c.seq + 1, 1, &sa), 0);
+    ck_assert_int_eq(gpt_forward(mb, &hb, tok, B, c.seq, c.seq + 1, 1, &sb), 0);
+    ck_assert(sa.loss_sum == sb.loss_sum);
+    ck_assert_int_eq(gpt_backward(ma, &ha, 1.0f), 0);
+    ck_assert_int_eq(gpt_backward(mb, &hb, 1.0f), 0);
+    for (int u = 0; u < a.nu; u++)
+        for (int k = 0; k < a.np[u]; k++)
+            ck_assert_mem_eq(a.g[u][k], b.g[u][k], a.count[u][k] * sizeof(float));
+    gpt_free(ma);
+    gpt_free(mb);
+    free(tok);
+    params_free(&a);
+    params_free(&b);
+}
+END_TEST
+
 START_TEST(init_statistics)
 {
     gpt_config c = {.vocab = 256, .seq = 64, .width = 64, .layers = 4, .heads = 4};
@@ -368,7 +402,7 @@ static Suite *gpt_suite(void)
 {
     Suite *s = suite_create("gpt");
     check_tcase(s, "backward", 120, backward_finite_differences, hooks_and_accumulation,
-                bf16_against_f32);
+                bf16_against_f32, recompute_same_bits);
     check_tcase(s, "forward", 20, causal, kernel_sets_agree, init_statistics, sample);
     return s;
 }

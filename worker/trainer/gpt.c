@@ -7,12 +7,13 @@
  * the BLAS thread count, or allocate outside gpt_create()/gpt_reserve().
  *
  * Invariants:
- *  - Layer l's activations are kept from forward to backward: its input x[l] (BN, C), ln_1's
- *    output with its mean and 1/std per row, qkv (BN, 3C), the attention probabilities
- *    (B, H, N, N; zero above the diagonal), the heads' output (BN, C), the residual after
- *    attention (BN, C), ln_2's output, the MLP's hidden layer before and after GELU (BN, 4C).
- *    x[L] is the last block's output, lnf ln_f's; logits (BN, V) become the probabilities and
- *    then, in backward, their gradient, in place.
+ *  - Layer l's activations are kept from forward to backward (with cfg.recompute, every layer's
+ *    views are layer 0's: the block's backward computes them again from x[l]): its input x[l] (BN,
+ * C), ln_1's output with its mean and 1/std per row, qkv (BN, 3C), the attention probabilities (B,
+ * H, N, N; zero above the diagonal), the heads' output (BN, C), the residual after attention (BN,
+ * C), ln_2's output, the MLP's hidden layer before and after GELU (BN, 4C). x[L] is the last
+ * block's output, lnf ln_f's; logits (BN, V) become the probabilities and then, in backward, their
+ * gradient, in place.
  *  - The gradient of the tied wte from the logits is kept in dwte (V, C) until the embedding's
  *    backward adds it with the lookup's into the caller's buffer.
  *  - Parameter gradients are accumulated (+=); nothing here zeroes the caller's buffers.
@@ -80,7 +81,8 @@ struct gpt {
 int gpt_config_check(const gpt_config *c)
 {
     if (!c || c->vocab < 2 || c->vocab > 256 || c->seq < 1 || c->width < 1 || c->layers < 1 ||
-        c->heads < 1 || c->width % c->heads || (c->bf16 != 0 && c->bf16 != 1))
+        c->heads < 1 || c->width % c->heads || (c->bf16 != 0 && c->bf16 != 1) ||
+        (c->recompute != 0 && c->recompute != 1))
         return -EINVAL;
     return 0;
 }
@@ -187,6 +189,10 @@ static size_t layout(gpt *m, float *arena, int rows)
     } while (0)
     for (int l = 0; l < c->layers; l++) {
         gpt_layer *y = &m->layer[l];
+        if (c->recompute && l > 0) { /* one block's room, shared */
+            *y = m->layer[0];
+            continue;
+        }
         TAKE(y->ln1, BN * C);
         TAKE(y->ln1_mean, BN);
         TAKE(y->ln1_rstd, BN);
@@ -649,6 +655,34 @@ static int take(gpt *m, const gpt_hooks *h, int u, int backward, const float **f
     return 0;
 }
 
+/*
+ * Block l's forward over BN = B N rows from xin (BN, C) to xout (BN, C), its parameters f
+ * (f32), keeping its activations in y.
+ */
+static void block_forward(gpt *m, gpt_layer *y, const float *const *f, const float *xin,
+                          float *xout, int B, int N)
+{
+    int C = m->cfg.width, BN = B * N;
+    size_t n = (size_t)BN * C;
+    layernorm_forward(y->ln1, y->ln1_mean, y->ln1_rstd, xin, f[0], f[1], BN, C);
+    round_if(m, y->ln1, n);
+    linear_forward(y->qkv, y->ln1, f[2], f[3], BN, C, 3 * C);
+    round_if(m, y->qkv, 3 * n);
+    attention_forward(m, y->atty, y->att, y->qkv, B, N);
+    round_if(m, y->atty, n);
+    linear_forward(y->xmid, y->atty, f[4], f[5], BN, C, C);
+    for (size_t i = 0; i < n; i++)
+        y->xmid[i] += xin[i];
+    layernorm_forward(y->ln2, y->ln2_mean, y->ln2_rstd, y->xmid, f[6], f[7], BN, C);
+    round_if(m, y->ln2, n);
+    linear_forward(y->fch, y->ln2, f[8], f[9], BN, C, 4 * C);
+    m->k->gelu_forward(y->fcg, y->fch, 4 * n);
+    round_if(m, y->fcg, 4 * n);
+    linear_forward(xout, y->fcg, f[10], f[11], BN, 4 * C, C);
+    for (size_t i = 0; i < n; i++)
+        xout[i] += y->xmid[i];
+}
+
 /* The logits (BN, V) = lnf wte^T: unit 0 taken for its wte alone. */
 static int logits_forward(gpt *m, const gpt_hooks *h, int BN)
 {
@@ -695,26 +729,8 @@ int gpt_forward(gpt *m, const gpt_hooks *h, const uint8_t *tok, int B, int len, 
         gpt_layer *y = &m->layer[l];
         if ((rc = take(m, h, 1 + l, 0, f, NULL)) < 0)
             return rc;
-        if (BN > 0) {
-            size_t n = (size_t)BN * C;
-            layernorm_forward(y->ln1, y->ln1_mean, y->ln1_rstd, m->x[l], f[0], f[1], BN, C);
-            round_if(m, y->ln1, n);
-            linear_forward(y->qkv, y->ln1, f[2], f[3], BN, C, 3 * C);
-            round_if(m, y->qkv, 3 * n);
-            attention_forward(m, y->atty, y->att, y->qkv, B, N);
-            round_if(m, y->atty, n);
-            linear_forward(y->xmid, y->atty, f[4], f[5], BN, C, C);
-            for (size_t i = 0; i < n; i++)
-                y->xmid[i] += m->x[l][i];
-            layernorm_forward(y->ln2, y->ln2_mean, y->ln2_rstd, y->xmid, f[6], f[7], BN, C);
-            round_if(m, y->ln2, n);
-            linear_forward(y->fch, y->ln2, f[8], f[9], BN, C, 4 * C);
-            m->k->gelu_forward(y->fcg, y->fch, 4 * n);
-            round_if(m, y->fcg, 4 * n);
-            linear_forward(m->x[l + 1], y->fcg, f[10], f[11], BN, 4 * C, C);
-            for (size_t i = 0; i < n; i++)
-                m->x[l + 1][i] += y->xmid[i];
-        }
+        if (BN > 0)
+            block_forward(m, y, f, m->x[l], m->x[l + 1], B, N);
         if ((rc = h->end(h->arg, 1 + l, 0)) < 0)
             return rc;
     }
@@ -797,6 +813,8 @@ int gpt_backward(gpt *m, const gpt_hooks *h, float loss_scale)
         gpt_layer *y = &m->layer[l];
         if ((rc = take(m, h, 1 + l, 1, f, g)) < 0)
             return rc;
+        if (BN > 0 && c->recompute) /* the block's activations again, the same bits */
+            block_forward(m, y, f, m->x[l], m->x[l + 1], B, N);
         if (BN > 0) {
             /* the MLP: dx is the gradient of x[l+1] = xmid + fc_proj(gelu(fc(ln_2(xmid)))) */
             const float *dxq = rounded(m, m->d3, dx, n);

@@ -54,6 +54,10 @@ typedef struct gpt_config {
     int layers; /* L: blocks; >= 1 */
     int heads;  /* H; >= 1 */
     int bf16;   /* 0: f32 throughout; 1: bf16 parameters and activations (see above) */
+    /* 1: keep only each block's input from forward to backward and compute the block's
+     * activations again right before its backward (the same bits): one block's activations in
+     * memory instead of L, for a third more compute */
+    int recompute;
 } gpt_config;
 
 /* Checks cfg's ranges: 0 or -EINVAL. */

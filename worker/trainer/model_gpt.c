@@ -11,7 +11,7 @@
  * --generate). Host only: a device path would be a model_compute beside host_compute, as
  * mlp_cuda is the MLP's.
  *
- * Options: --layers N, --width C, --heads H, --seq-len T.
+ * Options: --layers N, --width C, --heads H, --seq-len T, --recompute.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -38,7 +38,7 @@
 /* Byte-level: every byte is a token. */
 #define VOCAB 256
 
-enum { OPT_LAYERS = MODEL_OPT_BASE, OPT_WIDTH, OPT_HEADS, OPT_SEQ };
+enum { OPT_LAYERS = MODEL_OPT_BASE, OPT_WIDTH, OPT_HEADS, OPT_SEQ, OPT_RECOMPUTE };
 
 static const cli_option gpt_options_table[] = {
     {OPT_LAYERS, {"--layers"}, "N", STR(DEF_LAYERS), 0, "Number of transformer blocks."},
@@ -55,10 +55,17 @@ static const cli_option gpt_options_table[] = {
      STR(DEF_SEQ),
      0,
      "Context length: each training sample is T bytes, the targets the same shifted by one."},
+    {OPT_RECOMPUTE,
+     {"--recompute"},
+     NULL,
+     NULL,
+     0,
+     "Keep one block's activations instead of every block's: each block's forward runs again "
+     "right before its backward (the same results, a third more compute)."},
 };
 
 typedef struct gpt_options {
-    int layers, width, heads, seq;
+    int layers, width, heads, seq, recompute;
 } gpt_options;
 
 typedef struct gpt_model {
@@ -98,6 +105,9 @@ static int config_parse(void *cfg, int id, const char *flag, const char *arg)
         return cli_parse_int(flag, arg, 1, MAX_WIDTH, &o->width);
     case OPT_HEADS:
         return cli_parse_int(flag, arg, 1, MAX_WIDTH, &o->heads);
+    case OPT_RECOMPUTE:
+        o->recompute = 1;
+        return 0;
     default:
         return cli_parse_int(flag, arg, 1, MAX_SEQ, &o->seq);
     }
@@ -131,7 +141,8 @@ static int gpt_model_create(const void *cfg, const model_env *env, model **out)
                           .width = o->width,
                           .layers = o->layers,
                           .heads = o->heads,
-                          .bf16 = env->bf16};
+                          .bf16 = env->bf16,
+                          .recompute = o->recompute};
     w->hooks =
         (gpt_hooks){.begin = env->access.begin, .end = env->access.end, .arg = env->access.arg};
     w->nunits = gpt_num_units(&w->cfg);
