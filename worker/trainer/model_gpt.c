@@ -293,12 +293,15 @@ static int gpt_model_generate(model *m, const char *prompt, int max_new, double 
 /* What the trainer reports and records                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-/* "GPT 4 layers, width 128, 4 heads, context 128, 0.85M parameters" */
+/* "GPT 4 layers, width 128, 4 heads, context 128, 188.3 MiB of activations": the model's own
+ * memory for a micro-batch's forward and backward ("recomputed" with --recompute). */
 static void gpt_model_describe(const model *m, char *buf, size_t cap)
 {
-    const gpt_config *c = &as_cgpt(m)->cfg;
-    snprintf(buf, cap, "GPT %d layers, width %d, %d heads, context %d, %.2fM parameters", c->layers,
-             c->width, c->heads, c->seq, (double)gpt_num_params(c) / 1e6);
+    const gpt_model *w = as_cgpt(m);
+    const gpt_config *c = &w->cfg;
+    snprintf(buf, cap, "GPT %d layers, width %d, %d heads, context %d, %.1f MiB of activations%s",
+             c->layers, c->width, c->heads, c->seq,
+             (double)gpt_activation_bytes(w->net) / 1048576.0, c->recompute ? " (recomputed)" : "");
 }
 
 /* The checkpoint's model fields: input width the context, --hidden the width, classes the
