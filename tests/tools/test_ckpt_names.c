@@ -170,9 +170,72 @@ START_TEST(fit)
 }
 END_TEST
 
+/* ddp-train's GPT's tensors (gpt.h) at vocab 256, width C, context T, L blocks into ts. */
+static int gpt(names_tensor *ts, int64_t (*sh)[2], char (*nm)[32], int C, int T, int L)
+{
+    static const char *const block[] = {
+        "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+        "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+    static const int rows[] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};
+    static const int cols[] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};
+    int n = 0;
+    for (int k = 0; k < 2; k++, n++) {
+        snprintf(nm[n], 32, "emb.%s", k ? "wpe" : "wte");
+        sh[n][0] = k ? T : 256;
+        sh[n][1] = C;
+        ts[n] = (names_tensor){nm[n], 2, sh[n]};
+    }
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < 12; k++, n++) {
+            snprintf(nm[n], 32, "h%d.%s", l, block[k]);
+            sh[n][0] = (int64_t)rows[k] * C;
+            sh[n][1] = (int64_t)cols[k] * C;
+            ts[n] = (names_tensor){nm[n], cols[k] ? 2 : 1, sh[n]};
+        }
+    for (int k = 0; k < 2; k++, n++) {
+        snprintf(nm[n], 32, "ln_f.%s", k ? "bias" : "weight");
+        sh[n][0] = C;
+        ts[n] = (names_tensor){nm[n], 1, sh[n]};
+    }
+    return n;
+}
+
+START_TEST(fit_gpt)
+{
+    names_tensor ts[64];
+    int64_t sh[64][2];
+    char nm[64][32], err[512];
+    int layers, width, seq;
+    int n = gpt(ts, sh, nm, 64, 32, 3);
+    ck_assert_int_eq(n, 2 + 36 + 2);
+    ck_assert_int_eq(names_fit_gpt(ts, n, 256, &layers, &width, &seq, err, sizeof err), 0);
+    ck_assert_int_eq(layers, 3);
+    ck_assert_int_eq(width, 64);
+    ck_assert_int_eq(seq, 32);
+    sh[2 + 12 + 8][0] = 255; /* h1.mlp.c_fc.weight (255, 64) */
+    ck_assert_int_eq(names_fit_gpt(ts, n, 256, &layers, &width, &seq, err, sizeof err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "h1.mlp.c_fc.weight has the wrong shape for width 64"));
+    n = gpt(ts, sh, nm, 64, 32, 3);
+    ts[2 + 24 + 5].name = "h2.attn.c_proj.b";
+    ck_assert_int_eq(names_fit_gpt(ts, n, 256, &layers, &width, &seq, err, sizeof err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "h2.attn.c_proj.bias is missing"));
+    n = gpt(ts, sh, nm, 64, 32, 3);
+    ck_assert_int_eq(names_fit_gpt(ts, n - 1, 256, &layers, &width, &seq, err, sizeof err),
+                     -EINVAL);
+    ck_assert_int_eq(names_fit_gpt(ts, n, 128, &layers, &width, &seq, err, sizeof err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "emb.wte must be (128, C)"));
+    ts[n] = ts[0];
+    ts[n].name = "extra";
+    ck_assert_int_eq(names_fit_gpt(ts, n + 1, 256, &layers, &width, &seq, err, sizeof err),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "1 tensor is not ddp-train's GPT's"));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ckpt_names");
-    check_tcase(s, "names", 30, renames, torch, fit);
+    check_tcase(s, "names", 30, renames, torch, fit, fit_gpt);
     return check_run(s);
 }

@@ -35,6 +35,8 @@ TAGS = {  # metrics key: (tag, scale), as train_report.c's tb_tags[]
     "samples_per_s": ("train/samples_per_s", 1.0),
     "test_loss": ("test/loss", 1.0),
     "test_accuracy": ("test/accuracy", 1.0),
+    "test_bpb": ("test/bpb", 1.0),
+    "tokens_per_s": ("train/tokens_per_s", 1.0),
     "rss_bytes": ("memory/host_rss_mib", MIB),
     "gpu_used_bytes": ("memory/gpu_used_mib", MIB),
 }

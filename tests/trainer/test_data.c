@@ -1,6 +1,6 @@
 /*
- * Unit tests of ddp-train's data pipeline (worker/trainer/data.c): the distributed sampler, IDX parsing
- * of small files written here, and the loader thread against the synchronous path.
+ * Unit tests of ddp-train's data pipeline (worker/trainer/data.c): the distributed sampler, IDX
+ * parsing of small files written here, and the loader thread against the synchronous path.
  *
  * Sampler properties, for world sizes 1, 2, 3 and 4 and several accumulation counts: the
  * micro-batches of all ranks at a step are disjoint and together are exactly the step's global
@@ -487,6 +487,7 @@ END_TEST
 /* A synthetic set whose row i is (i, i + 0.5, ...) and label i % 10. */
 static void synthetic_set(data_set *ds, int n, int dim)
 {
+    memset(ds, 0, sizeof *ds);
     ds->n = n;
     ds->rows = 1;
     ds->cols = ds->dim = dim;
@@ -617,6 +618,226 @@ START_TEST(loader_starts_mid_run)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------------------------ */
+/* Text                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static void write_file(const char *name, const char *text, size_t len)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(text, 1, len, f), len);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/*
+ * The corpus of the text tests, in tmpdir: "A", 21 fortune records of 10 bytes ("A07-xyz\n%\n"),
+ * whose 95% point (byte 199) lies inside the last record but one, so the cut is at the last
+ * record's start, 200; "B", 100 bytes in lines of 10 without a "%" line, cut at byte 95; and
+ * what a directory listing skips: an index "A.dat", a link "B.u8", a hidden file and a
+ * subdirectory. The training stream is A[0, 200) B[0, 95) (295 bytes), the validation stream
+ * A[200, 210) B[95, 100) (15 bytes). Writes both streams to train[295] and test[15].
+ */
+static void text_corpus(char *train, char *test)
+{
+    char a[211], b[101];
+    for (int i = 0; i < 21; i++)
+        snprintf(a + 10 * i, 11, "A%02d-xyz\n%%\n", i);
+    for (int i = 0; i < 100; i++)
+        b[i] = i % 10 == 9 ? '\n' : (char)('a' + i % 26);
+    write_file("A", a, 210);
+    write_file("B", b, 100);
+    write_file("A.dat", "index", 5);
+    write_file(".hidden", "hidden", 6);
+    char path[256], sub[256];
+    snprintf(path, sizeof path, "%s/B.u8", tmpdir);
+    ck_assert_int_eq(symlink("B", path), 0);
+    snprintf(sub, sizeof sub, "%s/sub", tmpdir);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    write_file("sub/C", "not read", 8);
+    memcpy(train, a, 200);
+    memcpy(train + 200, b, 95);
+    memcpy(test, a + 200, 10);
+    memcpy(test + 10, b + 95, 5);
+}
+
+/* Window i of a text set is bytes [i * T, i * T + T + 1) of its stream: inputs, then targets
+ * shifted by one. */
+static void check_windows(const data_set *ds, const char *stream, size_t len, int T)
+{
+    ck_assert_int_eq(ds->n, (int)((len - 1) / T));
+    ck_assert_int_eq(ds->seq, T);
+    ck_assert_int_eq(ds->dim, T);
+    ck_assert_ptr_null(ds->x);
+    ck_assert_ptr_null(ds->y);
+    for (int i = 0; i < ds->n; i++)
+        ck_assert_int_eq(memcmp(ds->tok + (size_t)i * (T + 1), stream + (size_t)i * T, T + 1), 0);
+}
+
+START_TEST(text_split_and_windows)
+{
+    make_tmpdir();
+    char train[295], test[15];
+    text_corpus(train, test);
+    enum { T = 7 };
+    data_set tr, te;
+    const char *dir[] = {tmpdir};
+    ck_assert_msg(data_load_text(dir, 1, T, "train", &tr) == 0, "%s", data_last_error());
+    ck_assert_msg(data_load_text(dir, 1, T, "test", &te) == 0, "%s", data_last_error());
+    check_windows(&tr, train, sizeof train, T); /* 42 windows */
+    check_windows(&te, test, sizeof test, T);   /* 2 windows */
+    ck_assert_int_eq(tr.n, 42);
+    ck_assert_int_eq(te.n, 2);
+    /* Consecutive windows share one byte: window 1's first is window 0's last target. */
+    ck_assert_int_eq(tr.tok[T], tr.tok[T + 1]);
+    data_set_free(&tr);
+    data_set_free(&te);
+
+    /* The files named one by one, as the directory lists them: the same streams. */
+    char pa[256], pb[256];
+    snprintf(pa, sizeof pa, "%s/A", tmpdir);
+    snprintf(pb, sizeof pb, "%s/B", tmpdir);
+    const char *files[] = {pa, pb};
+    ck_assert_int_eq(data_load_text(files, 2, T, "train", &tr), 0);
+    check_windows(&tr, train, sizeof train, T);
+    data_set_free(&tr);
+    /* One window needs T + 1 bytes: the 15 validation bytes hold one of 14, none of 15. */
+    ck_assert_int_eq(data_load_text(dir, 1, 14, "test", &te), 0);
+    ck_assert_int_eq(te.n, 1);
+    data_set_free(&te);
+    ck_assert_int_eq(data_load_text(dir, 1, 15, "test", &te), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(data_last_error(), "validation text is 15 bytes"));
+    remove_tmpdir();
+}
+END_TEST
+
+START_TEST(text_bad_input)
+{
+    make_tmpdir();
+    char train[295], test[15];
+    text_corpus(train, test);
+    data_set ds = {0};
+    const char *dir[] = {tmpdir};
+    ck_assert_int_eq(data_load_text(dir, 1, 0, "train", &ds), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(data_last_error(), "context length 0"));
+    ck_assert_int_eq(data_load_text(dir, 1, 65537, "train", &ds), -EINVAL);
+    ck_assert_int_eq(data_load_text(dir, 1, 8, "t10k", &ds), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(data_last_error(), "t10k"));
+    char path[256];
+    snprintf(path, sizeof path, "%s/missing", tmpdir);
+    const char *one[] = {path};
+    ck_assert_int_eq(data_load_text(one, 1, 8, "train", &ds), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(data_last_error(), path));
+    snprintf(path, sizeof path, "%s/fifo", tmpdir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(data_load_text(one, 1, 8, "train", &ds), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(data_last_error(), "not a regular file (a FIFO)"));
+    ck_assert_int_eq(ds.n, 0); /* untouched on failure */
+    remove_tmpdir();
+}
+END_TEST
+
+/*
+ * Text through the sampler and the loader thread: a batch's tok rows are the sampled windows;
+ * every epoch draws another order of the same windows; a loader started mid-epoch (as a resumed
+ * run starts it, here at another world size) hands out the windows the whole run would have.
+ */
+START_TEST(text_loader_shuffles_and_resumes)
+{
+    make_tmpdir();
+    char stream[295], test[15];
+    text_corpus(stream, test);
+    enum { T = 3, GB = 8 };
+    data_set ds; /* 93 windows of 4 bytes: 11 steps of 8 per epoch */
+    write_file("t", stream, sizeof stream);
+    char path[256];
+    snprintf(path, sizeof path, "%s/t", tmpdir);
+    const char *paths[] = {path};
+    /* The cut of a file without "%" lines is at 95%: its first 280 bytes train. */
+    ck_assert_int_eq(data_load_text(paths, 1, T, "train", &ds), 0);
+    ck_assert_int_eq(ds.n, (280 - 1) / T);
+    int epochs = 2;
+
+    /* The whole run at world 1, every batch's windows kept, as a resumed run must see them. */
+    data_sampler s1;
+    ck_assert_int_eq(data_sampler_init(&s1, ds.n, GB, 1, 0, 1, 7), 0);
+    int spe = data_sampler_steps(&s1);
+    ck_assert_int_eq(spe, ds.n / GB);
+    size_t row = T + 1, per_step = GB * row;
+    uint8_t *all = malloc((size_t)epochs * spe * per_step);
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)epochs * spe * GB);
+    data_loader *ld;
+    ck_assert_int_eq(data_loader_create(&ds, &s1, 0, 0, epochs, 0, &ld), 0);
+    const data_batch *b;
+    int64_t g = 0;
+    while (data_loader_next(ld, &b) == 0) {
+        ck_assert_ptr_null(b->x);
+        ck_assert_ptr_null(b->y);
+        for (int i = 0; i < b->count; i++)
+            ck_assert_int_eq(memcmp(b->tok + i * row, stream + (size_t)b->index[i] * T, row), 0);
+        memcpy(all + g * per_step, b->tok, per_step);
+        memcpy(order + g * GB, b->index, sizeof(int32_t) * GB);
+        g++;
+    }
+    ck_assert_int_eq(g, (int64_t)epochs * spe);
+    data_loader_free(ld);
+    /* Each epoch takes distinct windows, and the two epochs' orders differ. */
+    int seen[2][93] = {{0}};
+    for (int e = 0; e < epochs; e++)
+        for (int i = 0; i < spe * GB; i++)
+            ck_assert_int_eq(seen[e][order[e * spe * GB + i]]++, 0);
+    ck_assert_int_ne(memcmp(order, order + spe * GB, sizeof(int32_t) * spe * GB), 0);
+
+    /* Resumed at step 5 of epoch 0 with 2 ranks and 2 micro-steps: rank r's micro-batch k of
+     * a step is rows [r * 4 + k * 2, + 2) of the whole run's step. */
+    for (int rank = 0; rank < 2; rank++) {
+        data_sampler s2;
+        ck_assert_int_eq(data_sampler_init(&s2, ds.n, GB, 2, rank, 2, 7), 0);
+        ck_assert_int_eq(data_loader_create(&ds, &s2, 0, 5, epochs, 0, &ld), 0);
+        int64_t n = 0;
+        while (data_loader_next(ld, &b) == 0) {
+            int64_t step = 5 + n / 2;
+            int k = (int)(n % 2);
+            ck_assert_int_eq(b->global_step, step);
+            ck_assert_int_eq(
+                memcmp(b->tok, all + step * per_step + (rank * 4 + k * 2) * row, 2 * row), 0);
+            n++;
+        }
+        ck_assert_int_eq(n, ((int64_t)epochs * spe - 5) * 2);
+        data_loader_free(ld);
+        data_sampler_free(&s2);
+    }
+    free(all);
+    free(order);
+    data_sampler_free(&s1);
+    data_set_free(&ds);
+    remove_tmpdir();
+}
+END_TEST
+
+/* Debian's fortunes package, when installed: both splits load, the validation text is about
+ * 5% of the whole. */
+START_TEST(fortunes_installed)
+{
+    if (access(DATA_TEXT_DEFAULT_DIR "/fortunes", R_OK) != 0) {
+        printf("fortunes_installed: %s absent, not checked\n", DATA_TEXT_DEFAULT_DIR);
+        return;
+    }
+    data_set tr, te;
+    ck_assert_msg(data_load_text(NULL, 0, 128, "train", &tr) == 0, "%s", data_last_error());
+    ck_assert_msg(data_load_text(NULL, 0, 128, "test", &te) == 0, "%s", data_last_error());
+    double share = (double)te.n / (tr.n + te.n);
+    printf("fortunes at context 128: %d training windows, %d validation windows (%.2f%%)\n", tr.n,
+           te.n, 100 * share);
+    ck_assert_double_gt(share, 0.04);
+    ck_assert_double_lt(share, 0.06);
+    data_set_free(&tr);
+    data_set_free(&te);
+}
+END_TEST
+
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
@@ -625,6 +846,8 @@ static Suite *data_suite(void)
     check_tcase(s, "idx", 30, idx_good_files, idx_bad_files, idx_not_regular, load_bad_splits,
                 fashion_mnist_installed, pixels_round_trip);
     check_tcase(s, "loader", 30, loader_matches_synchronous, loader_starts_mid_run);
+    check_tcase(s, "text", 30, text_split_and_windows, text_bad_input,
+                text_loader_shuffles_and_resumes, fortunes_installed);
     return s;
 }
 

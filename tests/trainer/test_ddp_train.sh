@@ -44,8 +44,8 @@ expect_exit 2 "unknown option '--bogus'" "$TRAIN" --bogus
 expect_exit 2 "--optimizer: unknown optimizer 'adam' \\(sgd, adamw, lion\\)" "$TRAIN" --optimizer adam
 # --model picks a row of the model table (worker/trainer/model.h), mlp the default: a bad name
 # is an error naming --model and the rows, and another row's options are not this one's.
-expect_exit 2 "^ddp-train: --model: unknown model 'nope' \(mlp\)$" "$TRAIN" --model nope
-expect_exit 2 "^ddp-train: --model: unknown model 'nope' \(mlp\)$" "$TRAIN" --model=nope --hidden 8
+expect_exit 2 "^ddp-train: --model: unknown model 'nope' \(mlp, gpt\)$" "$TRAIN" --model nope
+expect_exit 2 "^ddp-train: --model: unknown model 'nope' \(mlp, gpt\)$" "$TRAIN" --model=nope --hidden 8
 "$TRAIN" --help | grep -qx "  mlp (default)" || fail "--help lacks the model table's mlp row"
 expect_exit 2 "$tmp/none/train-images-idx3-ubyte: cannot open" "$TRAIN" --data "$tmp/none"
 mkdir "$tmp/bad"

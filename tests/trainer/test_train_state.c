@@ -49,7 +49,14 @@ START_TEST(round_trip)
     char *again; /* every field: the same text again */
     ck_assert_int_eq(train_state_json(&back, NULL, &again), 0);
     ck_assert_str_eq(again, json);
+    ck_assert_ptr_null(strstr(json, "heads")); /* a model without heads writes none */
     free(again);
+    free(json);
+    st.heads = 4; /* the GPT's */
+    ck_assert_int_eq(train_state_json(&st, NULL, &json), 0);
+    ck_assert_ptr_nonnull(strstr(json, "\"classes\":10,\"heads\":4}"));
+    ck_assert_int_eq(train_state_parse(json, &back, NULL, 0), 0);
+    ck_assert_int_eq(back.heads, 4);
     free(json);
 }
 END_TEST
@@ -133,13 +140,15 @@ START_TEST(compare)
                {example(), "--global-batch 384, this run has 256"},
                {example(), "--seed 7, this run has 8"},
                {example(), "training samples 60000, this run has 1000"},
-               {example(), "--optimizer adamw, this run has sgd"}};
+               {example(), "--optimizer adamw, this run has sgd"},
+               {example(), "--heads 0, this run has 4"}};
     bad[0].now.hidden = 256;
     bad[1].now.layers = 3;
     bad[2].now.global_batch = 256;
     bad[3].now.seed = 8;
     bad[4].now.train_samples = 1000;
     bad[5].now.optimizer = 0;
+    bad[6].now.heads = 4;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(train_state_compare(&saved, &bad[i].now, err, sizeof err), -EINVAL);
         ck_assert_msg(strstr(err, bad[i].says), "case %zu: %s", i, err);

@@ -1,12 +1,14 @@
 /*
  * ckpt_names.c: ddp-ckpt's tensor names (ckpt_names.h): renaming rules, the nn.Sequential
- * mapping and the check that tensors make ddp-train's MLP. Every change is built into a new
- * list first and swapped in only once it is complete, so that a failure leaves the names as
- * they were. No I/O.
+ * mapping and the check that tensors make ddp-train's MLP or GPT. Every change is built into a
+ * new list first and swapped in only once it is complete, so that a failure leaves the names
+ * as they were. No I/O.
  *
- * Not here: which model ddp-train builds (model_mlp.c): what the MLP row registers (units
- * "fc<l+1>", each a weight (out, in) and a bias (out)) is restated in names_fit_mlp(), and
- * tests/tools/ddp_ckpt_cli.sh checks the two agree on checkpoints ddp-train writes.
+ * Not here: which model ddp-train builds (model_mlp.c, model_gpt.c): what the MLP row
+ * registers (units "fc<l+1>", each a weight (out, in) and a bias (out)) is restated in
+ * names_fit_mlp(), and tests/tools/ddp_ckpt_cli.sh checks the two agree on checkpoints
+ * ddp-train writes; the GPT's (gpt.h) in names_fit_gpt(), checked likewise by
+ * tests/trainer/gpt.sh.
  */
 #include "ckpt_names.h"
 
@@ -331,4 +333,82 @@ out:
     free(w);
     free(b);
     return rc;
+}
+
+/* A block's tensors (gpt.h), each (rows, cols) in units of C (cols 0: a vector). */
+static const struct {
+    const char *name;
+    int rows, cols;
+} gpt_block[] = {
+    {"ln_1.weight", 1, 0},      {"ln_1.bias", 1, 0},          {"attn.c_attn.weight", 3, 1},
+    {"attn.c_attn.bias", 3, 0}, {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
+    {"ln_2.weight", 1, 0},      {"ln_2.bias", 1, 0},          {"mlp.c_fc.weight", 4, 1},
+    {"mlp.c_fc.bias", 4, 0},    {"mlp.c_proj.weight", 1, 4},  {"mlp.c_proj.bias", 1, 0},
+};
+#define GPT_BLOCK_N ((int)(sizeof gpt_block / sizeof gpt_block[0]))
+
+/* The tensor named `name` among ts[0..n), or NULL. */
+static const names_tensor *find_tensor(const names_tensor *ts, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(ts[i].name, name))
+            return &ts[i];
+    return NULL;
+}
+
+/* Is t (rows, cols) (cols 0: a vector of rows)? */
+static bool shaped(const names_tensor *t, int64_t rows, int64_t cols)
+{
+    return cols ? t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols
+                : t->ndim == 1 && t->shape[0] == rows;
+}
+
+int names_fit_gpt(const names_tensor *ts, int n, int vocab, int *layers, int *width, int *seq_len,
+                  char *err, size_t cap)
+{
+    const names_tensor *wte = find_tensor(ts, n, "emb.wte"), *wpe = find_tensor(ts, n, "emb.wpe");
+    if (!wte || !wpe)
+        return fail(err, cap, -EINVAL,
+                    "emb.%s is missing (ddp-train's GPT: emb.wte, emb.wpe, "
+                    "h0.* ... h<L-1>.*, ln_f.weight, ln_f.bias)",
+                    wte ? "wpe" : "wte");
+    if (wte->ndim != 2 || wte->shape[0] != vocab || wpe->ndim != 2 ||
+        wpe->shape[1] != wte->shape[1])
+        return fail(err, cap, -EINVAL,
+                    "emb.wte must be (%d, C) and emb.wpe (T, C): ddp-train's GPT is byte-level",
+                    vocab);
+    int64_t C = wte->shape[1];
+    int L = 0, seen = 2;
+    char name[64];
+    for (;; L++) {
+        snprintf(name, sizeof name, "h%d.%s", L, gpt_block[0].name);
+        if (!find_tensor(ts, n, name))
+            break;
+        for (int k = 0; k < GPT_BLOCK_N; k++) {
+            snprintf(name, sizeof name, "h%d.%s", L, gpt_block[k].name);
+            const names_tensor *t = find_tensor(ts, n, name);
+            if (!t)
+                return fail(err, cap, -EINVAL, "%s is missing", name);
+            if (!shaped(t, gpt_block[k].rows * C, gpt_block[k].cols * C))
+                return fail(err, cap, -EINVAL,
+                            "%s has the wrong shape for width %" PRId64 " (emb.wte's)", name, C);
+        }
+        seen += GPT_BLOCK_N;
+    }
+    const names_tensor *lw = find_tensor(ts, n, "ln_f.weight"),
+                       *lb = find_tensor(ts, n, "ln_f.bias");
+    if (L < 1 || !lw || !lb || !shaped(lw, C, 0) || !shaped(lb, C, 0))
+        return fail(err, cap, -EINVAL,
+                    L < 1 ? "no block h0: ddp-train's GPT has at least one (--layers 1)"
+                          : "ln_f.weight and ln_f.bias (C) are missing or of the wrong shape");
+    seen += 2;
+    if (seen != n)
+        return fail(err, cap, -EINVAL,
+                    "%d tensor%s not ddp-train's GPT's (it has %d: emb.wte, emb.wpe, %d blocks "
+                    "h0 ... h%d of %d, ln_f)",
+                    n - seen, n - seen == 1 ? " is" : "s are", seen, L, L - 1, GPT_BLOCK_N);
+    *layers = L;
+    *width = (int)C;
+    *seq_len = (int)wpe->shape[0];
+    return 0;
 }

@@ -2,7 +2,7 @@
  * ckpt_names: the tensor names of ddp-ckpt's export and import (ddp-ckpt(1), NAMES): renaming
  * by rules "OLD=NEW,...", the mapping between ddp-train's MLP names ("fc1.weight") and the
  * indices of PyTorch's nn.Sequential ("0.weight"), and the check that a set of tensors is a
- * model ddp-train builds.
+ * model ddp-train builds (its MLP or its GPT).
  *
  * Pure logic: no I/O, no libddp. A name list is an array of n malloc'ed strings; a function that
  * changes it replaces every string only on success (on failure the list is as it was).
@@ -63,5 +63,15 @@ typedef struct names_tensor {
  */
 int names_fit_mlp(const names_tensor *ts, int n, int max_linear, int classes, int *in_dim,
                   int *hidden, int *layers, char *err, size_t cap);
+
+/*
+ * Is ts[0..n) ddp-train's GPT (--model gpt, worker/trainer/gpt.h): "emb.wte" (vocab, C),
+ * "emb.wpe" (T, C), blocks "h0" ... "h<L-1>" each with exactly gpt.h's twelve tensors at width
+ * C, "ln_f.weight" and "ln_f.bias" (C), and nothing else? Returns 0 with *layers, *width and
+ * *seq_len set when it is; -EINVAL when not, with err naming the first tensor missing or
+ * misshapen, or how many are extra.
+ */
+int names_fit_gpt(const names_tensor *ts, int n, int vocab, int *layers, int *width, int *seq_len,
+                  char *err, size_t cap);
 
 #endif /* DDP_CKPT_NAMES_H */

@@ -88,6 +88,8 @@ static const char *const names_words[] = {"ddp-train", "torch", "any", NULL};
  * classes of its data sets. */
 #define MLP_MAX_LINEAR 65
 #define MLP_CLASSES 10
+/* ddp-train's GPT (model_gpt.c): byte-level. */
+#define GPT_VOCAB 256
 
 /* The one option table: getopt_long's tables and --help are made from it; tag: the commands. */
 static const cli_option opt_table[] = {
@@ -1059,7 +1061,8 @@ static int set_manifest_step(const char *dir, int64_t step)
     return rc;
 }
 
-/* Does the file (names as renamed) make ddp-train's MLP? Prints why not. Returns 0 or -EINVAL. */
+/* Does the file (names as renamed) make ddp-train's MLP or GPT? Prints why not. Returns 0 or
+ * -EINVAL. */
 static int import_fits(const char *path, const st_file *f, int names)
 {
     names_tensor *nt = calloc((size_t)f->ntensors + 1, sizeof *nt);
@@ -1073,6 +1076,12 @@ static int import_fits(const char *path, const st_file *f, int names)
     int in, hidden, layers;
     int rc = names_fit_mlp(nt, f->ntensors, MLP_MAX_LINEAR, MLP_CLASSES, &in, &hidden, &layers, why,
                            sizeof why);
+    int seq;
+    for (int i = 0; rc == -EINVAL && i < f->ntensors; i++) /* its GPT's names: judged as such */
+        if (!strncmp(nt[i].name, "emb.", 4)) {
+            rc = names_fit_gpt(nt, f->ntensors, GPT_VOCAB, &layers, &hidden, &seq, why, sizeof why);
+            break;
+        }
     if (rc == -EINVAL) {
         err("%s: the tensors make no model ddp-train builds: %s", path, why);
         /* Would nn.Sequential's names, mapped, fit? Then say so. */

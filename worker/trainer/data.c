@@ -1,10 +1,15 @@
 /*
- * ddp-train's data: IDX files through zlib, the distributed sampler, and the loader thread.
+ * ddp-train's data: IDX files through zlib, text files cut into byte windows, the distributed
+ * sampler, and the loader thread.
  *
  * IDX reading trusts nothing in the file: the magic number, every size and the exact length of
  * the data are checked before anything is used, allocations are bounded by DATA_MAX_BYTES, and
  * every failure leaves a sentence that starts with the file's path. zlib's gzread reads gzip
  * files and, transparently, plain ones, so one path serves both.
+ *
+ * Text is read whole, file by file, each split at its fixed cut (data.h) into one growing
+ * stream per split, bounded by DATA_MAX_BYTES; only then is it copied into windows, so a
+ * failure leaves nothing behind. It is not decoded: bytes are the tokens.
  *
  * The sampler is pure arithmetic on a permutation (see data.h for the batch layout and the
  * drop-last rule); it neither reads files nor allocates after data_sampler_init().
@@ -20,6 +25,7 @@
 #include "data.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
@@ -90,12 +96,14 @@ static const char *file_kind(mode_t mode)
                             : "special file";
 }
 
-int data_idx_read(const char *path, int ndim, int *dims, uint8_t **data)
+/*
+ * Opens `path` for reading if it is a regular file (a symbolic link to one is). Returns the
+ * descriptor (the caller closes it), with the file's size in *size when size is not NULL; or
+ * -errno from open/fstat, or -EINVAL for another kind of file ("PATH: not a regular file (a
+ * FIFO)"), with the sentence set.
+ */
+static int open_regular(const char *path, off_t *size)
 {
-    if (!path || ndim < 1 || ndim > 3 || !dims || !data)
-        return fail(-EINVAL, "data_idx_read: bad arguments");
-    uint8_t *buf = NULL;
-    int rc = 0;
     /* Non-blocking, so that opening a FIFO does not wait for a writer; a regular file, the
      * only kind accepted, ignores the flag. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -111,6 +119,19 @@ int data_idx_read(const char *path, int ndim, int *dims, uint8_t **data)
         close(fd);
         return fail(-EINVAL, "%s: not a regular file (a %s)", path, file_kind(st.st_mode));
     }
+    if (size)
+        *size = st.st_size;
+    return fd;
+}
+
+int data_idx_read(const char *path, int ndim, int *dims, uint8_t **data)
+{
+    if (!path || ndim < 1 || ndim > 3 || !dims || !data)
+        return fail(-EINVAL, "data_idx_read: bad arguments");
+    uint8_t *buf = NULL;
+    int rc = 0, fd = open_regular(path, NULL);
+    if (fd < 0)
+        return fd;
     errno = 0;
     gzFile f = gzdopen(fd, "rb");
     if (!f) {
@@ -206,6 +227,7 @@ void data_set_free(data_set *ds)
         return;
     free(ds->x);
     free(ds->y);
+    free(ds->tok);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -272,6 +294,189 @@ void data_gather(const data_set *ds, const int32_t *idx, int count, float *x, ui
         memcpy(x + (size_t)i * ds->dim, ds->x + (size_t)idx[i] * ds->dim, row); /* (dim) */
         y[i] = ds->y[idx[i]];
     }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Text                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A growing byte stream: one split's text, all files in order. */
+typedef struct text_buf {
+    uint8_t *p;
+    size_t len, cap;
+    int files; /* files that contributed (for the error sentence) */
+} text_buf;
+
+/*
+ * Where a file of len bytes is cut into training text [0, cut) and validation text [cut, len):
+ * the start of the first record (a line after a line holding only "%", fortune's separator)
+ * at or after 95% of the bytes, else 95% (data.h).
+ */
+static size_t text_cut(const uint8_t *p, size_t len)
+{
+    size_t at = len / 20 * 19 + len % 20 * 19 / 20; /* floor(len * 19 / 20) without overflow */
+    for (size_t q = at > 2 ? at : 2; q < len; q++)
+        if (p[q - 1] == '\n' && p[q - 2] == '%' && (q == 2 || p[q - 3] == '\n'))
+            return q;
+    return at;
+}
+
+/* Reads the regular file `path` and appends its part of split `test` (0: training text, 1:
+ * validation text) to *tb. Returns 0 or a negative code (sentence set). */
+static int text_append(const char *path, int test, text_buf *tb)
+{
+    off_t size;
+    int fd = open_regular(path, &size), rc = 0;
+    if (fd < 0)
+        return fd;
+    size_t len = 0, cap = (size_t)size + 1; /* one more: a file that grew is read to its end */
+    uint8_t *buf = (uint64_t)size < DATA_MAX_BYTES - tb->len ? malloc(cap) : NULL;
+    if (!buf) {
+        rc = (uint64_t)size < DATA_MAX_BYTES - tb->len
+                 ? fail(-ENOMEM, "%s: out of memory", path)
+                 : fail(-EPROTO, "%s: the text is more than %u bytes in all", path, DATA_MAX_BYTES);
+        goto out;
+    }
+    for (;;) {
+        if (len == cap) { /* the file grew while it was read */
+            uint8_t *b = cap < DATA_MAX_BYTES ? realloc(buf, cap *= 2) : NULL;
+            if (!b) {
+                rc = fail(-ENOMEM, "%s: out of memory", path);
+                goto out;
+            }
+            buf = b;
+        }
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = fail(-EIO, "%s: cannot read: %s", path, strerror(errno));
+            goto out;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    size_t cut = text_cut(buf, len), lo = test ? cut : 0, hi = test ? len : cut;
+    if (tb->len + (hi - lo) > DATA_MAX_BYTES) {
+        rc = fail(-EPROTO, "%s: the text is more than %u bytes in all", path, DATA_MAX_BYTES);
+        goto out;
+    }
+    if (tb->len + (hi - lo) > tb->cap) {
+        size_t ncap = tb->cap ? tb->cap : 1 << 16;
+        while (ncap < tb->len + (hi - lo))
+            ncap *= 2;
+        uint8_t *p = realloc(tb->p, ncap);
+        if (!p) {
+            rc = fail(-ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
+        tb->p = p;
+        tb->cap = ncap;
+    }
+    if (hi > lo)
+        memcpy(tb->p + tb->len, buf + lo, hi - lo);
+    tb->len += hi - lo;
+    tb->files++;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* A directory's files: not hidden, not fortune's index (.dat) or UTF-8 link (.u8) files. */
+static int text_dir_filter(const struct dirent *d)
+{
+    size_t n = strlen(d->d_name);
+    return d->d_name[0] != '.' && !(n >= 4 && !strcmp(d->d_name + n - 4, ".dat")) &&
+           !(n >= 3 && !strcmp(d->d_name + n - 3, ".u8"));
+}
+
+/* Byte order, the same in every locale (alphasort follows LC_COLLATE). */
+static int text_dir_order(const struct dirent **a, const struct dirent **b)
+{
+    return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+/* Appends split `test`'s part of every regular file of directory `dir` (data.h), in name
+ * order; other entries (subdirectories) are skipped. Returns 0 or a negative code. */
+static int text_dir(const char *dir, int test, text_buf *tb)
+{
+    struct dirent **names;
+    int n = scandir(dir, &names, text_dir_filter, text_dir_order), rc = 0;
+    if (n < 0)
+        return fail(-errno, "%s: cannot list the directory: %s", dir, strerror(errno));
+    for (int i = 0; i < n; i++) {
+        char path[4096];
+        struct stat st;
+        int k = snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
+        if (rc == 0 && (k < 0 || (size_t)k >= sizeof path))
+            rc = fail(-ENAMETOOLONG, "%s/%s: the name is too long", dir, names[i]->d_name);
+        else if (rc == 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode))
+            rc = text_append(path, test, tb);
+        free(names[i]);
+    }
+    free(names);
+    return rc;
+}
+
+int data_load_text(const char *const *paths, int npaths, int seq, const char *split, data_set *out)
+{
+    if (!out || npaths < 0 || (npaths > 0 && !paths) || !split)
+        return fail(-EINVAL, "data_load_text: bad arguments");
+    if (seq < 1 || seq > 65536)
+        return fail(-EINVAL, "the context length %d is not in 1..65536", seq);
+    int test = !strcmp(split, "test");
+    if (!test && strcmp(split, "train"))
+        return fail(-EINVAL, "data_load_text: no split \"%s\" (train or test)", split);
+    const char *fallback = DATA_TEXT_DEFAULT_DIR;
+    if (npaths == 0) {
+        paths = &fallback;
+        npaths = 1;
+    }
+    text_buf tb = {0};
+    uint8_t *tok = NULL;
+    int rc = 0;
+    for (int i = 0; i < npaths && rc == 0; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) < 0)
+            rc = fail(-errno, "%s: cannot open: %s", paths[i], strerror(errno));
+        else if (S_ISDIR(st.st_mode))
+            rc = text_dir(paths[i], test, &tb);
+        else
+            rc = text_append(paths[i], test, &tb); /* refuses what is not a regular file */
+    }
+    if (rc < 0)
+        goto out;
+    /* Windows of seq + 1 bytes with stride seq: n = (len - 1) / seq of them. */
+    size_t n = tb.len > 1 ? (tb.len - 1) / (size_t)seq : 0, row = (size_t)seq + 1;
+    if (n < 1) {
+        rc = fail(-EINVAL,
+                  "%s%s: the %s text is %zu bytes (from %d file%s), fewer than one window of "
+                  "%d bytes (the context length + 1)",
+                  paths[0], npaths > 1 ? " ..." : "", test ? "validation" : "training", tb.len,
+                  tb.files, tb.files == 1 ? "" : "s", seq + 1);
+        goto out;
+    }
+    if (!(tok = malloc(n * row))) {
+        rc = fail(-ENOMEM, "%s: out of memory for %zu windows of %zu bytes", paths[0], n, row);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        memcpy(tok + i * row, tb.p + i * (size_t)seq, row); /* (seq + 1) */
+    *out = (data_set){.n = (int)n, .dim = seq, .seq = seq, .tok = tok};
+    tok = NULL;
+out:
+    free(tok);
+    free(tb.p);
+    return rc;
+}
+
+void data_gather_text(const data_set *ds, const int32_t *idx, int count, uint8_t *tok)
+{
+    size_t row = (size_t)ds->seq + 1;
+    for (int i = 0; i < count; i++)
+        memcpy(tok + (size_t)i * row, ds->tok + (size_t)idx[i] * row, row); /* (seq + 1) */
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -359,6 +564,7 @@ typedef struct slot {
     int32_t *index; /* (micro) */
     float *x;       /* (micro, dim) */
     uint8_t *y;     /* (micro) */
+    uint8_t *tok;   /* text: (micro, seq + 1); x and y are NULL */
     int full;
 } slot;
 
@@ -409,7 +615,10 @@ static void *loader_main(void *arg)
                     goto done;
                 const int32_t *idx = data_sampler_micro(s, st, k);
                 memcpy(sl->index, idx, sizeof(int32_t) * (size_t)s->micro);
-                data_gather(ld->ds, idx, s->micro, sl->x, sl->y);
+                if (ld->ds->tok)
+                    data_gather_text(ld->ds, idx, s->micro, sl->tok);
+                else
+                    data_gather(ld->ds, idx, s->micro, sl->x, sl->y);
                 sl->b = (data_batch){.epoch = e,
                                      .step = st,
                                      .global_step = step_count,
@@ -417,7 +626,8 @@ static void *loader_main(void *arg)
                                      .count = s->micro,
                                      .index = sl->index,
                                      .x = sl->x,
-                                     .y = sl->y};
+                                     .y = sl->y,
+                                     .tok = sl->tok};
                 pthread_mutex_lock(&ld->mu);
                 sl->full = 1;
                 ld->produced++;
@@ -451,6 +661,7 @@ void data_loader_free(data_loader *ld)
         free(ld->slots[j].index);
         free(ld->slots[j].x);
         free(ld->slots[j].y);
+        free(ld->slots[j].tok);
     }
     data_sampler_free(&ld->s);
     free(ld);
@@ -484,9 +695,13 @@ int data_loader_create(const data_set *ds, const data_sampler *s, int start_epoc
     for (int j = 0; j < 2; j++) {
         slot *sl = &ld->slots[j];
         sl->index = malloc(sizeof(int32_t) * (size_t)s->micro);
-        sl->x = malloc(sizeof(float) * (size_t)s->micro * ds->dim);
-        sl->y = malloc((size_t)s->micro);
-        if (!sl->index || !sl->x || !sl->y) {
+        if (ds->tok) {
+            sl->tok = malloc((size_t)s->micro * ((size_t)ds->seq + 1));
+        } else {
+            sl->x = malloc(sizeof(float) * (size_t)s->micro * ds->dim);
+            sl->y = malloc((size_t)s->micro);
+        }
+        if (!sl->index || (ds->tok ? !sl->tok : !sl->x || !sl->y)) {
             data_loader_free(ld);
             return fail(-ENOMEM, "loader: out of memory");
         }

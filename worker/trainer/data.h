@@ -1,7 +1,9 @@
 /*
- * data: ddp-train's input pipeline. Fashion-MNIST from IDX files (gzip-compressed or plain), a
- * distributed sampler whose global batches do not depend on the world size, and a loader thread
- * that gathers the next micro-batch while the current one trains.
+ * data: ddp-train's input pipeline. Fashion-MNIST from IDX files (gzip-compressed or plain) or
+ * byte windows of text files (data_load_text(), for text models), a distributed sampler whose
+ * global batches do not depend on the world size, and a loader thread that gathers the next
+ * micro-batch while the current one trains. The sampler and the loader treat both kinds alike:
+ * a sample is an image or a window.
  *
  * Sampling. Every epoch e has a permutation of the training set drawn from (seed, e) alone. Step
  * s of the epoch trains on the global batch perm[s*G, (s+1)*G) (G = global_batch); rank r takes
@@ -60,14 +62,21 @@ const char *data_last_error(void);
  */
 int data_idx_read(const char *path, int ndim, int *dims, uint8_t **data);
 
-/* A labelled image set in memory. */
+/*
+ * A data set in memory: labelled images (data_load()) or byte windows of text
+ * (data_load_text()). For text, x and y are NULL, rows and cols 0 and dim = seq; sample i is
+ * tok[i * (seq + 1) .. + seq]: the model's input is its first seq bytes, its targets the last
+ * seq (the same bytes shifted by one).
+ */
 typedef struct data_set {
-    int n;      /* samples */
-    int rows;   /* image height (28) */
-    int cols;   /* image width (28) */
-    int dim;    /* rows * cols, the model's input width */
-    float *x;   /* (n, dim) normalised pixels */
-    uint8_t *y; /* (n) labels in [0, 10) */
+    int n;        /* samples */
+    int rows;     /* image height (28) */
+    int cols;     /* image width (28) */
+    int dim;      /* rows * cols, the model's input width; text: seq */
+    float *x;     /* (n, dim) normalised pixels */
+    uint8_t *y;   /* (n) labels in [0, 10) */
+    int seq;      /* text: the context length T; 0 for images */
+    uint8_t *tok; /* text: (n, seq + 1) bytes */
 } data_set;
 
 /*
@@ -79,6 +88,30 @@ typedef struct data_set {
  */
 int data_load(const char *dir, const char *split, data_set *out);
 
+/* Where Debian's fortunes package puts its text files (data_load_text()'s default corpus). */
+#define DATA_TEXT_DEFAULT_DIR "/usr/share/games/fortunes"
+
+/*
+ * Loads split `split` ("train" or "test", the validation text) of a byte-level text corpus as
+ * windows of seq + 1 bytes (1 <= seq <= 65536). paths[0..npaths) (borrowed) name regular files
+ * or directories (a directory stands for its regular files, sorted by name, without those
+ * whose name starts with "." or ends in ".dat" or ".u8": the index and UTF-8 link files of
+ * fortune's data directory); npaths 0 means DATA_TEXT_DEFAULT_DIR.
+ *
+ * The split rule, fixed: each file is cut once, at the start of the first fortune-style record
+ * (a line after a line holding only "%") that begins at or after 95% of the file's bytes, or
+ * exactly at 95% (rounded down) when no such record exists; the bytes before the cut are
+ * training text, the bytes after it validation text. The training parts of all files, in
+ * order, form one byte stream, the validation parts another. A split's stream of L bytes holds
+ * n = (L - 1) / seq windows: window i is bytes [i * seq, i * seq + seq + 1), so consecutive
+ * windows share one byte and every byte but the first is a target exactly once.
+ *
+ * Returns 0 and fills *out; -EINVAL (bad seq or split, a path that is no regular file or
+ * directory, or a split too short for one window: the sentence says which), -ENOENT/-EACCES/
+ * -EIO (cannot open or read a file), -EPROTO (more than 2^30 bytes in all) or -ENOMEM.
+ */
+int data_load_text(const char *const *paths, int npaths, int seq, const char *split, data_set *out);
+
 /* Frees the set's arrays and zeroes it. NULL is a no-op. */
 void data_set_free(data_set *ds);
 
@@ -88,8 +121,10 @@ void data_set_free(data_set *ds);
  */
 void data_pixels(const data_set *ds, uint8_t *out);
 
-/* Copies rows idx[0..count) of ds into x (count, dim) and y (count). */
+/* Copies rows idx[0..count) of an image set into x (count, dim) and y (count). */
 void data_gather(const data_set *ds, const int32_t *idx, int count, float *x, uint8_t *y);
+/* Copies windows idx[0..count) of a text set into tok (count, seq + 1). */
+void data_gather_text(const data_set *ds, const int32_t *idx, int count, uint8_t *tok);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The distributed sampler                                                                     */
@@ -141,8 +176,9 @@ typedef struct data_batch {
     int micro;            /* the micro-step k */
     int count;            /* rows */
     const int32_t *index; /* (count) the rows' indices in the data set */
-    const float *x;       /* (count, dim) */
-    const uint8_t *y;     /* (count) */
+    const float *x;       /* (count, dim); NULL for text */
+    const uint8_t *y;     /* (count); NULL for text */
+    const uint8_t *tok;   /* text: (count, seq + 1) byte windows; NULL for images */
 } data_batch;
 
 typedef struct data_loader data_loader;

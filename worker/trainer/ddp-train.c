@@ -91,7 +91,16 @@ int main(int argc, char **argv)
         goto out;
     if (t.rank == 0)
         report_start(&t);
-    if ((status = restore(&t)) != 0 || (t.rank == 0 && (status = report_open(&t)) != 0))
+    if ((status = restore(&t)) != 0)
+        goto out;
+    if (t.a.generate) { /* every rank runs the passes (ZeRO-3 gathers), rank 0 prints */
+        int rc = t.a.model->generate(t.model, t.a.generate, t.a.max_new, t.a.temperature,
+                                     t.a.seed, t.rank == 0 ? stdout : NULL);
+        if (rc < 0)
+            status = failed_compute(&t, "generating text", t.start_step, rc);
+        goto out;
+    }
+    if (t.rank == 0 && (status = report_open(&t)) != 0)
         goto out;
     if (t.a.dump_init &&
         (status = dump_params(&t, t.a.dump_init,

@@ -8,9 +8,11 @@
 
 /* The rows, each defined in its own file model_NAME.c. */
 extern const model_ops model_mlp;
+extern const model_ops model_gpt;
 
 static const model_ops *const model_table[] = {
     &model_mlp,
+    &model_gpt,
 };
 
 #define NMODELS (sizeof model_table / sizeof model_table[0])

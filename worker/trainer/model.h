@@ -36,12 +36,13 @@
  * master weights, the optimizer state and the gradients stay f32); device pointers when the
  * model computes on a GPU.
  *
- * Not here: the data. Every model trains on the trainer's data set (data.h): a micro-step gets
- * the data_batch the loader made (the sampled rows' indices, and their inputs and labels on the
- * host), an evaluation a range of the test set's rows. A model that reads other data needs a
- * data source beside data.c. Nor the device: the trainer opens it (train_job.c, through the
- * device calls at the top of mlp_cuda.h, which every model's device path shares) and hands the
- * model its ordinal and stream.
+ * Not here: the data. Every model trains on the trainer's data set (data.h) of the kind its row's
+ * data_kind names (labelled images or byte windows of text): a micro-step gets the data_batch
+ * the loader made (the sampled rows' indices, and their inputs and labels, or byte windows, on
+ * the host), an evaluation a range of the test set's rows. A model that reads another kind of
+ * data needs a data source beside data.c and a data_kind for it. Nor the device: the trainer
+ * opens it (train_job.c, through the device calls at the top of mlp_cuda.h, which every model's
+ * device path shares) and hands the model its ordinal and stream.
  *
  * Conventions: functions that can fail return 0 or a negative errno-style code; after a failure
  * of create() or of a pass outside a hook, last_error() says why. A model is used by one thread
@@ -52,6 +53,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cli.h"
 #include "data.h"
@@ -61,7 +63,7 @@
 #define MODEL_OPT_BASE 1024
 
 /* Parameters per unit, at most. */
-#define MODEL_MAX_UNIT_PARAMS 8
+#define MODEL_MAX_UNIT_PARAMS 16
 
 /* Key/value pairs a model adds to a parameter dump's or a checkpoint's metadata, at most, and
  * the bytes of a value with its terminating NUL (a key's are 32). */
@@ -103,17 +105,22 @@ typedef struct model_access {
 /* What create() gets: all borrowed for the model's life. */
 typedef struct model_env {
     const data_set *train, *test; /* the trainer's data sets */
-    int max_batch;                /* rows per pass, at most */
+    int max_batch;                /* rows per pass, at most (text: the micro-batch's rows,
+                                     which evaluation passes do not exceed either) */
     int bf16;                     /* --precision bf16: parameters come as bf16 */
     int device;                   /* -1: the host; else the CUDA device ordinal, current */
     void *stream;                 /* device: the compute stream (a cudaStream_t) */
     model_access access;
 } model_env;
 
-/* The sums of a model's forward passes since the last take(). */
+/*
+ * The sums of a model's forward passes since the last take(), over its predictions: one per row
+ * for an image model, seq per row (the next byte after each position) for a text model.
+ */
 typedef struct model_stats {
-    double loss_sum; /* sum over the rows of each row's loss */
-    double correct;  /* rows predicted right */
+    double loss_sum; /* sum over the predictions of each one's loss (cross-entropy, nats) */
+    double correct;  /* predictions right (argmax = target) */
+    double tokens;   /* text: the predictions summed (rows x seq); 0: one per row (images) */
 } model_stats;
 
 /*
@@ -123,7 +130,10 @@ typedef struct model_stats {
  */
 typedef struct model_compute {
     /* One micro-step's forward and backward over b, for the loss loss_scale * (sum of the
-     * rows' losses), adding the gradients. */
+     * predictions' losses: the rows', or for text the rows x seq tokens'), adding the
+     * gradients. The trainer passes world / (global batch x predictions per row), so the
+     * gradient is that of the mean loss per prediction over the global batch (for text,
+     * torch's cross_entropy(reduction="mean") over all the batch's tokens). */
     int (*micro)(model *m, const data_batch *b, float loss_scale);
     /* A forward over the test set's rows [start, start + count); count may be 0. */
     int (*eval)(model *m, int start, int count);
@@ -176,6 +186,24 @@ typedef struct model_ops {
      * MLP; ddp-ckpt(1) lists the keys). Returns how many.
      */
     int (*meta)(const model *m, char key[][32], char value[][MODEL_META_LEN]);
+
+    /* The data it trains on: 0 labelled images (Fashion-MNIST, data_load(): env's sets have
+     * x and y), 1 byte-level text (data_load_text(): env's sets have seq and tok, and the
+     * batches tok; --data names text files). */
+    int data_kind;
+    /* Text rows (data_kind 1): the context length T of configuration `cfg` (its --seq-len
+     * or default), with which the trainer cuts the text into windows before create(). NULL
+     * for image rows. */
+    int (*seq_len)(const void *cfg);
+    /*
+     * Text rows, optional (NULL: --generate is refused): writes `prompt` and max_new bytes
+     * sampled after it, one at a time from the model's next-byte distribution at `temperature`
+     * (0: the likeliest) with draws from `seed`, to `out` (NULL: nothing written; the passes
+     * still run, as every rank must at ZeRO-3). The passes run through model_env.access outside
+     * any micro-step. Returns 0 or a negative code (last_error(), or a hook's).
+     */
+    int (*generate)(model *m, const char *prompt, int max_new, double temperature, uint64_t seed,
+                    FILE *out);
 } model_ops;
 
 /* The row named `name`, or NULL. */

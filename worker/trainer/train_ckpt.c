@@ -64,6 +64,15 @@ static void run_meta_fill(const trainer *t, run_meta *rm)
         rm->pairs[k++] = rm->key[i];
         rm->pairs[k++] = rm->value[i];
     }
+    if (t->train.seq > 0) { /* text: bytes are the tokens */
+        static const char bytes[] = "text as bytes: a window's bytes are its tokens (vocabulary "
+                                    "256), the model's input its first seq_len, the targets the "
+                                    "byte after each";
+        rm->pairs[k++] = "input";
+        rm->pairs[k++] = bytes;
+        rm->pairs[k] = NULL;
+        return;
+    }
     snprintf(rm->shape, sizeof rm->shape, "%d,%d", t->train.rows, t->train.cols);
     float_str(rm->mean, sizeof rm->mean, DATA_MEAN);
     float_str(rm->std, sizeof rm->std, DATA_STD);

@@ -216,6 +216,7 @@ void trainer_free(trainer *t)
     free(t->dump.index);
     free(t->dump.y);
     free(t->dump.x);
+    free(t->dump.tok);
     free(t->dump.lr);
     if (t->metrics)
         fclose(t->metrics);

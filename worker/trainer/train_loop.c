@@ -30,8 +30,9 @@
 /* ------------------------------------------------------------------------------------------ */
 
 /*
- * Test loss and accuracy over the whole test set: rank r takes the contiguous shard
- * [r * ceil(n / W), ...), in chunks of EVAL_CHUNK rows, and the sums are allreduced. Every rank
+ * Test loss and accuracy over the whole test set, per prediction (a row's, or for text each of
+ * its tokens'): rank r takes the contiguous shard [r * ceil(n / W), ...), in chunks of
+ * t->eval_chunk rows, and the sums are allreduced. Every rank
  * runs the same number of forward passes (a short shard ends with empty ones) because each
  * pass gathers the units at ZeRO-3, which is collective. Every rank. Returns 0 or EXIT_FAIL
  * (printed, naming `step`).
@@ -42,7 +43,7 @@ static int evaluate(trainer *t, int64_t step, double *loss, double *accuracy)
     int per = (ds->n + t->world - 1) / t->world;
     int lo = t->rank * per < ds->n ? t->rank * per : ds->n;
     int hi = lo + per < ds->n ? lo + per : ds->n;
-    int chunks = (per + EVAL_CHUNK - 1) / EVAL_CHUNK;
+    int chunk = t->eval_chunk, chunks = (per + chunk - 1) / chunk;
     /* The training passes' loss not reported yet waits for the next report. */
     model_stats st;
     t->hook_failed = 0;
@@ -50,10 +51,10 @@ static int evaluate(trainer *t, int64_t step, double *loss, double *accuracy)
     if (rc < 0)
         return failed_compute(t, "evaluation", step, rc);
     t->carry_loss += st.loss_sum;
-    double sums[2] = {0, 0}; /* loss, correct */
+    double sums[3] = {0, 0, 0}; /* loss, correct, predictions */
     for (int c = 0; c < chunks; c++) {
-        int start = lo + c * EVAL_CHUNK;
-        int count = hi - start < EVAL_CHUNK ? hi - start : EVAL_CHUNK;
+        int start = lo + c * chunk;
+        int count = hi - start < chunk ? hi - start : chunk;
         if (count <= 0) { /* an empty pass: its gathers only */
             count = 0;
             start = lo;
@@ -63,11 +64,12 @@ static int evaluate(trainer *t, int64_t step, double *loss, double *accuracy)
             return failed_compute(t, "evaluation", step, rc);
         sums[0] += st.loss_sum;
         sums[1] += st.correct;
+        sums[2] += st.tokens > 0 ? st.tokens : (double)count * t->preds_per_row;
     }
-    if ((rc = coll_allreduce(t->hcomm, sums, sums, 2, COLL_F64, COLL_SUM)) < 0)
+    if ((rc = coll_allreduce(t->hcomm, sums, sums, 3, COLL_F64, COLL_SUM)) < 0)
         return failed_by(t, "evaluation", step, rc, BY_COMM);
-    *loss = sums[0] / ds->n;
-    *accuracy = sums[1] / ds->n;
+    *loss = sums[0] / sums[2];
+    *accuracy = sums[1] / sums[2];
     return 0;
 }
 
@@ -163,8 +165,9 @@ int train(trainer *t, double *final_acc, double *train_s)
 {
     train_args *a = &t->a;
     /* libddp averages gradients over the ranks, so each rank scales by its own share of the
-     * global batch: the result is the gradient of the mean loss over the global batch. */
-    const float loss_scale = (float)t->world / (float)a->global_batch;
+     * global batch's predictions (a row's, or each token's of a text row): the result is the
+     * gradient of the mean loss per prediction over the global batch. */
+    const float loss_scale = (float)t->world / ((float)a->global_batch * (float)t->preds_per_row);
     int64_t step = t->start_step;     /* steps taken, by this run and the one it resumes */
     const int async = t->device >= 0; /* ddp_step() is not asked for its info: that would wait */
     int rc = step < t->total_steps
@@ -206,7 +209,7 @@ int train(trainer *t, double *final_acc, double *train_s)
         ddp_step_info info = {0};
         if ((rc = ddp_step(t->m, lr, async ? NULL : &info)) < 0)
             return failed(t, "ddp_step", step, rc);
-        if (t->dump.x)
+        if (t->dump.lr)
             dump_record(t, b, step, lr);
         step++;
         interval_steps++;
@@ -228,7 +231,7 @@ int train(trainer *t, double *final_acc, double *train_s)
             t->carry_loss = 0;
             if ((rc = coll_allreduce(t->hcomm, &sum, &sum, 1, COLL_F64, COLL_SUM)) < 0)
                 return failed_by(t, "the loss allreduce", step, rc, BY_COMM);
-            double loss = sum / ((double)interval_steps * a->global_batch);
+            double loss = sum / ((double)interval_steps * a->global_batch * t->preds_per_row);
             double rate = (double)interval_steps * a->global_batch / (t_train - t_report);
             double eta = (t->total_steps - step) * (t_train / (double)(step - t->start_step));
             if (t->rank == 0)

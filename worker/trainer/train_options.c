@@ -39,6 +39,8 @@
 #define DEF_PRECISION "f32"
 #define DEF_REDUCE_DTYPE "f32"
 #define DEF_BACKEND "auto"
+#define DEF_TEMPERATURE 0.8
+#define DEF_MAX_NEW 200
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
@@ -79,6 +81,9 @@ enum {
     OPT_BACKEND,
     OPT_VERSION,
     OPT_MODEL,
+    OPT_GENERATE,
+    OPT_TEMPERATURE,
+    OPT_MAX_NEW,
 };
 
 /* The one option table: getopt_long's tables and --help are both made from it (cli.h). */
@@ -192,10 +197,12 @@ static const cli_option opt_table[] = {
      "options follow it there."},
     {OPT_DATA,
      {"--data"},
-     "DIR",
+     "PATH",
      DATA_DEFAULT_DIR,
      0,
-     "Directory of the Fashion-MNIST IDX files, gzip-compressed (.gz) or not."},
+     "Image models (mlp): the directory of the Fashion-MNIST IDX files, gzip-compressed "
+     "(.gz) or not. Text models: text files or directories of them, the option repeated or "
+     "the names separated by commas (default " DATA_TEXT_DEFAULT_DIR ", Debian's fortunes)."},
     {OPT_THREADS, {"--threads"}, "N", STR(DEF_THREADS), 0, "OpenBLAS threads per rank."},
     {OPT_MAX_STEPS,
      {"--max-steps"},
@@ -289,6 +296,21 @@ static const cli_option opt_table[] = {
      0,
      "Bound on the communicator's set-up and on each collective: a peer that does not take "
      "part in time fails the run; -1: none."},
+    {OPT_GENERATE,
+     {"--generate"},
+     "PROMPT",
+     NULL,
+     0,
+     "Instead of training: print PROMPT and --max-new bytes that the model samples after it "
+     "(text models: --model gpt), from the parameters of --init-from or --resume, with --seed "
+     "seeding the draws."},
+    {OPT_TEMPERATURE,
+     {"--temperature"},
+     "T",
+     STR(DEF_TEMPERATURE),
+     0,
+     "--generate: divide the logits by T before sampling; 0 takes the likeliest byte."},
+    {OPT_MAX_NEW, {"--max-new"}, "N", STR(DEF_MAX_NEW), 0, "--generate: bytes to sample."},
     {'h', {"-h", "--help"}, NULL, NULL, 0, "Show this help and exit."},
     {OPT_VERSION, {"--version"}, NULL, NULL, 0, "Show the version and exit."},
 };
@@ -365,6 +387,12 @@ static int check_args(const train_args *a)
         bad = "--dump-batches records a whole run from its first step: not with --resume";
     else if (a->device == DEV_CPU && a->backend == COLL_BACKEND_NCCL)
         bad = "--backend nccl needs --device cuda";
+    else if (a->model->data_kind == 0 && a->ndata > 1)
+        bad = "--data: an image model reads one directory (several files are for text models)";
+    else if (a->generate && !a->model->generate)
+        bad = "--generate: this --model does not generate text (--model gpt does)";
+    else if (a->generate && !a->init_from && !a->resume)
+        bad = "--generate needs a trained model: --init-from CKPT or --resume";
     if (bad) {
         train_err("%s", bad);
         return EXIT_USAGE;
@@ -449,7 +477,9 @@ int parse_args(int argc, char **argv, train_args *a)
                       .timeout_ms = DEF_TIMEOUT_MS,
                       .keep = DEF_KEEP,
                       .seed = DEF_SEED,
-                      .data = DATA_DEFAULT_DIR};
+                      .data = DATA_DEFAULT_DIR,
+                      .temperature = DEF_TEMPERATURE,
+                      .max_new = DEF_MAX_NEW};
     int sched_word;
     int ok =
         cli_parse_choice("--schedule", DEF_SCHEDULE, "schedule", schedule_words, &sched_word) == 0;
@@ -554,6 +584,13 @@ int parse_args(int argc, char **argv, train_args *a)
             break;
         case OPT_DATA:
             a->data = optarg;
+            if (a->ndata == TRAIN_MAX_DATA) {
+                train_err("--data: at most %d of them (name more files per option, separated by "
+                          "commas, or a directory)",
+                          TRAIN_MAX_DATA);
+                return EXIT_USAGE;
+            }
+            a->data_args[a->ndata++] = optarg;
             break;
         case OPT_THREADS:
             rc = cli_parse_int(flag, optarg, 1, 1024, &a->threads);
@@ -608,6 +645,15 @@ int parse_args(int argc, char **argv, train_args *a)
             return EXIT_USAGE;
         case OPT_MODEL:
             model_given = optarg;
+            break;
+        case OPT_GENERATE:
+            a->generate = optarg;
+            break;
+        case OPT_TEMPERATURE:
+            rc = cli_parse_double(flag, optarg, 0, 100, 0, &a->temperature);
+            break;
+        case OPT_MAX_NEW:
+            rc = cli_parse_int(flag, optarg, 0, 1 << 20, &a->max_new);
             break;
         default:
             if (c >= MODEL_OPT_BASE) {

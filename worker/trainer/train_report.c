@@ -106,8 +106,35 @@ int dump_params(trainer *t, const char *path, const char *what)
     return rc == 0 ? 0 : EXIT_FAIL;
 }
 
+/* --dump-batches of a text model: the windows, (steps, G, seq + 1) bytes, instead of x and y. */
+static int dump_text_batches(trainer *t)
+{
+    int64_t S = t->dump.steps, G = t->a.global_batch, R = t->train.seq + 1;
+    tensor ts[] = {
+        {"index", "I32", 2, {S, G}, t->dump.index, sizeof(int32_t) * (size_t)(S * G)},
+        {"tok", "U8", 3, {S, G, R}, t->dump.tok, (size_t)(S * G * R)},
+        {"lr", "F32", 1, {S}, t->dump.lr, sizeof(float) * (size_t)S},
+    };
+    char gb[32], seq[32];
+    snprintf(gb, sizeof gb, "%d", t->a.global_batch);
+    snprintf(seq, sizeof seq, "%d", t->train.seq);
+    const char *meta[] = {"format",
+                          "ddp-train batches",
+                          "global_batch",
+                          gb,
+                          "seq",
+                          seq,
+                          "loss",
+                          "mean over the global batch's tokens (tok[..., 1:] predicted from "
+                          "tok[..., :-1])",
+                          NULL};
+    return write_safetensors(t->a.dump_batches, ts, 3, meta);
+}
+
 int dump_batches(trainer *t)
 {
+    if (t->dump.tok)
+        return dump_text_batches(t);
     int64_t S = t->dump.steps, G = t->a.global_batch, D = t->train.dim;
     tensor ts[] = {
         {"index", "I32", 2, {S, G}, t->dump.index, sizeof(int32_t) * (size_t)(S * G)},
@@ -147,6 +174,8 @@ static const struct {
     {"samples_per_s", "train/samples_per_s", 1},
     {"test_loss", "test/loss", 1},
     {"test_accuracy", "test/accuracy", 1},
+    {"test_bpb", "test/bpb", 1},
+    {"tokens_per_s", "train/tokens_per_s", 1},
     {"rss_bytes", "memory/host_rss_mib", 1.0 / 1048576},
     {"gpu_used_bytes", "memory/gpu_used_mib", 1.0 / 1048576},
 };
@@ -251,6 +280,9 @@ void report_step(trainer *t, int64_t step, int epoch, double loss, float lr, dou
 {
     char eta[32];
     format_duration(eta, sizeof eta, eta_s);
+    /* A text model's rate is in tokens (the predictions of its rows). */
+    const char *unit = t->train.tok ? "tok" : "samples";
+    double rate = samples_per_s * t->preds_per_row;
     if (t->tty) {
         enum { WIDTH = 24 };
         int fill = (int)(WIDTH * step / t->total_steps);
@@ -259,18 +291,20 @@ void report_step(trainer *t, int64_t step, int epoch, double loss, float lr, dou
             bar[i] = i < fill ? '#' : '.';
         bar[WIDTH] = '\0';
         fprintf(stderr,
-                "\r[%s] step %" PRId64 "/%" PRId64 " epoch %d/%d loss %.4f %.0f samples/s "
+                "\r[%s] step %" PRId64 "/%" PRId64 " epoch %d/%d loss %.4f %.0f %s/s "
                 "ETA %s\033[K",
-                bar, step, t->total_steps, epoch + 1, t->epochs, loss, samples_per_s, eta);
+                bar, step, t->total_steps, epoch + 1, t->epochs, loss, rate, unit, eta);
     } else {
         fprintf(stderr,
                 "step %" PRId64 "/%" PRId64 " | epoch %d | loss %.4f | lr %.3g | norm %.3f "
-                "| %.0f samples/s | ETA %s\n",
-                step, t->total_steps, epoch + 1, loss, (double)lr, grad_norm, samples_per_s, eta);
+                "| %.0f %s/s | ETA %s\n",
+                step, t->total_steps, epoch + 1, loss, (double)lr, grad_norm, rate, unit, eta);
     }
     json_t *rec = json_pack("{s:I, s:i, s:o, s:f, s:o, s:o}", "step", (json_int_t)step, "epoch",
                             epoch + 1, "loss", number(loss), "lr", (double)lr, "grad_norm",
                             number(grad_norm), "samples_per_s", number(samples_per_s));
+    if (rec && t->train.tok)
+        json_object_set_new(rec, "tokens_per_s", number(samples_per_s * t->preds_per_row));
     int64_t rss = rss_bytes();
     size_t gpu;
     if (rec && rss >= 0)
@@ -282,11 +316,25 @@ void report_step(trainer *t, int64_t step, int epoch, double loss, float lr, dou
 
 void report_epoch(trainer *t, int64_t step, int epoch, double test_loss, double acc)
 {
-    fprintf(stderr, "%sepoch %d/%d (step %" PRId64 "): test loss %.4f, test accuracy %.2f%%\n",
-            t->tty ? "\r\033[K" : "", epoch + 1, t->epochs, step, test_loss, 100 * acc);
+    t->test_loss = test_loss;
+    if (!t->train.tok) {
+        fprintf(stderr, "%sepoch %d/%d (step %" PRId64 "): test loss %.4f, test accuracy %.2f%%\n",
+                t->tty ? "\r\033[K" : "", epoch + 1, t->epochs, step, test_loss, 100 * acc);
+        record(t, step,
+               json_pack("{s:I, s:i, s:o, s:f}", "step", (json_int_t)step, "epoch", epoch + 1,
+                         "test_loss", number(test_loss), "test_accuracy", acc));
+        return;
+    }
+    /* Text: the loss per byte in nats and in bits, and the next-byte accuracy. */
+    double bpb = test_loss / M_LN2;
+    fprintf(stderr,
+            "%sepoch %d/%d (step %" PRId64 "): validation loss %.4f (%.4f bits per byte), "
+            "next-byte accuracy %.2f%%\n",
+            t->tty ? "\r\033[K" : "", epoch + 1, t->epochs, step, test_loss, bpb, 100 * acc);
     record(t, step,
-           json_pack("{s:I, s:i, s:o, s:f}", "step", (json_int_t)step, "epoch", epoch + 1,
-                     "test_loss", number(test_loss), "test_accuracy", acc));
+           json_pack("{s:I, s:i, s:o, s:f, s:o}", "step", (json_int_t)step, "epoch", epoch + 1,
+                     "test_loss", number(test_loss), "test_accuracy", acc, "test_bpb",
+                     number(bpb)));
 }
 
 /* Rank 0, --dump-batches: keeps step `step`'s global batch and learning rate. */
@@ -298,8 +346,11 @@ void dump_record(trainer *t, const data_batch *b, int64_t step, float lr)
     size_t G = (size_t)t->a.global_batch, D = (size_t)t->train.dim;
     const int32_t *idx = data_sampler_global(g, b->step);
     memcpy(t->dump.index + (size_t)step * G, idx, sizeof(int32_t) * G);
-    data_gather(&t->train, idx, (int)G, t->dump.x + (size_t)step * G * D,
-                t->dump.y + (size_t)step * G);
+    if (t->dump.tok)
+        data_gather_text(&t->train, idx, (int)G, t->dump.tok + (size_t)step * G * (D + 1));
+    else
+        data_gather(&t->train, idx, (int)G, t->dump.x + (size_t)step * G * D,
+                    t->dump.y + (size_t)step * G);
     t->dump.lr[step] = lr;
     t->dump.steps = step + 1;
 }
@@ -311,22 +362,40 @@ void summary(trainer *t, double acc, double train_s)
     ddp_memory_stats(t->m, &mem);
     double mib = 1.0 / 1048576;
     int64_t samples = (t->total_steps - t->start_step) * t->a.global_batch; /* this run's */
+    /* What was learned: test accuracy; for text the validation loss, in bits per byte too,
+     * and the next-byte accuracy; and the rate, in tokens for text. */
+    char result[256];
+    if (t->train.tok)
+        snprintf(result, sizeof result,
+                 "validation loss %.4f (%.4f bits per byte), next-byte accuracy %.2f%% after "
+                 "%" PRId64 " steps in %.1f s (%.0f tokens/s)",
+                 t->test_loss, t->test_loss / M_LN2, 100 * acc, t->total_steps, train_s,
+                 samples * (double)t->preds_per_row / train_s);
+    else
+        snprintf(result, sizeof result,
+                 "test accuracy %.2f%% after %" PRId64 " steps in %.1f s (%.0f samples/s)",
+                 100 * acc, t->total_steps, train_s, samples / train_s);
     fprintf(stderr,
-            "ddp-train: %d rank%s, ZeRO-%d, %s: test accuracy %.2f%% after %" PRId64
-            " steps in %.1f s (%.0f samples/s); model state %.2f MiB on rank 0 (parameters "
+            "ddp-train: %d rank%s, ZeRO-%d, %s: %s; model state %.2f MiB on rank 0 (parameters "
             "%.2f, gradients %.2f, optimizer %.2f; pools %.2f more)\n",
             t->world, t->world == 1 ? "" : "s", t->a.zero, ddp_optimizer_name(t->a.optimizer),
-            100 * acc, t->total_steps, train_s, samples / train_s, mem.model_state_bytes * mib,
-            mem.param_bytes * mib, mem.grad_bytes * mib, mem.optimizer_bytes * mib,
-            mem.pool_bytes * mib);
-    record(t, -1,
-           json_pack("{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary",
-                     "done", "world", t->world, "zero", t->a.zero, "test_accuracy", acc, "steps",
-                     (json_int_t)t->total_steps, "train_seconds", train_s, "samples_per_s",
-                     samples / train_s, "memory", "param_bytes", (json_int_t)mem.param_bytes,
-                     "grad_bytes", (json_int_t)mem.grad_bytes, "optimizer_bytes",
-                     (json_int_t)mem.optimizer_bytes, "pool_bytes", (json_int_t)mem.pool_bytes,
-                     "model_state_bytes", (json_int_t)mem.model_state_bytes));
+            result, mem.model_state_bytes * mib, mem.param_bytes * mib, mem.grad_bytes * mib,
+            mem.optimizer_bytes * mib, mem.pool_bytes * mib);
+    json_t *rec =
+        json_pack("{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary",
+                  "done", "world", t->world, "zero", t->a.zero, "test_accuracy", acc, "steps",
+                  (json_int_t)t->total_steps, "train_seconds", train_s, "samples_per_s",
+                  samples / train_s, "memory", "param_bytes", (json_int_t)mem.param_bytes,
+                  "grad_bytes", (json_int_t)mem.grad_bytes, "optimizer_bytes",
+                  (json_int_t)mem.optimizer_bytes, "pool_bytes", (json_int_t)mem.pool_bytes,
+                  "model_state_bytes", (json_int_t)mem.model_state_bytes);
+    if (rec && t->train.tok) {
+        json_object_set_new(rec, "test_loss", number(t->test_loss));
+        json_object_set_new(rec, "test_bpb", number(t->test_loss / M_LN2));
+        json_object_set_new(rec, "tokens_per_s",
+                            number(samples * (double)t->preds_per_row / train_s));
+    }
+    record(t, -1, rec);
 }
 
 void report_start(trainer *t)

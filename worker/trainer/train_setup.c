@@ -8,6 +8,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,15 +71,66 @@ static void batch_hint(char *buf, size_t cap, int gb, int world, const char *wha
     hint_pair(buf, cap, &len, "a world size of ", below, above);
 }
 
+/*
+ * A text model's data (data.h, data_load_text()): --data's values, each split at its commas,
+ * or the default corpus when none was given, cut into windows of the model's context length.
+ * Returns 0 or EXIT_USAGE (printed).
+ */
+static int load_text(trainer *t)
+{
+    train_args *a = &t->a;
+    const char *paths[TRAIN_MAX_DATA * 8];
+    char *copies[TRAIN_MAX_DATA] = {0};
+    int npaths = 0, rc = EXIT_USAGE;
+    for (int i = 0; i < a->ndata; i++) {
+        if (!(copies[i] = strdup(a->data_args[i]))) {
+            train_err("rank %d: out of memory", t->rank);
+            goto out;
+        }
+        for (char *p = copies[i], *end; p; p = end) {
+            if ((end = strchr(p, ',')))
+                *end++ = '\0';
+            if (!*p) {
+                train_err("--data '%s': an empty name in the list", a->data_args[i]);
+                goto out;
+            }
+            if (npaths == (int)(sizeof paths / sizeof paths[0])) {
+                train_err("--data: more than %d names (name a directory instead)", npaths);
+                goto out;
+            }
+            paths[npaths++] = p;
+        }
+    }
+    assert(a->model->seq_len); /* every text row says its context length (model.h) */
+    int seq = a->model->seq_len(a->model_cfg);
+    if (data_load_text(paths, npaths, seq, "train", &t->train) < 0 ||
+        data_load_text(paths, npaths, seq, "test", &t->test) < 0) {
+        train_err("rank %d: --data: %s", t->rank, data_last_error());
+        goto out;
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < a->ndata; i++)
+        free(copies[i]);
+    return rc;
+}
+
 /* Loads both splits; the sampler, the schedule, --dump-batches' room. Returns 0 or EXIT_USAGE. */
 int setup_data(trainer *t)
 {
     train_args *a = &t->a;
-    if (data_load(a->data, "train", &t->train) < 0 || data_load(a->data, "t10k", &t->test) < 0) {
+    const int text = a->model->data_kind == 1;
+    if (text) {
+        if (load_text(t) != 0)
+            return EXIT_USAGE;
+    } else if (data_load(a->data, "train", &t->train) < 0 ||
+               data_load(a->data, "t10k", &t->test) < 0) {
         train_err("rank %d: %s", t->rank, data_last_error());
         return EXIT_USAGE;
     }
-    if (t->test.dim != t->train.dim) {
+    t->preds_per_row = text ? t->train.seq : 1;
+    t->test_loss = NAN; /* until an evaluation */
+    if (!text && t->test.dim != t->train.dim) {
         train_err("%s: the test images are %dx%d, the training images %dx%d", a->data, t->test.rows,
                   t->test.cols, t->train.rows, t->train.cols);
         return EXIT_USAGE;
@@ -110,6 +162,9 @@ int setup_data(trainer *t)
         train_err("%s", data_last_error() + strlen("sampler: "));
         return EXIT_USAGE;
     }
+    /* A text model's passes hold activations for every token of a row: evaluation runs in
+     * micro-batches, the rows the model is created for. */
+    t->eval_chunk = text ? t->sampler.micro : EVAL_CHUNK;
     t->steps_per_epoch = data_sampler_steps(&t->sampler);
     t->total_steps = (int64_t)a->epochs * t->steps_per_epoch;
     if (a->max_steps > 0 && a->max_steps < t->total_steps)
@@ -125,7 +180,8 @@ int setup_data(trainer *t)
 
     if (a->dump_batches && t->rank == 0) {
         size_t rows = (size_t)t->total_steps * (size_t)a->global_batch;
-        size_t bytes = rows * (sizeof(float) * t->train.dim + sizeof(int32_t) + 1);
+        size_t bytes = rows * (text ? (size_t)t->train.seq + 1 + sizeof(int32_t)
+                                    : sizeof(float) * t->train.dim + sizeof(int32_t) + 1);
         if (bytes > DUMP_MAX_BYTES) {
             train_err("--dump-batches would hold %zu MiB in memory (more than %llu); limit the run "
                       "with --max-steps",
@@ -134,8 +190,9 @@ int setup_data(trainer *t)
         }
         if (data_sampler_init(&t->dump.global, t->train.n, a->global_batch, 1, 0, 1, a->seed) < 0 ||
             !(t->dump.index = malloc(sizeof(int32_t) * rows + 1)) ||
-            !(t->dump.y = malloc(rows + 1)) ||
-            !(t->dump.x = malloc(sizeof(float) * rows * t->train.dim + 1)) ||
+            (text ? !(t->dump.tok = malloc(rows * ((size_t)t->train.seq + 1) + 1))
+                  : !(t->dump.y = malloc(rows + 1)) ||
+                        !(t->dump.x = malloc(sizeof(float) * rows * t->train.dim + 1))) ||
             !(t->dump.lr = malloc(sizeof(float) * (size_t)t->total_steps + 1))) {
             train_err("--dump-batches: out of memory");
             return EXIT_USAGE;
@@ -210,7 +267,8 @@ static int create_model(trainer *t)
     const model_ops *mo = t->a.model;
     model_env env = {.train = &t->train,
                      .test = &t->test,
-                     .max_batch = t->sampler.micro > EVAL_CHUNK ? t->sampler.micro : EVAL_CHUNK,
+                     .max_batch =
+                         t->sampler.micro > t->eval_chunk ? t->sampler.micro : t->eval_chunk,
                      .bf16 = t->a.bf16,
                      .device = t->device,
                      .stream = t->stream,

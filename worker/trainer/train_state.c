@@ -44,6 +44,11 @@ int train_state_json(const train_state *st, const char *const *meta, char **out)
         "optimizer", optimizer_name(st->optimizer), "schedule", "kind",
         name_of(schedules, COUNT(schedules), st->schedule), "lr", st->lr, "warmup",
         (json_int_t)st->warmup, "total_steps", (json_int_t)st->total_steps);
+    if (o && st->heads &&
+        json_object_set_new(json_object_get(o, "model"), "heads", json_integer(st->heads)) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
     json_t *m = o && meta && meta[0] ? json_object() : NULL;
     for (int i = 0; m && meta[i] && meta[i + 1]; i += 2)
         json_object_set_new(m, meta[i], json_string(meta[i + 1]));
@@ -87,15 +92,15 @@ int train_state_parse(const char *json, train_state *out, char *err, size_t cap)
     json_int_t step = 0, seed = 0, warmup = 0, total = 0;
     int rc = -EPROTO;
     if (json_unpack_ex(o, &je, JSON_STRICT,
-                       "{s:s, s:i, s:I, s:i, s:i, s:i, s:{s:i, s:i, s:i, s:i}, "
+                       "{s:s, s:i, s:I, s:i, s:i, s:i, s:{s:i, s:i, s:i, s:i, s?i}, "
                        "s:{s:i, s:i, s:I}, s:s, s:{s:s, s:F, s:I, s:I}, s?o}",
                        "trainer", &trainer, "version", &version, "step", &step, "world", &st.world,
                        "zero", &st.zero, "grad_accum", &st.grad_accum, "model", "in_dim",
                        &st.in_dim, "hidden", &st.hidden, "layers", &st.layers, "classes",
-                       &st.classes, "data", "global_batch", &st.global_batch, "train_samples",
-                       &st.train_samples, "seed", &seed, "optimizer", &opt, "schedule", "kind",
-                       &sched, "lr", &st.lr, "warmup", &warmup, "total_steps", &total, "metadata",
-                       &meta) < 0) {
+                       &st.classes, "heads", &st.heads, "data", "global_batch", &st.global_batch,
+                       "train_samples", &st.train_samples, "seed", &seed, "optimizer", &opt,
+                       "schedule", "kind", &sched, "lr", &st.lr, "warmup", &warmup, "total_steps",
+                       &total, "metadata", &meta) < 0) {
         snprintf(err, cap, "the user state is not ddp-train's: %s", je.text);
         goto out;
     }
@@ -142,6 +147,7 @@ int train_state_compare(const train_state *saved, const train_state *now, char *
         {"--layers", saved->layers, now->layers},
         {"input width", saved->in_dim, now->in_dim},
         {"classes", saved->classes, now->classes},
+        {"--heads", saved->heads, now->heads},
         {"--global-batch", saved->global_batch, now->global_batch},
         {"training samples", saved->train_samples, now->train_samples},
         {"--seed", (int64_t)saved->seed, (int64_t)now->seed},

@@ -28,12 +28,13 @@ typedef struct train_state {
     int schedule;                        /* ddp_schedule_kind: a warning if it differs */
     double lr;                           /* ... */
     int64_t warmup, total_steps;         /* ... */
+    int heads; /* the model's attention heads (--model gpt; 0: none, not written): must match */
 } train_state;
 
 /*
  * Writes `st` as a JSON object (compact text, malloc'ed: the caller frees it) into *out:
  *   {"trainer": "ddp-train", "version": 1, "step": 468, "world": 2, "zero": 1, "grad_accum": 1,
- *    "model": {"in_dim": 784, "hidden": 512, "layers": 2, "classes": 10},
+ *    "model": {"in_dim": 784, "hidden": 512, "layers": 2, "classes": 10},  (+ "heads" if any)
  *    "data": {"global_batch": 256, "train_samples": 60000, "seed": 1},
  *    "optimizer": "adamw",
  *    "schedule": {"kind": "cosine", "lr": 0.001, "warmup": 100, "total_steps": 3510},

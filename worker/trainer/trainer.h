@@ -40,6 +40,9 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_CKPT = 3 };
 /* --dump-batches keeps the batches in memory until the end: at most this much. */
 #define DUMP_MAX_BYTES (1ull << 30)
 
+/* --data options a run takes, at most. */
+#define TRAIN_MAX_DATA 64
+
 /* --device */
 typedef enum train_device { DEV_AUTO = 0, DEV_CPU, DEV_CUDA } train_device;
 
@@ -65,6 +68,14 @@ typedef struct train_args {
     void *model_cfg;        /* its options (model->config_size bytes, owned) */
     /* --tensorboard DIR */
     const char *tensorboard;
+    /* --data's values in order, each a path or a comma-separated list of them (text models
+     * read them all; an image model reads the last one, `data`) */
+    const char *data_args[TRAIN_MAX_DATA];
+    int ndata;
+    /* --generate PROMPT (NULL: train), --temperature, --max-new */
+    const char *generate;
+    double temperature;
+    int max_new;
 } train_args;
 
 struct trainer {
@@ -120,6 +131,7 @@ struct trainer {
         uint8_t *y;     /* (steps, G) */
         float *x;       /* (steps, G, dim) */
         float *lr;      /* (steps) */
+        uint8_t *tok;   /* text: (steps, G, seq + 1); x and y are NULL */
         int64_t steps;
     } dump;
     int last_save_failed;   /* the run's last checkpoint failed: EXIT_CKPT once it is done */
@@ -132,6 +144,13 @@ struct trainer {
     ddp_summary *tb;
     int attempt;
     double t_start;
+
+    /* Predictions per row: 1 for images, the context length for text (a model's loss and
+     * accuracy are per prediction, model.h); rows per evaluation pass; the latest evaluation's
+     * loss per prediction, for the summary. */
+    int preds_per_row;
+    int eval_chunk;
+    double test_loss;
 };
 typedef struct trainer trainer;
 
