@@ -35,8 +35,8 @@ while len(text) < 2160:
 open(sys.argv[1], "w").write(text[:2160])
 PY
 common=(--model gpt --device cpu --data "$tmp/corpus.txt" --layers 2 --width 32 --heads 4
-    --seq-len 16 --global-batch 32 --max-steps 20 --log-every 1 --optimizer adamw --lr 1e-2
-    --weight-decay 0.1 --warmup 3 --clip 1.0 --seed 4)
+    --seq-len 16 --global-batch 32 --max-steps 20 --epochs 15 --log-every 1 --optimizer adamw
+    --lr 1e-2 --weight-decay 0.1 --warmup 3 --clip 1.0 --seed 4)
 # train NAME WORLD ARGS...: a run under ddprun that must succeed; its output in $tmp/NAME.log.
 train() {
     local name=$1 world=$2

@@ -24,7 +24,7 @@ FORTUNES=/usr/share/games/fortunes
 
 T=16
 model=(--device cpu --model gpt --layers 1 --width 16 --heads 2 --seq-len $T)
-common=("${model[@]}" --global-batch 16 --schedule constant --warmup 5 --lr 0.003)
+common=("${model[@]}" --global-batch 16 --epochs 15 --schedule constant --warmup 5 --lr 0.003)
 # train NAME WORLD ARGS...: a run under ddprun that must succeed; its stderr in $tmp/NAME.log.
 train() {
     local name=$1 world=$2

@@ -128,6 +128,14 @@ typedef struct model_stats {
  * accumulate their loss and correct count until take() reads and resets them; on a device
  * take() waits for the stream, and nothing else needs to.
  */
+/* A row's own defaults for ddp-train's training options; 0 keeps ddp-train's default. */
+typedef struct model_train_defaults {
+    int global_batch; /* --global-batch */
+    int epochs;       /* --epochs */
+    double lr;        /* --lr */
+    long warmup;      /* --warmup */
+} model_train_defaults;
+
 typedef struct model_compute {
     /* One micro-step's forward and backward over b, for the loss loss_scale * (sum of the
      * predictions' losses: the rows', or for text the rows x seq tokens'), adding the
@@ -204,6 +212,10 @@ typedef struct model_ops {
      */
     int (*generate)(model *m, const char *prompt, int max_new, double temperature, uint64_t seed,
                     FILE *out);
+    /* The training settings the row's default run uses where the command line gives none
+     * (NULL: ddp-train's own defaults, sized for the MLP); --help's and the man page's model
+     * section lists them. */
+    const model_train_defaults *train_defaults;
 } model_ops;
 
 /* The row named `name`, or NULL. */

@@ -343,12 +343,19 @@ static int gpt_model_meta(const model *m, char key[][32], char value[][MODEL_MET
     return n;
 }
 
+/* A default run of a few minutes on two cores (two epochs of the fortunes, 598 steps) that
+ * ends with text of the corpus's shape: --global-batch 64 --epochs 2 --lr 3e-3 --warmup 60. */
+static const model_train_defaults gpt_train_defaults = {
+    .global_batch = 64, .epochs = 2, .lr = 3e-3, .warmup = 60};
+
 const model_ops model_gpt = {
     .name = "gpt",
-    .summary = "A GPT-2-style transformer over bytes: --layers pre-LayerNorm blocks of causal "
-               "self-attention (--heads) and a GELU MLP of 4 x --width, learned positions over "
-               "--seq-len bytes, the output tied to the token embedding; learns the next byte of "
-               "--data's text (default: the fortunes files); on the host (OpenBLAS).",
+    .summary =
+        "A GPT-2-style transformer over bytes: --layers pre-LayerNorm blocks of causal "
+        "self-attention (--heads) and a GELU MLP of 4 x --width, learned positions over "
+        "--seq-len bytes, the output tied to the token embedding; learns the next byte of "
+        "--data's text (default: the fortunes files); on the host (OpenBLAS). Its own defaults: "
+        "--global-batch 64 --epochs 2 --lr 3e-3 --warmup 60.",
     .options = gpt_options_table,
     .noptions = sizeof gpt_options_table / sizeof gpt_options_table[0],
     .config_size = sizeof(gpt_options),
@@ -367,4 +374,5 @@ const model_ops model_gpt = {
     .data_kind = 1,
     .seq_len = gpt_seq_len,
     .generate = gpt_model_generate,
+    .train_defaults = &gpt_train_defaults,
 };

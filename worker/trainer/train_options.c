@@ -435,6 +435,13 @@ static int choose_model(int argc, char **argv, train_args *a, cli_option *table,
         return EXIT_USAGE;
     }
     a->model->config_init(a->model_cfg);
+    const model_train_defaults *d = a->model->train_defaults;
+    if (d) { /* before the command line, which overrides them */
+        a->global_batch = d->global_batch ? d->global_batch : a->global_batch;
+        a->epochs = d->epochs ? d->epochs : a->epochs;
+        a->lr = d->lr ? d->lr : a->lr;
+        a->warmup = d->warmup ? d->warmup : a->warmup;
+    }
     assert(NOPTS + a->model->noptions <= CLI_GETOPT_MAX);
     memcpy(table, opt_table, sizeof opt_table);
     memcpy(table + NOPTS, a->model->options, sizeof *table * a->model->noptions);
