@@ -23,7 +23,7 @@
 #
 # Settings (environment):
 #   NPROCS         rank counts (default "1 2")
-#   STEPS          optimizer steps of every run (default 200; QUICK=1: 4)
+#   STEPS          optimizer steps of every run (default 300; QUICK=1: 4)
 #   GLOBAL_BATCH   sequences per step (default 64)
 #   LR, WARMUP     peak learning rate and warmup steps (default 3e-3 and 20)
 #   TRAIN_ARGS     more options for both trainers (default ""; QUICK=1: a 1-layer width-32 GPT
@@ -35,7 +35,8 @@
 #   PYTHON_LEGACY  a second one, e.g. /usr/bin/python3 (Debian's torch 1.13, written attention);
 #                  default "": not run
 #   WAIT_QUIET     seconds to wait for a quiet machine before each run (default 20; QUICK=1: 0)
-#   OUT            directory for logs and JSON (default: a new one under ${TMPDIR:-/tmp})
+#   OUT            directory for logs and JSON (default: a new one under ${TMPDIR:-/tmp},
+#                  removed at the end with QUICK=1)
 #
 # Exit status: 0 every run succeeded (the targets are reported, not enforced), 1 a run failed,
 # 2 bad usage or missing programs, 77 (QUICK=1 only) no python with torch.
@@ -48,7 +49,7 @@ quick=${QUICK:-0}
 if [[ $quick == 1 ]]; then
     steps=4 args="--layers 1 --width 32 --heads 2 --seq-len 32" wait_quiet=0
 else
-    steps=200 args="" wait_quiet=20
+    steps=300 args="" wait_quiet=20
 fi
 NPROCS=${NPROCS:-"1 2"}
 STEPS=${STEPS:-$steps}
@@ -75,7 +76,11 @@ sgemm=$BUILD/bench/sgemm
 for p in "$ddprun" "$trainer" "$sgemm"; do
     [[ -x $p ]] || usage "$p not found; build first (ninja -C $BUILD)"
 done
-OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/train-gpt.XXXXXX")}
+if [[ -z ${OUT:-} ]]; then
+    OUT=$(mktemp -d "${TMPDIR:-/tmp}/train-gpt.XXXXXX")
+    # QUICK=1 (meson's smoke test) leaves nothing behind; a failed run's stderr is shown.
+    [[ $quick == 1 ]] && trap 'rm -rf "$OUT"' EXIT
+fi
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 

