@@ -42,7 +42,9 @@ for m in $MODELS; do
     [[ $m == default || $m =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || usage "MODELS: $m is not default or LxC"
 done
 for n in $NPROCS; do
-    [[ $n =~ ^[1-9][0-9]*$ ]] && ((8 % n == 0)) || usage "NPROCS: $n does not divide the batch of 8"
+    if ! [[ $n =~ ^[1-9][0-9]*$ ]] || ((8 % n != 0)); then
+        usage "NPROCS: $n does not divide the batch of 8"
+    fi
 done
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpt-memory.XXXXXX")}
 mkdir -p "$OUT"

@@ -1,8 +1,10 @@
+# shellcheck shell=bash
 # lib.sh: what bench/train's drivers (compare.sh, gpt.sh) share, sourced by them: run() runs one
 # benchmark process with its output in $OUT and records the machine's other load around it.
 # The sourcing script sets OUT (an existing directory) and WAIT_QUIET (seconds), and reads
 # `failed` (set to 1 by a failed run) at its end.
 
+# shellcheck disable=SC2034 # read by the sourcing script
 failed=0
 # Clock ticks of CPU time: the whole machine's busy and total, and this shell's reaped children.
 machine_ticks() {
@@ -58,6 +60,7 @@ run() {
     if ((rc != 0)); then
         echo "${0##*/}: failed ($rc): $*" >&2
         tail -n 20 "$OUT/$name.err" >&2
+        # shellcheck disable=SC2034 # read by the sourcing script
         failed=1
     fi
 }
