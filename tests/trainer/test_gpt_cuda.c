@@ -23,8 +23,12 @@
  * The shapes are odd on purpose: 5 sequences of 13 tokens (len < T = 16, so the pass's N is not
  * the model's context), width 36 in 3 heads of 12, vocabulary 97 (a token beyond it is
  * refused): leading dimensions that are no multiple of 8, and a product with m, n or k swapped
- * for another cannot pass. Backward runs twice on both sides before the gradients are compared,
- * so that a product or kernel that overwrites its output instead of adding to it fails.
+ * for another cannot pass. Forward and backward run twice on both sides before the gradients are
+ * compared, so that a product or kernel that overwrites its output instead of adding to it fails.
+ *
+ * Built twice: against CUDA (test gpt-cuda, on a GPU; 77 without one), and with
+ * DDP_CUDA_EMULATE against tests/trainer/cuda_emu (test gpt-cuda-emu, on any machine: the same
+ * device code run on the host, under AddressSanitizer, every buffer freed at the end).
  *
  * Also checked: two passes without stats accumulate on the device to twice the loss; the logits
  * of a forward without targets (generation's) against the host's; B = 0 runs every hook; a
@@ -210,6 +214,10 @@ static void compare(int bf16, int recompute)
     ck_assert_double_le(pd, bf16 ? 1e-2 : 1e-5);
     ck_assert_double_le(fabs(ds.correct - hs.correct), bf16 ? 2 : 0);
     for (int pass = 0; pass < 2; pass++) { /* the second adds onto the first */
+        if (pass) { /* gpt.c's backward turns its probabilities into their gradient */
+            ck_assert_int_eq(gpt_forward(host, &hh, tok, B, LEN, LD, 1, NULL), 0);
+            ck_assert_int_eq(gpt_cuda_forward(dev, &dh, tok, B, LEN, LD, 1, &ds), 0);
+        }
         ck_assert_int_eq(gpt_backward(host, &hh, 1.0f / (B * LEN)), 0);
         ck_assert_msg(gpt_cuda_backward(dev, &dh, 1.0f / (B * LEN)) == 0, "%s",
                       mlp_cuda_last_error());
@@ -281,6 +289,9 @@ static void compare(int bf16, int recompute)
     gpt_cuda_free(dev);
     gpt_free(host);
     params_free(&m);
+#ifdef DDP_CUDA_EMULATE
+    ck_assert_uint_eq(cuda_emu_allocated(), 0); /* every device and pinned buffer freed */
+#endif
 }
 
 START_TEST(f32_against_host)

@@ -7,6 +7,10 @@
  *
  * Every kernel here is static: each .cu file that includes this header has its own copy (no
  * relocatable device code is linked).
+ *
+ * With DDP_CUDA_EMULATE (tests/trainer/cuda_emu: a host C++ compiler, that folder's headers in
+ * place of CUDA's) LAUNCH runs a kernel's threads on the host one after the other, and the
+ * kernels whose threads communicate (softmax_xent_kernel's warp shuffles) are left out.
  */
 #ifndef DDP_TRAIN_CUDA_COMMON_CUH
 #define DDP_TRAIN_CUDA_COMMON_CUH
@@ -108,7 +112,6 @@ template <> __device__ __forceinline__ bf16 narrow<bf16>(float v)
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
          i += (size_t)gridDim.x * blockDim.x)
 
-
 /* dy (B, C) = scale * (p - onehot(y)) rounded to T; p (B, C) the probabilities. */
 template <typename T>
 static __global__ void xent_backward_kernel(T *dy, const float *p, const uint8_t *y, int B, int C,
@@ -136,6 +139,7 @@ struct dev_stats {
     int bad;     /* rows whose label is out of range */
 };
 
+#ifndef DDP_CUDA_EMULATE /* warp shuffles: no host emulation */
 /*
  * Softmax cross-entropy, in place: logits (B, C) become probabilities, one thread per row
  * running mlp_xent_row(), mlp.c's arithmetic (the row's maximum subtracted, f32). Each block
@@ -187,6 +191,7 @@ static __global__ void softmax_xent_kernel(float *logits, const uint8_t *y, int 
         }
     }
 }
+#endif
 
 /* Launches a kernel over n >= 1 elements on the model's stream and checks the launch. COMMA
    separates a template's arguments inside the macro's first argument; KERNEL_NAME spells the
@@ -194,10 +199,19 @@ static __global__ void softmax_xent_kernel(float *logits, const uint8_t *y, int 
 #define COMMA ,
 #define KERNEL_NAME_(...) #__VA_ARGS__
 #define KERNEL_NAME(...) KERNEL_NAME_(__VA_ARGS__)
+#ifdef DDP_CUDA_EMULATE /* tests/trainer/cuda_emu: the threads run on the host, one by one */
+#define LAUNCH(kernel, n, ...)                                                                   \
+    do {                                                                                         \
+        (void)m->stream;                                                                         \
+        cuda_emu_launch(blocks_for(n), THREADS, [&] { kernel(__VA_ARGS__); });                   \
+        CK_LAUNCH(KERNEL_NAME(kernel));                                                          \
+    } while (0)
+#else
 #define LAUNCH(kernel, n, ...)                                                                   \
     do {                                                                                         \
         kernel<<<blocks_for(n), THREADS, 0, m->stream>>>(__VA_ARGS__);                           \
         CK_LAUNCH(KERNEL_NAME(kernel));                                                          \
     } while (0)
+#endif
 
 #endif /* DDP_TRAIN_CUDA_COMMON_CUH */

@@ -24,6 +24,7 @@
  * thread each, which is far from the GPU's bandwidth.
  *
  * Invariants:
+ *  - Every buffer is a cudaMalloc of its own, made once by gpt_cuda_create() (layout()).
  *  - Buffers typed T (void * here): the LayerNorms' outputs, qkv, att (B, H, N, N; zero above the
  *    diagonal), atty, fcg, lnf, the gradient copies entering products (dlog, dxq, dh, dat, ds,
  *    dqkv). In bf16 they hold gpt.c's rounded values; in f32 they are f32 copies.
@@ -106,13 +107,45 @@ static __global__ void embed_kernel(float *x0, const uint8_t *tok, const float *
     }
 }
 
-/* y (B N) = tok[b][t + 1]: the targets, contiguous for softmax_xent_kernel. */
+/* y (B N) = tok[b][t + 1]: the targets, contiguous for xent_rows_kernel. */
 static __global__ void targets_kernel(uint8_t *y, const uint8_t *tok, int B, int N)
 {
     size_t n = (size_t)B * N;
     GRID_STRIDE(r, n)
     {
         y[r] = tok[(r / N) * (N + 1) + r % N + 1];
+    }
+}
+
+/* Softmax cross-entropy, one thread per row of logits (R, V): the row becomes probabilities
+ * (mlp_xent_row(), gpt.c's arithmetic), its loss and whether its first maximum is the target go
+ * to loss[r] and correct[r]. The targets are below V (checked on the host). */
+static __global__ void xent_rows_kernel(float *logits, const uint8_t *y, int R, int V,
+                                        double *loss, int *correct)
+{
+    GRID_STRIDE(r, (size_t)R)
+    {
+        int ok;
+        loss[r] = mlp_xent_row(logits + r * V, V, y[r], &ok);
+        correct[r] = ok;
+    }
+}
+
+/* *acc += the rows' losses and correct counts, added in the rows' order as gpt_forward() adds
+ * them: one thread (launched over one element). */
+static __global__ void xent_sum_kernel(dev_stats *acc, const double *loss, const int *correct,
+                                       int R)
+{
+    GRID_STRIDE(e, (size_t)1)
+    {
+        double l = acc->loss;
+        int c = acc->correct;
+        for (int r = 0; r < R; r++) {
+            l += loss[r];
+            c += correct[r];
+        }
+        acc->loss = l;
+        acc->correct = c;
     }
 }
 
@@ -330,8 +363,9 @@ struct gpt_cuda {
     cudaDataType_t ctype; /* CUDA_R_32F or CUDA_R_16BF: the products' inputs */
     cudaStream_t stream;  /* borrowed */
     cublasHandle_t blas;
-    char *arena; /* every buffer below but the pinned ones */
-    size_t arena_bytes;
+    void **bufs; /* (nbufs) every buffer below but the pinned ones, each its own allocation */
+    int nbufs;
+    size_t bytes; /* theirs */
     cu_layer *layer; /* (L) */
     float **x;       /* x[0..L] (BN, C) */
     void *lnf;
@@ -339,6 +373,8 @@ struct gpt_cuda {
     float *logits; /* (BN, V) */
     void *dlog;    /* (BN, V) T */
     uint8_t *y;    /* (BN) the targets */
+    double *rloss; /* (BN) each prediction's loss */
+    int *rcorrect; /* (BN) 1 where it is right */
     float *zq;     /* (BN, 4C) */
     float *sc;     /* (B, H, N, N) */
     void *ds;      /* (B, H, N, N) T */
@@ -356,30 +392,40 @@ struct gpt_cuda {
     int B, N, targets; /* B -1: none */
 };
 
-/* Bytes of one buffer in the arena, rounded up so that every buffer is 256-byte aligned. */
-static size_t aligned(size_t bytes)
+/*
+ * One buffer of `bytes` at *p: counted (m->bufs NULL), or allocated and recorded in m->bufs.
+ * Each buffer is an allocation of its own, so that tests/trainer/cuda_emu's run under
+ * AddressSanitizer sees every buffer's bounds. Returns 0 or COLL_ECUDA.
+ */
+static int buffer(gpt_cuda *m, void **p, size_t bytes)
 {
-    return (bytes + 255) / 256 * 256;
+    if (!m->bufs) {
+        m->nbufs++;
+        m->bytes += bytes;
+        return 0;
+    }
+    CK(cudaMalloc(p, bytes ? bytes : 1));
+    m->bufs[m->nbufs++] = *p;
+    return 0;
 }
 
-/* Assigns the buffers' places in an arena at base (NULL: only counts); returns its bytes. */
-static size_t layout(gpt_cuda *m, char *base)
+/* Counts the buffers (m->bufs NULL) or allocates them. Returns 0 or COLL_ECUDA. */
+static int layout(gpt_cuda *m)
 {
     const gpt_config *c = &m->cfg;
     size_t BN = (size_t)m->rows * c->seq, C = (size_t)c->width, T = (size_t)c->seq;
     size_t H = (size_t)c->heads, V = (size_t)c->vocab, ts = m->tsize, f = sizeof(float);
-    size_t att = (size_t)m->rows * H * T * T, off = 0;
+    size_t att = (size_t)m->rows * H * T * T;
+    int rc;
 #define TAKE(p, bytes)                                                                           \
     do {                                                                                         \
-        if (base)                                                                                \
-            *(void **)&(p) = base + off;                                                         \
-        off += aligned(bytes);                                                                   \
+        if ((rc = buffer(m, (void **)&(p), (bytes))) < 0)                                        \
+            return rc;                                                                           \
     } while (0)
     for (int l = 0; l < c->layers; l++) {
         cu_layer *y = &m->layer[l];
         if (c->recompute && l > 0) {
-            if (base)
-                *y = m->layer[0];
+            *y = m->layer[0];
             continue;
         }
         TAKE(y->ln1, BN * C * ts);
@@ -403,6 +449,8 @@ static size_t layout(gpt_cuda *m, char *base)
     TAKE(m->logits, BN * V * f);
     TAKE(m->dlog, BN * V * ts);
     TAKE(m->y, BN);
+    TAKE(m->rloss, BN * sizeof(double));
+    TAKE(m->rcorrect, BN * sizeof(int));
     TAKE(m->zq, BN * 4 * C * f);
     TAKE(m->sc, att * f);
     TAKE(m->ds, att * ts);
@@ -417,7 +465,7 @@ static size_t layout(gpt_cuda *m, char *base)
         TAKE(m->wv, ((V + T) * C > 13 * C ? (V + T) * C : 13 * C) * f);
     TAKE(m->tok, (size_t)m->rows * (T + 1));
 #undef TAKE
-    return off;
+    return 0;
 }
 
 extern "C" void gpt_cuda_free(gpt_cuda *m)
@@ -432,7 +480,9 @@ extern "C" void gpt_cuda_free(gpt_cuda *m)
         if (m->copied[s])
             (void)cudaEventDestroy(m->copied[s]);
     }
-    (void)cudaFree(m->arena);
+    for (int i = 0; m->bufs && i < m->nbufs; i++)
+        (void)cudaFree(m->bufs[i]);
+    free(m->bufs);
     (void)cudaFree(m->stats);
     (void)cudaGetLastError();
     free(m->layer);
@@ -471,9 +521,15 @@ extern "C" int gpt_cuda_create(const gpt_config *cfg, int max_batch, void *strea
         rc = blas_fail(bs, "cublasSetStream");
         goto out;
     }
-    m->arena_bytes = layout(m, NULL);
-    CK_OUT(cudaMalloc((void **)&m->arena, m->arena_bytes));
-    layout(m, m->arena);
+    if ((rc = layout(m)) < 0) /* counts */
+        goto out;
+    if (!(m->bufs = (void **)calloc((size_t)m->nbufs, sizeof *m->bufs))) {
+        rc = fail(-ENOMEM, "gpt_cuda_create: out of memory");
+        goto out;
+    }
+    m->nbufs = 0;
+    if ((rc = layout(m)) < 0)
+        goto out;
     for (int s = 0; s < 2; s++) {
         CK_OUT(cudaMallocHost((void **)&m->tok_host[s], tokb));
         CK_OUT(cudaEventCreateWithFlags(&m->copied[s], cudaEventDisableTiming));
@@ -489,7 +545,7 @@ out:
 
 extern "C" size_t gpt_cuda_activation_bytes(const gpt_cuda *m)
 {
-    return m->arena_bytes;
+    return m->bytes;
 }
 
 /* Launches a kernel over n >= 1 elements (or rows, or columns) on the model's stream. */
@@ -821,9 +877,8 @@ extern "C" int gpt_cuda_forward(gpt_cuda *m, const gpt_hooks *h, const uint8_t *
 
     if (targets && BN > 0) {
         LAUNCH_N(targets_kernel, BN, m->y, m->tok, B, N);
-        softmax_xent_kernel<<<(unsigned)((BN + THREADS - 1) / THREADS), THREADS, 0, m->stream>>>(
-            m->logits, m->y, BN, V, acc);
-        CK_LAUNCH("softmax_xent_kernel");
+        LAUNCH_N(xent_rows_kernel, BN, m->logits, m->y, BN, V, m->rloss, m->rcorrect);
+        LAUNCH_N(xent_sum_kernel, 1, acc, m->rloss, m->rcorrect, BN);
     }
     if (stats) {
         dev_stats got;
