@@ -106,8 +106,8 @@ static void params_init(params *m, const gpt_config *c)
             ck_assert_int_eq(cudaMalloc(&m->dp[u][i], n * es), cudaSuccess);
             ck_assert_int_eq(cudaMalloc((void **)&m->dg[u][i], n * 4), cudaSuccess);
             ck_assert_int_eq(cudaMemcpy(m->dp[u][i],
-                                        c->bf16 ? (void *)m->p16[u][i] : (void *)m->p[u][i],
-                                        n * es, cudaMemcpyHostToDevice),
+                                        c->bf16 ? (void *)m->p16[u][i] : (void *)m->p[u][i], n * es,
+                                        cudaMemcpyHostToDevice),
                              cudaSuccess);
             ck_assert_int_eq(cudaMemset(m->dg[u][i], 0, n * 4), cudaSuccess);
         }
@@ -178,7 +178,9 @@ static void make_tokens(uint8_t *tok, int k)
 
 static void compare(int bf16, int recompute)
 {
-    const char *what = bf16 ? (recompute ? "bf16 recompute" : "bf16") : recompute ? "f32 recompute" : "f32";
+    const char *what = bf16        ? (recompute ? "bf16 recompute" : "bf16")
+                       : recompute ? "f32 recompute"
+                                   : "f32";
     gpt_config c = {.vocab = V,
                     .seq = T,
                     .width = W,

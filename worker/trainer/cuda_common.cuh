@@ -57,26 +57,26 @@ static int blas_fail(cublasStatus_t s, const char *what)
 }
 
 /* Return COLL_ECUDA from the enclosing function (or jump to its `out`) on a CUDA failure. */
-#define CK(call)                                                                                 \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess)                                                                   \
-            return cuda_fail(e_, #call);                                                         \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return cuda_fail(e_, #call);                                                           \
     } while (0)
-#define CK_OUT(call)                                                                             \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess) {                                                                 \
-            rc = cuda_fail(e_, #call);                                                           \
-            goto out;                                                                            \
-        }                                                                                        \
+#define CK_OUT(call)                                                                               \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            rc = cuda_fail(e_, #call);                                                             \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 /* After a kernel launch: the launch's own error (bad configuration, no kernel image). */
-#define CK_LAUNCH(name)                                                                          \
-    do {                                                                                         \
-        cudaError_t e_ = cudaGetLastError();                                                     \
-        if (e_ != cudaSuccess)                                                                   \
-            return cuda_fail(e_, "launching " name);                                             \
+#define CK_LAUNCH(name)                                                                            \
+    do {                                                                                           \
+        cudaError_t e_ = cudaGetLastError();                                                       \
+        if (e_ != cudaSuccess)                                                                     \
+            return cuda_fail(e_, "launching " name);                                               \
     } while (0)
 
 constexpr int THREADS = 256;
@@ -108,14 +108,14 @@ template <> __device__ __forceinline__ bf16 narrow<bf16>(float v)
     return __float2bfloat16_rn(v);
 }
 
-#define GRID_STRIDE(i, n)                                                                        \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
+#define GRID_STRIDE(i, n)                                                                          \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
          i += (size_t)gridDim.x * blockDim.x)
 
 /* dy (B, C) = scale * (p - onehot(y)) rounded to T; p (B, C) the probabilities. */
 template <typename T>
 static __global__ void xent_backward_kernel(T *dy, const float *p, const uint8_t *y, int B, int C,
-                                     float scale)
+                                            float scale)
 {
     size_t n = (size_t)B * C;
     GRID_STRIDE(e, n)
@@ -147,7 +147,8 @@ struct dev_stats {
  * once. A row whose label is not below C counts in acc->bad and is left alone. Every thread
  * of the block reaches the shuffles and the barrier (no early return); blockDim.x is THREADS.
  */
-static __global__ void softmax_xent_kernel(float *logits, const uint8_t *y, int B, int C, dev_stats *acc)
+static __global__ void softmax_xent_kernel(float *logits, const uint8_t *y, int B, int C,
+                                           dev_stats *acc)
 {
     __shared__ double s_loss[THREADS / 32];
     __shared__ int s_correct[THREADS / 32], s_bad[THREADS / 32];
@@ -200,17 +201,17 @@ static __global__ void softmax_xent_kernel(float *logits, const uint8_t *y, int 
 #define KERNEL_NAME_(...) #__VA_ARGS__
 #define KERNEL_NAME(...) KERNEL_NAME_(__VA_ARGS__)
 #ifdef DDP_CUDA_EMULATE /* tests/trainer/cuda_emu: the threads run on the host, one by one */
-#define LAUNCH(kernel, n, ...)                                                                   \
-    do {                                                                                         \
-        (void)m->stream;                                                                         \
-        cuda_emu_launch(blocks_for(n), THREADS, [&] { kernel(__VA_ARGS__); });                   \
-        CK_LAUNCH(KERNEL_NAME(kernel));                                                          \
+#define LAUNCH(kernel, n, ...)                                                                     \
+    do {                                                                                           \
+        (void)m->stream;                                                                           \
+        cuda_emu_launch(blocks_for(n), THREADS, [&] { kernel(__VA_ARGS__); });                     \
+        CK_LAUNCH(KERNEL_NAME(kernel));                                                            \
     } while (0)
 #else
-#define LAUNCH(kernel, n, ...)                                                                   \
-    do {                                                                                         \
-        kernel<<<blocks_for(n), THREADS, 0, m->stream>>>(__VA_ARGS__);                           \
-        CK_LAUNCH(KERNEL_NAME(kernel));                                                          \
+#define LAUNCH(kernel, n, ...)                                                                     \
+    do {                                                                                           \
+        kernel<<<blocks_for(n), THREADS, 0, m->stream>>>(__VA_ARGS__);                             \
+        CK_LAUNCH(KERNEL_NAME(kernel));                                                            \
     } while (0)
 #endif
 

@@ -120,8 +120,8 @@ static __global__ void targets_kernel(uint8_t *y, const uint8_t *tok, int B, int
 /* Softmax cross-entropy, one thread per row of logits (R, V): the row becomes probabilities
  * (mlp_xent_row(), gpt.c's arithmetic), its loss and whether its first maximum is the target go
  * to loss[r] and correct[r]. The targets are below V (checked on the host). */
-static __global__ void xent_rows_kernel(float *logits, const uint8_t *y, int R, int V,
-                                        double *loss, int *correct)
+static __global__ void xent_rows_kernel(float *logits, const uint8_t *y, int R, int V, double *loss,
+                                        int *correct)
 {
     GRID_STRIDE(r, (size_t)R)
     {
@@ -321,8 +321,7 @@ static __global__ void embed_backward_wte_kernel(float *gw, const float *d, cons
     {
         for (int b = 0; b < B; b++)
             for (int t = 0; t < N; t++)
-                gw[(size_t)tok[(size_t)b * (N + 1) + t] * C + j] +=
-                    d[((size_t)b * N + t) * C + j];
+                gw[(size_t)tok[(size_t)b * (N + 1) + t] * C + j] += d[((size_t)b * N + t) * C + j];
     }
 }
 
@@ -365,7 +364,7 @@ struct gpt_cuda {
     cublasHandle_t blas;
     void **bufs; /* (nbufs) every buffer below but the pinned ones, each its own allocation */
     int nbufs;
-    size_t bytes; /* theirs */
+    size_t bytes;    /* theirs */
     cu_layer *layer; /* (L) */
     float **x;       /* x[0..L] (BN, C) */
     void *lnf;
@@ -417,10 +416,10 @@ static int layout(gpt_cuda *m)
     size_t H = (size_t)c->heads, V = (size_t)c->vocab, ts = m->tsize, f = sizeof(float);
     size_t att = (size_t)m->rows * H * T * T;
     int rc;
-#define TAKE(p, bytes)                                                                           \
-    do {                                                                                         \
-        if ((rc = buffer(m, (void **)&(p), (bytes))) < 0)                                        \
-            return rc;                                                                           \
+#define TAKE(p, bytes)                                                                             \
+    do {                                                                                           \
+        if ((rc = buffer(m, (void **)&(p), (bytes))) < 0)                                          \
+            return rc;                                                                             \
     } while (0)
     for (int l = 0; l < c->layers; l++) {
         cu_layer *y = &m->layer[l];
@@ -562,24 +561,24 @@ static void *at(const gpt_cuda *m, const void *base, size_t i)
  * of type T, C f32. cuBLAS gets C^T = op(B)^T op(A)^T, column-major: B's storage seen
  * column-major is B^T, so the transposes carry over and the operands swap.
  */
-static int mm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha, const void *A,
-              int lda, const void *B, int ldb, float beta, float *C, int ldc)
+static int mm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+              const void *B, int ldb, float beta, float *C, int ldc)
 {
-    cublasStatus_t s = cublasGemmEx(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, m->ctype,
-                                    ldb, A, m->ctype, lda, &beta, C, CUDA_R_32F, ldc,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s =
+        cublasGemmEx(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
+                     K, &alpha, B, m->ctype, ldb, A, m->ctype, lda, &beta, C, CUDA_R_32F, ldc,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return s == CUBLAS_STATUS_SUCCESS ? 0 : blas_fail(s, "cublasGemmEx");
 }
 
 /* mm() over `batch` problems, the i-th's A, B and C sa, sb, sc elements after the first's. */
-static int mm_batched(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha,
-                      const void *A, int lda, long long sa, const void *B, int ldb, long long sb,
-                      float beta, float *C, int ldc, long long sc, int batch)
+static int mm_batched(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                      int lda, long long sa, const void *B, int ldb, long long sb, float beta,
+                      float *C, int ldc, long long sc, int batch)
 {
     cublasStatus_t s = cublasGemmStridedBatchedEx(
-        m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha,
-        B, m->ctype, ldb, sb, A, m->ctype, lda, sa, &beta, C, CUDA_R_32F, ldc, sc, batch,
+        m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+        m->ctype, ldb, sb, A, m->ctype, lda, sa, &beta, C, CUDA_R_32F, ldc, sc, batch,
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return s == CUBLAS_STATUS_SUCCESS ? 0 : blas_fail(s, "cublasGemmStridedBatchedEx");
 }
@@ -628,8 +627,8 @@ static int layernorm_forward(gpt_cuda *m, void *out, float *mean, float *rstd, c
 }
 
 static int layernorm_backward(gpt_cuda *m, float *dx, float *dw, float *db, const float *dout,
-                              const float *x, const float *w, const float *mean,
-                              const float *rstd, int R, int C)
+                              const float *x, const float *w, const float *mean, const float *rstd,
+                              int R, int C)
 {
     LAUNCH_N(layernorm_backward_dx_kernel, R, dx, dout, x, w, mean, rstd, R, C);
     LAUNCH_N(layernorm_backward_dw_kernel, C, dw, db, dout, x, mean, rstd, R, C);
@@ -644,8 +643,8 @@ static int attention_forward(gpt_cuda *m, void *y, void *att, const void *qkv, i
     float scale = 1.0f / sqrtf((float)hs);
     for (int h = 0; h < H; h++) {
         const void *q = at(m, qkv, (size_t)h * hs);
-        if ((rc = mm_batched(m, 0, 1, N, N, hs, scale, q, C3, sq, at(m, q, (size_t)C), C3, sq,
-                             0.0f, m->sc + (size_t)h * NN, N, H * NN, B)) < 0)
+        if ((rc = mm_batched(m, 0, 1, N, N, hs, scale, q, C3, sq, at(m, q, (size_t)C), C3, sq, 0.0f,
+                             m->sc + (size_t)h * NN, N, H * NN, B)) < 0)
             return rc;
     }
     size_t rows = (size_t)B * H * N;
@@ -655,8 +654,8 @@ static int attention_forward(gpt_cuda *m, void *y, void *att, const void *qkv, i
         LAUNCH_N(softmax_forward_kernel<float>, rows, (float *)att, m->sc, rows, N);
     for (int h = 0; h < H; h++) {
         const void *v = at(m, qkv, 2 * (size_t)C + (size_t)h * hs);
-        if ((rc = mm_batched(m, 0, 0, N, hs, N, 1.0f, at(m, att, (size_t)h * NN), N, H * NN, v,
-                             C3, sq, 0.0f, m->zq + (size_t)h * hs, C, (long long)N * C, B)) < 0)
+        if ((rc = mm_batched(m, 0, 0, N, hs, N, 1.0f, at(m, att, (size_t)h * NN), N, H * NN, v, C3,
+                             sq, 0.0f, m->zq + (size_t)h * hs, C, (long long)N * C, B)) < 0)
             return rc;
     }
     return to_t(m, y, m->zq, (size_t)B * N * C);
@@ -682,8 +681,8 @@ static int attention_backward(gpt_cuda *m, void *dqkv, const void *dy, const voi
     }
     size_t rows = (size_t)B * H * N;
     if (m->cfg.bf16)
-        LAUNCH_N(softmax_backward_kernel<bf16>, rows, (bf16 *)m->ds, m->sc, (const bf16 *)att,
-                 rows, N, scale);
+        LAUNCH_N(softmax_backward_kernel<bf16>, rows, (bf16 *)m->ds, m->sc, (const bf16 *)att, rows,
+                 N, scale);
     else
         LAUNCH_N(softmax_backward_kernel<float>, rows, (float *)m->ds, m->sc, (const float *)att,
                  rows, N, scale);
@@ -799,8 +798,8 @@ static int block_backward(gpt_cuda *m, cu_layer *y, const void *const *p, const 
         (rc = attention_backward(m, m->dqkv, m->dat, y->att, y->qkv, B, N)) < 0 ||
         (rc = linear_backward(m, m->d2, g[2], g[3], m->dqkv, y->ln1, p[2], BN, C, 3 * C)) < 0)
         return rc;
-    return layernorm_backward(m, m->d1, g[0], g[1], m->d2, xin, f[0], y->ln1_mean, y->ln1_rstd,
-                              BN, C); /* d1: now x[l]'s gradient */
+    return layernorm_backward(m, m->d1, g[0], g[1], m->d2, xin, f[0], y->ln1_mean, y->ln1_rstd, BN,
+                              C); /* d1: now x[l]'s gradient */
 }
 
 /* The tokens of B rows (tok[b * ld], len + extra bytes each) to the device, (B, len + 1). */
@@ -817,8 +816,8 @@ static int upload_tokens(gpt_cuda *m, const uint8_t *tok, int B, int len, int ld
     return 0;
 }
 
-extern "C" int gpt_cuda_forward(gpt_cuda *m, const gpt_hooks *h, const uint8_t *tok, int B,
-                                int len, int ld, int targets, gpt_stats *stats)
+extern "C" int gpt_cuda_forward(gpt_cuda *m, const gpt_hooks *h, const uint8_t *tok, int B, int len,
+                                int ld, int targets, gpt_stats *stats)
 {
     const gpt_config *c = &m->cfg;
     int C = c->width, L = c->layers, V = c->vocab, N = len, rc;
@@ -860,9 +859,8 @@ extern "C" int gpt_cuda_forward(gpt_cuda *m, const gpt_hooks *h, const uint8_t *
 
     if ((rc = take(m, h, L + 1, 0, 1, p, f, NULL)) < 0)
         return rc;
-    if (BN > 0 &&
-        (rc = layernorm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x[L], f[0], f[1], BN, C)) <
-            0)
+    if (BN > 0 && (rc = layernorm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x[L], f[0], f[1],
+                                          BN, C)) < 0)
         return rc;
     if ((rc = h->end(h->arg, L + 1, 0)) < 0)
         return rc;

@@ -84,8 +84,8 @@ int gpt_cuda_stats_take(gpt_cuda *m, gpt_stats *out);
 
 /*
  * Copies rows [row, row + count) of the latest forward's (B x len, vocab) logits (the
- * probabilities after a forward with targets) to host memory out (count x vocab floats), waiting for the stream. Returns 0, -EINVAL (no forward, rows out
- * of range) or COLL_ECUDA.
+ * probabilities after a forward with targets) to host memory out (count x vocab floats), waiting
+ * for the stream. Returns 0, -EINVAL (no forward, rows out of range) or COLL_ECUDA.
  */
 int gpt_cuda_logits(gpt_cuda *m, int row, int count, float *out);
 

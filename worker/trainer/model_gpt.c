@@ -76,11 +76,11 @@ typedef struct gpt_model {
     gpt_hooks hooks;
     int nunits;
     model_unit *units; /* (nunits) */
-    gpt *net;        /* host: the model */
-    gpt_cuda *gnet;  /* device: the model */
-    gpt_stats acc;   /* host: the passes' sums since the last take */
-    float *z;        /* device: (vocab) the last position's logits, for --generate */
-    char error[256]; /* create()'s failure */
+    gpt *net;          /* host: the model */
+    gpt_cuda *gnet;    /* device: the model */
+    gpt_stats acc;     /* host: the passes' sums since the last take */
+    float *z;          /* device: (vocab) the last position's logits, for --generate */
+    char error[256];   /* create()'s failure */
 } gpt_model;
 
 static gpt_model *as_gpt(model *m)
@@ -274,8 +274,8 @@ static int cuda_eval(model *m, int start, int count)
     const data_set *ds = w->env.test;
     int T = w->cfg.seq;
     return gpt_cuda_forward(w->gnet, &w->hooks,
-                            count ? ds->tok + (size_t)start * (ds->seq + 1) : NULL, count, T,
-                            T + 1, 1, NULL);
+                            count ? ds->tok + (size_t)start * (ds->seq + 1) : NULL, count, T, T + 1,
+                            1, NULL);
 }
 
 static int cuda_take(model *m, model_stats *out)
@@ -357,9 +357,9 @@ static void gpt_model_describe(const model *m, char *buf, size_t cap)
     const gpt_config *c = &w->cfg;
     snprintf(buf, cap, "GPT %d layers, width %d, %d heads, context %d, %.1f MiB of activations%s",
              c->layers, c->width, c->heads, c->seq,
-             (double)(w->gnet ? gpt_cuda_activation_bytes(w->gnet)
-                              : gpt_activation_bytes(w->net)) /
-                 1048576.0, c->recompute ? " (recomputed)" : "");
+             (double)(w->gnet ? gpt_cuda_activation_bytes(w->gnet) : gpt_activation_bytes(w->net)) /
+                 1048576.0,
+             c->recompute ? " (recomputed)" : "");
 }
 
 /* The checkpoint's model fields: input width the context, --hidden the width, classes the
@@ -406,7 +406,8 @@ const model_ops model_gpt = {
     .summary = "A GPT-2-style transformer over bytes: --layers pre-LayerNorm blocks of causal "
                "self-attention (--heads) and a GELU MLP of 4 x --width, learned positions over "
                "--seq-len bytes, the output tied to the token embedding; learns the next byte of "
-               "--data's text (default: the fortunes files); on the host (OpenBLAS) or a GPU (cuBLAS).",
+               "--data's text (default: the fortunes files); on the host (OpenBLAS) or a GPU "
+               "(cuBLAS).",
     .options = gpt_options_table,
     .noptions = sizeof gpt_options_table / sizeof gpt_options_table[0],
     .config_size = sizeof(gpt_options),

@@ -26,8 +26,9 @@ extern "C" size_t cuda_emu_allocated(void)
 
 extern "C" const char *cudaGetErrorString(cudaError_t e)
 {
-    return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory"
-                                                                         : "invalid argument";
+    return e == cudaSuccess                 ? "no error"
+           : e == cudaErrorMemoryAllocation ? "out of memory"
+                                            : "invalid argument";
 }
 
 extern "C" cudaError_t cudaGetLastError(void)
@@ -181,11 +182,13 @@ static cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, in
                            int ldc, cublasComputeType_t comp)
 {
     int arows = ta == CUBLAS_OP_N ? m : k, brows = tb == CUBLAS_OP_N ? k : n;
-    if (m < 0 || n < 0 || k < 0 || lda < (arows > 1 ? arows : 1) ||
-        ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1) || at != bt || ct != CUDA_R_32F ||
-        comp != CUBLAS_COMPUTE_32F || (at != CUDA_R_32F && at != CUDA_R_16BF)) {
-        fprintf(stderr, "cuda_emu: cublasGemmEx: bad arguments m %d n %d k %d lda %d ldb %d "
-                        "ldc %d\n", m, n, k, lda, ldb, ldc);
+    if (m < 0 || n < 0 || k < 0 || lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) ||
+        ldc < (m > 1 ? m : 1) || at != bt || ct != CUDA_R_32F || comp != CUBLAS_COMPUTE_32F ||
+        (at != CUDA_R_32F && at != CUDA_R_16BF)) {
+        fprintf(stderr,
+                "cuda_emu: cublasGemmEx: bad arguments m %d n %d k %d lda %d ldb %d "
+                "ldc %d\n",
+                m, n, k, lda, ldb, ldc);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     for (int j = 0; j < n; j++)
@@ -202,23 +205,23 @@ static cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, in
     return CUBLAS_STATUS_SUCCESS;
 }
 
-extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta,
-                                       cublasOperation_t tb, int m, int n, int k,
-                                       const void *alpha, const void *A, cudaDataType_t at,
-                                       int lda, const void *B, cudaDataType_t bt, int ldb,
-                                       const void *beta, void *C, cudaDataType_t ct, int ldc,
-                                       cublasComputeType_t comp, cublasGemmAlgo_t algo)
+extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                       int m, int n, int k, const void *alpha, const void *A,
+                                       cudaDataType_t at, int lda, const void *B, cudaDataType_t bt,
+                                       int ldb, const void *beta, void *C, cudaDataType_t ct,
+                                       int ldc, cublasComputeType_t comp, cublasGemmAlgo_t algo)
 {
     (void)h, (void)algo;
     return gemm(ta, tb, m, n, k, *(const float *)alpha, A, at, lda, B, bt, ldb,
                 *(const float *)beta, (float *)C, ct, ldc, comp);
 }
 
-extern "C" cublasStatus_t cublasGemmStridedBatchedEx(
-    cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-    const void *alpha, const void *A, cudaDataType_t at, int lda, long long sa, const void *B,
-    cudaDataType_t bt, int ldb, long long sb, const void *beta, void *C, cudaDataType_t ct,
-    int ldc, long long sc, int batch, cublasComputeType_t comp, cublasGemmAlgo_t algo)
+extern "C" cublasStatus_t
+cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, int k, const void *alpha, const void *A, cudaDataType_t at,
+                           int lda, long long sa, const void *B, cudaDataType_t bt, int ldb,
+                           long long sb, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                           long long sc, int batch, cublasComputeType_t comp, cublasGemmAlgo_t algo)
 {
     (void)h, (void)algo;
     size_t es = at == CUDA_R_16BF ? 2 : 4;

@@ -23,7 +23,11 @@
 extern "C" {
 #endif
 
-typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 } cudaError_t;
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2
+} cudaError_t;
 typedef enum cudaMemcpyKind {
     cudaMemcpyHostToHost,
     cudaMemcpyHostToDevice,
@@ -43,8 +47,7 @@ cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocHost(void **p, size_t n);
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k);
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k,
-                            cudaStream_t s);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s);
 cudaError_t cudaMemset(void *p, int v, size_t n);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
