@@ -30,7 +30,8 @@
  * DDP_CUDA_EMULATE against tests/trainer/cuda_emu (test gpt-cuda-emu, on any machine: the same
  * device code run on the host, under AddressSanitizer, every buffer freed at the end).
  *
- * Also checked: two passes without stats accumulate on the device to twice the loss; the logits
+ * Also checked: correct counts with each row's last target at the host's argmax; two passes
+ * without stats accumulate on the device to twice the loss; the logits
  * of a forward without targets (generation's) against the host's; B = 0 runs every hook; a
  * forward refuses more rows than the room, a token beyond the vocabulary, and a backward
  * without a forward with targets.
@@ -245,6 +246,26 @@ static void compare(int bf16, int recompute)
                           m.name[u][i], r, amax);
         }
     printf("%s: every gradient within %.2e of its largest element\n", what, worst);
+
+    /* Targets the model predicts, so that the correct counts are not all zero: each row's last
+       target (which no position reads as input) set to the host's argmax there. */
+    uint8_t tok2[B * LD];
+    memcpy(tok2, tok, sizeof tok2);
+    ck_assert_int_eq(gpt_forward(host, &hh, tok2, B, LEN, LD, 1, NULL), 0);
+    for (int b = 0; b < B; b++) {
+        const float *row = gpt_logits(host) + ((size_t)b * LEN + LEN - 1) * V;
+        int arg = 0;
+        for (int j = 1; j < V; j++)
+            arg = row[j] > row[arg] ? j : arg;
+        tok2[b * LD + LEN] = (uint8_t)arg;
+    }
+    gpt_stats hs2, ds2;
+    ck_assert_int_eq(gpt_forward(host, &hh, tok2, B, LEN, LD, 1, &hs2), 0);
+    ck_assert_int_eq(gpt_cuda_forward(dev, &dh, tok2, B, LEN, LD, 1, &ds2), 0);
+    printf("%s: targets at the argmax: correct %.0f (device) %.0f (host)\n", what, ds2.correct,
+           hs2.correct);
+    ck_assert_double_ge(hs2.correct, B);
+    ck_assert_double_le(fabs(ds2.correct - hs2.correct), bf16 ? 2 : 0);
 
     /* Accumulated on the device: two passes, then one take. */
     gpt_stats acc;
