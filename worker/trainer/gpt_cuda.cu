@@ -19,9 +19,12 @@
  * Parallel shape of the kernels: element-wise kernels have one thread per element; the
  * LayerNorms, the softmaxes and the cross-entropy one thread per row; the sums over rows (bias
  * and LayerNorm parameter gradients, the embedding's backward) one thread per column adding
- * the rows in order. So every f32 sum is gpt.c's, in gpt.c's order; none uses atomics, and two
- * runs give the same bits. Correctness before speed: the row kernels read their rows with one
- * thread each, which is far from the GPU's bandwidth.
+ * the rows in order; the rows' losses one thread, in order. So every sum is gpt.c's, in gpt.c's
+ * order; none uses atomics, and two runs give the same bits. Correctness before speed: the row
+ * kernels read their rows with one thread each, far from the GPU's bandwidth.
+ *
+ * tests/trainer/cuda_emu compiles this file for the host (DDP_CUDA_EMULATE, cuda_common.cuh)
+ * and test_gpt_cuda.c runs it against gpt.c there, on machines without a GPU.
  *
  * Invariants:
  *  - Every buffer is a cudaMalloc of its own, made once by gpt_cuda_create() (layout()).
