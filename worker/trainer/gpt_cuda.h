@@ -5,9 +5,9 @@
  * over each unit's parameters (f32, or bf16 bit patterns with cfg.bf16) and gradient buffers
  * (f32, added into) in device memory, and a unit's work is enqueued on the model's stream
  * between its begin and end (pointers must stay valid until the stream has run it, as for
- * mlp_cuda.h). The tokens come from host memory: each forward copies its B x ld bytes to the
- * device through a pinned buffer on the stream, so the caller's array is free when the call
- * returns.
+ * mlp_cuda.h). The tokens come from host memory: each forward copies the bytes of its rows to
+ * the device through a pinned buffer on the stream, so the caller's array is free when the
+ * call returns.
  *
  * Computation: every matrix product is a cublasGemmEx (attention's per-head products
  * cublasGemmStridedBatchedEx over the sequences) with CUBLAS_COMPUTE_32F (f32 accumulation, no
