@@ -23,6 +23,8 @@
 #     one GPU. Ranks started by hand on ddp-rendezvous, as tests/libddp/run_ddp.sh does.
 # The GPUs used are those CUDA_VISIBLE_DEVICES lists when it is set (a CI job's share of the
 # machine), else every GPU nvidia-smi lists; "the first GPU" is the first of them.
+# The GPT's GPU checks are gpt_cuda.sh (test ddp-gpt-gpu) and test_gpt_cuda.c (gpt-cuda), in
+# the same gpu suite: `meson test -C build --suite gpu` runs them all.
 # Usage: gpu.sh DDPRUN DDP_TRAIN DDP_RENDEZVOUS
 # Exit: 0 pass, 1 fail, 77 skipped.
 set -uo pipefail

@@ -1,8 +1,8 @@
 /*
- * The arithmetic of one row of softmax cross-entropy, shared by the host model (mlp.c) and the
- * device's kernel (mlp_cuda.cu, one thread per row), so that the host's unit tests
- * (tests/trainer/test_mlp.c) cover the code the GPU runs: the same operations in the same order, in
- * f32 but for the loss (f64). Only the exponential and logarithm differ, the host's libm
+ * The arithmetic of one row of softmax cross-entropy, shared by the host models (mlp.c, gpt.c)
+ * and the device's kernels (mlp_cuda.cu, gpt_cuda.cu, one thread per row), so that the host's unit
+ * tests (tests/trainer/test_mlp.c) cover the code the GPU runs: the same operations in the same
+ * order, in f32 but for the loss (f64). Only the exponential and logarithm differ, the host's libm
  * against CUDA's (a few ulp apart).
  *
  * Header-only: nvcc compiles it for the host and the device (__host__ __device__), a C

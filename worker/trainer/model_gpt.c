@@ -8,8 +8,8 @@
  *
  * The row adapts the trainer's hooks to gpt's (the same shape), keeps its passes' loss, correct
  * and token sums until take(), and samples text from the model (gpt_model_generate(), for
- * --generate). Host only: a device path would be a model_compute beside host_compute, as
- * mlp_cuda is the MLP's.
+ * --generate). On a GPU (gpt_cuda.h) the same passes run on the device: cuda_compute beside
+ * host_compute, each pass's tokens copied from the loader's batch (or the test set) on the host.
  *
  * Options: --layers N, --width C, --heads H, --seq-len T, --recompute.
  */
@@ -19,6 +19,8 @@
 #include <string.h>
 
 #include "gpt.h"
+#include "gpt_cuda.h"
+#include "mlp_cuda.h"
 #include "model.h"
 #include "rng.h"
 
@@ -74,9 +76,11 @@ typedef struct gpt_model {
     gpt_hooks hooks;
     int nunits;
     model_unit *units; /* (nunits) */
-    gpt *net;
-    gpt_stats acc;   /* the passes' sums since the last take */
-    char error[256]; /* create()'s failure */
+    gpt *net;          /* host: the model */
+    gpt_cuda *gnet;    /* device: the model */
+    gpt_stats acc;     /* host: the passes' sums since the last take */
+    float *z;          /* device: (vocab) the last position's logits, for --generate */
+    char error[256];   /* create()'s failure */
 } gpt_model;
 
 static gpt_model *as_gpt(model *m)
@@ -124,6 +128,8 @@ static void gpt_model_free(model *m)
     if (!w)
         return;
     gpt_free(w->net);
+    gpt_cuda_free(w->gnet);
+    free(w->z);
     free(w->units);
     free(w);
 }
@@ -166,8 +172,13 @@ static int gpt_model_create(const void *cfg, const model_env *env, model **out)
         return -EINVAL;
     }
     if (env->device >= 0) {
-        snprintf(w->error, sizeof w->error, "--model gpt computes on the host only");
-        return -EINVAL;
+        int rc = gpt_cuda_create(&w->cfg, env->max_batch, env->stream, &w->gnet);
+        if (rc == 0 && !(w->z = malloc((size_t)w->cfg.vocab * sizeof *w->z)))
+            rc = -ENOMEM;
+        if (rc < 0)
+            snprintf(w->error, sizeof w->error, "GPU %d: %s", env->device,
+                     rc == -ENOMEM ? "out of memory" : mlp_cuda_last_error());
+        return rc;
     }
     int rc = gpt_create(&w->cfg, env->max_batch, &w->net);
     if (rc < 0)
@@ -178,7 +189,9 @@ static int gpt_model_create(const void *cfg, const model_env *env, model **out)
 static const char *gpt_model_last_error(const model *m)
 {
     const gpt_model *w = as_cgpt(m);
-    return w->error[0] ? w->error : "the model refused its input";
+    if (w->error[0])
+        return w->error;
+    return w->gnet ? mlp_cuda_last_error() : "the model refused its input";
 }
 
 static int gpt_model_units(const model *m, const model_unit **out)
@@ -246,6 +259,50 @@ static int host_take(model *m, model_stats *out)
 
 static const model_compute host_compute = {host_micro, host_eval, host_take};
 
+/* The device's: the same passes, their tokens copied from the host during the call. */
+static int cuda_micro(model *m, const data_batch *b, float loss_scale)
+{
+    gpt_model *w = as_gpt(m);
+    int T = w->cfg.seq;
+    int rc = gpt_cuda_forward(w->gnet, &w->hooks, b->tok, b->count, T, T + 1, 1, NULL);
+    return rc < 0 ? rc : gpt_cuda_backward(w->gnet, &w->hooks, loss_scale);
+}
+
+static int cuda_eval(model *m, int start, int count)
+{
+    gpt_model *w = as_gpt(m);
+    const data_set *ds = w->env.test;
+    int T = w->cfg.seq;
+    return gpt_cuda_forward(w->gnet, &w->hooks,
+                            count ? ds->tok + (size_t)start * (ds->seq + 1) : NULL, count, T, T + 1,
+                            1, NULL);
+}
+
+static int cuda_take(model *m, model_stats *out)
+{
+    gpt_stats st;
+    int rc = gpt_cuda_stats_take(as_gpt(m)->gnet, &st);
+    if (rc == 0)
+        *out = (model_stats){.loss_sum = st.loss_sum, .correct = st.correct, .tokens = st.tokens};
+    return rc;
+}
+
+static const model_compute cuda_compute = {cuda_micro, cuda_eval, cuda_take};
+
+/* The logits (vocab) after the last of n bytes at text, from a forward over them (no targets)
+ * on the host or the device; valid until the next pass. NULL on failure (*rc set). */
+static const float *next_logits(gpt_model *w, const uint8_t *text, int n, int *rc)
+{
+    if (w->gnet) {
+        *rc = gpt_cuda_forward(w->gnet, &w->hooks, text, 1, n, n, 0, NULL);
+        if (*rc == 0)
+            *rc = gpt_cuda_logits(w->gnet, n - 1, 1, w->z);
+        return *rc < 0 ? NULL : w->z;
+    }
+    *rc = gpt_forward(w->net, &w->hooks, text, 1, n, n, 0, NULL);
+    return *rc < 0 ? NULL : gpt_logits(w->net) + (size_t)(n - 1) * w->cfg.vocab;
+}
+
 /*
  * --generate: the prompt (at least one byte: "\n" when empty) and max_new bytes, each drawn
  * from the logits of the last position after a forward over the newest (at most T) bytes. The
@@ -268,14 +325,13 @@ static int gpt_model_generate(model *m, const char *prompt, int max_new, double 
         fputs(prompt, out);
     rng r;
     rng_init(&r, seed, 0);
-    int rc = gpt_reserve(w->net, 1);
+    int rc = w->net ? gpt_reserve(w->net, 1) : 0;
     w->error[0] = '\0';
     for (int i = 0; i < max_new && rc == 0; i++) {
         int n = len < (size_t)w->cfg.seq ? (int)len : w->cfg.seq;
-        rc = gpt_forward(w->net, &w->hooks, text + len - n, 1, n, n, 0, NULL);
-        if (rc < 0)
+        const float *z = next_logits(w, text + len - n, n, &rc);
+        if (!z)
             break;
-        const float *z = gpt_logits(w->net) + (size_t)(n - 1) * w->cfg.vocab;
         text[len] = (uint8_t)gpt_sample(z, w->cfg.vocab, (float)temperature, rng_float(&r));
         if (out)
             fputc(text[len], out);
@@ -301,7 +357,9 @@ static void gpt_model_describe(const model *m, char *buf, size_t cap)
     const gpt_config *c = &w->cfg;
     snprintf(buf, cap, "GPT %d layers, width %d, %d heads, context %d, %.1f MiB of activations%s",
              c->layers, c->width, c->heads, c->seq,
-             (double)gpt_activation_bytes(w->net) / 1048576.0, c->recompute ? " (recomputed)" : "");
+             (double)(w->gnet ? gpt_cuda_activation_bytes(w->gnet) : gpt_activation_bytes(w->net)) /
+                 1048576.0,
+             c->recompute ? " (recomputed)" : "");
 }
 
 /* The checkpoint's model fields: input width the context, --hidden the width, classes the
@@ -350,12 +408,11 @@ static const model_train_defaults gpt_train_defaults = {
 
 const model_ops model_gpt = {
     .name = "gpt",
-    .summary =
-        "A GPT-2-style transformer over bytes: --layers pre-LayerNorm blocks of causal "
-        "self-attention (--heads) and a GELU MLP of 4 x --width, learned positions over "
-        "--seq-len bytes, the output tied to the token embedding; learns the next byte of "
-        "--data's text (default: the fortunes files); on the host (OpenBLAS). Its own defaults: "
-        "--global-batch 64 --epochs 2 --lr 3e-3 --warmup 60.",
+    .summary = "A GPT-2-style transformer over bytes: --layers pre-LayerNorm blocks of causal "
+               "self-attention (--heads) and a GELU MLP of 4 x --width, learned positions over "
+               "--seq-len bytes, the output tied to the token embedding; learns the next byte of "
+               "--data's text (default: the fortunes files); on the host (OpenBLAS) or a GPU "
+               "(cuBLAS). Its own defaults: --global-batch 64 --epochs 2 --lr 3e-3 --warmup 60.",
     .options = gpt_options_table,
     .noptions = sizeof gpt_options_table / sizeof gpt_options_table[0],
     .config_size = sizeof(gpt_options),
@@ -367,7 +424,7 @@ const model_ops model_gpt = {
     .units = gpt_model_units,
     .init_param = gpt_model_init_param,
     .host = &host_compute,
-    .device = NULL,
+    .device = &cuda_compute,
     .describe = gpt_model_describe,
     .state = gpt_model_state,
     .meta = gpt_model_meta,
