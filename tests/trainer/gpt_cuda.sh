@@ -34,7 +34,7 @@ while len(text) < 2160:
 open(sys.argv[1], "w").write(text[:2160])
 PY
 common=(--model gpt --data "$tmp/corpus.txt" --layers 2 --width 32 --heads 4 --seq-len 16
-    --global-batch 32 --max-steps 20 --log-every 1 --optimizer adamw --lr 1e-2
+    --global-batch 32 --max-steps 20 --epochs 15 --log-every 1 --optimizer adamw --lr 1e-2
     --weight-decay 0.1 --warmup 3 --clip 1.0 --seed 4)
 
 if ! timeout 120 "$TRAIN" "${common[@]}" --device cuda --max-steps 1 >/dev/null 2>"$tmp/probe"; then
