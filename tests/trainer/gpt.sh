@@ -25,15 +25,7 @@ DDPRUN=${1:?usage}; TRAIN=${2:?usage}; CKPT=${3:?usage}
 . "$(dirname "$0")/../libddp/lib.sh"
 need_python
 
-python3 - "$tmp/corpus.txt" <<'PY'
-import random, sys
-words = ("the a of and to in is was that for on with as by at from his her it they an which "
-         "or be this had not are but were one all their there been has when who will").split()
-rng, text = random.Random(3), ""
-while len(text) < 2160:
-    text += rng.choice(words) + (". " if rng.random() < 0.1 else " ")
-open(sys.argv[1], "w").write(text[:2160])
-PY
+python3 "$(dirname "$0")/gpt_corpus.py" "$tmp/corpus.txt" # 2160 bytes of word soup
 common=(--model gpt --device cpu --data "$tmp/corpus.txt" --layers 2 --width 32 --heads 4
     --seq-len 16 --global-batch 32 --max-steps 20 --epochs 15 --log-every 1 --optimizer adamw
     --lr 1e-2 --weight-decay 0.1 --warmup 3 --clip 1.0 --seed 4)
