@@ -12,6 +12,8 @@ it), with that run's validation loss; see bench/train/README.md for the columns 
 """
 import json, os, statistics, sys
 
+import benchjson
+
 if len(sys.argv) != 2:
     sys.exit(__doc__.split("\n\n")[1].strip())
 out = sys.argv[1]
@@ -28,16 +30,8 @@ reps, ntorch, cores = int(settings["reps"]), int(settings["ntorch"]), int(settin
 busy = {k: (int(b), int(d)) for k, b, d in (l.split() for l in read("busy.txt").splitlines())}
 
 
-def last_json(name, key=None):
-    try:
-        for line in reversed(read(name).splitlines()):
-            if line.startswith("{"):
-                d = json.loads(line)
-                if key is None or key in d:
-                    return d
-    except (OSError, ValueError):
-        pass
-    return None
+def last_json(name, key=None):  # of OUT/name
+    return benchjson.last_json(os.path.join(out, name), key)
 
 
 sg = last_json("sgemm.out")

@@ -13,6 +13,8 @@ and writes OUT/compare.json. See bench/train/README.md for the columns and the t
 """
 import json, os, sys
 
+from benchjson import last_json
+
 if len(sys.argv) != 2:
     sys.exit(__doc__.split("\n\n")[1].strip())
 out = sys.argv[1]
@@ -32,19 +34,6 @@ with open(os.path.join(out, "shapes.txt")) as f:
     shapes = [(s, int(h), int(l)) for s, h, l in (line.split() for line in f)]
 with open(os.path.join(out, "gpus.txt")) as f:
     gpus = [g for g in f.read().splitlines() if g]
-
-
-def last_json(path, key=None):
-    try:
-        with open(path) as f:
-            for line in reversed(f.read().splitlines()):
-                if line.startswith("{"):
-                    d = json.loads(line)
-                    if key is None or key in d:
-                        return d
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def flops_per_sample(hidden, layers, dim=784, classes=10):
