@@ -56,6 +56,22 @@ static int blas_fail(cublasStatus_t s, const char *what)
     return fail(COLL_ECUDA, "%s: cuBLAS: %s", what, cublasGetStatusString(s));
 }
 
+/* A cuBLAS handle whose work goes on `stream`: 0 with *out set (cublasDestroy() releases it), or
+ * COLL_ECUDA with nothing kept. */
+static int blas_open(cudaStream_t stream, cublasHandle_t *out)
+{
+    cublasHandle_t h;
+    cublasStatus_t s = cublasCreate(&h);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return blas_fail(s, "cublasCreate");
+    if ((s = cublasSetStream(h, stream)) != CUBLAS_STATUS_SUCCESS) {
+        (void)cublasDestroy(h);
+        return blas_fail(s, "cublasSetStream");
+    }
+    *out = h;
+    return 0;
+}
+
 /* Return COLL_ECUDA from the enclosing function (or jump to its `out`) on a CUDA failure. */
 #define CK(call)                                                                                   \
     do {                                                                                           \

@@ -497,7 +497,6 @@ extern "C" int gpt_cuda_create(const gpt_config *cfg, int max_batch, void *strea
     if (gpt_config_check(cfg) < 0 || max_batch < 1 || !out)
         return fail(-EINVAL, "gpt_cuda_create: bad configuration");
     int rc = 0;
-    cublasStatus_t bs;
     size_t tokb = (size_t)max_batch * ((size_t)cfg->seq + 1);
     gpt_cuda *m = (gpt_cuda *)calloc(1, sizeof *m);
     if (!m)
@@ -514,15 +513,8 @@ extern "C" int gpt_cuda_create(const gpt_config *cfg, int max_batch, void *strea
         rc = fail(-ENOMEM, "gpt_cuda_create: out of memory");
         goto out;
     }
-    if ((bs = cublasCreate(&m->blas)) != CUBLAS_STATUS_SUCCESS) {
-        rc = blas_fail(bs, "cublasCreate");
-        m->blas = NULL;
+    if ((rc = blas_open(m->stream, &m->blas)) < 0)
         goto out;
-    }
-    if ((bs = cublasSetStream(m->blas, m->stream)) != CUBLAS_STATUS_SUCCESS) {
-        rc = blas_fail(bs, "cublasSetStream");
-        goto out;
-    }
     if ((rc = layout(m)) < 0) /* counts */
         goto out;
     if (!(m->bufs = (void **)calloc((size_t)m->nbufs, sizeof *m->bufs))) {

@@ -241,7 +241,6 @@ extern "C" int mlp_cuda_create(const mlp_config *cfg, int max_batch, void *strea
         return fail(-EINVAL, "mlp_cuda_create: bad configuration");
     int rc = 0;
     size_t mb = (size_t)max_batch, width;
-    cublasStatus_t bs;
     mlp_cuda *m = (mlp_cuda *)calloc(1, sizeof *m);
     if (!m)
         return fail(-ENOMEM, "mlp_cuda_create: out of memory");
@@ -258,15 +257,8 @@ extern "C" int mlp_cuda_create(const mlp_config *cfg, int max_batch, void *strea
         rc = fail(-ENOMEM, "mlp_cuda_create: out of memory");
         goto out;
     }
-    if ((bs = cublasCreate(&m->blas)) != CUBLAS_STATUS_SUCCESS) {
-        rc = blas_fail(bs, "cublasCreate");
-        m->blas = NULL;
+    if ((rc = blas_open(m->stream, &m->blas)) < 0)
         goto out;
-    }
-    if ((bs = cublasSetStream(m->blas, m->stream)) != CUBLAS_STATUS_SUCCESS) {
-        rc = blas_fail(bs, "cublasSetStream");
-        goto out;
-    }
     width = (size_t)(cfg->hidden > cfg->classes ? cfg->hidden : cfg->classes);
     for (int l = 0; l < m->nlin; l++) {
         size_t n = mb * (size_t)mlp_layer_out(cfg, l);
