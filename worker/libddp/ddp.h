@@ -567,7 +567,9 @@ typedef struct ddp_summary ddp_summary;
 
 /*
  * Creates `logdir` (with its parents) if absent and a new event file in it,
- * events.out.tfevents.<Unix seconds>.<host>.<pid>.<serial> (created exclusively: a writer never
+ * events.out.tfevents.<Unix seconds>.<host>.<pid>.<serial> (the seconds raised past the latest
+ * event file's in `logdir`, so that names sort in the order of writing, which is the order
+ * TensorBoard reads them; created exclusively: a writer never
  * appends to another's file; TensorBoard merges the files of a directory into one run), and
  * writes its first event (the file version). `start_step` >= 0 also writes a session start at
  * that step: TensorBoard then drops what files written earlier into the same directory hold at

@@ -20,6 +20,7 @@
  */
 #include "summary.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -216,6 +217,29 @@ static int write_event(ddp_summary *s, const ddp__summary_ev *ev)
     return 0;
 }
 
+/*
+ * The seconds to put in a new event file's name in `logdir`: `now`, or one more than the latest
+ * file there when that is not earlier. TensorBoard reads a directory's files in name order, and
+ * one that sorts before an earlier writer's (two attempts in the same second, told apart by pid)
+ * would be read first and its later steps taken for orphans.
+ */
+static int64_t name_seconds(const char *logdir, int64_t now)
+{
+    static const char prefix[] = "events.out.tfevents.";
+    DIR *d = opendir(logdir);
+    int64_t t = now;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, sizeof prefix - 1) != 0)
+            continue;
+        long long seen = strtoll(e->d_name + sizeof prefix - 1, NULL, 10);
+        if (seen >= t)
+            t = (int64_t)seen + 1;
+    }
+    if (d)
+        closedir(d);
+    return t;
+}
+
 int ddp_summary_open(const char *logdir, int64_t start_step, ddp_summary **out)
 {
     static atomic_int serial;
@@ -236,11 +260,12 @@ int ddp_summary_open(const char *logdir, int64_t start_step, ddp_summary **out)
         if (*p == '/')
             *p = '_';
     double now = wall_now();
+    int64_t secs = name_seconds(logdir, (int64_t)now);
     /* TensorFlow's name, with a serial number that makes it unique within the process. */
     for (int tries = 0; s->fd < 0; tries++) {
         int len =
             snprintf(s->path, sizeof s->path, "%s/events.out.tfevents.%010" PRId64 ".%s.%ld.%d",
-                     logdir, (int64_t)now, host, (long)getpid(), atomic_fetch_add(&serial, 1));
+                     logdir, secs, host, (long)getpid(), atomic_fetch_add(&serial, 1));
         if (len < 0 || (size_t)len >= sizeof s->path) {
             rc = -ENAMETOOLONG;
             goto out;
