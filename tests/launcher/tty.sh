@@ -25,8 +25,10 @@ train=${3:-}
 command -v script >/dev/null || { echo "SKIP: script (util-linux) not found"; exit 77; }
 
 # Runs a command on a fresh 100x30 pseudo-terminal of script(1); its output, lines ending \r\n.
+# script(1) runs the command with $SHELL, which may be dash: printf %q's quoting is bash's.
 tty_run() {
-  timeout 60 script -qfec "stty cols 100 rows 30; $(printf '%q ' "$@")" /dev/null </dev/null
+  SHELL=$BASH timeout 60 script -qfec "stty cols 100 rows 30; $(printf '%q ' "$@")" /dev/null \
+    </dev/null
 }
 has() { tr -d '\r' <"$1" | grep -qxF -- "$2"; }
 

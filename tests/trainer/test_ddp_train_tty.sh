@@ -21,8 +21,9 @@ bad() {
 }
 
 # script -e: its exit status is the command's; -c runs the command on the pseudo-terminal, whose
-# output (stdout and stderr alike, lines ending \r\n) comes out on script's standard output.
-timeout 60 script -qec "$(printf '%q ' "$TRAIN" --device cpu --max-steps 6 --log-every 2)" /dev/null \
+# output (stdout and stderr alike, lines ending \r\n) comes out on script's standard output. It
+# runs the command with $SHELL, which may be dash: printf %q's quoting is bash's.
+SHELL=$BASH timeout 60 script -qec "$(printf '%q ' "$TRAIN" --device cpu --max-steps 6 --log-every 2)" /dev/null \
     </dev/null >"$out"
 st=$?
 [[ $st -eq 0 ]] || bad "ddp-train under script exited $st"
