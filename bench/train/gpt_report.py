@@ -38,6 +38,9 @@ sg = last_json("sgemm.out")
 if not sg:
     sys.exit(f"gpt_report.py: {out}: no sgemm figures")
 fpt = sg["flops_per_token"]
+# what gpt.c computes (attention's blocks on and below the diagonal): the model rows' rate counts
+# these (sgemms from before it, without the field, computed the whole square)
+cfpt = sg.get("computed_flops_per_token", fpt)
 L, C, H, T = sg["layers"], sg["width"], sg["heads"], sg["seq"]
 model_rate = {m["batch"]: m["gflops"] for m in sg["model"]}
 G = int(settings["global_batch"])
@@ -47,7 +50,7 @@ print(f"# GPT {L} layers, width {C}, {H} heads, context {T}, vocabulary 256; glo
       f"sequences ({G * T} tokens), {settings['steps']} steps, AdamW, lr {settings['lr']} "
       f"(warmup {settings['warmup']}, cosine); {reps} run(s) per cell, median shown")
 print(f"# model FLOPs per token (its GEMMs, forward + backward): 6 (12 L C^2 + 256 C) + "
-      f"12 L T C = {fpt:.0f}; single-thread sgemm {sg['square_gflops']:.1f} GFLOP/s at "
+      f"12 L T C = {fpt:.0f} ({cfpt:.0f} computed); single-thread sgemm {sg['square_gflops']:.1f} GFLOP/s at "
       f"{sg['square_n']}^3, "
       + ", ".join(f"{m['gflops']:.1f} at the model's GEMMs (micro-batch {m['batch']})"
                   for m in sg["model"])
@@ -94,7 +97,7 @@ for n in nprocs:
         lim = min(n, cores)
         sq = gf / (lim * sg["square_gflops"])
         mr = model_rate.get(G // n)
-        ml = gf / (lim * mr) if mr else None
+        ml = tps * cfpt / 1e9 / (lim * mr) if mr else None
         ratio = ours and impl_i >= 0 and statistics.median(cell("ours", n)[1]) / tps
         noisy = max(other)
         print(fmt.format(n, impl, f"{tps:.0f}", f"{min(rates):.0f}-{max(rates):.0f}",

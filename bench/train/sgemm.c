@@ -6,8 +6,8 @@
  *
  *   square  C = A B with M = N = K = --square (2048): the library's peak on this core;
  *   model   the GEMMs of one training step of ddp-train's MLP (784-H-...-H-10, --hidden,
- *           --layers) on a micro-batch of B rows, with the calls and transposes worker/trainer/mlp.c
- *           makes: per layer the forward y = x W^T (B x out x in), the weight gradient
+ *           --layers) on a micro-batch of B rows, with the calls and transposes
+ * worker/trainer/mlp.c makes: per layer the forward y = x W^T (B x out x in), the weight gradient
  *           dW += dy^T x (out x in x B) and, except for the first layer, dx = dy W
  *           (B x in x out); their flops summed over their times summed. One row per B in
  *           --batch (256,128,64: the micro-batch of 1, 2 and 4 ranks at global batch 256).
@@ -18,10 +18,12 @@
  * worker/trainer/gpt.c calls them on R = B T rows: per block the four linear layers' forward
  * x W^T, weight gradient dy^T x and input gradient dy W (qkv R x 3C x C, c_proj R x C x C, c_fc
  * R x 4C x C, mlp c_proj R x C x 4C), and per sequence and head attention's q k^T and a v
- * (T x T x C/H, T x C/H x T) forward and four such products backward; the tied logits R x 256 x C
- * forward, and its weight and input gradients. That is 6 (12 L C^2 + 256 C) + 12 L T C flops per
- * token, the figure in flops_per_token (the attention term counts the whole T x T products, as
- * gpt.c computes them). The written kernels (LayerNorm, softmax, GELU, loss) are not counted.
+ * (T x T x C/H, T x C/H x T, in blocks) forward and four such products backward; the tied
+ * logits R x 256 x C forward, and its weight and input gradients. The model's flops per token,
+ * flops_per_token, are 6 (12 L C^2 + 256 C) + 12 L T C: the attention term counts the whole T x T
+ * products, as nanoGPT's and PaLM's MFU do, though gpt.c computes only the blocks of GPT_ATT_BLOCK
+ * rows on and below the diagonal (gpt.h); the model rows time those blocks and count their own
+ * flops. The written kernels (LayerNorm, softmax, GELU, loss) are not counted.
  *
  * Each figure is the best of --reps timed runs, each run repeating the work for at least
  * --ms milliseconds. Operands are allocated and filled before the clock starts. The bias and
@@ -33,7 +35,8 @@
  * flops_per_sample is the model GEMMs' flops per sample of a training step (forward and
  * backward), what compare.sh multiplies samples/s by. --model gpt: {"threads":1,"core":...,
  * "square_n":...,"square_gflops":...,"model_name":"gpt","layers":4,"width":128,"heads":4,
- * "seq":128,"flops_per_token":...,"model":[{"batch":64,"gflops":...},...]}, what gpt.sh
+ * "seq":128,"flops_per_token":...,"computed_flops_per_token":...,"model":[{"batch":64,
+ * "gflops":...},...]} (gflops: the computed flops over their time), what gpt.sh
  * multiplies tokens/s by.
  *
  * Not run by `meson test`. Exit status: 0, 1 out of memory, 2 bad usage.
@@ -44,6 +47,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "gpt.h"
 #include "mlp.h"
 #include "monoclock.h"
 
@@ -134,28 +138,37 @@ static double gpt_linear(gpt_step *g, int in, int out) /* forward, dW, dx of one
     return 3 * 2.0 * R * in * out;
 }
 
-static double gpt_attention(gpt_step *g) /* forward and backward, every sequence and head */
+/* forward and backward, every sequence and head, in gpt.c's blocks of GPT_ATT_BLOCK rows */
+static double gpt_attention(gpt_step *g)
 {
     int C = g->C, N = g->T, hs = C / g->H, C3 = 3 * C;
+    double flops = 0;
     for (int b = 0; b < g->B; b++)
         for (int h = 0; h < g->H; h++) {
             const float *q = g->qkv + (size_t)b * N * C3 + (size_t)h * hs;
             float *y = g->atty + (size_t)b * N * C + (size_t)h * hs;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, hs, 1.0f, q, C3, q + C, C3,
-                        0.0f, g->att, N);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, hs, N, 1.0f, g->att, N,
-                        q + 2 * C, C3, 0.0f, y, C);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, hs, 1.0f, y, C, q + 2 * C,
-                        C3, 0.0f, g->att, N);
-            float *dq = g->dx + (size_t)b * N * C3 + (size_t)h * hs; /* dv = a^T dy */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, hs, N, 1.0f, g->att, N, y, C,
-                        0.0f, dq + 2 * C, C3);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, hs, N, 1.0f, g->att, N, q + C,
-                        C3, 0.0f, dq, C3); /* dq = ds k */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, hs, N, 1.0f, g->att, N, q, C3,
-                        0.0f, dq + C, C3); /* dk = ds^T q */
+            float *dq = g->dx + (size_t)b * N * C3 + (size_t)h * hs;
+            for (int r0 = 0; r0 < N; r0 += GPT_ATT_BLOCK) {
+                int r1 = r0 + GPT_ATT_BLOCK < N ? r0 + GPT_ATT_BLOCK : N, M = r1 - r0;
+                float *a = g->att + (size_t)r0 * N;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hs, 1.0f,
+                            q + (size_t)r0 * C3, C3, q + C, C3, 0.0f, a, N); /* q k^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hs, r1, 1.0f, a, N,
+                            q + 2 * C, C3, 0.0f, y + (size_t)r0 * C, C); /* a v */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, r1, hs, 1.0f,
+                            y + (size_t)r0 * C, C, q + 2 * C, C3, 0.0f, a, N); /* dy v^T */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, hs, N - r0, 1.0f, a + r0, N,
+                            y + (size_t)r0 * C, C, 0.0f, dq + (size_t)r0 * C3 + 2 * C,
+                            C3); /* dv = a^T dy */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hs, r1, 1.0f, a, N, q + C,
+                            C3, 0.0f, dq + (size_t)r0 * C3, C3); /* dq = ds k */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, hs, N - r0, 1.0f, a + r0, N,
+                            q + (size_t)r0 * C3, C3, 0.0f, dq + (size_t)r0 * C3 + C,
+                            C3); /* dk = ds^T q */
+                flops += 2.0 * M * hs * (4.0 * r1 + 2.0 * (N - r0));
+            }
         }
-    return 6 * 2.0 * g->B * N * N * C;
+    return flops;
 }
 
 static double gpt_model_step(gpt_step *g)
@@ -308,7 +321,7 @@ int main(int argc, char **argv)
     free(s.c);
 
     int L = layers + 1;
-    double per_sample = 0;
+    double per_sample = 0, computed = 0;
     double model_gflops[MAX_BATCHES];
     for (int k = 0; gpt && k < nb; k++) {
         gpt_step g = {.L = layers, .C = width, .H = heads, .T = seq, .B = batches[k]};
@@ -316,7 +329,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "sgemm: out of memory for batch %d\n", g.B);
             return 1;
         }
-        per_sample = gpt_model_step(&g) / ((double)g.B * g.T); /* per token */
+        computed = gpt_model_step(&g) / ((double)g.B * g.T); /* per token */
+        per_sample = 6.0 * (12.0 * layers * width * width + GPT_VOCAB * width) +
+                     12.0 * layers * seq * width;
         MEASURE(model_gflops[k], gpt_model_step(&g));
         gpt_step_free(&g);
     }
@@ -355,8 +370,9 @@ int main(int argc, char **argv)
     if (json && gpt) {
         printf("{\"threads\": 1, \"core\": \"%s\", \"square_n\": %d, \"square_gflops\": %.3f, "
                "\"model_name\": \"gpt\", \"layers\": %d, \"width\": %d, \"heads\": %d, "
-               "\"seq\": %d, \"flops_per_token\": %.0f, \"model\": [",
-               mlp_blas_core(), square, sq_gflops, layers, width, heads, seq, per_sample);
+               "\"seq\": %d, \"flops_per_token\": %.0f, \"computed_flops_per_token\": %.0f, "
+               "\"model\": [",
+               mlp_blas_core(), square, sq_gflops, layers, width, heads, seq, per_sample, computed);
     } else if (json) {
         printf("{\"threads\": 1, \"core\": \"%s\", \"square_n\": %d, \"square_gflops\": %.3f, \"hidden\": %d, "
                "\"layers\": %d, \"flops_per_sample\": %.0f, \"model\": [",
@@ -380,6 +396,8 @@ int main(int argc, char **argv)
         }
         printf("\nmodel GEMM flops per %s (forward + backward): %.0f\n",
                gpt ? "token" : "sample", per_sample);
+        if (gpt)
+            printf("computed (attention's blocks on and below the diagonal): %.0f\n", computed);
     }
     return 0;
 }

@@ -537,6 +537,7 @@ static const gpt_kernels *kernels(void)
     return kernel_sets[i].k;
 }
 
+
 /*
  * Causal self-attention of B sequences of N rows: qkv (BN, 3C) holds each row's q, k, v; head
  * h's are columns [h hs, (h+1) hs) of each. att (B, H, N, N) gets softmax(q k^T / sqrt(hs))
@@ -550,10 +551,15 @@ static void attention_forward(const gpt *m, float *restrict y, float *restrict a
     float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
-            const float *q = qkv + (size_t)b * N * C3 + (size_t)h * hs;
+            const float *q = qkv + (size_t)b * N * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
             float *a = att + ((size_t)b * H + h) * N * N; /* (N, N) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, hs, scale, q, C3, q + C, C3,
-                        0.0f, a, N);
+            float *yh = y + (size_t)b * N * C + (size_t)h * hs;
+            /* rows [r0, r1) against keys [0, r1) (gpt.h, GPT_ATT_BLOCK) */
+            for (int r0 = 0; r0 < N; r0 += GPT_ATT_BLOCK) {
+                int r1 = r0 + GPT_ATT_BLOCK < N ? r0 + GPT_ATT_BLOCK : N;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale,
+                            q + (size_t)r0 * C3, C3, k, C3, 0.0f, a + (size_t)r0 * N, N);
+            }
             for (int t = 0; t < N; t++) {
                 float *row = a + (size_t)t * N, max = row[0], sum = 0.0f;
                 for (int j = 1; j <= t; j++)
@@ -567,8 +573,11 @@ static void attention_forward(const gpt *m, float *restrict y, float *restrict a
                     row[j] = 0.0f;
             }
             round_if(m, a, (size_t)N * N);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, hs, N, 1.0f, a, N, q + 2 * C,
-                        C3, 0.0f, y + (size_t)b * N * C + (size_t)h * hs, C);
+            for (int r0 = 0; r0 < N; r0 += GPT_ATT_BLOCK) {
+                int r1 = r0 + GPT_ATT_BLOCK < N ? r0 + GPT_ATT_BLOCK : N;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f,
+                            a + (size_t)r0 * N, N, v, C3, 0.0f, yh + (size_t)r0 * C, C);
+            }
         }
 }
 
@@ -582,14 +591,20 @@ static void attention_backward(gpt *m, float *restrict dqkv, const float *restri
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             size_t o3 = (size_t)b * N * C3 + (size_t)h * hs;
-            const float *q = qkv + o3, *a = att + ((size_t)b * H + h) * N * N;
+            const float *q = qkv + o3, *k = q + C, *v = q + 2 * C;
+            const float *a = att + ((size_t)b * H + h) * N * N;
             const float *dyh = dy + (size_t)b * N * C + (size_t)h * hs;
-            float *dq = dqkv + o3;
-            /* da = dy v^T; dv = a^T dy */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, hs, 1.0f, dyh, C, q + 2 * C,
-                        C3, 0.0f, da, N);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, hs, N, 1.0f, a, N, dyh, C, 0.0f,
-                        dq + 2 * C, C3);
+            float *dq = dqkv + o3, *dk = dq + C, *dv = dq + 2 * C;
+            /* da = dy v^T (query rows [r0, r1), keys [0, r1)); dv = a^T dy (key rows [r0, r1),
+               queries [r0, N)) */
+            for (int r0 = 0; r0 < N; r0 += GPT_ATT_BLOCK) {
+                int r1 = r0 + GPT_ATT_BLOCK < N ? r0 + GPT_ATT_BLOCK : N;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f,
+                            dyh + (size_t)r0 * C, C, v, C3, 0.0f, da + (size_t)r0 * N, N);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, N - r0, 1.0f,
+                            a + (size_t)r0 * N + r0, N, dyh + (size_t)r0 * C, C, 0.0f,
+                            dv + (size_t)r0 * C3, C3);
+            }
             /* through the softmax: ds = a * (da - sum_j a da), scaled; zero above the diagonal */
             for (int t = 0; t < N; t++) {
                 const float *ar = a + (size_t)t * N;
@@ -602,11 +617,16 @@ static void attention_backward(gpt *m, float *restrict dqkv, const float *restri
                     dr[j] = 0.0f;
             }
             round_if(m, da, (size_t)N * N);
-            /* dq = ds k; dk = ds^T q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, hs, N, 1.0f, da, N, q + C, C3,
-                        0.0f, dq, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, hs, N, 1.0f, da, N, q, C3, 0.0f,
-                        dq + C, C3);
+            /* dq = ds k (query rows [r0, r1), keys [0, r1)); dk = ds^T q (key rows [r0, r1),
+               queries [r0, N)) */
+            for (int r0 = 0; r0 < N; r0 += GPT_ATT_BLOCK) {
+                int r1 = r0 + GPT_ATT_BLOCK < N ? r0 + GPT_ATT_BLOCK : N;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f,
+                            da + (size_t)r0 * N, N, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, N - r0, 1.0f,
+                            da + (size_t)r0 * N + r0, N, q + (size_t)r0 * C3, C3, 0.0f,
+                            dk + (size_t)r0 * C3, C3);
+            }
         }
 }
 
