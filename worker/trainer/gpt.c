@@ -336,23 +336,44 @@ static void linear_backward(float *restrict dx, float beta, float *restrict dW, 
                 dx, in);
 }
 
+/* The sum of LayerNorm's GPT_LN_LANES partial sums (gpt.h), pairwise. */
+static inline __attribute__((always_inline)) float lanes_total(float *a)
+{
+    _Static_assert(GPT_LN_LANES == 16, "lanes_total() adds 16 lanes");
+    for (int k = 0; k < 8; k++)
+        a[k] += a[k + 8];
+    for (int k = 0; k < 4; k++)
+        a[k] += a[k + 4];
+    return ((a[0] + a[2]) + (a[1] + a[3]));
+}
+
 /* out (R, C) = LayerNorm(x (R, C)) * w + b, with each row's mean and 1/std kept. */
-static void layernorm_forward(float *restrict out, float *restrict mean, float *restrict rstd,
-                              const float *restrict x, const float *restrict w,
-                              const float *restrict b, int R, int C)
+static inline __attribute__((always_inline)) void
+layernorm_forward_body(float *restrict out, float *restrict mean, float *restrict rstd,
+                       const float *restrict x, const float *restrict w, const float *restrict b,
+                       int R, int C)
 {
     for (int i = 0; i < R; i++) {
         const float *xi = x + (size_t)i * C;
         float *oi = out + (size_t)i * C;
-        float mu = 0.0f, var = 0.0f;
-        for (int j = 0; j < C; j++)
-            mu += xi[j];
-        mu /= (float)C;
-        for (int j = 0; j < C; j++) {
-            float d = xi[j] - mu;
-            var += d * d;
+        float a[GPT_LN_LANES] = {0}, v[GPT_LN_LANES] = {0};
+        int j = 0;
+        for (; j + GPT_LN_LANES <= C; j += GPT_LN_LANES)
+            for (int k = 0; k < GPT_LN_LANES; k++)
+                a[k] += xi[j + k];
+        for (int k = 0; j + k < C; k++)
+            a[k] += xi[j + k];
+        float mu = lanes_total(a) / (float)C;
+        for (j = 0; j + GPT_LN_LANES <= C; j += GPT_LN_LANES)
+            for (int k = 0; k < GPT_LN_LANES; k++) {
+                float d = xi[j + k] - mu;
+                v[k] += d * d;
+            }
+        for (int k = 0; j + k < C; k++) {
+            float d = xi[j + k] - mu;
+            v[k] += d * d;
         }
-        var /= (float)C;
+        float var = lanes_total(v) / (float)C;
         float s = 1.0f / sqrtf(var + LN_EPS);
         for (int j = 0; j < C; j++)
             oi[j] = (xi[j] - mu) * s * w[j] + b[j];
@@ -362,23 +383,30 @@ static void layernorm_forward(float *restrict out, float *restrict mean, float *
 }
 
 /* dx (R, C) += the gradient through LayerNorm of dout (R, C); dw, db (C) += theirs. */
-static void layernorm_backward(float *restrict dx, float *restrict dw, float *restrict db,
-                               const float *restrict dout, const float *restrict x,
-                               const float *restrict w, const float *restrict mean,
-                               const float *restrict rstd, int R, int C)
+static inline __attribute__((always_inline)) void
+layernorm_backward_body(float *restrict dx, float *restrict dw, float *restrict db,
+                        const float *restrict dout, const float *restrict x,
+                        const float *restrict w, const float *restrict mean,
+                        const float *restrict rstd, int R, int C)
 {
     for (int i = 0; i < R; i++) {
         const float *di = dout + (size_t)i * C, *xi = x + (size_t)i * C;
         float *dxi = dx + (size_t)i * C;
-        float mu = mean[i], s = rstd[i], dmean = 0.0f, dproj = 0.0f;
-        for (int j = 0; j < C; j++) {
-            float xhat = (xi[j] - mu) * s, dn = w[j] * di[j];
-            dmean += dn;
-            dproj += dn * xhat;
+        float mu = mean[i], s = rstd[i], am[GPT_LN_LANES] = {0}, ap[GPT_LN_LANES] = {0};
+        int j = 0;
+        for (; j + GPT_LN_LANES <= C; j += GPT_LN_LANES)
+            for (int k = 0; k < GPT_LN_LANES; k++) {
+                float xhat = (xi[j + k] - mu) * s, dn = w[j + k] * di[j + k];
+                am[k] += dn;
+                ap[k] += dn * xhat;
+            }
+        for (int k = 0; j + k < C; k++) {
+            float xhat = (xi[j + k] - mu) * s, dn = w[j + k] * di[j + k];
+            am[k] += dn;
+            ap[k] += dn * xhat;
         }
-        dmean /= (float)C;
-        dproj /= (float)C;
-        for (int j = 0; j < C; j++) {
+        float dmean = lanes_total(am) / (float)C, dproj = lanes_total(ap) / (float)C;
+        for (j = 0; j < C; j++) {
             float xhat = (xi[j] - mu) * s;
             db[j] += di[j];
             dw[j] += xhat * di[j];
@@ -451,7 +479,7 @@ static inline __attribute__((always_inline)) void exp_shift_body(float *a, int n
 }
 
 /*
- * The element-wise kernels, three times: as the build compiles them (x86-64's SSE2: 4 floats at
+ * The element-wise kernels (and LayerNorm's, whose sums run in lanes), three times: as the build compiles them (x86-64's SSE2: 4 floats at
  * a time) and, on x86-64, for AVX2 (8 at a time) and AVX-512F (16 at a time: GELU twice as fast
  * as AVX2's), chosen once by __builtin_cpu_supports(), never by -march. C11 contracts nothing
  * into FMA (-ffp-contract=off in ISO mode), so every set does the same IEEE operations on every
@@ -461,6 +489,13 @@ struct gpt_kernels {
     void (*gelu_forward)(float *restrict out, const float *restrict x, size_t n);
     void (*gelu_backward)(float *restrict d, const float *restrict x, size_t n);
     void (*exp_shift)(float *a, int n, float max);
+    void (*layernorm_forward)(float *restrict out, float *restrict mean, float *restrict rstd,
+                              const float *restrict x, const float *restrict w,
+                              const float *restrict b, int R, int C);
+    void (*layernorm_backward)(float *restrict dx, float *restrict dw, float *restrict db,
+                               const float *restrict dout, const float *restrict x,
+                               const float *restrict w, const float *restrict mean,
+                               const float *restrict rstd, int R, int C);
 };
 
 #define GPT_KERNELS(suffix, attr)                                                                  \
@@ -476,8 +511,22 @@ struct gpt_kernels {
     {                                                                                              \
         exp_shift_body(a, n, max);                                                                 \
     }                                                                                              \
+    attr static void layernorm_forward_##suffix(                                                   \
+        float *restrict out, float *restrict mean, float *restrict rstd, const float *restrict x,  \
+        const float *restrict w, const float *restrict b, int R, int C)                            \
+    {                                                                                              \
+        layernorm_forward_body(out, mean, rstd, x, w, b, R, C);                                    \
+    }                                                                                              \
+    attr static void layernorm_backward_##suffix(                                                  \
+        float *restrict dx, float *restrict dw, float *restrict db, const float *restrict dout,    \
+        const float *restrict x, const float *restrict w, const float *restrict mean,              \
+        const float *restrict rstd, int R, int C)                                                  \
+    {                                                                                              \
+        layernorm_backward_body(dx, dw, db, dout, x, w, mean, rstd, R, C);                         \
+    }                                                                                              \
     static const gpt_kernels kernels_##suffix = {gelu_forward_##suffix, gelu_backward_##suffix,    \
-                                                 exp_shift_##suffix};
+                                                 exp_shift_##suffix, layernorm_forward_##suffix,   \
+                                                 layernorm_backward_##suffix};
 
 GPT_KERNELS(portable, )
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -536,7 +585,6 @@ static const gpt_kernels *kernels(void)
         i++;
     return kernel_sets[i].k;
 }
-
 
 /*
  * Causal self-attention of B sequences of N rows: qkv (BN, 3C) holds each row's q, k, v; head
@@ -706,7 +754,7 @@ static void block_forward(gpt *m, gpt_layer *y, const float *const *f, const flo
 {
     int C = m->cfg.width, BN = B * N;
     size_t n = (size_t)BN * C;
-    layernorm_forward(y->ln1, y->ln1_mean, y->ln1_rstd, xin, f[0], f[1], BN, C);
+    m->k->layernorm_forward(y->ln1, y->ln1_mean, y->ln1_rstd, xin, f[0], f[1], BN, C);
     round_if(m, y->ln1, n);
     linear_forward(y->qkv, y->ln1, f[2], f[3], BN, C, 3 * C);
     round_if(m, y->qkv, 3 * n);
@@ -715,7 +763,7 @@ static void block_forward(gpt *m, gpt_layer *y, const float *const *f, const flo
     linear_forward(y->xmid, y->atty, f[4], f[5], BN, C, C);
     for (size_t i = 0; i < n; i++)
         y->xmid[i] += xin[i];
-    layernorm_forward(y->ln2, y->ln2_mean, y->ln2_rstd, y->xmid, f[6], f[7], BN, C);
+    m->k->layernorm_forward(y->ln2, y->ln2_mean, y->ln2_rstd, y->xmid, f[6], f[7], BN, C);
     round_if(m, y->ln2, n);
     linear_forward(y->fch, y->ln2, f[8], f[9], BN, C, 4 * C);
     m->k->gelu_forward(y->fcg, y->fch, 4 * n);
@@ -780,7 +828,7 @@ int gpt_forward(gpt *m, const gpt_hooks *h, const uint8_t *tok, int B, int len, 
     if ((rc = take(m, h, L + 1, 0, f, NULL)) < 0)
         return rc;
     if (BN > 0) {
-        layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->x[L], f[0], f[1], BN, C);
+        m->k->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->x[L], f[0], f[1], BN, C);
         round_if(m, m->lnf, (size_t)BN * C);
     }
     if ((rc = h->end(h->arg, L + 1, 0)) < 0)
@@ -846,7 +894,8 @@ int gpt_backward(gpt *m, const gpt_hooks *h, float loss_scale)
         return rc;
     if (BN > 0) {
         memset(dx, 0, n * sizeof(float));
-        layernorm_backward(dx, g[0], g[1], dlnf, m->x[L], f[0], m->lnf_mean, m->lnf_rstd, BN, C);
+        m->k->layernorm_backward(dx, g[0], g[1], dlnf, m->x[L], f[0], m->lnf_mean, m->lnf_rstd, BN,
+                                 C);
     }
     if ((rc = h->end(h->arg, L + 1, 1)) < 0)
         return rc;
@@ -865,8 +914,8 @@ int gpt_backward(gpt *m, const gpt_hooks *h, float loss_scale)
             round_if(m, m->dh, 4 * n);
             float *dln = m->d2; /* (BN, C) */
             linear_backward(dln, 0.0f, g[8], g[9], m->dh, y->ln2, f[8], BN, C, 4 * C);
-            layernorm_backward(dx, g[6], g[7], dln, y->xmid, f[6], y->ln2_mean, y->ln2_rstd, BN,
-                               C); /* dx: now xmid's gradient */
+            m->k->layernorm_backward(dx, g[6], g[7], dln, y->xmid, f[6], y->ln2_mean, y->ln2_rstd,
+                                     BN, C); /* dx: now xmid's gradient */
             /* attention: xmid = x[l] + c_proj(attn(c_attn(ln_1(x[l])))) */
             dxq = rounded(m, m->d3, dx, n);
             float *datty = m->d2;
@@ -875,8 +924,8 @@ int gpt_backward(gpt *m, const gpt_hooks *h, float loss_scale)
             attention_backward(m, m->dqkv, datty, y->att, y->qkv, B, N);
             round_if(m, m->dqkv, 3 * n);
             linear_backward(dln, 0.0f, g[2], g[3], m->dqkv, y->ln1, f[2], BN, C, 3 * C);
-            layernorm_backward(dx, g[0], g[1], dln, m->x[l], f[0], y->ln1_mean, y->ln1_rstd, BN,
-                               C); /* dx: now x[l]'s gradient */
+            m->k->layernorm_backward(dx, g[0], g[1], dln, m->x[l], f[0], y->ln1_mean, y->ln1_rstd,
+                                     BN, C); /* dx: now x[l]'s gradient */
         }
         if ((rc = h->end(h->arg, 1 + l, 1)) < 0)
             return rc;

@@ -57,6 +57,15 @@
  */
 #define GPT_ATT_BLOCK 32
 
+/*
+ * LayerNorm's row sums (the mean, the variance, the backward's two) run in GPT_LN_LANES
+ * partial sums, element j added to lane j mod GPT_LN_LANES in order of j, and the lanes by
+ * halving at the end (lane k += lane k + 8, then lane k += lane k + 4, then (0 + 2) + (1 + 3)):
+ * a vector register's worth of independent adds instead of one chain of C dependent ones.
+ * gpt.c's kernel sets and gpt_cuda.cu's kernels sum so.
+ */
+#define GPT_LN_LANES 16
+
 typedef struct gpt_config {
     int vocab;  /* V: 256 for bytes */
     int seq;    /* T: the context length, the rows of wpe; > 0 */
@@ -149,9 +158,9 @@ int gpt_backward(gpt *m, const gpt_hooks *h, float loss_scale);
 const float *gpt_logits(const gpt *m);
 
 /*
- * The element-wise kernels (GELU, attention's exponentials) exist as a portable set and, on
- * x86-64, AVX2 and AVX-512F ones, of which gpt_create() picks the widest the CPU runs (never by
- * -march); all give the same bits. gpt_kernel_set() names the model's ("portable", "avx2" or
+ * The element-wise kernels (GELU, attention's exponentials, LayerNorm) exist as a portable set
+ * and, on x86-64, AVX2 and AVX-512F ones, of which gpt_create() picks the widest the CPU runs
+ * (never by -march); all give the same bits. gpt_kernel_set() names the model's ("portable", "avx2" or
  * "avx512"); gpt_use_kernel_set() makes it use the named one, for tests: 0, or -ENOTSUP
  * (unknown here, or the CPU lacks it).
  */

@@ -152,6 +152,16 @@ static __global__ void xent_sum_kernel(dev_stats *acc, const double *loss, const
     }
 }
 
+/* gpt.c's lanes_total(): the sum of GPT_LN_LANES partial sums (gpt.h). */
+static __device__ float lanes_total(float *a)
+{
+    for (int k = 0; k < 8; k++)
+        a[k] += a[k + 8];
+    for (int k = 0; k < 4; k++)
+        a[k] += a[k + 4];
+    return ((a[0] + a[2]) + (a[1] + a[3]));
+}
+
 /* gpt.c's layernorm_forward(), one thread per row; out rounded to T. */
 template <typename T>
 static __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const float *x,
@@ -161,15 +171,15 @@ static __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd
     {
         const float *xi = x + i * C;
         T *oi = out + i * C;
-        float mu = 0.0f, var = 0.0f;
+        float a[GPT_LN_LANES] = {0}, v[GPT_LN_LANES] = {0};
         for (int j = 0; j < C; j++)
-            mu += xi[j];
-        mu /= (float)C;
+            a[j % GPT_LN_LANES] += xi[j];
+        float mu = lanes_total(a) / (float)C;
         for (int j = 0; j < C; j++) {
             float d = xi[j] - mu;
-            var += d * d;
+            v[j % GPT_LN_LANES] += d * d;
         }
-        var /= (float)C;
+        float var = lanes_total(v) / (float)C;
         float s = 1.0f / sqrtf(var + LN_EPS);
         for (int j = 0; j < C; j++)
             oi[j] = narrow<T>((xi[j] - mu) * s * w[j] + b[j]);
@@ -187,14 +197,13 @@ static __global__ void layernorm_backward_dx_kernel(float *dx, const float *dout
     {
         const float *di = dout + i * C, *xi = x + i * C;
         float *dxi = dx + i * C;
-        float mu = mean[i], s = rstd[i], dmean = 0.0f, dproj = 0.0f;
+        float mu = mean[i], s = rstd[i], am[GPT_LN_LANES] = {0}, ap[GPT_LN_LANES] = {0};
         for (int j = 0; j < C; j++) {
             float xhat = (xi[j] - mu) * s, dn = w[j] * di[j];
-            dmean += dn;
-            dproj += dn * xhat;
+            am[j % GPT_LN_LANES] += dn;
+            ap[j % GPT_LN_LANES] += dn * xhat;
         }
-        dmean /= (float)C;
-        dproj /= (float)C;
+        float dmean = lanes_total(am) / (float)C, dproj = lanes_total(ap) / (float)C;
         for (int j = 0; j < C; j++) {
             float xhat = (xi[j] - mu) * s;
             dxi[j] += s * (w[j] * di[j] - dmean - xhat * dproj);
