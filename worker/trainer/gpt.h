@@ -160,9 +160,9 @@ const float *gpt_logits(const gpt *m);
 /*
  * The element-wise kernels (GELU, attention's exponentials, LayerNorm) exist as a portable set
  * and, on x86-64, AVX2 and AVX-512F ones, of which gpt_create() picks the widest the CPU runs
- * (never by -march); all give the same bits. gpt_kernel_set() names the model's ("portable", "avx2" or
- * "avx512"); gpt_use_kernel_set() makes it use the named one, for tests: 0, or -ENOTSUP
- * (unknown here, or the CPU lacks it).
+ * (never by -march); all give the same bits. gpt_kernel_set() names the model's ("portable",
+ * "avx2" or "avx512"); gpt_use_kernel_set() makes it use the named one, for tests: 0, or
+ * -ENOTSUP (unknown here, or the CPU lacks it).
  */
 const char *gpt_kernel_set(const gpt *m);
 int gpt_use_kernel_set(gpt *m, const char *name);
