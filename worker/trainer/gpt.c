@@ -482,8 +482,8 @@ static inline __attribute__((always_inline)) void exp_shift_body(float *a, int n
  * The element-wise kernels (and LayerNorm's, whose sums run in lanes), three times: as the build
  * compiles them (x86-64's SSE2: 4 floats at a time) and, on x86-64, for AVX2 (8 at a time) and
  * AVX-512F (16 at a time: GELU twice as fast as AVX2's), chosen once by
- * __builtin_cpu_supports(), never by -march. C11 contracts nothing into FMA (-ffp-contract=off
- * in ISO mode), so every set does the same IEEE operations on every element and gives the same
+ * __builtin_cpu_supports(), never by -march. Nothing is contracted into FMA (-ffp-contract=off,
+ * meson.build), so every set does the same IEEE operations on every element and gives the same
  * bits.
  */
 struct gpt_kernels {
