@@ -15,8 +15,12 @@
 #     resuming with another --heads (no shape changes) is refused, naming it.
 #  3. export and import: `ddp-ckpt export` writes the model's metadata (model gpt, layers,
 #     width, heads, seq_len, vocab; input: bytes, no image normalisation), `ddp-ckpt import` takes the file back as a GPT's, and
-#     --init-from the imported checkpoint loads the exported parameters.
-#  4. --generate: the same seed gives the same text, another seed another; at temperature 0
+#     --init-from the imported checkpoint loads the exported parameters, and so does
+#     --init-from the export file itself (at world 2, ZeRO-3); a file of another --heads (in
+#     its metadata) or --width (in its shapes: the file without metadata) is refused, naming
+#     the difference.
+#  4. --generate: the same seed gives the same text (from the checkpoint and from the export
+#     file), another seed another; at temperature 0
 #     the text is printable; world 2 at ZeRO-3 (every rank runs the passes, rank 0 prints)
 #     gives world 1's text.
 # Usage: gpt.sh DDPRUN DDP_TRAIN DDP_CKPT. Exit 0 pass, 1 fail, 77 skip (no python3).
@@ -127,6 +131,12 @@ PY
         python3 "$(dirname "$0")/same_tensors.py" "$tmp/final.st" "$tmp/imported.st" >/dev/null &&
             echo "  ddp-ckpt import of the export, --init-from it: the exported parameters" ||
             fail "--init-from the imported export: other parameters"
+        train from-file 2 --zero 3 --init-from "$tmp/gpt.safetensors" --max-steps 1 \
+            --dump-init "$tmp/fromfile.st"
+        python3 "$(dirname "$0")/same_tensors.py" "$tmp/final.st" "$tmp/fromfile.st" >/dev/null &&
+            grep -q "parameters from $tmp/gpt.safetensors" "$tmp/from-file.log" &&
+            echo "  --init-from the export itself (world 2, ZeRO-3): the exported parameters" ||
+            fail "--init-from the export file: other parameters"
     else
         fail "ddp-ckpt import of a GPT's export"
         cat "$tmp/import.log" >&2
@@ -144,12 +154,12 @@ gen() { # WORLD ARGS...: the text on stdout
         "${common[@]}" --init-from "$tmp/ck/step-000000000020" --max-new 60 "$@" 2>"$tmp/gen.err"
 }
 a=$(gen 1 --generate "the " --seed 7) || fail "--generate exited with $?"
-b=$(gen 1 --generate "the " --seed 7)
+b=$(gen 1 --generate "the " --seed 7 --init-from "$tmp/gpt.safetensors")
 c=$(gen 1 --generate "the " --seed 8)
 g=$(gen 1 --generate "the " --temperature 0)
 z=$(gen 2 --zero 3 --generate "the " --temperature 0)
 printf '  seed 7: "%s"\n  temperature 0: "%s"\n' "$a" "$g"
-[[ -n $a && $a == "$b" ]] || fail "--generate: the same seed gave other text"
+[[ -n $a && $a == "$b" ]] || fail "--generate: the same seed (from the export) gave other text"
 [[ $a != "$c" ]] || fail "--generate: another seed gave the same text"
 [[ $a == "the "* && ${#a} -eq 64 ]] || fail "--generate: not the prompt and 60 bytes"
 [[ $g =~ ^[[:print:][:space:]]+$ ]] || fail "--generate at temperature 0: not printable"
@@ -163,6 +173,20 @@ expect_exit() { # CODE PATTERN ARGS...
 }
 expect_exit 2 "--generate needs a trained model" --model gpt --generate x
 expect_exit 2 "this --model does not generate text" --generate x --init-from "$tmp/ck"
+expect_exit 2 "its heads is 4, this run's 2" "${common[@]}" --heads 2 \
+    --init-from "$tmp/gpt.safetensors"
+python3 - "$tmp/gpt.safetensors" "$tmp/bare.safetensors" <<'PY' # the export without metadata
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+del head["__metadata__"]
+text = json.dumps(head).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PY
+expect_exit 2 "tensor 'emb.wte' is (256, 32), this run's (256, 64)" "${common[@]}" --width 64 \
+    --init-from "$tmp/bare.safetensors"
 expect_exit 1 "--width 30 is not a multiple of --heads 4" --model gpt --data "$tmp/corpus.txt" \
     --seq-len 16 --global-batch 32 --width 30 --max-steps 1
 finish

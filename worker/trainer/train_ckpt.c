@@ -3,7 +3,8 @@
  * asynchronous): the model's state and the sampler's position, plus the trainer's own state
  * (train_state.h: the step that drives the schedule, and the settings a resume must share).
  * Restoring is --resume (auto: the newest complete checkpoint under --checkpoint-dir, at
- * whatever world size and stage the job now has) or --init-from (the parameters only).
+ * whatever world size and stage the job now has) or --init-from (the parameters only: of a
+ * checkpoint, or of a safetensors file such as ddp-ckpt export writes, read before commit).
  * The user state also carries the metadata that ddp-ckpt export writes into its file: the
  * model's shape (model.h's meta()) and how inputs are normalised (data.h), so that another
  * program can rebuild the model and feed it.
@@ -16,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "safetensors.h"
 #include "trainer.h"
 
 /* This run's settings as a checkpoint records them, `step` being the next step to train; the
@@ -113,6 +116,121 @@ int save_checkpoint(trainer *t, int64_t step)
     return 0;
 }
 
+/* The tensor named `name` in f, or NULL. */
+static const st_tensor *file_tensor(const st_file *f, const char *name)
+{
+    for (int i = 0; i < f->ntensors; i++)
+        if (!strcmp(f->tensors[i].name, name))
+            return &f->tensors[i];
+    return NULL;
+}
+
+/*
+ * Rank 0: reads --init-from's file and checks it against the model (see init_file_open()).
+ * Prints what does not fit. Returns 0 (t->init_file set) or a negative errno.
+ */
+static int init_file_check(trainer *t, const char *path)
+{
+    st_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        train_err("--init-from %s: out of memory", path);
+        return -ENOMEM;
+    }
+    int rc = st_read(path, f);
+    if (rc < 0) {
+        train_err("--init-from %s", st_last_error());
+        free(f);
+        return rc;
+    }
+    char key[MODEL_MAX_META][32], value[MODEL_MAX_META][MODEL_META_LEN];
+    int n = t->a.model->meta(t->model, key, value);
+    for (int i = 0; i < n && rc == 0; i++)
+        for (int k = 0; k < f->nmeta && rc == 0; k++)
+            if (!strcmp(f->meta[2 * k], key[i]) && strcmp(f->meta[2 * k + 1], value[i])) {
+                train_err("--init-from %s: its %s is %s, this run's %s", path, key[i],
+                          f->meta[2 * k + 1], value[i]);
+                rc = -EINVAL;
+            }
+    for (int u = 0; u < t->nunits && rc == 0; u++)
+        for (int i = 0; i < t->units[u].nparams && rc == 0; i++) {
+            const model_param *p = &t->units[u].params[i];
+            const char *name = t->names[t->first_param[u] + i];
+            const st_tensor *x = file_tensor(f, name);
+            char have[96], want[96];
+            rc = -EINVAL;
+            if (!x)
+                train_err("--init-from %s: no tensor '%s' (a parameter of --model %s)", path, name,
+                          t->a.model->name);
+            else if (strcmp(x->dtype, "F32"))
+                train_err("--init-from %s: tensor '%s' is %s, not F32", path, name, x->dtype);
+            else if (x->ndim != p->ndim || memcmp(x->shape, p->shape, sizeof(int64_t) * p->ndim))
+                train_err("--init-from %s: tensor '%s' is %s, this run's %s", path, name,
+                          st_shape_str(have, sizeof have, x->ndim, x->shape),
+                          st_shape_str(want, sizeof want, p->ndim, p->shape));
+            else
+                rc = 0;
+        }
+    for (int k = 0; k < f->ntensors && rc == 0; k++) {
+        int found = 0;
+        for (int p = 0; p < t->nparams && !found; p++)
+            found = !strcmp(t->names[p], f->tensors[k].name);
+        if (!found) {
+            train_err("--init-from %s: tensor '%s' is not a parameter of --model %s", path,
+                      f->tensors[k].name, t->a.model->name);
+            rc = -EINVAL;
+        }
+    }
+    if (rc < 0) {
+        st_file_free(f);
+        free(f);
+        return rc;
+    }
+    t->init_file = f;
+    return 0;
+}
+
+int init_file_open(trainer *t)
+{
+    const char *path = t->a.init_from;
+    if (!path)
+        return 0;
+    /* 0: not a file (a checkpoint for restore(), which reports a missing one), 1: the file fits,
+       2: it does not (rank 0 said why) */
+    uint8_t verdict = 0;
+    struct stat st;
+    if (t->rank == 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode))
+        verdict = init_file_check(t, path) == 0 ? 1 : 2;
+    int rc = coll_broadcast(t->hcomm, &verdict, &verdict, 1, COLL_U8, 0);
+    if (rc < 0) {
+        train_err("rank %d: broadcasting --init-from's verdict: %s: %s", t->rank, coll_strerror(rc),
+                  coll_last_error(t->hcomm));
+        return EXIT_FAIL;
+    }
+    t->init_is_file = verdict == 1;
+    return verdict == 2 ? EXIT_USAGE : 0;
+}
+
+int init_file_param(const trainer *t, int param, void *data, size_t count)
+{
+    const st_tensor *x = file_tensor(t->init_file, t->names[param]);
+    if (!x || x->nbytes != count * sizeof(float)) /* init_file_check() saw to both */
+        return -EINVAL;
+    memcpy(data, x->data, x->nbytes);
+    return 0;
+}
+
+void init_file_close(trainer *t)
+{
+    if (!t->init_file)
+        return;
+    if (t->rank == 0)
+        fprintf(stderr, "ddp-train: parameters from %s; optimizer state from scratch\n",
+                t->a.init_from);
+    st_file_free(t->init_file);
+    free(t->init_file);
+    t->init_file = NULL;
+}
+
 /* What restore() does, decided by rank 0 and broadcast with the path. */
 enum { RESTORE_NONE = 0, RESTORE_RESUME, RESTORE_INIT, RESTORE_ERROR };
 
@@ -139,7 +257,7 @@ static int restore_choice(trainer *t, char *path, size_t cap)
         fprintf(stderr, "ddp-train: no complete checkpoint under %s: starting from scratch\n",
                 a->ckpt_dir);
     }
-    if (a->init_from) {
+    if (a->init_from && !t->init_is_file) {
         snprintf(path, cap, "%s", a->init_from);
         return RESTORE_INIT;
     }
@@ -155,7 +273,7 @@ static int restore_choice(trainer *t, char *path, size_t cap)
 int restore(trainer *t)
 {
     const train_args *a = &t->a;
-    if (!a->resume && !a->init_from)
+    if (!a->resume && (!a->init_from || t->init_is_file))
         return 0;
     char buf[PATH_MAX + 1] = {0}; /* buf[0]: the choice; then the path */
     if (t->rank == 0)

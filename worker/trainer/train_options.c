@@ -283,12 +283,13 @@ static const cli_option opt_table[] = {
      "world size and ZeRO stage; the model and data settings must be the same."},
     {OPT_INIT_FROM,
      {"--init-from"},
-     "CKPT",
+     "CKPT|FILE",
      NULL,
      0,
-     "Start from the parameters of checkpoint CKPT (e.g. made by ddp-ckpt import) instead of "
-     "drawing them; the optimizer starts afresh at step 0. A checkpoint found by --resume auto "
-     "takes precedence."},
+     "Start from the parameters of checkpoint CKPT (e.g. made by ddp-ckpt import) or of a "
+     "safetensors FILE (e.g. ddp-ckpt export's; its names, shapes and model metadata must be "
+     "the run's) instead of drawing them; the optimizer starts afresh at step 0. A checkpoint "
+     "found by --resume auto takes precedence."},
     {OPT_TIMEOUT,
      {"--timeout-ms"},
      "MS",
@@ -392,7 +393,7 @@ static int check_args(const train_args *a)
     else if (a->generate && !a->model->generate)
         bad = "--generate: this --model does not generate text (--model gpt does)";
     else if (a->generate && !a->init_from && !a->resume)
-        bad = "--generate needs a trained model: --init-from CKPT or --resume";
+        bad = "--generate needs a trained model: --init-from CKPT|FILE or --resume";
     if (bad) {
         train_err("%s", bad);
         return EXIT_USAGE;

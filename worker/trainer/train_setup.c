@@ -249,11 +249,14 @@ static int hook_end(void *arg, int u, int backward)
     return rc;
 }
 
-/* The initial values: the model's own, from --seed and the parameter's index. */
+/* The initial values: --init-from's file's, or the model's own, from --seed and the parameter's
+ * index. */
 static int init_param(void *arg, int param, const char *name, void *data, size_t count)
 {
     trainer *t = arg;
     (void)name;
+    if (t->init_file)
+        return init_file_param(t, param, data, count);
     int u = t->nunits - 1;
     while (t->first_param[u] > param)
         u--;
@@ -267,8 +270,10 @@ static int create_model(trainer *t)
     const model_ops *mo = t->a.model;
     model_env env = {.train = &t->train,
                      .test = &t->test,
-                     .max_batch =
-                         t->sampler.micro > t->eval_chunk ? t->sampler.micro : t->eval_chunk,
+                     /* --generate runs one sequence */
+                     .max_batch = t->a.generate                      ? 1
+                                  : t->sampler.micro > t->eval_chunk ? t->sampler.micro
+                                                                     : t->eval_chunk,
                      .bf16 = t->a.bf16,
                      .device = t->device,
                      .stream = t->stream,
@@ -359,7 +364,11 @@ int setup_model(trainer *t)
     for (int u = 0; u < t->nunits; u++)
         if ((rc = register_unit(t, u)) != 0)
             return rc;
-    if ((rc = ddp_model_commit(t->m, init_param, t)) < 0) {
+    if ((rc = init_file_open(t)) != 0)
+        return rc;
+    rc = ddp_model_commit(t->m, init_param, t);
+    init_file_close(t);
+    if (rc < 0) {
         train_err("rank %d: ddp_model_commit: %s: %s", t->rank, ddp_strerror(rc),
                   ddp_last_error(t->m));
         return EXIT_FAIL;

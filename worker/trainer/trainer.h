@@ -108,6 +108,11 @@ struct trainer {
     double carry_loss; /* training loss taken before an evaluation, for the next report */
     int hook_failed;   /* a hook failed in the latest pass (libddp's account says why) */
 
+    /* --init-from a safetensors file (init_file_open()): rank 0 holds it until commit; every
+     * rank knows that it was one (restore() then has nothing to load for --init-from). */
+    struct st_file *init_file;
+    int init_is_file;
+
     data_set train, test;
     data_sampler sampler; /* this rank's view; the loader copies it */
     data_loader *loader;
@@ -222,8 +227,23 @@ int stop_exit(int sig);
 /* Saves the checkpoint of the steps taken so far, asynchronously. Every rank. Returns 0 or
  * EXIT_FAIL (printed). */
 int save_checkpoint(trainer *t, int64_t step);
-/* After commit: loads what --resume or --init-from names, on every rank. Returns 0, EXIT_USAGE
- * or EXIT_FAIL (printed). */
+/*
+ * --init-from FILE, before commit. A regular file is a safetensors file of parameters (ddp-ckpt
+ * export's, or any whose tensors carry the run's "UNIT.PARAM" names): rank 0 reads it and checks
+ * it against the model (every parameter there by name, F32, of its shape; no other tensor; each
+ * metadata key the model writes (model.h meta(): "model", "heads", ...) that the file has too,
+ * equal) and broadcasts the verdict; commit's init then copies from it
+ * (init_file_param(), rank 0) and init_file_close() frees it. Anything else is a checkpoint,
+ * which restore() loads after commit. Returns 0, EXIT_USAGE (rank 0 printed why) or EXIT_FAIL.
+ * Every rank.
+ */
+int init_file_open(trainer *t);
+/* Commit's init of parameter `param` (count floats) from the file: 0 or -EINVAL. Rank 0. */
+int init_file_param(const trainer *t, int param, void *data, size_t count);
+/* Frees the file after commit, saying on rank 0 where the parameters came from. */
+void init_file_close(trainer *t);
+/* After commit: loads what --resume or --init-from (a checkpoint) names, on every rank.
+ * Returns 0, EXIT_USAGE or EXIT_FAIL (printed). */
 int restore(trainer *t);
 
 /* train_report.c */
