@@ -12,7 +12,8 @@
 #     resumed at world 2, ZeRO-0 ends with the same parameters byte for byte; resumed at
 #     world 1, ZeRO-3 (resharded) its parameters right after the load are the saved ones byte
 #     for byte, and its metrics for steps 11-20 are the uninterrupted run's within 1e-5;
-#     resuming with another --heads (no shape changes) is refused, naming it.
+#     resuming with another --heads (no shape changes) is refused, naming it; resuming at the
+#     last step takes none and says so (its summary record has a rate of 0, not NaN).
 #  3. export and import: `ddp-ckpt export` writes the model's metadata (model gpt, layers,
 #     width, heads, seq_len, vocab; input: bytes, no image normalisation), `ddp-ckpt import` takes the file back as a GPT's, and
 #     --init-from the imported checkpoint loads the exported parameters, and so does
@@ -110,6 +111,14 @@ compare whole 11 reshard || fail "resharded resume against the uninterrupted run
 out=$(timeout 60 "$TRAIN" "${common[@]}" --heads 2 --resume "$ck10" 2>&1)
 [[ $? -eq 2 && $out == *"--heads 4, this run has 2"* ]] ||
     fail "resuming with another --heads: not refused naming it: $out"
+
+# A resume with no step left: the summary says so, and its record has no NaN (jansson refuses
+# one, and the record was lost).
+train done20 1 --resume "$tmp/ck/step-000000000020" --metrics "$tmp/done20.jsonl"
+grep -q "after 20 steps (none of them in this run)" "$tmp/done20.log" &&
+    grep -q '"summary": *"done".*"samples_per_s": *0' "$tmp/done20.jsonl" &&
+    echo "  resumed at its last step: no steps, a summary without a rate" ||
+    fail "resumed at its last step: $(tail -2 "$tmp/done20.log") $(tail -1 "$tmp/done20.jsonl")"
 
 # 3. Export, metadata, import, --init-from.
 if "$CKPT" export "$tmp/ck" -o "$tmp/gpt.safetensors" >"$tmp/export.log" 2>&1; then

@@ -223,9 +223,6 @@ void init_file_close(trainer *t)
 {
     if (!t->init_file)
         return;
-    if (t->rank == 0)
-        fprintf(stderr, "ddp-train: parameters from %s; optimizer state from scratch\n",
-                t->a.init_from);
     st_file_free(t->init_file);
     free(t->init_file);
     t->init_file = NULL;
@@ -273,7 +270,7 @@ static int restore_choice(trainer *t, char *path, size_t cap)
 int restore(trainer *t)
 {
     const train_args *a = &t->a;
-    if (!a->resume && (!a->init_from || t->init_is_file))
+    if (!a->resume && !a->init_from)
         return 0;
     char buf[PATH_MAX + 1] = {0}; /* buf[0]: the choice; then the path */
     if (t->rank == 0)
@@ -286,6 +283,9 @@ int restore(trainer *t)
     }
     int choice = buf[0];
     const char *path = buf + 1;
+    if (choice == RESTORE_NONE && t->init_is_file && t->rank == 0)
+        fprintf(stderr, "ddp-train: parameters from %s; optimizer state from scratch\n",
+                a->init_from);
     if (choice == RESTORE_NONE || choice == RESTORE_ERROR)
         return choice == RESTORE_NONE ? 0 : EXIT_USAGE;
 

@@ -364,36 +364,40 @@ void summary(trainer *t, double acc, double train_s)
     int64_t samples = (t->total_steps - t->start_step) * t->a.global_batch; /* this run's */
     /* What was learned: test accuracy; for text the validation loss, in bits per byte too,
      * and the next-byte accuracy; and the rate, in tokens for text. */
-    char result[256];
+    /* A run resumed at its last step takes none: no rate (0 in the record, not NaN) */
+    double per_s = samples > 0 && train_s > 0 ? samples / train_s : 0;
+    char result[256], rate[64];
+    if (samples > 0)
+        snprintf(rate, sizeof rate, "in %.1f s (%.0f %s/s)", train_s,
+                 per_s * (t->train.tok ? (double)t->preds_per_row : 1.0),
+                 t->train.tok ? "tokens" : "samples");
+    else
+        snprintf(rate, sizeof rate, "(none of them in this run)");
     if (t->train.tok)
         snprintf(result, sizeof result,
                  "validation loss %.4f (%.4f bits per byte), next-byte accuracy %.2f%% after "
-                 "%" PRId64 " steps in %.1f s (%.0f tokens/s)",
-                 t->test_loss, t->test_loss / M_LN2, 100 * acc, t->total_steps, train_s,
-                 samples * (double)t->preds_per_row / train_s);
+                 "%" PRId64 " steps %s",
+                 t->test_loss, t->test_loss / M_LN2, 100 * acc, t->total_steps, rate);
     else
-        snprintf(result, sizeof result,
-                 "test accuracy %.2f%% after %" PRId64 " steps in %.1f s (%.0f samples/s)",
-                 100 * acc, t->total_steps, train_s, samples / train_s);
+        snprintf(result, sizeof result, "test accuracy %.2f%% after %" PRId64 " steps %s",
+                 100 * acc, t->total_steps, rate);
     fprintf(stderr,
             "ddp-train: %d rank%s, ZeRO-%d, %s: %s; model state %.2f MiB on rank 0 (parameters "
             "%.2f, gradients %.2f, optimizer %.2f; pools %.2f more)\n",
             t->world, t->world == 1 ? "" : "s", t->a.zero, ddp_optimizer_name(t->a.optimizer),
             result, mem.model_state_bytes * mib, mem.param_bytes * mib, mem.grad_bytes * mib,
             mem.optimizer_bytes * mib, mem.pool_bytes * mib);
-    json_t *rec =
-        json_pack("{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary",
-                  "done", "world", t->world, "zero", t->a.zero, "test_accuracy", acc, "steps",
-                  (json_int_t)t->total_steps, "train_seconds", train_s, "samples_per_s",
-                  samples / train_s, "memory", "param_bytes", (json_int_t)mem.param_bytes,
-                  "grad_bytes", (json_int_t)mem.grad_bytes, "optimizer_bytes",
-                  (json_int_t)mem.optimizer_bytes, "pool_bytes", (json_int_t)mem.pool_bytes,
-                  "model_state_bytes", (json_int_t)mem.model_state_bytes);
+    json_t *rec = json_pack(
+        "{s:s, s:i, s:i, s:f, s:I, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}}", "summary", "done",
+        "world", t->world, "zero", t->a.zero, "test_accuracy", acc, "steps",
+        (json_int_t)t->total_steps, "train_seconds", train_s, "samples_per_s", per_s, "memory",
+        "param_bytes", (json_int_t)mem.param_bytes, "grad_bytes", (json_int_t)mem.grad_bytes,
+        "optimizer_bytes", (json_int_t)mem.optimizer_bytes, "pool_bytes",
+        (json_int_t)mem.pool_bytes, "model_state_bytes", (json_int_t)mem.model_state_bytes);
     if (rec && t->train.tok) {
         json_object_set_new(rec, "test_loss", number(t->test_loss));
         json_object_set_new(rec, "test_bpb", number(t->test_loss / M_LN2));
-        json_object_set_new(rec, "tokens_per_s",
-                            number(samples * (double)t->preds_per_row / train_s));
+        json_object_set_new(rec, "tokens_per_s", number(per_s * (double)t->preds_per_row));
     }
     record(t, -1, rec);
 }

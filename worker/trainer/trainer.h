@@ -240,10 +240,11 @@ int save_checkpoint(trainer *t, int64_t step);
 int init_file_open(trainer *t);
 /* Commit's init of parameter `param` (count floats) from the file: 0 or -EINVAL. Rank 0. */
 int init_file_param(const trainer *t, int param, void *data, size_t count);
-/* Frees the file after commit, saying on rank 0 where the parameters came from. */
+/* Frees the file after commit. */
 void init_file_close(trainer *t);
-/* After commit: loads what --resume or --init-from (a checkpoint) names, on every rank.
- * Returns 0, EXIT_USAGE or EXIT_FAIL (printed). */
+/* After commit: loads what --resume or --init-from (a checkpoint) names, on every rank; a
+ * checkpoint --resume auto finds replaces --init-from's file's parameters, and otherwise rank 0
+ * says that they came from the file. Returns 0, EXIT_USAGE or EXIT_FAIL (printed). */
 int restore(trainer *t);
 
 /* train_report.c */
