@@ -31,6 +31,7 @@ for p in slurmctld slurmd srun salloc sbatch scancel squeue sinfo munged mungeke
 done
 
 . "$(dirname "$(readlink -f "$0")")/../netns_lib.sh"
+. "$(dirname "$(readlink -f "$0")")/../etcd_lib.sh"
 . "$(dirname "$(readlink -f "$0")")/marked.sh"
 
 tag=$$
@@ -242,11 +243,11 @@ if [ -z "$train" ] || ! command -v etcd >/dev/null ||
    "$ddprun" --rdzv-backend etcd --rdzv-endpoint 127.0.0.1:1 --nnodes 1:2 true 2>&1 | grep -q "no etcd backend"; then
   echo "skip 6: no ddp-train, etcd, libcurl or Fashion-MNIST"
 else
-  client etcd --name s0 --data-dir "$T/etcd" --listen-client-urls "http://${addr[0]}:2379" \
-    --advertise-client-urls "http://${addr[0]}:2379" --listen-peer-urls "http://${addr[0]}:2380" \
-    --initial-advertise-peer-urls "http://${addr[0]}:2380" \
-    --initial-cluster "s0=http://${addr[0]}:2380" >"$T/etcd.log" 2>&1 &
-  daemons+=($!)
+  # Started and answering with a leader before any ddprun asks it (it used to be started in
+  # the background and raced the agents: "no etcd member answered in 0.0 s").
+  etcd_cluster_start "$T/etcd" "${ns[0]}:${addr[0]}:2379:2380" ||
+    fail "elastic over etcd: etcd did not come up: $(tail -n 5 "$T/etcd/m0/log")"
+  daemons+=("${ETCD_PIDS[@]}")
   client timeout 200 srun -N3 --ntasks-per-node=1 --chdir="$T" "$ddprun" --nnodes 2:3 \
     --rdzv-backend etcd --rdzv-endpoint "${addr[0]}:2379" --rdzv-id "elastic$tag" \
     --rdzv-conf heartbeat_timeout=5,last_call_timeout=2 --max-restarts 1 --nproc-per-node 1 \
