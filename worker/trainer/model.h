@@ -123,11 +123,6 @@ typedef struct model_stats {
     double tokens;   /* text: the predictions summed (rows x seq); 0: one per row (images) */
 } model_stats;
 
-/*
- * The compute of one place (host or device). Every pass runs through model_env.access. Passes
- * accumulate their loss and correct count until take() reads and resets them; on a device
- * take() waits for the stream, and nothing else needs to.
- */
 /* A row's own defaults for ddp-train's training options; 0 keeps ddp-train's default. */
 typedef struct model_train_defaults {
     int global_batch; /* --global-batch */
@@ -136,6 +131,11 @@ typedef struct model_train_defaults {
     long warmup;      /* --warmup */
 } model_train_defaults;
 
+/*
+ * The compute of one place (host or device). Every pass runs through model_env.access. Passes
+ * accumulate their loss and correct count until take() reads and resets them; on a device
+ * take() waits for the stream, and nothing else needs to.
+ */
 typedef struct model_compute {
     /* One micro-step's forward and backward over b, for the loss loss_scale * (sum of the
      * predictions' losses: the rows', or for text the rows x seq tokens'), adding the

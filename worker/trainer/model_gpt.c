@@ -412,7 +412,7 @@ const model_ops model_gpt = {
                "self-attention (--heads) and a GELU MLP of 4 x --width, learned positions over "
                "--seq-len bytes, the output tied to the token embedding; learns the next byte of "
                "--data's text (default: the fortunes files); on the host (OpenBLAS) or a GPU "
-               "(cuBLAS). Its own defaults: --global-batch 64 --epochs 2 --lr 3e-3 --warmup 60.",
+               "(cuBLAS).",
     .options = gpt_options_table,
     .noptions = sizeof gpt_options_table / sizeof gpt_options_table[0],
     .config_size = sizeof(gpt_options),

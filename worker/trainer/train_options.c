@@ -355,10 +355,26 @@ static void usage(FILE *f)
         const model_ops *mo = model_at(i);
         fprintf(f, "  %s%s\n", mo->name, i == 0 ? " (default)" : "");
         cli_print_wrapped(f, mo->summary, 8);
+        const model_train_defaults *d = mo->train_defaults;
+        if (d) { /* the fields it sets (0 keeps ddp-train's) */
+            char text[160] = "Its own defaults:";
+            size_t n = strlen(text);
+            if (d->global_batch)
+                n += (size_t)snprintf(text + n, sizeof text - n, " --global-batch %d",
+                                      d->global_batch);
+            if (d->epochs)
+                n += (size_t)snprintf(text + n, sizeof text - n, " --epochs %d", d->epochs);
+            if (d->lr)
+                n += (size_t)snprintf(text + n, sizeof text - n, " --lr %g", d->lr);
+            if (d->warmup)
+                n += (size_t)snprintf(text + n, sizeof text - n, " --warmup %ld", d->warmup);
+            snprintf(text + n, sizeof text - n, ".");
+            cli_print_wrapped(f, text, 8);
+        }
         cli_print_options(f, mo->options, mo->noptions, 0, CLI_HELP_WIDTH);
     }
-    fprintf(f, "\nexit status: 0 trained; 1 bad usage, environment or data; 2 the job failed "
-               "(store,\ncommunicator, a peer, the library); 3 trained, but the last checkpoint "
+    fprintf(f, "\nexit status: 0 trained; 1 the job failed (store, communicator, a peer, the "
+               "library);\n2 bad usage, environment or data; 3 trained, but the last checkpoint "
                "save failed.\n");
 }
 
